@@ -1,0 +1,247 @@
+"""FLOPs of one GRPO iteration: search (rollouts), learning (updates), reward.
+
+Standard library only. One iteration (Shao et al. 2024, "DeepSeekMath", §4.1, Algorithm 1;
+TRL ``GRPOTrainer``):
+
+1. search: sample ``G`` completions for each prompt with the current policy;
+2. reward: score every completion (rule-based: 0 FLOPs; a reward model: one forward);
+3. learning: old-policy log-probs (when a rollout batch is reused, ``μ > 1``), reference
+   log-probs (when ``β > 0``), then ``μ`` passes of forward + backward of the loss over
+   prompt + completion, logits on completion tokens.
+
+Two counts come back (:class:`~allocopt.flops.FlopAccount`): *useful* FLOPs from the real
+token counts, and *executed* FLOPs of the :class:`Engine` that runs the step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from allocopt.flops import (
+    Attention,
+    ComputeBreakdown,
+    ConfigError,
+    FlopAccount,
+    LoRASpec,
+    ModelShape,
+    forward_flops,
+    generation_flops,
+    reward_model_flops,
+    training_flops,
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the software running a GRPO step really computes (for *executed* FLOPs)."""
+
+    name: str
+    """Label for tables and tracking."""
+    padded_generation: bool
+    """Rollouts run as one padded batch: prompts left-padded to the longest, and rows that
+    finished keep decoding until the longest completion ends (transformers ``generate``)."""
+    prefix_caching: bool
+    """The prompt is prefilled once per prompt, not once per completion (vLLM)."""
+    merged_lora_generation: bool
+    """Rollouts use merged weights, so adapters cost nothing there (vLLM weight sync)."""
+    padded_training: bool
+    """Log-prob and loss passes run on rows padded to the batch's longest prompt + completion
+    (TRL without ``padding_free``)."""
+    lm_head_all_positions: bool
+    """The loss head scores every position of a row (TRL's fused LM head on devices without
+    Triton, e.g. CPU) instead of only completion tokens (with Triton, on GPU)."""
+    head_recompute: bool
+    """The loss head recomputes each logits tile in backward (TRL's chunked fused LM head)."""
+    attention: Attention
+    """How prefill/training attention is executed: ``full`` (eager, SDPA math, CPU) or
+    ``causal`` (flash kernels that skip masked blocks)."""
+
+    def __post_init__(self) -> None:
+        if self.attention not in ("causal", "full"):
+            raise ConfigError(f"engine.attention={self.attention!r}: must be causal or full")
+
+
+ENGINES: dict[str, Engine] = {
+    # TRL GRPOTrainer + transformers generate on CPU (measured against FlopCounterMode)
+    "trl-cpu": Engine("trl-cpu", padded_generation=True, prefix_caching=False,
+                      merged_lora_generation=False, padded_training=True,
+                      lm_head_all_positions=True, head_recompute=True, attention="full"),
+    # the same on a CUDA GPU: the fused head scores completion tokens only; flash attention
+    "trl-gpu": Engine("trl-gpu", padded_generation=True, prefix_caching=False,
+                      merged_lora_generation=False, padded_training=True,
+                      lm_head_all_positions=False, head_recompute=True, attention="causal"),
+    # TRL with vLLM rollouts: no padding, prefix caching, merged adapters
+    "trl-vllm": Engine("trl-vllm", padded_generation=False, prefix_caching=True,
+                       merged_lora_generation=True, padded_training=True,
+                       lm_head_all_positions=False, head_recompute=True, attention="causal"),
+}
+"""Engines by name; see each field of :class:`Engine`."""
+
+
+def engine(name: str | Engine) -> Engine:
+    """Look up an engine by name. Raises :class:`ConfigError` listing the known ones."""
+    if isinstance(name, Engine):
+        return name
+    if name not in ENGINES:
+        raise ConfigError(f"engine={name!r}: unknown; allowed: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+@dataclass(frozen=True)
+class GRPOStep:
+    """Token counts and settings of one GRPO iteration (one rollout batch).
+
+    ``prompt_tokens`` has one entry per prompt (``n_prompts``); ``completion_tokens`` has
+    ``n_prompts x group_size`` entries, grouped by prompt (completion ``i`` belongs to prompt
+    ``i // group_size``), EOS included.
+    """
+
+    prompt_tokens: tuple[int, ...]
+    completion_tokens: tuple[int, ...]
+    group_size: int
+    """``G``: completions per prompt (TRL ``num_generations``)."""
+    update_passes: float = 1.0
+    """``μ``: gradient passes over the batch (TRL ``num_iterations``); a fraction < 1 trains
+    on that share of the rows."""
+    reference: bool = False
+    """A reference-model log-prob pass runs (``β > 0``)."""
+    old_logprobs: bool | None = None
+    """An old-policy log-prob pass runs; default: when ``update_passes > 1``."""
+    reward_steps: tuple[int, ...] | None = None
+    """Steps per completion, for a step-level PRM (one marker token each)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
+        object.__setattr__(self, "completion_tokens", tuple(self.completion_tokens))
+        if self.reward_steps is not None:
+            object.__setattr__(self, "reward_steps", tuple(self.reward_steps))
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ConfigError(f"group_size={self.group_size!r}: must be a positive integer")
+        if not self.prompt_tokens or min(self.prompt_tokens) < 1:
+            raise ConfigError("prompt_tokens: need at least one prompt, each >= 1 token")
+        if len(self.completion_tokens) != len(self.prompt_tokens) * self.group_size:
+            raise ConfigError(
+                f"completion_tokens: {len(self.completion_tokens)} entries, expected "
+                f"{len(self.prompt_tokens)} prompts x group_size {self.group_size}")
+        if min(self.completion_tokens) < 1:
+            raise ConfigError("completion_tokens: each completion has >= 1 token (EOS counts)")
+        if not (self.update_passes > 0) or math.isinf(self.update_passes):
+            raise ConfigError(f"update_passes={self.update_passes!r}: must be a positive number")
+        if self.reward_steps is not None and len(self.reward_steps) != len(self.completion_tokens):
+            raise ConfigError("reward_steps: one entry per completion")
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """``(prompt_tokens, completion_tokens)`` of every completion."""
+        G = self.group_size
+        return [(self.prompt_tokens[i // G], c) for i, c in enumerate(self.completion_tokens)]
+
+    @property
+    def uses_old_logprobs(self) -> bool:
+        return self.update_passes > 1 if self.old_logprobs is None else self.old_logprobs
+
+
+def grpo_step_flops(
+    policy: ModelShape,
+    step: GRPOStep,
+    *,
+    lora: LoRASpec | None = None,
+    gradient_checkpointing: bool = False,
+    reward_model: ModelShape | None = None,
+    engine_name: str | Engine = "trl-vllm",
+) -> FlopAccount:
+    """Useful and executed FLOPs of one GRPO iteration.
+
+    Args:
+        policy: the policy model's shape.
+        step: token counts and settings (:class:`GRPOStep`).
+        lora: the policy trains LoRA adapters on a frozen base; ``None``: full fine-tuning.
+            With LoRA the reference pass is the base with adapters disabled (no adapter FLOPs).
+        gradient_checkpointing: decoder layers are recomputed in backward.
+        reward_model: shape of a model-based reward (``None``: rule-based, 0 FLOPs).
+        engine_name: an :data:`ENGINES` name or an :class:`Engine`.
+
+    Returns:
+        :class:`FlopAccount` whose breakdowns hold ``search`` {prefill, decode},
+        ``learning`` {old_logprobs, ref_logprobs, forward, backward, recompute} and
+        ``reward`` {reward_model}, in FLOPs.
+    """
+    eng = engine(engine_name)
+    return FlopAccount(
+        useful=_step(policy, step, lora, gradient_checkpointing, reward_model, eng, useful=True),
+        executed=_step(policy, step, lora, gradient_checkpointing, reward_model, eng, useful=False),
+    )
+
+
+def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
+          reward_model: ModelShape | None, eng: Engine, *, useful: bool) -> ComputeBreakdown:
+    rows = step.rows
+    P_max = max(step.prompt_tokens)
+    C_max = max(step.completion_tokens)
+    attn: Attention = "causal" if useful else eng.attention
+
+    # --- search: one prefill + (T - 1) decode steps per completion (flops.generation_flops)
+    gen_lora = None if (not useful and eng.merged_lora_generation) else lora
+    search = {"prefill": 0, "decode": 0}
+    if useful or not eng.padded_generation:
+        for i, (p, c) in enumerate(rows):
+            g = generation_flops(policy, p, c, attention=attn, lora=gen_lora)
+            shared = not useful and eng.prefix_caching and i % step.group_size != 0
+            search["prefill"] += 0 if shared else g["prefill"]
+            search["decode"] += g["decode"]
+    else:  # every row is as long as the longest prompt and the longest completion
+        g = generation_flops(policy, P_max, C_max, attention=attn, lora=gen_lora)
+        search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
+
+    # --- reward: one reward-model forward over prompt + completion (+ step markers)
+    reward = {"reward_model": 0}
+    if reward_model is not None:
+        steps = step.reward_steps or (0,) * len(rows)
+        if useful or not eng.padded_training:
+            reward["reward_model"] = sum(
+                reward_model_flops(reward_model, p + c, num_steps=s, attention=attn)
+                for (p, c), s in zip(rows, steps))
+        else:
+            reward["reward_model"] = len(rows) * reward_model_flops(
+                reward_model, P_max + C_max, num_steps=max(steps), attention=attn)
+
+    # --- learning: log-prob passes and μ × (forward + backward) over prompt + completion
+    def shapes() -> list[tuple[int, int]]:
+        """(tokens, head positions) of each row as this count sees it."""
+        if useful:
+            return [(p + c, c) for p, c in rows]
+        out = []
+        for p, c in rows:
+            n = P_max + C_max if eng.padded_training else p + c
+            out.append((n, n - 1 if eng.lm_head_all_positions else c))
+        return out
+
+    seqs = shapes()
+    logprob_pass = {  # no-grad forward: with adapters (old policy) or without (reference)
+        name: sum(forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters) for n, k in seqs)
+        for name, adapters in (("old", lora), ("ref", None))
+    }
+    train = {"forward": 0, "backward": 0, "recompute": 0}
+    for n, k in seqs:
+        t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
+                           gradient_checkpointing=gc,
+                           head_recompute=(not useful and eng.head_recompute))
+        for key in train:
+            train[key] += t[key]
+    mu = step.update_passes
+    learning = {
+        "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs else 0,
+        "ref_logprobs": logprob_pass["ref"] if step.reference else 0,
+        **{key: _scale(v, mu) for key, v in train.items()},
+    }
+    return ComputeBreakdown(search=search, learning=learning, reward=reward)
+
+
+def _scale(v: int, k: float) -> int:
+    """``v × k`` as an int, exact for whole ``k``."""
+    return v * int(k) if float(k).is_integer() else int(v * k)
+
+
+__all__ = ["ENGINES", "Engine", "GRPOStep", "engine", "grpo_step_flops"]
