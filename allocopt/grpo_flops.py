@@ -16,6 +16,7 @@ token counts, and *executed* FLOPs of the :class:`Engine` that runs the step.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -218,18 +219,19 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
             out.append((n, n - 1 if eng.lm_head_all_positions else c))
         return out
 
-    seqs = shapes()
+    seqs = Counter(shapes())  # identical rows are counted once, times their number
     logprob_pass = {  # no-grad forward: with adapters (old policy) or without (reference)
-        name: sum(forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters) for n, k in seqs)
+        name: sum(m * forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters)
+                  for (n, k), m in seqs.items())
         for name, adapters in (("old", lora), ("ref", None))
     }
     train = {"forward": 0, "backward": 0, "recompute": 0}
-    for n, k in seqs:
+    for (n, k), m in seqs.items():
         t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
                            gradient_checkpointing=gc,
                            head_recompute=(not useful and eng.head_recompute))
         for key in train:
-            train[key] += t[key]
+            train[key] += m * t[key]
     mu = step.update_passes
     learning = {
         "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs else 0,

@@ -1,0 +1,277 @@
+"""From an allocation and a FLOP budget to a runnable GRPO training plan.
+
+Standard library only. An :class:`Allocation` says *how* to split compute (update fraction
+ρ, group size G, reward system); a :class:`Workload` says *what* is trained (policy, reward
+models, rollout batch, expected token lengths, engine); :func:`make_plan` returns the
+:class:`TrialPlan` that the budget buys.
+
+How ρ is realized. Per iteration, search ``S`` and reward ``R`` FLOPs are fixed by the rollout
+batch; learning is ``L(k) = ref + old·[k > N] + (k / N)·T`` where ``N`` is the rollouts per
+iteration, ``T`` one forward + backward pass over all of them, and ``k`` the rows trained per
+iteration (``μ = k / N`` update passes: ``k < N`` trains on part of the batch, ``k > N`` passes
+over it again). ρ = L / (S + R + L) is solved for ``k``, which is whole: the realized ρ is the
+one of the nearest ``k``. Passes are decoupled from step size by the driver (it scales the
+learning rate by ``1/μ``), so ρ measures compute, not step size.
+
+The plan never exceeds its budget: ``iterations = floor(budget / executed FLOPs per
+iteration)``; a budget below one iteration raises :class:`InfeasiblePlan` naming the smallest
+budget that works.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from allocopt.flops import ConfigError, FlopAccount, LoRASpec, ModelShape
+from allocopt.grpo_flops import Engine, GRPOStep, engine, grpo_step_flops
+
+REWARDS: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
+"""Reward systems: three rule-based (0 FLOPs), two model-based."""
+RULE_BASED: frozenset[str] = frozenset({"sparse", "structured", "dense"})
+MODEL_BASED: frozenset[str] = frozenset({"proxy_prm", "prm"})
+
+RHO_TOLERANCE = 0.01
+"""A plan is *realizable* when its ρ is within this of the asked ρ."""
+
+
+class InfeasiblePlan(ValueError):
+    """The budget cannot buy one iteration of this allocation (message gives the minimum)."""
+
+    def __init__(self, message: str, min_budget_flops: int):
+        super().__init__(message)
+        self.min_budget_flops = min_budget_flops
+
+
+def check_budget(budget_flops: Any) -> float:
+    """A FLOP budget as a float. Raises :class:`ConfigError` for non-numbers, NaN, inf, <= 0."""
+    try:
+        b = float(budget_flops)
+    except (TypeError, ValueError):
+        raise ConfigError(f"budget_flops={budget_flops!r}: must be a positive number of FLOPs, "
+                          "e.g. 1e19") from None
+    if not math.isfinite(b) or b <= 0:
+        raise ConfigError(f"budget_flops={budget_flops!r}: must be a positive finite number of "
+                          "FLOPs, e.g. 1e19")
+    return b
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where compute goes: the search variables of a study."""
+
+    rho: float
+    """ρ, the update fraction: learning / (search + learning + reward), in (0, 1)."""
+    group_size: int
+    """G, completions per prompt (TRL ``num_generations``), >= 2."""
+    reward: str
+    """Reward system, one of :data:`REWARDS`."""
+    model: str | None = None
+    """Policy model (a preset or config path); ``None``: the workload's policy."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rho, bool) or not isinstance(self.rho, (int, float)) \
+                or not (0.0 < self.rho < 1.0):
+            raise ConfigError(f"rho={self.rho!r}: must be a number strictly between 0 and 1")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) \
+                or self.group_size < 2:
+            raise ConfigError(f"group_size={self.group_size!r}: must be an integer >= 2 "
+                              "(GRPO needs a group to compare completions)")
+        if self.reward not in REWARDS:
+            raise ConfigError(f"reward={self.reward!r}: unknown reward system; allowed: "
+                              f"{', '.join(REWARDS)}")
+
+
+def _default_reward_models() -> dict[str, ModelShape]:
+    return {"prm": ModelShape.preset("Qwen/Qwen2.5-Math-PRM-7B"),
+            # A proxy PRM: a cheaper step scorer of 1.5B size with a score head.
+            "proxy_prm": ModelShape(**{**asdict(ModelShape.preset("Qwen/Qwen2.5-1.5B")),
+                                       "name": "proxy-prm-1.5b", "head": "score"})}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one trial trains and how: everything but the allocation."""
+
+    policy: ModelShape
+    """The policy model."""
+    reward_models: Mapping[str, ModelShape] = field(default_factory=_default_reward_models)
+    """Reward-model shape per model-based reward system."""
+    rollouts_per_iteration: int = 64
+    """Completions sampled per iteration (prompts × G); prompts = this // G."""
+    prompt_tokens: float = 103.0
+    """Expected prompt length (tokens)."""
+    completion_tokens: float = 304.0
+    """Expected completion length (tokens, EOS included)."""
+    padded_completion_tokens: float | None = None
+    """Expected longest completion of a batch, for engines that pad (default: the mean)."""
+    steps_per_completion: float = 8.0
+    """Expected reasoning steps per completion (one PRM marker token each)."""
+    lora: LoRASpec | None = field(default_factory=lambda: LoRASpec(rank=32))
+    """LoRA adapters on the policy; ``None``: full fine-tuning."""
+    reference: bool = False
+    """A reference pass runs (KL penalty β > 0). Off by default, as in DAPO-style GRPO: with
+    β > 0 the reference forward is a fixed learning cost that puts a floor under ρ."""
+    gradient_checkpointing: bool = False
+    engine: str | Engine = "trl-vllm"
+    """Executed-FLOP model (:data:`allocopt.grpo_flops.ENGINES`)."""
+
+    def __post_init__(self) -> None:
+        if self.rollouts_per_iteration < 2:
+            raise ConfigError(f"rollouts_per_iteration={self.rollouts_per_iteration!r}: must be >= 2")
+        for f in ("prompt_tokens", "completion_tokens"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
+                raise ConfigError(f"{f}={v!r}: must be a number of tokens >= 1")
+        engine(self.engine)  # raises for an unknown engine
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """A runnable GRPO training plan under a budget. FLOPs are executed FLOPs unless named
+    ``useful``."""
+
+    allocation: Allocation
+    budget_flops: float
+    policy: str
+    reward_model: str | None
+    group_size: int
+    prompts_per_iteration: int
+    rollouts_per_iteration: int
+    rows_trained_per_iteration: int
+    """``k``: rollouts trained on per iteration, over all passes."""
+    update_passes: float
+    """μ = k / rollouts_per_iteration."""
+    num_iterations_trl: int
+    """Whole passes TRL runs (``ceil(μ)``); the last one may train on part of the batch."""
+    iterations: int
+    """GRPO iterations (rollout batches) the budget buys."""
+    per_iteration: FlopAccount
+    expected: FlopAccount
+    """``per_iteration × iterations``."""
+    realized_rho: float
+    realizable: bool
+    """Whether ``|realized_rho - allocation.rho| <= RHO_TOLERANCE``."""
+
+    @property
+    def budget_utilization(self) -> float:
+        return self.expected.executed.total_flops / self.budget_flops
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, JSON- and MLflow-friendly dict (FLOPs as numbers)."""
+        out: dict[str, Any] = {
+            "rho": self.allocation.rho, "group_size": self.group_size,
+            "reward": self.allocation.reward, "model": self.policy,
+            "reward_model": self.reward_model, "budget_flops": self.budget_flops,
+            "prompts_per_iteration": self.prompts_per_iteration,
+            "rollouts_per_iteration": self.rollouts_per_iteration,
+            "rows_trained_per_iteration": self.rows_trained_per_iteration,
+            "update_passes": self.update_passes, "num_iterations_trl": self.num_iterations_trl,
+            "iterations": self.iterations, "realized_rho": self.realized_rho,
+            "realizable": self.realizable, "budget_utilization": self.budget_utilization,
+        }
+        out.update({f"expected_{k}": v for k, v in self.expected.to_dict().items()})
+        out.update({f"per_iteration_{k}": v for k, v in self.per_iteration.executed.to_dict().items()})
+        return out
+
+
+def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
+    return workload.policy if allocation.model is None else ModelShape.from_pretrained(allocation.model)
+
+
+def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: int) -> FlopAccount:
+    """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N)."""
+    G = allocation.group_size
+    prompts = max(1, workload.rollouts_per_iteration // G)
+    N = prompts * G
+    c_mean = max(1, round(workload.completion_tokens))
+    eng = engine(workload.engine)
+    if eng.padded_generation or eng.padded_training:
+        c_pad = round(workload.padded_completion_tokens or workload.completion_tokens)
+        # one row at the padded length stands for the batch's longest; the rest at the mean
+        completions = (max(1, c_pad),) + (c_mean,) * (N - 1)
+    else:
+        completions = (c_mean,) * N
+    reward_model = workload.reward_models.get(allocation.reward) \
+        if allocation.reward in MODEL_BASED else None
+    if allocation.reward in MODEL_BASED and reward_model is None:
+        raise ConfigError(f"reward={allocation.reward!r}: the workload names no reward model for it")
+    step = GRPOStep(
+        prompt_tokens=(max(1, round(workload.prompt_tokens)),) * prompts,
+        completion_tokens=completions,
+        group_size=G,
+        update_passes=rows_trained / N,
+        reference=workload.reference,
+        reward_steps=(max(0, round(workload.steps_per_completion)),) * N,
+    )
+    return grpo_step_flops(_policy(workload, allocation), step, lora=workload.lora,
+                           gradient_checkpointing=workload.gradient_checkpointing,
+                           reward_model=reward_model, engine_name=eng)
+
+
+def rows_for_rho(workload: Workload, allocation: Allocation) -> int:
+    """Rows trained per iteration (``k``) whose executed ρ is closest to ``allocation.rho``.
+
+    ρ(k) increases with k; binary search over k in [1, 64·N] (μ up to 64 passes).
+    """
+    G = allocation.group_size
+    N = max(1, workload.rollouts_per_iteration // G) * G
+    rho = lambda k: iteration_flops(workload, allocation, k).executed.rho  # noqa: E731
+    lo, hi = 1, 64 * N
+    if rho(hi) <= allocation.rho:
+        return hi
+    while hi - lo > 1:  # invariant: rho(lo) < target <= rho(hi), or lo == 1
+        mid = (lo + hi) // 2
+        if rho(mid) < allocation.rho:
+            lo = mid
+        else:
+            hi = mid
+    return lo if abs(rho(lo) - allocation.rho) <= abs(rho(hi) - allocation.rho) else hi
+
+
+def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -> TrialPlan:
+    """The training plan ``budget_flops`` buys at ``allocation``.
+
+    Returns:
+        a :class:`TrialPlan` whose expected executed total is at most ``budget_flops``.
+
+    Raises:
+        ConfigError: a bad budget or allocation (message names the field).
+        InfeasiblePlan: the budget is below one iteration; ``min_budget_flops`` says how much
+            the smallest feasible plan of this allocation needs.
+    """
+    budget = check_budget(budget_flops)
+    G = allocation.group_size
+    prompts = max(1, workload.rollouts_per_iteration // G)
+    N = prompts * G
+    k = rows_for_rho(workload, allocation)
+    per_iter = iteration_flops(workload, allocation, k)
+    cost = per_iter.executed.total_flops
+    iterations = int(budget // cost)
+    while iterations > 0 and iterations * cost > budget:  # float floor guard
+        iterations -= 1
+    if iterations < 1:
+        raise InfeasiblePlan(
+            f"budget_flops={budget:.3g}: too small for one GRPO iteration at rho={allocation.rho}, "
+            f"group_size={G}, reward={allocation.reward} ({N} rollouts); the smallest feasible "
+            f"plan needs {cost:.3g} FLOPs", min_budget_flops=cost)
+    realized = per_iter.executed.rho
+    rm = workload.reward_models.get(allocation.reward) if allocation.reward in MODEL_BASED else None
+    return TrialPlan(
+        allocation=allocation, budget_flops=budget, policy=_policy(workload, allocation).name,
+        reward_model=rm.name if rm else None, group_size=G, prompts_per_iteration=prompts,
+        rollouts_per_iteration=N, rows_trained_per_iteration=k, update_passes=k / N,
+        num_iterations_trl=math.ceil(k / N), iterations=iterations,
+        per_iteration=per_iter, expected=per_iter * iterations, realized_rho=realized,
+        realizable=abs(realized - allocation.rho) <= RHO_TOLERANCE)
+
+
+def min_budget(allocation: Allocation, workload: Workload) -> int:
+    """Executed FLOPs of one iteration at ``allocation``: the smallest feasible budget."""
+    return iteration_flops(workload, allocation, rows_for_rho(workload, allocation)).executed.total_flops
+
+
+__all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE",
+           "RULE_BASED", "TrialPlan", "Workload", "check_budget", "iteration_flops",
+           "make_plan", "min_budget", "rows_for_rho"]
