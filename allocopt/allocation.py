@@ -9,8 +9,9 @@ How ρ is realized. Per iteration, search ``S`` and reward ``R`` FLOPs are fixed
 batch; learning is ``L(k) = ref + old·[k > N] + (k / N)·T`` where ``N`` is the rollouts per
 iteration, ``T`` one forward + backward pass over all of them, and ``k`` the rows trained per
 iteration (``μ = k / N`` update passes: ``k < N`` trains on part of the batch, ``k > N`` passes
-over it again). ρ = L / (S + R + L) is solved for ``k``, which is whole: the realized ρ is the
-one of the nearest ``k``. Passes are decoupled from step size by the driver (it scales the
+over it again). ρ = L / (S + R + L) is solved for ``k``; a fractional ``k`` alternates
+iterations of ``floor(k)`` and ``floor(k) + 1`` rows, so any ρ in range is realized over the
+run, across the jump where a second pass adds an old-policy log-prob pass too. Passes are decoupled from step size by the driver (it scales the
 learning rate by ``1/μ``), so ρ measures compute, not step size.
 
 The plan never exceeds its budget: ``iterations = floor(budget / executed FLOPs per
@@ -139,8 +140,9 @@ class TrialPlan:
     group_size: int
     prompts_per_iteration: int
     rollouts_per_iteration: int
-    rows_trained_per_iteration: int
-    """``k``: rollouts trained on per iteration, over all passes."""
+    rows_trained_per_iteration: float
+    """``k``: rollouts trained on per iteration, over all passes, as a mean: iteration ``i``
+    trains :func:`rows_schedule` ``(k, i)`` rows."""
     update_passes: float
     """μ = k / rollouts_per_iteration."""
     num_iterations_trl: int
@@ -148,6 +150,7 @@ class TrialPlan:
     iterations: int
     """GRPO iterations (rollout batches) the budget buys."""
     per_iteration: FlopAccount
+    """Mean FLOPs of one iteration (``expected / iterations``, rounded down per item)."""
     expected: FlopAccount
     """``per_iteration × iterations``."""
     realized_rho: float
@@ -210,24 +213,53 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
                            reward_model=reward_model, engine_name=eng)
 
 
-def rows_for_rho(workload: Workload, allocation: Allocation) -> int:
-    """Rows trained per iteration (``k``) whose executed ρ is closest to ``allocation.rho``.
+def rows_schedule(rows_trained: float, iteration: int) -> int:
+    """Rows trained at ``iteration`` (0-based) so that the first ``I`` iterations train
+    ``floor(I × rows_trained)`` rows in all: ``floor((i+1)k) - floor(ik)``, each either
+    ``floor(k)`` or ``floor(k) + 1`` (Bresenham's line)."""
+    return math.floor((iteration + 1) * rows_trained + 1e-9) - math.floor(iteration * rows_trained + 1e-9)
 
-    ρ(k) increases with k; binary search over k in [1, 64·N] (μ up to 64 passes).
+
+def rows_for_rho(workload: Workload, allocation: Allocation) -> float:
+    """Rows trained per iteration, ``k`` (a mean over iterations), that realize ``allocation.rho``.
+
+    Whole ``k`` give the learning FLOPs ``L(k)``; a fractional ``k = k0 + q`` alternates
+    iterations of ``k0`` and ``k0 + 1`` rows (:func:`rows_schedule`), so the mean learning is
+    ``(1-q)·L(k0) + q·L(k0+1)`` while search and reward stay fixed. ρ = L/(S+R+L) gives
+    ``L* = ρ/(1-ρ)·(S+R)``; ``k0`` is found by bisection (ρ(k) increases with k) and ``q`` by
+    linear interpolation. Range: ``k`` in [0, 64·N] (up to 64 passes).
     """
     G = allocation.group_size
     N = max(1, workload.rollouts_per_iteration // G) * G
-    rho = lambda k: iteration_flops(workload, allocation, k).executed.rho  # noqa: E731
-    lo, hi = 1, 64 * N
-    if rho(hi) <= allocation.rho:
-        return hi
-    while hi - lo > 1:  # invariant: rho(lo) < target <= rho(hi), or lo == 1
+    flops = lambda k: iteration_flops(workload, allocation, k).executed  # noqa: E731
+    base = flops(0)
+    fixed = base.search_flops + base.reward_flops
+    target = allocation.rho / (1 - allocation.rho) * fixed  # learning FLOPs per iteration
+    if flops(0).learning_flops >= target:
+        return 0.0
+    lo, hi = 0, 64 * N
+    if flops(hi).learning_flops <= target:
+        return float(hi)
+    while hi - lo > 1:  # invariant: L(lo) < target <= L(hi)
         mid = (lo + hi) // 2
-        if rho(mid) < allocation.rho:
+        if flops(mid).learning_flops < target:
             lo = mid
         else:
             hi = mid
-    return lo if abs(rho(lo) - allocation.rho) <= abs(rho(hi) - allocation.rho) else hi
+    L0, L1 = flops(lo).learning_flops, flops(hi).learning_flops
+    return lo + (target - L0) / (L1 - L0)
+
+
+def expected_flops(workload: Workload, allocation: Allocation, rows_trained: float,
+                   iterations: int) -> FlopAccount:
+    """Exact FLOPs of ``iterations`` iterations following :func:`rows_schedule`."""
+    k0 = math.floor(rows_trained + 1e-9)
+    n_hi = sum(rows_schedule(rows_trained, i) - k0 for i in range(iterations)) \
+        if iterations < 4096 else math.floor(iterations * rows_trained + 1e-9) - iterations * k0
+    acct = iteration_flops(workload, allocation, k0) * (iterations - n_hi)
+    if n_hi:
+        acct = acct + iteration_flops(workload, allocation, k0 + 1) * n_hi
+    return acct
 
 
 def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -> TrialPlan:
@@ -246,32 +278,35 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
     prompts = max(1, workload.rollouts_per_iteration // G)
     N = prompts * G
     k = rows_for_rho(workload, allocation)
-    per_iter = iteration_flops(workload, allocation, k)
-    cost = per_iter.executed.total_flops
-    iterations = int(budget // cost)
-    while iterations > 0 and iterations * cost > budget:  # float floor guard
+    first = iteration_flops(workload, allocation, rows_schedule(k, 0))
+    mean_cost = expected_flops(workload, allocation, k, 64).executed.total_flops / 64
+    iterations = int(budget // mean_cost) + 1
+    while iterations > 0 and expected_flops(workload, allocation, k, iterations).executed.total_flops > budget:
         iterations -= 1
     if iterations < 1:
+        need = first.executed.total_flops
         raise InfeasiblePlan(
             f"budget_flops={budget:.3g}: too small for one GRPO iteration at rho={allocation.rho}, "
             f"group_size={G}, reward={allocation.reward} ({N} rollouts); the smallest feasible "
-            f"plan needs {cost:.3g} FLOPs", min_budget_flops=cost)
-    realized = per_iter.executed.rho
+            f"plan needs {need:.3g} FLOPs", min_budget_flops=need)
+    expected = expected_flops(workload, allocation, k, iterations)
+    realized = expected.executed.rho
     rm = workload.reward_models.get(allocation.reward) if allocation.reward in MODEL_BASED else None
     return TrialPlan(
         allocation=allocation, budget_flops=budget, policy=_policy(workload, allocation).name,
         reward_model=rm.name if rm else None, group_size=G, prompts_per_iteration=prompts,
         rollouts_per_iteration=N, rows_trained_per_iteration=k, update_passes=k / N,
-        num_iterations_trl=math.ceil(k / N), iterations=iterations,
-        per_iteration=per_iter, expected=per_iter * iterations, realized_rho=realized,
+        num_iterations_trl=max(1, math.ceil(k / N - 1e-9)), iterations=iterations,
+        per_iteration=expected * (1 / iterations), expected=expected, realized_rho=realized,
         realizable=abs(realized - allocation.rho) <= RHO_TOLERANCE)
 
 
 def min_budget(allocation: Allocation, workload: Workload) -> int:
-    """Executed FLOPs of one iteration at ``allocation``: the smallest feasible budget."""
-    return iteration_flops(workload, allocation, rows_for_rho(workload, allocation)).executed.total_flops
+    """Executed FLOPs of the first iteration at ``allocation``: the smallest feasible budget."""
+    k = rows_for_rho(workload, allocation)
+    return iteration_flops(workload, allocation, rows_schedule(k, 0)).executed.total_flops
 
 
 __all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE",
            "RULE_BASED", "TrialPlan", "Workload", "check_budget", "iteration_flops",
-           "make_plan", "min_budget", "rows_for_rho"]
+           "expected_flops", "make_plan", "min_budget", "rows_for_rho", "rows_schedule"]

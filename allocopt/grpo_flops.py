@@ -36,28 +36,44 @@ from allocopt.flops import (
 
 @dataclass(frozen=True)
 class Engine:
-    """What the software running a GRPO step really computes (for *executed* FLOPs)."""
+    """What the software running a GRPO step really computes (for *executed* FLOPs).
+
+    Gradient checkpointing, where a step uses it, is torch's non-reentrant checkpoint (the
+    default of transformers 5 and TRL): see :func:`~allocopt.flops.training_flops`.
+    """
 
     name: str
     """Label for tables and tracking."""
     padded_generation: bool
     """Rollouts run as one padded batch: prompts left-padded to the longest, and rows that
-    finished keep decoding until the longest completion ends (transformers ``generate``)."""
+    finished keep decoding until the longest completion ends (transformers ``generate``:
+    every row pays ``generation_flops(P_max, C_max)``, decode attention over the padded cache
+    included)."""
     prefix_caching: bool
     """The prompt is prefilled once per prompt, not once per completion (vLLM)."""
     merged_lora_generation: bool
     """Rollouts use merged weights, so adapters cost nothing there (vLLM weight sync)."""
     padded_training: bool
     """Log-prob and loss passes run on rows padded to the batch's longest prompt + completion
-    (TRL without ``padding_free``)."""
+    (TRL without ``padding_free``: prompts left-padded to the longest prompt of the
+    generation batch, completions cut after their first EOS and right-padded to the longest)."""
     lm_head_all_positions: bool
-    """The loss head scores every position of a row (TRL's fused LM head on devices without
-    Triton, e.g. CPU) instead of only completion tokens (with Triton, on GPU)."""
+    """The loss head scores every position of a row but the last, ``P_max + C_max - 1``
+    (TRL's fused LM head on devices without Triton, e.g. CPU: ``add_fused_lm_head`` then
+    ``chunked_logprob``), instead of only completion tokens (with Triton, on GPU). Applies to
+    the old-policy, reference and loss passes alike."""
     head_recompute: bool
-    """The loss head recomputes each logits tile in backward (TRL's chunked fused LM head)."""
+    """The loss head recomputes each logits tile in backward (TRL's chunked fused LM head);
+    the tile's gradient then costs one more head forward for the hidden states (and one for
+    the head's weight under full fine-tuning)."""
     attention: Attention
     """How prefill/training attention is executed: ``full`` (eager, SDPA math, CPU) or
     ``causal`` (flash kernels that skip masked blocks)."""
+    fused_attention: bool = True
+    """Attention backward runs as one fused SDPA/flash kernel that also recomputes the scores
+    ``QKᵀ`` (2.5 × the attention forward; transformers' default ``sdpa`` attention, on CPU
+    too), rather than eager attention under autograd (each needed product once). Measured on
+    CPU with TRL 1.16 against ``FlopCounterMode``."""
 
     def __post_init__(self) -> None:
         if self.attention not in ("causal", "full"):
@@ -68,15 +84,18 @@ ENGINES: dict[str, Engine] = {
     # TRL GRPOTrainer + transformers generate on CPU (measured against FlopCounterMode)
     "trl-cpu": Engine("trl-cpu", padded_generation=True, prefix_caching=False,
                       merged_lora_generation=False, padded_training=True,
-                      lm_head_all_positions=True, head_recompute=True, attention="full"),
+                      lm_head_all_positions=True, head_recompute=True, attention="full",
+                      fused_attention=True),
     # the same on a CUDA GPU: the fused head scores completion tokens only; flash attention
     "trl-gpu": Engine("trl-gpu", padded_generation=True, prefix_caching=False,
                       merged_lora_generation=False, padded_training=True,
-                      lm_head_all_positions=False, head_recompute=True, attention="causal"),
+                      lm_head_all_positions=False, head_recompute=True, attention="causal",
+                      fused_attention=True),
     # TRL with vLLM rollouts: no padding, prefix caching, merged adapters
     "trl-vllm": Engine("trl-vllm", padded_generation=False, prefix_caching=True,
                        merged_lora_generation=True, padded_training=True,
-                       lm_head_all_positions=False, head_recompute=True, attention="causal"),
+                       lm_head_all_positions=False, head_recompute=True, attention="causal",
+                       fused_attention=True),
 }
 """Engines by name; see each field of :class:`Engine`."""
 
@@ -109,7 +128,10 @@ class GRPOStep:
     reference: bool = False
     """A reference-model log-prob pass runs (``β > 0``)."""
     old_logprobs: bool | None = None
-    """An old-policy log-prob pass runs; default: when ``update_passes > 1``."""
+    """An old-policy log-prob pass runs; default: when ``update_passes > 1``. (TRL 1.16 runs
+    it when ``gradient_accumulation_steps % (steps_per_generation × num_iterations) != 0``,
+    which with its default ``steps_per_generation = gradient_accumulation_steps`` is
+    ``num_iterations > 1``.)"""
     reward_steps: tuple[int, ...] | None = None
     """Steps per completion, for a step-level PRM (one marker token each)."""
 
@@ -128,8 +150,9 @@ class GRPOStep:
                 f"{len(self.prompt_tokens)} prompts x group_size {self.group_size}")
         if min(self.completion_tokens) < 1:
             raise ConfigError("completion_tokens: each completion has >= 1 token (EOS counts)")
-        if not (self.update_passes > 0) or math.isinf(self.update_passes):
-            raise ConfigError(f"update_passes={self.update_passes!r}: must be a positive number")
+        if not (self.update_passes >= 0) or math.isinf(self.update_passes):
+            raise ConfigError(f"update_passes={self.update_passes!r}: must be a number >= 0 "
+                              "(0: an iteration that trains on no row)")
         if self.reward_steps is not None and len(self.reward_steps) != len(self.completion_tokens):
             raise ConfigError("reward_steps: one entry per completion")
 
@@ -160,14 +183,17 @@ def grpo_step_flops(
         step: token counts and settings (:class:`GRPOStep`).
         lora: the policy trains LoRA adapters on a frozen base; ``None``: full fine-tuning.
             With LoRA the reference pass is the base with adapters disabled (no adapter FLOPs).
-        gradient_checkpointing: decoder layers are recomputed in backward.
+        gradient_checkpointing: decoder layers are recomputed in backward (torch's
+            non-reentrant checkpoint, as TRL does; TRL's ``GRPOConfig`` turns it on by default).
         reward_model: shape of a model-based reward (``None``: rule-based, 0 FLOPs).
         engine_name: an :data:`ENGINES` name or an :class:`Engine`.
 
     Returns:
         :class:`FlopAccount` whose breakdowns hold ``search`` {prefill, decode},
         ``learning`` {old_logprobs, ref_logprobs, forward, backward, recompute} and
-        ``reward`` {reward_model}, in FLOPs.
+        ``reward`` {reward_model}, in FLOPs. *Useful* attention backward pays each product
+        whose gradient is needed once (2 × its forward at most); *executed* follows
+        :attr:`Engine.fused_attention`.
     """
     eng = engine(engine_name)
     return FlopAccount(
@@ -229,7 +255,9 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     for (n, k), m in seqs.items():
         t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
                            gradient_checkpointing=gc,
-                           head_recompute=(not useful and eng.head_recompute))
+                           head_recompute=(not useful and eng.head_recompute),
+                           # useful: each attention product whose gradient is needed, once
+                           fused_attention=(not useful and eng.fused_attention))
         for key in train:
             train[key] += m * t[key]
     mu = step.update_passes
