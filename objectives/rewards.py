@@ -140,6 +140,8 @@ _TOKEN_RE = re.compile(rf"[ \t$]*(?:((?:{_NUM})%?)|([-+*/()]))")
 _EXPR_CHARS = frozenset("0123456789.,%$+-*/() \t")
 _TIMES_RE = re.compile(r"(?<=[\d)%])[ \t]*[x×][ \t]*(?=[\d(.$])")
 _FINAL_RE = re.compile(r"^\s*####[ \t]*\S")
+FINAL_MARKER = "#### "
+"""What starts the final-answer line (GSM8K convention)."""
 MAX_EXPR_CHARS = 1000
 """Equations with a side longer than this (characters) count as wrong, unevaluated."""
 
@@ -352,6 +354,27 @@ def split_steps(completion: str) -> list[str]:
     return [line.strip() for line in completion.splitlines() if line.strip()]
 
 
+def step_line_ends(completion: str) -> list[int]:
+    """Offsets in ``completion`` where its step lines end, for step markers.
+
+    Step lines: the non-blank lines before the line holding the last ``#### `` (every
+    non-blank line when there is none; none when the answer is on the first line), as
+    :func:`objectives.tiny_tasks.parse_steps` defines them.
+    """
+    i = completion.rfind(FINAL_MARKER)
+    last = len(completion) if i < 0 else completion.rfind("\n", 0, i)
+    ends, start = [], 0
+    while start <= last and start < len(completion):
+        nl = completion.find("\n", start)
+        end = len(completion) if nl < 0 else nl
+        if end > last and i >= 0:
+            break
+        if completion[start:end].strip():
+            ends.append(end)
+        start = end + 1
+    return ends
+
+
 def is_final_line(line: str) -> bool:
     """Whether a line is a final-answer line ``#### <answer>`` (answer not empty)."""
     return bool(_FINAL_RE.match(line))
@@ -486,14 +509,19 @@ class ModelReward(_Base):
     """A process reward model: scores every step of a completion and aggregates.
 
     The model is a local HF ``*ForTokenClassification`` with ``num_labels=2`` (e.g.
-    ``Qwen2ForTokenClassification``; Qwen2.5-Math-PRM's ``[b x t x 2]`` logits also work). The
-    reward-model input of one completion is the token ids of
+    ``Qwen2ForTokenClassification``; Qwen2.5-Math-PRM's ``[b x t x 2]`` logits also work). Its
+    input is ``prompt + completion`` with one ``marker`` token at the end of every step line
+    (:func:`step_line_ends`: the non-blank lines before the final ``#### `` line; that line and
+    anything after it are read but not marked), e.g. with ``marker="<step>"``::
 
-        prompt, step_1, <marker>, step_2, <marker>, …, step_k, <marker>
+        "23+45-12\\n" + "23+45=68<step>\\n68-12=56<step>\\n#### 56"
 
-    each piece tokenized on its own (no special tokens), so there is exactly one ``marker``
-    token after every step (steps: :func:`split_steps`; the newlines between steps are replaced
-    by the markers; with ``marker="\\n"`` that is the completion itself plus a final newline).
+    the layout of :func:`objectives.tiny_tasks.mark_steps`, on which the tiny world's PRMs are
+    trained. With ``marker="\\n"`` (the step separator) the newline that ends a step line is
+    itself the marker (none is added; a last step line without one gets one). The text is
+    tokenized in segments cut at the markers (no special tokens added), so each marker is
+    exactly one token whatever the tokenizer merges.
+
     The step score is ``softmax(logits)[label 1]`` at its marker; the reward is their
     ``aggregate``: ``mean`` (default; smooth, credits partly right work) or ``min`` (a chain is
     as good as its worst step, as in Lightman et al. 2023). A completion without steps gets 0.0
@@ -548,20 +576,22 @@ class ModelReward(_Base):
     def encode(self, prompt: Any, completion: Any) -> tuple[list[int], list[int], int]:
         """``(token ids, marker positions, steps)`` of one prompt + completion, cut at
         ``max_length``; ``steps`` is the number of markers inserted (before the cut)."""
-        steps = split_steps(as_text(completion))
-        if not steps:
+        prompt_text, text = as_text(prompt), as_text(completion)
+        ends = step_line_ends(text)
+        if not ends:
             return [], [], 0
-        ids = list(self._ids(as_text(prompt)))
-        positions = []
-        for step in steps:
-            ids.extend(self._ids(step))
+        ids, positions, start = self._ids(prompt_text), [], 0
+        for end in ends:
+            ids.extend(self._ids(text[start:end]))
             positions.append(len(ids))
             ids.append(self.marker_id)
+            start = end + 1 if self.marker == "\n" and text[end:end + 1] == "\n" else end
+        ids.extend(self._ids(text[start:]))
         ids = ids[: self.max_length]
-        return ids, [p for p in positions if p < len(ids)], len(steps)
+        return ids, [p for p in positions if p < len(ids)], len(ends)
 
     def _ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     # ------------------------------------------------------------------- scoring
     def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
@@ -701,5 +731,5 @@ __all__ = [
     "Equation", "MODEL_BASED", "ModelReward", "REWARD_NAMES", "RULE_BASED", "DenseReward",
     "RewardSystem", "RewardUsage", "SparseReward", "StructuredReward", "as_text",
     "find_equations", "is_correct", "is_final_line", "is_well_formed", "make_reward",
-    "reward_shape", "split_steps", "step_accuracy",
+    "reward_shape", "split_steps", "step_accuracy", "step_line_ends",
 ]

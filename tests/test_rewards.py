@@ -193,11 +193,35 @@ def test_model_reward_scores_and_batching(tiny_prm):
 def test_model_reward_marks_every_step(tiny_prm):
     model, tokenizer = tiny_prm
     reward = ModelReward(model, tokenizer, marker=MARKER)
-    ids, positions, steps = reward.encode("1+1=?\n", "1+1=2\n\n#### 2")
-    assert steps == 2 and len(positions) == 2
-    assert tokenizer.decode(ids) .replace(" ", "") == "1+1=?\n1+1=2\n####2\n".replace(" ", "")
+    # marker "\n": the newline ending each step line is the marker; the answer line is unmarked
+    ids, positions, steps = reward.encode("1+1=?\n", "1+1=2\n\n2+2=4\n#### 2")
+    assert (steps, len(positions)) == (2, 2)
+    assert tokenizer.decode(ids).replace(" ", "") == "1+1=?\n1+1=2\n\n2+2=4\n####2"
+    assert [tokenizer.decode(ids[: p + 1]).replace(" ", "")[-6:] for p in positions] == \
+        ["1+1=2\n", "2+2=4\n"]
     assert all(ids[p] == reward.marker_id for p in positions)
-    assert len(ids) == len("1+1=?\n") + len("1+1=2") + len("#### 2") + steps
+    ids, positions, steps = reward.encode("1+1=?\n", "1+1=2")  # last step line: one is added
+    assert steps == 1 and positions == [len(ids) - 1] and len(ids) == len("1+1=?\n1+1=2\n")
+    assert reward.encode("p", "#### 2") == ([], [], 0)  # answer only: no step, nothing to run
+
+
+def test_model_reward_input_is_the_tiny_world_prm_layout():
+    # The tiny world's PRMs read prompt + mark_steps(completion) with "<step>" markers;
+    # ModelReward must build exactly those token ids.
+    from objectives.tiny_models import build_prm, build_tokenizer
+    from objectives.tiny_tasks import STEP_TOKEN, mark_steps
+
+    tokenizer = build_tokenizer()
+    reward = ModelReward(build_prm("proxy"), tokenizer, marker=STEP_TOKEN)
+    prompt = "23+45-12\n"
+    for completion in ["23+45=68\n68-12=56\n#### 56", "23+45=68\n\n68-12=56\n#### 56\n1+1=2",
+                       "23+45=68\n68-12=56", "#### 56", "23+45=68 #### 56\n", "\n\n23+45=68\n",
+                       "23+45=68\n#### 5\n#### 56", ""]:
+        ids, positions, steps = reward.encode(prompt, completion)
+        marked = mark_steps(completion)
+        if steps:
+            assert ids == tokenizer(prompt + marked, add_special_tokens=False)["input_ids"], completion
+        assert steps == marked.count(STEP_TOKEN) == len(positions), completion
 
 
 def test_model_reward_flops_equal_measured(tiny_prm):
@@ -229,7 +253,7 @@ def test_model_reward_cuts_long_sequences(tiny_prm):
     model, tokenizer = tiny_prm
     reward = ModelReward(model, tokenizer, marker=MARKER, max_length=12)
     ids, positions, steps = reward.encode("1+1=?\n", "1+1=2\n#### 2")
-    assert len(ids) == 12 and positions == [11] and steps == 2
+    assert len(ids) == 12 and positions == [11] and steps == 1
     assert reward(prompts=["1+1=?\n" * 3], completions=["1+1=2"])[0] == 0.0  # marker cut off
     assert 0 < reward(prompts=["1+1=?\n"], completions=["1+1=2\n#### 2"])[0] < 1
 
