@@ -1,0 +1,319 @@
+"""The GRPO driver: one real trial (TRL ``GRPOTrainer`` + peft LoRA) under a hard FLOP budget.
+
+It drives TRL rather than rewriting it: a thin subclass adds three hooks around TRL's own loop,
+
+* before each rollout batch, the :class:`~allocopt.meter.FlopMeter` admits the iteration only if
+  its worst case (every completion at ``max_completion_length``) fits the budget, else the run
+  stops (:class:`~allocopt.meter.BudgetExhausted`);
+* after the batch is generated and scored, the meter is charged the iteration's FLOPs computed
+  by :func:`allocopt.grpo_flops.grpo_step_flops` from the *actual* token counts (and the reward
+  system's own FLOP report);
+* the loss of rows beyond the plan's schedule is skipped (``compute_loss`` returns a zero that
+  touches no matmul), which realizes fractional update passes μ; the old-policy log-prob pass
+  is skipped in iterations that do not pass over the batch twice.
+
+Step size is decoupled from compute: the learning rate is divided by the number of passes TRL
+runs (``num_iterations``), and the loss of a partly trained pass is rescaled to a mean over the
+rows trained, so ρ measures compute, not step size.
+
+torch, transformers, TRL and peft are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from allocopt.allocation import TrialPlan, rows_schedule
+from allocopt.flops import ComputeBreakdown, FlopAccount, LoRASpec, ModelShape
+from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops
+from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """Hyperparameters of the GRPO run that are not search variables."""
+
+    learning_rate: float = 1e-3
+    """Base learning rate; the driver divides it by TRL's ``num_iterations``."""
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_targets: str = "all-linear"
+    max_completion_length: int = 48
+    """Generation limit per completion (tokens)."""
+    temperature: float = 1.0
+    beta: float = 0.0
+    """KL coefficient (β); > 0 adds the reference pass."""
+    engine: str = "trl-cpu"
+    """Executed-FLOP model of the hardware in use (trl-cpu, trl-gpu, trl-vllm)."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder layers in backward (TRL's default is on; off here: tiny models do not
+    need the memory, and it costs about one more forward)."""
+    max_iterations: int = 100_000
+    """Safety cap; the budget normally ends the run."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.learning_rate > 0):
+            raise ValueError(f"learning_rate={self.learning_rate!r}: must be > 0")
+        if self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length={self.max_completion_length!r}: must be >= 1")
+        engine(self.engine)
+
+
+@dataclass
+class TrialResult:
+    """What one trial produced: targets, the compute actually spent, curves."""
+
+    targets: dict[str, float]
+    """Scores by target name (``native_reward``, ``pass_at_1``, ``judge``, …)."""
+    spent: FlopAccount
+    """FLOPs actually spent in training (useful and executed), by phase."""
+    budget_flops: float
+    curves: list[IterationRecord]
+    wall_seconds: dict[str, float]
+    eval_flops: int = 0
+    """FLOPs of evaluation (outside the budget)."""
+    status: str = "complete"
+    """``complete`` or ``failed``."""
+    error: str | None = None
+    stopped_reason: str | None = None
+
+    @property
+    def breakdown(self) -> ComputeBreakdown:
+        return self.spent.executed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"targets": self.targets, "budget_flops": self.budget_flops,
+                "eval_flops": self.eval_flops, "status": self.status, "error": self.error,
+                "stopped_reason": self.stopped_reason, "wall_seconds": self.wall_seconds,
+                "breakdown": self.spent.to_dict(),
+                "curves": [asdict(r) for r in self.curves]}
+
+
+class TrialFailed(RuntimeError):
+    """A trial crashed; ``result`` holds what it had spent until then."""
+
+    def __init__(self, message: str, result: TrialResult):
+        super().__init__(message)
+        self.result = result
+
+
+def _trainer_class():
+    import torch
+    from trl import GRPOTrainer
+
+    class BudgetedGRPOTrainer(GRPOTrainer):
+        """TRL's GRPOTrainer with allocopt's budget, accounting and row-schedule hooks."""
+
+        def __init__(self, *args: Any, hooks: "_Hooks", **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self._hooks = hooks
+            self._old_site = False
+
+        def _generate_and_score_completions(self, inputs):  # type: ignore[override]
+            self._hooks.before_iteration(self, inputs)
+            self._old_site = self.num_iterations > 1
+            t0 = time.perf_counter()
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                self._old_site = False
+            self._hooks.after_generation(self, out, time.perf_counter() - t0)
+            return out
+
+        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):  # type: ignore[override]
+            # TRL's first no-grad call in an iteration with num_iterations > 1 is the old-policy pass
+            if self._old_site and not torch.is_grad_enabled():
+                self._old_site = False
+                if not self._hooks.needs_old_logprobs():
+                    return None, None, None  # one pass only: old = current, TRL detaches it
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[override]
+            scale = self._hooks.next_micro_batch()
+            if scale == 0.0:  # beyond the schedule: no forward, no backward, a zero with a graph
+                params = [p for p in model.parameters() if p.requires_grad]
+                return sum((p.sum() * 0.0 for p in params[:1]), torch.zeros(()))
+            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+            return loss * scale
+
+    return BudgetedGRPOTrainer
+
+
+@dataclass
+class _Hooks:
+    """State shared between the trainer hooks and the driver."""
+
+    plan: TrialPlan
+    meter: FlopMeter
+    policy: ModelShape
+    lora: LoRASpec | None
+    settings: GRPOSettings
+    reward: Any
+    tokenizer: Any
+    progress: Callable[[IterationRecord, FlopMeter], None] | None = None
+    iteration: int = -1
+    micro: int = 0
+    rows: int = 0
+    t_iter: float = 0.0
+    _pending: FlopAccount | None = field(default=None)
+
+    @property
+    def N(self) -> int:
+        return self.plan.rollouts_per_iteration
+
+    def needs_old_logprobs(self) -> bool:
+        return self.rows > self.N
+
+    def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
+        step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
+                        group_size=self.plan.group_size, update_passes=rows / self.N,
+                        reference=self.settings.beta > 0, old_logprobs=rows > self.N)
+        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=self.settings.engine,
+                               gradient_checkpointing=self.settings.gradient_checkpointing)
+
+    def before_iteration(self, trainer: Any, inputs: list[dict]) -> None:
+        self.iteration += 1
+        self.micro = 0
+        self.t_iter = time.perf_counter()
+        if self.iteration >= self.settings.max_iterations:
+            self.meter.stopped_reason = f"max_iterations={self.settings.max_iterations}"
+            raise BudgetExhausted(self.meter.stopped_reason)
+        self.rows = rows_schedule(self.plan.rows_trained_per_iteration, self.iteration)
+        G = self.plan.group_size
+        prompts = [x["prompt"] for x in inputs][::G]
+        p_tok = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+        C = self.settings.max_completion_length
+        worst = self._step(p_tok, [C] * len(inputs), self.rows).executed.total_flops
+        worst += self.reward.worst_case_flops(max(p_tok), C, len(inputs)) \
+            if hasattr(self.reward, "worst_case_flops") else 0
+        self.meter.admit(worst)
+
+    def after_generation(self, trainer: Any, out: dict, seconds: float) -> None:
+        G = self.plan.group_size
+        p_tok = out["prompt_mask"].sum(1).tolist()[::G]
+        c_tok = [max(1, int(c)) for c in out["completion_mask"].sum(1).tolist()]
+        acct = self._step(p_tok, c_tok, self.rows)
+        usage = self.reward.consume_usage() if hasattr(self.reward, "consume_usage") else None
+        if usage is not None and (usage.useful_flops or usage.executed_flops):
+            acct = acct + FlopAccount(ComputeBreakdown(reward={"reward_model": int(usage.useful_flops)}),
+                                      ComputeBreakdown(reward={"reward_model": int(usage.executed_flops)}))
+        if usage is not None:
+            self.meter.add_wall("reward", usage.wall_seconds)
+        self.meter.add_wall("search+reward", seconds)
+        rewards = out.get("advantages")  # TRL returns advantages; mean reward comes from the metrics
+        metrics = getattr(trainer, "_metrics", {}).get("train", {})
+        reward_mean = float(metrics["reward"][-1]) if metrics.get("reward") else math.nan
+        _ = rewards
+        rec = self.meter.charge(acct, rows_trained=self.rows, reward_mean=reward_mean,
+                                wall_seconds=time.perf_counter() - self.t_iter)
+        if self.progress:
+            self.progress(rec, self.meter)
+
+    def next_micro_batch(self) -> float:
+        """Loss scale of the next micro-batch (one row each): 0 beyond the schedule, else
+        N / rows trained in this pass, so a partly trained pass is a mean over its rows."""
+        idx = self.micro
+        self.micro += 1
+        if idx >= self.rows:
+            return 0.0
+        p = idx // self.N
+        in_pass = min(self.N, self.rows - p * self.N)
+        return self.N / in_pass
+
+
+def run_grpo(
+    plan: TrialPlan,
+    *,
+    model: Any,
+    tokenizer: Any,
+    train_rows: Sequence[dict],
+    reward: Any,
+    settings: GRPOSettings = GRPOSettings(),
+    evaluate: Callable[[Any], tuple[dict[str, float], int]] | None = None,
+    progress: Callable[[IterationRecord, FlopMeter], None] | None = None,
+) -> TrialResult:
+    """Run one GRPO trial of ``plan`` and score it.
+
+    Args:
+        plan: the :class:`~allocopt.allocation.TrialPlan` (G, rollouts, rows schedule, budget).
+        model: a causal LM (``transformers``), trained with fresh LoRA adapters.
+        tokenizer: its tokenizer (``PreTrainedTokenizerFast``), left padding.
+        train_rows: dicts with ``prompt`` and ``answer`` (and any column the reward reads).
+        reward: a reward system (TRL reward-function signature; ``consume_usage()`` for FLOPs).
+        settings: :class:`GRPOSettings`.
+        evaluate: ``model -> (targets, eval_flops)`` after training.
+        progress: called after every iteration with its record and the meter.
+
+    Returns:
+        :class:`TrialResult`; its ``spent.executed.total_flops`` is at most ``plan.budget_flops``.
+
+    Raises:
+        TrialFailed: the run crashed; ``.result`` holds what was spent until then.
+    """
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig
+
+    lora = LoRASpec(settings.lora_rank, settings.lora_targets)
+    policy = ModelShape.from_config(model.config.to_dict())
+    meter = FlopMeter(plan.budget_flops)
+    hooks = _Hooks(plan=plan, meter=meter, policy=policy, lora=lora, settings=settings,
+                   reward=reward, tokenizer=tokenizer, progress=progress)
+    N = plan.rollouts_per_iteration
+    passes = max(1, plan.num_iterations_trl)
+    on_gpu = torch.cuda.is_available() and settings.engine != "trl-cpu"
+    with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, use_cpu=not on_gpu, bf16=False, report_to=[],
+            learning_rate=settings.learning_rate / passes,
+            per_device_train_batch_size=1, gradient_accumulation_steps=N, steps_per_generation=N,
+            num_generations=plan.group_size, num_iterations=passes,
+            max_completion_length=settings.max_completion_length, temperature=settings.temperature,
+            beta=settings.beta, max_steps=settings.max_iterations * passes,
+            gradient_checkpointing=settings.gradient_checkpointing,
+            save_strategy="no", logging_steps=1, disable_tqdm=True, seed=settings.seed,
+            data_seed=settings.seed, use_vllm=settings.engine == "trl-vllm",
+        )
+        peft_config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
+                                 target_modules=_peft_targets(settings.lora_targets),
+                                 lora_dropout=0.0, task_type="CAUSAL_LM")
+        reward_fn = reward
+        if not hasattr(reward_fn, "__name__"):
+            reward_fn.__name__ = getattr(reward, "name", "reward")
+        trainer = _trainer_class()(
+            model=model, reward_funcs=[reward_fn], args=args,
+            train_dataset=Dataset.from_list(list(train_rows)), processing_class=tokenizer,
+            peft_config=peft_config, hooks=hooks)
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # allocopt reports progress itself
+        status, error = "complete", None
+        try:
+            trainer.train()
+        except BudgetExhausted:
+            pass
+        except Exception as e:  # a crash: keep what was spent
+            status, error = "failed", f"{type(e).__name__}: {e}"
+        trained = trainer.model
+    result = TrialResult(targets={}, spent=meter.spent, budget_flops=plan.budget_flops,
+                         curves=meter.records, wall_seconds=dict(meter.wall_seconds),
+                         status=status, error=error, stopped_reason=meter.stopped_reason)
+    if status == "failed":
+        raise TrialFailed(error or "trial failed", result)
+    if evaluate is not None:
+        t0 = time.perf_counter()
+        result.targets, result.eval_flops = evaluate(trained)
+        result.wall_seconds["eval"] = time.perf_counter() - t0
+    return result
+
+
+def _peft_targets(text: str) -> list[str] | str:
+    return "all-linear" if text.strip() in ("all-linear", "all") else \
+        [t.strip() for t in text.split(",") if t.strip()]
