@@ -167,6 +167,67 @@ def plan(
                   f"rollouts per iteration; the nearest is {p.realized_rho:.4f}")
 
 
+# ----------------------------------------------------------------------------- trial
+@app.command()
+def trial(
+    budget: str = typer.Option(..., help="FLOP budget of the run, e.g. 2e11 for the tiny objective."),
+    rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
+    group_size: int = typer.Option(4, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
+    reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
+    objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world)."),
+    seed: int = typer.Option(0, help="Random seed of the trial."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from allocopt.allocation import Allocation, make_plan, check_budget
+    from objectives import get_objective
+
+    alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
+    b = check_budget(budget)
+    try:
+        obj = get_objective(objective)
+    except ValueError as e:
+        raise UsageProblem(str(e)) from None
+    with err.status("building / loading the tiny world (cached after the first run)..."):
+        workload = obj.workload()
+    p = make_plan(b, alloc, workload)
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
+               TextColumn("{task.fields[spent]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, disable=as_json) as bar:
+        task = bar.add_task("GRPO", total=b, spent="")
+
+        def progress(rec, meter):
+            bar.update(task, completed=meter.executed_flops,
+                       description=f"GRPO iteration {rec.iteration + 1} (~{p.iterations})",
+                       spent=f"{fmt_flops(meter.executed_flops)} / {fmt_flops(b)} FLOPs, "
+                             f"reward {rec.reward_mean:.3f}")
+
+        from objectives.grpo import TrialFailed
+
+        try:
+            res = obj.run(p, seed=seed, progress=progress)
+        except TrialFailed as e:
+            fail(f"error: trial failed after spending {fmt_flops(e.result.spent.executed.total_flops)} "
+                 f"FLOPs: {e}", 1)
+    if as_json:
+        out.print_json(json.dumps({"plan": p.to_dict(), **res.to_dict()}, default=str))
+        return
+    t = Table(title=f"Trial: rho={alloc.rho:g}, G={alloc.group_size}, reward={alloc.reward}, "
+                    f"budget {fmt_flops(b)} FLOPs")
+    t.add_column("target")
+    t.add_column("value", justify="right")
+    for k, v in res.targets.items():
+        t.add_row(k.replace("pass_at_1", "pass@1"), f"{v:.4f}")
+    out.print(t)
+    out.print(breakdown_table(res.spent, f"Compute spent ({len(res.curves)} iterations, "
+                                         f"{res.spent.executed.total_flops / b:.1%} of budget; "
+                                         f"planned rho {p.realized_rho:.3f})"))
+    walls = ", ".join(f"{k} {v:.1f}s" for k, v in res.wall_seconds.items())
+    out.print(f"wall time: {walls}; evaluation {fmt_flops(res.eval_flops)} FLOPs (outside the budget)")
+
+
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""

@@ -1,0 +1,21 @@
+"""Objectives: what one trial runs and scores. TRL, peft and torch are imported inside them.
+
+``get_objective(name)`` returns an objective with ``workload()``, ``run(plan, seed=, progress=)``
+and the target names it reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OBJECTIVES = ("tiny",)
+
+
+def get_objective(name: str, **settings: Any) -> Any:
+    """An objective by name. Raises ``ValueError`` with one line for an unknown name."""
+    if name == "tiny":
+        from objectives.tiny import TinyObjective, TinySettings
+
+        return TinyObjective(TinySettings(**settings))
+    raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(OBJECTIVES)} "
+                     "(the GPU objective for Qwen2.5 is not built yet)")

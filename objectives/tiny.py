@@ -1,0 +1,171 @@
+"""The tiny world objective: real GRPO of a tiny Qwen2 on seeded multi-step arithmetic (CPU).
+
+Not a simulation: every trial trains the SFT'd tiny policy (``objectives.tiny_build``) with
+TRL GRPO + LoRA under the plan's FLOP budget, and scores it on held-out problems:
+
+* ``native_reward``: mean reward of the trial's own reward system on the native split
+  (same distribution as training), greedy completions;
+* ``pass_at_1``: share of exactly right final answers on the downstream split (more steps),
+  greedy completions (pass@1 with greedy decoding);
+* ``judge``: process quality, the share of correct steps (:func:`objectives.tiny_tasks.judge`)
+  on the downstream split, the same for every reward system.
+
+Evaluation FLOPs (``eval_flops``) are counted from the padded generation shapes and stay
+outside the budget.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from allocopt.allocation import TrialPlan, Workload
+from allocopt.flops import LoRASpec, ModelShape, generation_flops
+
+TARGETS = ("native_reward", "pass_at_1", "judge")
+
+
+@dataclass(frozen=True)
+class TinySettings:
+    """Settings of the tiny objective (not search variables)."""
+
+    eval_problems: int = 300
+    """Problems per evaluation split (native and downstream)."""
+    rollouts_per_iteration: int = 32
+    """Completions per GRPO iteration (prompts × G)."""
+    max_completion_length: int = 48
+    learning_rate: float = 1e-3
+    lora_rank: int = 8
+    train_problems: int = 5000
+    eval_batch_size: int = 100
+    cache_dir: str | None = None
+    """Where the built world lives (default ``$ALLOCOPT_CACHE`` or ``~/.cache/allocopt``)."""
+
+    def __post_init__(self) -> None:
+        for f in ("eval_problems", "rollouts_per_iteration", "max_completion_length",
+                  "lora_rank", "train_problems", "eval_batch_size"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f}={getattr(self, f)!r}: must be >= 1")
+
+
+@dataclass
+class TinyObjective:
+    """The CPU-scale objective: builds (or loads) the world once, then runs trials."""
+
+    settings: TinySettings = field(default_factory=TinySettings)
+    name: str = "tiny"
+    _world: Any = None
+
+    def world(self) -> Any:
+        if self._world is None:
+            from objectives.tiny_build import build_world
+
+            cache = Path(self.settings.cache_dir) if self.settings.cache_dir else None
+            self._world = build_world(cache)
+        return self._world
+
+    def _shape(self, path: Path) -> ModelShape:
+        return ModelShape.from_pretrained(str(path))
+
+    def workload(self) -> Workload:
+        """The workload a plan is made for: tiny shapes, mean train-split lengths, trl-cpu."""
+        from objectives.tiny_tasks import make_split
+
+        w = self.world()
+        train = make_split("train", 2000, 0)
+        p = statistics.fmean(len(x.prompt) for x in train)
+        c = statistics.fmean(len(x.solution) + 1 for x in train)  # + EOS; 1 char = 1 token
+        return Workload(
+            policy=self._shape(w.policy),
+            reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)},
+            rollouts_per_iteration=self.settings.rollouts_per_iteration,
+            prompt_tokens=p, completion_tokens=c,
+            padded_completion_tokens=min(self.settings.max_completion_length, round(1.5 * c)),
+            steps_per_completion=statistics.fmean(x.num_steps for x in train) + 1,
+            lora=LoRASpec(self.settings.lora_rank), reference=False, engine="trl-cpu")
+
+    def reward(self, name: str) -> Any:
+        from objectives.rewards import make_reward
+
+        w = self.world()
+        if name in ("proxy_prm", "prm"):
+            # the tiny PRMs read one <step> marker after each step line (tiny_tasks.mark_steps)
+            return make_reward(name, model=str(getattr(w, name)), tokenizer=self._tokenizer(),
+                               marker="<step>")
+        return make_reward(name)
+
+    def _tokenizer(self) -> Any:
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(str(self.world().tokenizer))
+        tok.padding_side = "left"
+        return tok
+
+    def run(self, plan: TrialPlan, *, seed: int = 0,
+            progress: Callable[..., None] | None = None) -> Any:
+        """Run one trial of ``plan``; returns :class:`objectives.grpo.TrialResult`."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from objectives.grpo import GRPOSettings, run_grpo
+        from objectives.tiny_tasks import make_split
+
+        torch.manual_seed(seed)
+        w = self.world()
+        tok = self._tokenizer()
+        model = AutoModelForCausalLM.from_pretrained(str(w.policy))
+        rows = [{"prompt": x.prompt, "answer": x.answer}
+                for x in make_split("train", self.settings.train_problems, seed)]
+        reward = self.reward(plan.allocation.reward)
+        settings = GRPOSettings(learning_rate=self.settings.learning_rate,
+                                lora_rank=self.settings.lora_rank,
+                                max_completion_length=self.settings.max_completion_length,
+                                engine="trl-cpu", seed=seed)
+        return run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=reward,
+                        settings=settings, progress=progress,
+                        evaluate=lambda m: self.evaluate(m, tok, reward))
+
+    def evaluate(self, model: Any, tokenizer: Any, reward: Any) -> tuple[dict[str, float], int]:
+        """Targets of a trained policy and the FLOPs the evaluation spent."""
+        from objectives.tiny_tasks import is_correct, judge, make_split
+
+        n = self.settings.eval_problems
+        native = make_split("native", n, 0)
+        down = make_split("downstream", n, 0)
+        native_out, f1 = self._generate(model, tokenizer, [x.prompt for x in native])
+        down_out, f2 = self._generate(model, tokenizer, [x.prompt for x in down])
+        native_scores = reward([x.prompt for x in native], native_out, answer=[x.answer for x in native])
+        if hasattr(reward, "consume_usage"):
+            reward.consume_usage()  # evaluation's reward FLOPs are not the trial's
+        targets = {
+            "native_reward": statistics.fmean(native_scores),
+            "pass_at_1": statistics.fmean(float(is_correct(c, x)) for c, x in zip(down_out, down)),
+            "judge": statistics.fmean(judge(c, x.prompt) for c, x in zip(down_out, down)),
+        }
+        return targets, f1 + f2
+
+    def _generate(self, model: Any, tokenizer: Any, prompts: list[str]) -> tuple[list[str], int]:
+        """Greedy completions and their executed FLOPs (padded batch, full attention)."""
+        import torch
+
+        shape = ModelShape.from_config(model.config.to_dict())
+        outs: list[str] = []
+        flops = 0
+        bs = self.settings.eval_batch_size
+        model.eval()
+        for i in range(0, len(prompts), bs):
+            batch = prompts[i:i + bs]
+            enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                gen = model.generate(**enc, do_sample=False,
+                                     max_new_tokens=self.settings.max_completion_length,
+                                     pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=tokenizer.eos_token_id)
+            new = gen[:, enc["input_ids"].shape[1]:]
+            outs.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            lora = None
+            flops += len(batch) * generation_flops(shape, enc["input_ids"].shape[1], new.shape[1],
+                                                   attention="full", lora=lora)["total"]
+        return outs, flops
