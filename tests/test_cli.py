@@ -1,0 +1,92 @@
+"""The allocopt command in a subprocess: tables, JSON, one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from allocopt.allocation import Allocation, Workload, make_plan
+from allocopt.flops import LoRASpec, ModelShape
+from allocopt.recipe import Recipe
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "allocopt.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_import_and_help_load_no_torch():
+    code = ("import sys, allocopt, allocopt.flops, allocopt.allocation, allocopt.cli, allocopt.meter;"
+            "heavy = [m for m in ('torch', 'transformers', 'trl', 'optuna', 'mlflow', 'botorch')"
+            " if m in sys.modules]; print(heavy)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stderr
+    h = run("--help")
+    assert h.returncode == 0 and "account" in h.stdout and "plan" in h.stdout
+
+
+def test_account_json_matches_library():
+    r = run("account", "--model", "Qwen/Qwen2.5-3B-Instruct", "--lora-rank", "32", "--prompts", "64",
+            "-G", "5", "--prompt-tokens", "103", "--completion-tokens", "304", "--beta", "0.04", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    acct = Recipe(model="Qwen/Qwen2.5-3B", lora_rank=32, prompts=64, group_size=5, beta=0.04).account()
+    assert data["total_flops"] == acct.executed.total_flops
+    assert data["search_flops"] + data["learning_flops"] + data["reward_flops"] == data["total_flops"]
+    assert data["learning_ref_logprobs_flops"] > 0  # beta > 0 runs the reference pass
+    assert data["reward_flops"] == 0
+
+
+def test_plan_json_matches_library():
+    r = run("plan", "--budget", "1e19", "--model", "Qwen/Qwen2.5-1.5B", "--reward", "prm",
+            "--group-size", "8", "--rho", "0.5", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    p = make_plan(1e19, Allocation(0.5, 8, "prm"),
+                  Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), lora=LoRASpec(32)))
+    assert data["iterations"] == p.iterations
+    assert data["expected_total_flops"] <= 1e19
+    assert abs(data["realized_rho"] - 0.5) <= 0.01
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--budget", "-1", "--rho", "0.5"], "budget_flops"),
+    (["plan", "--budget", "0", "--rho", "0.5"], "budget_flops"),
+    (["plan", "--budget", "nan", "--rho", "0.5"], "budget_flops"),
+    (["plan", "--budget", "lots", "--rho", "0.5"], "budget_flops"),
+    (["plan", "--budget", "1e19", "--rho", "1"], "rho"),
+    (["plan", "--budget", "1e19", "--rho", "0"], "rho"),
+    (["plan", "--budget", "1e19", "--rho", "0.5", "-G", "1"], "group_size"),
+    (["plan", "--budget", "1e19", "--rho", "0.5", "--reward", "llm"], "reward"),
+    (["plan", "--budget", "1e19", "--rho", "0.5", "--model", "gpt-9"], "model"),
+    (["plan", "--budget", "1e10", "--rho", "0.5"], "smallest feasible plan needs"),
+    (["plan", "--budget", "1e19", "--rho", "0.5", "-G", "x"], "group-size"),
+    (["account", "--prompts", "0"], "prompts"),
+    (["account", "--engine", "tpu"], "engine"),
+    (["trial", "--budget", "1e9", "--rho", "0.5", "--objective", "nope"], "objective"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    r = run(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_config_json_missing_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
+    r = run("account", "--model", str(tmp_path))
+    assert r.returncode == 2 and "num_attention_heads" in r.stderr
+
+
+def test_recipe_toml(tmp_path):
+    f = tmp_path / "r.toml"
+    f.write_text('[recipe]\nmodel = "Qwen/Qwen2.5-0.5B"\nprompts = 8\ngroup_size = 4\n')
+    r = run("account", "--recipe", str(f), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total_flops"] == Recipe(model="Qwen/Qwen2.5-0.5B", prompts=8,
+                                                         group_size=4).account().executed.total_flops
+    f.write_text("prompts = [")
+    bad = run("account", "--recipe", str(f))
+    assert bad.returncode == 2 and "malformed TOML" in bad.stderr
