@@ -228,6 +228,144 @@ def trial(
     out.print(f"wall time: {walls}; evaluation {fmt_flops(res.eval_flops)} FLOPs (outside the budget)")
 
 
+# ----------------------------------------------------------------------------- study
+@app.command()
+def study(
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
+    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19."),
+    target: Optional[str] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge."),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU, default) or tiny (CPU arithmetic world)."),
+    trials: Optional[int] = typer.Option(None, help="Trials in all (a resumed study runs the missing ones)."),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study."),
+    storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI [default: sqlite:///mlflow.db]."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials."),
+    sampler: Optional[str] = typer.Option(None, help="botorch (default), gp or random."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
+) -> None:
+    """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
+    from allocopt.spec import StudySpec, target_label
+    from allocopt.study import StudyError, dry_run as plans_over_space, run_study
+
+    base = StudySpec.from_toml(spec) if spec else StudySpec()
+    from allocopt.allocation import check_budget
+
+    b = None if budget is None else check_budget(budget)
+    s = base.with_overrides(budget_flops=b, target=target, objective=objective, trials=trials,
+                            name=study_name, seed=seed, sampler=sampler)
+    from objectives import get_objective
+
+    try:
+        obj = get_objective(s.objective, **s.objective_settings)
+    except (ValueError, TypeError) as e:
+        raise UsageProblem(str(e).splitlines()[0]) from None
+    if dry_run:
+        with err.status("loading the objective's models..."):
+            workload = obj.workload()
+        t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run")
+        for c in ("reward", "G", "rho", "got", "mu", "iters", "search", "learn", "rwd", "note"):
+            t.add_column(c, justify="left" if c in ("reward", "note") else "right")
+        for a, p, note in plans_over_space(s, workload):
+            if p is None:
+                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", "-", "-", "-", "-", "-", "-", f"[red]{note}[/]")
+            else:
+                e = p.expected.executed
+                share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
+                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
+                          f"{p.update_passes:.2f}", str(p.iterations), share(e.search_flops),
+                          share(e.learning_flops), share(e.reward_flops), note)
+        t.caption = ("got: realized rho; mu: update passes; search/learn/rwd: shares of the "
+                     "executed FLOPs")
+        out.print(t)
+        return
+    if hasattr(obj, "check_available"):
+        from objectives.qwen import ObjectiveUnavailable
+
+        try:
+            obj.check_available()
+        except ObjectiveUnavailable as e:
+            raise UsageProblem(str(e)) from None
+    with err.status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    tracker = None
+    if not no_mlflow:
+        from allocopt.tracking import StudyTracker
+
+        tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    state = {"best": None, "spent": 0.0}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err) as bar:
+        trials_task = bar.add_task("trials", total=s.trials, info="")
+        flops_task = bar.add_task("trial", total=s.budget_flops, info="", visible=False)
+
+        def on_start(number, alloc, plan):
+            bar.update(flops_task, completed=0, visible=True,
+                       description=f"trial {number}: rho={alloc.rho:.3f} G={alloc.group_size} {alloc.reward}")
+
+        def progress(rec, meter):
+            bar.update(flops_task, completed=meter.executed_flops,
+                       info=f"it {rec.iteration + 1}, {fmt_flops(meter.executed_flops)} FLOPs")
+
+        def on_end(row, result):
+            if result is not None:
+                state["spent"] += result.spent.executed.total_flops
+            if row.state == "COMPLETE" and (state["best"] is None or row.value > state["best"].value):
+                state["best"] = row
+            best = state["best"]
+            bar.update(trials_task, advance=1, info=(
+                f"best {target_label(s.target_key)}={best.value:.3f} " if best else "") +
+                f"| spent {fmt_flops(state['spent'])} FLOPs")
+            p = row.params
+            msg = (f"trial {row.number} {row.state}: rho={p.get('rho', s.space.rho[0]):.3f} "
+                   f"G={p.get('group_size', s.space.group_sizes[0])} {p.get('reward', s.space.rewards[0])}")
+            if row.state == "COMPLETE":
+                msg += f" -> {s.target}={row.value:.4f}"
+            elif row.error:
+                msg += f" ({row.error.splitlines()[0][:120]})"
+            bar.console.print(msg, markup=False, highlight=False)
+
+        try:
+            st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                           on_trial_start=on_start, on_trial_end=on_end, progress=progress)
+        except StudyError as e:
+            raise UsageProblem(str(e)) from None
+        except KeyboardInterrupt:
+            fail(f"interrupted: finished trials are kept in {storage}; run the same command to resume", 130)
+        finally:
+            if tracker:
+                tracker.close()
+    print_study_summary(st, s)
+
+
+def print_study_summary(st: Any, s: Any) -> None:
+    """Final table: best allocation, its breakdown, the top trials."""
+    from allocopt.study import best_row, rows
+
+    all_rows = rows(st)
+    best = best_row(st)
+    if best is None:
+        out.print("no complete trial yet")
+        return
+    t = Table(title=f"Study {s.name}: best {s.target} = {best.value:.4f} (trial {best.number})")
+    for c in ("trial", "state", "rho", "G", "reward", s.target, "search", "learning", "reward FLOPs", "realized rho"):
+        t.add_column(c)
+    done = sorted((r for r in all_rows if r.state == "COMPLETE"), key=lambda r: -r.value)
+    for r in done[:8]:
+        m = r.metrics
+        t.add_row(str(r.number), r.state, f"{r.params.get('rho', s.space.rho[0]):.3f}",
+                  str(r.params.get("group_size", s.space.group_sizes[0])),
+                  str(r.params.get("reward", s.space.rewards[0])), f"{r.value:.4f}",
+                  fmt_flops(m.get("search_flops", 0)), fmt_flops(m.get("learning_flops", 0)),
+                  fmt_flops(m.get("reward_flops", 0)), f"{m.get('rho', float('nan')):.3f}")
+    out.print(t)
+    n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
+    n_fail = sum(r.state == "FAIL" for r in all_rows)
+    out.print(f"{len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed")
+
+
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""

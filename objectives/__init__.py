@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-OBJECTIVES = ("tiny",)
+OBJECTIVES = ("tiny", "qwen")
 
 
 def get_objective(name: str, **settings: Any) -> Any:
@@ -17,5 +17,8 @@ def get_objective(name: str, **settings: Any) -> Any:
         from objectives.tiny import TinyObjective, TinySettings
 
         return TinyObjective(TinySettings(**settings))
-    raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(OBJECTIVES)} "
-                     "(the GPU objective for Qwen2.5 is not built yet)")
+    if name == "qwen":
+        from objectives.qwen import QwenObjective, QwenSettings
+
+        return QwenObjective(QwenSettings(**settings))
+    raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(OBJECTIVES)}")

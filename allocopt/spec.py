@@ -1,0 +1,163 @@
+"""Study definitions: what a study searches, at which budget, for which target (TOML).
+
+Standard library only. A study file (``studies/*.toml``)::
+
+    name = "tiny"
+    objective = "tiny"
+    budget_flops = 2e10
+    target = "pass@1"
+    trials = 12
+    seed = 0
+
+    [space]
+    rho = [0.2, 0.9]          # range of the update fraction
+    group_sizes = [2, 4, 8]
+    rewards = ["sparse", "dense", "prm"]
+    models = []               # optional: policy models to search over
+
+    [objective_settings]      # passed to the objective
+    eval_problems = 300
+
+CLI flags override file values (:meth:`StudySpec.with_overrides`).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from allocopt.allocation import REWARDS, check_budget
+from allocopt.flops import ConfigError
+
+TARGETS: tuple[str, ...] = ("native_reward", "pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
+"""Targets as people and the CLI spell them."""
+
+
+def target_key(target: str) -> str:
+    """Python / MLflow name of a target: ``pass@1`` -> ``pass_at_1``, ``pass@1:gsm8k`` ->
+    ``pass_at_1_gsm8k`` (MLflow rejects ``@`` in keys). Raises :class:`ConfigError`."""
+    if target not in TARGETS:
+        raise ConfigError(f"target={target!r}: unknown target; allowed: {', '.join(TARGETS)}")
+    return target.replace("@", "_at_").replace(":", "_")
+
+
+def target_label(key: str) -> str:
+    """Inverse of :func:`target_key`, for tables."""
+    for t in TARGETS:
+        if target_key(t) == key:
+            return t
+    return key
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The search variables of a study."""
+
+    rho: tuple[float, float] = (0.2, 0.9)
+    """Range of the update fraction ρ, inside (0, 1)."""
+    group_sizes: tuple[int, ...] = (2, 4, 8)
+    """Group sizes G to choose from (each >= 2)."""
+    rewards: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
+    """Reward systems to choose from."""
+    models: tuple[str, ...] = ()
+    """Policy models to choose from; empty: the objective's own."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rho", tuple(self.rho))
+        object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
+        object.__setattr__(self, "rewards", tuple(self.rewards))
+        object.__setattr__(self, "models", tuple(self.models))
+        lo_hi = self.rho
+        if len(lo_hi) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in lo_hi) \
+                or not (0 < lo_hi[0] <= lo_hi[1] < 1):
+            raise ConfigError(f"space.rho={list(self.rho)!r}: must be [low, high] with 0 < low <= high < 1")
+        if not self.group_sizes:
+            raise ConfigError("space.group_sizes=[]: empty search space; give at least one G >= 2")
+        for g in self.group_sizes:
+            if isinstance(g, bool) or not isinstance(g, int) or g < 2:
+                raise ConfigError(f"space.group_sizes: {g!r} is not an integer >= 2")
+        if not self.rewards:
+            raise ConfigError(f"space.rewards=[]: empty search space; allowed: {', '.join(REWARDS)}")
+        for r in self.rewards:
+            if r not in REWARDS:
+                raise ConfigError(f"space.rewards: {r!r} is not a reward system; allowed: {', '.join(REWARDS)}")
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A whole study: objective, budget, target, space, trial count."""
+
+    name: str = "allocopt"
+    """Study name (Optuna study and MLflow experiment ``allocopt/<name>``)."""
+    objective: str = "qwen"
+    """What trials run: ``tiny`` (CPU world) or ``qwen`` (GPU, Qwen2.5)."""
+    budget_flops: float = 1e19
+    """FLOPs each full-budget trial may spend."""
+    target: str = "pass@1"
+    """Target to maximize (see :data:`TARGETS`)."""
+    trials: int = 12
+    """Trials to run in all (a resumed study runs only the missing ones)."""
+    seed: int = 0
+    sampler: str = "botorch"
+    """``botorch`` (optuna_integration.BoTorchSampler), ``gp`` (Optuna GPSampler), ``random``."""
+    startup_trials: int = 4
+    """Quasi-random trials before the surrogate proposes."""
+    space: SearchSpace = field(default_factory=SearchSpace)
+    objective_settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"name={self.name!r}: must be a non-empty string")
+        object.__setattr__(self, "budget_flops", check_budget(self.budget_flops))
+        target_key(self.target)
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
+            raise ConfigError(f"trials={self.trials!r}: must be an integer >= 1")
+        if self.sampler not in ("botorch", "gp", "random"):
+            raise ConfigError(f"sampler={self.sampler!r}: allowed: botorch, gp, random")
+        if isinstance(self.space, Mapping):
+            object.__setattr__(self, "space", _space(self.space))
+        object.__setattr__(self, "objective_settings", dict(self.objective_settings))
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "StudySpec":
+        """Read a study file. Raises :class:`ConfigError` (missing file, malformed TOML,
+        unknown key, bad value) with one line."""
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"spec={str(path)!r}: file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"spec={str(path)!r}: malformed TOML ({e})") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"spec {p.name}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ConfigError(f"spec {p.name}: {e}") from None
+
+    def with_overrides(self, **kw: Any) -> "StudySpec":
+        """A copy with every non-``None`` keyword replaced (CLI flags over file values)."""
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    @property
+    def target_key(self) -> str:
+        return target_key(self.target)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["space"] = asdict(self.space)
+        return d
+
+
+def _space(data: Mapping[str, Any]) -> SearchSpace:
+    known = {f.name for f in fields(SearchSpace)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"space: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
+    return SearchSpace(**data)
