@@ -308,11 +308,18 @@ def backward_flops(
     attention products 2 × forward, each adapter its two weight gradients and its input
     gradients. Autograd skips input gradients no parameter needs: in the first layer, a
     frozen module that reads the embedding output directly (q/k/v, and gate/up when no
-    attention module carries an adapter) pays nothing unless ``input_requires_grad`` (peft's
-    ``enable_input_require_grads``, used with reentrant gradient checkpointing). With
-    ``fused_attention`` (SDPA's fused backward) attention pays all of dQ, dK, dP, dV whenever
-    any of Q, K, V needs a gradient; without it (eager attention under autograd) each of the
-    four products is paid only when its operand needs a gradient.
+    attention module carries an adapter) pays nothing unless ``input_requires_grad``
+    (``enable_input_require_grads``, which transformers and TRL turn on with gradient
+    checkpointing).
+
+    Attention backward. With ``fused_attention`` (SDPA's fused kernels: flash, memory-efficient,
+    and ``_scaled_dot_product_flash_attention_for_cpu`` on CPU) attention pays dQ, dK, dP, dV
+    whenever any of Q, K, V needs a gradient, *and* recomputes the scores ``QKᵀ`` (the kernel
+    keeps only the log-sum-exp): five products, 2.5 × the attention forward, as
+    ``torch.utils.flop_counter.sdpa_backward_flop_count`` counts them. Without it (eager
+    attention under autograd) each of the four products is paid only when its operand needs a
+    gradient and nothing is recomputed: at most 2 × the attention forward. (Fix, measured with
+    ``FlopCounterMode``: the fused case used to count 2 ×, missing the recomputed scores.)
 
     Returns:
         ``{"backward": FLOPs}`` split as ``{"backward_layers", "backward_head"}`` plus the total
@@ -321,9 +328,13 @@ def backward_flops(
     """
     lin = shape.linear_shapes()
     attn_fwd = 4 * shape.num_heads * shape.head_dim * attention_keys(num_tokens, 0, attention)
+    # fused kernel: dQ, dK, dP, dV plus the recomputed scores QKᵀ, 5 × (attn_fwd / 2)
+    # (torch.utils.flop_counter.sdpa_backward_flop_count; Dao 2023, FlashAttention-2, Alg. 2)
+    attn_fused = attn_fwd // 2 * 5
     head_fwd = 2 * shape.head_matmul_params * num_logits
     if lora is None:  # full fine-tuning: input and weight gradient everywhere
-        layers = shape.num_layers * (2 * 2 * shape.layer_matmul_params * num_tokens + 2 * attn_fwd)
+        attn_bwd = attn_fused if fused_attention else 2 * attn_fwd
+        layers = shape.num_layers * (2 * 2 * shape.layer_matmul_params * num_tokens + attn_bwd)
         head = 2 * head_fwd
         return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
 
@@ -349,7 +360,7 @@ def backward_flops(
         q, k, v = (module(m, grad_in) for m in ("q_proj", "k_proj", "v_proj"))
         attn_out = q or k or v
         if attn_out and fused_attention:
-            cost += 2 * attn_fwd  # dQ, dK (scores) and dP, dV (weighted sum), one kernel
+            cost += attn_fused  # dQ, dK, dP, dV and the recomputed scores, one kernel
         elif attn_out:  # each half of attn_fwd is one product; its backward, per operand
             cost += attn_fwd // 2 * (q + k + (q or k) + v)  # dQ, dK, dP, dV
         o = module("o_proj", attn_out)
@@ -373,6 +384,7 @@ def training_flops(
     input_requires_grad: bool | None = None,
     head_recompute: bool = False,
     fused_attention: bool = True,
+    reentrant_checkpoint: bool = False,
 ) -> dict[str, int]:
     """Forward + backward FLOPs of one training pass over one sequence (no KV cache).
 
@@ -382,13 +394,22 @@ def training_flops(
         num_logits: positions where the head is applied (completion tokens in GRPO).
         attention, lora: as in :func:`forward_flops`.
         gradient_checkpointing: each decoder layer's forward runs again during backward (HF
-            checkpoints whole decoder layers; the head is not recomputed).
-        input_requires_grad: whether the embedding output needs a gradient; default: only
-            with gradient checkpointing (peft ``enable_input_require_grads``).
+            checkpoints whole decoder layers; the head is not recomputed). With torch's
+            non-reentrant checkpoint (``use_reentrant=False``: the default of transformers 5
+            and of TRL) the recompute stops as soon as the last tensor saved for backward is
+            back ("early stop", ``torch.utils.checkpoint``). A matmul saves its *inputs*, which
+            exist before it runs, so each layer's last matmul is not recomputed: ``down_proj``,
+            or the ``B`` of its adapter when ``down_proj`` carries one. (Fix, measured with
+            ``FlopCounterMode``: the whole layer used to be counted.)
+        input_requires_grad: whether the embedding output needs a gradient; default: with
+            gradient checkpointing under LoRA (transformers' ``gradient_checkpointing_enable``
+            and TRL both call ``enable_input_require_grads``).
         head_recompute: the head's forward runs again in backward (TRL's chunked fused LM
             head recomputes each logits tile rather than storing it).
-        fused_attention: attention backward as one fused kernel (SDPA) or per product
-            (eager); see :func:`backward_flops`.
+        fused_attention: attention backward as one fused kernel (SDPA, with the scores
+            recomputed) or per product (eager); see :func:`backward_flops`.
+        reentrant_checkpoint: the checkpoint is torch's reentrant one
+            (``use_reentrant=True``), which recomputes each layer's whole forward.
 
     Returns:
         ``{"forward", "backward", "recompute"}`` in FLOPs (and ``"total"``).
@@ -400,8 +421,13 @@ def training_flops(
                          input_requires_grad=input_requires_grad,
                          fused_attention=fused_attention)["backward"]
     recompute = 0
-    if gradient_checkpointing:
-        recompute += forward_flops(shape, num_tokens, attention=attention, lora=lora)  # layers only
+    if gradient_checkpointing:  # the decoder layers' forward again; the head is not checkpointed
+        recompute += forward_flops(shape, num_tokens, attention=attention, lora=lora)
+        if not reentrant_checkpoint:  # early stop: each layer's last matmul is not rerun
+            d_in, d_out = shape.linear_shapes()["down_proj"]
+            on_adapter = lora is not None and "down_proj" in lora.target_modules
+            last = 2 * lora.rank * d_out if on_adapter else 2 * d_in * d_out
+            recompute -= shape.num_layers * last * num_tokens
     if head_recompute:
         recompute += 2 * shape.head_matmul_params * num_logits
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "total": fwd + bwd + recompute}
