@@ -104,8 +104,9 @@ def open_study(spec: StudySpec, storage: str) -> Any:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StudyError(f"storage={storage!r}: cannot be opened ({msg})") from None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         study._storage.set_trial_user_attr(t._trial_id, "error", "interrupted; marked failed on resume")
+        study._storage.set_trial_user_attr(t._trial_id, "state", "FAIL")
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     return study
 
 
@@ -193,8 +194,9 @@ def run_study(
         try:
             result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
         except KeyboardInterrupt:
-            study.tell(trial, state=TrialState.FAIL)
             study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted")
+            study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
+            study.tell(trial, state=TrialState.FAIL)
             if tracker:
                 tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
                                      error="interrupted (KeyboardInterrupt)")

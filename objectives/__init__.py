@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-OBJECTIVES = ("tiny", "qwen")
+OBJECTIVES = ("tiny", "qwen", "synthetic")
 
 
 def get_objective(name: str, **settings: Any) -> Any:
@@ -21,4 +21,8 @@ def get_objective(name: str, **settings: Any) -> Any:
         from objectives.qwen import QwenObjective, QwenSettings
 
         return QwenObjective(QwenSettings(**settings))
+    if name == "synthetic":
+        from objectives.synthetic import SyntheticObjective
+
+        return SyntheticObjective(**settings)
     raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(OBJECTIVES)}")

@@ -157,6 +157,8 @@ class _Hooks:
     reward: Any
     tokenizer: Any
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None
+    engine: Any = None
+    """The :class:`~allocopt.grpo_flops.Engine` whose executed FLOPs are charged."""
     iteration: int = -1
     micro: int = 0
     rows: int = 0
@@ -174,7 +176,7 @@ class _Hooks:
         step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
                         group_size=self.plan.group_size, update_passes=rows / self.N,
                         reference=self.settings.beta > 0, old_logprobs=rows > self.N)
-        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=self.settings.engine,
+        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=self.engine,
                                gradient_checkpointing=self.settings.gradient_checkpointing)
 
     def before_iteration(self, trainer: Any, inputs: list[dict]) -> None:
@@ -265,7 +267,8 @@ def run_grpo(
     policy = ModelShape.from_config(model.config.to_dict())
     meter = FlopMeter(plan.budget_flops)
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, lora=lora, settings=settings,
-                   reward=reward, tokenizer=tokenizer, progress=progress)
+                   reward=reward, tokenizer=tokenizer, progress=progress,
+                   engine=engine_for(settings.engine, model))
     N = plan.rollouts_per_iteration
     passes = max(1, plan.num_iterations_trl)
     on_gpu = torch.cuda.is_available() and settings.engine != "trl-cpu"
@@ -312,6 +315,18 @@ def run_grpo(
         result.targets, result.eval_flops = evaluate(trained)
         result.wall_seconds["eval"] = time.perf_counter() - t0
     return result
+
+
+def engine_for(name: str, model: Any) -> Any:
+    """The engine ``name`` adjusted to the model's attention kernel: eager attention runs its
+    backward product by product (no fused recompute of the scores)."""
+    from dataclasses import replace
+
+    eng = engine(name)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl == "eager" and eng.fused_attention:
+        eng = replace(eng, name=f"{eng.name}+eager", fused_attention=False)
+    return eng
 
 
 def _peft_targets(text: str) -> list[str] | str:

@@ -1,0 +1,172 @@
+"""Study mechanics on the synthetic test function: budget as a constraint, failures, resume."""
+
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from allocopt.spec import SearchSpace, StudySpec
+from allocopt.study import StudyError, open_study, rows, run_study
+from objectives.synthetic import SyntheticObjective, response, rho_star
+
+
+class Counting(SyntheticObjective):
+    """The synthetic objective, counting its runs and failing on chosen trial seeds."""
+
+    def __init__(self, fail_seeds=(), **kw):
+        super().__init__(**kw)
+        self.calls = []
+        self.fail_seeds = set(fail_seeds)
+
+    def run(self, plan, *, seed=0, progress=None):
+        self.calls.append(plan.allocation)
+        if seed in self.fail_seeds:
+            raise RuntimeError("boom: objective crashed")
+        return super().run(plan, seed=seed)
+
+
+def spec(**kw):
+    base = dict(name="t", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
+                sampler="random", space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8), rewards=("sparse", "prm")))
+    return StudySpec(**{**base, **kw})
+
+
+def test_synthetic_optima_by_dense_grid():
+    for reward, expected in (("sparse", 0.72), ("prm", 0.45)):
+        grid = [i / 2000 for i in range(1, 2000)]
+        best = max(grid, key=lambda r: response(r, 8, reward))
+        assert abs(best - expected) < 1e-3 and abs(rho_star(reward) - expected) < 1e-12
+    assert max((response(r / 100, g, w), w, g) for r in range(1, 100) for g in (2, 4, 8, 16)
+               for w in ("sparse", "dense", "prm"))[1:] == ("prm", 8)
+
+
+def test_study_records_breakdowns_within_budget(tmp_path):
+    s = spec()
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/a.db")
+    done = [r for r in rows(st) if r.state == "COMPLETE"]
+    assert len(done) == 6 and len(obj.calls) == 6
+    for r in done:
+        m = r.metrics
+        assert m["search_flops"] + m["learning_flops"] + m["reward_flops"] == m["total_flops"] <= 1e18
+        assert r.value == r.targets["pass_at_1"]
+
+
+def test_infeasible_proposals_are_never_run(tmp_path):
+    # budget that buys one iteration at G=2 but not the PRM's reward pass on 64 rollouts
+    obj = Counting()
+    w = obj.workload()
+    from allocopt.allocation import Allocation, min_budget
+
+    grid = [(r / 20, g) for r in range(4, 11) for g in (2, 8)]  # rho in [0.2, 0.5]
+    cheap = max(min_budget(Allocation(r, g, "sparse"), w) for r, g in grid)
+    dear = min(min_budget(Allocation(r, g, "prm"), w) for r, g in grid)
+    assert dear > 1.2 * cheap  # every sparse plan fits, no prm plan does
+    s = spec(budget_flops=1.1 * cheap, trials=8,
+             space=SearchSpace(rho=(0.2, 0.5), group_sizes=(2, 8), rewards=("sparse", "prm")))
+    st = run_study(s, objective=obj, workload=w, storage=f"sqlite:///{tmp_path}/b.db")
+    rs = rows(st)
+    infeasible = [r for r in rs if r.state == "INFEASIBLE"]
+    assert infeasible, "expected some prm proposals to be infeasible"
+    # prm: below one iteration; sparse: one or two iterations cannot realize a fractional
+    # rows-trained schedule within 0.01 of the asked rho
+    assert all(r.params["reward"] == "prm" or "not realizable" in r.error for r in infeasible)
+    assert any(r.params["reward"] == "prm" and "smallest feasible plan" in r.error for r in infeasible)
+    assert len(obj.calls) == len(rs) - len(infeasible)  # infeasible ones cost nothing
+    for t in st.get_trials():
+        c = t.system_attrs.get("constraints:budget")
+        assert (c > 0) == (t.user_attrs["state"] == "INFEASIBLE")
+
+
+def test_failed_trial_is_recorded_and_study_goes_on(tmp_path):
+    obj = Counting(fail_seeds={2})  # trial 2 runs with seed 0 + 2
+    st = run_study(spec(trials=5), objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/c.db")
+    rs = {r.number: r for r in rows(st)}
+    assert rs[2].state == "FAIL" and "boom" in rs[2].error
+    assert st.trials[2].state == optuna.trial.TrialState.FAIL
+    assert sum(r.state == "COMPLETE" for r in rs.values()) == 4
+
+
+def test_resume_runs_only_missing_trials(tmp_path):
+    url = f"sqlite:///{tmp_path}/d.db"
+    obj = Counting()
+    run_study(spec(trials=3), objective=obj, workload=obj.workload(), storage=url)
+    # a trial left RUNNING (as an interrupt leaves it) is marked failed on resume
+    st = optuna.load_study(study_name="t", storage=url)
+    st.ask()
+    obj2 = Counting()
+    st = run_study(spec(trials=5), objective=obj2, workload=obj2.workload(), storage=url)
+    states = [t.state.name for t in st.trials]
+    assert states[:3] == ["COMPLETE"] * 3 and states[3] == "FAIL"
+    assert "interrupted" in st.trials[3].user_attrs["error"]
+    assert len(obj2.calls) == 1  # 3 complete + 1 failed + 1 new = 5 finished
+
+
+def test_botorch_sampler_proposes_in_space(tmp_path):
+    s = spec(sampler="botorch", trials=7, startup_trials=3)
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/e.db")
+    for t in st.trials:
+        assert 0.2 <= t.params["rho"] <= 0.9 and t.params["group_size"] in (2, 8)
+
+
+def test_bad_storage_url():
+    with pytest.raises(StudyError, match="storage"):
+        open_study(spec(), "notadb://x")
+
+
+@pytest.mark.parametrize("toml,needle", [
+    ("trials = [", "malformed TOML"),
+    ("[space]\ngroup_sizes = []", "empty search space"),
+    ("[space]\nrewards = []", "empty search space"),
+    ("target = 'bleu'", "target"),
+    ("objective = 'nope'", "objective"),
+    ("colour = 'red'", "unknown key"),
+])
+def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
+    f = tmp_path / "s.toml"
+    f.write_text(toml)
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(f), "--no-mlflow",
+                        "--storage", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "x.db").exists()  # no trial started
+
+
+def test_cli_sigint_then_resume(tmp_path):
+    """SIGINT to a running study: finished trials are kept, none is run twice on resume."""
+    args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
+            "--target", "pass@1", "--trials", "400", "--sampler", "random", "--no-mlflow",
+            "--study-name", "sig", "--storage", f"sqlite:///{tmp_path}/s.db"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    url = f"sqlite:///{tmp_path}/s.db"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        time.sleep(0.5)
+        try:
+            if len(optuna.load_study(study_name="sig", storage=url).trials) >= 5:
+                break
+        except Exception:
+            pass
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    st = optuna.load_study(study_name="sig", storage=url)
+    before = [(t.number, t.state.name, t.params) for t in st.trials]
+    n_complete = sum(s == "COMPLETE" for _, s, _ in before)
+    assert n_complete >= 4
+    resume = args.copy()
+    resume[resume.index("400")] = str(len(before) + 2)
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    after = optuna.load_study(study_name="sig", storage=url).trials
+    for number, state, params in before:  # finished trials kept as they were
+        if state == "COMPLETE":
+            assert after[number].state.name == "COMPLETE" and after[number].params == params
+        else:
+            assert after[number].state.name == "FAIL"  # the interrupted one
+    assert not any(t.state.name == "RUNNING" for t in after)
+    assert math.isfinite(max(t.value for t in after if t.state.name == "COMPLETE"))
