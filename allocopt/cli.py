@@ -245,6 +245,12 @@ def study(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
+    import os
+    import warnings
+
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
+    warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental).*")
     from allocopt.spec import StudySpec, target_label
     from allocopt.study import StudyError, dry_run as plans_over_space, run_study
 
@@ -349,18 +355,26 @@ def print_study_summary(st: Any, s: Any) -> None:
     if best is None:
         out.print("no complete trial yet")
         return
-    t = Table(title=f"Study {s.name}: best {s.target} = {best.value:.4f} (trial {best.number})")
-    for c in ("trial", "state", "rho", "G", "reward", s.target, "search", "learning", "reward FLOPs", "realized rho"):
-        t.add_column(c)
+    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
+    for c in ("trial", "rho", "G", "reward", s.target, "search", "learn", "rwd", "FLOPs"):
+        t.add_column(c, justify="left" if c == "reward" else "right")
     done = sorted((r for r in all_rows if r.state == "COMPLETE"), key=lambda r: -r.value)
     for r in done[:8]:
         m = r.metrics
-        t.add_row(str(r.number), r.state, f"{r.params.get('rho', s.space.rho[0]):.3f}",
+        tot = m.get("total_flops") or 1
+        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
                   str(r.params.get("group_size", s.space.group_sizes[0])),
                   str(r.params.get("reward", s.space.rewards[0])), f"{r.value:.4f}",
-                  fmt_flops(m.get("search_flops", 0)), fmt_flops(m.get("learning_flops", 0)),
-                  fmt_flops(m.get("reward_flops", 0)), f"{m.get('rho', float('nan')):.3f}")
+                  *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
+                  fmt_flops(m.get("total_flops", 0)))
+    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
     out.print(t)
+    m = best.metrics
+    out.print(f"[bold]best[/]: trial {best.number}, {s.target} = {best.value:.4f} at rho = "
+              f"{m.get('rho', float('nan')):.3f}, G = {best.params.get('group_size', s.space.group_sizes[0])}, "
+              f"reward = {best.params.get('reward', s.space.rewards[0])}; spent search "
+              f"{fmt_flops(m.get('search_flops', 0))}, learning {fmt_flops(m.get('learning_flops', 0))}, "
+              f"reward {fmt_flops(m.get('reward_flops', 0))} FLOPs")
     n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
     n_fail = sum(r.state == "FAIL" for r in all_rows)
     out.print(f"{len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed")
