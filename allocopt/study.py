@@ -127,6 +127,115 @@ def best_row(study: Any) -> TrialRow | None:
     return max(done, key=lambda r: r.value) if done else None
 
 
+def run_one_trial(
+    study: Any,
+    trial: Any,
+    spec: StudySpec,
+    *,
+    objective: Any,
+    workload: Workload,
+    tracker: Any = None,
+    budget_flops: float | None = None,
+    fidelity: str | None = None,
+    on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
+    on_trial_end: Callable[[TrialRow, Any], None] | None = None,
+    progress: Callable[..., None] | None = None,
+) -> tuple[TrialRow, Any]:
+    """Plan, run, score and tell one asked trial; the piece :func:`run_study` repeats.
+
+    The trial's budget is ``budget_flops`` if given, else its user attribute ``budget_flops``
+    (set by ``study.enqueue_trial(..., user_attrs=...)``: a RACE pilot runs at a fraction of the
+    study's budget), else ``spec.budget_flops``; its fidelity likewise (``fidelity`` user
+    attribute, default ``full``). Both are written to the trial's user attributes and MLflow.
+
+    Returns:
+        ``(row, result)``: the :class:`TrialRow` (state ``COMPLETE``, ``INFEASIBLE`` or ``FAIL``)
+        and the objective's result (``None`` unless complete).
+
+    Raises:
+        StudyError: the objective does not report the study's target.
+        KeyboardInterrupt: after marking the trial failed.
+    """
+    from optuna.trial import TrialState
+
+    ua = trial.user_attrs
+    budget = float(budget_flops if budget_flops is not None else ua.get("budget_flops", spec.budget_flops))
+    fidelity = fidelity or ua.get("fidelity", "full")
+    trial.set_user_attr("budget_flops", budget)
+    trial.set_user_attr("fidelity", fidelity)
+    key = spec.target_key
+    alloc = allocation_of(spec, trial.params)
+    params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
+              "model": alloc.model or workload.policy.name, "budget_flops": budget,
+              "objective": spec.objective, "target": spec.target}
+    run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
+                                                        "allocopt.fidelity": fidelity}) if tracker else None
+    row = TrialRow(trial.number, "RUNNING", dict(trial.params))
+    try:
+        plan = make_plan(budget, alloc, workload)
+        if not plan.realizable:
+            raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
+                                 min_budget_flops=0)
+    except InfeasiblePlan as e:
+        excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
+        trial.set_constraint("budget", max(excess, 1e-6))
+        trial.set_user_attr("state", "INFEASIBLE")
+        trial.set_user_attr("error", str(e))
+        study.tell(trial, 0.0)
+        row.state, row.error = "INFEASIBLE", str(e)
+        if tracker:
+            tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[], plan=None, error=str(e))
+        if on_trial_end:
+            on_trial_end(row, None)
+        return row, None
+    if on_trial_start:
+        on_trial_start(trial.number, alloc, plan)
+    try:
+        result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+    except KeyboardInterrupt:
+        study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted")
+        study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
+        study.tell(trial, state=TrialState.FAIL)
+        if tracker:
+            tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
+                                 error="interrupted (KeyboardInterrupt)")
+        raise
+    except Exception as e:  # the objective failed: record it and go on
+        spent = getattr(getattr(e, "result", None), "spent", None)
+        err = f"{type(e).__name__}: {e}"
+        metrics = spent.to_dict() if spent is not None else {}
+        study._storage.set_trial_user_attr(trial._trial_id, "error", err)
+        study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
+        study._storage.set_trial_user_attr(trial._trial_id, "metrics", metrics)
+        study.tell(trial, state=TrialState.FAIL)
+        row.state, row.error, row.metrics = "FAIL", err, metrics
+        if tracker:
+            tracker.finish_trial(run_id, state="FAIL", metrics=metrics, curves=[], plan=plan.to_dict(),
+                                 error=err + "\n" + traceback.format_exc())
+        if on_trial_end:
+            on_trial_end(row, None)
+        return row, None
+    if key not in result.targets:
+        raise StudyError(f"target={spec.target!r}: the {spec.objective} objective reports "
+                         f"{', '.join(result.targets)}")
+    metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
+               "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
+               **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
+    trial.set_constraint("budget", -1.0)
+    trial.set_user_attr("state", "COMPLETE")
+    trial.set_user_attr("targets", result.targets)
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("plan", plan.to_dict())
+    study.tell(trial, float(result.targets[key]))
+    row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[key]}
+    if tracker:
+        tracker.finish_trial(run_id, state="COMPLETE", metrics={**result.targets, **metrics},
+                             curves=[c.__dict__ for c in result.curves], plan=plan.to_dict(), error=None)
+    if on_trial_end:
+        on_trial_end(row, result)
+    return row, result
+
+
 def run_study(
     spec: StudySpec,
     *,
@@ -160,80 +269,12 @@ def run_study(
     study = open_study(spec, storage)
     study.set_user_attr("spec", spec.to_dict())
     dists = distributions(spec)
-    key = spec.target_key
     finished = lambda: len([t for t in study.get_trials(deepcopy=False)  # noqa: E731
                             if t.state in (TrialState.COMPLETE, TrialState.FAIL)])
     while finished() < spec.trials:
         trial = study.ask(dists)
-        alloc = allocation_of(spec, trial.params)
-        params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
-                  "model": alloc.model or workload.policy.name, "budget_flops": spec.budget_flops,
-                  "objective": spec.objective, "target": spec.target}
-        run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
-                                                            "allocopt.fidelity": "full"}) if tracker else None
-        row = TrialRow(trial.number, "RUNNING", dict(trial.params))
-        try:
-            plan = make_plan(spec.budget_flops, alloc, workload)
-            if not plan.realizable:
-                raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
-                                     min_budget_flops=0)
-        except InfeasiblePlan as e:
-            excess = math.log10(max(e.min_budget_flops, 1) / spec.budget_flops) if e.min_budget_flops else 1.0
-            trial.set_constraint("budget", max(excess, 1e-6))
-            trial.set_user_attr("state", "INFEASIBLE")
-            trial.set_user_attr("error", str(e))
-            study.tell(trial, 0.0)
-            row.state, row.error = "INFEASIBLE", str(e)
-            if tracker:
-                tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[], plan=None, error=str(e))
-            if on_trial_end:
-                on_trial_end(row, None)
-            continue
-        if on_trial_start:
-            on_trial_start(trial.number, alloc, plan)
-        try:
-            result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
-        except KeyboardInterrupt:
-            study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted")
-            study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
-            study.tell(trial, state=TrialState.FAIL)
-            if tracker:
-                tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
-                                     error="interrupted (KeyboardInterrupt)")
-            raise
-        except Exception as e:  # the objective failed: record it and go on
-            spent = getattr(getattr(e, "result", None), "spent", None)
-            err = f"{type(e).__name__}: {e}"
-            metrics = spent.to_dict() if spent is not None else {}
-            study._storage.set_trial_user_attr(trial._trial_id, "error", err)
-            study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
-            study._storage.set_trial_user_attr(trial._trial_id, "metrics", metrics)
-            study.tell(trial, state=TrialState.FAIL)
-            row.state, row.error, row.metrics = "FAIL", err, metrics
-            if tracker:
-                tracker.finish_trial(run_id, state="FAIL", metrics=metrics, curves=[], plan=plan.to_dict(),
-                                     error=err + "\n" + traceback.format_exc())
-            if on_trial_end:
-                on_trial_end(row, None)
-            continue
-        if key not in result.targets:
-            raise StudyError(f"target={spec.target!r}: the {spec.objective} objective reports "
-                             f"{', '.join(result.targets)}")
-        metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / spec.budget_flops,
-                   "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
-                   **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
-        trial.set_constraint("budget", -1.0)
-        trial.set_user_attr("state", "COMPLETE")
-        trial.set_user_attr("targets", result.targets)
-        trial.set_user_attr("metrics", metrics)
-        trial.set_user_attr("plan", plan.to_dict())
-        study.tell(trial, float(result.targets[key]))
-        row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[key]}
-        if tracker:
-            tracker.finish_trial(run_id, state="COMPLETE", metrics={**result.targets, **metrics},
-                                 curves=[c.__dict__ for c in result.curves], plan=plan.to_dict(), error=None)
-        if on_trial_end:
-            on_trial_end(row, result)
+        run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
+                      on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
     if tracker:
         b = best_row(study)
         if b is not None:
