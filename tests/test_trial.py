@@ -1,0 +1,331 @@
+"""One GRPO trial end to end (``objectives.grpo.run_grpo``, TRL on CPU) in the tiny world.
+
+* the FLOPs measured by ``torch.utils.flop_counter.FlopCounterMode`` over a whole trial agree
+  with the meter in total and per phase (search: inside ``generate``; reward: inside the reward
+  model's call; learning: everything else);
+* the realized total never passes the budget, for every reward system at both ends of ρ, and
+  the realized ρ is the plan's;
+* bad input: a budget below one iteration, an unknown reward, a reward that crashes mid-run.
+
+Every trial is small (a random-init tiny policy, 8 rollouts of at most 12 tokens, two or three
+iterations) and deterministic (fixed seeds, one thread).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from allocopt.allocation import (REWARDS, Allocation, InfeasiblePlan, TrialPlan, Workload,
+                                 make_plan, min_budget)
+from allocopt.flops import ConfigError, LoRASpec, ModelShape
+from allocopt.meter import FlopMeter
+from objectives.grpo import GRPOSettings, TrialFailed, TrialResult, run_grpo
+from objectives.rewards import ModelReward, make_reward, reward_shape
+from objectives.tiny_models import build_policy, build_prm, build_tokenizer, policy_config
+from objectives.tiny_tasks import make_split
+
+torch.set_num_threads(1)
+
+C = 12
+"""Generation limit (tokens); a random policy rarely stops earlier, so rollouts are ~C long."""
+G = 4
+N = 8
+"""Rollouts per iteration: 2 prompts x G."""
+SETTINGS = GRPOSettings(max_completion_length=C, lora_rank=8, engine="trl-cpu", seed=0)
+BUDGET_FACTOR = 2.5
+"""Budgets in units of the smallest feasible one (one iteration): two planned iterations and
+half an iteration to spare, so the last admission decision is a close one."""
+RHO_AGREEMENT = 0.03
+FLOP_AGREEMENT = 0.02
+
+
+# ------------------------------------------------------------------------------ world
+@dataclass
+class World:
+    tokenizer: Any
+    rows: list[dict]
+    reward_models: dict[str, Any]
+    """Random-init token classifiers: ``proxy_prm`` the proxy size, ``prm`` the full size."""
+
+    def workload(self, reward_models: dict[str, Any] | None = None) -> Workload:
+        models = self.reward_models if reward_models is None else reward_models
+        return Workload(
+            policy=ModelShape.from_config(policy_config("tiny").to_dict()),
+            reward_models={name: reward_shape(m) for name, m in models.items()},
+            rollouts_per_iteration=N, prompt_tokens=9, completion_tokens=C,
+            padded_completion_tokens=C, steps_per_completion=1, lora=LoRASpec(SETTINGS.lora_rank),
+            engine=SETTINGS.engine)
+
+    def reward(self, name: str, models: dict[str, Any] | None = None) -> Any:
+        models = self.reward_models if models is None else models
+        if name in models:
+            return make_reward(name, model=models[name], tokenizer=self.tokenizer)
+        return make_reward(name)
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World(tokenizer=build_tokenizer(),
+                 rows=[{"prompt": p.prompt, "answer": p.answer} for p in make_split("train", 200, 0)],
+                 reward_models={"proxy_prm": build_prm("proxy", seed=1),
+                                "prm": build_prm("full", seed=2)})
+
+
+def plan_for(world: World, reward: str, rho: float, factor: float = BUDGET_FACTOR,
+             workload: Workload | None = None) -> TrialPlan:
+    w = workload or world.workload()
+    alloc = Allocation(rho=rho, group_size=G, reward=reward)
+    return make_plan(factor * min_budget(alloc, w), alloc, w)
+
+
+@dataclass
+class Trial:
+    plan: TrialPlan
+    result: TrialResult
+    admitted: list[int]
+    """The worst-case bound of every iteration the meter admitted, in order."""
+
+
+def run_trial(world: World, plan: TrialPlan, reward: Any) -> Trial:
+    """``run_grpo`` of ``plan`` on a fresh policy, recording what the meter admitted."""
+    admitted: list[int] = []
+    admit = FlopMeter.admit
+
+    def recording_admit(self: FlopMeter, worst_case_flops: int) -> None:
+        admit(self, worst_case_flops)  # raises when refused: not recorded
+        admitted.append(worst_case_flops)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FlopMeter, "admit", recording_admit)
+        result = run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
+                          train_rows=world.rows, reward=reward, settings=SETTINGS)
+    return Trial(plan, result, admitted)
+
+
+# ------------------------------------------------------------- measured FLOPs by phase
+def register_flop_formulas() -> None:
+    """Ops ``FlopCounterMode`` (torch 2.13) counts as 0 unless registered, with torch's own
+    formulas: ``addmm_`` (TRL's chunked LM head accumulates the hidden-state gradient with it
+    on CPU) and the CPU SDPA kernels (unused by the eager tiny models; registered so that a
+    switch to SDPA is measured, not silently counted as 0). Idempotent."""
+    aten, registry = torch.ops.aten, flop_counter.flop_registry
+    if aten.addmm_ not in registry:
+        @flop_counter.register_flop_formula(aten.addmm_)
+        def _addmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.mm_flop(a_shape, b_shape)
+    if aten._scaled_dot_product_flash_attention_for_cpu not in registry:
+        @flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+        def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+    if aten._scaled_dot_product_flash_attention_for_cpu_backward not in registry:
+        @flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+        def _sdpa_cpu_bwd(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                          out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape,
+                                                         value_shape)
+
+
+class PhaseCounter:
+    """One ``FlopCounterMode`` over a whole trial, split into phases by where the FLOPs happen:
+    inside ``GenerationMixin.generate`` (search), inside ``ModelReward.__call__`` (reward), or
+    anywhere else (learning: log-prob passes, loss forward and backward). The two methods are
+    wrapped at class level, so any path TRL or peft takes to them is seen; a call nested in
+    another wrapped call counts once, for the outer one."""
+
+    def __init__(self, mp: pytest.MonkeyPatch) -> None:
+        from transformers.generation.utils import GenerationMixin
+
+        register_flop_formulas()
+        self.mode = FlopCounterMode(display=False)
+        self.inside = {"search": 0, "reward": 0}
+        self.calls = {"search": 0, "reward": 0}
+        self._active: str | None = None
+        mp.setattr(GenerationMixin, "generate", self._wrap(GenerationMixin.generate, "search"))
+        mp.setattr(ModelReward, "__call__", self._wrap(ModelReward.__call__, "reward"))
+
+    def _wrap(self, fn: Any, phase: str) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self._active is not None:
+                return fn(*args, **kwargs)
+            self._active, start = phase, self.mode.get_total_flops()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.inside[phase] += self.mode.get_total_flops() - start
+                self.calls[phase] += 1
+                self._active = None
+        return wrapper
+
+    def __enter__(self) -> "PhaseCounter":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
+
+    def phases(self) -> dict[str, int]:
+        total = self.mode.get_total_flops()
+        return {"search": self.inside["search"], "reward": self.inside["reward"],
+                "learning": total - self.inside["search"] - self.inside["reward"],
+                "total": total}
+
+
+@pytest.mark.parametrize("rho", [
+    0.5,   # a partial pass: 5 of 8 rows trained per iteration, no old-policy pass
+    0.85,  # 3+ passes over the batch: old-policy log-prob pass, TRL num_iterations = 4
+])
+def test_measured_flops_agree_with_the_meter_per_phase(world, rho):
+    """The PRM here is the proxy-size model under the name ``prm``, so reward FLOPs are
+    non-zero but the trial stays small.
+
+    Measured on this setup (torch 2.13, TRL 1.16, transformers 5.24, commit 02091f1): all
+    three phases agree to the FLOP. Before the driver charged eager attention as executed
+    (``objectives.grpo.engine_for``), learning was 0.5-0.9 % above the measurement: engine
+    ``trl-cpu`` assumes the fused SDPA backward (2.5 x the attention forward, scores
+    recomputed) while the tiny models run eager attention (2 x). ``addmm_`` must be registered
+    (:func:`register_flop_formulas`), else the LM head's recomputed tile (~0.15 % of learning)
+    is measured as 0.
+    """
+    prm = {"prm": world.reward_models["proxy_prm"]}
+    w = world.workload(prm)
+    plan = plan_for(world, "prm", rho, workload=w)
+    assert plan.iterations == 2
+    with pytest.MonkeyPatch.context() as mp, PhaseCounter(mp) as counter:
+        trial = run_trial(world, plan, world.reward("prm", prm))
+    measured = counter.phases()
+    spent = trial.result.spent.executed
+    metered = {"search": spent.search_flops, "reward": spent.reward_flops,
+               "learning": spent.learning_flops, "total": spent.total_flops}
+    iterations = len(trial.result.curves)
+    assert iterations >= 2
+    assert counter.calls == {"search": iterations, "reward": iterations}
+    assert all(measured[p] > 0 for p in measured), measured
+    if rho > 0.8:
+        assert spent.learning["old_logprobs"] > 0
+    ratios = {p: metered[p] / measured[p] for p in measured}
+    print(f"rho={rho}: meter/measured", {p: f"{r:.5f}" for p, r in ratios.items()},
+          "measured", measured)
+    for p in measured:
+        assert metered[p] == pytest.approx(measured[p], rel=FLOP_AGREEMENT), (p, ratios)
+
+
+# ------------------------------------------------------------------- budget and rho
+_ADMISSION_BUG = (
+    "objectives/grpo.py admits an iteration on its search + learning worst case only: the "
+    "reward model's FLOPs are charged after the fact but are not in the bound (ModelReward has "
+    "no worst_case_flops), so an admitted iteration can cost more than its bound")
+
+
+def _xfail_admission(reward: str, rho: float, when: bool) -> Any:
+    marks = [pytest.mark.xfail(strict=True, reason=_ADMISSION_BUG)] if when else []
+    return pytest.param(reward, rho, marks=marks, id=f"{reward}-{rho}")
+
+
+@pytest.fixture(scope="module")
+def trials(world):
+    """One trial per (reward, rho), run once and shared by the tests below."""
+    cache: dict[tuple[str, float], Trial] = {}
+
+    def get(reward: str, rho: float) -> Trial:
+        if (reward, rho) not in cache:
+            cache[reward, rho] = run_trial(world, plan_for(world, reward, rho), world.reward(reward))
+        return cache[reward, rho]
+    return get
+
+
+RHOS = (0.2, 0.9)
+
+
+@pytest.mark.parametrize("reward, rho", [
+    _xfail_admission(r, rho, when=(r, rho) == ("prm", 0.2)) for r in REWARDS for rho in RHOS])
+def test_realized_total_never_exceeds_the_budget(trials, reward, rho):
+    trial = trials(reward, rho)
+    plan, result = trial.plan, trial.result
+    spent = result.spent.executed
+    assert result.status == "complete" and result.stopped_reason.startswith("budget")
+    assert len(result.curves) >= plan.iterations >= 2
+    assert spent.total_flops <= plan.budget_flops, (
+        f"{spent.total_flops:.4e} spent > budget {plan.budget_flops:.4e} after "
+        f"{len(result.curves)} iterations (plan: {plan.iterations})")
+    assert abs(spent.rho - plan.realized_rho) <= RHO_AGREEMENT, (spent.rho, plan.realized_rho)
+    assert (spent.reward_flops > 0) == (reward in ("proxy_prm", "prm"))
+    assert spent.learning_flops > 0 and spent.search_flops > 0
+    assert result.curves[-1].cumulative_flops == spent.total_flops
+
+
+@pytest.mark.parametrize("reward, rho", [
+    _xfail_admission(r, rho, when=r in ("proxy_prm", "prm")) for r in REWARDS for rho in RHOS])
+def test_each_iteration_costs_at_most_what_was_admitted(trials, reward, rho):
+    """The invariant behind the budget guarantee, checked per iteration whatever the budget:
+    the executed FLOPs charged for an iteration never exceed the bound it was admitted with."""
+    trial = trials(reward, rho)
+    charged = [r.executed_flops for r in trial.result.curves]
+    assert len(trial.admitted) == len(charged)
+    over = [(i, c, b) for i, (c, b) in enumerate(zip(charged, trial.admitted)) if c > b]
+    assert not over, f"(iteration, charged, admitted bound): {over}"
+
+
+# ---------------------------------------------------------------------- bad input
+def test_budget_below_one_iteration_names_the_minimum(world):
+    w = world.workload()
+    for reward in ("sparse", "prm"):
+        alloc = Allocation(rho=0.5, group_size=G, reward=reward)
+        need = min_budget(alloc, w)
+        with pytest.raises(InfeasiblePlan) as exc:
+            make_plan(need - 1, alloc, w)
+        assert exc.value.min_budget_flops == need
+        message = str(exc.value)
+        assert "budget_flops=" in message and f"needs {need:.3g} FLOPs" in message
+        assert isinstance(exc.value, ValueError)
+        assert make_plan(need, alloc, w).iterations == 1  # the minimum is feasible
+
+
+def test_unknown_reward_is_a_clear_value_error():
+    with pytest.raises(ValueError, match=r"reward='rlhf': unknown reward system; allowed: "
+                                         r"sparse, structured, dense, proxy_prm, prm"):
+        make_reward("rlhf")
+    with pytest.raises(ConfigError, match=r"reward='rlhf': unknown reward system; allowed: sparse"):
+        Allocation(rho=0.5, group_size=G, reward="rlhf")
+    with pytest.raises(ValueError, match=r"reward='prm': a model-based reward needs model="):
+        make_reward("prm")
+
+
+class CrashingReward:
+    """The sparse reward, which raises on its ``crash_on``-th call (1-based)."""
+
+    def __init__(self, crash_on: int) -> None:
+        self.inner, self.crash_on, self.calls = make_reward("sparse"), crash_on, 0
+        self.__name__ = "sparse"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[float]:
+        self.calls += 1
+        if self.calls == self.crash_on:
+            raise RuntimeError("reward server went away")
+        return self.inner(*args, **kwargs)
+
+
+def test_a_reward_that_crashes_mid_run_fails_the_trial_and_keeps_what_was_spent(world):
+    plan = plan_for(world, "sparse", 0.5, factor=4.5)
+    assert plan.iterations == 4
+    reward = CrashingReward(crash_on=3)
+    with pytest.raises(TrialFailed, match="RuntimeError: reward server went away") as exc:
+        run_trial(world, plan, reward)
+    result = exc.value.result
+    assert result.status == "failed" and result.error == "RuntimeError: reward server went away"
+    assert reward.calls == 3
+    # two whole iterations were charged; the third crashed in scoring, after its generation
+    assert [r.iteration for r in result.curves] == [0, 1]
+    spent = result.spent.executed
+    assert spent.total_flops == result.curves[-1].cumulative_flops > 0
+    assert spent.total_flops == sum(r.executed_flops for r in result.curves)
+    assert spent.search_flops > 0 and spent.learning_flops > 0
+    assert result.budget_flops == plan.budget_flops and spent.total_flops <= plan.budget_flops
+    assert result.to_dict()["status"] == "failed"
