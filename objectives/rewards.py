@@ -635,6 +635,15 @@ class ModelReward(_Base):
                                     num_completions=len(completions), num_tokens=num_tokens))
         return rewards
 
+    def worst_case_flops(self, prompt_tokens: int, completion_tokens: int, num_completions: int) -> int:
+        """Most FLOPs one call on ``num_completions`` completions can execute, for the budget
+        meter's admission of an iteration: every row at the longest length it can reach
+        (prompt + completion + one marker per completion token, capped at ``max_length``; the
+        text is re-tokenized, so the completion is counted twice as a margin), full batches.
+        """
+        n = min(self.max_length, prompt_tokens + 2 * completion_tokens)
+        return num_completions * self._flops(n, self.executed_attention)
+
     def _flops(self, num_tokens: int, attention: str) -> int:
         """One forward over ``num_tokens`` tokens (markers included), head at every position."""
         from allocopt.flops import reward_model_flops
