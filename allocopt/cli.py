@@ -379,6 +379,8 @@ def print_study_summary(st: Any, s: Any) -> None:
     n_fail = sum(r.state == "FAIL" for r in all_rows)
     out.print(f"{len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed")
 
+from allocopt.commands_query import register as _register_query
+_register_query(app)
 
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
