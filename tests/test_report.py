@@ -114,15 +114,11 @@ def test_cli_report_and_mlflow_artifacts(study, tmp_path, tmp_path_factory, caps
     shutil.copy(template, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)  # the experiment's artifacts go to ./mlruns here
-    try:
-        run_id = client.create_run(client.create_experiment("allocopt/r")).info.run_id
-        with pytest.raises(SystemExit) as e:
-            main(["report", "--study", "r", "--storage", study["storage"], "--out", str(tmp_path / "out"),
-                  "--where", "reward!=dense", "--mlflow-run", run_id, "--mlflow-uri", uri])
-    finally:
-        os.chdir(cwd)
+    exp = client.create_experiment("allocopt/r", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(exp).info.run_id
+    with pytest.raises(SystemExit) as e:
+        main(["report", "--study", "r", "--storage", study["storage"], "--out", str(tmp_path / "out"),
+              "--where", "reward!=dense", "--mlflow-run", run_id, "--mlflow-uri", uri])
     out, err = capsys.readouterr()
     assert e.value.code == 0, err
     files = sorted((tmp_path / "out").iterdir())
@@ -130,3 +126,4 @@ def test_cli_report_and_mlflow_artifacts(study, tmp_path, tmp_path_factory, caps
     assert "dense" not in re.sub(r"data:image/png;base64,[^'\"]+", "", page)
     logged = {os.path.basename(a.path) for a in client.list_artifacts(run_id, "report")}
     assert logged == {p.name for p in files} and "report.html" in out
+    assert (tmp_path / "artifacts" / run_id / "artifacts" / "report" / "report.html").exists()
