@@ -381,6 +381,8 @@ def print_study_summary(st: Any, s: Any) -> None:
 
 from allocopt.commands_query import register as _register_query
 _register_query(app)
+from allocopt.commands_race import register as _register_race
+_register_race(app)
 
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,220 @@
+"""``allocopt race``: RACE pilots, the regime table, and validation runs (or their plans).
+
+Registered on the app by :func:`register` (``allocopt/cli.py``). This module does not import
+``allocopt.cli`` (``python -m allocopt.cli`` runs that file as ``__main__``): bad input is raised
+as :class:`~allocopt.flops.ConfigError`, which ``main`` turns into one line and exit code 2.
+Optuna, torch and the objectives are imported inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from allocopt.flops import ConfigError
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _json(obj: Any) -> str:
+    """Strict JSON (NaN and infinities as ``null``)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), indent=2, default=str, allow_nan=False)
+
+
+def _f(v: float, spec: str = ".3f") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def regime_table(diagnoses: list[Any], pilot_budget: float, target: str, show_model: bool) -> Table:
+    """Rich table of :class:`allocopt.race.RegimeDiagnosis` rows."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=f"RACE regimes from pilots at {pilot_budget:.2e} FLOPs each (target {target})")
+    cols = ["reward"] + (["model"] if show_model else []) + [
+        "n", "rho* ± sd", "90% CI", "G", "slope lo/hi", "rwd", "regime (P)"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("reward", "model", "regime (P)") else "right",
+                     no_wrap=c in ("reward", "regime (P)"))
+    for d in diagnoses:
+        lo, hi = d.rho_interval
+        t.add_row(d.reward, *([d.model or "-"] if show_model else []), str(d.num_trials),
+                  f"{_f(d.rho, '.2f')}±{_f(d.rho_sd, '.2f')}", f"{_f(lo, '.2f')}-{_f(hi, '.2f')}",
+                  str(d.group_size), f"{_f(d.slope_low, '+.2f')}/{_f(d.slope_high, '+.2f')}",
+                  _f(d.reward_share, ".0%"),
+                  f"{d.regime} ({_f(d.probability, '.0%')})" + (f" {d.note}" if d.note else ""))
+    t.caption = ("rho*: maximizer of a local quadratic fit of the target in rho (wild bootstrap: sd, "
+                 "CI, P); slopes: d target/d rho at the ends of the range; rwd: reward FLOPs / "
+                 "total at rho*")
+    return t
+
+
+def proposal_table(proposals: list[Any]) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title="Proposed runs (cost-weighted max-value entropy at the full budget)")
+    for c in ("fidelity", "rho", "G", "reward", "FLOPs", "iters", "mu", "pred. full", "info/cost"):
+        t.add_column(c, justify="left" if c in ("fidelity", "reward") else "right",
+                     no_wrap=c in ("fidelity", "reward"))
+    for p in proposals:
+        a = p.allocation
+        t.add_row(p.fidelity, f"{a.rho:.3f}", str(a.group_size), a.reward, f"{p.budget_flops:.1e}",
+                  str(p.plan.iterations), f"{p.plan.update_passes:.2f}",
+                  f"{p.predicted_mean:.3f}±{p.predicted_sd:.3f}", f"{p.acquisition:.3f}")
+    return t
+
+
+def validation_table(rows: list[Any], rate: float, rate_all: float) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title="Pilot regime against the full-budget regime")
+    for c in ("reward", "pilot regime", "rho*", "full regime (P)", "rho*", "same", "regret", "runs"):
+        t.add_column(c, justify="left" if c in ("reward", "pilot regime", "full regime (P)") else "right",
+                     no_wrap=c in ("reward", "pilot regime", "full regime (P)"))
+    for r in rows:
+        t.add_row(r.reward + (f" / {r.model}" if r.model else ""), r.pilot_regime, _f(r.pilot_rho, ".2f"),
+                  f"{r.full_regime} ({_f(r.full_probability, '.0%')})", _f(r.full_rho, ".2f"),
+                  "yes" if r.same_regime else "NO", _f(r.regret, ".4f"), str(r.num_full))
+    t.caption = (f"same-regime rate {_f(rate, '.2f')} over reward systems with a full-budget run "
+                 f"({_f(rate_all, '.2f')} over all); full regime and regret from the multi-fidelity "
+                 "surrogate's posterior at the full budget; runs: full-budget runs of the reward system")
+    return t
+
+
+def race(
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
+    budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
+    target: Optional[str] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it)."),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world) or synthetic (test function). (default: the spec's, else qwen)"),
+    pilot_fraction: float = typer.Option(0.1, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1)."),
+    validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
+    propose_only: bool = typer.Option(False, "--propose-only", help="Run the pilots, then print the proposals as ready-to-run plans (JSON) without running them."),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the race."),
+    storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI (default: sqlite:///mlflow.db)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate."),
+    max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). (default: 60)"),
+    repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). (default: 1)"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Proposals per round, for parallel workers. (default: 2)"),
+    extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 1)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
+    (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity BoTorch surrogate
+    proposes full-budget validation runs; the same-regime table checks the pilots."""
+    from dataclasses import replace
+
+    from allocopt.allocation import check_budget
+    from allocopt.race import RaceSettings, check_pilot_fraction, pilot_grid
+    from allocopt.spec import StudySpec
+
+    if spec is None and budget is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
+    if spec is None and target is None:
+        raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
+                          "pass@1:math500, judge) or --spec FILE")
+    base = StudySpec.from_toml(spec) if spec else StudySpec()
+    b = None if budget is None else check_budget(budget)
+    s = base.with_overrides(budget_flops=b, target=target, objective=objective, name=study_name, seed=seed)
+    f = check_pilot_fraction(pilot_fraction)
+    if validations < 0:
+        raise ConfigError(f"validations={validations}: must be an integer >= 0")
+    settings = replace(RaceSettings(), **{k: v for k, v in dict(
+        max_pilots=max_pilots, repeats=repeats, batch_size=batch_size,
+        extra_pilot_budget=extra_pilot_budget).items() if v is not None})
+    design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
+
+    from objectives import get_objective
+
+    try:
+        obj = get_objective(s.objective, **s.objective_settings)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    if hasattr(obj, "check_available"):
+        from objectives.qwen import ObjectiveUnavailable
+
+        try:
+            obj.check_available()
+        except ObjectiveUnavailable as e:
+            raise ConfigError(str(e)) from None
+    with err.status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    tracker = None
+    if not no_mlflow:
+        from allocopt.tracking import StudyTracker
+
+        tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
+
+    from allocopt.race import run_race, same_regime_rate
+    from allocopt.study import StudyError
+
+    def on_phase(phase: str, payload: Any) -> None:
+        if phase == "pilots":
+            err.print(f"RACE {s.name}: {len(payload)} of {len(design)} pilot run(s) to do at "
+                      f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each", highlight=False)
+        elif phase == "proposals":
+            err.print(f"proposed {len(payload)} run(s): " + ", ".join(
+                f"{p.fidelity} rho={p.allocation.rho:.3f} G={p.allocation.group_size} {p.allocation.reward}"
+                for p in payload), highlight=False)
+
+    def on_end(row: Any, result: Any) -> None:
+        p = row.params
+        msg = (f"trial {row.number} {row.state}: rho={p.get('rho', s.space.rho[0]):.3f} "
+               f"G={p.get('group_size', s.space.group_sizes[0])} {p.get('reward', s.space.rewards[0])}")
+        if row.state == "COMPLETE":
+            msg += f" -> {s.target}={row.value:.4f}"
+        elif row.error:
+            msg += f" ({row.error.splitlines()[0][:120]})"
+        err.print(msg, markup=False, highlight=False)
+
+    try:
+        res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                       pilot_fraction=f, validations=validations, propose_only=propose_only,
+                       settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
+    except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted: finished trials are kept in {storage}; run the same command "
+                         "to resume\n")
+        sys.exit(130)
+    finally:
+        if tracker:
+            tracker.close()
+    rate_all = same_regime_rate(res.validation, validated_only=False)
+    if as_json:
+        doc = {"study": s.name, "budget_flops": s.budget_flops, "target": s.target,
+               "pilot_fraction": f, **res.to_dict(), "same_regime_rate_all": rate_all}
+        sys.stdout.write(_json(doc) + "\n")
+        return
+    out.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
+    if propose_only:
+        out.print(f"{len(res.proposals)} proposal(s), ready to run (allocation, plan and TRL "
+                  "hyperparameters):", highlight=False)
+        out.file.flush()
+        sys.stdout.write(_json([p.to_dict() for p in res.proposals]) + "\n")
+        sys.stdout.flush()
+    elif res.proposals:
+        out.print(proposal_table(res.proposals))
+    if res.validation:
+        out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
+    fits = res.timings.get("fit_seconds") or []
+    if fits:
+        props = res.timings.get("proposal_seconds") or []
+        err.print(f"surrogate: {len(fits)} fit(s), mean {sum(fits) / len(fits):.2f} s; proposals "
+                  f"{sum(props) / max(1, len(props)):.2f} s per round", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``race`` command to ``app``."""
+    app.command(name="race")(race)

@@ -1,0 +1,328 @@
+"""RACE on the synthetic test function: pilot grids, regime diagnosis, proposals, CLI."""
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import asdict, replace
+
+import optuna
+import pytest
+
+from allocopt.allocation import Allocation, Workload, make_plan, min_budget
+from allocopt.flops import ConfigError, ModelShape
+from allocopt.race import (Observation, RaceSettings, diagnose_group, pilot_grid, propose,
+                           regime_of, run_race)
+from allocopt.spec import SearchSpace, StudySpec
+from objectives.synthetic import SyntheticObjective, response, rho_star
+
+BUDGET = 1e19
+SPACE = SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8), rewards=("sparse", "prm"))
+
+
+class Counting(SyntheticObjective):
+    """The synthetic objective, recording every run's allocation and budget."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = []
+
+    def run(self, plan, *, seed=0, progress=None):
+        self.calls.append((plan.allocation, plan.budget_flops))
+        return super().run(plan, seed=seed)
+
+
+class FakeTracker:
+    def __init__(self):
+        self.tags = {}
+
+    def start_trial(self, number, params, tags=None):
+        self.tags[number] = dict(tags or {})
+        return str(number)
+
+    def finish_trial(self, run_id, **kw):
+        pass
+
+    def log_study_summary(self, **kw):
+        pass
+
+
+def workload(**kw):
+    """A light workload: 16 rollouts per iteration keeps make_plan fast."""
+    return Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), rollouts_per_iteration=16, **kw)
+
+
+def spec(**kw):
+    base = dict(name="race", objective="synthetic", budget_flops=BUDGET, target="pass@1", seed=0, space=SPACE)
+    return StudySpec(**{**base, **kw})
+
+
+# ------------------------------------------------------------------ settings and the grid
+@pytest.mark.parametrize("kw,needle", [
+    ({"search_heavy_below": 0.7}, "search_heavy_below"),
+    ({"reward_heavy_share": 1.5}, "reward_heavy_share"),
+    ({"max_pilots": 2}, "max_pilots"),
+    ({"repeats": 0}, "repeats"),
+    ({"bandwidth": -1.0}, "bandwidth"),
+    ({"extra_pilot_budget": -1}, "extra_pilot_budget"),
+])
+def test_settings_are_checked(kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        RaceSettings(**kw)
+
+
+def test_regime_labels_and_precedence():
+    s = RaceSettings()
+    assert regime_of(0.3, 0.0, s) == "search-heavy"
+    assert regime_of(0.72, 0.0, s) == "update-heavy"
+    assert regime_of(0.5, 0.1, s) == "balanced"
+    assert regime_of(0.72, 0.31, s) == "reward-heavy"  # reward share takes precedence
+    assert regime_of(0.3, 0.5, replace(s, reward_heavy_share=0.6)) == "search-heavy"
+
+
+def test_pilot_grid_full_when_small_space_filling_when_large():
+    small = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    g = pilot_grid(small, RaceSettings(rho_levels=5, max_pilots=20))
+    assert len(g) == 5 * 2 * 2 and len({p.key for p in g}) == 20
+    assert sorted({p.allocation.rho for p in g}) == [0.2, 0.375, 0.55, 0.725, 0.9]
+
+    s = RaceSettings(rho_levels=6, max_pilots=24, repeats=2)  # 6 x 3 x 2 = 36 > 24
+    g = pilot_grid(SPACE, s, seed=3)
+    assert g == pilot_grid(SPACE, s, seed=3) and g != pilot_grid(SPACE, s, seed=4)
+    assert len(g) == 24 * 2 and len({p.key for p in g}) == 48  # repeats differ by key
+    for reward in SPACE.rewards:
+        mine = [p.allocation for p in g if p.repeat == 0 and p.allocation.reward == reward]
+        assert len(mine) == 12
+        strata = sorted(int((a.rho - 0.2) / 0.7 * 12 - 1e-9) for a in mine)
+        assert strata == list(range(12))  # Latin hypercube: one rho per stratum
+        assert Counter(a.group_size for a in mine) == {2: 4, 4: 4, 8: 4}
+    with pytest.raises(ConfigError, match="max_pilots"):
+        pilot_grid(SPACE, RaceSettings(max_pilots=5))
+    with pytest.raises(ConfigError, match="range of rho"):
+        pilot_grid(SearchSpace(rho=(0.5, 0.5)))
+
+
+# -------------------------------------------------------------------------- diagnosis
+def test_regime_right_in_95_percent_of_seeds():
+    """20 seeds, noise 0.01: sparse is update-heavy (rho* 0.72 at 1e19, 0.69 at the pilots'
+    1e18), prm reward-heavy with a lower recommended rho (0.45 / 0.42), as in the paper."""
+    obj = SyntheticObjective(noise=0.01)
+    w = workload()
+    results = []
+    for seed in range(20):
+        r = run_race(spec(name=f"acc{seed}", seed=seed), objective=obj, workload=w, storage=None,
+                     validations=0, settings=RaceSettings(max_pilots=24))
+        d = {x.reward: x for x in r.diagnoses}
+        results.append((d["sparse"].regime == "update-heavy", d["prm"].regime == "reward-heavy",
+                        d["prm"].rho < d["sparse"].rho, d["sparse"].rho, d["prm"].rho))
+    n = len(results)
+    assert sum(r[0] for r in results) >= 0.95 * n
+    assert sum(r[1] for r in results) >= 0.95 * n
+    assert sum(r[2] for r in results) >= 0.95 * n
+    for i, reward in ((3, "sparse"), (4, "prm")):  # unbiased within a few hundredths
+        mean = sum(r[i] for r in results) / n
+        assert abs(mean - rho_star(reward, budget_flops=BUDGET / 10)) < 0.04, (reward, mean)
+
+
+def test_diagnosis_reports_slopes_share_and_uncertainty():
+    obs = []
+    for i, rho in enumerate([0.2 + 0.7 * k / 11 for k in range(12)]):
+        G = (2, 4, 8)[i % 3]
+        obs.append(Observation(i, Allocation(round(rho, 4), G, "prm"), response(rho, G, "prm", budget_flops=1e18),
+                               1e18, 0.1, "pilot", 0.85 * (1 - rho)))
+    d = diagnose_group(obs, (0.2, 0.9), RaceSettings(bootstrap=50))
+    assert abs(d.rho - rho_star("prm", budget_flops=1e18)) < 0.03
+    assert d.slope_low > 0 > d.slope_high  # an interior optimum
+    assert d.group_size == 8 and abs(d.reward_share - 0.85 * (1 - d.rho)) < 1e-4
+    assert d.regime == "reward-heavy" and d.probability == 1.0
+    assert d.rho_interval[0] <= d.rho <= d.rho_interval[1]
+    few = diagnose_group(obs[:2], (0.2, 0.9))
+    assert few.regime == "unknown" and "needs 3" in few.note
+
+
+# ------------------------------------------------------------------------ proposals
+def _obs(rewards=("sparse", "prm"), fraction=0.1):
+    out = []
+    for reward in rewards:
+        for i, rho in enumerate([0.2 + 0.7 * k / 7 for k in range(8)]):
+            G = (4, 8)[i % 2]
+            out.append(Observation(len(out), Allocation(round(rho, 4), G, reward),
+                                   response(rho, G, reward, budget_flops=BUDGET * fraction),
+                                   BUDGET * fraction, fraction, "pilot", 0.0))
+    return out
+
+
+def test_proposals_never_exceed_the_budget():
+    """A reward model so large that no prm plan fits the budget: the surrogate prefers prm
+    (its pilots score best), yet every proposal is a feasible sparse plan within budget."""
+    huge = replace(ModelShape.preset("Qwen/Qwen2.5-Math-PRM-7B"), num_layers=28 * 12, name="huge-prm")
+    w = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"), rollouts_per_iteration=16,
+                 reward_models={"prm": huge})
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    settings = RaceSettings(rho_grid=8)
+    grid = [(round(0.2 + 0.1 * k, 4), g) for k in range(8) for g in (4, 8)]
+    cheap = max(min_budget(Allocation(r, g, "sparse"), w) for r, g in grid)
+    budget = 10.0 * cheap  # sparse: every full plan fits, some pilots are not realizable
+    assert min(min_budget(Allocation(r, g, "prm"), w) for r, g in grid) > budget
+    s = spec(budget_flops=budget, space=space)
+    obs = [replace(o, budget_flops=budget * 0.1) for o in _obs()]
+    props = propose(obs, s, w, q=3, settings=settings)
+    assert len(props) == 3
+    for p in props:
+        assert p.allocation.reward == "sparse"
+        assert p.plan.realizable and p.plan.expected.executed.total_flops <= p.budget_flops
+        assert p.budget_flops == (budget if p.fidelity == "full" else 0.1 * budget)
+        assert make_plan(p.budget_flops, p.allocation, w).iterations == p.plan.iterations
+        trl = p.to_dict()["trl"]
+        assert trl["num_generations"] == p.allocation.group_size and trl["iterations"] == p.plan.iterations
+
+
+def test_a_repeated_proposal_is_not_proposed():
+    from allocopt.race import fit_surrogate
+
+    s = spec(space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm")))
+    w = workload()
+    sur = fit_surrogate(_obs(), s.space)
+    first = propose([], s, w, q=1, surrogate=sur, settings=RaceSettings(rho_grid=15))[0]
+    near = replace(first.allocation, rho=round(first.allocation.rho + 0.0008, 4))  # within 1e-3
+    again = propose([], s, w, q=1, surrogate=sur, existing=[(near, first.fidelity)],
+                    settings=RaceSettings(rho_grid=15))[0]
+    key = lambda p: (p.fidelity, p.allocation.group_size, p.allocation.reward)  # noqa: E731
+    assert not (key(again) == key(first) and abs(again.allocation.rho - first.allocation.rho) <= 1e-3)
+    batch = propose([], s, w, q=4, surrogate=sur, settings=RaceSettings(rho_grid=15))
+    for i, a in enumerate(batch):
+        for b in batch[:i]:
+            assert not (key(a) == key(b) and abs(a.allocation.rho - b.allocation.rho) <= 1e-3)
+
+
+# ---------------------------------------------------------------------- the whole race
+def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
+    """Pilots are Optuna trials tagged 'pilot' at pilot_fraction x budget; validations are
+    tagged 'full'; a proposal another worker ran meanwhile is not run again; a second call
+    resumes without re-running anything."""
+    url = f"sqlite:///{tmp_path}/r.db"
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    s = spec(name="tagged", space=space)
+    settings = RaceSettings(max_pilots=12, batch_size=2, extra_pilot_budget=0.2)
+    obj, tracker, w = Counting(), FakeTracker(), workload()
+    stolen = []
+
+    def on_phase(phase, payload):  # another worker runs the first proposal of the first batch
+        if phase == "proposals" and payload and not stolen:
+            from allocopt.study import distributions
+
+            p = payload[0]
+            stolen.append(p)
+            other = optuna.load_study(study_name="tagged", storage=url)
+            other.enqueue_trial({"rho": p.allocation.rho, "group_size": p.allocation.group_size,
+                                 "reward": p.allocation.reward},
+                                user_attrs={"fidelity": p.fidelity, "budget_flops": p.budget_flops})
+            t = other.ask(distributions(s))
+            t.set_user_attr("state", "COMPLETE")
+            t.set_user_attr("targets", {"pass_at_1": 0.5})
+            t.set_user_attr("metrics", {"total_flops": 1, "reward_flops": 0})
+            other.tell(t, 0.5)
+
+    r = run_race(s, objective=obj, workload=w, storage=url, tracker=tracker, validations=2,
+                 settings=settings, on_phase=on_phase)
+    st = optuna.load_study(study_name="tagged", storage=url)
+    pilots = [t for t in st.trials if "race_pilot" in t.user_attrs]
+    assert len(pilots) == 12 and len(r.pilots) == 12
+    for t in pilots:
+        assert t.user_attrs["fidelity"] == "pilot" and t.user_attrs["budget_flops"] == 0.1 * BUDGET
+        assert t.user_attrs["metrics"]["total_flops"] <= 0.1 * BUDGET
+        assert tracker.tags[t.number]["allocopt.fidelity"] == "pilot"
+    full = [t for t in st.trials if t.user_attrs.get("race_validation") and t.user_attrs["fidelity"] == "full"]
+    assert len(full) == 2
+    for t in full:
+        assert t.user_attrs["budget_flops"] == BUDGET and t.user_attrs["metrics"]["total_flops"] <= BUDGET
+        assert tracker.tags[t.number]["allocopt.fidelity"] == "full"
+    extra = [t for t in st.trials if t.user_attrs.get("race_validation") and t.user_attrs["fidelity"] == "pilot"]
+    assert len(extra) * 0.1 <= settings.extra_pilot_budget + 1e-9
+    # every run within its budget; no (rho, G, reward, fidelity) run twice by RACE proposals
+    for a, b in obj.calls:
+        assert b in (BUDGET, 0.1 * BUDGET)
+    p = stolen[0]
+    assert not any(a.reward == p.allocation.reward and a.group_size == p.allocation.group_size
+                   and abs(a.rho - p.allocation.rho) <= 1e-3 and b == p.budget_flops for a, b in obj.calls)
+    runs = [(round(a.rho, 3), a.group_size, a.reward, b) for a, b in obj.calls[12:]]
+    assert len(runs) == len(set(runs))
+    assert r.validation and {v.reward for v in r.validation} == {"sparse", "prm"}
+    assert all(v.regret >= 0 for v in r.validation)
+    # resume: nothing is run again
+    n = len(obj.calls)
+    r2 = run_race(s, objective=obj, workload=w, storage=url, validations=2, settings=settings)
+    assert len(obj.calls) == n and r2.pilots == [] and r2.validations == []
+    assert [d.regime for d in r2.diagnoses] == [d.regime for d in r.diagnoses]
+
+
+# ------------------------------------------------------------------------------- CLI
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "allocopt.cli", "race", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_cli_race_end_to_end(tmp_path):
+    (tmp_path / "s.toml").write_text('name = "cli"\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\n'
+                                     'rewards = ["sparse", "prm"]\n')
+    common = ["--spec", "s.toml", "--objective", "synthetic", "--budget", "1e19", "--target", "pass@1",
+              "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/c.db", "--max-pilots", "12",
+              "--extra-pilot-budget", "0.2"]
+    r = _cli(*common, "--validations", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    regimes = {d["reward"]: d["regime"] for d in doc["diagnoses"]}
+    assert regimes == {"sparse": "update-heavy", "prm": "reward-heavy"}
+    assert doc["pilot_budget_flops"] == 1e18 and doc["validation"]
+    assert any(p["fidelity"] == "full" for p in doc["proposals"])
+    st = optuna.load_study(study_name="cli", storage=f"sqlite:///{tmp_path}/c.db")
+    n = len(st.trials)
+    # propose only: the same study resumes (no pilot re-run), plans come back as JSON
+    r = _cli(*common, "--validations", "2", "--propose-only", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "update-heavy" in r.stdout and "reward-heavy" in r.stdout
+    plans = json.loads(r.stdout[r.stdout.index("\n[") + 1:r.stdout.index("\n]") + 2])
+    assert len(plans) == 2
+    for p in plans:
+        assert p["plan"]["expected_total_flops"] <= p["budget_flops"]
+        assert set(p["trl"]) >= {"num_generations", "num_iterations", "rows_trained_per_iteration",
+                                 "iterations", "learning_rate_scale"}
+    assert len(optuna.load_study(study_name="cli", storage=f"sqlite:///{tmp_path}/c.db").trials) == n
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--budget", "1e19", "--target", "pass@1", "--pilot-fraction", "1.5"], "pilot_fraction"),
+    (["--target", "pass@1"], "budget"),
+    (["--budget", "1e19"], "target"),
+    (["--budget", "1e19", "--target", "pass@1", "--max-pilots", "2"], "max_pilots"),
+    (["--budget", "-3", "--target", "pass@1"], "budget_flops"),
+])
+def test_cli_race_bad_input_exit_2(tmp_path, args, needle):
+    r = _cli(*args, "--objective", "synthetic", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db",
+             cwd=tmp_path)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_race_imports_no_torch():
+    code = ("import sys, allocopt.race, allocopt.commands_race, allocopt.cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_regime_accuracy_all_reward_systems():
+    """40 seeds, all five reward systems, default settings (60 pilots): rule-based update-heavy,
+    proxy_prm balanced (rho* 0.555 at the pilots, reward share ~0.23), prm reward-heavy."""
+    obj, w = SyntheticObjective(noise=0.01), workload()
+    expected = {"sparse": "update-heavy", "structured": "update-heavy", "dense": "update-heavy",
+                "proxy_prm": "balanced", "prm": "reward-heavy"}
+    hits = Counter()
+    for seed in range(40):
+        r = run_race(spec(name=f"all{seed}", seed=seed, space=SearchSpace()), objective=obj, workload=w,
+                     storage=None, validations=0)
+        for d in r.diagnoses:
+            hits[d.reward] += d.regime == expected[d.reward]
+    assert all(hits[k] >= 38 for k in expected), hits
