@@ -69,7 +69,8 @@ class RaceSettings:
     """ρ levels of the full pilot grid (evenly spaced over the space's ρ range), >= 3."""
     max_pilots: int = 60
     """Most distinct pilot points (before repeats); a larger grid is replaced by a seeded Latin
-    hypercube over ρ per reward system (× model), at least 3 points each."""
+    hypercube over ρ per reward system (× model), ``max_pilots // cells`` points each and at
+    least ``len(group_sizes) + 3`` (the local fit's parameters plus one)."""
     repeats: int = 1
     """Runs of each pilot point (different seeds); raise it when the target is noisy."""
     search_heavy_below: float = 0.4
@@ -171,7 +172,8 @@ def pilot_grid(space: SearchSpace, settings: RaceSettings = RaceSettings(), seed
         reward system, G and ρ. Deterministic for a given seed.
 
     Raises:
-        ConfigError: a ρ range of one value, or ``max_pilots`` below 3 per reward system (× model).
+        ConfigError: a ρ range of one value, or ``max_pilots`` below ``len(group_sizes) + 3``
+            per reward system (× model).
     """
     lo, hi = space.rho
     if not lo < hi:
@@ -184,9 +186,12 @@ def pilot_grid(space: SearchSpace, settings: RaceSettings = RaceSettings(), seed
         points = [Allocation(rho, g, r, m) for r, m in cells for g in gs for rho in levels]
     else:
         n = settings.max_pilots // len(cells)
-        if n < 3:
+        need = len(gs) + 3  # quadratic (3) + one offset per further G + one to spare
+        if n < need:
             raise ConfigError(f"max_pilots={settings.max_pilots}: too few for {len(cells)} reward "
-                              f"system(s) x model(s); needs at least {3 * len(cells)} (3 each)")
+                              f"system(s) x model(s) with {len(gs)} group size(s); needs at least "
+                              f"{need * len(cells)} ({need} each: 3 for the quadratic in rho, one per "
+                              "further G, one to spare)")
         for c, (r, m) in enumerate(cells):
             rng = random.Random(f"race-pilots|{seed}|{c}")
             strata = list(range(n))

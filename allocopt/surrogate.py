@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -143,8 +144,9 @@ class MultiFidelitySurrogate:
         mll = ExactMarginalLogLikelihood(self.model.likelihood, self.model)
         try:
             fit_gpytorch_mll(mll)
-        except Exception:  # noqa: BLE001 - a failed fit keeps the prior hyperparameters
-            pass
+        except Exception as e:  # noqa: BLE001 - a failed fit keeps the prior hyperparameters
+            warnings.warn(f"surrogate fit failed ({type(e).__name__}: {e}); using the prior "
+                          "hyperparameters", RuntimeWarning, stacklevel=2)
         self.model.eval()
         self.fit_seconds = time.perf_counter() - t0
 

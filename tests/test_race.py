@@ -98,7 +98,7 @@ def test_pilot_grid_full_when_small_space_filling_when_large():
         assert strata == list(range(12))  # Latin hypercube: one rho per stratum
         assert Counter(a.group_size for a in mine) == {2: 4, 4: 4, 8: 4}
     with pytest.raises(ConfigError, match="max_pilots"):
-        pilot_grid(SPACE, RaceSettings(max_pilots=5))
+        pilot_grid(SPACE, RaceSettings(max_pilots=11))  # 6 each needed
     with pytest.raises(ConfigError, match="range of rho"):
         pilot_grid(SearchSpace(rho=(0.5, 0.5)))
 
