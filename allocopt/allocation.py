@@ -21,6 +21,7 @@ budget that works.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -35,6 +36,14 @@ MODEL_BASED: frozenset[str] = frozenset({"proxy_prm", "prm"})
 
 RHO_TOLERANCE = 0.01
 """A plan is *realizable* when its ρ is within this of the asked ρ."""
+
+
+class FrozenMap(dict):
+    """A dict that is hashable (by its sorted items), so frozen configs holding one are too.
+    Do not mutate it."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
 
 
 class InfeasiblePlan(ValueError):
@@ -119,6 +128,7 @@ class Workload:
     """Executed-FLOP model (:data:`allocopt.grpo_flops.ENGINES`)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
         if self.rollouts_per_iteration < 2:
             raise ConfigError(f"rollouts_per_iteration={self.rollouts_per_iteration!r}: must be >= 2")
         for f in ("prompt_tokens", "completion_tokens"):
@@ -183,8 +193,10 @@ def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
     return workload.policy if allocation.model is None else ModelShape.from_pretrained(allocation.model)
 
 
+@functools.lru_cache(maxsize=16384)
 def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: int) -> FlopAccount:
-    """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N)."""
+    """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N).
+    Memoized (workloads and allocations are frozen and hashable)."""
     G = allocation.group_size
     prompts = max(1, workload.rollouts_per_iteration // G)
     N = prompts * G
@@ -254,8 +266,8 @@ def expected_flops(workload: Workload, allocation: Allocation, rows_trained: flo
                    iterations: int) -> FlopAccount:
     """Exact FLOPs of ``iterations`` iterations following :func:`rows_schedule`."""
     k0 = math.floor(rows_trained + 1e-9)
-    n_hi = sum(rows_schedule(rows_trained, i) - k0 for i in range(iterations)) \
-        if iterations < 4096 else math.floor(iterations * rows_trained + 1e-9) - iterations * k0
+    # Σ_{i<I} rows_schedule(k, i) telescopes to floor(I·k): the iterations at k0 + 1 rows
+    n_hi = math.floor(iterations * rows_trained + 1e-9) - iterations * k0
     acct = iteration_flops(workload, allocation, k0) * (iterations - n_hi)
     if n_hi:
         acct = acct + iteration_flops(workload, allocation, k0 + 1) * n_hi
