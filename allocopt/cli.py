@@ -241,7 +241,9 @@ def study(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI [default: sqlite:///mlflow.db]."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials."),
-    sampler: Optional[str] = typer.Option(None, help="botorch (default), gp or random."),
+    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch (default), gp or random."),
+    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. (default: the spec's, else 60)"),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: 0.1)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
@@ -259,7 +261,8 @@ def study(
 
     b = None if budget is None else check_budget(budget)
     s = base.with_overrides(budget_flops=b, target=target, objective=objective, trials=trials,
-                            name=study_name, seed=seed, sampler=sampler)
+                            name=study_name, seed=seed, sampler=sampler, pilots=pilots,
+                            pilot_fraction=pilot_fraction)
     from objectives import get_objective
 
     try:
@@ -292,6 +295,17 @@ def study(
             obj.check_available()
         except ObjectiveUnavailable as e:
             raise UsageProblem(str(e)) from None
+    if s.pilots > 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
+        from allocopt.commands_race import race
+        from allocopt.study import open_study
+
+        race(spec=spec, budget=None if b is None else repr(b), target=target, objective=objective,
+             pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
+             study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
+             seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
+             as_json=False)
+        print_study_summary(open_study(s, storage), s)
+        return
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     tracker = None
@@ -348,17 +362,19 @@ def study(
 
 def print_study_summary(st: Any, s: Any) -> None:
     """Final table: best allocation, its breakdown, the top trials."""
-    from allocopt.study import best_row, rows
+    from allocopt.study import rows
 
-    all_rows = rows(st)
-    best = best_row(st)
+    full = {t.number for t in st.get_trials(deepcopy=False) if t.user_attrs.get("fidelity", "full") == "full"}
+    all_rows = [r for r in rows(st) if r.number in full]
+    n_pilots = len(rows(st)) - len(all_rows)
+    done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
+    best = done[0] if done else None
     if best is None:
-        out.print("no complete trial yet")
+        out.print("no complete full-budget trial yet")
         return
     t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
     for c in ("trial", "rho", "G", "reward", s.target, "search", "learn", "rwd", "FLOPs"):
         t.add_column(c, justify="left" if c == "reward" else "right")
-    done = sorted((r for r in all_rows if r.state == "COMPLETE"), key=lambda r: -r.value)
     for r in done[:8]:
         m = r.metrics
         tot = m.get("total_flops") or 1
@@ -377,7 +393,8 @@ def print_study_summary(st: Any, s: Any) -> None:
               f"reward {fmt_flops(m.get('reward_flops', 0))} FLOPs")
     n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
     n_fail = sum(r.state == "FAIL" for r in all_rows)
-    out.print(f"{len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed")
+    out.print(f"{len(done)} complete full-budget trials, {n_inf} infeasible (never run), {n_fail} failed"
+              + (f"; {n_pilots} RACE pilot trials" if n_pilots else ""))
 
 from allocopt.commands_query import register as _register_query
 _register_query(app)
