@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 from typer import TyperException
@@ -233,9 +233,9 @@ def trial(
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19."),
-    target: Optional[str] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge."),
-    objective: Optional[str] = typer.Option(None, help="qwen (GPU, default) or tiny (CPU arithmetic world)."),
-    trials: Optional[int] = typer.Option(None, help="Trials in all (a resumed study runs the missing ones)."),
+    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front)."),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU, default), tiny (CPU arithmetic world) or synthetic (test function)."),
+    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones)."),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study."),
     storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI [default: sqlite:///mlflow.db]."),
@@ -260,7 +260,8 @@ def study(
     from allocopt.allocation import check_budget
 
     b = None if budget is None else check_budget(budget)
-    s = base.with_overrides(budget_flops=b, target=target, objective=objective, trials=trials,
+    tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
+    s = base.with_overrides(budget_flops=b, target=tgt, objective=objective, trials=trials,
                             name=study_name, seed=seed, sampler=sampler, pilots=pilots,
                             pilot_fraction=pilot_fraction)
     from objectives import get_objective
@@ -295,17 +296,29 @@ def study(
             obj.check_available()
         except ObjectiveUnavailable as e:
             raise UsageProblem(str(e)) from None
+    if s.multi_objective and s.pilots > 0:
+        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
+                  "pilots (as --pilots 0)", highlight=False)
+        from dataclasses import replace
+
+        s = replace(s, pilots=0)
     if s.pilots > 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
         from allocopt.commands_race import race
         from allocopt.study import open_study
 
-        race(spec=spec, budget=None if b is None else repr(b), target=target, objective=objective,
+        race(spec=spec, budget=None if b is None else repr(b), target=tgt, objective=objective,
              pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
              as_json=False)
-        print_study_summary(open_study(s, storage), s)
+        print_study_summary(open_study(s, storage), s, storage)
         return
+    from allocopt.study import open_study
+
+    try:
+        open_study(s, storage)  # a bad storage URL or a mismatched study fails before any work
+    except StudyError as e:
+        raise UsageProblem(str(e)) from None
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     tracker = None
@@ -342,7 +355,8 @@ def study(
             msg = (f"trial {row.number} {row.state}: rho={p.get('rho', s.space.rho[0]):.3f} "
                    f"G={p.get('group_size', s.space.group_sizes[0])} {p.get('reward', s.space.rewards[0])}")
             if row.state == "COMPLETE":
-                msg += f" -> {s.target}={row.value:.4f}"
+                msg += " -> " + ", ".join(f"{t}={row.targets.get(k, float('nan')):.4f}"
+                                          for t, k in zip(s.targets, s.target_keys))
             elif row.error:
                 msg += f" ({row.error.splitlines()[0][:120]})"
             bar.console.print(msg, markup=False, highlight=False)
@@ -357,12 +371,20 @@ def study(
         finally:
             if tracker:
                 tracker.close()
-    print_study_summary(st, s)
+    print_study_summary(st, s, storage)
 
 
-def print_study_summary(st: Any, s: Any) -> None:
-    """Final table: best allocation, its breakdown, the top trials."""
+def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db") -> None:
+    """Final table: best allocation, its breakdown, the top trials (the Pareto front when the
+    study has several targets)."""
     from allocopt.study import rows
+
+    if s.multi_objective:
+        from allocopt.commands_query import pareto
+
+        pareto(objectives=",".join(s.targets), study=s.name, storage=storage, from_mlflow=None,
+               mlflow_uri=None, directions=None, where=None, fidelity="full", as_json=False)
+        return
 
     full = {t.number for t in st.get_trials(deepcopy=False) if t.user_attrs.get("fidelity", "full") == "full"}
     all_rows = [r for r in rows(st) if r.number in full]

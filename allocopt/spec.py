@@ -96,8 +96,9 @@ class StudySpec:
     """What trials run: ``tiny`` (CPU world) or ``qwen`` (GPU, Qwen2.5)."""
     budget_flops: float = 1e19
     """FLOPs each full-budget trial may spend."""
-    target: str = "pass@1"
-    """Target to maximize (see :data:`TARGETS`)."""
+    target: str | tuple[str, ...] = "pass@1"
+    """Target to maximize (see :data:`TARGETS`), or several: a multi-objective study that
+    searches the Pareto front (BoTorch hypervolume acquisition through Optuna)."""
     trials: int = 12
     """Trials to run in all (a resumed study runs only the missing ones)."""
     seed: int = 0
@@ -117,7 +118,13 @@ class StudySpec:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"name={self.name!r}: must be a non-empty string")
         object.__setattr__(self, "budget_flops", check_budget(self.budget_flops))
-        target_key(self.target)
+        if isinstance(self.target, (list, tuple)):
+            ts = tuple(dict.fromkeys(self.target))  # drop repeats, keep order
+            if not ts:
+                raise ConfigError("target=[]: give at least one target; allowed: " + ", ".join(TARGETS))
+            object.__setattr__(self, "target", ts[0] if len(ts) == 1 else ts)
+        for t in self.targets:
+            target_key(t)
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ConfigError(f"trials={self.trials!r}: must be an integer >= 1")
         if isinstance(self.pilots, bool) or not isinstance(self.pilots, int) or self.pilots < 0:
@@ -155,8 +162,23 @@ class StudySpec:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
     @property
+    def targets(self) -> tuple[str, ...]:
+        """Every target, as spelled for people."""
+        return self.target if isinstance(self.target, tuple) else (self.target,)
+
+    @property
+    def target_keys(self) -> tuple[str, ...]:
+        """Every target's Python / MLflow key."""
+        return tuple(target_key(t) for t in self.targets)
+
+    @property
     def target_key(self) -> str:
-        return target_key(self.target)
+        """The (first) target's key."""
+        return self.target_keys[0]
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.targets) > 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -50,7 +50,8 @@ class TrialRow:
 
 
 def make_sampler(spec: StudySpec) -> Any:
-    """The Optuna sampler the spec names (torch fits run on one thread: 5–12× faster on 2 cores)."""
+    """The Optuna sampler the spec names (torch fits run on one thread: 5–12× faster on 2 cores).
+    Several targets: BoTorch's qLogNEHVI hypervolume acquisition."""
     import optuna
 
     if spec.sampler == "random":
@@ -62,6 +63,11 @@ def make_sampler(spec: StudySpec) -> Any:
         return optuna.samplers.GPSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
     from optuna_integration import BoTorchSampler
 
+    if spec.multi_objective:  # noisy targets: qLogNEHVI (log noisy expected hypervolume improvement)
+        from optuna_integration.botorch import qnehvi_candidates_func
+
+        return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials,
+                              candidates_func=qnehvi_candidates_func)
     return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
 
 
@@ -97,12 +103,16 @@ def open_study(spec: StudySpec, storage: str) -> Any:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
-                                    direction="maximize", sampler=make_sampler(spec))
+                                    directions=["maximize"] * len(spec.targets),
+                                    sampler=make_sampler(spec))
     except ImportError as e:
         raise StudyError(f"storage={storage!r}: its database driver is not installed ({e})") from None
     except Exception as e:  # bad URL, unreachable server, unwritable file
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StudyError(f"storage={storage!r}: cannot be opened ({msg})") from None
+    if len(study.directions) != len(spec.targets):
+        raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
+                         f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "error", "interrupted; marked failed on resume")
         study._storage.set_trial_user_attr(t._trial_id, "state", "FAIL")
@@ -117,7 +127,7 @@ def rows(study: Any) -> list[TrialRow]:
         ua = t.user_attrs
         state = ua.get("state", t.state.name)
         out.append(TrialRow(t.number, state, dict(t.params), dict(ua.get("targets", {})),
-                            {**ua.get("metrics", {}), "value": t.value if t.value is not None else math.nan},
+                            {**ua.get("metrics", {}), "value": t.values[0] if t.values else math.nan},
                             ua.get("error")))
     return out
 
@@ -163,7 +173,7 @@ def run_one_trial(
     fidelity = fidelity or ua.get("fidelity", "full")
     trial.set_user_attr("budget_flops", budget)
     trial.set_user_attr("fidelity", fidelity)
-    key = spec.target_key
+    keys = spec.target_keys
     alloc = allocation_of(spec, trial.params)
     params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
               "model": alloc.model or workload.policy.name, "budget_flops": budget,
@@ -181,7 +191,7 @@ def run_one_trial(
         trial.set_constraint("budget", max(excess, 1e-6))
         trial.set_user_attr("state", "INFEASIBLE")
         trial.set_user_attr("error", str(e))
-        study.tell(trial, 0.0)
+        study.tell(trial, [0.0] * len(keys))
         row.state, row.error = "INFEASIBLE", str(e)
         if tracker:
             tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[], plan=None, error=str(e))
@@ -215,7 +225,7 @@ def run_one_trial(
         if on_trial_end:
             on_trial_end(row, None)
         return row, None
-    if key not in result.targets:
+    if any(k not in result.targets for k in keys):
         raise StudyError(f"target={spec.target!r}: the {spec.objective} objective reports "
                          f"{', '.join(result.targets)}")
     metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
@@ -226,8 +236,8 @@ def run_one_trial(
     trial.set_user_attr("targets", result.targets)
     trial.set_user_attr("metrics", metrics)
     trial.set_user_attr("plan", plan.to_dict())
-    study.tell(trial, float(result.targets[key]))
-    row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[key]}
+    study.tell(trial, [float(result.targets[k]) for k in keys])
+    row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[keys[0]]}
     if tracker:
         tracker.finish_trial(run_id, state="COMPLETE", metrics={**result.targets, **metrics},
                              curves=[c.__dict__ for c in result.curves], plan=plan.to_dict(), error=None)

@@ -139,7 +139,7 @@ def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
 def test_cli_sigint_then_resume(tmp_path):
     """SIGINT to a running study: finished trials are kept, none is run twice on resume."""
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
-            "--target", "pass@1", "--trials", "400", "--sampler", "random", "--no-mlflow",
+            "--target", "pass@1", "--trials", "400", "--sampler", "random", "--pilots", "0", "--no-mlflow",
             "--study-name", "sig", "--storage", f"sqlite:///{tmp_path}/s.db"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     url = f"sqlite:///{tmp_path}/s.db"
@@ -170,3 +170,28 @@ def test_cli_sigint_then_resume(tmp_path):
             assert after[number].state.name == "FAIL"  # the interrupted one
     assert not any(t.state.name == "RUNNING" for t in after)
     assert math.isfinite(max(t.value for t in after if t.state.name == "COMPLETE"))
+
+
+def test_multi_objective_study_pareto(tmp_path):
+    """Two targets: Optuna keeps both values; its Pareto set equals a brute-force filter."""
+    s = spec(target=("pass@1", "judge"), trials=5, sampler="botorch", startup_trials=3)
+    assert s.multi_objective and s.target_keys == ("pass_at_1", "judge")
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/m.db")
+    done = [t for t in st.trials if t.state.name == "COMPLETE"]
+    assert len(done) == 5 and all(len(t.values) == 2 for t in done)
+    for t in done:
+        assert t.values == [t.user_attrs["targets"]["pass_at_1"], t.user_attrs["targets"]["judge"]]
+
+    def dominated(a, b):  # b dominates a
+        return all(y >= x for x, y in zip(a, b)) and any(y > x for x, y in zip(a, b))
+    front = {t.number for t in done if not any(dominated(t.values, u.values) for u in done)}
+    assert {t.number for t in st.best_trials} == front
+
+
+def test_resume_with_other_targets_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path}/r.db"
+    obj = Counting()
+    run_study(spec(trials=1), objective=obj, workload=obj.workload(), storage=url)
+    with pytest.raises(StudyError, match="created with 1 target"):
+        open_study(spec(target=("pass@1", "judge")), url)
