@@ -2,11 +2,14 @@
 
 Use it to test and benchmark the tuner (milliseconds per trial). It is shaped after the
 paper's reported optima (Wilhelm & Kao 2026: ρ ≈ 0.72 for rule-based rewards, ρ ≈ 0.45 for
-PRM-style rewards) but says nothing about real training. Feasibility and compute breakdowns
-are the real ones: every trial goes through :func:`allocopt.allocation.make_plan`, and the
-"spent" FLOPs are the plan's expected FLOPs.
+PRM-style rewards) but says nothing about real training: the variants below are made-up
+shapes that exercise a tuner (easy, hard, sharp, one more dimension), not claims about how
+model size, reward systems or budgets behave. Feasibility and compute breakdowns are the real
+ones: every trial goes through :func:`allocopt.allocation.make_plan`, and the "spent" FLOPs are
+the plan's expected FLOPs.
 
-Response, for target ``t`` at allocation (ρ, G, reward) and budget ``B``::
+Response of the default variant ``paper``, for target ``t`` at allocation (ρ, G, reward) and
+budget ``B``::
 
     score = base(reward) + 0.25 · exp(-((ρ - ρ*)/0.18)²) + 0.04 · (1 - ((log2 G - 3)/2)²) + noise
     ρ*    = 0.72 - 0.27 · c(reward) + shift(t) + 0.03 · log10(B / B_ref)
@@ -18,10 +21,54 @@ Response, for target ``t`` at allocation (ρ, G, reward) and budget ``B``::
 * the G term peaks at G = 8 (``log2 G = 3``);
 * ``B_ref = 1e19``: the optimum drifts by +0.03 per decade of budget, so pilots at a fraction
   of the budget are informative but biased;
-* ``noise``: Gaussian, σ = ``noise`` (default 0.01), seeded by (seed, allocation).
+* ``noise``: Gaussian, σ = ``noise`` (default 0.01), seeded by (seed, allocation); the
+  reported target is clipped to [0, 1].
 
 Known optimum per target (noise-free): the reward with the highest ``base`` + peak (``prm``),
 at ρ = ρ*(prm, t, B) and G = 8: score = 0.36 + 0.25 + 0.04 = 0.65.
+
+Variants (:data:`VARIANTS`, selected by name: ``SyntheticObjective(variant=...)``,
+``response(..., variant=...)``). Every variant keeps the form above; they change the
+ρ-peak's height ``h`` and width ``w`` and, for ``model-size``, add the policy model::
+
+    score = base(reward) + h · exp(-((ρ - ρ*)/w)²) + 0.04 · (1 - ((log2 G - 3)/2)²)
+            + size(N, B) + noise
+    ρ*    = 0.72 - 0.27 · c(reward) + shift(t) + 0.03 · log10(B / B_ref) - k · x,
+    x     = log2(N / 1.5e9),   N = the policy's parameters (ModelShape.num_params)
+    size  = s · (1 - ((x - x*(B)) / 1.5)²),   x*(B) = 1 + 0.5 · log10(B / B_ref)
+
+============  ======  ======  =====  =====  =================================================
+variant       h       w       k      s      what it exercises
+============  ======  ======  =====  =====  =================================================
+paper         0.25    0.18    0      0      the default; a broad peak in ρ, G peak at 8
+model-size    0.25    0.18    0.06   0.05   larger models favour more search (ρ* falls 0.06
+                                            per doubling); the level peaks at x*(B), about
+                                            3B at ``B_ref`` and larger at larger budgets
+flat          0.03    0.45    0      0      weak ρ dependence (3 noise σ over the whole ρ
+                                            range): the hard case; reward and G dominate
+narrow        0.25    0.05    0      0      a sharp ρ peak: a 0.1-spaced ρ grid misses it by
+                                            up to 0.05 (a loss of 0.16)
+============  ======  ======  =====  =====  =================================================
+
+The variants' default search spaces (:func:`space_of`): ρ in [0.2, 0.9], G in {2, 4, 8, 16}, all
+five reward systems; ``model-size`` adds the models Qwen2.5-1.5B, -3B and -7B (x ≈ 0.04,
+1.04, 2.34).
+
+Known optima at ``B_ref`` over those spaces (noise-free; :func:`optimum` gives them exactly for
+any target, budget and space: the response is a sum of a reward(× model) term, a unimodal ρ
+bump and a G term, so each reward(× model) is best at ρ* clamped to the ρ range and at the G
+closest to 8 in log2 G, and the overall optimum is the best of these)::
+
+    variant     best reward  G  model  ρ*: native_reward  pass@1  judge   score
+    paper       prm          8  -                0.51     0.45    0.37    0.65
+    model-size  prm          8  3B               0.4476   0.3876  0.3076  0.69996
+    flat        prm          8  -                0.51     0.45    0.37    0.43
+    narrow      prm          8  -                0.51     0.45    0.37    0.65
+
+(model-size at 3B, x = 1.0407: ρ* = 0.45 + shift(t) − 0.06 · 1.0407, i.e. 0.3876 for pass@1;
+its score is 0.65 + 0.05 · (1 − (0.0407 / 1.5)²) = 0.69996. Regrets of a benchmark are quoted
+in % of the target's range over the space, :attr:`Optimum.range`: about 0.35 for paper and
+narrow, 0.39 for model-size, 0.12 for flat.)
 """
 
 from __future__ import annotations
@@ -29,27 +76,172 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
-from allocopt.allocation import TrialPlan, Workload
-from allocopt.flops import ModelShape
+from allocopt.allocation import REWARDS, Allocation, TrialPlan, Workload
+from allocopt.flops import ConfigError, ModelShape
+from allocopt.spec import SearchSpace
 
 B_REF = 1e19
 REWARD_COST = {"sparse": 0.0, "structured": 0.0, "dense": 0.0, "proxy_prm": 0.5, "prm": 1.0}
 BASE = {"sparse": 0.30, "structured": 0.32, "dense": 0.33, "proxy_prm": 0.34, "prm": 0.36}
 SHIFT = {"native_reward": 0.06, "pass_at_1": 0.0, "judge": -0.08}
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
+SIZE_MODELS = ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B")
+"""Models of the ``model-size`` variant's search space."""
+G_HEIGHT = 0.04
 
 
-def rho_star(reward: str, target: str = "pass_at_1", budget_flops: float = B_REF) -> float:
-    """The optimal ρ of the synthetic response (see the module docstring)."""
-    return 0.72 - 0.27 * REWARD_COST[reward] + SHIFT[target] + 0.03 * math.log10(budget_flops / B_REF)
+@dataclass(frozen=True)
+class Variant:
+    """One member of the synthetic family (see the module docstring's table)."""
+
+    name: str
+    peak_height: float = 0.25
+    """``h``: height of the ρ bump (target units)."""
+    peak_width: float = 0.18
+    """``w``: width of the ρ bump (ρ units; the bump falls to 1/e at ρ* ± w)."""
+    size_rho_slope: float = 0.0
+    """``k``: fall of ρ* per doubling of the policy's parameters over 1.5e9."""
+    size_height: float = 0.0
+    """``s``: height of the model-size term (0: the model does not matter)."""
+
+    @property
+    def uses_model(self) -> bool:
+        return self.size_rho_slope != 0.0 or self.size_height != 0.0
+
+
+VARIANTS: dict[str, Variant] = {
+    "paper": Variant("paper"),
+    "model-size": Variant("model-size", size_rho_slope=0.06, size_height=0.05),
+    "flat": Variant("flat", peak_height=0.03, peak_width=0.45),
+    "narrow": Variant("narrow", peak_width=0.05),
+}
+"""The synthetic family by name."""
+
+
+def get_variant(name: str | Variant) -> Variant:
+    """A variant by name. Raises :class:`ConfigError` naming the allowed ones."""
+    if isinstance(name, Variant):
+        return name
+    if name not in VARIANTS:
+        raise ConfigError(f"variant={name!r}: unknown synthetic variant; allowed: {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+@lru_cache(maxsize=64)
+def size_x(model: str | None) -> float:
+    """``x = log2(N / 1.5e9)`` of a model (``None``: :data:`DEFAULT_MODEL`), N its parameters."""
+    return math.log2(ModelShape.from_pretrained(model or DEFAULT_MODEL).num_params() / 1.5e9)
+
+
+def _target(target: str) -> str:
+    t = target.replace("@", "_at_").replace(":", "_")
+    if t not in SHIFT:
+        raise ConfigError(f"target={target!r}: the synthetic objective reports {', '.join(SHIFT)}")
+    return t
+
+
+def rho_star(reward: str, target: str = "pass_at_1", budget_flops: float = B_REF, *,
+             variant: str | Variant = "paper", model: str | None = None) -> float:
+    """The optimal ρ of the synthetic response (see the module docstring); unclamped."""
+    v = get_variant(variant)
+    r = 0.72 - 0.27 * REWARD_COST[reward] + SHIFT[_target(target)] + 0.03 * math.log10(budget_flops / B_REF)
+    return r - v.size_rho_slope * size_x(model) if v.size_rho_slope else r
+
+
+def size_term(model: str | None, budget_flops: float = B_REF, *, variant: str | Variant = "paper") -> float:
+    """The model-size term ``s · (1 - ((x - x*(B)) / 1.5)²)`` (0 for variants without one)."""
+    v = get_variant(variant)
+    if not v.size_height:
+        return 0.0
+    x_best = 1.0 + 0.5 * math.log10(budget_flops / B_REF)
+    return v.size_height * (1 - ((size_x(model) - x_best) / 1.5) ** 2)
+
+
+def g_term(group_size: int) -> float:
+    """``0.04 · (1 - ((log2 G - 3)/2)²)``: peaks at G = 8."""
+    return G_HEIGHT * (1 - ((math.log2(group_size) - 3) / 2) ** 2)
 
 
 def response(rho: float, group_size: int, reward: str, target: str = "pass_at_1",
-             budget_flops: float = B_REF) -> float:
-    """Noise-free synthetic score in [0, 1]."""
-    peak = 0.25 * math.exp(-((rho - rho_star(reward, target, budget_flops)) / 0.18) ** 2)
-    g = 0.04 * (1 - ((math.log2(group_size) - 3) / 2) ** 2)
-    return BASE[reward] + peak + g
+             budget_flops: float = B_REF, *, variant: str | Variant = "paper",
+             model: str | None = None) -> float:
+    """Noise-free synthetic score (target units; in [0, 1] over the documented spaces)."""
+    v = get_variant(variant)
+    star = rho_star(reward, target, budget_flops, variant=v, model=model)
+    peak = v.peak_height * math.exp(-((rho - star) / v.peak_width) ** 2)
+    out = BASE[reward] + peak + g_term(group_size)
+    return out + size_term(model, budget_flops, variant=v) if v.size_height else out
+
+
+def observe(rho: float, group_size: int, reward: str, budget_flops: float = B_REF, *,
+            variant: str | Variant = "paper", model: str | None = None, seed: int = 0,
+            noise: float = 0.01) -> dict[str, float]:
+    """Noisy scores of every target of one run, clipped to [0, 1].
+
+    The noise is Gaussian (σ = ``noise``), drawn once per target in the order of
+    :data:`SHIFT` from a generator seeded by ``(seed, ρ, G, reward[, model])``: the same run
+    gives the same scores, another seed other ones.
+    """
+    v = get_variant(variant)
+    model = model if v.uses_model else None  # the key (and score) of other variants ignore it
+    key = f"{seed}|{rho:.6f}|{group_size}|{reward}" + (f"|{model}" if model else "")
+    rng = random.Random(key)
+    return {t: min(1.0, max(0.0, response(rho, group_size, reward, t, budget_flops, variant=v,
+                                          model=model) + rng.gauss(0.0, noise)))
+            for t in SHIFT}
+
+
+def space_of(name: str | Variant = "paper") -> SearchSpace:
+    """The documented search space of a variant (module docstring)."""
+    v = get_variant(name)
+    return SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8, 16), rewards=REWARDS,
+                       models=SIZE_MODELS if v.uses_model else ())
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The exact optimum (and worst value) of a variant over a search space."""
+
+    allocation: Allocation
+    """The best allocation (``model`` set when the space names models)."""
+    value: float
+    """Noise-free score at the optimum (target units)."""
+    worst: float
+    """Noise-free score at the worst allocation of the space."""
+
+    @property
+    def range(self) -> float:
+        """``value - worst``: the target's range over the space (regrets are quoted in % of it)."""
+        return self.value - self.worst
+
+
+def optimum(target: str = "pass_at_1", budget_flops: float = B_REF, space: SearchSpace | None = None,
+            *, variant: str | Variant = "paper") -> Optimum:
+    """The exact optimum of the noise-free response over ``space`` (default: :func:`space_of`).
+
+    Closed form: per reward system (× model) the score is a constant plus a unimodal bump in ρ
+    plus a G term, so its best ρ is ρ* clamped to the range, its worst ρ the end of the range
+    farther from ρ*, its best and worst G the extremes of the G term over the allowed sizes.
+    """
+    v = get_variant(variant)
+    space = space or space_of(v)
+    t = _target(target)
+    lo, hi = space.rho
+    g_best = max(space.group_sizes, key=lambda g: (g_term(g), -g))
+    g_worst = min(space.group_sizes, key=g_term)
+    best, worst = None, math.inf
+    for m in (space.models or (None,)):
+        for r in space.rewards:
+            star = rho_star(r, t, budget_flops, variant=v, model=m)
+            rho = min(max(star, lo), hi)
+            val = response(rho, g_best, r, t, budget_flops, variant=v, model=m)
+            if best is None or val > best[1]:
+                best = (Allocation(rho, g_best, r, m), val)
+            far = lo if abs(lo - star) >= abs(hi - star) else hi
+            worst = min(worst, response(far, g_worst, r, t, budget_flops, variant=v, model=m))
+    return Optimum(best[0], best[1], worst)
 
 
 @dataclass
@@ -59,17 +251,26 @@ class SyntheticObjective:
     noise: float = 0.01
     model: str = "Qwen/Qwen2.5-1.5B"
     name: str = "synthetic"
+    variant: str = "paper"
+    """Member of the family (:data:`VARIANTS`); ``model-size`` reads the plan's policy model."""
+
+    def __post_init__(self) -> None:
+        get_variant(self.variant)
 
     def workload(self) -> Workload:
         return Workload(policy=ModelShape.from_pretrained(self.model))
+
+    def optimum(self, target: str = "pass_at_1", budget_flops: float = B_REF,
+                space: SearchSpace | None = None) -> Optimum:
+        """The known optimum (see :func:`optimum`)."""
+        return optimum(target, budget_flops, space, variant=self.variant)
 
     def run(self, plan: TrialPlan, *, seed: int = 0, progress=None):
         from objectives.grpo import TrialResult  # light: no torch at import
 
         a = plan.allocation
-        rng = random.Random(f"{seed}|{a.rho:.6f}|{a.group_size}|{a.reward}")
-        targets = {t: min(1.0, max(0.0, response(a.rho, a.group_size, a.reward, t, plan.budget_flops)
-                                   + rng.gauss(0.0, self.noise)))
-                   for t in SHIFT}
+        model = a.model or plan.policy  # used by variants with a model-size term only
+        targets = observe(a.rho, a.group_size, a.reward, plan.budget_flops, variant=self.variant,
+                          model=model, seed=seed, noise=self.noise)
         return TrialResult(targets=targets, spent=plan.expected, budget_flops=plan.budget_flops,
                            curves=[], wall_seconds={})
