@@ -56,6 +56,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -247,15 +248,28 @@ def allocopt_available() -> bool:
 
 
 def run_allocopt(problem: Problem, seed: int, validations: int) -> tuple[Trajectory, dict[str, Any]]:
-    """One RACE (defaults) on the synthetic objective, as a trajectory of recommendations."""
+    """One RACE on the synthetic objective, as a trajectory of recommendations.
+
+    RACE's defaults, except ``max_pilots`` where RACE refuses the space with its default (it
+    needs ``len(G) + 3`` pilots per reward system × model): then the number it asks for."""
     from optuna.trial import TrialState
 
-    from allocopt.race import run_race
+    from allocopt.flops import ConfigError
+    from allocopt.race import RaceSettings, pilot_grid, run_race
 
     obj = SyntheticObjective(variant=problem.variant)
     spec = problem.spec(seed)
+    settings, note = RaceSettings(), ""
+    try:
+        pilot_grid(problem.space, settings, spec.seed)
+    except ConfigError as e:  # RACE says how many pilots this space needs: give it that many
+        m = re.search(r"needs at least (\d+)", str(e))
+        if not m:
+            raise
+        settings = replace(settings, max_pilots=int(m.group(1)))
+        note = f"max_pilots={settings.max_pilots} (RACE's default {RaceSettings().max_pilots} is too few here)"
     res = run_race(spec, objective=obj, workload=bench_workload(problem.variant), storage=None,
-                   validations=validations)
+                   validations=validations, settings=settings)
     ds = [d for d in res.diagnoses if not math.isnan(d.value)]
     pilot_rec = max(ds, key=lambda d: d.value).recommendation if ds else None
     trials = sorted(res.study.get_trials(deepcopy=False), key=lambda t: t.number)
@@ -277,7 +291,7 @@ def run_allocopt(problem: Problem, seed: int, validations: int) -> tuple[Traject
             "proposal_seconds": res.timings.get("proposal_seconds", []),
             "num_pilots": sum(1 for t in trials if t.user_attrs.get("race_pilot")),
             "num_full": sum(1 for t in trials if t.user_attrs.get("fidelity") == "full"),
-            "compute": cost}
+            "compute": cost, "note": note}
     return out, info
 
 
@@ -307,16 +321,19 @@ def run_job(job: tuple[str, str, str, int, Config]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     info: dict[str, Any] = {}
     n_grid = grid_size(variant)
-    if method == "allocopt":
-        traj, info = run_allocopt(p, seed, cfg.validations)
-        cap = math.inf
-    else:
-        cap = min(cfg.caps.get(method, math.inf), n_grid)
-        if method == "grid":
-            traj = run_grid(p, seed, cap)
+    try:
+        if method == "allocopt":
+            traj, info = run_allocopt(p, seed, cfg.validations)
+            cap = math.inf
         else:
-            traj, asks = run_optuna(p, method, seed, cap)
-            info = {"ask_seconds": sum(asks)}
+            cap = min(cfg.caps.get(method, math.inf), n_grid)
+            if method == "grid":
+                traj = run_grid(p, seed, cap)
+            else:
+                traj, asks = run_optuna(p, method, seed, cap)
+                info = {"ask_seconds": sum(asks)}
+    except Exception as e:  # a method that fails is recorded as failed; the benchmark goes on
+        traj, cap, info = [], 0.0, {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     wall = time.perf_counter() - t0
     out = []
     for level in levels_of(variant):
@@ -449,6 +466,13 @@ def format_tables(records: Sequence[dict[str, Any]], cfg: Config) -> str:
                     f = lambda s: "—" if not s or s["n"] == 0 else f"{s['median']:.1f}"  # noqa: E731
                     row += f"{f(a) + '/' + f(b) + ' n' + str(a['runs'] if a else 0):>17s}"
                 lines.append(row)
+    errors = sorted({(r["method"], r["variant"], r["error"]) for r in records if r.get("error")})
+    notes = sorted({(r["method"], r["variant"], r["note"]) for r in records if r.get("note")})
+    for m, v, e in errors:
+        n = len({r["seed"] for r in records if r["method"] == m and r["variant"] == v and r.get("error") == e})
+        lines.append(f"FAILED {method_label(m)} on {v} ({n} run(s)): {e}")
+    for m, v, e in notes:
+        lines.append(f"note: {method_label(m)} on {v}: {e}")
     lines.append("")
     lines.append("Median regret in target units (score points) at compute 12 / 40 / the grid's size:")
     for v in cfg.variants:
