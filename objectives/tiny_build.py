@@ -1,0 +1,785 @@
+"""Build the tiny world's trained artifacts once, deterministically, and cache them.
+
+:func:`build_world` trains and saves, into one cache folder::
+
+    tokenizer/     the character tokenizer (:func:`objectives.tiny_models.build_tokenizer`)
+    policy/        the base policy: ``build_policy("tiny")`` after a short supervised
+                   fine-tuning on the ``train`` split, stopped early on purpose (weak but
+                   learnable: sampled accuracy on ``native`` about 0.3-0.5)
+    proxy_prm/     ``build_prm("proxy")`` trained as a step-level reward model
+    prm/           ``build_prm("full")`` trained the same way
+    manifest.json  the settings used, sha256 of every saved file, measured accuracies,
+                   wall time per part, library versions
+
+Everything runs on one CPU thread (set for the build, restored afterwards) with fixed seeds,
+so the same settings on the same machine give byte-identical weights. A folder whose
+manifest matches the settings and whose files match their checksums is returned as it is
+(a cache hit, no training). A build is written into a temporary folder beside the cache and
+renamed into place at the end, under a file lock, so an interrupted build leaves no half
+cache and two processes never build the same folder at once.
+
+Training, in short:
+
+* **policy**: next-token loss on the completion tokens only (``solution + <eos>``, the prompt
+  masked), AdamW, linear warm-up then constant learning rate, batches of right-padded
+  sequences drawn from per-epoch permutations of ``train``. It stops at ``sft_steps``, or
+  earlier at the first check (every ``sft_check_every`` steps from ``sft_check_from``)
+  where the sampled accuracy on a check set of ``native`` problems (not those evaluated
+  afterwards) reaches ``sft_stop_accuracy``: the accuracy rises steeply in this phase of
+  training, and a check lands in the target range more reliably than a step count.
+* **PRMs**: token classification at the ``<step>`` markers (:func:`tiny_tasks.mark_steps`),
+  labels from :func:`tiny_tasks.step_labels` with the prompt, loss at the markers only.
+  Training completions are policy-like: correct solutions, synthetic corruptions
+  (:func:`corrupt`: wrong result, wrong operand, wrong operator, chain broken, a step
+  garbled, left out or added, the later steps carrying on from what was written) and
+  samples of the base policy at temperature 1. The held-out set is built the same way from
+  ``native`` problems; the manifest also gives each PRM's recall of wrong steps per kind of
+  corruption. At this budget (a few hundred steps) the PRMs learn the structural checks
+  (operator, garbled, extra or missing step) and hardly any copy or arithmetic check; see
+  the manifest's ``wrong_recall_by_corruption``.
+
+Command line: ``python -m objectives.tiny_build [--cache-dir D] [--force] [--set KEY=VALUE]``
+prints the manifest (``--set`` overrides a :class:`BuildSettings` field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from objectives import tiny_tasks as tt
+from objectives.tiny_tasks import Problem, Step, TaskSpec
+
+FORMAT = 1
+"""Version of the cache layout and of the build recipe, stored in the manifest: bump it when
+the recipe changes in code, and older caches stop matching."""
+DEFAULT_CACHE_NAME = "tiny-v1"
+CACHE_ENV = "ALLOCOPT_CACHE"
+MANIFEST = "manifest.json"
+PARTS = ("tokenizer", "policy", "proxy_prm", "prm")
+
+Progress = Callable[[str], None]
+
+
+# ============================================================================ settings
+@dataclass(frozen=True)
+class BuildSettings:
+    """Everything that decides the built weights (and the measurements in the manifest)."""
+
+    seed: int = 0
+    policy_size: str = "tiny"
+    # ---- supervised fine-tuning of the base policy
+    sft_steps: int = 1800
+    """Most optimizer steps; fewer when the early stop triggers."""
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+    sft_warmup: int = 50
+    sft_weight_decay: float = 0.0
+    sft_stop_accuracy: float | None = 0.35
+    """Stop at the first check whose sampled accuracy reaches this (``None``: never)."""
+    sft_check_from: int = 800
+    sft_check_every: int = 50
+    sft_check_problems: int = 100
+    """Size of the check set: ``native`` problems after the evaluated ones."""
+    # ---- step-level reward models
+    proxy_prm_steps: int = 400
+    proxy_prm_lr: float = 2e-3
+    prm_steps: int = 300
+    prm_lr: float = 5e-4
+    prm_batch_size: int = 32
+    prm_warmup: int = 30
+    prm_train_problems: int = 3000
+    """``train`` problems the synthetic PRM data comes from (each gives several completions)."""
+    prm_policy_samples: int = 1024
+    """Completions sampled from the base policy for the PRM training data."""
+    prm_eval_problems: int = 300
+    """``native`` problems the held-out PRM data comes from."""
+    prm_probe_problems: int = 100
+    """Held-out problems corrupted once per kind to measure what each PRM catches."""
+    # ---- evaluation of the base policy
+    eval_problems: int = 200
+    max_new_tokens: int = 48
+    downstream: TaskSpec = field(default_factory=lambda: tt.SPLITS["downstream"])
+    """The downstream distribution whose pass@1 is reported (default: ``tiny_tasks``')."""
+
+    def __post_init__(self) -> None:
+        for name in ("sft_steps", "proxy_prm_steps", "prm_steps", "sft_warmup", "prm_warmup",
+                     "prm_policy_samples", "sft_check_from"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r}: must be an integer >= 0")
+        for name in ("sft_batch_size", "prm_batch_size", "sft_check_every", "sft_check_problems",
+                     "prm_train_problems", "prm_eval_problems", "eval_problems",
+                     "max_new_tokens", "prm_probe_problems"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: must be an integer >= 1")
+        for name in ("sft_lr", "proxy_prm_lr", "prm_lr", "sft_weight_decay"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1 \
+                    or (v == 0 and name != "sft_weight_decay"):
+                raise ValueError(f"{name}={v!r}: must be a number in (0, 1)"
+                                 + (" or 0" if name == "sft_weight_decay" else ""))
+        v = self.sft_stop_accuracy
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 < v <= 1):
+            raise ValueError(f"sft_stop_accuracy={v!r}: must be in (0, 1] or None")
+        from objectives.tiny_models import POLICY_SIZES
+
+        if self.policy_size not in POLICY_SIZES:
+            raise ValueError(f"policy_size={self.policy_size!r}: must be one of "
+                             f"{', '.join(POLICY_SIZES)}")
+        if isinstance(self.downstream, dict):  # from JSON / TOML
+            object.__setattr__(self, "downstream", TaskSpec(**self.downstream))
+        if not isinstance(self.downstream, TaskSpec):
+            raise ValueError(f"downstream={self.downstream!r}: must be a TaskSpec")
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as plain JSON values (what the manifest stores and compares)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def _task_fingerprint() -> dict[str, Any]:
+    """What the build reads from :mod:`tiny_tasks` besides the settings: split specs and
+    sizes and a checksum of the first problems of each split (a change there invalidates)."""
+    fingerprint = {
+        "splits": {name: dataclasses.asdict(spec) for name, spec in tt.SPLITS.items()},
+        "split_sizes": dict(tt.SPLIT_SIZES),
+        "checksums_head": {name: tt.checksum(tt.make_split(name, 50)) for name in tt.SPLITS}}
+    return json.loads(json.dumps(fingerprint))  # as the manifest reads back (lists, not tuples)
+
+
+# ============================================================================== paths
+@dataclass(frozen=True)
+class WorldPaths:
+    """Where a built world lies. Load with
+    ``PreTrainedTokenizerFast.from_pretrained(tokenizer)``,
+    ``Qwen2ForCausalLM.from_pretrained(policy)`` and
+    ``Qwen2ForTokenClassification.from_pretrained(prm)`` (or ``proxy_prm``)."""
+
+    root: Path
+    tokenizer: Path
+    policy: Path
+    proxy_prm: Path
+    prm: Path
+    manifest: Path
+
+    @classmethod
+    def at(cls, root: Path) -> "WorldPaths":
+        root = Path(root)
+        return cls(root=root, tokenizer=root / "tokenizer", policy=root / "policy",
+                   proxy_prm=root / "proxy_prm", prm=root / "prm", manifest=root / MANIFEST)
+
+    def read_manifest(self) -> dict[str, Any]:
+        return json.loads(self.manifest.read_text())
+
+
+def default_cache_dir() -> Path:
+    """``$ALLOCOPT_CACHE`` or ``~/.cache/allocopt/tiny-v1``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "allocopt" / DEFAULT_CACHE_NAME
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _file_checksums(root: Path) -> dict[str, str]:
+    """sha256 of every file of the artifact folders, by path relative to ``root``."""
+    out = {}
+    for part in PARTS:
+        for p in sorted((root / part).rglob("*")):
+            if p.is_file():
+                out[p.relative_to(root).as_posix()] = _sha256(p)
+    return out
+
+
+def check_cache(root: Path, settings: BuildSettings) -> dict[str, Any] | None:
+    """The manifest of ``root`` when it is a complete build of ``settings`` whose files all
+    match their checksums (and no file is missing or extra); else ``None``."""
+    try:
+        manifest = json.loads((Path(root) / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT or manifest.get("settings") != settings.to_json() \
+                or manifest.get("tasks") != _task_fingerprint():
+            return None
+        if _file_checksums(Path(root)) != manifest.get("checksums"):
+            return None
+        return manifest
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+# ============================================================================ helpers
+@contextlib.contextmanager
+def _single_thread() -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """No "Writing model shards" bars from ``save_pretrained`` while building."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the rename still keeps the cache whole
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_CHAR_IDS = {t: i for i, t in enumerate(tt.VOCAB)}
+_STEP_ID = _CHAR_IDS[tt.STEP_TOKEN]
+_EOS_ID = _CHAR_IDS[tt.EOS_TOKEN]
+_PAD_ID = _CHAR_IDS[tt.PAD_TOKEN]
+
+
+_SPECIAL_RE = re.compile("(" + "|".join(re.escape(t) for t in tt.SPECIAL_TOKENS) + ")")
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text`` as :func:`build_tokenizer` gives them (one per character, a
+    special token such as ``<step>`` as its own id, ``<unk>`` for other characters), without
+    the tokenizer's overhead."""
+    ids: list[int] = []
+    for i, piece in enumerate(_SPECIAL_RE.split(text)):
+        if i % 2:
+            ids.append(_CHAR_IDS[piece])
+        else:
+            ids.extend(_CHAR_IDS.get(c, _CHAR_IDS[tt.UNK_TOKEN]) for c in piece)
+    return ids
+
+
+def _pad(seqs: Sequence[list[int]], labels: Sequence[list[int]]):
+    """Right-padded ``input_ids``, ``attention_mask``, ``labels`` (-100 on padding)."""
+    import torch
+
+    length = max(map(len, seqs))
+    ids = torch.full((len(seqs), length), _PAD_ID, dtype=torch.long)
+    lab = torch.full((len(seqs), length), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)
+    for i, (s, y) in enumerate(zip(seqs, labels)):
+        ids[i, :len(s)] = torch.tensor(s)
+        lab[i, :len(y)] = torch.tensor(y)
+        mask[i, :len(s)] = 1
+    return ids, mask, lab
+
+
+def _optimizer(model: Any, lr: float, weight_decay: float, warmup: int):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98),
+                            weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
+    return opt, sched
+
+
+def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
+    """Index batches from per-epoch permutations of ``range(n)`` (a batch may span two)."""
+    order: list[int] = []
+    while True:
+        while len(order) < batch_size:
+            epoch = list(range(n))
+            rng.shuffle(epoch)
+            order += epoch
+        yield order[:batch_size]
+        del order[:batch_size]
+
+
+# ============================================================================= policy
+def generate(model: Any, prompts: Sequence[str], *, sample: bool, seed: int,
+             max_new_tokens: int, batch_size: int = 256) -> list[str]:
+    """Completions of ``prompts`` (greedy, or sampled at temperature 1 from seed ``seed``),
+    decoded without special tokens, cut at ``<eos>``."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    texts: list[str] = []
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), batch_size):
+            chunk = [encode(p) for p in prompts[start:start + batch_size]]
+            length = max(map(len, chunk))
+            ids = torch.tensor([[_PAD_ID] * (length - len(c)) + c for c in chunk])  # left
+            mask = torch.tensor([[0] * (length - len(c)) + [1] * len(c) for c in chunk])
+            kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample \
+                else dict(do_sample=False)
+            out = model.generate(input_ids=ids, attention_mask=mask,
+                                 max_new_tokens=max_new_tokens, eos_token_id=_EOS_ID,
+                                 pad_token_id=_PAD_ID, **kwargs)
+            for row in out[:, length:].tolist():
+                if _EOS_ID in row:
+                    row = row[:row.index(_EOS_ID)]
+                texts.append("".join(tt.VOCAB[i] for i in row if i >= len(tt.SPECIAL_TOKENS)))
+    model.train(was_training)
+    return texts
+
+
+def accuracy(model: Any, problems: Sequence[Problem], *, sample: bool, seed: int,
+             max_new_tokens: int) -> float:
+    """Share of ``problems`` whose completion has the right final answer."""
+    texts = generate(model, [p.prompt for p in problems], sample=sample, seed=seed,
+                     max_new_tokens=max_new_tokens)
+    return sum(tt.is_correct(t, p) for t, p in zip(texts, problems)) / len(problems)
+
+
+def train_policy(s: BuildSettings, train: Sequence[Problem], check: Sequence[Problem],
+                 progress: Progress) -> tuple[Any, dict[str, Any]]:
+    """The SFT base policy and what its training did (steps run, last loss, checks)."""
+    import torch
+
+    from objectives.tiny_models import build_policy
+
+    model = build_policy(s.policy_size, s.seed)
+    model.generation_config.eos_token_id = _EOS_ID
+    model.generation_config.pad_token_id = _PAD_ID
+    seqs, labels = [], []
+    for p in train:
+        prompt, completion = encode(p.prompt), encode(p.solution) + [_EOS_ID]
+        seqs.append(prompt + completion)
+        labels.append([-100] * len(prompt) + completion)
+    opt, sched = _optimizer(model, s.sft_lr, s.sft_weight_decay, s.sft_warmup)
+    batches = _batches(len(seqs), s.sft_batch_size, random.Random(f"sft:{s.seed}"))
+    torch.manual_seed(s.seed)
+    model.train()
+    checks: list[dict[str, float]] = []
+    loss_value, step = float("nan"), 0
+    for step in range(1, s.sft_steps + 1):
+        idx = next(batches)
+        ids, mask, lab = _pad([seqs[i] for i in idx], [labels[i] for i in idx])
+        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        loss_value = float(loss.detach())
+        if step % 100 == 0:
+            progress(f"sft step {step}/{s.sft_steps} loss {loss_value:.4f}")
+        if s.sft_stop_accuracy is not None and step >= s.sft_check_from \
+                and (step - s.sft_check_from) % s.sft_check_every == 0:
+            acc = accuracy(model, check, sample=True, seed=s.seed + 7,
+                           max_new_tokens=s.max_new_tokens)
+            checks.append({"step": step, "sampled_accuracy": acc})
+            progress(f"sft check at step {step}: sampled accuracy {acc:.3f}")
+            if acc >= s.sft_stop_accuracy:
+                break
+    model.eval()
+    return model, {"steps_run": step, "final_loss": loss_value, "checks": checks}
+
+
+# ========================================================================= PRM data
+def _near(value: int, rng: random.Random) -> int:
+    """A plausible wrong value near ``value`` (a slip of one digit, a carry, a sign)."""
+    while True:
+        kind = rng.random()
+        if kind < 0.45:
+            wrong = value + rng.choice((-1, 1, -2, 2, -10, 10, -9, 9, -11, 11, -20, 20))
+        elif kind < 0.8:  # one digit changed
+            digits = list(str(abs(value)))
+            i = rng.randrange(len(digits))
+            digits[i] = str(rng.randrange(10))
+            wrong = int("".join(digits)) * (-1 if value < 0 else 1)
+        else:
+            wrong = rng.randint(0, 199)
+        if wrong != value:
+            return wrong
+
+
+def _render(steps: Sequence[Step | str], answer: str) -> str:
+    lines = [s if isinstance(s, str) else f"{s.a}{s.op}{s.b}={s.result}" for s in steps]
+    return "\n".join(lines + [f"{tt.ANSWER_MARKER}{answer}"])
+
+
+CORRUPTIONS = ("result", "operand", "operator", "chain", "garbled", "missing", "extra")
+"""Kinds of error :func:`corrupt` makes (``result`` drawn twice as often as the others)."""
+
+
+def corrupt(problem: Problem, rng: random.Random, kind: str | None = None) -> str:
+    """A wrong worked solution of ``problem``: one error at a random step (wrong result,
+    wrong operand, wrong operator, chain broken, garbled line, a step left out or one too
+    many; ``kind`` one of :data:`CORRUPTIONS`, default drawn), the later steps continuing
+    correctly from the value written last, and the final answer the last value."""
+    steps = problem.steps
+    i = rng.randrange(len(steps))
+    drawn = rng.choice(("result",) + CORRUPTIONS)
+    kind = kind or drawn
+    if kind not in CORRUPTIONS:
+        raise ValueError(f"kind={kind!r}: must be one of {', '.join(CORRUPTIONS)}")
+    out: list[Step | str] = list(steps[:i])
+    a, s = steps[i].a, steps[i]
+    if kind == "result":
+        out.append(Step(a, s.op, s.b, _near(tt.apply(a, s.op, s.b), rng)))
+    elif kind == "operand":
+        b = abs(_near(s.b, rng)) if rng.random() < 0.7 else rng.randint(0, 99)
+        if b == s.b:
+            b += 1
+        out.append(Step(a, s.op, b, tt.apply(a, s.op, b) if rng.random() < 0.7
+                        else _near(tt.apply(a, s.op, b), rng)))
+    elif kind == "operator":
+        op = "-" if s.op == "+" else "+"
+        out.append(Step(a, op, s.b, tt.apply(a, op, s.b)))
+    elif kind == "chain":
+        a2 = _near(a, rng) if rng.random() < 0.7 else rng.randint(0, 99)
+        a2 = a2 if a2 != a else a + 1
+        out.append(Step(a2, s.op, s.b, tt.apply(a2, s.op, s.b)))
+    elif kind == "garbled":
+        line = f"{a}{s.op}{s.b}={s.result}"
+        cut = rng.randrange(1, len(line))
+        out.append(rng.choice((line[:cut], line[:cut] + line[cut + 1:] + "=", line + "+")))
+    elif kind == "extra":  # the right step, then one the prompt does not have
+        out.append(s)
+        b, op = rng.randint(0, 99), rng.choice(("+", "-"))
+        out.append(Step(s.result, op, b, tt.apply(s.result, op, b)))
+    # "missing": step i is left out
+    last = next((x for x in reversed(out) if isinstance(x, Step)), None)
+    value = s.result if kind == "garbled" or last is None else last.result
+    for later in steps[i + 1:]:
+        out.append(Step(value, later.op, later.b, tt.apply(value, later.op, later.b)))
+        value = out[-1].result
+    return _render(out, str(value))
+
+
+def prm_example(problem: Problem, completion: str) -> tuple[list[int], list[int]]:
+    """``input_ids`` of prompt + marked completion (:func:`tiny_tasks.mark_steps`) and the
+    labels: 1 (correct) or 0 (wrong) at each ``<step>`` from :func:`tiny_tasks.step_labels`
+    with the prompt, -100 elsewhere (no loss)."""
+    ids = encode(problem.prompt + tt.mark_steps(completion))
+    verdicts = tt.step_labels(completion, problem.prompt)
+    labels, k = [], 0
+    for t in ids:
+        if t == _STEP_ID:
+            labels.append(int(verdicts[k]))
+            k += 1
+        else:
+            labels.append(-100)
+    return ids, labels
+
+
+Example = tuple[list[int], list[int], str]
+"""A PRM example: ``(input_ids, labels, source)``."""
+
+
+def prm_dataset(problems: Sequence[Problem], samples: Sequence[tuple[Problem, str]],
+                rng: random.Random) -> list[Example]:
+    """Per problem its correct solution and two corruptions (sources ``correct``,
+    ``corrupt``), then the policy ``samples`` (source ``policy``). Completions without a step
+    line (nothing to judge) are left out."""
+    out = []
+    for p in problems:
+        out.append((*prm_example(p, p.solution), "correct"))
+        for _ in range(2):
+            out.append((*prm_example(p, corrupt(p, rng)), "corrupt"))
+    for p, text in samples:
+        out.append((*prm_example(p, text), "policy"))
+    return [x for x in out if any(y >= 0 for y in x[1])]
+
+
+def corruption_probe(problems: Sequence[Problem], seed: int) -> list[Example]:
+    """One corruption of every kind per problem, the source naming the kind: what a PRM
+    catches (its recall of wrong steps per kind, :func:`step_accuracy`)."""
+    out = []
+    for kind in CORRUPTIONS:
+        rng = random.Random(f"probe:{kind}:{seed}")
+        out += [(*prm_example(p, corrupt(p, rng, kind)), kind) for p in problems]
+    return [x for x in out if any(y >= 0 for y in x[1])]
+
+
+def train_prm(size: str, steps: int, lr: float, data: Sequence[Example], s: BuildSettings,
+              progress: Progress) -> tuple[Any, dict[str, Any]]:
+    """``build_prm(size)`` trained ``steps`` AdamW steps on ``data`` (cross-entropy at the
+    markers only), and what the training did."""
+    import torch
+
+    from objectives.tiny_models import build_prm
+
+    model = build_prm(size, s.seed)
+    opt, sched = _optimizer(model, lr, 0.0, s.prm_warmup)
+    batches = _batches(len(data), s.prm_batch_size, random.Random(f"prm:{size}:{s.seed}"))
+    torch.manual_seed(s.seed)
+    model.train()
+    loss_value = float("nan")
+    for step in range(1, steps + 1):
+        idx = next(batches)
+        ids, mask, lab = _pad([data[i][0] for i in idx], [data[i][1] for i in idx])
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 2), lab.reshape(-1),
+                                                 ignore_index=-100)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        loss_value = float(loss.detach())
+        if step % 50 == 0:
+            progress(f"{size} prm step {step}/{steps} loss {loss_value:.4f}")
+    model.eval()
+    return model, {"steps_run": steps, "final_loss": loss_value}
+
+
+def step_accuracy(model: Any, data: Sequence[Example], batch_size: int = 256) -> dict[str, float]:
+    """How well ``model`` judges the ``<step>`` markers of ``data``: ``step_accuracy``
+    (argmax = label) overall and per source, ``wrong_recall`` (share of wrong steps called
+    wrong) overall and per source, and ``share_correct_steps`` (the accuracy of always
+    saying "correct")."""
+    import torch
+
+    hits: dict[str, list[int]] = {}
+    caught: dict[str, list[int]] = {}
+    with torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            chunk = data[start:start + batch_size]
+            ids, mask, lab = _pad([c[0] for c in chunk], [c[1] for c in chunk])
+            pred = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+            for row, source in enumerate(c[2] for c in chunk):
+                sel = lab[row] >= 0
+                truth, guess = lab[row][sel].tolist(), pred[row][sel].tolist()
+                for key in ("all", source):
+                    hits.setdefault(key, []).extend(int(t == g) for t, g in zip(truth, guess))
+                    caught.setdefault(key, []).extend(int(g == 0) for t, g in zip(truth, guess)
+                                                      if t == 0)
+    out: dict[str, float] = {}
+    for key in sorted(hits):
+        suffix = "" if key == "all" else f"_{key}"
+        out[f"step_accuracy{suffix}"] = sum(hits[key]) / len(hits[key])
+        if caught.get(key):
+            out[f"wrong_recall{suffix}"] = sum(caught[key]) / len(caught[key])
+    total = len(hits.get("all", []))
+    out["share_correct_steps"] = (total - len(caught.get("all", []))) / total if total else 0.0
+    out["markers"] = total
+    return out
+
+
+# ============================================================================== build
+def _build_into(root: Path, s: BuildSettings, progress: Progress) -> dict[str, Any]:
+    import platform
+
+    import torch
+    import transformers
+
+    from objectives.tiny_models import build_tokenizer
+
+    timings: dict[str, float] = {}
+    t_all = t = time.perf_counter()
+    train = tt.make_split("train", seed=s.seed)
+    n_native = s.eval_problems + s.sft_check_problems + s.prm_eval_problems
+    native = tt.make_split("native", n_native, seed=s.seed)
+    evaluated, check = native[:s.eval_problems], native[s.eval_problems:][:s.sft_check_problems]
+    prm_heldout = native[s.eval_problems + s.sft_check_problems:]
+    downstream = tt.generate(s.downstream, s.eval_problems, tt.split_seed("downstream", s.seed))
+    build_tokenizer(str(root / "tokenizer"))
+    timings["data"] = time.perf_counter() - t
+
+    progress("training the base policy")
+    t = time.perf_counter()
+    policy, sft_info = train_policy(s, train, check, progress)
+    policy.save_pretrained(str(root / "policy"))
+    timings["sft"] = time.perf_counter() - t
+
+    progress("evaluating the base policy")
+    t = time.perf_counter()
+    mnt = s.max_new_tokens
+    policy_metrics = {
+        **sft_info,
+        "native_sampled_accuracy": accuracy(policy, evaluated, sample=True, seed=s.seed + 1,
+                                            max_new_tokens=mnt),
+        "native_greedy_accuracy": accuracy(policy, evaluated, sample=False, seed=s.seed,
+                                           max_new_tokens=mnt),
+        "downstream_pass_at_1_greedy": accuracy(policy, downstream, sample=False, seed=s.seed,
+                                                max_new_tokens=mnt),
+        "downstream_pass_at_1_sampled": accuracy(policy, downstream, sample=True,
+                                                 seed=s.seed + 2, max_new_tokens=mnt),
+        "eval_problems": s.eval_problems,
+    }
+    timings["policy_eval"] = time.perf_counter() - t
+    shown = {k: v for k, v in policy_metrics.items() if k != "checks"}
+    progress(f"base policy: {json.dumps(shown)}")
+
+    progress("making PRM data")
+    t = time.perf_counter()
+    rng = random.Random(f"prm-data:{s.seed}")
+    prm_train_problems = train[:s.prm_train_problems]
+    sample_problems = [train[(s.prm_train_problems + i) % len(train)]
+                       for i in range(s.prm_policy_samples)]
+    train_texts = generate(policy, [p.prompt for p in sample_problems], sample=True,
+                           seed=s.seed + 3, max_new_tokens=mnt)
+    heldout_texts = generate(policy, [p.prompt for p in prm_heldout], sample=True,
+                             seed=s.seed + 4, max_new_tokens=mnt)
+    prm_train = prm_dataset(prm_train_problems, list(zip(sample_problems, train_texts)), rng)
+    prm_eval = prm_dataset(prm_heldout, list(zip(prm_heldout, heldout_texts)),
+                           random.Random(f"prm-heldout:{s.seed}"))
+    timings["prm_data"] = time.perf_counter() - t
+    del policy
+
+    probe = corruption_probe(prm_heldout[:s.prm_probe_problems], s.seed)
+    prm_metrics: dict[str, Any] = {}
+    for part, size, steps, lr in (("proxy_prm", "proxy", s.proxy_prm_steps, s.proxy_prm_lr),
+                                  ("prm", "full", s.prm_steps, s.prm_lr)):
+        progress(f"training the {size} PRM")
+        t = time.perf_counter()
+        model, info = train_prm(size, steps, lr, prm_train, s, progress)
+        model.save_pretrained(str(root / part))
+        timings[part] = time.perf_counter() - t
+        t = time.perf_counter()
+        by_kind = step_accuracy(model, probe)
+        prm_metrics[part] = {
+            "size": size, **info, **step_accuracy(model, prm_eval),
+            "wrong_recall_by_corruption": {k: by_kind[f"wrong_recall_{k}"] for k in CORRUPTIONS
+                                           if f"wrong_recall_{k}" in by_kind},
+            "train_examples": len(prm_train), "heldout_examples": len(prm_eval)}
+        timings[f"{part}_eval"] = time.perf_counter() - t
+        progress(f"{part}: {json.dumps(prm_metrics[part])}")
+    timings["total"] = time.perf_counter() - t_all
+
+    return {
+        "format": FORMAT,
+        "settings": s.to_json(),
+        "tasks": _task_fingerprint(),
+        "checksums": _file_checksums(root),
+        "metrics": {"policy": policy_metrics, **prm_metrics},
+        "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def build_world(cache_dir: Path | str | None = None, *, force: bool = False,
+                progress: Progress | None = None, settings: BuildSettings | None = None,
+                **overrides: Any) -> WorldPaths:
+    """The tiny world's tokenizer, base policy and two PRMs, built once into ``cache_dir``
+    (default :func:`default_cache_dir`) and reused while its manifest matches.
+
+    ``settings`` (default :class:`BuildSettings`) with ``overrides`` replacing some of its
+    fields, e.g. ``build_world(d, sft_steps=20, proxy_prm_steps=10, prm_steps=10)`` for a
+    quick build. ``force`` rebuilds even a valid cache. ``progress`` gets one line per
+    stage. A folder that is not a valid build of these settings (other settings, a missing
+    or changed file, no manifest) is rebuilt and replaced as a whole.
+    """
+    s = dataclasses.replace(settings or BuildSettings(), **overrides)
+    say: Progress = progress or (lambda msg: None)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = root.absolute()
+    paths = WorldPaths.at(root)
+    if not force and check_cache(root, s) is not None:
+        return paths
+    root.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    with _file_lock(root.parent / f".{root.name}.lock"), _single_thread(), \
+            _no_progress_bars(), torch.random.fork_rng(devices=[]):  # caller's RNG untouched
+        if not force and check_cache(root, s) is not None:  # another process built it
+            return paths
+        for stale in root.parent.glob(f".{root.name}.tmp-*"):  # left by killed builds
+            shutil.rmtree(stale, ignore_errors=True)
+        say(f"building the tiny world into {root}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+        try:
+            manifest = _build_into(tmp, s, say)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            umask = os.umask(0)
+            os.umask(umask)
+            tmp.chmod(0o777 & ~umask)  # mkdtemp made it private
+            old = None
+            if root.exists() or root.is_symlink():
+                old = root.parent / f".{root.name}.tmp-old-{os.getpid()}"
+                root.rename(old)
+            tmp.rename(root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return paths
+
+
+# ================================================================================ CLI
+def _parse_set(items: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as :class:`BuildSettings` overrides (values read as JSON, so
+    ``20``, ``3e-3``, ``null``, ``{"num_steps": [3, 3]}``); bad input ends in one line."""
+    fields = {f.name for f in dataclasses.fields(BuildSettings)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: must be KEY=VALUE")
+        if key not in fields:
+            parser.error(f"--set {key}: unknown setting; known: {', '.join(sorted(fields))}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            parser.error(f"--set {key}={raw!r}: not a number, null or JSON value")
+        if isinstance(getattr(BuildSettings(), key), float) and isinstance(value, int) \
+                and not isinstance(value, bool):
+            value = float(value)
+        out[key] = value
+    try:
+        BuildSettings(**out)
+    except (TypeError, ValueError) as exc:
+        parser.error(f"--set: {exc}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m objectives.tiny_build",
+                                     description="Build (or find cached) the tiny world: "
+                                                 "tokenizer, SFT base policy, proxy and full PRM; "
+                                                 "print its manifest.")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help=f"where to build (default ${CACHE_ENV} or "
+                             f"~/.cache/allocopt/{DEFAULT_CACHE_NAME})")
+    parser.add_argument("--force", action="store_true", help="rebuild even a valid cache")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a BuildSettings field (repeatable), e.g. --set sft_steps=20")
+    args = parser.parse_args(argv)
+    overrides = _parse_set(args.set, parser)
+    paths = build_world(args.cache_dir, force=args.force,
+                        progress=lambda msg: print(msg, file=sys.stderr, flush=True), **overrides)
+    print(json.dumps(paths.read_manifest(), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
