@@ -19,11 +19,16 @@ Text format (GSM8K convention, one arithmetic step a line, the final answer afte
   (:func:`objectives.tiny_models.build_tokenizer`) has one token per character plus
   :data:`SPECIAL_TOKENS`.
 
-Splits (:data:`SPLITS`): ``train`` and ``native`` come from the same distribution (2 steps,
-operands 0-99, ``+``/``-``, no negative values) and are disjoint by construction: a prompt
-belongs to ``native`` exactly when its sha256 falls in one bucket of :data:`NATIVE_BUCKETS`
-(see :func:`holdout_bucket`), whatever the seeds and sizes. ``downstream`` is harder (3-4
-steps, same operands) and so disjoint from both. Problems are unique within a split.
+Splits (:data:`SPLITS`): ``train`` and ``native`` come from the same distribution (2-4 steps,
+operands 0-99, ``+``/``-``, no negative values). ``downstream`` is harder: only 4-step
+problems, the longest of that range. The three are disjoint by construction, whatever the
+seeds and sizes: a prompt's sha256 bucket (:func:`holdout_bucket`, one of
+:data:`NATIVE_BUCKETS`) is 0 for ``native``, 1 for ``downstream`` and 2-9 for ``train``.
+Problems are unique within a split.
+
+Why 2-4 steps in training (measured by the tiny world's build): a policy SFT'd on 2-step
+problems only could not copy a 3- or 4-step prompt at all (downstream pass@1 0.000 greedy);
+trained on 2-4 steps it reached 0.335 greedy on 3-4-step problems.
 """
 
 from __future__ import annotations
@@ -171,9 +176,9 @@ def sample_problem(spec: TaskSpec, rng: random.Random) -> Problem:
 
 # ============================================================================= splits
 SPLITS: dict[str, TaskSpec] = {
-    "train": TaskSpec(num_steps=(2, 2), operand_range=(0, 99), operators=("+", "-")),
-    "native": TaskSpec(num_steps=(2, 2), operand_range=(0, 99), operators=("+", "-")),
-    "downstream": TaskSpec(num_steps=(3, 4), operand_range=(0, 99), operators=("+", "-")),
+    "train": TaskSpec(num_steps=(2, 4), operand_range=(0, 99), operators=("+", "-")),
+    "native": TaskSpec(num_steps=(2, 4), operand_range=(0, 99), operators=("+", "-")),
+    "downstream": TaskSpec(num_steps=(4, 4), operand_range=(0, 99), operators=("+", "-")),
 }
 """Each split's distribution. ``native`` is ``train``'s (scored with the native reward)."""
 SPLIT_SIZES: dict[str, int] = {"train": 20_000, "native": 2_000, "downstream": 2_000}
@@ -190,9 +195,9 @@ def holdout_bucket(prompt: str) -> int:
 
 
 _ACCEPT: dict[str, Callable[[str], bool]] = {
-    "train": lambda p: holdout_bucket(p) != 0,
+    "train": lambda p: holdout_bucket(p) > 1,
     "native": lambda p: holdout_bucket(p) == 0,
-    "downstream": lambda p: True,
+    "downstream": lambda p: holdout_bucket(p) == 1,
 }
 
 

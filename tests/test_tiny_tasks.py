@@ -57,8 +57,12 @@ def test_split_sizes_uniqueness_and_disjointness(splits):
 
 def test_native_has_train_distribution_and_downstream_is_harder(splits):
     assert tt.SPLITS["native"] == tt.SPLITS["train"]
-    assert {p.num_steps for p in splits["train"]} == {2} == {p.num_steps for p in splits["native"]}
-    assert {p.num_steps for p in splits["downstream"]} == {3, 4}
+    assert {p.num_steps for p in splits["train"]} == {2, 3, 4} == {p.num_steps for p in splits["native"]}
+    assert {p.num_steps for p in splits["downstream"]} == {4}
+    # disjoint by sha256 bucket: native 0, downstream 1, train 2-9
+    assert {tt.holdout_bucket(p.prompt) for p in splits["native"]} == {0}
+    assert {tt.holdout_bucket(p.prompt) for p in splits["downstream"]} == {1}
+    assert min(tt.holdout_bucket(p.prompt) for p in splits["train"]) >= 2
     mean = lambda ps: sum(s.b for p in ps for s in p.steps) / sum(p.num_steps for p in ps)
     assert abs(mean(splits["train"]) - mean(splits["native"])) < 3  # both near 49.5
 
