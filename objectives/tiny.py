@@ -132,7 +132,8 @@ class TinyObjective:
         from objectives.tiny_tasks import is_correct, judge, make_split
 
         n = self.settings.eval_problems
-        native = make_split("native", n, 0)
+        # native[0:600] is used by the world's build (policy check, SFT stop rule, PRM held-out)
+        native = make_split("native", 600 + n, 0)[600:]
         down = make_split("downstream", n, 0)
         native_out, f1 = self._generate(model, tokenizer, [x.prompt for x in native])
         down_out, f2 = self._generate(model, tokenizer, [x.prompt for x in down])
