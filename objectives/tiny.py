@@ -116,6 +116,9 @@ class TinyObjective:
         # threads each thrash on 2 cores (measured: a trial 30x slower beside two workers).
         torch.set_num_threads(1)
         torch.manual_seed(seed)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar per trial under our own progress
         w = self.world()
         tok = self._tokenizer()
         model = AutoModelForCausalLM.from_pretrained(str(w.policy))
