@@ -222,17 +222,17 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         g = generation_flops(policy, P_max, C_max, attention=attn, lora=gen_lora)
         search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
 
-    # --- reward: one reward-model forward over prompt + completion (+ step markers)
+    # --- reward: one reward-model forward over prompt + completion (+ step markers). Each row
+    # at its own length: reward models batch completions sorted by length (objectives.rewards.
+    # ModelReward: longest first), so padding is small; measured in the tiny world, charging
+    # every row at the batch's longest length overestimated the PRM by ~40% and put the
+    # realized rho of a prm trial 0.047 above its plan.
     reward = {"reward_model": 0}
     if reward_model is not None:
         steps = step.reward_steps or (0,) * len(rows)
-        if useful or not eng.padded_training:
-            reward["reward_model"] = sum(
-                reward_model_flops(reward_model, p + c, num_steps=s, attention=attn)
-                for (p, c), s in zip(rows, steps))
-        else:
-            reward["reward_model"] = len(rows) * reward_model_flops(
-                reward_model, P_max + C_max, num_steps=max(steps), attention=attn)
+        reward["reward_model"] = sum(
+            reward_model_flops(reward_model, p + c, num_steps=s, attention=attn)
+            for (p, c), s in zip(rows, steps))
 
     # --- learning: log-prob passes and μ × (forward + backward) over prompt + completion
     def shapes() -> list[tuple[int, int]]:
