@@ -140,6 +140,8 @@ def plan(
     from allocopt.flops import LoRASpec, ModelShape
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
+    if not beta >= 0:
+        raise ConfigError(f"beta={beta!r}: must be a number >= 0")
     reward_models = {**_default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
     w = Workload(policy=ModelShape.from_pretrained(model), reward_models=reward_models,
                  rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
@@ -170,7 +172,7 @@ def plan(
 # ----------------------------------------------------------------------------- trial
 @app.command()
 def trial(
-    budget: str = typer.Option(..., help="FLOP budget of the run, e.g. 2e11 for the tiny objective."),
+    budget: str = typer.Option(..., help="FLOP budget of the run, e.g. 3e11 for the tiny objective (about 30-40 s on 2 cores)."),
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
     group_size: int = typer.Option(4, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
     reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
@@ -186,10 +188,19 @@ def trial(
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     b = check_budget(budget)
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"seed={seed}: must be an integer from 0 to 2**32 - 1")
     try:
         obj = get_objective(objective)
     except ValueError as e:
         raise UsageProblem(str(e)) from None
+    if hasattr(obj, "check_available"):
+        from objectives.qwen import ObjectiveUnavailable
+
+        try:
+            obj.check_available()
+        except ObjectiveUnavailable as e:
+            raise UsageProblem(str(e)) from None
     with err.status("building / loading the tiny world (cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
@@ -269,7 +280,8 @@ def study(
     try:
         obj = get_objective(s.objective, **s.objective_settings)
     except (ValueError, TypeError) as e:
-        raise UsageProblem(str(e).splitlines()[0]) from None
+        raise UsageProblem(f"objective_settings for objective={s.objective!r}: "
+                           f"{str(e).splitlines()[0]}") from None
     if dry_run:
         with err.status("loading the objective's models..."):
             workload = obj.workload()
@@ -325,7 +337,10 @@ def study(
     if not no_mlflow:
         from allocopt.tracking import StudyTracker
 
-        tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
+        try:
+            tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
+        except Exception as e:  # unsupported scheme, unreachable server
+            raise UsageProblem(f"mlflow_uri={mlflow_uri!r}: cannot be used ({str(e).splitlines()[0][:200]})") from None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     state = {"best": None, "spent": 0.0}
@@ -437,6 +452,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"error: {msg} (see --help)", getattr(e, "exit_code", 2))
     except (ConfigError, InfeasiblePlan, UsageProblem) as e:
         fail(f"error: {e}", 2)
+    except OSError as e:  # a path that is a folder, exists already, cannot be written
+        fail(f"error: {e.filename or ''}: {e.strerror or e}", 2)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

@@ -154,7 +154,10 @@ def race(
     if not no_mlflow:
         from allocopt.tracking import StudyTracker
 
-        tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
+        try:
+            tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
+        except Exception as e:  # unsupported scheme, unreachable server
+            raise ConfigError(f"mlflow_uri={mlflow_uri!r}: cannot be used ({str(e).splitlines()[0][:200]})") from None
 
     from allocopt.race import run_race, same_regime_rate
     from allocopt.study import StudyError

@@ -52,7 +52,7 @@ class Recipe:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
                 raise ConfigError(f"{f}={v!r}: must be a number of tokens >= 1")
-        for f, lo in (("prompts", 1), ("group_size", 1), ("steps", 1), ("lora_rank", 0)):
+        for f, lo in (("prompts", 1), ("group_size", 2), ("steps", 1), ("lora_rank", 0)):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
@@ -65,6 +65,9 @@ class Recipe:
             raise ConfigError(f"reward_steps={self.reward_steps!r}: must be a number >= 0")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine={self.engine!r}: unknown; allowed: {', '.join(ENGINES)}")
+        if not isinstance(self.lora_targets, str):
+            raise ConfigError(f"lora_targets={self.lora_targets!r}: must be a string such as "
+                              "'all-linear' or 'q_proj,v_proj'")
         if self.lora_rank:
             LoRASpec(self.lora_rank, self.lora_targets)  # raises for bad targets
 
@@ -76,8 +79,10 @@ class Recipe:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"recipe={str(path)!r}: file not found") from None
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"recipe={str(path)!r}: malformed TOML ({e})") from None
+        except OSError as e:
+            raise ConfigError(f"recipe={str(path)!r}: cannot be read ({e.strerror or e})") from None
         data = data.get("recipe", data)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

@@ -66,6 +66,10 @@ class SearchSpace:
     """Policy models to choose from; empty: the objective's own."""
 
     def __post_init__(self) -> None:
+        for f in ("rho", "group_sizes", "rewards", "models"):
+            if isinstance(getattr(self, f), (str, int, float)):
+                raise ConfigError(f"space.{f}={getattr(self, f)!r}: must be a list"
+                                  + (" [low, high]" if f == "rho" else ""))
         object.__setattr__(self, "rho", tuple(self.rho))
         object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
         object.__setattr__(self, "rewards", tuple(self.rewards))
@@ -135,6 +139,12 @@ class StudySpec:
             raise ConfigError(f"sampler={self.sampler!r}: allowed: botorch, gp, random")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
+        elif not isinstance(self.space, SearchSpace):
+            raise ConfigError(f"space={self.space!r}: must be a table ([space] with rho, group_sizes, rewards, models)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (0 <= self.seed < 2**32):
+            raise ConfigError(f"seed={self.seed!r}: must be an integer from 0 to 2**32 - 1")
+        if not isinstance(self.objective_settings, Mapping):
+            raise ConfigError(f"objective_settings={self.objective_settings!r}: must be a table")
         object.__setattr__(self, "objective_settings", dict(self.objective_settings))
 
     @classmethod
@@ -146,8 +156,10 @@ class StudySpec:
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"spec={str(path)!r}: file not found") from None
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"spec={str(path)!r}: malformed TOML ({e})") from None
+        except OSError as e:
+            raise ConfigError(f"spec={str(path)!r}: cannot be read ({e.strerror or e})") from None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -95,6 +95,28 @@ def allocation_of(spec: StudySpec, params: dict[str, Any]) -> Allocation:
                       model=params.get("model", s.models[0] if s.models else None))
 
 
+def check_same_study(study: Any, spec: StudySpec) -> None:
+    """Refuse to resume a study under other terms: its trials would be mixed with the new ones
+    (another budget, target, objective or search space). Raises :class:`StudyError`."""
+    old = study.user_attrs.get("spec")
+    if not old:
+        return
+    new = spec.to_dict()
+    for key, label in (("objective", "objective"), ("budget_flops", "budget"), ("target", "target"),
+                       ("space", "search space"), ("pilot_fraction", "pilot fraction")):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, list):
+            a = tuple(a)
+        if isinstance(b, list):
+            b = tuple(b)
+        if key == "space":
+            a = {k: tuple(v) if isinstance(v, list) else v for k, v in (a or {}).items()}
+            b = {k: tuple(v) if isinstance(v, list) else v for k, v in (b or {}).items()}
+        if a is not None and a != b:
+            raise StudyError(f"study={spec.name!r}: it was run with {label} {a!r}, not {b!r}; resume it "
+                             "with the same settings or give another --study-name")
+
+
 def open_study(spec: StudySpec, storage: str) -> Any:
     """Create or load the Optuna study; trials left RUNNING (an interrupt) are marked FAIL."""
     import optuna
@@ -113,6 +135,7 @@ def open_study(spec: StudySpec, storage: str) -> Any:
     if len(study.directions) != len(spec.targets):
         raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
+    check_same_study(study, spec)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "error", "interrupted; marked failed on resume")
         study._storage.set_trial_user_attr(t._trial_id, "state", "FAIL")

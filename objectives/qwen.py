@@ -49,9 +49,9 @@ class QwenObjective:
             cuda = False
         if not cuda:
             raise ObjectiveUnavailable(
-                f"objective=qwen: training {self.settings.model} needs a CUDA GPU with vLLM and this "
-                "machine has none; use --objective tiny (a real GRPO world that runs on CPU) or "
-                "--dry-run (plans only, nothing spent)")
+                f"objective=qwen: training {self.settings.model} needs a CUDA GPU with vLLM (this "
+                "machine has none) and its GPU trial driver is not built yet; use --objective tiny "
+                "(a real GRPO world that runs on CPU) or --dry-run (plans only, nothing spent)")
         raise ObjectiveUnavailable(
             "objective=qwen: the GPU trial driver for Qwen2.5 is not built yet; use --objective tiny "
             "or --dry-run")
