@@ -84,7 +84,7 @@ STARTUP_TRIALS = 4
 NOISE_SEED_STRIDE = 1000
 """Run ``i`` of seed ``s`` draws its noise with seed ``1000·s + i`` (RACE: ``spec.seed + trial``)."""
 BASE_LEVELS: tuple[float, ...] = (4, 8, 12, 16, 24, 40, 80, 160)
-"""Compute levels reported (full-budget runs); the grid's full size is added when larger."""
+"""Compute levels reported (full-budget runs); the grid's size and a quarter of it are added."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def grid_size(variant: str) -> int:
 
 def levels_of(variant: str) -> tuple[float, ...]:
     n = grid_size(variant)
-    return tuple(sorted(set(BASE_LEVELS) | {float(n)}))
+    return tuple(sorted(set(BASE_LEVELS) | {float(n), n / 4}))
 
 
 def check_feasible(variant: str) -> None:
@@ -493,16 +493,24 @@ def bar_verdict(records: Sequence[dict[str, Any]], cfg: Config) -> tuple[str, di
                 else "allocopt (not available): bar not evaluated"), {}
     summ = summarize(records)
     lines, verdict = ["Bar (allocopt): median regret <= 1 % of range with <= 25 % of the grid's compute; "
-                      "lower median regret than every Optuna sampler at equal compute"], {}
+                      "lower median regret than every Optuna sampler at equal compute (every level from "
+                      "allocopt's first recommendation to the first level its races have all ended by)"], {}
     for v in cfg.variants:
         quarter = grid_size(v) / 4
         ok_levels = [c for c in levels_of(v) if c <= quarter]
         meds = {c: summ.get((v, "*", "allocopt", c)) for c in ok_levels}
         hit = [c for c, s in meds.items() if s and s["n"] == s["runs"] and s["median"] <= 1.0]
         first = min(hit) if hit else None
+        # equal compute: up to the first level at which every race has ended (beyond it allocopt
+        # spends nothing more, and the others would be compared at more compute than it used)
+        ends = [r["compute_used"] for r in records if r["method"] == "allocopt" and r["variant"] == v
+                and r["level"] == max(levels_of(v)) and not math.isnan(r["compute_used"])]
+        upto = min((c for c in levels_of(v) if ends and c >= max(ends) - 1e-9), default=math.inf)
         cmp_lines, beats_all = [], True
         for c in levels_of(v):
             a = summ.get((v, "*", "allocopt", c))
+            if c > upto:
+                break
             if not a or a["n"] < a["runs"]:
                 continue
             for m in OPTUNA_METHODS:
