@@ -183,24 +183,14 @@ def trial(
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from allocopt.allocation import Allocation, make_plan, check_budget
-    from objectives import get_objective
+    from allocopt.allocation import Allocation, check_budget, make_plan
+    from allocopt.cli_common import load_objective
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     b = check_budget(budget)
     if not 0 <= seed < 2**32:
         raise ConfigError(f"seed={seed}: must be an integer from 0 to 2**32 - 1")
-    try:
-        obj = get_objective(objective)
-    except ValueError as e:
-        raise UsageProblem(str(e)) from None
-    if hasattr(obj, "check_available"):
-        from objectives.qwen import ObjectiveUnavailable
-
-        try:
-            obj.check_available()
-        except ObjectiveUnavailable as e:
-            raise UsageProblem(str(e)) from None
+    obj = load_objective(objective)
     with err.status("building / loading the tiny world (cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
@@ -275,13 +265,17 @@ def study(
     s = base.with_overrides(budget_flops=b, target=tgt, objective=objective, trials=trials,
                             name=study_name, seed=seed, sampler=sampler, pilots=pilots,
                             pilot_fraction=pilot_fraction)
-    from objectives import get_objective
+    from allocopt.cli_common import load_objective, make_tracker
 
-    try:
-        obj = get_objective(s.objective, **s.objective_settings)
-    except (ValueError, TypeError) as e:
-        raise UsageProblem(f"objective_settings for objective={s.objective!r}: "
-                           f"{str(e).splitlines()[0]}") from None
+    if dry_run:  # plans need the workload only, not a machine that can train
+        from objectives import get_objective
+
+        try:
+            obj = get_objective(s.objective, **s.objective_settings)
+        except (ValueError, TypeError) as e:
+            raise UsageProblem(f"objective={s.objective!r}: {str(e).splitlines()[0]}") from None
+    else:
+        obj = load_objective(s.objective, s.objective_settings)
     if dry_run:
         with err.status("loading the objective's models..."):
             workload = obj.workload()
@@ -301,13 +295,6 @@ def study(
                      "executed FLOPs")
         out.print(t)
         return
-    if hasattr(obj, "check_available"):
-        from objectives.qwen import ObjectiveUnavailable
-
-        try:
-            obj.check_available()
-        except ObjectiveUnavailable as e:
-            raise UsageProblem(str(e)) from None
     if s.multi_objective and s.pilots > 0:
         err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
                   "pilots (as --pilots 0)", highlight=False)
@@ -333,14 +320,7 @@ def study(
         raise UsageProblem(str(e)) from None
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
-    tracker = None
-    if not no_mlflow:
-        from allocopt.tracking import StudyTracker
-
-        try:
-            tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
-        except Exception as e:  # unsupported scheme, unreachable server
-            raise UsageProblem(f"mlflow_uri={mlflow_uri!r}: cannot be used ({str(e).splitlines()[0][:200]})") from None
+    tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     state = {"best": None, "spent": 0.0}

@@ -135,29 +135,12 @@ def race(
         extra_pilot_budget=extra_pilot_budget).items() if v is not None})
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
 
-    from objectives import get_objective
+    from allocopt.cli_common import load_objective, make_tracker
 
-    try:
-        obj = get_objective(s.objective, **s.objective_settings)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    if hasattr(obj, "check_available"):
-        from objectives.qwen import ObjectiveUnavailable
-
-        try:
-            obj.check_available()
-        except ObjectiveUnavailable as e:
-            raise ConfigError(str(e)) from None
+    obj = load_objective(s.objective, s.objective_settings)
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
-    tracker = None
-    if not no_mlflow:
-        from allocopt.tracking import StudyTracker
-
-        try:
-            tracker = StudyTracker(s.name, tracking_uri=mlflow_uri)
-        except Exception as e:  # unsupported scheme, unreachable server
-            raise ConfigError(f"mlflow_uri={mlflow_uri!r}: cannot be used ({str(e).splitlines()[0][:200]})") from None
+    tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
 
     from allocopt.race import run_race, same_regime_rate
     from allocopt.study import StudyError

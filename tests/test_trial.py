@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from allocopt.allocation import (REWARDS, Allocation, InfeasiblePlan, TrialPlan, Workload,
@@ -30,6 +29,8 @@ from objectives.grpo import GRPOSettings, TrialFailed, TrialResult, run_grpo
 from objectives.rewards import ModelReward, make_reward, reward_shape
 from objectives.tiny_models import build_policy, build_prm, build_tokenizer, policy_config
 from objectives.tiny_tasks import make_split
+
+from flop_utils import register_cpu_sdpa_flops
 
 torch.set_num_threads(1)
 
@@ -118,21 +119,7 @@ def register_flop_formulas() -> None:
     formulas: ``addmm_`` (TRL's chunked LM head accumulates the hidden-state gradient with it
     on CPU) and the CPU SDPA kernels (unused by the eager tiny models; registered so that a
     switch to SDPA is measured, not silently counted as 0). Idempotent."""
-    aten, registry = torch.ops.aten, flop_counter.flop_registry
-    if aten.addmm_ not in registry:
-        @flop_counter.register_flop_formula(aten.addmm_)
-        def _addmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-            return flop_counter.mm_flop(a_shape, b_shape)
-    if aten._scaled_dot_product_flash_attention_for_cpu not in registry:
-        @flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
-        def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-            return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
-    if aten._scaled_dot_product_flash_attention_for_cpu_backward not in registry:
-        @flop_counter.register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
-        def _sdpa_cpu_bwd(grad_out_shape, query_shape, key_shape, value_shape, *args,
-                          out_shape=None, **kwargs) -> int:
-            return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape,
-                                                         value_shape)
+    register_cpu_sdpa_flops()  # tests/flop_utils.py: addmm_ and the CPU SDPA kernels
 
 
 class PhaseCounter:
