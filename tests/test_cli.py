@@ -65,6 +65,12 @@ def test_plan_json_matches_library():
     (["account", "--prompts", "0"], "prompts"),
     (["account", "--engine", "tpu"], "engine"),
     (["trial", "--budget", "1e9", "--rho", "0.5", "--objective", "nope"], "objective"),
+    (["trial", "--budget", "1e19", "--rho", "0.5", "--objective", "qwen"], "needs a CUDA GPU"),
+    (["trial", "--budget", "3e11", "--rho", "0.5", "--seed", "-1"], "seed"),
+    (["plan", "--budget", "1e19", "--rho", "0.5", "--beta", "-1"], "beta"),
+    (["account", "-G", "1"], "group_size"),
+    (["study", "--objective", "synthetic", "--budget", "1e18", "--target", "judge", "--pilots", "0",
+      "--mlflow-uri", "foo://bar", "--storage", "sqlite:///:memory:"], "mlflow_uri"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     r = run(*args)

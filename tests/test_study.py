@@ -195,3 +195,14 @@ def test_resume_with_other_targets_is_refused(tmp_path):
     run_study(spec(trials=1), objective=obj, workload=obj.workload(), storage=url)
     with pytest.raises(StudyError, match="created with 1 target"):
         open_study(spec(target=("pass@1", "judge")), url)
+
+
+def test_resume_under_another_budget_is_refused(tmp_path):
+    """Resuming must not mix trials of another budget (a fresh user got a table labelled
+    judge showing pass@1 values of trials run at 10x the budget)."""
+    url = f"sqlite:///{tmp_path}/b.db"
+    obj = Counting()
+    run_study(spec(trials=1), objective=obj, workload=obj.workload(), storage=url)
+    with pytest.raises(StudyError, match="budget"):
+        open_study(spec(budget_flops=1e17), url)
+    open_study(spec(trials=9), url)  # more trials under the same terms is a resume
