@@ -6,12 +6,12 @@ Standard library only.
 from __future__ import annotations
 
 import math
-import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from allocopt.flops import ConfigError, FlopAccount, LoRASpec, ModelShape
+from allocopt.tomlio import check_keys, read_toml
 from allocopt.grpo_flops import ENGINES, GRPOStep, grpo_step_flops
 
 
@@ -75,19 +75,9 @@ class Recipe:
     def from_toml(cls, path: str | Path, **overrides: Any) -> "Recipe":
         """Read a recipe from a TOML file (keys as the field names, top level or under
         ``[recipe]``); ``overrides`` that are not ``None`` win. Raises :class:`ConfigError`."""
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"recipe={str(path)!r}: file not found") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"recipe={str(path)!r}: malformed TOML ({e})") from None
-        except OSError as e:
-            raise ConfigError(f"recipe={str(path)!r}: cannot be read ({e.strerror or e})") from None
+        data = read_toml(path, "recipe")
         data = data.get("recipe", data)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"recipe: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
+        check_keys(data, cls, "recipe")
         return replace(cls(**data), **{k: v for k, v in overrides.items() if v is not None})
 
     def policy_shape(self) -> ModelShape:

@@ -24,13 +24,13 @@ CLI flags override file values (:meth:`StudySpec.with_overrides`).
 from __future__ import annotations
 
 import math
-import tomllib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from allocopt.allocation import REWARDS, check_budget
 from allocopt.flops import ConfigError
+from allocopt.tomlio import check_keys, read_toml
 
 TARGETS: tuple[str, ...] = ("native_reward", "pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
 """Targets as people and the CLI spell them."""
@@ -152,18 +152,8 @@ class StudySpec:
         """Read a study file. Raises :class:`ConfigError` (missing file, malformed TOML,
         unknown key, bad value) with one line."""
         p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"spec={str(path)!r}: file not found") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"spec={str(path)!r}: malformed TOML ({e})") from None
-        except OSError as e:
-            raise ConfigError(f"spec={str(path)!r}: cannot be read ({e.strerror or e})") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"spec {p.name}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
+        data = read_toml(p, "spec")
+        check_keys(data, cls, f"spec {p.name}")
         try:
             return cls(**data)
         except TypeError as e:
@@ -199,8 +189,5 @@ class StudySpec:
 
 
 def _space(data: Mapping[str, Any]) -> SearchSpace:
-    known = {f.name for f in fields(SearchSpace)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"space: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
+    check_keys(data, SearchSpace, "space")
     return SearchSpace(**data)
