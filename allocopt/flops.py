@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 Attention = Literal["causal", "full"]
@@ -629,14 +629,9 @@ def preset_names() -> list[str]:
     return [p.name for p in _PRESET_LIST]
 
 
-def shape_dict(shape: ModelShape) -> dict[str, Any]:
-    """``dataclasses.asdict`` of a shape, for logging."""
-    return asdict(shape)
-
-
 __all__ = [
     "Attention", "ComputeBreakdown", "ConfigError", "FlopAccount", "LoRASpec", "MODULES",
     "ModelShape", "attention_keys", "backward_flops", "forward_flops", "generation_flops",
-    "preset_names", "reward_model_flops", "shape_dict", "training_flops",
+    "preset_names", "reward_model_flops", "training_flops",
 ]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from allocopt.allocation import TrialPlan, rows_schedule
@@ -163,7 +163,6 @@ class _Hooks:
     micro: int = 0
     rows: int = 0
     t_iter: float = 0.0
-    _pending: FlopAccount | None = field(default=None)
 
     @property
     def N(self) -> int:
@@ -203,15 +202,12 @@ class _Hooks:
         acct = self._step(p_tok, c_tok, self.rows)
         usage = self.reward.consume_usage() if hasattr(self.reward, "consume_usage") else None
         if usage is not None and (usage.useful_flops or usage.executed_flops):
-            acct = acct + FlopAccount(ComputeBreakdown(reward={"reward_model": int(usage.useful_flops)}),
-                                      ComputeBreakdown(reward={"reward_model": int(usage.executed_flops)}))
+            acct = acct + usage.account()
         if usage is not None:
             self.meter.add_wall("reward", usage.wall_seconds)
         self.meter.add_wall("search+reward", seconds)
-        rewards = out.get("advantages")  # TRL returns advantages; mean reward comes from the metrics
         metrics = getattr(trainer, "_metrics", {}).get("train", {})
         reward_mean = float(metrics["reward"][-1]) if metrics.get("reward") else math.nan
-        _ = rewards
         rec = self.meter.charge(acct, rows_trained=self.rows, reward_mean=reward_mean,
                                 wall_seconds=time.perf_counter() - self.t_iter)
         if self.progress:
