@@ -64,8 +64,8 @@ def regime_table(diagnoses: list[Any], pilot_budget: float, target: str, show_mo
 
 
 def proposal_table(proposals: list[Any]) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title="Proposed runs (cost-weighted max-value entropy at the full budget)")
-    for c in ("fidelity", "rho", "G", "reward", "FLOPs", "iters", "mu", "pred. full", "info/cost"):
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title="Proposed runs (Thompson sampling of the full-budget maximizer)")
+    for c in ("fidelity", "rho", "G", "reward", "FLOPs", "iters", "mu", "pred. full", "P(best)"):
         t.add_column(c, justify="left" if c in ("fidelity", "reward") else "right",
                      no_wrap=c in ("fidelity", "reward"))
     for p in proposals:
@@ -104,15 +104,16 @@ def race(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI (default: sqlite:///mlflow.db)."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate."),
-    max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). (default: 60)"),
+    max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). (default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes)"),
     repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). (default: 1)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Proposals per round, for parallel workers. (default: 2)"),
-    extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 1)."),
+    extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
 ) -> None:
     """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
-    (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity BoTorch surrogate
-    proposes full-budget validation runs; the same-regime table checks the pilots."""
+    (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
+    learns the pilots' budget drift proposes full-budget validation runs; the same-regime table
+    checks the pilots."""
     from dataclasses import replace
 
     from allocopt.allocation import check_budget
@@ -194,6 +195,10 @@ def race(
         out.print(proposal_table(res.proposals))
     if res.validation:
         out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
+    if res.recommendation is not None and not propose_only:
+        a = res.recommendation
+        out.print(f"recommended at the full budget: rho={a.rho:.3f} G={a.group_size} {a.reward}"
+                  + (f" {a.model}" if a.model else ""), highlight=False)
     fits = res.timings.get("fit_seconds") or []
     if fits:
         props = res.timings.get("proposal_seconds") or []

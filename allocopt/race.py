@@ -26,15 +26,19 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
    when ρ* < ``search_heavy_below``, ``update-heavy`` when ρ* > ``update_heavy_above``,
    ``balanced`` otherwise. The reported regime is the commonest label; its probability is its
    share of the bootstrap samples.
-3. **Validation** (:func:`propose`, :func:`validate`): the surrogate is fitted on pilots and
-   full runs together (the budget fraction is its fidelity) and proposes full runs (or more
-   pilots, when their information per FLOP is worth it, within ``extra_pilot_budget``) by
-   cost-weighted max-value entropy; infeasible plans and repeats of existing trials (same G,
-   reward, model and fidelity, ρ within ``rho_match``) are never proposed. After the runs, per
-   reward system: the full-budget regime (from the surrogate's posterior at fidelity 1, with the
-   same labelling), whether it matches the pilot regime, and the regret at full budget of the
-   allocation the pilots recommended (surrogate mean at the best allocation of that reward
-   system minus at the recommended one).
+3. **Validation** (:func:`propose`, :func:`validate`, :func:`recommend`): the surrogate
+   (:mod:`allocopt.surrogate`) is fitted on pilots and full runs together (the budget fraction is
+   its fidelity; it learns how far the optimal ρ drifts with the budget, so the pilots' bias is
+   corrected once a few full runs exist) and proposes full runs by Thompson sampling of the
+   full-budget maximizer, ``batch_size`` per round (or extra pilots, when their variance
+   reduction per FLOP is worth it, within ``extra_pilot_budget``: none by default);
+   infeasible plans and repeats of existing trials (same G, reward, model and fidelity, ρ within
+   ``rho_match``) are never proposed. Before each round and at the end RACE **recommends** an
+   allocation: the maximizer of the posterior mean at the full budget near its full runs. After
+   the runs, per reward system: the full-budget regime (from the surrogate's posterior at
+   fidelity 1, with the same labelling), whether it matches the pilot regime, and the regret at
+   full budget of the allocation the pilots recommended (surrogate mean at the best allocation
+   of that reward system minus at the recommended one).
 
 numpy, Optuna and (through the surrogate) torch are imported inside functions.
 """
@@ -67,10 +71,11 @@ class RaceSettings:
 
     rho_levels: int = 6
     """ρ levels of the full pilot grid (evenly spaced over the space's ρ range), >= 3."""
-    max_pilots: int = 60
+    max_pilots: int | None = None
     """Most distinct pilot points (before repeats); a larger grid is replaced by a seeded Latin
-    hypercube over ρ per reward system (× model), ``max_pilots // cells`` points each and at
-    least ``len(group_sizes) + 3`` (the local fit's parameters plus one)."""
+    hypercube over ρ per reward system (× model), ``max_pilots // cells`` points each, which must
+    be at least ``len(group_sizes) + 3`` (the local fit's parameters plus one). ``None``: sized to
+    the space, ``max(60, (len(group_sizes) + 3) × cells)`` (:meth:`pilot_cap`)."""
     repeats: int = 1
     """Runs of each pilot point (different seeds); raise it when the target is noisy."""
     search_heavy_below: float = 0.4
@@ -87,13 +92,20 @@ class RaceSettings:
     """Wild-bootstrap resamples for the uncertainty of ρ* and the regime probability."""
     batch_size: int = 2
     """Proposals per round (``q``): runs one round can hand to parallel workers."""
-    extra_pilot_budget: float = 1.0
-    """Compute, in full-budget runs, that proposals may spend on extra pilots in all."""
+    extra_pilot_budget: float = 0.0
+    """Compute, in full-budget runs, that proposals may spend on extra pilots in all (default
+    none: on the synthetic benchmark, extra pilots delayed the full runs that resolve the
+    pilots' budget drift and did not lower the final regret)."""
     rho_match: float = 1e-3
     """A proposal within this of an existing trial's ρ (same G, reward, model, fidelity) is a
     repeat and is not proposed."""
     rho_grid: int = 71
     """ρ values of the discrete candidate set for proposals and the full-budget argmax."""
+    thompson_samples: int = 64
+    """Joint posterior samples per proposal round (Thompson sampling; :func:`propose`)."""
+    rho_trust: float = 0.1
+    """The recommendation (:func:`recommend`) is a cell (reward system × model) with a
+    full-budget run and a ρ within this of one of them (ρ units)."""
     posterior_samples: int = 256
     """Posterior samples for the full-budget regime probability."""
     seed: int | None = None
@@ -101,9 +113,11 @@ class RaceSettings:
 
     def __post_init__(self) -> None:
         ints = {"rho_levels": 3, "max_pilots": 3, "repeats": 1, "bootstrap": 10, "batch_size": 1,
-                "rho_grid": 5, "posterior_samples": 16}
+                "rho_grid": 5, "posterior_samples": 16, "thompson_samples": 1}
         for name, least in ints.items():
             v = getattr(self, name)
+            if name == "max_pilots" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= {least}")
         for name in ("search_heavy_below", "update_heavy_above", "reward_heavy_share"):
@@ -114,12 +128,21 @@ class RaceSettings:
             raise ConfigError(f"search_heavy_below={self.search_heavy_below!r} > update_heavy_above="
                               f"{self.update_heavy_above!r}: the search-heavy threshold must not "
                               "exceed the update-heavy one")
-        for name, v in (("bandwidth", self.bandwidth), ("rho_match", self.rho_match)):
+        for name, v in (("bandwidth", self.bandwidth), ("rho_match", self.rho_match),
+                        ("rho_trust", self.rho_trust)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name}={v!r}: must be a positive number")
         if not (isinstance(self.extra_pilot_budget, (int, float)) and self.extra_pilot_budget >= 0):
             raise ConfigError(f"extra_pilot_budget={self.extra_pilot_budget!r}: must be a number >= 0 "
                               "(full-budget runs' worth of compute)")
+
+    def pilot_cap(self, space: SearchSpace) -> int:
+        """Most distinct pilot points for ``space``: ``max_pilots``, or when that is ``None``
+        ``max(60, (len(group_sizes) + 3) × cells)`` (every reward system × model gets enough
+        pilots for its local fit)."""
+        if self.max_pilots is not None:
+            return self.max_pilots
+        return max(60, (len(space.group_sizes) + 3) * len(_cells(space)))
 
 
 def check_pilot_fraction(pilot_fraction: Any) -> float:
@@ -172,8 +195,8 @@ def pilot_grid(space: SearchSpace, settings: RaceSettings = RaceSettings(), seed
         reward system, G and ρ. Deterministic for a given seed.
 
     Raises:
-        ConfigError: a ρ range of one value, or ``max_pilots`` below ``len(group_sizes) + 3``
-            per reward system (× model).
+        ConfigError: a ρ range of one value, or a ``max_pilots`` given below
+            ``len(group_sizes) + 3`` per reward system (× model).
     """
     lo, hi = space.rho
     if not lo < hi:
@@ -181,14 +204,15 @@ def pilot_grid(space: SearchSpace, settings: RaceSettings = RaceSettings(), seed
     cells = _cells(space)
     gs = space.group_sizes
     points: list[Allocation] = []
-    if settings.rho_levels * len(gs) * len(cells) <= settings.max_pilots:
+    cap = settings.pilot_cap(space)
+    if settings.rho_levels * len(gs) * len(cells) <= cap:
         levels = [round(lo + (hi - lo) * i / (settings.rho_levels - 1), 4) for i in range(settings.rho_levels)]
         points = [Allocation(rho, g, r, m) for r, m in cells for g in gs for rho in levels]
     else:
-        n = settings.max_pilots // len(cells)
+        n = cap // len(cells)
         need = len(gs) + 3  # quadratic (3) + one offset per further G + one to spare
         if n < need:
-            raise ConfigError(f"max_pilots={settings.max_pilots}: too few for {len(cells)} reward "
+            raise ConfigError(f"max_pilots={cap}: too few for {len(cells)} reward "
                               f"system(s) x model(s) with {len(gs)} group size(s); needs at least "
                               f"{need * len(cells)} ({need} each: 3 for the quadratic in rho, one per "
                               "further G, one to spare)")
@@ -424,9 +448,10 @@ def _encoding(space: SearchSpace):
     return Encoding(space.rho, space.group_sizes, space.rewards, tuple(space.models) or (None,))
 
 
-def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0):
+def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0, init: Any = None):
     """The :class:`allocopt.surrogate.MultiFidelitySurrogate` over all observations (pilots and
-    full runs; the budget fraction is the fidelity). Raises ``ValueError`` with < 2 of them."""
+    full runs; the budget fraction is the fidelity); ``init``: an earlier fit's ``raw``
+    hyperparameters to start from as well. Raises ``ValueError`` with < 2 observations."""
     import torch
 
     from allocopt.surrogate import MultiFidelitySurrogate
@@ -435,7 +460,41 @@ def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0)
     X = enc.tensor([enc.row(o.allocation.rho, o.allocation.group_size, o.allocation.reward,
                             o.allocation.model, o.budget_fraction) for o in obs])
     Y = torch.tensor([[o.value] for o in obs], dtype=torch.double)
-    return MultiFidelitySurrogate(enc, X, Y, seed=seed)
+    return MultiFidelitySurrogate(enc, X, Y, seed=seed, init=init)
+
+
+def _rho_grid(space: SearchSpace, settings: RaceSettings) -> list[float]:
+    lo, hi = space.rho
+    return sorted({round(lo + (hi - lo) * i / (settings.rho_grid - 1), 4) for i in range(settings.rho_grid)})
+
+
+def _full_candidates(space: SearchSpace, settings: RaceSettings) -> list[Allocation]:
+    return [Allocation(r, g, w, m) for m in (space.models or (None,)) for w in space.rewards
+            for g in space.group_sizes for r in _rho_grid(space, settings)]
+
+
+def recommend(surrogate: Any, obs: Sequence[Observation], space: SearchSpace,
+              settings: RaceSettings = RaceSettings()) -> tuple[Allocation, float, float]:
+    """The allocation to run at the full budget: the argmax of the surrogate's posterior mean at
+    fidelity 1 over the candidate grid (``rho_grid`` ρ × G × reward × model), restricted, once
+    there are full-budget runs, to cells (reward system × model) with one and to ρ within
+    ``rho_trust`` of one (the mean is not trusted far from full-budget data). G is not
+    restricted: its effect is shared by every cell and learned from pilots too.
+
+    Returns:
+        ``(allocation, posterior mean, posterior sd)`` at the full budget (target units).
+    """
+    enc = surrogate.encoding
+    full = [o.allocation for o in obs if o.fidelity == "full" or o.budget_fraction >= 1 - 1e-9]
+    cands = _full_candidates(space, settings)
+    if full:
+        near = [a for a in cands if any(b.reward == a.reward and b.model == a.model
+                                        and abs(b.rho - a.rho) <= settings.rho_trust + 1e-9 for b in full)]
+        cands = near or cands
+    mean, sd = surrogate.predict(enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0)
+                                             for a in cands]))
+    i = int(mean.argmax())
+    return cands[i], float(mean[i]), float(sd[i])
 
 
 _PLAN_KEYS = ("budget_flops", "model", "reward_model", "prompts_per_iteration", "rollouts_per_iteration",
@@ -454,11 +513,13 @@ class Proposal:
     budget_flops: float
     plan: TrialPlan
     acquisition: float
-    """Information about the full-budget maximum per full-budget run of compute (nats)."""
+    """Share of the round's posterior samples in which this allocation (for an extra pilot: the
+    full-budget allocation it informs) is the full-budget maximizer (Thompson sampling)."""
     cost: float
     """Compute in full-budget runs (``budget_flops / spec.budget_flops``)."""
     predicted_mean: float
-    """Surrogate mean of the target at this allocation at the full budget."""
+    """Surrogate mean of the target at the full budget, at this allocation (for an extra pilot:
+    at the full-budget allocation it informs)."""
     predicted_sd: float
 
     def trl(self) -> dict[str, Any]:
@@ -527,8 +588,20 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
             existing: Sequence[tuple[Allocation, str]] = (), q: int = 1, pilot_fraction: float = 0.1,
             allow_pilots: bool = True, settings: RaceSettings = RaceSettings(), surrogate: Any = None,
             plans: Callable[[float, Allocation], TrialPlan | None] | None = None) -> list[Proposal]:
-    """Up to ``q`` runs to do next, by cost-weighted max-value entropy over a discrete candidate set
-    (``rho_grid`` ρ values × G × reward × model × fidelity).
+    """Up to ``q`` runs to do next, by Thompson sampling of the full-budget maximizer.
+
+    1. Candidates: the full-budget grid (``rho_grid`` ρ values × G × reward × model), pruned to
+       those whose upper bound (mean + 2.5 sd) reaches the best lower bound (mean - 2.5 sd),
+       at most 400 of them.
+    2. ``thompson_samples`` joint posterior samples over them (each with its own budget drift δ,
+       drawn from the surrogate's mixture); sample ``j``'s maximizer is pick ``j`` (a candidate
+       already picked, a repeat or an infeasible plan passes to that sample's next best).
+    3. Extra pilots (``allow_pilots``): a pick may be run as a pilot instead, at the same G and
+       cell and at the ρ where the pilots' optimum sits (ρ - δ × decades below the full budget),
+       when that pilot's reduction of the posterior variance of the pick's full-budget value per
+       unit of compute beats the full run's (``v² / (v + σn²)`` for the full run, with ``v``
+       the mixture variance, which includes the unknown drift only full runs resolve;
+       ``c² / (v_z + σn²) / pilot_fraction`` for the pilot, ``c`` its covariance with the pick).
 
     Every proposal has a feasible, realizable plan within its budget (:func:`make_plan`), and none
     repeats an ``existing`` run or another proposal of the batch (same G, reward, model, fidelity,
@@ -537,45 +610,71 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
     Args:
         obs: observations the surrogate is fitted on (ignored when ``surrogate`` is given).
         existing: runs already done or queued (:func:`existing_runs`).
-        allow_pilots: offer pilot-fidelity candidates too.
-        surrogate: a fitted surrogate (:func:`fit_surrogate`) or anything with its ``encoding``,
-            ``predict`` and ``select``.
+        allow_pilots: offer pilot-fidelity runs too.
+        surrogate: a fitted surrogate (:func:`fit_surrogate`).
     """
+    import torch
+
     seed = spec.seed if settings.seed is None else settings.seed
     sur = surrogate if surrogate is not None else fit_surrogate(obs, spec.space, seed=seed)
     enc = sur.encoding
     plans = plans or _Plans(workload)
-    s = spec.space
-    lo, hi = s.rho
-    rhos = sorted({round(lo + (hi - lo) * i / (settings.rho_grid - 1), 4) for i in range(settings.rho_grid)})
-    fids = [("pilot", pilot_fraction), ("full", 1.0)] if allow_pilots else [("full", 1.0)]
-    cands = [(Allocation(r, g, w, m), f, frac) for f, frac in fids for m in (s.models or (None,))
-             for w in s.rewards for g in s.group_sizes for r in rhos]
-    X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, frac) for a, _, frac in cands])
+    space = spec.space
+    cands = _full_candidates(space, settings)
+    X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
+    mean, sd = sur.predict(X)
+    keep = torch.nonzero(mean + 2.5 * sd >= float((mean - 2.5 * sd).max()))[:, 0]
+    keep = keep[torch.argsort((mean + 2.5 * sd)[keep], descending=True)[:400]]
+    draws = sur.sample(X[keep].unsqueeze(0), settings.thompson_samples)[:, 0, :]  # S x k
+    wins = torch.bincount(draws.argmax(-1), minlength=len(keep)).double() / draws.shape[0]
     taken = list(existing)
-    accepted: dict[int, TrialPlan] = {}
+    rejected: set[int] = set()
+    out: list[Proposal] = []
+    decades = math.log10(1.0 / pilot_fraction)
+    drift = sur.drift[0]
+    noise2 = sur.noise_sd ** 2
+    lo, hi = space.rho
 
-    def accept(i: int) -> bool:
-        a, f, frac = cands[i]
-        if any(_same(a, f, b, fb, settings.rho_match) for b, fb in taken):
-            return False
+    def try_run(a: Allocation, fidelity: str, frac: float) -> TrialPlan | None:
+        if any(_same(a, fidelity, b, fb, settings.rho_match) for b, fb in taken):
+            return None
         plan = plans(frac * spec.budget_flops, a)
         if plan is None or plan.expected.executed.total_flops > frac * spec.budget_flops:
-            return False
-        taken.append((a, f))
-        accepted[i] = plan
-        return True
+            return None
+        taken.append((a, fidelity))
+        return plan
 
-    picks = sur.select(X, q, accept)
-    if not picks:
-        return []
-    full_rows = enc.tensor([enc.row(cands[i][0].rho, cands[i][0].group_size, cands[i][0].reward,
-                                    cands[i][0].model, 1.0) for i, _ in picks])
-    mean, sd = sur.predict(full_rows)
-    out = []
-    for (i, v), mu, sigma in zip(picks, mean.tolist(), sd.tolist()):
-        a, f, frac = cands[i]
-        out.append(Proposal(a, f, frac * spec.budget_flops, accepted[i], float(v), frac, mu, sigma))
+    for j in range(draws.shape[0]):
+        if len(out) >= q:
+            break
+        for k in torch.argsort(draws[j], descending=True).tolist():
+            if k in rejected:
+                continue
+            rejected.add(k)  # accepted or refused: never offered again
+            i = int(keep[k])
+            a = cands[i]
+            choice = None
+            if allow_pilots:
+                z = replace(a, rho=round(min(max(a.rho - drift * decades, lo), hi), 4))
+                zrow = enc.tensor([enc.row(z.rho, z.group_size, z.reward, z.model, pilot_fraction)])
+                cov, var_z = sur.covariance_with(X[i:i + 1], zrow)
+                v = float(sd[i]) ** 2
+                gain_full = v * v / (v + noise2)
+                gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / pilot_fraction
+                if gain_pilot > gain_full:
+                    plan = try_run(z, "pilot", pilot_fraction)
+                    if plan is not None:
+                        choice = (z, "pilot", pilot_fraction, plan)
+            if choice is None:
+                plan = try_run(a, "full", 1.0)
+                if plan is not None:
+                    choice = (a, "full", 1.0, plan)
+            if choice is None:
+                continue
+            b, fid, frac, plan = choice
+            out.append(Proposal(b, fid, frac * spec.budget_flops, plan, float(wins[k]), frac,
+                                float(mean[i]), float(sd[i])))
+            break
     return out
 
 
@@ -665,6 +764,12 @@ class RaceResult:
     """Pilot against full-budget regimes (empty until the study has a full-budget run)."""
     timings: dict[str, list[float]] = field(default_factory=dict)
     """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal round."""
+    recommendation: Allocation | None = None
+    """The allocation RACE recommends for the full budget at the end (:func:`recommend` on every
+    run of the study; with ``validations = 0`` the pilots' best diagnosis)."""
+    recommendations: list[tuple[int, Allocation]] = field(default_factory=list)
+    """``(last trial number seen, recommendation)`` after the pilots and after each round of
+    this call: what RACE would have answered had it stopped there."""
 
     @property
     def same_regime_rate(self) -> float:
@@ -675,7 +780,8 @@ class RaceResult:
                 "diagnoses": [d.to_dict() for d in self.diagnoses],
                 "proposals": [p.to_dict() for p in self.proposals],
                 "validation": [v.to_dict() for v in self.validation],
-                "same_regime_rate": self.same_regime_rate, "timings": self.timings}
+                "same_regime_rate": self.same_regime_rate, "timings": self.timings,
+                "recommendation": None if self.recommendation is None else asdict(self.recommendation)}
 
 
 def _params(spec: StudySpec, a: Allocation) -> dict[str, Any]:
@@ -767,8 +873,15 @@ def run_race(
     emit("diagnoses", diagnoses)
     result = RaceResult(study, pilot_budget, pilot_rows, diagnoses, [], [], [],
                         {"fit_seconds": [], "proposal_seconds": []})
+    fitted = [d for d in diagnoses if not math.isnan(d.value)]
+    if fitted:
+        result.recommendation = max(fitted, key=lambda d: d.value).recommendation
     if validations == 0:
         return result
+
+    def recommend_now(sur: Any, obs: list[Observation]) -> None:
+        result.recommendation = recommend(sur, obs, spec.space, settings)[0]
+        result.recommendations.append((max(o.number for o in obs), result.recommendation))
 
     # (c) proposals and validation runs
     plans = _Plans(workload)
@@ -781,7 +894,7 @@ def run_race(
                       and t.state in (TrialState.COMPLETE, TrialState.FAIL))
         return n_full, n_extra * f
 
-    sur = None
+    sur, raw = None, None
     for _round in range(validations + math.ceil(settings.extra_pilot_budget / f) + 2):
         n_full, extra_spent = status()
         if n_full >= validations and not propose_only:
@@ -790,8 +903,10 @@ def run_race(
         if len(obs) < 2:
             break
         t0 = time.perf_counter()
-        sur = fit_surrogate(obs, spec.space, seed=seed + len(obs))
+        sur = fit_surrogate(obs, spec.space, seed=seed + len(obs), init=raw)
+        raw = sur.raw
         result.timings["fit_seconds"].append(sur.fit_seconds)
+        recommend_now(sur, obs)
         q = validations if propose_only else settings.batch_size
         allow = extra_spent + f <= settings.extra_pilot_budget + 1e-12
         batch = propose(obs, spec, workload, existing=existing_runs(study, spec), q=q, pilot_fraction=f,
@@ -823,8 +938,9 @@ def run_race(
     obs = observations(study, spec)
     if any(o.fidelity == "full" for o in obs) and len(obs) >= 2:
         if sur is None:
-            sur = fit_surrogate(obs, spec.space, seed=seed + len(obs))
+            sur = fit_surrogate(obs, spec.space, seed=seed + len(obs), init=raw)
             result.timings["fit_seconds"].append(sur.fit_seconds)
+            recommend_now(sur, obs)
         result.validation = validate(diagnoses, obs, spec, settings, surrogate=sur)
         emit("validation", result.validation)
     return result
@@ -833,4 +949,4 @@ def run_race(
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "Proposal", "REGIMES", "RaceResult",
            "RaceSettings", "RegimeDiagnosis", "ValidationRow", "check_pilot_fraction", "diagnose",
            "diagnose_group", "existing_runs", "fit_surrogate", "observations", "pilot_grid",
-           "propose", "regime_of", "run_race", "same_regime_rate", "validate"]
+           "propose", "recommend", "regime_of", "run_race", "same_regime_rate", "validate"]

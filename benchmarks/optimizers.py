@@ -19,9 +19,10 @@ Methods (each searches the variant's space, :func:`objectives.synthetic.space_of
   ``optuna_integration.BoTorchSampler``, each after 4 random start-up trials (allocopt's
   ``StudySpec.startup_trials``; ``gp`` and ``botorch`` built by :func:`allocopt.study.make_sampler`,
   as ``allocopt study`` builds them);
-* ``allocopt``: :func:`allocopt.race.run_race` with its defaults (pilots at 0.1 × the budget,
-  ``RaceSettings()``, 4 validation runs proposed by its multi-fidelity surrogate), through the
-  real planner and the synthetic objective. Shown as "allocopt (not available)" when
+* ``allocopt``: :func:`allocopt.race.run_race` with its default settings (pilots at 0.1 × the
+  budget, ``RaceSettings()``: a pilot grid sized to the space, no extra pilots) and 8 validation
+  runs at the full budget proposed by its multi-fidelity surrogate (``Config.validations``),
+  through the real planner and the synthetic objective. Shown as "allocopt (not available)" when
   ``allocopt.race.run_race`` cannot be imported.
 
 The Optuna samplers and the grid call the synthetic response directly
@@ -29,12 +30,13 @@ The Optuna samplers and the grid call the synthetic response directly
 every corner of each space is checked once to be a feasible, realizable plan at the budget, and
 the response does not depend on the plan. allocopt plans every trial (the RACE code does).
 
-Recommendation of a method at compute ``c``: the allocation of its best observed (noisy)
-full-budget run among those it made with at most ``c`` compute. For allocopt the same, over its
-validation runs; before its first one, the pilots' recommendation (the diagnosis with the highest
-fitted value); nothing before its pilots are done. allocopt stops after its validations; at a
-larger compute its last recommendation is kept (it spent less). The other methods have no value
-beyond their own cap (``—``).
+Recommendation of a method at compute ``c``: for the grid and the Optuna samplers, the allocation
+of its best observed (noisy) full-budget run among those it made with at most ``c`` compute. For
+allocopt, RACE's own recommendation (:func:`allocopt.race.recommend`: the maximizer of its
+surrogate's posterior mean at the full budget near its full runs) made from the runs it had with
+at most ``c`` compute; nothing before its pilots are done. allocopt stops after its validations;
+at a larger compute its last recommendation is kept (it spent less). The other methods have no
+value beyond their own cap (``—``).
 
 Simple regret = true optimum − true (noise-free) value of the recommendation, in target units and
 in % of the target's range over the space (:attr:`objectives.synthetic.Optimum.range`). Median
@@ -56,7 +58,6 @@ import json
 import math
 import os
 import random
-import re
 import statistics
 import sys
 import time
@@ -99,8 +100,8 @@ class Config:
     caps: dict[str, float] = field(default_factory=lambda: {
         "grid": math.inf, "random": math.inf, "tpe": 160, "gp": 16, "botorch": 16})
     """Most compute per method (``inf``: the grid's size)."""
-    validations: int = 4
-    """allocopt's validation runs (``run_race(validations=...)``; 4 is its default)."""
+    validations: int = 8
+    """allocopt's validation runs at the full budget (``run_race(validations=...)``)."""
     timing_trials: tuple[int, ...] = (50, 200)
     timing_repeats: int = 3
     timing_variants: tuple[str, ...] = ("paper", "model-size")
@@ -248,50 +249,36 @@ def allocopt_available() -> bool:
 
 
 def run_allocopt(problem: Problem, seed: int, validations: int) -> tuple[Trajectory, dict[str, Any]]:
-    """One RACE on the synthetic objective, as a trajectory of recommendations.
+    """One RACE on the synthetic objective (RACE's defaults: its pilot grid sized to the space,
+    ``validations`` full-budget runs), as a trajectory of recommendations.
 
-    RACE's defaults, except ``max_pilots`` where RACE refuses the space with its default (it
-    needs ``len(G) + 3`` pilots per reward system × model): then the number it asks for."""
+    The recommendation after a run is RACE's own (``RaceResult.recommendations``: what RACE
+    answers from the runs made so far, made before the next round and charged all the compute
+    spent until then); nothing before the pilots are done."""
     from optuna.trial import TrialState
 
-    from allocopt.flops import ConfigError
-    from allocopt.race import RaceSettings, pilot_grid, run_race
+    from allocopt.race import run_race
 
     obj = SyntheticObjective(variant=problem.variant)
     spec = problem.spec(seed)
-    settings, note = RaceSettings(), ""
-    try:
-        pilot_grid(problem.space, settings, spec.seed)
-    except ConfigError as e:  # RACE says how many pilots this space needs: give it that many
-        m = re.search(r"needs at least (\d+)", str(e))
-        if not m:
-            raise
-        settings = replace(settings, max_pilots=int(m.group(1)))
-        note = f"max_pilots={settings.max_pilots} (RACE's default {RaceSettings().max_pilots} is too few here)"
     res = run_race(spec, objective=obj, workload=bench_workload(problem.variant), storage=None,
-                   validations=validations, settings=settings)
-    ds = [d for d in res.diagnoses if not math.isnan(d.value)]
-    pilot_rec = max(ds, key=lambda d: d.value).recommendation if ds else None
+                   validations=validations)
+    recs = sorted(res.recommendations, key=lambda t: t[0])
     trials = sorted(res.study.get_trials(deepcopy=False), key=lambda t: t.number)
-    last_pilot = max((k for k, t in enumerate(trials) if t.user_attrs.get("race_pilot")), default=-1)
-    cost, best, out = 0.0, None, []
-    for k, t in enumerate(trials):
+    cost, out = 0.0, []
+    for t in trials:
         ua = t.user_attrs
         if t.state == TrialState.COMPLETE and ua.get("state") == "COMPLETE":
             cost += float(ua["budget_flops"]) / BUDGET
-            if ua.get("fidelity") == "full" and (best is None or t.value > best[0]):
-                best = (t.value, Allocation(float(t.params["rho"]), int(t.params["group_size"]),
-                                            str(t.params["reward"]), t.params.get("model")))
-        rec = best[1] if best else (pilot_rec if k >= last_pilot else None)
-        out.append((cost, rec))
-    final = getattr(res, "recommendation", None)  # a recommendation of RACE's own, if it gives one
-    if isinstance(final, Allocation) and out:
-        out[-1] = (out[-1][0], final)
+        made = [a for n, a in recs if n <= t.number]
+        out.append((cost, made[-1] if made else None))
     info = {"fit_seconds": res.timings.get("fit_seconds", []),
             "proposal_seconds": res.timings.get("proposal_seconds", []),
             "num_pilots": sum(1 for t in trials if t.user_attrs.get("race_pilot")),
             "num_full": sum(1 for t in trials if t.user_attrs.get("fidelity") == "full"),
-            "compute": cost, "note": note}
+            "num_extra_pilots": sum(1 for t in trials if t.user_attrs.get("race_validation")
+                                    and t.user_attrs.get("fidelity") == "pilot"),
+            "compute": cost, "note": ""}
     return out, info
 
 
