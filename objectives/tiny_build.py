@@ -67,6 +67,9 @@ FORMAT = 1
 """Version of the cache layout and of the build recipe, stored in the manifest: bump it when
 the recipe changes in code, and older caches stop matching."""
 DEFAULT_CACHE_NAME = "tiny-v1"
+SHIPPED_DIR = Path(__file__).resolve().parent / "tiny_world"
+"""The world built with the default :class:`BuildSettings`, shipped with the package (the
+files this module's build wrote, checksums in its manifest): used as it is when it matches."""
 CACHE_ENV = "ALLOCOPT_CACHE"
 MANIFEST = "manifest.json"
 PARTS = ("tokenizer", "policy", "proxy_prm", "prm")
@@ -694,12 +697,16 @@ def build_world(cache_dir: Path | str | None = None, *, force: bool = False,
 
     ``settings`` (default :class:`BuildSettings`) with ``overrides`` replacing some of its
     fields, e.g. ``build_world(d, sft_steps=20, proxy_prm_steps=10, prm_steps=10)`` for a
-    quick build. ``force`` rebuilds even a valid cache. ``progress`` gets one line per
-    stage. A folder that is not a valid build of these settings (other settings, a missing
+    quick build. Without ``cache_dir`` and ``force``, the shipped build
+    (:data:`SHIPPED_DIR`) is returned when it is a valid build of these settings (the
+    defaults), so users and tests need no training. ``force`` rebuilds even a valid cache.
+    ``progress`` gets one line per stage. A folder that is not a valid build of these settings (other settings, a missing
     or changed file, no manifest) is rebuilt and replaced as a whole.
     """
     s = dataclasses.replace(settings or BuildSettings(), **overrides)
     say: Progress = progress or (lambda msg: None)
+    if cache_dir is None and not force and check_cache(SHIPPED_DIR, s) is not None:
+        return WorldPaths.at(SHIPPED_DIR)  # the shipped build of these (default) settings
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root = root.absolute()
     paths = WorldPaths.at(root)
