@@ -14,21 +14,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 
-def _trial(args: tuple[float, str, int, float, int]) -> dict:
-    rho, reward, seed, budget, group_size = args
+def _objective(settings: dict):
+    from objectives.tiny import TinyObjective, TinySettings
+
+    return TinyObjective(TinySettings(**settings))
+
+
+def _trial(args: tuple[float, str, int, float, int, dict]) -> dict:
+    rho, reward, seed, budget, group_size, settings = args
     import torch
 
     torch.set_num_threads(1)
     from allocopt.allocation import Allocation, make_plan
-    from objectives.tiny import TinyObjective
-
-    obj = TinyObjective()
+    obj = _objective(settings)
     plan = make_plan(budget, Allocation(rho, group_size, reward), obj.workload())
     t0 = time.perf_counter()
     res = obj.run(plan, seed=seed)
@@ -39,15 +45,13 @@ def _trial(args: tuple[float, str, int, float, int]) -> dict:
             "wall_seconds": time.perf_counter() - t0}
 
 
-def _base(_: int) -> dict:
+def _base(settings: dict) -> dict:
     import torch
 
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
-    from objectives.tiny import TinyObjective
-
-    obj = TinyObjective()
+    obj = _objective(settings)
     model = AutoModelForCausalLM.from_pretrained(str(obj.world().policy))
     targets, _ = obj.evaluate(model, obj._tokenizer(), obj.reward("sparse"))
     return {"rho": 0.0, "reward": "base (no GRPO)", "seed": 0, **targets, "realized_rho": 0.0,
@@ -63,20 +67,25 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="calibration.json")
+    ap.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a TinySettings field (repeatable), e.g. --set eval_problems=500")
     a = ap.parse_args()
-    from objectives.tiny import TinyObjective
-
-    TinyObjective().world()  # build once, before the workers start
-    jobs = [(float(r), w, s, a.budget, a.group_size) for w in a.rewards.split(",")
+    settings = {}
+    for item in a.settings:
+        key, _, value = item.partition("=")
+        settings[key] = json.loads(value)
+    _objective(settings).world()  # build once (and check the settings), before the workers start
+    jobs = [(float(r), w, s, a.budget, a.group_size, settings) for w in a.rewards.split(",")
             for r in a.rhos.split(",") for s in range(a.seeds)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.workers) as pool:
-        base = list(pool.map(_base, [0]))
+        base = list(pool.map(_base, [settings]))
         rows = list(pool.map(_trial, jobs))
     wall = time.perf_counter() - t0
     Path(a.out).write_text(json.dumps({"budget": a.budget, "base": base, "trials": rows}, indent=1))
     targets = ("native_reward", "pass_at_1", "judge")
     print(f"budget {a.budget:.2e} FLOPs, G={a.group_size}, {a.seeds} seeds per point, "
+          f"settings {settings or 'default'}, "
           f"{len(rows)} trials in {wall:.0f} s with {a.workers} workers")
     print(f"{'reward':<16}{'rho':>5}" + "".join(f"{t:>20}" for t in targets)
           + f"{'real rho':>10}{'rwd share':>10}{'util':>7}{'s/trial':>9}")
@@ -94,6 +103,31 @@ def main() -> None:
         mean = lambda k: statistics.fmean(x[k] for x in g)  # noqa: E731
         print(f"{w:<16}{rho:>5.2f}{cells}{mean('realized_rho'):>10.3f}{mean('reward_share'):>10.2f}"
               f"{mean('utilization'):>7.2f}{mean('wall_seconds'):>9.1f}")
+    print()
+    print(summary(b, groups, targets))
+
+
+def summary(base: dict, groups: dict[tuple[str, float], list[dict]], targets: Sequence[str]) -> str:
+    """Per reward system and target, the calibration questions in numbers: the best rho, the
+    gain of the best point over the base (in sd of that point: ``(mean - base) / sd``), and the
+    response across rho (``(max mean - min mean) / pooled sd``, the pooled sd being the root
+    mean of the points' variances)."""
+    lines = [f"{'reward':<16}{'target':<15}{'best rho':>9}{'best':>8}{'gain/sd':>9}"
+             f"{'range':>8}{'pooled sd':>10}{'range/sd':>9}"]
+    for w in dict.fromkeys(k[0] for k in groups):
+        pts = sorted((rho, g) for (r, rho), g in groups.items() if r == w)
+        for t in targets:
+            means = [statistics.fmean(x[t] for x in g) for _, g in pts]
+            var = [statistics.variance([x[t] for x in g]) for _, g in pts if len(g) > 1]
+            sd = math.sqrt(statistics.fmean(var)) if var else float("nan")
+            i = max(range(len(means)), key=means.__getitem__)
+            g = [x[t] for x in pts[i][1]]
+            sd_best = statistics.stdev(g) if len(g) > 1 else float("nan")
+            gain = (means[i] - base[t]) / sd_best if sd_best > 0 else float("inf")
+            spread = max(means) - min(means)
+            lines.append(f"{w:<16}{t:<15}{pts[i][0]:>9.2f}{means[i]:>8.3f}{gain:>9.1f}"
+                         f"{spread:>8.3f}{sd:>10.3f}{spread / sd if sd > 0 else float('inf'):>9.1f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
