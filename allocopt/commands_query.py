@@ -27,7 +27,7 @@ FIDELITY_CHOICES = ("full", "pilot", "all")
 _STUDY = typer.Option(None, "--study", help="Optuna study name (in --storage).")
 _STORAGE = typer.Option("sqlite:///allocopt.db", "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
 _FROM_MLFLOW = typer.Option(None, "--from-mlflow", help="MLflow experiment (allocopt/<study> or the study name) to read trials from instead of --study; repeat for several studies.")
-_MLFLOW_URI = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI [default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db].")
+_MLFLOW_URI = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db].")
 _WHERE = typer.Option(None, "--where", help="Filter, repeatable (all must hold): KEY=VALUE, KEY!=VALUE, KEY>N, KEY>=N, KEY<N, KEY<=N; e.g. reward=prm, 'rho>0.5', group_size=8.")
 _JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
 
@@ -135,7 +135,7 @@ def pareto(
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
     mlflow_uri: Optional[str] = _MLFLOW_URI,
-    directions: Optional[str] = typer.Option(None, "--directions", help="Comma-separated maximize/minimize, one per objective [default: maximize targets, minimize *_flops]."),
+    directions: Optional[str] = typer.Option(None, "--directions", help="Comma-separated maximize/minimize, one per objective \\[default: maximize targets, minimize *_flops]."),
     where: Optional[List[str]] = _WHERE,
     fidelity: str = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all."),
     as_json: bool = _JSON,
@@ -169,7 +169,7 @@ def best(
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
     mlflow_uri: Optional[str] = _MLFLOW_URI,
-    direction: Optional[str] = typer.Option(None, "--direction", help="maximize or minimize [default: maximize targets, minimize *_flops]."),
+    direction: Optional[str] = typer.Option(None, "--direction", help="maximize or minimize \\[default: maximize targets, minimize *_flops]."),
     where: Optional[List[str]] = _WHERE,
     fidelity: str = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all."),
     as_json: bool = _JSON,
@@ -220,11 +220,11 @@ def report(
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
     mlflow_uri: Optional[str] = _MLFLOW_URI,
-    targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated targets to plot [default: every target measured]."),
-    pareto_of: Optional[str] = typer.Option(None, "--pareto", help="Two comma-separated targets for the Pareto figure [default: the first two of --targets]."),
+    targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated targets to plot \\[default: every target measured]."),
+    pareto_of: Optional[str] = typer.Option(None, "--pareto", help="Two comma-separated targets for the Pareto figure \\[default: the first two of --targets]."),
     where: Optional[List[str]] = _WHERE,
     fidelity: str = typer.Option("all", "--fidelity", help="Trials of this fidelity: all (pilots marked), full, or pilot."),
-    title: Optional[str] = typer.Option(None, "--title", help="Title of the page and figures [default: the source]."),
+    title: Optional[str] = typer.Option(None, "--title", help="Title of the page and figures \\[default: the source]."),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="Also log the files as artifacts (report/) of this MLflow run id (at --mlflow-uri)."),
 ) -> None:
     """A visual report: allocation frontier per reward system, compute breakdown, Pareto front, regime table (PNG + one HTML page)."""
