@@ -158,7 +158,7 @@ def plan(
                  ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
                  ("group size G", p.group_size), ("prompts / iteration", p.prompts_per_iteration),
                  ("rollouts / iteration", p.rollouts_per_iteration),
-                 ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
+                 ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration:.2f} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
                  ("iterations", p.iterations),
                  ("FLOPs / iteration", fmt_flops(p.per_iteration.executed.total_flops)),
                  ("expected total", f"{fmt_flops(p.expected.executed.total_flops)} ({p.budget_utilization:.2%} of budget)")):

@@ -75,6 +75,8 @@ class TrialResult:
     budget_flops: float
     curves: list[IterationRecord]
     wall_seconds: dict[str, float]
+    """Seconds by phase: ``search+reward`` (generation and scoring), ``reward`` (scoring
+    alone), ``learning`` (the rest of the training loop), ``eval``."""
     eval_flops: int = 0
     """FLOPs of evaluation (outside the budget)."""
     status: str = "complete"
@@ -294,6 +296,7 @@ def run_grpo(
 
         trainer.remove_callback(PrinterCallback)  # allocopt reports progress itself
         status, error = "complete", None
+        t_train = time.perf_counter()
         try:
             trainer.train()
         except BudgetExhausted:
@@ -301,6 +304,10 @@ def run_grpo(
         except Exception as e:  # a crash: keep what was spent
             status, error = "failed", f"{type(e).__name__}: {e}"
         trained = trainer.model
+        # the trainer's loop is TRL's: learning is the training time not spent in generation
+        # and scoring (it includes the loop's own bookkeeping)
+        meter.add_wall("learning", max(0.0, time.perf_counter() - t_train
+                                       - meter.wall_seconds.get("search+reward", 0.0)))
     result = TrialResult(targets={}, spent=meter.spent, budget_flops=plan.budget_flops,
                          curves=meter.records, wall_seconds=dict(meter.wall_seconds),
                          status=status, error=error, stopped_reason=meter.stopped_reason)

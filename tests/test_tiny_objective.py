@@ -67,3 +67,5 @@ def test_one_trial_stays_within_its_budget(objective):
     assert spent.rho == pytest.approx(0.5, abs=0.02)
     assert set(result.targets) == {"native_reward", "pass_at_1", "judge"}
     assert all(0.0 <= v <= 1.0 for v in result.targets.values())
+    walls = result.wall_seconds
+    assert walls["learning"] > 0 and walls["search+reward"] > 0 and walls["eval"] > 0
