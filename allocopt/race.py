@@ -595,7 +595,8 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
        at most 400 of them.
     2. ``thompson_samples`` joint posterior samples over them (each with its own budget drift δ,
        drawn from the surrogate's mixture); sample ``j``'s maximizer is pick ``j`` (a candidate
-       already picked, a repeat or an infeasible plan passes to that sample's next best).
+       already picked, a repeat or an infeasible plan passes to that sample's next best). When
+       the samples run out first, the other candidates follow by upper bound (200 at most).
     3. Extra pilots (``allow_pilots``): a pick may be run as a pilot instead, at the same G and
        cell and at the ρ where the pilots' optimum sits (ρ - δ × decades below the full budget),
        when that pilot's reduction of the posterior variance of the pick's full-budget value per
@@ -628,7 +629,6 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
     draws = sur.sample(X[keep].unsqueeze(0), settings.thompson_samples)[:, 0, :]  # S x k
     wins = torch.bincount(draws.argmax(-1), minlength=len(keep)).double() / draws.shape[0]
     taken = list(existing)
-    rejected: set[int] = set()
     out: list[Proposal] = []
     decades = math.log10(1.0 / pilot_fraction)
     drift = sur.drift[0]
@@ -644,37 +644,45 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
         taken.append((a, fidelity))
         return plan
 
+    def offer(i: int, p_best: float) -> bool:
+        """Propose candidate ``i`` (as a pilot when that is worth more); ``False`` when it is a
+        repeat or has no feasible plan."""
+        a = cands[i]
+        if allow_pilots:
+            z = replace(a, rho=round(min(max(a.rho - drift * decades, lo), hi), 4))
+            zrow = enc.tensor([enc.row(z.rho, z.group_size, z.reward, z.model, pilot_fraction)])
+            cov, var_z = sur.covariance_with(X[i:i + 1], zrow)
+            v = float(sd[i]) ** 2
+            gain_full = v * v / (v + noise2)
+            gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / pilot_fraction
+            plan = try_run(z, "pilot", pilot_fraction) if gain_pilot > gain_full else None
+            if plan is not None:
+                out.append(Proposal(z, "pilot", pilot_fraction * spec.budget_flops, plan, p_best,
+                                    pilot_fraction, float(mean[i]), float(sd[i])))
+                return True
+        plan = try_run(a, "full", 1.0)
+        if plan is None:
+            return False
+        out.append(Proposal(a, "full", spec.budget_flops, plan, p_best, 1.0, float(mean[i]), float(sd[i])))
+        return True
+
+    tried: set[int] = set()  # offered (accepted or refused): never offered again
     for j in range(draws.shape[0]):
         if len(out) >= q:
             break
         for k in torch.argsort(draws[j], descending=True).tolist():
-            if k in rejected:
-                continue
-            rejected.add(k)  # accepted or refused: never offered again
             i = int(keep[k])
-            a = cands[i]
-            choice = None
-            if allow_pilots:
-                z = replace(a, rho=round(min(max(a.rho - drift * decades, lo), hi), 4))
-                zrow = enc.tensor([enc.row(z.rho, z.group_size, z.reward, z.model, pilot_fraction)])
-                cov, var_z = sur.covariance_with(X[i:i + 1], zrow)
-                v = float(sd[i]) ** 2
-                gain_full = v * v / (v + noise2)
-                gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / pilot_fraction
-                if gain_pilot > gain_full:
-                    plan = try_run(z, "pilot", pilot_fraction)
-                    if plan is not None:
-                        choice = (z, "pilot", pilot_fraction, plan)
-            if choice is None:
-                plan = try_run(a, "full", 1.0)
-                if plan is not None:
-                    choice = (a, "full", 1.0, plan)
-            if choice is None:
-                continue
-            b, fid, frac, plan = choice
-            out.append(Proposal(b, fid, frac * spec.budget_flops, plan, float(wins[k]), frac,
-                                float(mean[i]), float(sd[i])))
-            break
+            if i not in tried:
+                tried.add(i)
+                if offer(i, float(wins[k])):
+                    break
+    if len(out) < q:  # the likely maximizers are all repeats or infeasible: the rest by upper bound
+        for i in torch.argsort(mean + 2.5 * sd, descending=True).tolist():
+            if len(out) >= q or len(tried) >= len(keep) + 200:
+                break
+            if i not in tried:
+                tried.add(i)
+                offer(i, 0.0)
     return out
 
 

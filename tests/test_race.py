@@ -213,6 +213,21 @@ def test_a_repeated_proposal_is_not_proposed():
             assert not (key(a) == key(b) and abs(a.allocation.rho - b.allocation.rho) <= 1e-3)
 
 
+def test_proposals_go_on_when_the_samples_run_out():
+    """One posterior sample gives one Thompson pick; a batch of 3 (prm's full-budget candidates all
+    run already) is filled from the remaining candidates by upper bound, without repeats."""
+    from allocopt.race import fit_surrogate
+
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    s, settings = spec(space=space), RaceSettings(rho_grid=15, thompson_samples=1)
+    done = [(Allocation(round(0.2 + 0.05 * k, 4), g, "prm"), "full") for k in range(15) for g in (4, 8)]
+    props = propose([], s, workload(), q=3, surrogate=fit_surrogate(_obs(), space), existing=done,
+                    allow_pilots=False, settings=settings)
+    assert len(props) == 3 and all(p.fidelity == "full" and p.allocation.reward == "sparse" for p in props)
+    assert len({(p.allocation.rho, p.allocation.group_size) for p in props}) == 3
+    assert all(0.0 <= p.acquisition <= 1.0 for p in props)
+
+
 def test_recommendation_stays_near_full_budget_runs():
     """With pilots only, the recommendation is the pilots' best cell (prm) near its pilot optimum;
     once sparse has full runs (and prm none), it is sparse within rho_trust of one of them."""
