@@ -12,9 +12,12 @@ It drives TRL rather than rewriting it: a thin subclass adds three hooks around 
   touches no matmul), which realizes fractional update passes μ; the old-policy log-prob pass
   is skipped in iterations that do not pass over the batch twice.
 
-Step size is decoupled from compute: the learning rate is divided by the number of passes TRL
-runs (``num_iterations``), and the loss of a partly trained pass is rescaled to a mean over the
-rows trained, so ρ measures compute, not step size.
+Each pass over a rollout batch is one optimizer step at the learning rate, as TRL
+(``num_iterations``) and verl (``ppo_epochs``) run it: more passes reuse the same samples for
+more updates, which is the trade-off ρ buys. The loss of a partly trained pass is a mean over
+the rows trained (a smaller minibatch, the same step size).
+``GRPOSettings.divide_lr_by_passes`` divides the learning rate by the passes instead, so that
+every batch moves the weights about as far whatever μ (extra passes then buy little).
 
 torch, transformers, TRL and peft are imported inside functions only.
 """
@@ -38,7 +41,9 @@ class GRPOSettings:
     """Hyperparameters of the GRPO run that are not search variables."""
 
     learning_rate: float = 1e-3
-    """Base learning rate; the driver divides it by TRL's ``num_iterations``."""
+    """Learning rate of every optimizer step (one step per pass over a rollout batch)."""
+    divide_lr_by_passes: bool = False
+    """Divide the learning rate by TRL's ``num_iterations`` (the passes of an iteration)."""
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_targets: str = "all-linear"
@@ -62,6 +67,13 @@ class GRPOSettings:
         if self.max_completion_length < 1:
             raise ValueError(f"max_completion_length={self.max_completion_length!r}: must be >= 1")
         engine(self.engine)
+
+
+def step_learning_rate(settings: GRPOSettings, passes: int) -> float:
+    """Learning rate of each optimizer step when an iteration makes ``passes`` passes over
+    its rollout batch: ``settings.learning_rate``, divided by ``passes`` when
+    ``settings.divide_lr_by_passes``."""
+    return settings.learning_rate / (passes if settings.divide_lr_by_passes else 1)
 
 
 @dataclass
@@ -273,7 +285,7 @@ def run_grpo(
     with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
         args = GRPOConfig(
             output_dir=tmp, use_cpu=not on_gpu, bf16=False, report_to=[],
-            learning_rate=settings.learning_rate / passes,
+            learning_rate=step_learning_rate(settings, passes),
             per_device_train_batch_size=1, gradient_accumulation_steps=N, steps_per_generation=N,
             num_generations=plan.group_size, num_iterations=passes,
             max_completion_length=settings.max_completion_length, temperature=settings.temperature,

@@ -39,6 +39,8 @@ class TinySettings:
     """Completions per GRPO iteration (prompts × G)."""
     max_completion_length: int = 48
     learning_rate: float = 1e-3
+    divide_lr_by_passes: bool = False
+    """See :class:`objectives.grpo.GRPOSettings`."""
     lora_rank: int = 8
     train_problems: int = 5000
     eval_batch_size: int = 100
@@ -128,6 +130,7 @@ class TinyObjective:
                 for x in make_split("train", self.settings.train_problems, seed)]
         reward = self.reward(plan.allocation.reward)
         settings = GRPOSettings(learning_rate=self.settings.learning_rate,
+                                divide_lr_by_passes=self.settings.divide_lr_by_passes,
                                 lora_rank=self.settings.lora_rank,
                                 max_completion_length=self.settings.max_completion_length,
                                 engine="trl-cpu", seed=seed)

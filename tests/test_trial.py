@@ -310,3 +310,28 @@ def test_a_reward_that_crashes_mid_run_fails_the_trial_and_keeps_what_was_spent(
     assert spent.search_flops > 0 and spent.learning_flops > 0
     assert result.budget_flops == plan.budget_flops and spent.total_flops <= plan.budget_flops
     assert result.to_dict()["status"] == "failed"
+
+
+@pytest.mark.parametrize("divide", [False, True])
+def test_each_pass_steps_at_the_learning_rate_trl_runs(world, divide, monkeypatch):
+    # rho 0.85 makes 3-4 passes over each batch (TRL num_iterations): every pass is one
+    # optimizer step at the learning rate (TRL / verl semantics), or at lr / passes when divided
+    from transformers import Trainer
+
+    seen: list[tuple[float, int]] = []
+    create = Trainer.create_optimizer
+
+    def recording(self, *args, **kwargs):
+        out = create(self, *args, **kwargs)
+        seen.append((self.optimizer.param_groups[0]["lr"], self.args.num_iterations))
+        return out
+
+    monkeypatch.setattr(Trainer, "create_optimizer", recording)
+    plan = plan_for(world, "sparse", 0.85, factor=1.2)
+    passes = plan.num_iterations_trl
+    assert passes >= 3
+    settings = GRPOSettings(**{**SETTINGS.__dict__, "learning_rate": 2e-3, "divide_lr_by_passes": divide})
+    run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
+             train_rows=world.rows, reward=make_reward("sparse"), settings=settings)
+    assert seen and seen[0][1] == passes
+    assert seen[0][0] == pytest.approx(2e-3 / passes if divide else 2e-3, rel=0.02)  # ≤ 1 scheduler step
