@@ -35,8 +35,10 @@ class TinySettings:
     """Problems per evaluation split (native and downstream), the same problems for every
     trial. 1000 give a binomial sd of at most 0.016 on a share; with 300 the eval noise
     (0.029) hid the difference between allocations (measured in the calibration)."""
-    rollouts_per_iteration: int = 32
-    """Completions per GRPO iteration (prompts × G)."""
+    rollouts_per_iteration: int = 64
+    """Completions per GRPO iteration (prompts × G). 64 rather than 32: measured at 3e11 FLOPs
+    (sparse, 3 seeds), the sd between seeds at ρ 0.2-0.8 fell from 0.01-0.045 to 0.006-0.019
+    on ``native_reward`` and the response to ρ became one clear peak (0.6) on every target."""
     max_completion_length: int = 48
     learning_rate: float = 1e-3
     divide_lr_by_passes: bool = False
