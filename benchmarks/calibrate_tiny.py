@@ -45,7 +45,9 @@ def _trial(args: tuple[float, str, int, float, int, dict]) -> dict:
             "wall_seconds": time.perf_counter() - t0}
 
 
-def _base(settings: dict) -> dict:
+def _base(args: tuple[dict, str]) -> dict:
+    """The untrained base policy's targets, ``native_reward`` under ``reward``."""
+    settings, reward = args
     import torch
 
     torch.set_num_threads(1)
@@ -53,8 +55,8 @@ def _base(settings: dict) -> dict:
 
     obj = _objective(settings)
     model = AutoModelForCausalLM.from_pretrained(str(obj.world().policy))
-    targets, _ = obj.evaluate(model, obj._tokenizer(), obj.reward("sparse"))
-    return {"rho": 0.0, "reward": "base (no GRPO)", "seed": 0, **targets, "realized_rho": 0.0,
+    targets, _ = obj.evaluate(model, obj._tokenizer(), obj.reward(reward))
+    return {"rho": 0.0, "reward": reward, "seed": 0, **targets, "realized_rho": 0.0,
             "reward_share": 0.0, "utilization": 0.0, "iterations": 0, "wall_seconds": 0.0}
 
 
@@ -79,7 +81,7 @@ def main() -> None:
             for r in a.rhos.split(",") for s in range(a.seeds)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.workers) as pool:
-        base = list(pool.map(_base, [settings]))
+        base = list(pool.map(_base, [(settings, w) for w in a.rewards.split(",")]))
         rows = list(pool.map(_trial, jobs))
     wall = time.perf_counter() - t0
     Path(a.out).write_text(json.dumps({"budget": a.budget, "base": base, "trials": rows}, indent=1))
@@ -89,8 +91,9 @@ def main() -> None:
           f"{len(rows)} trials in {wall:.0f} s with {a.workers} workers")
     print(f"{'reward':<16}{'rho':>5}" + "".join(f"{t:>20}" for t in targets)
           + f"{'real rho':>10}{'rwd share':>10}{'util':>7}{'s/trial':>9}")
-    b = base[0]
-    print(f"{'base (no GRPO)':<16}{'-':>5}" + "".join(f"{b[t]:>20.3f}" for t in targets))
+    bases = {b["reward"]: b for b in base}
+    for w, b in bases.items():
+        print(f"{'base, ' + w:<16}{'-':>5}" + "".join(f"{b[t]:>20.3f}" for t in targets))
     groups: dict[tuple[str, float], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["reward"], r["rho"]), []).append(r)
@@ -104,12 +107,15 @@ def main() -> None:
         print(f"{w:<16}{rho:>5.2f}{cells}{mean('realized_rho'):>10.3f}{mean('reward_share'):>10.2f}"
               f"{mean('utilization'):>7.2f}{mean('wall_seconds'):>9.1f}")
     print()
-    print(summary(b, groups, targets))
+    print(summary(bases, groups, targets))
 
 
-def summary(base: dict, groups: dict[tuple[str, float], list[dict]], targets: Sequence[str]) -> str:
+def summary(bases: dict[str, dict], groups: dict[tuple[str, float], list[dict]],
+            targets: Sequence[str]) -> str:
     """Per reward system and target, the calibration questions in numbers: the best rho, the
-    gain of the best point over the base (in sd of that point: ``(mean - base) / sd``), and the
+    gain of the best point over the base policy (``bases[reward]``: ``native_reward`` is the
+    reward system's own score, so each has its base) in sd of that point
+    (``(mean - base) / sd``), and the
     response across rho (``(max mean - min mean) / pooled sd``, the pooled sd being the root
     mean of the points' variances)."""
     lines = [f"{'reward':<16}{'target':<15}{'best rho':>9}{'best':>8}{'gain/sd':>9}"
@@ -123,7 +129,7 @@ def summary(base: dict, groups: dict[tuple[str, float], list[dict]], targets: Se
             i = max(range(len(means)), key=means.__getitem__)
             g = [x[t] for x in pts[i][1]]
             sd_best = statistics.stdev(g) if len(g) > 1 else float("nan")
-            gain = (means[i] - base[t]) / sd_best if sd_best > 0 else float("inf")
+            gain = (means[i] - bases[w][t]) / sd_best if sd_best > 0 else float("inf")
             spread = max(means) - min(means)
             lines.append(f"{w:<16}{t:<15}{pts[i][0]:>9.2f}{means[i]:>8.3f}{gain:>9.1f}"
                          f"{spread:>8.3f}{sd:>10.3f}{spread / sd if sd > 0 else float('inf'):>9.1f}")
