@@ -244,7 +244,7 @@ def study(
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials."),
     sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch (default), gp or random."),
-    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. (default: the spec's, else 60)"),
+    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. (default: the spec's, else 60 or more: enough for every reward system × model)"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: 0.1)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
 ) -> None:
@@ -296,13 +296,13 @@ def study(
                      "executed FLOPs")
         out.print(t)
         return
-    if s.multi_objective and s.pilots > 0:
+    if s.multi_objective and s.pilots != 0:
         err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
                   "pilots (as --pilots 0)", highlight=False)
         from dataclasses import replace
 
         s = replace(s, pilots=0)
-    if s.pilots > 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
+    if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
         from allocopt.commands_race import race
         from allocopt.study import open_study
 
@@ -391,22 +391,27 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db")
         out.print("no complete full-budget trial yet")
         return
     t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
-    for c in ("trial", "rho", "G", "reward", s.target, "search", "learn", "rwd", "FLOPs"):
-        t.add_column(c, justify="left" if c == "reward" else "right")
+    models = bool(s.space.models)  # a column only when the space searches over policy models
+    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
+              "search", "learn", "rwd", "FLOPs"):
+        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
     for r in done[:8]:
         m = r.metrics
         tot = m.get("total_flops") or 1
         t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
                   str(r.params.get("group_size", s.space.group_sizes[0])),
-                  str(r.params.get("reward", s.space.rewards[0])), f"{r.value:.4f}",
+                  str(r.params.get("reward", s.space.rewards[0])),
+                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
+                  f"{r.value:.4f}",
                   *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
                   fmt_flops(m.get("total_flops", 0)))
     t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
     out.print(t)
     m = best.metrics
+    model = f", model = {best.params.get('model', s.space.models[0])}" if models else ""
     out.print(f"[bold]best[/]: trial {best.number}, {s.target} = {best.value:.4f} at rho = "
               f"{m.get('rho', float('nan')):.3f}, G = {best.params.get('group_size', s.space.group_sizes[0])}, "
-              f"reward = {best.params.get('reward', s.space.rewards[0])}; spent search "
+              f"reward = {best.params.get('reward', s.space.rewards[0])}{model}; spent search "
               f"{fmt_flops(m.get('search_flops', 0))}, learning {fmt_flops(m.get('learning_flops', 0))}, "
               f"reward {fmt_flops(m.get('reward_flops', 0))} FLOPs")
     n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)

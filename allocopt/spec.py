@@ -110,8 +110,9 @@ class StudySpec:
     """``botorch`` (optuna_integration.BoTorchSampler), ``gp`` (Optuna GPSampler), ``random``."""
     startup_trials: int = 4
     """Quasi-random trials before the surrogate proposes (``pilots = 0`` only)."""
-    pilots: int = 60
-    """RACE pilot points run first (at most; :mod:`allocopt.race`); 0 turns RACE off and the
+    pilots: int | None = None
+    """RACE pilot points run first (at most; :mod:`allocopt.race`); ``None``: RACE's default,
+    ``max(60, (len(group_sizes) + 3) × reward systems × models)``; 0 turns RACE off and the
     study is plain Bayesian optimization at the full budget with :attr:`sampler`."""
     pilot_fraction: float = 0.1
     """Pilots run at ``pilot_fraction × budget_flops``, in (0, 1)."""
@@ -131,7 +132,8 @@ class StudySpec:
             target_key(t)
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ConfigError(f"trials={self.trials!r}: must be an integer >= 1")
-        if isinstance(self.pilots, bool) or not isinstance(self.pilots, int) or self.pilots < 0:
+        if self.pilots is not None and (isinstance(self.pilots, bool)
+                                        or not isinstance(self.pilots, int) or self.pilots < 0):
             raise ConfigError(f"pilots={self.pilots!r}: must be an integer >= 0 (0: no RACE pilots)")
         if not isinstance(self.pilot_fraction, (int, float)) or not (0 < self.pilot_fraction < 1):
             raise ConfigError(f"pilot_fraction={self.pilot_fraction!r}: must be in (0, 1)")

@@ -206,3 +206,43 @@ def test_resume_under_another_budget_is_refused(tmp_path):
     with pytest.raises(StudyError, match="budget"):
         open_study(spec(budget_flops=1e17), url)
     open_study(spec(trials=9), url)  # more trials under the same terms is a resume
+
+
+def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
+    # without --pilots (and none in the spec) the study hands RACE max_pilots=None, which sizes
+    # the grid to the space; --pilots N is passed on as it is
+    from typer.testing import CliRunner
+
+    import allocopt.commands_race as cr
+    from allocopt.cli import app
+
+    seen = []
+    monkeypatch.setattr(cr, "race", lambda **kw: seen.append(kw["max_pilots"]))
+    monkeypatch.setattr("allocopt.cli.print_study_summary", lambda *a, **k: None)
+    for extra, want in (([], None), (["--pilots", "12"], 12)):
+        res = CliRunner().invoke(app, ["study", "--objective", "synthetic", "--budget", "1e19",
+                                       "--target", "pass@1", "--no-mlflow",
+                                       "--storage", f"sqlite:///{tmp_path}/w.db", *extra])
+        assert res.exit_code == 0, res.output
+        assert seen[-1] == want
+
+
+@pytest.mark.slow
+def test_cli_study_sizes_its_pilots_to_a_large_space(tmp_path):
+    # 4 reward systems x 3 models x 3 G: RACE's local fits need (3 + 3) x 12 = 72 pilots, more
+    # than the old fixed default of 60 (which refused this space); no --pilots given
+    assert StudySpec().pilots is None
+    toml = tmp_path / "big.toml"
+    toml.write_text('name = "big"\nobjective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\n'
+                    'trials = 1\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4, 8]\n'
+                    'rewards = ["sparse", "structured", "dense", "prm"]\n'
+                    'models = ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"]\n')
+    url = f"sqlite:///{tmp_path}/big.db"
+    proc = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(toml),
+                           "--storage", url, "--no-mlflow"], capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    st = optuna.load_study(study_name="big", storage=url)
+    pilots = [t for t in st.trials if t.user_attrs.get("fidelity") == "pilot"]
+    assert len(pilots) == 72
+    assert " model " in proc.stdout and "Qwen2.5-" in proc.stdout  # the model column of the table
