@@ -1,7 +1,7 @@
 """A multi-fidelity Gaussian-process surrogate of the target over allocations, pilots and full runs.
 
-torch is imported here (and below) only; ``import allocopt`` and the CLI stay light. Fits run on
-one thread (``torch.set_num_threads(1)``: several times faster on 2 shared cores).
+torch, GPyTorch and BoTorch are imported here only; ``import allocopt`` and the CLI stay light.
+Fits run on one thread (``torch.set_num_threads(1)``: several times faster on 2 shared cores).
 
 Inputs. One row per trial, ``n x d``, every column in [0, 1] (only the dimensions that vary in
 the search space are encoded; :class:`Encoding`):
@@ -14,9 +14,10 @@ the search space are encoded; :class:`Encoding`):
   clamped to [0, 1], so a full-budget run has ``s = 1`` and a pilot at 10 % of the budget
   ``s = 0.5``.
 
-Model. An exact GP (written here in torch: small ``n``, so a closed-form marginal likelihood and
-L-BFGS on a dozen hyperparameters take a fraction of a second) on standardized targets, with a
-kernel that is a sum of first-order terms and one interaction term, plus a fidelity part::
+Model (ours: the kernel, the δ mixture, the encoding; GPyTorch/BoTorch's: the machinery). A
+``gpytorch.models.ExactGP`` (zero mean, :class:`MultiFidelityKernel`, ``GaussianLikelihood``) on
+standardized targets, with a kernel that is a sum of first-order terms and one interaction term,
+plus a fidelity part::
 
     k(x, x') =   σ0²                                   constant
                + σr² [r = r'] + σm² [m = m']           reward system, model: additive levels
@@ -38,20 +39,36 @@ hyperparameters fixed at their fit) times a Gaussian prior ``N(0, DRIFT_PRIOR_SD
 only, the weights are the prior, so proposals explore across the possible shift; a few full runs
 pin it down. Predictions and samples are the mixture's.
 
-Hyperparameters: MAP under weak log-normal priors (lengthscales, variances, noise on the
-standardized scale), L-BFGS from a default start (and from ``init``, the previous fit's, when
-given; the better is kept).
+Hyperparameters: registered GPyTorch parameters (exp-transformed ``Positive``/``GreaterThan``
+constraints for the variances, lengthscales and noise; a sigmoid ``Interval(0, 1)`` for ζ), MAP
+under weak log-normal priors: a ``gpytorch.priors.NormalPrior`` on each log value (on the logit for
+ζ), i.e. a log-normal prior on the value with its density taken on the log scale the fit moves in
+(``LogNormalPrior`` on the value would add a −log value term that moves each mode down by sd² on the
+log scale, e^-4 for sd 2: not this design). Fitted with ``botorch.fit.fit_gpytorch_mll`` (L-BFGS-B
+on GPyTorch's ``ExactMarginalLogLikelihood``, priors included) from a default start and from
+``init``, the previous fit's, when given; the better is kept. δ is a buffer of the kernel (one
+value per batch member): the mixture weights come from one batched ``ExactMarginalLogLikelihood``
+over the δ grid (other hyperparameters fixed), and predictions, samples and covariances from the
+GPyTorch posterior of a batched model with one member per kept δ (Cholesky throughout:
+``gpytorch.settings.fast_computations(False, False, False)``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
+import gpytorch
 import torch
+from botorch.fit import fit_gpytorch_mll
+from botorch.models.gpytorch import GPyTorchModel
+from gpytorch.constraints import GreaterThan, Interval, Positive
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.priors import NormalPrior
 from torch import Tensor
 
 torch.set_num_threads(1)
@@ -146,7 +163,20 @@ _HYPERS: dict[str, tuple[float, float, float]] = {
     "noise": (math.log(0.05), math.log(0.05), 2.0),
 }
 _NAMES = tuple(_HYPERS)
+_KERNEL_NAMES = _NAMES[:-1]
 _SQRT5 = math.sqrt(5.0)
+_NOISE_FLOOR = 1e-6 + 1e-8
+"""Least noise variance (standardized): a 1e-6 floor and 1e-8 of jitter, as the kernel matrix had."""
+
+
+def _settings() -> contextlib.ExitStack:
+    """GPyTorch settings of every call here (fresh context managers, so nesting is safe):
+    Cholesky for solves, log-likelihoods and sample roots (``n`` is small: exact, deterministic);
+    no per-call input checks (the inputs are built here)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(gpytorch.settings.fast_computations(False, False, False))
+    stack.enter_context(gpytorch.settings.debug(False))
+    return stack
 
 
 def _matern52(d: Tensor, ls: Tensor) -> Tensor:
@@ -154,52 +184,83 @@ def _matern52(d: Tensor, ls: Tensor) -> Tensor:
     return (1.0 + r + r * r / 3.0) * torch.exp(-r)
 
 
-class _Kernel:
-    """The kernel of the module docstring for one encoding (hyperparameters as a raw vector)."""
+def _log_prior(name: str) -> NormalPrior:
+    """The prior of hyperparameter ``name``: normal on its raw (log / logit) value."""
+    _, mu, sd = _HYPERS[name]
+    return NormalPrior(torch.tensor(mu, dtype=torch.double), torch.tensor(sd, dtype=torch.double))
 
-    def __init__(self, enc: Encoding):
-        self.enc = enc
-        cols = enc.columns
+
+class MultiFidelityKernel(gpytorch.kernels.Kernel):
+    """The kernel of the module docstring for one encoding, as a GPyTorch kernel.
+
+    Hyperparameters are GPyTorch parameters ``raw_<name>`` (``_HYPERS``) with exp-transformed
+    ``Positive`` constraints (ζ: sigmoid ``Interval(0, 1)``) and a ``NormalPrior`` on the raw (log /
+    logit) value. δ is the buffer ``drift``: one value per batch member (``batch_shape``), not fitted.
+
+    Args:
+        encoding: the input encoding (which columns hold G, the reward system, the model, s).
+        drift: ``batch_shape`` δ values (ρ per decade of budget); a 0-d tensor for one model.
+    """
+
+    has_lengthscale = False
+
+    def __init__(self, encoding: Encoding, drift: Tensor | float = 0.0):
+        drift = torch.as_tensor(drift, dtype=torch.double)
+        super().__init__(batch_shape=drift.shape)
+        self.enc = encoding
+        cols = encoding.columns
         self.g_col = cols.index("log2_group_size") if "log2_group_size" in cols else None
-        self.r_span = enc._span("reward=")
-        self.m_span = enc._span("model=")
-        self.f_col = enc.fidelity_column
-        lo, hi = enc.rho_range
+        self.r_span = encoding._span("reward=")
+        self.m_span = encoding._span("model=")
+        self.f_col = encoding.fidelity_column
+        lo, hi = encoding.rho_range
         self.drift_scale = FIDELITY_DECADES / (hi - lo) if hi > lo else 0.0
+        self.register_buffer("drift", drift.clone())
+        for name in _KERNEL_NAMES:
+            raw = f"raw_{name}"
+            self.register_parameter(raw, torch.nn.Parameter(torch.tensor(_HYPERS[name][0], dtype=torch.double)))
+            self.register_constraint(raw, Interval(0.0, 1.0) if name.startswith("zeta")
+                                     else Positive(transform=torch.exp, inv_transform=torch.log))
+            self.register_prior(f"{name}_prior", _log_prior(name), lambda m, r=raw: getattr(m, r),
+                                lambda m, v, r=raw: m.initialize(**{r: v}))
 
-    @staticmethod
-    def unpack(raw: Tensor) -> dict[str, Tensor]:
-        p = {k: raw[i] for i, k in enumerate(_NAMES)}
-        out = {k: torch.exp(v) for k, v in p.items() if not k.startswith("zeta")}
-        out["noise"] = out["noise"] + 1e-6
-        out["zeta_reward"] = torch.sigmoid(p["zeta_reward"])
-        out["zeta_model"] = torch.sigmoid(p["zeta_model"])
-        return out
+    def value(self, name: str) -> Tensor:
+        """The constrained value of hyperparameter ``name`` (a 0-d tensor)."""
+        raw = f"raw_{name}"
+        return getattr(self, f"{raw}_constraint").transform(getattr(self, raw))
 
-    @staticmethod
-    def log_prior(raw: Tensor) -> Tensor:
-        mu = torch.tensor([v[1] for v in _HYPERS.values()], dtype=raw.dtype)
-        sd = torch.tensor([v[2] for v in _HYPERS.values()], dtype=raw.dtype)
-        return -0.5 * (((raw - mu) / sd) ** 2).sum()
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
+        """``... x n x m`` covariance (``... x n`` with ``diag``) of ``... x n x d`` and ``... x m x d``."""
+        p = {k: self.value(k) for k in _KERNEL_NAMES}
+        if diag:
+            def pair_diff(a, b):
+                return a - b
 
-    def __call__(self, A: Tensor, B: Tensor, p: dict[str, Tensor], drift: float) -> Tensor:
-        """``n x m`` covariance between ``n x d`` rows ``A`` and ``m x d`` rows ``B``."""
-        fa, fb = A[:, self.f_col], B[:, self.f_col]
-        wa = A[:, 0] + drift * self.drift_scale * (1.0 - fa)
-        wb = B[:, 0] + drift * self.drift_scale * (1.0 - fb)
-        k_rho = _matern52(wa[:, None] - wb[None, :], p["rho_ls"])
+            def same(a, b):
+                return (a * b).sum(-1)
+        else:
+            def pair_diff(a, b):
+                return a[..., :, None] - b[..., None, :]
+
+            def same(a, b):
+                return a @ b.transpose(-1, -2)
+        fa, fb = x1[..., self.f_col], x2[..., self.f_col]
+        shift = self.drift[..., None] * self.drift_scale
+        wa = x1[..., 0] + shift * (1.0 - fa)
+        wb = x2[..., 0] + shift * (1.0 - fb)
+        k_rho = _matern52(pair_diff(wa, wb), p["rho_ls"])
         same_r = same_m = None
         cat = torch.ones_like(k_rho)
         if self.r_span is not None:
-            same_r = A[:, self.r_span] @ B[:, self.r_span].T
+            same_r = same(x1[..., self.r_span], x2[..., self.r_span])
             cat = cat * (p["zeta_reward"] + (1 - p["zeta_reward"]) * same_r)
         if self.m_span is not None:
-            same_m = A[:, self.m_span] @ B[:, self.m_span].T
+            same_m = same(x1[..., self.m_span], x2[..., self.m_span])
             cat = cat * (p["zeta_model"] + (1 - p["zeta_model"]) * same_m)
         joint = k_rho * cat
         K = p["const"] * torch.ones_like(k_rho)
         if self.g_col is not None:
-            du = A[:, self.g_col][:, None] - B[:, self.g_col][None, :]
+            du = pair_diff(x1[..., self.g_col], x2[..., self.g_col])
             joint = joint * _matern52(du, p["joint_g_ls"])
             K = K + p["g_var"] * _matern52(du, p["g_ls"])
         if same_r is not None:
@@ -207,8 +268,57 @@ class _Kernel:
         if same_m is not None:
             K = K + p["model"] * same_m
         K = K + p["joint"] * joint
-        low = (1.0 - fa)[:, None] * (1.0 - fb)[None, :]
+        low = (1.0 - fa) * (1.0 - fb) if diag else (1.0 - fa)[..., :, None] * (1.0 - fb)[..., None, :]
         return K + low * (p["bias0"] + p["bias1"] * k_rho * cat)
+
+
+class _ExactGP(gpytorch.models.ExactGP, GPyTorchModel):
+    """Zero mean and :class:`MultiFidelityKernel`; batched over δ when the kernel is. A BoTorch
+    ``GPyTorchModel`` too, so ``botorch.fit.fit_gpytorch_mll`` fits it."""
+
+    _num_outputs = 1
+
+    def __init__(self, X: Tensor, y: Tensor, likelihood: gpytorch.likelihoods.GaussianLikelihood,
+                 kernel: MultiFidelityKernel):
+        super().__init__(X, y, likelihood)
+        self.mean_module = gpytorch.means.ZeroMean()
+        self.covar_module = kernel
+
+    def forward(self, x: Tensor) -> MultivariateNormal:
+        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    def _get_test_prior_mean_and_covariances(self, train_inputs, test_inputs, **kwargs):
+        """GPyTorch's hook for the test-set prior, overridden only to leave ``K(test, test)`` lazy:
+        the posterior variance then evaluates the kernel's diagonal, not ``m x m`` entries."""
+        (train,), (test,) = train_inputs, test_inputs
+        batch = torch.broadcast_shapes(train.shape[:-2], test.shape[:-2])
+        train = train.expand(*batch, *train.shape[-2:])
+        test = test.expand(*batch, *test.shape[-2:])
+        test_train = self.covar_module(test, train).evaluate_kernel()
+        return (self.mean_module(test), self.covar_module(test), test_train, batch,
+                torch.Size([test.shape[-2]]), MultivariateNormal)
+
+
+def _likelihood() -> gpytorch.likelihoods.GaussianLikelihood:
+    lik = gpytorch.likelihoods.GaussianLikelihood(
+        noise_constraint=GreaterThan(_NOISE_FLOOR, transform=torch.exp, inv_transform=torch.log))
+    lik.noise_covar.register_prior("noise_prior", _log_prior("noise"), lambda m: m.raw_noise,
+                                   lambda m, v: m.initialize(raw_noise=v))
+    return lik.double()
+
+
+def _set_raw(model: _ExactGP, raw: Tensor) -> None:
+    """Load a raw hyperparameter vector (``_NAMES`` order) into ``model``."""
+    with torch.no_grad():
+        for i, name in enumerate(_KERNEL_NAMES):
+            getattr(model.covar_module, f"raw_{name}").copy_(raw[i])
+        model.likelihood.noise_covar.raw_noise.fill_(float(raw[-1]))
+
+
+def _get_raw(model: _ExactGP) -> Tensor:
+    k = model.covar_module
+    vals = [getattr(k, f"raw_{name}").detach().reshape(()) for name in _KERNEL_NAMES]
+    return torch.stack(vals + [model.likelihood.noise_covar.raw_noise.detach().reshape(())]).clone()
 
 
 class MultiFidelitySurrogate:
@@ -218,25 +328,31 @@ class MultiFidelitySurrogate:
         encoding: the input encoding.
         X: ``n x d`` inputs (:meth:`Encoding.tensor`), fidelity in the last column.
         Y: ``n x 1`` target values (higher is better).
-        seed: seeds torch for posterior samples.
+        seed: seeds the posterior samples (a private generator; torch's global one is untouched).
         init: raw hyperparameters of an earlier fit (:attr:`raw`) to start from as well.
+        fit: ``False``: take ``init`` as the hyperparameters, unfitted (tests compare at fixed ones).
 
     Attributes:
         fit_seconds: wall time of the fit (hyperparameters and the δ mixture).
-        raw: the fitted raw hyperparameters (a vector; pass as ``init`` to warm-start a refit).
+        raw: the fitted raw hyperparameters, a length-13 vector in ``_NAMES`` order (log values;
+            logits for ζ); pass as ``init`` to warm-start a refit.
         drifts, weights: the mixture's δ values (ρ per decade of budget) and their weights.
+        model: the GPyTorch ``ExactGP`` at the most likely δ (its hyperparameters are :attr:`raw`).
 
     Raises:
-        ValueError: shapes that do not match the encoding, or fewer than 2 observations.
+        ValueError: shapes that do not match the encoding, fewer than 2 observations, or
+            ``fit=False`` without an ``init`` of the right length.
     """
 
     def __init__(self, encoding: Encoding, X: Tensor, Y: Tensor, *, seed: int = 0,
-                 init: Tensor | None = None):
+                 init: Tensor | None = None, fit: bool = True):
         if X.dim() != 2 or X.shape[-1] != encoding.dim or Y.shape != (X.shape[0], 1):
             raise ValueError(f"X must be n x {encoding.dim} and Y n x 1; got {tuple(X.shape)} and "
                              f"{tuple(Y.shape)}")
         if X.shape[0] < 2:
             raise ValueError(f"{X.shape[0]} observation(s): the surrogate needs at least 2")
+        if not fit and (init is None or init.shape != (len(_NAMES),)):
+            raise ValueError(f"fit=False needs init, a vector of {len(_NAMES)} raw hyperparameters")
         t0 = time.perf_counter()
         self.encoding, self.seed = encoding, seed
         self.X, self.Y = X.to(torch.double), Y.to(torch.double)
@@ -244,12 +360,17 @@ class MultiFidelitySurrogate:
         self.y_mean = float(y.mean())
         self.y_std = float(y.std()) if X.shape[0] > 1 and float(y.std()) > 1e-9 else 1.0
         self.y = (y - self.y_mean) / self.y_std
-        self.kernel = _Kernel(encoding)
         has_full = bool((self.X[:, -1] >= 1.0 - 1e-9).any())
         has_low = bool((self.X[:, -1] < 1.0 - 1e-9).any())
         self.drift_identifiable = has_full and has_low
-        start = self._fit(0.0, [self._default(), init])
-        self._mixture(start)
+        self.model = _ExactGP(self.X, self.y, _likelihood(), MultiFidelityKernel(encoding))
+        with _settings(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+            if fit:
+                self._fit([self._default(), init])
+            else:
+                _set_raw(self.model, init.to(torch.double))
+            self._mixture(refit=fit)
         self.fit_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ fitting
@@ -257,58 +378,77 @@ class MultiFidelitySurrogate:
     def _default() -> Tensor:
         return torch.tensor([v[0] for v in _HYPERS.values()], dtype=torch.double)
 
-    def _neg_log_post(self, raw: Tensor, drift: float) -> Tensor:
-        p = self.kernel.unpack(raw)
-        n = self.X.shape[0]
-        K = self.kernel(self.X, self.X, p, drift) + (p["noise"] + 1e-8) * torch.eye(n, dtype=torch.double)
-        L, info = torch.linalg.cholesky_ex(K)
-        if int(info) != 0:
-            return torch.tensor(1e10, dtype=torch.double) + 0.0 * raw.sum()
-        a = torch.cholesky_solve(self.y[:, None], L)[:, 0]
-        nll = 0.5 * self.y @ a + torch.log(torch.diagonal(L)).sum() + 0.5 * n * math.log(2 * math.pi)
-        return nll - self.kernel.log_prior(raw)
+    def _neg_log_post(self, model: _ExactGP) -> Tensor:
+        """``-(log marginal likelihood + log prior)`` of ``model`` (batch-shaped for a batch)."""
+        model.train()
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        out = model(*model.train_inputs)
+        return -mll(out, model.train_targets) * self.X.shape[0]
 
-    def _fit(self, drift: float, starts: list[Tensor | None]) -> Tensor:
+    def _fit(self, starts: list[Tensor | None]) -> None:
+        """MAP hyperparameters of :attr:`model` at its δ, from each start; the best is kept."""
         best, best_val = None, math.inf
         for s in starts:
             if s is None or s.shape != (len(_NAMES),):
                 continue
-            raw = s.detach().clone().to(torch.double).requires_grad_(True)
-            opt = torch.optim.LBFGS([raw], lr=1.0, max_iter=60, tolerance_grad=1e-5,
-                                    line_search_fn="strong_wolfe")
-
-            def closure():
-                opt.zero_grad()
-                loss = self._neg_log_post(raw, drift)
-                loss.backward()
-                return loss
-
+            _set_raw(self.model, s.to(torch.double))
+            mll = gpytorch.mlls.ExactMarginalLogLikelihood(self.model.likelihood, self.model)
             try:
-                opt.step(closure)
+                fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 60}}, max_attempts=1,
+                                 warning_handler=lambda w: True)
             except Exception as e:  # noqa: BLE001 - a failed fit keeps its start
                 warnings.warn(f"surrogate fit failed ({type(e).__name__}: {e}); keeping the start",
                               RuntimeWarning, stacklevel=3)
-                raw = s.detach().clone().to(torch.double)
-            with torch.no_grad():
-                val = float(self._neg_log_post(raw.detach(), drift))
+                _set_raw(self.model, s.to(torch.double))
+            try:
+                with torch.no_grad():
+                    val = float(self._neg_log_post(self.model))
+            except Exception:  # noqa: BLE001 - not positive definite at these values
+                val = math.inf
             if math.isfinite(val) and val < best_val:
-                best, best_val = raw.detach().clone(), val
-        return best if best is not None else self._default()
+                best, best_val = _get_raw(self.model), val
+        _set_raw(self.model, best if best is not None else self._default())
 
-    def _log_weights(self, raw: Tensor) -> Tensor:
-        with torch.no_grad():
-            lp = torch.tensor([-float(self._neg_log_post(raw, d)) - 0.5 * (d / DRIFT_PRIOR_SD) ** 2
-                               for d in DRIFT_GRID], dtype=torch.double)
+    def _batch(self, drifts: Tensor) -> _ExactGP:
+        """A batch of models, one per δ in ``drifts``, with :attr:`model`'s hyperparameters."""
+        c = drifts.shape[0]
+        m = _ExactGP(self.X.expand(c, *self.X.shape), self.y.expand(c, -1), _likelihood(),
+                     MultiFidelityKernel(self.encoding, drifts))
+        _set_raw(m, self.raw)
+        return m
+
+    def _log_weights(self) -> Tensor:
+        """Normalized log mixture weights over ``DRIFT_GRID`` at :attr:`raw` (marginal
+        likelihood from GPyTorch × the δ prior)."""
+        drifts = torch.tensor(DRIFT_GRID, dtype=torch.double)
+        with torch.no_grad(), _settings():
+            try:
+                nlp = self._neg_log_post(self._batch(drifts))
+            except Exception:  # noqa: BLE001 - one δ not positive definite: one at a time
+                nlp = torch.stack([self._safe_nlp(d) for d in drifts])
+        lp = -nlp - 0.5 * (drifts / DRIFT_PRIOR_SD) ** 2
         return lp - torch.logsumexp(lp, 0)
 
-    def _mixture(self, raw: Tensor) -> None:
+    def _safe_nlp(self, drift: Tensor) -> Tensor:
+        try:
+            return self._neg_log_post(self._batch(drift.reshape(1)))[0]
+        except Exception:  # noqa: BLE001
+            return torch.tensor(1e10, dtype=torch.double)
+
+    @property
+    def raw(self) -> Tensor:
+        """The raw hyperparameters (length 13, ``_NAMES`` order; log values, logits for ζ)."""
+        return _get_raw(self.model)
+
+    def _mixture(self, refit: bool) -> None:
         drifts = torch.tensor(DRIFT_GRID, dtype=torch.double)
         if self.drift_identifiable:
-            lw = self._log_weights(raw)
+            lw = self._log_weights()
             top = float(drifts[int(lw.argmax())])
-            if top != 0.0:  # refit the other hyperparameters at the most likely drift
-                raw = self._fit(top, [raw])
-                lw = self._log_weights(raw)
+            if top != 0.0 and refit:  # refit the other hyperparameters at the most likely drift
+                self.model.covar_module.drift.fill_(top)
+                self._fit([self.raw])
+                lw = self._log_weights()
         else:  # the likelihood does not depend on δ: the prior
             lw = -0.5 * (drifts / DRIFT_PRIOR_SD) ** 2
             lw = lw - torch.logsumexp(lw, 0)
@@ -316,17 +456,14 @@ class MultiFidelitySurrogate:
         keep = torch.nonzero(w >= MIN_WEIGHT)[:, 0]
         if len(keep) == 0:
             keep = w.argmax().reshape(1)
-        self.raw = raw
-        self.params = {k: v.detach() for k, v in self.kernel.unpack(raw).items()}
         self.drifts = drifts[keep]
         self.weights = w[keep] / w[keep].sum()
-        n = self.X.shape[0]
-        self._comps = []
-        for d in self.drifts.tolist():
-            K = self.kernel(self.X, self.X, self.params, d)
-            K = K + (self.params["noise"] + 1e-8) * torch.eye(n, dtype=torch.double)
-            L = torch.linalg.cholesky(K)
-            self._comps.append((d, L, torch.cholesky_solve(self.y[:, None], L)[:, 0]))
+        k = self.model.covar_module
+        self.params = {name: k.value(name).detach() for name in _KERNEL_NAMES}
+        self.params["noise"] = self.model.likelihood.noise.detach().reshape(())
+        self.model.covar_module.drift.fill_(float(self.drifts[int(self.weights.argmax())]))
+        self.model.eval()
+        self._mix = self._batch(self.drifts).eval()
 
     # ------------------------------------------------------------------ the posterior
     @property
@@ -340,36 +477,22 @@ class MultiFidelitySurrogate:
         m = float((self.weights * self.drifts).sum())
         return m, math.sqrt(max(0.0, float((self.weights * (self.drifts - m) ** 2).sum())))
 
-    def _component(self, X: Tensor, comp, full_cov: bool):
-        d, L, alpha = comp
-        Ks = self.kernel(X, self.X, self.params, d)
-        mean = Ks @ alpha
-        V = torch.linalg.solve_triangular(L, Ks.T, upper=False)
-        if full_cov:
-            return mean, self.kernel(X, X, self.params, d) - V.T @ V
-        return mean, (self._prior_diag(X) - (V * V).sum(0)).clamp_min(0.0)
-
-    def _prior_diag(self, X: Tensor) -> Tensor:
-        """The kernel's diagonal (every term at zero distance; the drift does not enter)."""
-        p, k = self.params, self.kernel
-        one = torch.ones(X.shape[0], dtype=torch.double)
-        v = p["const"] * one + p["joint"] * one
-        if k.g_col is not None:
-            v = v + p["g_var"]
-        if k.r_span is not None:
-            v = v + p["reward"]
-        if k.m_span is not None:
-            v = v + p["model"]
-        low = (1.0 - X[:, k.f_col]) ** 2
-        return v + low * (p["bias0"] + p["bias1"])
+    def _posterior(self, X: Tensor) -> MultivariateNormal:
+        """GPyTorch's noise-free posterior of every mixture component at ``m x d`` inputs: a
+        batch ``c x m`` ``MultivariateNormal`` (standardized units)."""
+        Xb = X.to(torch.double).expand(len(self.drifts), *X.shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+            return self._mix(Xb)
 
     def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Posterior mean and standard deviation (noise-free, target units) of the mixture at
         ``m x d`` inputs; two ``m``-shaped tensors."""
-        X = X.to(torch.double)
-        with torch.no_grad():
-            ms, vs = zip(*(self._component(X, c, False) for c in self._comps))
-            M, V = torch.stack(ms), torch.stack(vs)
+        with (torch.no_grad(), _settings(), gpytorch.settings.min_variance(0.0),
+              gpytorch.settings.max_eager_kernel_size(0), warnings.catch_warnings()):
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)
+            post = self._posterior(X)
+            M, V = post.mean, post.variance.clamp_min(0.0)
             w = self.weights[:, None]
             mean = (w * M).sum(0)
             var = (w * (V + M * M)).sum(0) - mean * mean
@@ -377,44 +500,35 @@ class MultiFidelitySurrogate:
 
     def sample(self, X: Tensor, num_samples: int) -> Tensor:
         """Joint posterior samples of the target: ``b x g x d`` inputs (``b`` curves of ``g``
-        points) give ``num_samples x b x g`` values; each sample draws its δ from the mixture."""
+        points) give ``num_samples x b x g`` values; each sample draws its δ from the mixture
+        (GPyTorch's ``rsample`` of that component, on base samples from a seeded generator)."""
         gen = torch.Generator().manual_seed(self.seed)
         shape = X.shape[:-1]
         flat = X.reshape(-1, X.shape[-1]).to(torch.double)
         comp = torch.multinomial(self.weights, num_samples, replacement=True, generator=gen)
         out = torch.empty(num_samples, flat.shape[0], dtype=torch.double)
-        with torch.no_grad():
-            for k, c in enumerate(self._comps):
+        with torch.no_grad(), _settings(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)
+            post = self._posterior(flat)
+            for k in range(len(self.drifts)):
                 idx = (comp == k).nonzero()[:, 0]
                 if len(idx) == 0:
                     continue
-                mean, cov = self._component(flat, c, True)
-                L = _psd_cholesky(cov)
-                z = torch.randn(flat.shape[0], len(idx), dtype=torch.double, generator=gen)
-                out[idx] = (mean[:, None] + L @ z).T
+                z = torch.randn(flat.shape[0], len(idx), dtype=torch.double, generator=gen).T
+                mvn = MultivariateNormal(post.mean[k], post.lazy_covariance_matrix[k])
+                out[idx] = mvn.rsample(torch.Size([len(idx)]), base_samples=z)
         return (out * self.y_std + self.y_mean).reshape(num_samples, *shape)
 
     def covariance_with(self, x: Tensor, Z: Tensor) -> tuple[Tensor, Tensor]:
         """For one ``1 x d`` input ``x`` and ``m x d`` inputs ``Z``, under the most likely δ:
         ``(posterior covariance of f(x) with f(Z), posterior variance of f(Z))``, two ``m``
         tensors in target units squared (what observing ``Z`` would teach about ``f(x)``)."""
-        c = self._comps[int(self.weights.argmax())]
-        with torch.no_grad():
-            _, cov = self._component(torch.cat([x, Z]).to(torch.double), c, True)
+        with torch.no_grad(), _settings(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+            cov = self.model(torch.cat([x, Z]).to(torch.double)).covariance_matrix
         s2 = self.y_std ** 2
         return cov[0, 1:] * s2, torch.diagonal(cov)[1:] * s2
 
 
-def _psd_cholesky(cov: Tensor) -> Tensor:
-    scale = float(torch.diagonal(cov).abs().mean()) or 1.0
-    eye = torch.eye(cov.shape[0], dtype=cov.dtype)
-    for jitter in (1e-9, 1e-7, 1e-5, 1e-3):
-        L, info = torch.linalg.cholesky_ex(cov + jitter * scale * eye)
-        if int(info) == 0:
-            return L
-    ev, U = torch.linalg.eigh(cov)
-    return U * ev.clamp_min(0).sqrt()
-
-
-__all__ = ["DRIFT_GRID", "DRIFT_PRIOR_SD", "Encoding", "FIDELITY_DECADES", "MultiFidelitySurrogate",
-           "budget_fraction_of", "fidelity_of"]
+__all__ = ["DRIFT_GRID", "DRIFT_PRIOR_SD", "Encoding", "FIDELITY_DECADES", "MultiFidelityKernel",
+           "MultiFidelitySurrogate", "budget_fraction_of", "fidelity_of"]

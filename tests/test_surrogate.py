@@ -95,3 +95,39 @@ def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="at least 2"):
         MultiFidelitySurrogate(ENC, ENC.tensor([ENC.row(0.5, 4, "prm", None, 1.0)]),
                                torch.zeros(1, 1, dtype=torch.double))
+
+
+@pytest.mark.parametrize("full_rhos", [[], [0.35, 0.42, 0.48, 0.55]], ids=["pilots-only", "with-full-runs"])
+def test_gpytorch_port_matches_the_closed_form_reference(full_rhos):
+    """An independent second method: at the reference's fitted hyperparameters (``fit=False``),
+    the GPyTorch model's δ-mixture weights, its posterior mean and variance per δ and the
+    mixture's mean and sd equal the hand-written closed-form GP's (tests/_reference_gp.py)."""
+    from tests._reference_gp import MultiFidelitySurrogate as Reference
+
+    X, Y = data(full_rhos)
+    ref = Reference(ENC, X, Y)
+    port = MultiFidelitySurrogate(ENC, X, Y, init=ref.raw, fit=False)
+
+    def rel(a, b):
+        return float(((a - b).abs() / b.abs().clamp_min(1e-12)).max())
+
+    # mixture weights over the whole δ grid, and the kept components
+    if full_rhos:
+        assert rel(port._log_weights().exp(), ref._log_weights(ref.raw).exp()) < 1e-6
+    assert torch.equal(port.drifts, ref.drifts) and rel(port.weights, ref.weights) < 1e-6
+    Z = ENC.tensor([ENC.row(0.2 + 0.7 * i / 40, g, r, None, f)
+                    for i in range(41) for g in (4, 8) for r in ("sparse", "prm") for f in (0.1, 0.3, 1.0)])
+    # per component: posterior mean and (noise-free) variance in standardized units
+    post = port._posterior(Z)
+    with torch.no_grad():
+        for k, comp in enumerate(ref._comps):
+            m_ref, v_ref = ref._component(Z, comp, False)
+            assert rel(post.mean[k].detach(), m_ref) < 1e-6
+            assert rel(post.variance[k].detach(), v_ref) < 1e-6
+    # the mixture, in target units
+    (m1, s1), (m0, s0) = port.predict(Z), ref.predict(Z)
+    assert rel(m1, m0) < 1e-6 and rel(s1, s0) < 1e-6
+    # the joint covariance used for pilot-versus-full gains
+    c1, v1 = port.covariance_with(Z[:1], Z[1:20])
+    c0, v0 = ref.covariance_with(Z[:1], Z[1:20])
+    assert rel(c1, c0) < 1e-6 and rel(v1, v0) < 1e-6
