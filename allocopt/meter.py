@@ -42,6 +42,8 @@ class FlopMeter:
     wall_seconds: dict[str, float] = field(default_factory=dict)
     """Wall time per phase (``search``, ``reward``, ``learning``), seconds."""
     stopped_reason: str | None = None
+    refused_flops: int | None = None
+    """The worst-case bound of the iteration :meth:`admit` refused (``None``: none refused)."""
 
     @property
     def executed_flops(self) -> int:
@@ -62,6 +64,7 @@ class FlopMeter:
             BudgetExhausted: the spent total plus the bound would pass the budget.
         """
         if self.executed_flops + worst_case_flops > self.budget_flops:
+            self.refused_flops = worst_case_flops
             self.stopped_reason = (
                 f"budget: {self.executed_flops:.3e} spent + up to {worst_case_flops:.3e} for the "
                 f"next iteration > {self.budget_flops:.3e}")

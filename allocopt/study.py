@@ -204,12 +204,9 @@ def run_one_trial(
     run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
                                                         "allocopt.fidelity": fidelity}) if tracker else None
     row = TrialRow(trial.number, "RUNNING", dict(trial.params))
-    try:
-        plan = make_plan(budget, alloc, workload)
-        if not plan.realizable:
-            raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
-                                 min_budget_flops=0)
-    except InfeasiblePlan as e:
+
+    def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
+        """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
         excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
         trial.set_constraint("budget", max(excess, 1e-6))
         trial.set_user_attr("state", "INFEASIBLE")
@@ -217,14 +214,25 @@ def run_one_trial(
         study.tell(trial, [0.0] * len(keys))
         row.state, row.error = "INFEASIBLE", str(e)
         if tracker:
-            tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[], plan=None, error=str(e))
+            tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[],
+                                 plan=plan.to_dict() if plan is not None else None, error=str(e))
         if on_trial_end:
             on_trial_end(row, None)
         return row, None
+
+    try:
+        plan = make_plan(budget, alloc, workload)
+        if not plan.realizable:
+            raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
+                                 min_budget_flops=0)
+    except InfeasiblePlan as e:
+        return _infeasible(e, None)
     if on_trial_start:
         on_trial_start(trial.number, alloc, plan)
     try:
         result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+    except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
+        return _infeasible(e, plan)
     except KeyboardInterrupt:
         study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted")
         study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")

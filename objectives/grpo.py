@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from allocopt.allocation import TrialPlan, rows_schedule
+from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule
 from allocopt.flops import ComputeBreakdown, FlopAccount, LoRASpec, ModelShape
 from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
@@ -267,6 +267,8 @@ def run_grpo(
 
     Raises:
         TrialFailed: the run crashed; ``.result`` holds what was spent until then.
+        InfeasiblePlan: the meter refused the first iteration (its worst case does not fit the
+            budget although the plan's expected cost does); nothing was spent.
     """
     import torch
     from datasets import Dataset
@@ -325,6 +327,16 @@ def run_grpo(
                          status=status, error=error, stopped_reason=meter.stopped_reason)
     if status == "failed":
         raise TrialFailed(error or "trial failed", result)
+    if not meter.records and meter.refused_flops is not None:
+        # the plan buys one iteration at its expected lengths, but the meter's worst case
+        # (every completion at max_completion_length, the reward model's bound) does not fit:
+        # nothing was run, so this is an infeasible plan, not a trial of the untrained policy
+        raise InfeasiblePlan(
+            f"budget_flops={plan.budget_flops:.3e}: the first iteration's worst case "
+            f"({meter.refused_flops:.3e} FLOPs: every completion at max_completion_length="
+            f"{settings.max_completion_length}, plus the reward model's bound) does not fit; "
+            f"the smallest budget that runs one iteration is {meter.refused_flops:.3e}",
+            min_budget_flops=meter.refused_flops)
     if evaluate is not None:
         t0 = time.perf_counter()
         result.targets, result.eval_flops = evaluate(trained)

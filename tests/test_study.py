@@ -246,3 +246,25 @@ def test_cli_study_sizes_its_pilots_to_a_large_space(tmp_path):
     pilots = [t for t in st.trials if t.user_attrs.get("fidelity") == "pilot"]
     assert len(pilots) == 72
     assert " model " in proc.stdout and "Qwen2.5-" in proc.stdout  # the model column of the table
+
+
+def test_a_run_that_cannot_start_is_recorded_infeasible(tmp_path):
+    from allocopt.allocation import InfeasiblePlan
+
+    class Refusing(Counting):
+        def run(self, plan, *, seed=0, progress=None):
+            if plan.allocation.reward == "prm":
+                raise InfeasiblePlan("the first iteration's worst case does not fit",
+                                     min_budget_flops=int(10 * plan.budget_flops))
+            return super().run(plan, seed=seed, progress=progress)
+
+    obj = Refusing()
+    st = run_study(spec(trials=8), objective=obj, workload=obj.workload(),
+                   storage=f"sqlite:///{tmp_path}/i.db")
+    got = {t.number: (t.params["reward"], t.user_attrs["state"]) for t in st.trials}
+    assert {s for r, s in got.values() if r == "prm"} <= {"INFEASIBLE"}
+    assert {s for r, s in got.values() if r == "sparse"} <= {"COMPLETE"}
+    for t in st.trials:
+        if t.params["reward"] == "prm":
+            assert t.system_attrs["constraints:budget"] == pytest.approx(1.0)  # log10(10x budget)
+            assert "metrics" not in t.user_attrs

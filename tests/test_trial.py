@@ -335,3 +335,19 @@ def test_each_pass_steps_at_the_learning_rate_trl_runs(world, divide, monkeypatc
              train_rows=world.rows, reward=make_reward("sparse"), settings=settings)
     assert seen and seen[0][1] == passes
     assert seen[0][0] == pytest.approx(2e-3 / passes if divide else 2e-3, rel=0.02)  # ≤ 1 scheduler step
+
+
+def test_a_budget_below_the_first_worst_case_is_infeasible_not_an_untrained_trial(world):
+    # the plan buys one iteration at the expected lengths; the meter's worst case for a PRM
+    # (prompt + 2 x completion tokens) is larger, so it refuses the first iteration: nothing is
+    # run, and the trial must not report the untrained policy's scores as its result
+    plan = plan_for(world, "prm", 0.5, factor=1.0)
+    assert plan.iterations == 1
+    reward = world.reward("prm")
+    worst = reward.worst_case_flops(max(len(r["prompt"]) for r in world.rows), C, N)
+    with pytest.raises(InfeasiblePlan, match="worst case") as exc:
+        run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
+                 train_rows=world.rows, reward=reward, settings=SETTINGS,
+                 evaluate=lambda m: pytest.fail("evaluated a policy that was never trained"))
+    assert exc.value.min_budget_flops > plan.budget_flops
+    assert exc.value.min_budget_flops >= worst  # the refused bound includes the reward's
