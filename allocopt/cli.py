@@ -245,7 +245,7 @@ def study(
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials."),
     sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch (default), gp or random."),
     pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. (default: the spec's, else 60 or more: enough for every reward system × model)"),
-    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: 0.1)"),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: the spec's, else 0.1)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
@@ -354,7 +354,7 @@ def study(
                 msg += " -> " + ", ".join(f"{t}={row.targets.get(k, float('nan')):.4f}"
                                           for t, k in zip(s.targets, s.target_keys))
             elif row.error:
-                msg += f" ({row.error.splitlines()[0][:120]})"
+                msg += f" ({row.error.splitlines()[0]})"
             bar.console.print(msg, markup=False, highlight=False)
 
         try:

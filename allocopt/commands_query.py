@@ -73,7 +73,11 @@ def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], 
             f"MLflow {', '.join(from_mlflow or [])}"
     if fidelity != "all":
         rows = [r for r in rows if r.fidelity == fidelity]
-    return filter_rows(rows, where or []), source
+    kept = filter_rows(rows, where or [])
+    if rows and where and not any(r.state == "COMPLETE" for r in kept):
+        raise _problem(f"where={' and '.join(where)!r}: matches no complete trial of the "
+                       f"{len(rows)} in {source} (fidelity {fidelity})")
+    return kept, source
 
 
 def _clean(obj: Any) -> Any:

@@ -51,10 +51,11 @@ class QwenObjective:
             raise ObjectiveUnavailable(
                 f"objective=qwen: training {self.settings.model} needs a CUDA GPU with vLLM (this "
                 "machine has none) and its GPU trial driver is not built yet; use --objective tiny "
-                "(a real GRPO world that runs on CPU) or --dry-run (plans only, nothing spent)")
+                "(a real GRPO world that runs on CPU), or plan without running: `allocopt plan` or "
+                "`allocopt study --dry-run`")
         raise ObjectiveUnavailable(
-            "objective=qwen: the GPU trial driver for Qwen2.5 is not built yet; use --objective tiny "
-            "or --dry-run")
+            "objective=qwen: the GPU trial driver for Qwen2.5 is not built yet; use --objective tiny, "
+            "or plan without running: `allocopt plan` or `allocopt study --dry-run`")
 
     def run(self, plan: TrialPlan, *, seed: int = 0, progress: Any = None) -> Any:
         self.check_available()

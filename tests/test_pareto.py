@@ -261,6 +261,7 @@ def test_cli_best_from_optuna_and_across_mlflow_studies(studies, capsys):
     (["best", "--study", "a", "--target", "pass@1:gsm8k"], "no complete trial measured it"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--where", "rho>>0.5"], "where='rho>>0.5'"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--where", "reward"], "allowed forms"),
+    (["best", "--study", "a", "--target", "judge", "--where", "reward=dnse"], "matches no complete trial"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--directions", "up,down"], "direction='up'"),
     (["best", "--study", "a", "--target", "judge", "--fidelity", "half"], "fidelity='half'"),
     (["best", "--target", "judge"], "--from-mlflow"),
