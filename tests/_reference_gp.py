@@ -6,50 +6,9 @@ its own Cholesky, marginal likelihood, L-BFGS fit and posterior. ``tests/test_su
 both to the same hyperparameters and drift and checks the port's posterior mean, variance and
 δ-mixture weights against this file. Not used by the package.
 
------------------------------------------------------------------------------ original docstring
-A multi-fidelity Gaussian-process surrogate of the target over allocations, pilots and full runs.
-
-torch is imported here (and below) only; ``import allocopt`` and the CLI stay light. Fits run on
-one thread (``torch.set_num_threads(1)``: several times faster on 2 shared cores).
-
-Inputs. One row per trial, ``n x d``, every column in [0, 1] (only the dimensions that vary in
-the search space are encoded; :class:`Encoding`):
-
-* ρ, scaled to its range: ``(rho - lo) / (hi - lo)``;
-* G as ``log2 G`` scaled to the range of the space's group sizes;
-* the reward system, one-hot (one column per reward system of the space);
-* the policy model, one-hot (when the space names several);
-* the **fidelity** ``s`` (last column): ``s = 1 + log10(budget / budget_flops) / FIDELITY_DECADES``,
-  clamped to [0, 1], so a full-budget run has ``s = 1`` and a pilot at 10 % of the budget
-  ``s = 0.5``.
-
-Model. An exact GP (written here in torch: small ``n``, so a closed-form marginal likelihood and
-L-BFGS on a dozen hyperparameters take a fraction of a second) on standardized targets, with a
-kernel that is a sum of first-order terms and one interaction term, plus a fidelity part::
-
-    k(x, x') =   σ0²                                   constant
-               + σr² [r = r'] + σm² [m = m']           reward system, model: additive levels
-               + σg² M(u - u'; ℓg')                    G: one curve shared by every cell
-               + σj² M(ρw - ρw'; ℓρ) M(u - u'; ℓg) C(x, x')              the interaction
-               + (1 - s)(1 - s') (σb0² + σb1² M(ρw - ρw'; ℓρ) C(x, x'))  the pilots' bias
-    C(x, x') = (ζr + (1 - ζr)[r = r']) (ζm + (1 - ζm)[m = m'])
-    ρw       = ρ + δ · FIDELITY_DECADES · (1 - s) / (hi - lo)   (ρ scaled; ``u`` is scaled log2 G)
-
-``M`` is the Matérn-5/2 correlation; ``[·]`` is 1 when the categories agree. The bias term
-vanishes at the full budget, so pilots inform the full-budget prediction through the other terms
-without being taken for full runs, and may differ from them in level (per cell, through ``C``).
-
-**Budget drift.** ``δ`` is how far the optimum in ρ moves per decade of budget (ρ units): a pilot
-at ρ is compared with full runs at ρ + δ × (decades below the full budget). δ is not fitted by
-gradient (its likelihood is multimodal and flat while there is no full run); the posterior is a
-mixture over a grid of δ values, each weighted by its marginal likelihood (the other
-hyperparameters fixed at their fit) times a Gaussian prior ``N(0, DRIFT_PRIOR_SD²)``. With pilots
-only, the weights are the prior, so proposals explore across the possible shift; a few full runs
-pin it down. Predictions and samples are the mixture's.
-
-Hyperparameters: MAP under weak log-normal priors (lengthscales, variances, noise on the
-standardized scale), L-BFGS from a default start (and from ``init``, the previous fit's, when
-given; the better is kept).
+The model it implements is documented in :mod:`allocopt.surrogate` (same kernel, drift mixture,
+priors). The encoding, constants and hyperparameter table are imported from there (they are
+inputs, not the GP math under test).
 """
 
 from __future__ import annotations
@@ -57,103 +16,15 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
 torch.set_num_threads(1)
 
-FIDELITY_DECADES = 2.0
-"""Decades of budget that span the fidelity axis: ``s = 0`` at 1 % of the budget, 1 at 100 %."""
-DRIFT_PRIOR_SD = 0.05
-"""Prior standard deviation of the drift δ of the optimal ρ per decade of budget (ρ units)."""
-DRIFT_GRID: tuple[float, ...] = tuple(round(-0.15 + 0.01 * i, 4) for i in range(31))
-"""δ values (ρ per decade of budget) of the mixture: -0.15 … 0.15, step 0.01 (± 3 prior sd)."""
-MIN_WEIGHT = 1e-3
-"""Mixture components below this weight are dropped (the rest renormalized)."""
+from allocopt.surrogate import (DRIFT_GRID, DRIFT_PRIOR_SD, FIDELITY_DECADES, MIN_WEIGHT,  # noqa: F401
+                                 _HYPERS, Encoding, budget_fraction_of, fidelity_of)
 
-
-def fidelity_of(budget_fraction: float) -> float:
-    """The fidelity ``s`` in [0, 1] of a run at ``budget_fraction`` of the full budget."""
-    return min(1.0, max(0.0, 1.0 + math.log10(budget_fraction) / FIDELITY_DECADES))
-
-
-def budget_fraction_of(s: Tensor) -> Tensor:
-    """Inverse of :func:`fidelity_of`: the cost of a run in full-budget runs, elementwise."""
-    return torch.pow(10.0, (s - 1.0) * FIDELITY_DECADES)
-
-
-@dataclass(frozen=True)
-class Encoding:
-    """How an allocation and a budget fraction become one row of the GP's ``n x d`` inputs."""
-
-    rho_range: tuple[float, float]
-    group_sizes: tuple[int, ...]
-    rewards: tuple[str, ...]
-    models: tuple[str | None, ...] = (None,)
-
-    @property
-    def columns(self) -> list[str]:
-        cols = ["rho"]
-        if len(self.group_sizes) > 1:
-            cols.append("log2_group_size")
-        if len(self.rewards) > 1:
-            cols += [f"reward={r}" for r in self.rewards]
-        if len(self.models) > 1:
-            cols += [f"model={m}" for m in self.models]
-        return cols + ["fidelity"]
-
-    @property
-    def dim(self) -> int:
-        """``d``, the number of input columns (fidelity last)."""
-        return len(self.columns)
-
-    @property
-    def fidelity_column(self) -> int:
-        return self.dim - 1
-
-    def _span(self, prefix: str) -> slice | None:
-        idx = [i for i, c in enumerate(self.columns) if c.startswith(prefix)]
-        return slice(idx[0], idx[-1] + 1) if idx else None
-
-    def row(self, rho: float, group_size: int, reward: str, model: str | None,
-            budget_fraction: float) -> list[float]:
-        """One input row (length ``d``)."""
-        lo, hi = self.rho_range
-        out = [(rho - lo) / (hi - lo) if hi > lo else 0.0]
-        if len(self.group_sizes) > 1:
-            g0, g1 = math.log2(min(self.group_sizes)), math.log2(max(self.group_sizes))
-            out.append((math.log2(group_size) - g0) / (g1 - g0))
-        if len(self.rewards) > 1:
-            out += [float(reward == r) for r in self.rewards]
-        if len(self.models) > 1:
-            out += [float(model == m) for m in self.models]
-        return out + [fidelity_of(budget_fraction)]
-
-    def tensor(self, rows: Sequence[Sequence[float]]) -> Tensor:
-        """``n x d`` double tensor of rows made by :meth:`row`."""
-        return torch.tensor([list(r) for r in rows], dtype=torch.double).reshape(-1, self.dim)
-
-
-# ---------------------------------------------------------------------------- the kernel
-# name: (start value, prior mean, prior sd), all on the log scale (zeta: logit scale)
-_HYPERS: dict[str, tuple[float, float, float]] = {
-    "const": (math.log(0.3), math.log(0.3), 2.0),
-    "reward": (math.log(0.3), math.log(0.3), 2.0),
-    "model": (math.log(0.1), math.log(0.1), 2.0),
-    "g_var": (math.log(0.05), math.log(0.05), 2.0),
-    "g_ls": (math.log(0.5), math.log(0.5), 1.0),
-    "joint": (math.log(0.5), math.log(0.5), 1.5),
-    "rho_ls": (math.log(0.2), math.log(0.2), 1.0),
-    "joint_g_ls": (math.log(0.7), math.log(0.7), 1.0),
-    "zeta_reward": (0.0, 0.0, 1.5),
-    "zeta_model": (0.0, 0.0, 1.5),
-    "bias0": (math.log(0.05), math.log(0.05), 2.0),
-    "bias1": (math.log(0.05), math.log(0.05), 2.0),
-    "noise": (math.log(0.05), math.log(0.05), 2.0),
-}
 _NAMES = tuple(_HYPERS)
 _SQRT5 = math.sqrt(5.0)
 

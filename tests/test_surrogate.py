@@ -102,7 +102,7 @@ def test_gpytorch_port_matches_the_closed_form_reference(full_rhos):
     """An independent second method: at the reference's fitted hyperparameters (``fit=False``),
     the GPyTorch model's δ-mixture weights, its posterior mean and variance per δ and the
     mixture's mean and sd equal the hand-written closed-form GP's (tests/_reference_gp.py)."""
-    from tests._reference_gp import MultiFidelitySurrogate as Reference
+    from _reference_gp import MultiFidelitySurrogate as Reference
 
     X, Y = data(full_rhos)
     ref = Reference(ENC, X, Y)
