@@ -74,7 +74,8 @@ def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], 
     if fidelity != "all":
         rows = [r for r in rows if r.fidelity == fidelity]
     kept = filter_rows(rows, where or [])
-    if rows and where and not any(r.state == "COMPLETE" for r in kept):
+    if where and any(r.state == "COMPLETE" for r in rows) \
+            and not any(r.state == "COMPLETE" for r in kept):
         raise _problem(f"where={' and '.join(where)!r}: matches no complete trial of the "
                        f"{len(rows)} in {source} (fidelity {fidelity})")
     return kept, source

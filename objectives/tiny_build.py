@@ -320,6 +320,16 @@ def _optimizer(model: Any, lr: float, weight_decay: float, warmup: int):
     return opt, sched
 
 
+def _step(loss: Any, opt: Any, sched: Any) -> float:
+    """One optimizer step on ``loss`` (backward, step, zero the gradients, advance the
+    schedule); returns the loss as a float."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
+    return float(loss.detach())
+
+
 def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
     """Index batches from per-epoch permutations of ``range(n)`` (a batch may span two)."""
     order: list[int] = []
@@ -394,12 +404,7 @@ def train_policy(s: BuildSettings, train: Sequence[Problem], check: Sequence[Pro
     for step in range(1, s.sft_steps + 1):
         idx = next(batches)
         ids, mask, lab = _pad([seqs[i] for i in idx], [labels[i] for i in idx])
-        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        loss_value = float(loss.detach())
+        loss_value = _step(model(input_ids=ids, attention_mask=mask, labels=lab).loss, opt, sched)
         if step % 100 == 0:
             progress(f"sft step {step}/{s.sft_steps} loss {loss_value:.4f}")
         if s.sft_stop_accuracy is not None and step >= s.sft_check_from \
@@ -549,13 +554,8 @@ def train_prm(size: str, steps: int, lr: float, data: Sequence[Example], s: Buil
         idx = next(batches)
         ids, mask, lab = _pad([data[i][0] for i in idx], [data[i][1] for i in idx])
         logits = model(input_ids=ids, attention_mask=mask).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 2), lab.reshape(-1),
-                                                 ignore_index=-100)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        loss_value = float(loss.detach())
+        loss_value = _step(torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 2), lab.reshape(-1), ignore_index=-100), opt, sched)
         if step % 50 == 0:
             progress(f"{size} prm step {step}/{steps} loss {loss_value:.4f}")
     model.eval()
