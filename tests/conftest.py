@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHIPPED_DATA = ROOT / "objectives" / "data"
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """``../shared/data`` beside the checkout (GSM8K and MATH-500 test sets)."""
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
+def shipped_data() -> Path:
+    """``objectives/data`` in the checkout (GSM8K and MATH-500 test sets, shipped, MIT)."""
+    if not SHIPPED_DATA.is_dir():
+        pytest.fail(f"shipped data not found at {SHIPPED_DATA}")
+    return SHIPPED_DATA
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -21,13 +21,13 @@ from objectives.mathdata import (
 
 
 @pytest.fixture(scope="module")
-def gsm8k(shared_data):
-    return load_gsm8k(shared_data / "gsm8k" / "test.jsonl")
+def gsm8k(shipped_data):
+    return load_gsm8k(shipped_data / "gsm8k" / "test.jsonl")
 
 
 @pytest.fixture(scope="module")
-def math500(shared_data):
-    return load_math500(shared_data / "math500")  # a folder works too
+def math500(shipped_data):
+    return load_math500(shipped_data / "math500")  # a folder works too
 
 
 # ----------------------------------------------------------------- loaders
@@ -43,11 +43,11 @@ def test_loaders_read_the_shipped_sets(gsm8k, math500):
         first.answer = "19"  # frozen
 
 
-def test_load_problems_by_name_and_limit(shared_data):
-    rows = load_problems("gsm8k", shared_data / "gsm8k", limit=3)
+def test_load_problems_by_name_and_limit(shipped_data):
+    rows = load_problems("gsm8k", shipped_data / "gsm8k", limit=3)
     assert [r.answer for r in rows] == ["18", "3", "70000"]
     with pytest.raises(ValueError, match=r"dataset='gsm9k': unknown dataset; allowed: gsm8k, math500"):
-        load_problems("gsm9k", shared_data)  # type: ignore[arg-type]
+        load_problems("gsm9k", shipped_data)  # type: ignore[arg-type]
 
 
 def test_loader_errors_name_the_problem(tmp_path):

@@ -94,13 +94,13 @@ def test_find_equations(line, expected):
     assert [(e.lhs, e.rhs, e.correct) for e in find_equations(line)] == expected
 
 
-def test_step_checker_on_gsm8k_gold_solutions(shared_data):
+def test_step_checker_on_gsm8k_gold_solutions(shipped_data):
     # All 1,319 GSM8K gold solutions. Measured: 4,393 steps with arithmetic, 4,390 judged
     # correct; the 3 others: "¾ x 3/3 = 9/12" (a unicode fraction is not parsed), "45 + 21 +28
     # = 94%" (percent points written as plain numbers) and "$32 - $20 = $300" (a real typo in
     # GSM8K, test row 1024). 16 solutions have no arithmetic step; 1,141 are well formed in the
     # strict sense (the rest have prose lines without an equation).
-    rows = load_gsm8k(shared_data / "gsm8k")
+    rows = load_gsm8k(shipped_data / "gsm8k")
     correct = total = no_steps = well_formed = 0
     for row in rows:
         c, t = step_accuracy(row.solution)
