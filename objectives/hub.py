@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from allocopt.flops import ConfigError
 
@@ -69,4 +69,29 @@ def resolve(name: str, kind: Literal["model", "dataset"] = "model", *, field: st
     return name
 
 
-__all__ = ["HUB_TIMEOUT_S", "MissingResource", "resolve"]
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of a resolved model folder or hub id, left padding.
+
+    ``AutoTokenizer`` picks the class from the model type (a Qwen2 model gets Qwen2's own
+    pre-tokenizer), which re-tokenizes a folder saved from a plain ``PreTrainedTokenizerFast``
+    differently than it was built; such a folder (``tokenizer_class`` in its
+    ``tokenizer_config.json``) is loaded with that class.
+    """
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = os.path.join(path, "tokenizer_config.json")
+    cls = None
+    if os.path.isfile(cfg):
+        with open(cfg, encoding="utf-8") as fh:
+            cls = json.load(fh).get("tokenizer_class")
+    if cls in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    tok.padding_side = "left"
+    return tok
+
+
+__all__ = ["HUB_TIMEOUT_S", "MissingResource", "load_tokenizer", "resolve"]

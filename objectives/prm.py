@@ -153,14 +153,16 @@ def load_prm(name: str, *, reward: str = "prm", aggregate: str = "min", batch_si
     if fmt == "skywork-o1-prm":
         model, tokenizer = _load_skywork(path, dtype, field, name)
     else:
-        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
+
+        from objectives.hub import load_tokenizer
 
         arch = (AutoConfig.from_pretrained(path, trust_remote_code=True).architectures or [""])[0]
         if arch == "Qwen2ForProcessRewardModel":  # the real PRM: its own modeling code
             model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype)
         else:
             model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+        tokenizer = load_tokenizer(path)
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{field}={name!r}: its tokenizer has no chat template; the "
                               "qwen2.5-math-prm card format needs one")

@@ -412,7 +412,7 @@ _LATEX_WORDS = ((r"\times", "*"), (r"\cdot", "*"), (r"\ast", "*"), (r"\div", "/"
 
 
 def normalize_latex(line: str) -> str:
-    """A line of LaTeX as plain arithmetic for :func:`find_equations`: ``\frac{a}{b}`` (and
+    r"""A line of LaTeX as plain arithmetic for :func:`find_equations`: ``\frac{a}{b}`` (and
     ``\dfrac``, ``\tfrac``, nested) → ``((a)/(b))``; ``\times``, ``\cdot`` → ``*``;
     ``\div`` → ``/``; ``\boxed{x}`` → ``x``; ``\text{…}`` dropped; math delimiters
     (``$``, ``\(``, ``\[``), spacing commands, ``\left``/``\right`` and ``&`` dropped; braces
