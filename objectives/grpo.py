@@ -169,6 +169,8 @@ class _Hooks:
     reward: Any
     tokenizer: Any
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None
+    on_batch: Callable[[list[int], list[int]], None] | None = None
+    """Called with each rollout batch's prompt and completion token counts."""
     engine: Any = None
     """The :class:`~allocopt.grpo_flops.Engine` whose executed FLOPs are charged."""
     iteration: int = -1
@@ -215,6 +217,8 @@ class _Hooks:
         p_tok = out["prompt_mask"].sum(1).tolist()[::G]
         c_tok = [max(1, int(c)) for c in out["completion_mask"].sum(1).tolist()]
         acct = self._step(p_tok, c_tok, self.rows)
+        if self.on_batch:
+            self.on_batch(p_tok, c_tok)
         usage = self.reward.consume_usage() if hasattr(self.reward, "consume_usage") else None
         if usage is not None and (usage.useful_flops or usage.executed_flops):
             acct = acct + usage.account()
@@ -250,6 +254,7 @@ def run_grpo(
     settings: GRPOSettings = GRPOSettings(),
     evaluate: Callable[[Any], tuple[dict[str, float], int]] | None = None,
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None,
+    on_batch: Callable[[list[int], list[int]], None] | None = None,
 ) -> TrialResult:
     """Run one GRPO trial of ``plan`` and score it.
 
@@ -262,6 +267,7 @@ def run_grpo(
         settings: :class:`GRPOSettings`.
         evaluate: ``model -> (targets, eval_flops)`` after training.
         progress: called after every iteration with its record and the meter.
+        on_batch: called with every rollout batch's prompt and completion token counts.
 
     Returns:
         :class:`TrialResult`; its ``spent.executed.total_flops`` is at most ``plan.budget_flops``.
@@ -290,7 +296,7 @@ def run_grpo(
 
     meter = FlopMeter(plan.budget_flops)
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, lora=lora, settings=settings,
-                   reward=reward, tokenizer=tokenizer, progress=progress,
+                   reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
                    engine=engine_for(settings.engine, model))
     N = plan.rollouts_per_iteration
     passes = max(1, plan.num_iterations_trl)
