@@ -183,7 +183,9 @@ class _Hooks:
         return self.plan.rollouts_per_iteration
 
     def needs_old_logprobs(self) -> bool:
-        return self.rows > self.N
+        """Whether the old-policy pass must run: a second pass over the batch, or TRL's vLLM
+        importance-sampling correction (which reads it on every iteration)."""
+        return self.rows > self.N or self.settings.old_logprobs_every_iteration
 
     def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
         # TRL with vLLM and its importance-sampling correction runs the old-policy pass on
