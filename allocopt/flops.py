@@ -247,9 +247,9 @@ class LoRASpec:
         return shape.num_layers * sum(2 * self.rank * (lin[m][0] + lin[m][1]) for m in self.target_modules)
 
 
-HUB_TIMEOUT_S = 4.0
-"""Seconds a hub look-up of a ``config.json`` may take before it is given up (offline: fail
-in under 5 s with one line, not a minute of retries)."""
+HUB_TIMEOUT_S = 2.5
+"""Seconds a hub look-up of a ``config.json`` may take before it is given up (offline, the
+whole command fails in under 5 s with one line, not half a minute of retries)."""
 
 
 def _hub_config(repo_id: str) -> str:
