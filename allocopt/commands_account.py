@@ -90,8 +90,7 @@ def account(
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase (search / learning /
-    reward) and its update fraction rho."""
+    """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase and its rho."""
     given = dict(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                  completion_max=completion_max, length_distribution=length_distribution,
                  lengths=None if lengths is None else str(lengths),
