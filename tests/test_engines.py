@@ -207,3 +207,25 @@ def test_r1_verl_run_from_log_by_hand():
     rates = run.achieved(989.0)
     assert rates["learning"]["mfu"] == pytest.approx(
         ex.learning_flops / run.phase_seconds["learning"] / 989e12)
+
+
+def test_trl_gpu_and_vllm_by_hand_one_group():
+    """Prompt 3, completions 2 and 4 (G=2), full fine-tuning, toy shape. trl-gpu: padded
+    generate (every row 3 + 4, decoding to the longest), rows padded to 3 + 4 = 7 in training,
+    causal (flash) attention, the fused head on each row's completion tokens and recomputed in
+    backward. trl-vllm: the same training, vLLM generation (prompt once, no padding) and the
+    old-policy pass for the importance-sampling correction."""
+    step = GRPOStep(prompt_tokens=(3,), completion_tokens=(2, 4), group_size=2)
+    gpu = grpo_step_flops(TOY, step, engine_name="trl-gpu").executed
+    # generate: 2 rows x (prefill 1040 + 3 decode steps at 4, 5, 6 keys)
+    assert gpu.search == {"prefill": 2 * 1040, "decode": 2 * (3 * 368 + 16 * 15)}
+    lin, attn7 = 2 * 144 * 7, 16 * 28
+    assert gpu.learning["forward"] == 2 * (lin + attn7) + 80 * (2 + 4)
+    assert gpu.learning["backward"] == 2 * (2 * lin + attn7 * 5 // 2) + 2 * 80 * (2 + 4)
+    assert gpu.learning["recompute"] == 80 * (2 + 4)  # the head's logits tiles
+    assert gpu.learning["old_logprobs"] == 0
+    vllm = grpo_step_flops(TOY, step, engine_name="trl-vllm").executed
+    assert vllm.search == {"prefill": 1040, "decode": (368 + 16 * 4) + 3 * 368 + 16 * 15}
+    assert vllm.learning["old_logprobs"] == gpu.learning["forward"]
+    assert {k: v for k, v in vllm.learning.items() if k != "old_logprobs"} == \
+        {k: v for k, v in gpu.learning.items() if k != "old_logprobs"}

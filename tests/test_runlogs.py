@@ -143,3 +143,10 @@ def test_cli_from_verl_json_and_table():
     assert trl.returncode == 0, trl.stderr
     assert json.loads(trl.stdout)["total_flops"] == \
         import_trl(TRL, model=str(TRL / "base")).account.executed.total_flops
+
+
+def test_runlogs_load_no_torch():
+    code = ("import sys, allocopt.runlogs, allocopt.commands_account; "
+            "print([m for m in ('torch', 'transformers', 'trl') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stderr
