@@ -132,6 +132,10 @@ class Workload:
     """Generation limit per completion (tokens) the driver runs with; part of the plan's
     :attr:`TrialPlan.setup_fingerprint` (``None``: not pinned, the driver's own limit counts
     as a mismatch unless it is also ``None``)."""
+    importance_sampling_correction: bool = True
+    """TRL's ``vllm_importance_sampling_correction`` (its default: on). On a ``trl-vllm``
+    engine it makes the old-policy log-prob pass run on every iteration, which puts a floor
+    under ρ (:func:`allocopt.grpo_flops.old_logprobs_pass`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
@@ -202,16 +206,19 @@ class TrialPlan:
 
 def setup_fingerprint(policy: ModelShape, *, lora: LoRASpec | None, engine_name: str,
                       gradient_checkpointing: bool, reference: bool,
-                      max_completion_length: int | None) -> str:
+                      max_completion_length: int | None,
+                      importance_sampling_correction: bool = True) -> str:
     """A short hash (12 hex digits) of everything that decides a trial's FLOPs besides the
     allocation and the token counts: the policy's widths (not its name: a hub id and its local
     copy agree), LoRA rank and targets, engine name, gradient checkpointing, the reference
-    pass (β > 0) and the generation limit. The plan stores it; the driver recomputes it from
+    pass (β > 0), the generation limit and vLLM's importance-sampling correction (an old-policy
+    pass on every ``trl-vllm`` iteration). The plan stores it; the driver recomputes it from
     the model it loaded and the settings it runs, and refuses a mismatch."""
     shape = {k: v for k, v in asdict(policy).items() if k != "name"}
     data = {"policy": shape, "lora": None if lora is None else [lora.rank, list(lora.target_modules)],
             "engine": engine_name.split("+")[0], "gradient_checkpointing": bool(gradient_checkpointing),
-            "reference": bool(reference), "max_completion_length": max_completion_length}
+            "reference": bool(reference), "max_completion_length": max_completion_length,
+            "importance_sampling_correction": bool(importance_sampling_correction)}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -221,7 +228,8 @@ def workload_fingerprint(workload: Workload, allocation: Allocation | None = Non
     return setup_fingerprint(policy, lora=workload.lora, engine_name=engine(workload.engine).name,
                              gradient_checkpointing=workload.gradient_checkpointing,
                              reference=workload.reference,
-                             max_completion_length=workload.max_completion_length)
+                             max_completion_length=workload.max_completion_length,
+                             importance_sampling_correction=workload.importance_sampling_correction)
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
@@ -253,6 +261,7 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
         group_size=G,
         update_passes=rows_trained / N,
         reference=workload.reference,
+        importance_sampling_correction=workload.importance_sampling_correction,
         reward_steps=(max(0, round(workload.steps_per_completion)),) * N,
     )
     return grpo_step_flops(_policy(workload, allocation), step, lora=workload.lora,

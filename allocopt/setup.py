@@ -13,7 +13,8 @@ data. From it come
 ``allocopt.recipe.Recipe`` (what ``allocopt account`` prices) describes the same run by its
 averages; its fields map one to one onto these (``model``, ``lora_rank``, ``lora_targets``,
 ``gradient_checkpointing``, ``engine``, ``beta``, ``prompt_tokens``, ``completion_tokens``,
-``reward_steps`` = :attr:`steps_per_completion`, ``prompts × group_size`` = one rollout batch).
+``reward_steps`` = :attr:`steps_per_completion`, ``importance_sampling_correction`` =
+:attr:`vllm_importance_sampling`, ``prompts × group_size`` = one rollout batch).
 """
 
 from __future__ import annotations
@@ -143,14 +144,16 @@ class TrainingSetup:
                         padded_completion_tokens=self.padded_completion_tokens,
                         steps_per_completion=self.steps_per_completion, lora=self.lora,
                         reference=self.reference, gradient_checkpointing=self.gradient_checkpointing,
-                        engine=self.engine, max_completion_length=self.max_completion_length, **kw)
+                        engine=self.engine, max_completion_length=self.max_completion_length,
+                        importance_sampling_correction=self.vllm_importance_sampling, **kw)
 
     def fingerprint(self, policy: ModelShape) -> str:
         """:func:`~allocopt.allocation.setup_fingerprint` of this set-up on ``policy``."""
         return setup_fingerprint(policy, lora=self.lora, engine_name=self.engine,
                                  gradient_checkpointing=self.gradient_checkpointing,
                                  reference=self.reference,
-                                 max_completion_length=self.max_completion_length)
+                                 max_completion_length=self.max_completion_length,
+                                 importance_sampling_correction=self.vllm_importance_sampling)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule, setup_fingerprint
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount, LoRASpec, ModelShape
-from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops
+from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops, old_logprobs_pass
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
 from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
 
@@ -92,7 +92,7 @@ class GRPOSettings:
     def old_logprobs_every_iteration(self) -> bool:
         """Whether the engine runs the old-policy pass even at one update pass (TRL with vLLM
         and its importance-sampling correction)."""
-        return self.engine == "trl-vllm" and self.vllm_importance_sampling
+        return engine(self.engine).old_logprobs == "is_correction" and self.vllm_importance_sampling
 
     def fingerprint(self, policy: ModelShape) -> str:
         """:func:`allocopt.allocation.setup_fingerprint` of what these settings run on ``policy``."""
@@ -100,7 +100,8 @@ class GRPOSettings:
                                  engine_name=self.engine,
                                  gradient_checkpointing=self.gradient_checkpointing,
                                  reference=self.beta > 0,
-                                 max_completion_length=self.max_completion_length)
+                                 max_completion_length=self.max_completion_length,
+                                 importance_sampling_correction=self.vllm_importance_sampling)
 
 
 class SetupMismatch(ConfigError):
@@ -188,9 +189,10 @@ class _Hooks:
         return self.rows > self.N or self.settings.old_logprobs_every_iteration
 
     def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
-        # TRL with vLLM and its importance-sampling correction runs the old-policy pass on
-        # every iteration (trl/trainer/grpo_trainer.py, _generate_and_score_completions)
-        old = rows > self.N or self.settings.old_logprobs_every_iteration
+        # as the engine decides (allocopt.grpo_flops.old_logprobs_pass): a reused batch, or on
+        # every iteration with TRL + vLLM and its importance-sampling correction
+        old = old_logprobs_pass(self.engine or self.settings.engine, rows / self.N,
+                                importance_sampling_correction=self.settings.vllm_importance_sampling)
         step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
                         group_size=self.plan.group_size, update_passes=rows / self.N,
                         reference=self.settings.beta > 0, old_logprobs=old)
