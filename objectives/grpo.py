@@ -191,12 +191,13 @@ class _Hooks:
     def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
         # as the engine decides (allocopt.grpo_flops.old_logprobs_pass): a reused batch, or on
         # every iteration with TRL + vLLM and its importance-sampling correction
-        old = old_logprobs_pass(self.engine or self.settings.engine, rows / self.N,
+        eng = self.engine or self.settings.engine
+        old = old_logprobs_pass(eng, rows / self.N,
                                 importance_sampling_correction=self.settings.vllm_importance_sampling)
         step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
                         group_size=self.plan.group_size, update_passes=rows / self.N,
                         reference=self.settings.beta > 0, old_logprobs=old)
-        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=self.engine,
+        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=eng,
                                gradient_checkpointing=self.settings.gradient_checkpointing)
 
     def before_iteration(self, trainer: Any, inputs: list[dict]) -> None:

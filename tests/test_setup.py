@@ -88,3 +88,27 @@ def test_driver_refuses_a_plan_priced_for_another_setup():
         run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=None, train_rows=[],
                  reward=None, settings=wrong)
     assert "\n" not in str(e.value) and "LoRA r=4" in str(e.value) and plan.setup_fingerprint in str(e.value)
+
+
+@pytest.mark.parametrize("engine_name,correction", [("trl-vllm", True), ("trl-vllm", False),
+                                                    ("trl-gpu", True)])
+def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
+    """The driver's per-iteration charge (``_Hooks._step``) at the plan's token counts equals
+    the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
+    pass while its importance-sampling correction is on (and not otherwise)."""
+    from allocopt.allocation import iteration_flops
+    from objectives.grpo import GRPOSettings, _Hooks
+
+    setup = TrainingSetup(engine=engine_name, vllm_importance_sampling=correction,
+                          completion_tokens=300, prompt_tokens=100)
+    w = setup.workload(POLICY)
+    alloc = Allocation(rho=0.3, group_size=8, reward="sparse")
+    plan = make_plan(50 * min_budget(alloc, w), alloc, w)
+    N = plan.rollouts_per_iteration
+    hooks = _Hooks(plan=plan, meter=None, policy=POLICY, lora=setup.lora,
+                   settings=GRPOSettings.from_setup(setup), reward=None, tokenizer=None)
+    for rows in (N // 2, N):
+        charged = hooks._step([100] * (N // 8), [300] * N, rows).executed
+        assert charged == iteration_flops(w, alloc, rows).executed
+        old = charged.learning.get("old_logprobs", 0)
+        assert (old > 0) is (engine_name == "trl-vllm" and correction)
