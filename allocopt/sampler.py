@@ -172,7 +172,8 @@ class RaceSampler(optuna.samplers.BaseSampler):
         if len(study.directions) > 1:
             raise ValueError("RaceSampler: one objective only (this study has "
                              f"{len(study.directions)}); use a multi-objective sampler")
-        d = self._decide(study, trial)
+        # a trial that came with parameters (enqueued: Optuna's fixed_params) keeps them
+        d = self._given(trial) if trial_params(trial) else self._decide(study, trial)
         self.decisions[trial.number] = d
         a = d.allocation
         full = {"rho": a.rho, "group_size": a.group_size, "reward": a.reward, "model": a.model,
@@ -195,8 +196,9 @@ class RaceSampler(optuna.samplers.BaseSampler):
         parameters (enqueued, retried) one read from them (its ``budget_flops`` user attribute
         wins)."""
         d = self.decisions.get(trial.number)
-        if d is not None:
-            return d
+        return d if d is not None else self._given(trial)
+
+    def _given(self, trial: FrozenTrial | optuna.Trial) -> RaceDecision:
         params = trial_params(trial) if isinstance(trial, FrozenTrial) else dict(trial.params)
         fidelity = str(params.get(FIDELITY_PARAM) or trial.user_attrs.get("fidelity") or "full")
         budget = float(trial.user_attrs.get("budget_flops", self.budget_of(fidelity)))

@@ -353,10 +353,12 @@ def run_study(
         return sum(1 for t in study.get_trials(deepcopy=False)
                    if t.state in (TrialState.COMPLETE, TrialState.FAIL) and trial_fidelity(t) == "full")
 
-    # every ask runs a trial; the cap only guards against a sampler that never proposes a full run
-    cap = spec.trials + (len(sampler.design) + 2 * spec.trials
-                         + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
-                         if race else 0)
+    # every ask runs a trial (the queue's first); the cap only guards against a sampler that
+    # never proposes a full run
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
+                                   + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
+                                   if race else 0)
     for _ in range(cap + 1):
         if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
             break

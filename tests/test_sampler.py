@@ -8,7 +8,7 @@ import math
 import optuna
 import pytest
 
-from allocopt.allocation import make_plan
+from allocopt.allocation import Allocation, make_plan
 from allocopt.race import RaceSettings, propose, runs_of
 from allocopt.sampler import FIDELITY_PARAM, RaceSampler
 from allocopt.spec import SearchSpace, StudySpec
@@ -120,6 +120,14 @@ def test_enqueued_trials_keep_their_parameters_and_claim_their_point():
     d = sampler.suggest(t)
     assert d.kind == "given" and d.allocation == first and d.budget_flops == 0.1 * BUDGET
     assert sampler.suggest(study.ask()).pilot == sampler.design[1]
+    # enqueued the old way (no fidelity parameter; fidelity and budget as user attributes)
+    study.enqueue_trial({"rho": 0.55, "group_size": 8, "reward": "prm"},
+                        user_attrs={"fidelity": "pilot", "budget_flops": 2e18})
+    t = study.ask()
+    d = sampler.suggest(t)
+    assert d.kind == "given" and d.allocation == Allocation(0.55, 8, "prm") and d.budget_flops == 2e18
+    assert t.params[FIDELITY_PARAM] == "pilot"
+    assert sampler.pilots_to_run(study)[0] == sampler.design[2]
 
 
 def test_infeasible_and_failed_trials_are_not_observations():
