@@ -42,6 +42,9 @@ GRACE_PERIOD_S = 60
 MAX_RETRY = 1
 """How often a dead worker's trial is run again (by another worker, or on resume)."""
 
+WORKER_ATTR = "allocopt.worker"
+"""System attribute of a trial: ``<host>:<pid>`` of the worker that runs it."""
+
 _STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
@@ -73,6 +76,13 @@ def redact_url(url: str | None) -> str:
     import re
 
     return re.sub(r"(?i)([?&;]password=)[^&;]*", r"\1***", s)
+
+
+def worker_name() -> str:
+    """``<host>:<pid>``: who runs a trial (the trial's ``allocopt.worker`` system attribute)."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _env_seconds(name: str, default: int) -> int:
@@ -174,7 +184,8 @@ def fail_stale(study: Any) -> None:
 
 @contextlib.contextmanager
 def heartbeat(study: Any, trial: Any) -> Iterator[None]:
-    """Record the trial's heartbeat now and every interval until the block ends.
+    """Record the trial's heartbeat now and every interval until the block ends; the trial's
+    system attribute ``allocopt.worker`` names this worker (:func:`worker_name`).
 
     Uses only the storage's public methods (``get_study_id_from_name``,
     ``get_trial_id_from_study_id_trial_number``, ``record_heartbeat``). A no-op for a study
@@ -189,6 +200,7 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
         return
     sid = storage.get_study_id_from_name(study.study_name)
     tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
+    storage.set_trial_system_attr(tid, WORKER_ATTR, worker_name())
     storage.record_heartbeat(tid)
     stop = threading.Event()
 
