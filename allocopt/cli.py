@@ -423,6 +423,8 @@ from allocopt.commands_query import register as _register_query
 _register_query(app)
 from allocopt.commands_race import register as _register_race
 _register_race(app)
+from allocopt.commands_asktell import register as _register_asktell
+_register_asktell(app)
 
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:

@@ -163,6 +163,15 @@ def register(study: Any, storage: Any) -> None:
         _STORAGES[study] = storage
 
 
+def storage_of(study: Any) -> Any:
+    """The storage object a study was opened with by :func:`allocopt.study.open_study`.
+
+    Raises:
+        KeyError: the study was not opened that way.
+    """
+    return _STORAGES[study]
+
+
 def stale_callback(study: Any) -> StaleTrialCallback | None:
     """The :class:`StaleTrialCallback` of the study's storage, to add listeners to."""
     storage = _STORAGES.get(study)
@@ -222,4 +231,4 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
            "StorageError", "fail_stale", "heartbeat", "heartbeat_settings", "make_storage",
-           "redact_url", "register", "stale_callback"]
+           "redact_url", "register", "stale_callback", "storage_of", "worker_name"]
