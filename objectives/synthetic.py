@@ -80,6 +80,7 @@ from functools import lru_cache
 
 from allocopt.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.objective import TrialResult
 from allocopt.spec import SearchSpace
 
 B_REF = 1e19
@@ -270,9 +271,12 @@ class SyntheticObjective:
         """The known optimum (see :func:`optimum`)."""
         return optimum(target, budget_flops, space, variant=self.variant)
 
-    def run(self, plan: TrialPlan, *, seed: int = 0, progress=None):
-        from objectives.grpo import TrialResult  # light: no torch at import
+    def check_available(self) -> None:
+        """Always available: a closed-form function, no accelerator, no libraries."""
 
+    def run(self, plan: TrialPlan, *, seed: int = 0, progress=None) -> TrialResult:
+        """Scores of ``plan``'s allocation (:func:`observe`); the spent FLOPs are the plan's
+        expected ones (within its budget by construction)."""
         if self.sleep_s:
             import time
 
