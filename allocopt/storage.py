@@ -207,10 +207,14 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
     if storage is None or not interval:
         yield
         return
-    sid = storage.get_study_id_from_name(study.study_name)
-    tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
-    storage.set_trial_system_attr(tid, WORKER_ATTR, worker_name())
-    storage.record_heartbeat(tid)
+    try:
+        sid = storage.get_study_id_from_name(study.study_name)
+        tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
+        storage.set_trial_system_attr(tid, WORKER_ATTR, worker_name())
+        storage.record_heartbeat(tid)
+    except KeyboardInterrupt:
+        _fail_interrupted(study, trial)
+        raise
     stop = threading.Event()
 
     def beat() -> None:
@@ -224,9 +228,24 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
     t.start()
     try:
         yield
+    except KeyboardInterrupt:
+        _fail_interrupted(study, trial)
+        raise
     finally:
         stop.set()
         t.join()
+
+
+def _fail_interrupted(study: Any, trial: Any) -> None:
+    """Ctrl-C between ``ask`` and the objective: the trial is failed at once, not left RUNNING
+    until the grace period (the objective's own handler covers Ctrl-C inside the run)."""
+    from optuna.trial import TrialState
+
+    if study.get_trials(deepcopy=False)[trial.number].state != TrialState.RUNNING:
+        return
+    trial.set_user_attr("error", "interrupted")
+    trial.set_user_attr("state", "FAIL")
+    study.tell(trial, state=TrialState.FAIL)
 
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
