@@ -6,7 +6,10 @@ proposals are what a worker would run) and leaves them RUNNING *without* a heart
 :mod:`allocopt.storage` reads as "reserved for a run launched elsewhere": no worker fails them.
 Each gets a plan (:func:`allocopt.allocation.make_plan`) realized with whole update passes,
 as TRL (``num_iterations``) and verl (``ppo_epochs``) run them: the whole-pass count nearest the
-plan's ρ, and the iterations that count buys within the budget (:class:`AskedRun`).
+plan's ρ, and the iterations that count buys within the budget (:class:`AskedRun`). Neither
+engine can train part of a batch, so ρ moves in steps of one pass: the run's ``expected_rho``
+can differ from the asked ρ (allocopt's own driver realizes fractional passes); the trial keeps
+the asked ρ as its parameter and ``tell`` records the ρ actually spent.
 
 ``tell`` records targets and the compute a run actually spent, exactly as a trial run by
 allocopt is recorded (same user attributes, the ``budget`` constraint, ``study.tell``), so the
@@ -34,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from allocopt.allocation import (RHO_TOLERANCE, Allocation, InfeasiblePlan, TrialPlan, Workload,
+from allocopt.allocation import (Allocation, InfeasiblePlan, TrialPlan, Workload,
                                  iteration_flops, make_plan)
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
 from allocopt.spec import SearchSpace, StudySpec
@@ -128,9 +131,11 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
             distributions: Mapping[str, Any], max_tries: int = 20) -> tuple[list[AskedRun], int]:
     """Reserve ``n`` runnable trials with the study's sampler.
 
-    A proposal the budget cannot buy (or whose ρ no whole-pass run comes within
-    ``RHO_TOLERANCE`` of) is recorded at once as INFEASIBLE with a violated ``budget``
-    constraint, as a worker would, and another is asked (at most ``max_tries`` per trial).
+    A proposal the budget cannot buy is recorded at once as INFEASIBLE with a violated
+    ``budget`` constraint, as a worker would, and another is asked (at most ``max_tries`` per
+    trial). Whole passes realize ρ in steps (one pass more is a jump in learning FLOPs): the
+    run's ``expected_rho`` may differ from the asked ρ (shown by ``ask``, and ``allocopt tell``
+    records the ρ the run really spent); the trial keeps the asked ρ as its parameter.
 
     Returns:
         ``(runs, infeasible)``: the reserved runs and how many proposals were infeasible.
@@ -150,9 +155,6 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         try:
             plan = make_plan(budget, alloc, workload)
             run = whole_pass_run(plan, workload, trial.number, fidelity)
-            if abs(run.expected_rho - alloc.rho) > RHO_TOLERANCE:
-                raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable with whole update passes "
-                                     f"(nearest {run.expected_rho:.4f})", min_budget_flops=0)
         except InfeasiblePlan as e:
             excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
             trial.set_constraint("budget", max(excess, 1e-6))
