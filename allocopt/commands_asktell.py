@@ -134,13 +134,13 @@ def ask(
         out.print_json(json.dumps(shown, default=str))
     else:
         t = Table(title=f"Reserved {len(runs)} trial(s) of study {study} ({fmt})")
-        for c in ("trial", "fidelity", "rho", "G", "reward", "passes", "iters", "exp. rho", "folder"):
-            t.add_column(c, justify="left" if c in ("fidelity", "reward", "folder") else "right",
-                         no_wrap=True)
+        for c in ("trial", "fidelity", "rho", "G", "reward", "passes", "iters", "exp. rho"):
+            t.add_column(c, justify="left" if c in ("fidelity", "reward") else "right", no_wrap=True)
         for s in shown:
             t.add_row(str(s["trial"]), s["fidelity"], f"{s['rho']:.3f}", str(s["group_size"]), s["reward"],
-                      str(s["update_passes"]), str(s["iterations"]), f"{s['expected_rho']:.3f}", s["folder"])
-        t.caption = f"budget {spec.budget_flops:.3e} FLOPs per full trial; passes: whole update passes"
+                      str(s["update_passes"]), str(s["iterations"]), f"{s['expected_rho']:.3f}")
+        t.caption = (f"budget {spec.budget_flops:.3e} FLOPs per full trial; passes: whole update passes; "
+                     f"configs in {out_dir}/trial-<N>/")
         out.print(t)
         out.print("run each, then: " + (shown[0]["tell"] if shown else "-"), highlight=False, markup=False, soft_wrap=True)
     if n_infeasible:
