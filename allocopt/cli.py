@@ -363,7 +363,10 @@ def study(
         except StudyError as e:
             raise UsageProblem(str(e)) from None
         except KeyboardInterrupt:
-            fail(f"interrupted: finished trials are kept in {storage}; run the same command to resume", 130)
+            from allocopt.storage import redact_url
+
+            fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
+                 "to resume", 130)
         finally:
             if tracker:
                 tracker.close()

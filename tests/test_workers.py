@@ -212,3 +212,17 @@ def test_killed_worker_postgres_and_mlflow(postgres_url, tmp_path):
         assert "Sup3rSecret" not in f.read_text()
     for r in runs:
         assert not any("Sup3rSecret" in str(v) for v in {**r.data.params, **r.data.tags}.values())
+
+
+@pytest.mark.parametrize("args", [
+    ("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0",
+     "--no-mlflow", "--storage"),
+    ("best", "--study", "x", "--target", "pass@1", "--storage"),
+    ("ask", "--study", "x", "--storage"),
+])
+def test_cli_never_prints_a_password(args, tmp_path):
+    bad = "postgresql://al:Sup3rSecret@127.0.0.1:1/db?connect_timeout=2"
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args, bad], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Sup3rSecret" not in r.stdout + r.stderr and "al:***@127.0.0.1" in r.stderr
