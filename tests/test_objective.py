@@ -8,7 +8,6 @@ contract: targets declared here, spent <= budget); it is not run twice.
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 import time
