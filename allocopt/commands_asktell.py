@@ -187,8 +187,12 @@ def tell(
         except ImportError:
             raise ConfigError("from_trl/from_verl: the run-log importers (allocopt.runlogs) are not "
                               "in this install; give the breakdown in --metrics") from None
+        # the reward model is not in a run's logs: the trial's plan names it
+        rm = (frozen.user_attrs.get("plan") or {}).get("reward_model")
+        overrides = {"reward_model": rm} if rm else {}
         try:
-            imported = import_trl(from_trl) if from_trl is not None else import_verl(from_verl)
+            imported = import_trl(from_trl, **overrides) if from_trl is not None else \
+                import_verl(from_verl, **overrides)
         except RunLogError as e:
             raise ConfigError(str(e)) from None
         spent = imported.account
