@@ -106,23 +106,33 @@ def _mlflow_store(postgres_url: str, name: str) -> str:
     return uri
 
 
-def test_parent_run_once_when_workers_start_at_once(postgres_url, tmp_path):
-    """Four processes open a tracker of one study at the same moment: one parent run, shared."""
-    uri = _mlflow_store(postgres_url, "mlflow_parent")
-    code = ("import sys, time; from allocopt.tracking import StudyTracker\n"
-            "t0 = float(sys.argv[1]); time.sleep(max(0, t0 - time.time()))\n"
-            "print(StudyTracker('par', tracking_uri=sys.argv[2]).parent_run_id)")
-    start = time.time() + 8
-    ps = [subprocess.Popen([sys.executable, "-c", code, repr(start), uri], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-          for _ in range(4)]
-    ids = []
-    for p in ps:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        ids.append(out.strip().splitlines()[-1])
+def test_parent_run_once_when_workers_start_at_once(postgres_url):
+    """Four workers (threads, each with its own MLflow client) open a tracker of one study at the
+    same moment: one parent run, shared by all."""
+    import threading
+
     from mlflow import MlflowClient
 
+    from allocopt.tracking import StudyTracker
+
+    uri = _mlflow_store(postgres_url, "mlflow_parent")
+    MlflowClient(tracking_uri=uri).create_experiment("allocopt/par")  # as a first worker would
+    gate = threading.Barrier(4)
+    ids, errors = [], []
+
+    def worker():
+        try:
+            gate.wait(timeout=60)
+            ids.append(StudyTracker("par", tracking_uri=uri).parent_run_id)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(ids) == 4
     c = MlflowClient(tracking_uri=uri)
     exp = c.get_experiment_by_name("allocopt/par")
     active = c.search_runs([exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'")
