@@ -149,29 +149,38 @@ def _wait(cond, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_killed_worker_postgres_and_mlflow(postgres_url, tmp_path):
-    """Two `allocopt study` workers on one PostgreSQL study (a password in the URL) and one
-    MLflow store; one is SIGKILLed mid-trial. Its trial is failed and retried once by the other,
-    no finished trial is lost, MLflow agrees with Optuna on every trial, the password is in no
-    printed line and no MLflow param or tag."""
+def test_three_workers_one_killed(postgres_url, tmp_path):
+    """Three `allocopt study` workers with RACE pilots on one PostgreSQL study (a password in
+    the URL) and one MLflow store; one is SIGKILLed mid-trial. Every pilot and every proposal
+    runs once, parallel proposals differ, the killed trial is failed and retried once by another
+    worker, no finished trial is lost, MLflow agrees with Optuna on every trial, and the
+    password is in no printed line and no MLflow param or tag."""
     import pgserver
 
-    db = pgserver.fresh_database(postgres_url, "killed_worker")
+    from allocopt.race import RaceSettings
+    from allocopt.sampler import RaceSampler
+
+    db = pgserver.fresh_database(postgres_url, "three_workers")
     url = db.replace("postgresql://postgres@", "postgresql://postgres:Sup3rSecret@")  # trust auth
-    mlflow_uri = _mlflow_store(postgres_url, "mlflow_killed")
+    mlflow_uri = _mlflow_store(postgres_url, "mlflow_three")
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    pilots, full = 8, 4
     spec = tmp_path / "s.toml"
-    spec.write_text('name = "kw"\nobjective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
-                    'trials = 10\nseed = 0\nsampler = "random"\npilots = 0\n'
-                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 8]\nrewards = ["sparse", "prm"]\n'
-                    '[objective_settings]\nsleep_s = 1.5\n')
+    spec.write_text(f'name = "kw"\nobjective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
+                    f'trials = {full}\nseed = 0\npilots = {pilots}\npilot_fraction = 0.1\n'
+                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n'
+                    '[objective_settings]\nsleep_s = 1.0\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "4"}
     args = [sys.executable, "-m", "allocopt.cli", "study", "--spec", str(spec), "--storage", url,
             "--mlflow-uri", mlflow_uri]
-    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
     ps = [subprocess.Popen(args, stdout=open(f, "w"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
           for f in logs]
     victim = ps[0]
     load = lambda: optuna.load_study(study_name="kw", storage=db)  # noqa: E731
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
 
     def victim_mid_trial():
         try:
@@ -181,35 +190,51 @@ def test_killed_worker_postgres_and_mlflow(postgres_url, tmp_path):
         done = [t for t in st.trials if t.state.name == "COMPLETE"]
         mine = [t for t in st.trials if t.state.name == "RUNNING"
                 and t.system_attrs.get("allocopt.worker", "").endswith(f":{victim.pid}")]
-        return (done, mine[0]) if len(done) >= 2 and mine else None
+        if len(done) < 3 or not mine:
+            return None
+        exp = client.get_experiment_by_name("allocopt/kw")
+        runs = client.search_runs([exp.experiment_id], filter_string=(
+            f"tags.`allocopt.trial_number` = '{mine[0].number}' and attributes.status = 'RUNNING'"))
+        return (done, mine[0]) if runs else None  # its MLflow run is open: the kill lands mid-trial
 
-    done_before, killed = _wait(victim_mid_trial, 120, "the first worker mid-trial")
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(timeout=10)
-    rc = ps[1].wait(timeout=180)
-    assert rc == 0, logs[1].read_text()[-2000:]
+    try:
+        done_before, killed = _wait(victim_mid_trial, 150, "the first worker mid-trial")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    for p, f in zip(ps[1:], logs[1:]):
+        assert p.wait(timeout=240) == 0, f.read_text()[-3000:]
     trials = {t.number: t for t in load().trials}
-    # the killed trial: failed, retried exactly once by the survivor, with the same allocation
+    # the killed trial: failed, retried exactly once by a survivor, with the same allocation
     assert trials[killed.number].state.name == "FAIL"
     retries = [t for t in trials.values() if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retries) == 1 and retries[0].state.name == "COMPLETE"
     assert retries[0].params == killed.params
-    assert retries[0].system_attrs["allocopt.worker"].endswith(f":{ps[1].pid}")
+    assert not retries[0].system_attrs["allocopt.worker"].endswith(f":{victim.pid}")
     assert [t.number for t in trials.values() if t.state.name == "FAIL"] == [killed.number]
+    assert not [t for t in trials.values() if t.state.name in ("RUNNING", "WAITING")]
     for t in done_before:  # nothing finished is lost
         assert trials[t.number].state.name == "COMPLETE" and trials[t.number].values == t.values
-    assert not [t for t in trials.values() if t.state.name in ("RUNNING", "WAITING")]
+    # every pilot exactly once, no allocation run twice (but the killed one's retry)
+    design = RaceSampler(space, budget_flops=1e18, pilot_fraction=0.1,
+                         settings=RaceSettings(max_pilots=pilots), seed=0).design
+    ran = [t for t in trials.values() if t.number != killed.number]
+    keys = sorted(t.user_attrs["race_pilot"] for t in ran if "race_pilot" in t.user_attrs)
+    assert keys == sorted(p.key for p in design)
+    allocations = [tuple(sorted(t.params.items())) for t in ran]
+    assert len(set(allocations)) == len(allocations)
+    fulls = [t for t in ran if t.params.get("fidelity") == "full"]
+    assert len(fulls) >= full
+    overlapping = [(a.number, b.number) for a in fulls for b in fulls if a.number < b.number
+                   and a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete]
+    assert overlapping, "no two full-budget proposals ran at once: parallel proposals untested"
     # MLflow agrees with Optuna on every trial
-    from mlflow import MlflowClient
-
-    c = MlflowClient(tracking_uri=mlflow_uri)
-    exp = c.get_experiment_by_name("allocopt/kw")
-    runs = c.search_runs([exp.experiment_id], max_results=1000)
+    exp = client.get_experiment_by_name("allocopt/kw")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("allocopt.role") == "study"]
     trial_runs = {int(r.data.tags["allocopt.trial_number"]): r for r in runs
                   if r.data.tags.get("allocopt.role") == "trial"}
-    assert len(parents) == 1
-    assert set(trial_runs) == set(trials)
+    assert len(parents) == 1 and set(trial_runs) == set(trials)
     status = {"COMPLETE": "FINISHED", "FAIL": "FAILED"}
     for n, t in trials.items():
         r = trial_runs[n]
@@ -222,6 +247,8 @@ def test_killed_worker_postgres_and_mlflow(postgres_url, tmp_path):
         assert "Sup3rSecret" not in f.read_text()
     for r in runs:
         assert not any("Sup3rSecret" in str(v) for v in {**r.data.params, **r.data.tags}.values())
+    print(f"three workers: {len(trials)} trials ({len(keys)} pilots, {len(fulls)} full, killed "
+          f"trial {killed.number} retried as {retries[0].number}), {len(overlapping)} overlapping full pairs")
 
 
 @pytest.mark.parametrize("args", [
