@@ -123,13 +123,13 @@ class StaleTrialCallback:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental-API warning
             self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-        self.listeners: list[Callable[[Any, Any], None]] = []
+        self.listeners: dict[Any, Callable[[Any, Any], None]] = {}
 
     def __call__(self, study: Any, trial: Any) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._retry(study, trial)
-        for fn in self.listeners:
+        for fn in list(self.listeners.values()):
             fn(study, trial)
 
 
@@ -177,6 +177,14 @@ def stale_callback(study: Any) -> StaleTrialCallback | None:
     storage = _STORAGES.get(study)
     cb = getattr(storage, "heartbeat_stale_trial_callback", None)
     return cb if isinstance(cb, StaleTrialCallback) else None
+
+
+def on_stale(study: Any, tracker: Any) -> None:
+    """Have ``tracker`` (a :class:`~allocopt.tracking.StudyTracker`) end the MLflow runs of the
+    trials this worker fails as stale (:meth:`StudyTracker.reconcile`); once per tracker."""
+    cb = stale_callback(study)
+    if cb is not None and tracker is not None:
+        cb.listeners[id(tracker)] = lambda st, _trial: tracker.reconcile(st)
 
 
 def fail_stale(study: Any) -> None:
@@ -249,5 +257,5 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
-           "StorageError", "fail_stale", "heartbeat", "heartbeat_settings", "make_storage",
+           "StorageError", "fail_stale", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
            "redact_url", "register", "stale_callback", "storage_of", "worker_name"]

@@ -109,13 +109,12 @@ def check_same_study(study: Any, spec: StudySpec) -> None:
                              "with the same settings or give another --study-name")
 
 
-def open_study(spec: StudySpec, storage: str, *, tracker: Any = None) -> Any:
+def open_study(spec: StudySpec, storage: str) -> Any:
     """Create or load the Optuna study, heartbeats on (:mod:`allocopt.storage`).
 
     Opening never touches a RUNNING trial: it may be another worker's live trial, or a trial
     reserved by ``allocopt ask``. A dead worker's trial is failed and retried once after the
-    grace period (:func:`allocopt.storage.fail_stale`, before each ``ask``); ``tracker`` (a
-    :class:`~allocopt.tracking.StudyTracker`) then ends its MLflow run as FAILED too.
+    grace period (:func:`allocopt.storage.fail_stale`, before each ``ask``).
 
     Raises:
         StudyError: the storage cannot be opened (the URL in the message has its password
@@ -123,7 +122,7 @@ def open_study(spec: StudySpec, storage: str, *, tracker: Any = None) -> Any:
     """
     import optuna
 
-    from allocopt.storage import StorageError, make_storage, redact_url, register, stale_callback
+    from allocopt.storage import StorageError, make_storage, redact_url, register
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact_url(storage)
@@ -140,8 +139,6 @@ def open_study(spec: StudySpec, storage: str, *, tracker: Any = None) -> Any:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
     register(study, store)
-    if tracker is not None and (cb := stale_callback(study)) is not None:
-        cb.listeners.append(lambda st, _trial: tracker.reconcile(st))
     if len(study.directions) != len(spec.targets):
         raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
@@ -313,9 +310,10 @@ def run_study(
     """
     from optuna.trial import TrialState
 
-    from allocopt.storage import fail_stale, heartbeat
+    from allocopt.storage import fail_stale, heartbeat, on_stale
 
-    study = open_study(spec, storage, tracker=tracker)
+    study = open_study(spec, storage)
+    on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
     study.set_user_attr("spec", spec.to_dict())
     dists = distributions(spec)
     finished = lambda: len([t for t in study.get_trials(deepcopy=False)  # noqa: E731

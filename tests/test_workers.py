@@ -164,7 +164,7 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
     url = db.replace("postgresql://postgres@", "postgresql://postgres:Sup3rSecret@")  # trust auth
     mlflow_uri = _mlflow_store(postgres_url, "mlflow_three")
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
-    pilots, full = 8, 4
+    pilots, full = 10, 3  # the fewest pilots RACE accepts for 2 rewards x 2 G
     spec = tmp_path / "s.toml"
     spec.write_text(f'name = "kw"\nobjective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
                     f'trials = {full}\nseed = 0\npilots = {pilots}\npilot_fraction = 0.1\n'
@@ -183,6 +183,8 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
     client = MlflowClient(tracking_uri=mlflow_uri)
 
     def victim_mid_trial():
+        if victim.poll() is not None:
+            raise AssertionError("the first worker exited: " + logs[0].read_text()[-2000:])
         try:
             st = load()
         except Exception:  # noqa: BLE001 - not created yet
