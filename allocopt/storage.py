@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 HEARTBEAT_INTERVAL_S = 10
 """Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
@@ -200,6 +202,48 @@ def fail_stale(study: Any) -> None:
 
 
 @contextlib.contextmanager
+def worker_trial(study: Any, distributions: Mapping[str, Any]) -> Iterator[Any]:
+    """One trial of a worker: fail dead workers' trials (:func:`fail_stale`), ask a trial with
+    ``distributions``, and keep its heartbeat (:func:`heartbeat`) while the block runs it.
+
+    Ctrl-C during the ask and the heartbeat's set-up is held until the trial carries its
+    heartbeat, then raised, so the trial is failed at once rather than left RUNNING without a
+    heartbeat (which would read as reserved by ``allocopt ask``).
+
+    Yields:
+        the asked :class:`optuna.trial.Trial`.
+    """
+    with _held_interrupts() as held:
+        fail_stale(study)
+        trial = study.ask(dict(distributions))
+        beat = heartbeat(study, trial)
+        beat.__enter__()
+    try:
+        if held:
+            raise KeyboardInterrupt
+        yield trial
+    except BaseException:
+        if not beat.__exit__(*sys.exc_info()):
+            raise
+    else:
+        beat.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _held_interrupts() -> Iterator[list[int]]:
+    """SIGINT held (recorded, not raised) inside the block; main thread only."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
 def heartbeat(study: Any, trial: Any) -> Iterator[None]:
     """Record the trial's heartbeat now and every interval until the block ends; the trial's
     system attribute ``allocopt.worker`` names this worker (:func:`worker_name`).
@@ -245,17 +289,20 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
 
 
 def _fail_interrupted(study: Any, trial: Any) -> None:
-    """Ctrl-C between ``ask`` and the objective: the trial is failed at once, not left RUNNING
-    until the grace period (the objective's own handler covers Ctrl-C inside the run)."""
+    """Ctrl-C outside the objective (which has its own handler): the trial is failed at once,
+    best effort; if the database cannot be reached, the stale heartbeat fails it later."""
     from optuna.trial import TrialState
 
-    if study.get_trials(deepcopy=False)[trial.number].state != TrialState.RUNNING:
-        return
-    trial.set_user_attr("error", "interrupted")
-    trial.set_user_attr("state", "FAIL")
-    study.tell(trial, state=TrialState.FAIL)
+    try:
+        if study.get_trials(deepcopy=False)[trial.number].state != TrialState.RUNNING:
+            return
+        trial.set_user_attr("error", "interrupted")
+        trial.set_user_attr("state", "FAIL")
+        study.tell(trial, state=TrialState.FAIL)
+    except Exception:  # noqa: BLE001 - Ctrl-C inside a database call can leave the session
+        pass  # unusable: the trial has a heartbeat, so it is failed after the grace period
 
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
            "StorageError", "fail_stale", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
-           "redact_url", "register", "stale_callback", "storage_of", "worker_name"]
+           "redact_url", "register", "stale_callback", "storage_of", "worker_name", "worker_trial"]

@@ -310,7 +310,7 @@ def run_study(
     """
     from optuna.trial import TrialState
 
-    from allocopt.storage import fail_stale, heartbeat, on_stale
+    from allocopt.storage import on_stale, worker_trial
 
     study = open_study(spec, storage)
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
@@ -319,9 +319,7 @@ def run_study(
     finished = lambda: len([t for t in study.get_trials(deepcopy=False)  # noqa: E731
                             if t.state in (TrialState.COMPLETE, TrialState.FAIL)])
     while finished() < spec.trials:
-        fail_stale(study)  # a dead worker's trial: failed, its retry enqueued
-        trial = study.ask(dists)
-        with heartbeat(study, trial):
+        with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
             run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
                           on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
     if tracker:

@@ -155,7 +155,9 @@ def test_cli_sigint_then_resume(tmp_path):
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
             "--target", "pass@1", "--trials", "400", "--sampler", "random", "--pilots", "0", "--no-mlflow",
             "--study-name", "sig", "--storage", f"sqlite:///{tmp_path}/s.db"]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    # Ctrl-C inside a database call may leave the trial to its stale heartbeat: short times here
+    env = {**__import__("os").environ, "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "2"}
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
     url = f"sqlite:///{tmp_path}/s.db"
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -174,7 +176,8 @@ def test_cli_sigint_then_resume(tmp_path):
     assert n_complete >= 4
     resume = args.copy()
     resume[resume.index("400")] = str(len(before) + 2)
-    r = subprocess.run(resume, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    time.sleep(3.5)  # past the grace period (SQLite's clock has whole seconds)
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     after = optuna.load_study(study_name="sig", storage=url).trials
     for number, state, params in before:  # finished trials kept as they were
