@@ -146,6 +146,8 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         if infeasible >= max_tries * n:
             break
         trial = study.ask(dict(distributions))
+        if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
+            study.sampler.suggest(trial)
         ua = trial.user_attrs
         budget = float(ua.get("budget_flops", spec.budget_flops))
         fidelity = str(ua.get("fidelity", "full"))

@@ -110,7 +110,16 @@ def ask(
     base = GRPOSettings()
     lr = learning_rate or getattr(settings, "learning_rate", base.learning_rate)
     max_len = int(getattr(settings, "max_completion_length", base.max_completion_length))
-    runs, n_infeasible = reserve(st, spec, obj.workload(), n, fmt, distributions(spec))
+    workload = obj.workload()
+    import inspect
+
+    from allocopt.study import make_sampler
+
+    if "workload" in inspect.signature(make_sampler).parameters:  # RACE: feasible proposals only
+        st.sampler = make_sampler(spec, workload=workload)
+    race = hasattr(st.sampler, "suggest")
+    dists = distributions(spec, fidelity=True) if race else distributions(spec)
+    runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists)
     shown = []
     for run in runs:
         folder = out_dir / f"trial-{run.trial_number}"
