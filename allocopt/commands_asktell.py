@@ -152,6 +152,11 @@ def ask(
                      f"configs in {out_dir}/trial-<N>/")
         out.print(t)
         out.print("run each, then: " + (shown[0]["tell"] if shown else "-"), highlight=False, markup=False, soft_wrap=True)
+    far = [s for s in shown if abs(s["expected_rho"] - s["rho"]) > 0.05]
+    if far:
+        err.print(f"note: {fmt} trains whole update passes: " + "; ".join(
+            f"trial {s['trial']} asks rho={s['rho']:.3f}, runs {s['expected_rho']:.3f}" for s in far)
+            + " (tell records the rho spent)", highlight=False, markup=False, soft_wrap=True)
     if n_infeasible:
         err.print(f"{n_infeasible} proposal(s) the budget cannot buy were recorded as INFEASIBLE", highlight=False)
     if len(runs) < n:
