@@ -178,8 +178,12 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
 # ----------------------------------------------------------------------------- configs
 def trl_config(run: AskedRun, *, learning_rate: float, max_completion_length: int,
                temperature: float = 1.0, beta: float = 0.0, micro_batch: int = 8,
-               num_processes: int = 1, seed: int = 0) -> dict[str, Any]:
+               num_processes: int = 1, seed: int = 0,
+               importance_sampling_correction: bool = False) -> dict[str, Any]:
     """``GRPOConfig`` fields that realize ``run`` (see the module table).
+
+    ``vllm_importance_sampling_correction`` is written as the plan priced it (the study's
+    workload; off by default: with vLLM it adds an old-policy pass to every step).
 
     ``per_device_train_batch_size`` is the largest divisor of ``N / num_processes`` that is at
     most ``micro_batch``; ``gradient_accumulation_steps`` makes one optimizer step per pass.
@@ -197,6 +201,7 @@ def trl_config(run: AskedRun, *, learning_rate: float, max_completion_length: in
             "num_iterations": run.passes, "max_steps": run.iterations * run.passes,
             "learning_rate": learning_rate, "max_completion_length": max_completion_length,
             "temperature": temperature, "beta": beta, "seed": seed,
+            "vllm_importance_sampling_correction": bool(importance_sampling_correction),
             "save_strategy": "no", "logging_steps": 1}
 
 

@@ -111,12 +111,9 @@ def ask(
     lr = learning_rate or getattr(settings, "learning_rate", base.learning_rate)
     max_len = int(getattr(settings, "max_completion_length", base.max_completion_length))
     workload = obj.workload()
-    import inspect
-
     from allocopt.study import make_sampler
 
-    if "workload" in inspect.signature(make_sampler).parameters:  # RACE: feasible proposals only
-        st.sampler = make_sampler(spec, workload=workload)
+    st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
     race = hasattr(st.sampler, "suggest")
     dists = distributions(spec, fidelity=True) if race else distributions(spec)
     runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists)
@@ -130,7 +127,8 @@ def ask(
                                 "format": fmt, "learning_rate": lr, "tell": tell}
         if fmt == "trl":
             cfg = trl_config(run, learning_rate=lr, max_completion_length=max_len, micro_batch=micro_batch,
-                             num_processes=num_processes, seed=spec.seed + run.trial_number)
+                             num_processes=num_processes, seed=spec.seed + run.trial_number,
+                             importance_sampling_correction=workload.importance_sampling_correction)
             (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
             info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
         else:

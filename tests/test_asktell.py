@@ -77,6 +77,9 @@ def test_trl_config_realizes_the_plan(tmp_path):
     assert args.steps_per_generation == args.gradient_accumulation_steps  # a pass = an optimizer step
     assert args.num_iterations == run.passes and args.max_steps == run.iterations * run.passes
     assert args.learning_rate == 2e-5
+    assert args.vllm_importance_sampling_correction is w.importance_sampling_correction is False
+    on = trl_config(run, learning_rate=2e-5, max_completion_length=512, importance_sampling_correction=True)
+    assert on["vllm_importance_sampling_correction"] is True
     two = trl_config(run, learning_rate=2e-5, max_completion_length=512, micro_batch=8, num_processes=2)
     assert two["per_device_train_batch_size"] * 2 * two["gradient_accumulation_steps"] == 64
 
