@@ -24,6 +24,9 @@ DOCUMENTED = {
     "model-size": ("prm", 8, "Qwen/Qwen2.5-3B", (0.4476, 0.3876, 0.3076), 0.69996),
     "flat": ("prm", 8, None, (0.51, 0.45, 0.37), 0.43),
     "narrow": ("prm", 8, None, (0.51, 0.45, 0.37), 0.65),
+    "rank-flip": ("dense", 8, None, (0.78, 0.72, 0.64), 0.67),
+    "rho-by-g": ("prm", 8, None, (0.51, 0.45, 0.37), 0.65),
+    "noisy": ("prm", 8, None, (0.51, 0.45, 0.37), 0.65),
 }
 RHO_STEP = 1e-4
 
@@ -84,6 +87,28 @@ def test_noise_is_seeded():
     draws = [observe(0.5, 8, "prm", seed=s)["pass_at_1"] - response(0.5, 8, "prm") for s in range(400)]
     sd = math.sqrt(sum(d * d for d in draws) / len(draws))
     assert 0.008 < sd < 0.012
+
+
+def test_stress_variants_do_what_their_names_say():
+    # rank-flip: at the pilots' budget (a tenth of B_REF) prm is best and dense third; at B_REF dense
+    def best_per_reward(budget):
+        s = space_of("rank-flip")
+        return sorted(s.rewards, key=lambda w: -optimum("pass_at_1", budget, replace(s, rewards=(w,)),
+                                                         variant="rank-flip").value)
+    assert best_per_reward(B_REF / 10)[:3] == ["prm", "proxy_prm", "dense"]
+    assert best_per_reward(B_REF)[0] == "dense"
+    assert optimum("pass_at_1", variant="rank-flip").value - response(0.45, 8, "prm", variant="rank-flip") \
+        == pytest.approx(0.05, abs=1e-9)  # dense 0.33 + 0.05 + 0.29 vs prm 0.36 - 0.03 + 0.29
+    # rho-by-g: the best rho of prm moves by 0.1 per doubling of G (dense grid per G)
+    for g, want in ((2, 0.25), (4, 0.35), (8, 0.45), (16, 0.55)):
+        rhos = [0.2 + i * 1e-4 for i in range(7001)]
+        r = max(rhos, key=lambda x: response(x, g, "prm", variant="rho-by-g"))
+        assert abs(r - want) < 2e-4, (g, r)
+    # noisy: twice the paper variant's sd
+    draws = [observe(0.5, 8, "prm", seed=s, variant="noisy")["pass_at_1"] - response(0.5, 8, "prm")
+             for s in range(400)]
+    sd = math.sqrt(sum(d * d for d in draws) / len(draws))
+    assert 0.017 < sd < 0.023
 
 
 def test_unknown_variant_is_one_clear_error():
