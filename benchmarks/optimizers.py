@@ -84,7 +84,7 @@ RHO_LEVELS = 8
 STARTUP_TRIALS = 4
 NOISE_SEED_STRIDE = 1000
 """Run ``i`` of seed ``s`` draws its noise with seed ``1000·s + i`` (RACE: ``spec.seed + trial``)."""
-BASE_LEVELS: tuple[float, ...] = (4, 8, 12, 16, 24, 40, 80, 160)
+BASE_LEVELS: tuple[float, ...] = (4, 8, 12, 16, 24, 32, 40, 60, 80, 160)
 """Compute levels reported (full-budget runs); the grid's size and a quarter of it are added."""
 
 
@@ -100,15 +100,17 @@ class Config:
     caps: dict[str, float] = field(default_factory=lambda: {
         "grid": math.inf, "random": math.inf, "tpe": 160, "gp": 16, "botorch": 16})
     """Most compute per method (``inf``: the grid's size)."""
-    validations: int = 8
-    """allocopt's validation runs at the full budget (``run_race(validations=...)``)."""
+    allocopt_compute: float = 40.0
+    """Compute (full-budget runs, pilots included) allocopt's race spends before it stops."""
+    allocopt_batch: int = 2
+    """Proposals per round of allocopt's race (``q``: a study with this many workers)."""
     timing_trials: tuple[int, ...] = (50, 200)
     timing_repeats: int = 3
     timing_variants: tuple[str, ...] = ("paper", "model-size")
     workers: int = 2
 
 
-QUICK = Config(seeds=2, variants=("paper",), targets="pass_at_1",
+QUICK = Config(seeds=2, variants=("paper",), targets="pass_at_1", allocopt_compute=16.0,
                caps={"grid": math.inf, "random": math.inf, "tpe": 40, "gp": 12, "botorch": 12},
                timing_repeats=1, timing_variants=("paper",))
 """``--quick``: a smoke run of the whole pipeline (2 seeds, paper, pass@1), not a measurement."""
@@ -249,37 +251,68 @@ def allocopt_available() -> bool:
     return True
 
 
-def run_allocopt(problem: Problem, seed: int, validations: int) -> tuple[Trajectory, dict[str, Any]]:
-    """One RACE on the synthetic objective (RACE's defaults: its pilot grid sized to the space,
-    ``validations`` full-budget runs), as a trajectory of recommendations.
+def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tuple[Trajectory, dict[str, Any]]:
+    """One RACE on the synthetic objective, as a trajectory of recommendations: its pilot grid
+    (RACE's defaults: sized to the space, at 0.1 × the budget), then proposals until ``compute``
+    full-budget runs are spent, ``batch`` per round (each round: :class:`allocopt.race.SurrogateCache`
+    gives the surrogate of every run so far, :func:`allocopt.race.recommend` the recommendation,
+    :func:`allocopt.race.propose` the next ``batch`` runs). This is the loop a study runs (one
+    proposal per free worker); it is written out here so the benchmark needs no storage.
 
-    The recommendation after a run is RACE's own (``RaceResult.recommendations``: what RACE
-    answers from the runs made so far, made before the next round and charged all the compute
-    spent until then); nothing before the pilots are done."""
-    from optuna.trial import TrialState
-
-    from allocopt.race import run_race
+    The recommendation after a run is RACE's own from the runs made so far, charged all the
+    compute spent until then; nothing before the pilots are done. Run ``i`` draws its noise
+    with seed ``spec.seed + i`` (as a study's trial ``i``)."""
+    from allocopt.race import (Observation, PlanCache, RaceSettings, SurrogateCache, pilot_grid, propose,
+                               recommend)
 
     obj = SyntheticObjective(variant=problem.variant)
     spec = problem.spec(seed)
-    res = run_race(spec, objective=obj, workload=bench_workload(problem.variant), storage=None,
-                   validations=validations)
-    recs = sorted(res.recommendations, key=lambda t: t[0])
-    trials = sorted(res.study.get_trials(deepcopy=False), key=lambda t: t.number)
-    cost, out = 0.0, []
-    for t in trials:
-        ua = t.user_attrs
-        if t.state == TrialState.COMPLETE and ua.get("state") == "COMPLETE":
-            cost += float(ua["budget_flops"]) / BUDGET
-        made = [a for n, a in recs if n <= t.number]
-        out.append((cost, made[-1] if made else None))
-    info = {"fit_seconds": res.timings.get("fit_seconds", []),
-            "proposal_seconds": res.timings.get("proposal_seconds", []),
-            "num_pilots": sum(1 for t in trials if t.user_attrs.get("race_pilot")),
-            "num_full": sum(1 for t in trials if t.user_attrs.get("fidelity") == "full"),
-            "num_extra_pilots": sum(1 for t in trials if t.user_attrs.get("race_validation")
-                                    and t.user_attrs.get("fidelity") == "pilot"),
-            "compute": cost, "note": ""}
+    settings = RaceSettings()
+    wl = bench_workload(problem.variant)
+    plans = PlanCache(wl)
+    f = 0.1
+    obs: list = []
+    existing: list = []
+    out: Trajectory = []
+    cost = 0.0
+
+    def run(a: Allocation, fidelity: str, frac: float) -> None:
+        nonlocal cost
+        n = len(existing)
+        existing.append((a, fidelity))
+        plan = plans(frac * BUDGET, a)
+        if plan is None:  # infeasible: recorded, costs nothing
+            return
+        y = obj.run(plan, seed=spec.seed + n).targets[problem.target]
+        obs.append(Observation(n, a, y, frac * BUDGET, frac, fidelity, math.nan))
+        cost += frac
+        out.append((cost, out[-1][1] if out else None))
+
+    for p in pilot_grid(spec.space, settings, spec.seed):
+        run(p.allocation, "pilot", f)
+    n_pilots = len(obs)
+    cache = SurrogateCache(spec.space, seed=spec.seed)
+    prop_s, prop_n, fit_s = [], [], []
+    while True:
+        t0 = time.perf_counter()
+        sur = cache(obs)
+        rec = recommend(sur, obs, spec.space, settings)[0]
+        out[-1] = (out[-1][0], rec)
+        if cost >= compute - 1e-9:
+            break
+        q = min(batch, math.ceil(compute - cost - 1e-9))
+        props = propose(obs, spec, wl, existing=existing, q=q, pilot_fraction=f, allow_pilots=False,
+                        settings=settings, surrogate=sur, plans=plans)
+        prop_s.append(time.perf_counter() - t0)
+        prop_n.append(len(obs))
+        fit_s.append(sur.fit_seconds)
+        if not props:
+            break
+        for pr in props:
+            run(pr.allocation, pr.fidelity, pr.budget_flops / BUDGET)
+    info = {"fit_seconds": fit_s, "proposal_seconds": prop_s, "proposal_trials": prop_n,
+            "num_pilots": n_pilots, "num_full": sum(1 for o in obs if o.fidelity == "full"),
+            "refits": cache.fits, "compute": cost, "note": ""}
     return out, info
 
 
@@ -311,7 +344,7 @@ def run_job(job: tuple[str, str, str, int, Config]) -> list[dict[str, Any]]:
     n_grid = grid_size(variant)
     try:
         if method == "allocopt":
-            traj, info = run_allocopt(p, seed, cfg.validations)
+            traj, info = run_allocopt(p, seed, cfg.allocopt_compute, cfg.allocopt_batch)
             cap = math.inf
         else:
             cap = min(cfg.caps.get(method, math.inf), n_grid)

@@ -54,13 +54,13 @@ from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings,
                                   check_pilot_fraction, pilot_grid)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
                                     observations, regime_of, share_fit)
-from allocopt.race.propose import (PlanCache, Proposal, existing_runs, fit_surrogate, propose,
-                                   recommend, same_run)
+from allocopt.race.propose import (PlanCache, Proposal, Recommendation, SurrogateCache, existing_runs,
+                                   fit_surrogate, propose, recommend, recommendation, same_run)
 from allocopt.race.run import run_race
 from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
-           "RaceResult", "RaceSettings", "RegimeDiagnosis", "ValidationRow", "cells",
+           "RaceResult", "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
            "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
-           "observations", "pilot_grid", "propose", "recommend", "regime_of", "run_race",
+           "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of", "run_race",
            "same_regime_rate", "same_run", "share_fit", "validate"]
