@@ -53,7 +53,8 @@ class RaceSettings:
     """Width (in ρ) of the Gaussian kernel that weights pilots around the optimum in the local
     quadratic fit."""
     bootstrap: int = 200
-    """Wild-bootstrap resamples for the uncertainty of ρ* and the regime probability."""
+    """Posterior draws of the local fit for the uncertainty of ρ* and the regime probability
+    (:func:`allocopt.race.diagnose._posterior_optima`)."""
     batch_size: int = 2
     """Proposals per round (``q``): runs one round can hand to parallel workers."""
     extra_pilot_budget: float = 0.0
