@@ -184,12 +184,15 @@ def test_quick_benchmark_prints_its_table(tmp_path):
 
 def test_allocopt_trajectory_is_races_own_recommendations(bench):
     """Nothing until the pilots (60 at 0.1: 6 runs) are done; then RACE's recommendation after
-    the pilots, one per round of 2 full runs, and the race's final one at the end."""
-    traj, info = bench.run_allocopt(bench.Problem("paper", "pass_at_1"), 0, 2)
-    assert info["num_pilots"] == 60 and info["num_full"] == 2 and info["num_extra_pilots"] == 0
+    the pilots and after each round of 2 full runs, until the compute (8 runs) is spent."""
+    traj, info = bench.run_allocopt(bench.Problem("paper", "pass_at_1"), 0, 8.0, 2)
+    assert info["num_pilots"] == 60 and info["num_full"] == 2 and info["refits"] >= 2
     costs = [c for c, _ in traj]
     assert costs == sorted(costs) and costs[-1] == pytest.approx(6 + 2)
     assert all(a is None for c, a in traj[:59]) and traj[59][1] is not None
     assert traj[59][0] == pytest.approx(6.0)
-    r, pct = bench.Problem("paper", "pass_at_1").regret(traj[-1][1])
+    assert traj[60][1] == traj[59][1]  # mid-round: the round's recommendation stands
+    last = traj[-1][1]
+    assert info["proposal_trials"] == [60]  # one round of proposals (q = 2) after the pilots
+    r, pct = bench.Problem("paper", "pass_at_1").regret(last)
     assert 0 <= pct <= 100
