@@ -500,3 +500,31 @@ def test_recommendation_names_the_set_within_noise():
     obs2 = _full("sparse", (0.6, 0.7, 0.8)) + _full("prm", (0.4, 0.45, 0.5), start=600)
     rec2 = recommendation(fit_surrogate(obs2, space2), obs2, space2)
     assert [a.reward for a in rec2.within_noise] == ["prm"] and rec2.prob_best > 0.95
+
+
+def test_replicates_repeat_the_leader_when_the_leaders_are_within_noise():
+    """Two cells whose full runs are equal within noise: with replicates=1 the first proposal
+    repeats the leading full run (flagged); without, or once it has run twice, it does not."""
+    from allocopt.race import fit_surrogate
+
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "structured"))
+    obs = []
+    for reward in ("sparse", "structured"):
+        for k, r in enumerate((0.5, 0.6, 0.7, 0.8)):
+            y = response(r, 8, "sparse") + (0.004 if (k + (reward == "structured")) % 2 else -0.004)
+            obs.append(Observation(len(obs), Allocation(r, 8, reward), y, BUDGET, 1.0, "full", 0.0))
+    sur = fit_surrogate(obs, space)
+    existing = [(o.allocation, "full") for o in obs]
+    s, w = spec(space=space), workload()
+    props = propose(obs, s, w, q=2, existing=existing, surrogate=sur, allow_pilots=False,
+                    settings=RaceSettings(rho_grid=15, replicates=1))
+    lead = max(obs, key=lambda o: float(sur.predict(sur.encoding.tensor([sur.encoding.row(
+        o.allocation.rho, 8, o.allocation.reward, None, 1.0)]))[0][0])).allocation
+    assert props[0].replicate and props[0].allocation == lead and not props[1].replicate
+    assert props[0].to_dict()["replicate"] is True
+    plain = propose(obs, s, w, q=1, existing=existing, surrogate=sur, allow_pilots=False,
+                    settings=RaceSettings(rho_grid=15))
+    assert not plain[0].replicate and plain[0].allocation != lead
+    twice = propose(obs, s, w, q=1, existing=existing + [(lead, "full")], surrogate=sur, allow_pilots=False,
+                    settings=RaceSettings(rho_grid=15, replicates=1))
+    assert not twice[0].replicate

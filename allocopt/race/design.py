@@ -78,6 +78,9 @@ class RaceSettings:
     proposals range over the whole space again: the pilots' ranking of the cells is not trusted
     until a full run of each has tested it (the surrogate's per-cell pilot bias is unknown
     until then). ``None``: never forced."""
+    replicates: int = 0
+    """Extra seeds of the leading full run :func:`allocopt.race.propose` may ask for when the
+    leaders are within one evaluation's noise (0: never; the benchmark runs without)."""
     posterior_samples: int = 256
     """Posterior samples for the full-budget regime probability."""
     seed: int | None = None
@@ -87,7 +90,7 @@ class RaceSettings:
         e = self.explore_cells_after
         if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 0):
             raise ConfigError(f"explore_cells_after={e!r}: must be an integer >= 0 or None")
-        ints = {"rho_levels": 3, "max_pilots": 3, "repeats": 1, "bootstrap": 10, "batch_size": 1,
+        ints = {"replicates": 0, "rho_levels": 3, "max_pilots": 3, "repeats": 1, "bootstrap": 10, "batch_size": 1,
                 "rho_grid": 5, "posterior_samples": 16, "thompson_samples": 1}
         for name, least in ints.items():
             v = getattr(self, name)

@@ -245,6 +245,10 @@ class Proposal:
     """Surrogate mean of the target at the full budget, at this allocation (for an extra pilot:
     at the full-budget allocation it informs)."""
     predicted_sd: float
+    replicate: bool = False
+    """A repeat (another seed) of a full run already made: the leaders are within one
+    evaluation's noise of each other and the noise is measured by repeating the leader
+    (``RaceSettings.replicates``). The loop must run it even though the same allocation ran."""
 
     def trl(self) -> dict[str, Any]:
         """TRL ``GRPOConfig`` values of the plan (as the allocopt driver sets them).
@@ -266,7 +270,7 @@ class Proposal:
                 "allocation": {"rho": a.rho, "group_size": a.group_size, "reward": a.reward,
                                "model": a.model or self.plan.policy},
                 "predicted_full_budget": {"mean": self.predicted_mean, "sd": self.predicted_sd},
-                "acquisition": self.acquisition, "trl": self.trl(),
+                "acquisition": self.acquisition, "replicate": self.replicate, "trl": self.trl(),
                 "plan": {k: v for k, v in self.plan.to_dict().items() if k in _PLAN_KEYS}}
 
 
@@ -314,6 +318,32 @@ class PlanCache:
         return self.cache[k]
 
 
+def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], spec: StudySpec, settings: RaceSettings,
+               plans: Callable[[float, Allocation], TrialPlan | None]) -> "Proposal | None":
+    """A repeat of the leading full run when the surrogate cannot separate it from the best full
+    run of another cell or G (posterior means within one evaluation's noise) and it has run at
+    most ``settings.replicates`` times; else ``None``."""
+    enc = sur.encoding
+    full = [b for b, fb in existing if fb == "full"]
+    if len(full) < 2:
+        return None
+    mean, sd = sur.predict(enc.tensor([enc.row(b.rho, b.group_size, b.reward, b.model, 1.0) for b in full]))
+    order = sorted(range(len(full)), key=lambda k: -float(mean[k]))
+    lead = full[order[0]]
+    key = (lead.reward, lead.model, lead.group_size)
+    rival = next((k for k in order[1:] if (full[k].reward, full[k].model, full[k].group_size) != key), None)
+    if rival is None or float(mean[rival]) < float(mean[order[0]]) - sur.noise_sd:
+        return None
+    copies = sum(1 for b in full if same_run(b, "full", lead, "full", settings.rho_match))
+    if copies > settings.replicates:
+        return None
+    plan = plans(spec.budget_flops, lead)
+    if plan is None:
+        return None
+    return Proposal(lead, "full", spec.budget_flops, plan, 0.0, 1.0, float(mean[order[0]]), float(sd[order[0]]),
+                    replicate=True)
+
+
 def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
             existing: Sequence[tuple[Allocation, str]] = (), q: int = 1, pilot_fraction: float = 0.1,
             allow_pilots: bool = True, settings: RaceSettings = RaceSettings(), surrogate: Any = None,
@@ -333,6 +363,10 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
        unit of compute beats the full run's (``v² / (v + σn²)`` for the full run, with ``v``
        the mixture variance, which includes the unknown drift only full runs resolve;
        ``c² / (v_z + σn²) / pilot_fraction`` for the pilot, ``c`` its covariance with the pick).
+
+    Replicates (``settings.replicates`` > 0): when the leading full run's cell and G and the best
+    full run of another cell or G are within one evaluation's noise (posterior means), the first
+    proposal repeats the leader (``Proposal.replicate``), at most ``replicates`` extra times.
 
     Cells first: once ``settings.explore_cells_after`` full runs exist, cells (reward system ×
     model) without a full run (in ``existing``) are the only candidates of steps 1-2, until each
@@ -411,6 +445,11 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
         return True
 
     exploring = bool(missing) and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after
+    if settings.replicates and not exploring and q >= 1:
+        rep = _replicate(sur, existing, spec, settings, plans)
+        if rep is not None:
+            out.append(rep)
+            taken.append((rep.allocation, "full"))
     tried: set[int] = set()  # offered (accepted or refused): never offered again
     for j in range(draws.shape[0]):
         if len(out) >= q:
