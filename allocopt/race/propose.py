@@ -7,6 +7,18 @@ sampling of the full-budget maximizer (or extra pilots, when their variance redu
 is worth it); infeasible plans and repeats of existing trials are never proposed.
 :func:`recommend` gives the allocation to run at the full budget. See :mod:`allocopt.race`.
 
+The loop (a study's sampler) calls, whenever a worker is free and the pilots are done::
+
+    cache = SurrogateCache(spec.space, seed)          # once per study
+    sur = cache(obs)                                  # every run so far (pilots and full)
+    rec = recommendation(sur, obs, spec.space, settings)   # what to report now
+    [p] = propose(obs, spec, workload, existing=runs, q=1, pilot_fraction=f, surrogate=sur,
+                  allow_pilots=..., settings=settings, plans=plans)
+
+with ``runs`` every run done, running or queued (``existing_runs``), so pending trials are
+conditioned on; it answers for as long as the study has trials left (no fixed count). A
+``Proposal.replicate`` is run even though its allocation ran before (with a new seed).
+
 Optuna and (through the surrogate) torch are imported inside functions.
 """
 
