@@ -73,8 +73,8 @@ class RaceSettings:
     full-budget run and a ρ within this of one of them (ρ units)."""
     explore_cells_after: int | None = 0
     """Once the study has this many full-budget runs, every cell (reward system × model) without
-    a full run gets one (Thompson sampling among those cells, the likeliest first, one per cell
-    and batch) before the
+    a full run gets one (at its best posterior mean, the best cells first, one per cell and
+    batch) before the
     proposals range over the whole space again: the pilots' ranking of the cells is not trusted
     until a full run of each has tested it (the surrogate's per-cell pilot bias is unknown
     until then). ``None``: never forced."""

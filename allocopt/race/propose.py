@@ -381,8 +381,8 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
     proposal repeats the leader (``Proposal.replicate``), at most ``replicates`` extra times.
 
     Cells first: once ``settings.explore_cells_after`` full runs exist, cells (reward system ×
-    model) without a full run (in ``existing``) are the only candidates of steps 1-2, until each
-    has one.
+    model) without a full run (in ``existing``) are the only candidates, each proposed at its
+    best posterior mean (cells by that mean, one per cell and batch), until each has one.
 
     It answers whenever asked (no fixed count): call it once per free slot of the study, with
     every run done, running or queued in ``existing``.
@@ -418,6 +418,10 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
     keep = keep[torch.argsort((mean + 2.5 * sd)[keep], descending=True)[:400]]
     draws = sur.sample(X[keep].unsqueeze(0), settings.thompson_samples)[:, 0, :]  # S x k
     wins = torch.bincount(draws.argmax(-1), minlength=len(keep)).double() / draws.shape[0]
+    exploring = bool(missing) and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after
+    if exploring:  # an untested cell is tested at its best posterior mean (not at one sample's
+        # maximizer: a run off a sharp peak would make the cell look worse than it is)
+        draws = mean[keep].expand(draws.shape[0], -1)
     taken = list(existing)
     out: list[Proposal] = []
     decades = math.log10(1.0 / pilot_fraction)
@@ -456,7 +460,6 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
         out.append(Proposal(a, "full", spec.budget_flops, plan, p_best, 1.0, float(mean[i]), float(sd[i])))
         return True
 
-    exploring = bool(missing) and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after
     if settings.replicates and not exploring and q >= 1:
         rep = _replicate(sur, existing, spec, settings, plans)
         if rep is not None:
