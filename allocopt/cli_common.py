@@ -47,5 +47,7 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
     try:
         return StudyTracker(study_name, tracking_uri=mlflow_uri)
     except Exception as e:
-        raise ConfigError(f"mlflow_uri={mlflow_uri!r}: cannot be used "
-                          f"({str(e).splitlines()[0][:200]})") from None
+        from allocopt.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
+                          f"({redact_url(str(e).splitlines()[0][:200])})") from None

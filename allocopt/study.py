@@ -9,7 +9,8 @@ worst possible target value (0: every target is a share in [0, 1]), so the sampl
 avoid it. A feasible one runs the objective; its targets and breakdown go into the trial's
 user attributes and into MLflow (:mod:`allocopt.tracking`). A trial that raises is failed in
 Optuna and MLflow with its error and the study goes on. Running the same study name again
-resumes it: finished trials are kept, trials left running by an interrupt are marked failed.
+resumes it: finished trials are kept; Ctrl-C marks the running trial failed, a killed worker's
+trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.storage`).
 
 torch (through the samplers and objectives), Optuna and MLflow are imported inside functions.
 """
@@ -49,11 +50,26 @@ class TrialRow:
         return self.metrics.get("value", math.nan)
 
 
-def make_sampler(spec: StudySpec) -> Any:
-    """The Optuna sampler the spec names (torch fits run on one thread: 5–12× faster on 2 cores).
-    Several targets: BoTorch's qLogNEHVI hypervolume acquisition."""
+def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:
+    """The Optuna sampler of the study: :class:`allocopt.sampler.RaceSampler` (RACE pilots, then
+    surrogate proposals) unless ``spec.pilots == 0`` or the study has several targets; else the
+    one ``spec.sampler`` names (several targets: BoTorch's qLogNEHVI hypervolume acquisition).
+    torch fits run on one thread (5–12× faster on 2 cores).
+
+    Args:
+        spec: the study.
+        workload: what plans are made for (RACE proposes feasible plans only when given).
+        race_settings: :class:`allocopt.race.RaceSettings` (default: ``max_pilots = spec.pilots``).
+    """
     import optuna
 
+    if spec.pilots != 0 and not spec.multi_objective:
+        from allocopt.race import RaceSettings
+        from allocopt.sampler import RaceSampler
+
+        settings = race_settings or RaceSettings(max_pilots=spec.pilots)
+        return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
+                           workload=workload, settings=settings, seed=spec.seed)
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=spec.seed)
     import torch
@@ -71,19 +87,11 @@ def make_sampler(spec: StudySpec) -> Any:
     return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
 
 
-def distributions(spec: StudySpec) -> dict[str, Any]:
-    """Optuna distributions of the search space."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
+def distributions(spec: StudySpec, *, fidelity: bool = False) -> dict[str, Any]:
+    """Optuna distributions of the search space (and the ``fidelity`` parameter of RACE)."""
+    from allocopt.sampler import space_distributions
 
-    d: dict[str, Any] = {"rho": FloatDistribution(*spec.space.rho)} \
-        if spec.space.rho[0] < spec.space.rho[1] else {}
-    if len(spec.space.group_sizes) > 1:
-        d["group_size"] = CategoricalDistribution(list(spec.space.group_sizes))
-    if len(spec.space.rewards) > 1:
-        d["reward"] = CategoricalDistribution(list(spec.space.rewards))
-    if len(spec.space.models) > 1:
-        d["model"] = CategoricalDistribution(list(spec.space.models))
-    return d
+    return space_distributions(spec.space, fidelity=fidelity)
 
 
 def check_same_study(study: Any, spec: StudySpec) -> None:
@@ -109,28 +117,39 @@ def check_same_study(study: Any, spec: StudySpec) -> None:
 
 
 def open_study(spec: StudySpec, storage: str) -> Any:
-    """Create or load the Optuna study; trials left RUNNING (an interrupt) are marked FAIL."""
+    """Create or load the Optuna study, heartbeats on (:mod:`allocopt.storage`).
+
+    Opening never touches a RUNNING trial: it may be another worker's live trial, or a trial
+    reserved by ``allocopt ask``. A dead worker's trial is failed and retried once after the
+    grace period (:func:`allocopt.storage.fail_stale`, before each ``ask``).
+
+    Raises:
+        StudyError: the storage cannot be opened (the URL in the message has its password
+            redacted), or the study was run under other terms.
+    """
     import optuna
-    from optuna.trial import TrialState
+
+    from allocopt.storage import StorageError, make_storage, redact_url, register
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shown = redact_url(storage)
     try:
-        study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
+        store = make_storage(storage)
+        study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
                                     directions=["maximize"] * len(spec.targets),
                                     sampler=make_sampler(spec))
+    except StorageError as e:
+        raise StudyError(str(e)) from None
     except ImportError as e:
-        raise StudyError(f"storage={storage!r}: its database driver is not installed ({e})") from None
+        raise StudyError(f"storage={shown!r}: its database driver is not installed ({e})") from None
     except Exception as e:  # bad URL, unreachable server, unwritable file
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise StudyError(f"storage={storage!r}: cannot be opened ({msg})") from None
+        raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
+    register(study, store)
     if len(study.directions) != len(spec.targets):
         raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
     check_same_study(study, spec)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(t._trial_id, "error", "interrupted; marked failed on resume")
-        study._storage.set_trial_user_attr(t._trial_id, "state", "FAIL")
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     return study
 
 
@@ -140,14 +159,18 @@ def rows(study: Any) -> list[TrialRow]:
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
         state = ua.get("state", t.state.name)
-        out.append(TrialRow(t.number, state, dict(t.params), dict(ua.get("targets", {})),
+        params = {k: v for k, v in t.params.items() if k != "fidelity"}  # the fidelity is its own field
+        out.append(TrialRow(t.number, state, params, dict(ua.get("targets", {})),
                             {**ua.get("metrics", {}), "value": t.values[0] if t.values else math.nan},
                             ua.get("error")))
     return out
 
 
 def best_row(study: Any) -> TrialRow | None:
-    done = [r for r in rows(study) if r.state == "COMPLETE" and not math.isnan(r.value)]
+    """The complete full-budget trial with the best (first) target; ``None`` when there is none."""
+    full = {t.number for t in study.get_trials(deepcopy=False)
+            if (t.params.get("fidelity") or t.user_attrs.get("fidelity") or "full") == "full"}
+    done = [r for r in rows(study) if r.state == "COMPLETE" and not math.isnan(r.value) and r.number in full]
     return max(done, key=lambda r: r.value) if done else None
 
 
@@ -194,7 +217,7 @@ def run_one_trial(
               "objective": spec.objective, "target": spec.target}
     run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
                                                         "allocopt.fidelity": fidelity}) if tracker else None
-    row = TrialRow(trial.number, "RUNNING", dict(trial.params))
+    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in trial.params.items() if k != "fidelity"})
 
     def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
         """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
@@ -225,8 +248,8 @@ def run_one_trial(
     except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
         return _infeasible(e, plan)
     except KeyboardInterrupt:
-        study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted")
-        study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
+        trial.set_user_attr("error", "interrupted")
+        trial.set_user_attr("state", "FAIL")
         study.tell(trial, state=TrialState.FAIL)
         if tracker:
             tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
@@ -236,9 +259,9 @@ def run_one_trial(
         spent = getattr(getattr(e, "result", None), "spent", None)
         err = f"{type(e).__name__}: {e}"
         metrics = spent.to_dict() if spent is not None else {}
-        study._storage.set_trial_user_attr(trial._trial_id, "error", err)
-        study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
-        study._storage.set_trial_user_attr(trial._trial_id, "metrics", metrics)
+        trial.set_user_attr("error", err)
+        trial.set_user_attr("state", "FAIL")
+        trial.set_user_attr("metrics", metrics)
         study.tell(trial, state=TrialState.FAIL)
         row.state, row.error, row.metrics = "FAIL", err, metrics
         if tracker:
@@ -273,41 +296,93 @@ def run_study(
     *,
     objective: Any,
     workload: Workload,
-    storage: str = DEFAULT_STORAGE,
+    storage: str | None = DEFAULT_STORAGE,
     tracker: Any = None,
+    sampler: Any = None,
+    pilots_only: bool = False,
+    study: Any = None,
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
 ) -> Any:
-    """Run the study until it has ``spec.trials`` finished trials (complete, infeasible or failed).
+    """The one study loop: ask the sampler, run the trial, tell the result, until the study has
+    ``spec.trials`` finished full-budget trials (complete, infeasible or failed).
+
+    With :class:`allocopt.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
+    several targets) the sampler decides each trial's fidelity: RACE pilots (at
+    ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
+    then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
 
     Args:
         spec: the study definition.
-        objective: has ``run(plan, seed=, progress=) -> TrialResult`` (``objectives``).
+        objective: an :class:`allocopt.objective.Objective`.
         workload: what plans are made for (``objective.workload()``).
-        storage: Optuna storage URL.
+        storage: Optuna storage URL (``None``: in memory).
         tracker: an :class:`allocopt.tracking.StudyTracker` or ``None``.
+        sampler: the Optuna sampler (default :func:`make_sampler` of ``spec`` and ``workload``).
+        pilots_only: run RACE's pilot grid (what is left of it) and stop.
+        study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
 
     Returns:
         the Optuna study.
 
     Raises:
-        StudyError: the storage cannot be opened.
+        StudyError: the storage cannot be opened, or the objective does not report the target.
+        ConfigError: RACE on a space without a ρ range.
         KeyboardInterrupt: after marking the running trial failed (it is re-run on resume).
     """
     from optuna.trial import TrialState
 
-    study = open_study(spec, storage)
+    from allocopt.objective import objective_targets
+    from allocopt.sampler import RaceSampler
+    from allocopt.storage import on_stale, worker_trial
+
+    try:
+        declared = objective_targets(getattr(objective, "name", spec.objective))
+    except ValueError:
+        declared = None
+    missing = [t for t, k in zip(spec.targets, spec.target_keys) if declared is not None and k not in declared]
+    if missing:
+        raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
+                         f"{', '.join(declared or ())}")
+    sampler = sampler if sampler is not None else make_sampler(spec, workload=workload)
+    race = isinstance(sampler, RaceSampler)
+    if pilots_only and not race:
+        raise ValueError("pilots_only needs a RaceSampler")
+    study = study if study is not None else open_study(spec, storage)
+    on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
+    study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
-    dists = distributions(spec)
-    finished = lambda: len([t for t in study.get_trials(deepcopy=False)  # noqa: E731
-                            if t.state in (TrialState.COMPLETE, TrialState.FAIL)])
-    while finished() < spec.trials:
-        trial = study.ask(dists)
-        run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
-                      on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
+    if race:
+        from dataclasses import asdict
+
+        study.set_user_attr("race", {"pilot_fraction": sampler.pilot_fraction,
+                                     "settings": asdict(sampler.settings)})
+    dists = distributions(spec, fidelity=race)
+
+    def finished() -> int:
+        from allocopt.race import trial_fidelity
+
+        return sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.state in (TrialState.COMPLETE, TrialState.FAIL) and trial_fidelity(t) == "full")
+
+    # every ask runs a trial (the queue's first); the cap only guards against a sampler that
+    # never proposes a full run
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
+                                   + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
+                                   if race else 0)
+    for _ in range(cap + 1):
+        if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
+            break
+        with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
+            if race:
+                sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
+            run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
+                          on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
     if tracker:
+        tracker.reconcile(study)
         b = best_row(study)
         if b is not None:
             tracker.log_study_summary(best={**b.params}, metrics={f"best_{spec.target_key}": b.value})
