@@ -23,13 +23,18 @@ plus a fidelity part::
                + σr² [r = r'] + σm² [m = m']           reward system, model: additive levels
                + σg² M(u - u'; ℓg')                    G: one curve shared by every cell
                + σj² M(ρw - ρw'; ℓρ) M(u - u'; ℓg) C(x, x')              the interaction
-               + (1 - s)(1 - s') (σb0² + σb1² M(ρw - ρw'; ℓρ) C(x, x'))  the pilots' bias
+               + (1 - s)(1 - s') (σb0² + σb1² M(ρw - ρw'; ℓρ) C(x, x')
+                                  + σbc² [r = r'][m = m'])             the pilots' bias
     C(x, x') = (ζr + (1 - ζr)[r = r']) (ζm + (1 - ζm)[m = m'])
     ρw       = ρ + δ · FIDELITY_DECADES · (1 - s) / (hi - lo)   (ρ scaled; ``u`` is scaled log2 G)
 
 ``M`` is the Matérn-5/2 correlation; ``[·]`` is 1 when the categories agree. The bias term
 vanishes at the full budget, so pilots inform the full-budget prediction through the other terms
-without being taken for full runs, and may differ from them in level (per cell, through ``C``).
+without being taken for full runs, and may differ from them in level: shared (σb0), per cell
+and ρ (σb1, through ``C``), and per cell (reward system × model) as a constant (σbc): a reward
+system whose full runs sit higher or lower than its pilots predict (pilots that rank the reward
+systems differently from the full budget) is learned from that cell's full runs, and until it has
+one, its full-budget prediction carries σbc of extra uncertainty.
 
 **Budget drift.** ``δ`` is how far the optimum in ρ moves per decade of budget (ρ units): a pilot
 at ρ is compared with full runs at ρ + δ × (decades below the full budget). δ is not fitted by
@@ -160,6 +165,7 @@ _HYPERS: dict[str, tuple[float, float, float]] = {
     "zeta_model": (0.0, 0.0, 1.5),
     "bias0": (math.log(0.05), math.log(0.05), 2.0),
     "bias1": (math.log(0.05), math.log(0.05), 2.0),
+    "bias_cell": (math.log(0.05), math.log(0.05), 2.0),
     "noise": (math.log(0.05), math.log(0.05), 2.0),
 }
 _NAMES = tuple(_HYPERS)
@@ -269,7 +275,12 @@ class MultiFidelityKernel(gpytorch.kernels.Kernel):
             K = K + p["model"] * same_m
         K = K + p["joint"] * joint
         low = (1.0 - fa) * (1.0 - fb) if diag else (1.0 - fa)[..., :, None] * (1.0 - fb)[..., None, :]
-        return K + low * (p["bias0"] + p["bias1"] * k_rho * cat)
+        cell = 1.0
+        if same_r is not None:
+            cell = same_r
+        if same_m is not None:
+            cell = cell * same_m
+        return K + low * (p["bias0"] + p["bias1"] * k_rho * cat + p["bias_cell"] * cell)
 
 
 class _ExactGP(gpytorch.models.ExactGP, GPyTorchModel):
@@ -334,7 +345,7 @@ class MultiFidelitySurrogate:
 
     Attributes:
         fit_seconds: wall time of the fit (hyperparameters and the δ mixture).
-        raw: the fitted raw hyperparameters, a length-13 vector in ``_NAMES`` order (log values;
+        raw: the fitted raw hyperparameters, a length-14 vector in ``_NAMES`` order (log values;
             logits for ζ); pass as ``init`` to warm-start a refit.
         drifts, weights: the mixture's δ values (ρ per decade of budget) and their weights.
         model: the GPyTorch ``ExactGP`` at the most likely δ (its hyperparameters are :attr:`raw`).
@@ -437,7 +448,7 @@ class MultiFidelitySurrogate:
 
     @property
     def raw(self) -> Tensor:
-        """The raw hyperparameters (length 13, ``_NAMES`` order; log values, logits for ζ)."""
+        """The raw hyperparameters (length 14, ``_NAMES`` order; log values, logits for ζ)."""
         return _get_raw(self.model)
 
     def _mixture(self, refit: bool) -> None:

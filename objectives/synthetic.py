@@ -50,6 +50,24 @@ narrow        0.25    0.05    0      0      a sharp ρ peak: a 0.1-spaced ρ gri
                                             up to 0.05 (a loss of 0.16)
 ============  ======  ======  =====  =====  =================================================
 
+Three variants stress what the first four share (each keeps ``paper``'s h, w, k, s)::
+
+    score += bonus(r, B),   bonus(r, B) = a_r · (1 + log10(B / B_ref))      (rank-flip)
+    ρ*    += kg · (log2 G - 3)                                                 (rho-by-g)
+    σ      = noise · noise_factor                                              (noisy)
+
+============  =================================================================================
+variant       what it exercises
+============  =================================================================================
+rank-flip     pilots rank the reward systems differently from the full budget: a_dense = +0.05,
+              a_prm = -0.03 (0 at a tenth of B_ref, where pilots run). At 10 % of B_ref the best
+              cells are prm 0.65 > proxy_prm 0.63 > dense 0.62; at B_ref dense 0.67 > proxy_prm
+              0.63 > prm 0.62: a tuner that trusts the pilots' ranking loses 0.05 (13.5 %)
+rho-by-g      the best ρ depends on G: kg = 0.1 (ρ* of prm for pass@1: 0.25, 0.35, 0.45, 0.55
+              at G = 2, 4, 8, 16); the G term still peaks at 8 (G = 4 or 16 lose 0.01)
+noisy         noise_factor 2: σ = 0.02 with the objective's default noise, twice ``paper``'s
+============  =================================================================================
+
 The variants' default search spaces (:func:`space_of`): ρ in [0.2, 0.9], G in {2, 4, 8, 16}, all
 five reward systems; ``model-size`` adds the models Qwen2.5-1.5B, -3B and -7B (x ≈ 0.04,
 1.04, 2.34).
@@ -64,6 +82,9 @@ closest to 8 in log2 G, and the overall optimum is the best of these)::
     model-size  prm          8  3B               0.4476   0.3876  0.3076  0.69996
     flat        prm          8  -                0.51     0.45    0.37    0.43
     narrow      prm          8  -                0.51     0.45    0.37    0.65
+    rank-flip   dense        8  -                0.78     0.72    0.64    0.67
+    rho-by-g    prm          8  -                0.51     0.45    0.37    0.65
+    noisy       prm          8  -                0.51     0.45    0.37    0.65
 
 (model-size at 3B, x = 1.0407: ρ* = 0.45 + shift(t) − 0.06 · 1.0407, i.e. 0.3876 for pass@1;
 its score is 0.65 + 0.05 · (1 − (0.0407 / 1.5)²) = 0.69996. Regrets of a benchmark are quoted
@@ -106,6 +127,19 @@ class Variant:
     """``k``: fall of ρ* per doubling of the policy's parameters over 1.5e9."""
     size_height: float = 0.0
     """``s``: height of the model-size term (0: the model does not matter)."""
+    rho_g_slope: float = 0.0
+    """``kg``: shift of ρ* per doubling of G above 8 (0: the best ρ does not depend on G)."""
+    noise_factor: float = 1.0
+    """Multiplies the objective's noise σ (``noisy``: 2, twice the ``paper`` variant's)."""
+    reward_budget_bonus: tuple[tuple[str, float], ...] = ()
+    """``a_r`` per reward system: ``bonus(r, B) = a_r · (1 + log10(B / B_ref))`` is added to the
+    level, 0 at a tenth of ``B_ref`` (the pilots' budget) and ``a_r`` at ``B_ref``: pilots at 10 %
+    rank the reward systems differently from the full budget (``rank-flip``)."""
+
+    def bonus(self, reward: str, budget_flops: float) -> float:
+        """``a_r · (1 + log10(B / B_ref))`` (0 for reward systems without one)."""
+        a = dict(self.reward_budget_bonus).get(reward, 0.0)
+        return a * (1.0 + math.log10(budget_flops / B_REF)) if a else 0.0
 
     @property
     def uses_model(self) -> bool:
@@ -117,6 +151,9 @@ VARIANTS: dict[str, Variant] = {
     "model-size": Variant("model-size", size_rho_slope=0.06, size_height=0.05),
     "flat": Variant("flat", peak_height=0.03, peak_width=0.45),
     "narrow": Variant("narrow", peak_width=0.05),
+    "rank-flip": Variant("rank-flip", reward_budget_bonus=(("dense", 0.05), ("prm", -0.03))),
+    "noisy": Variant("noisy", noise_factor=2.0),
+    "rho-by-g": Variant("rho-by-g", rho_g_slope=0.1),
 }
 """The synthetic family by name."""
 
@@ -144,10 +181,13 @@ def _target(target: str) -> str:
 
 
 def rho_star(reward: str, target: str = "pass_at_1", budget_flops: float = B_REF, *,
-             variant: str | Variant = "paper", model: str | None = None) -> float:
-    """The optimal ρ of the synthetic response (see the module docstring); unclamped."""
+             variant: str | Variant = "paper", model: str | None = None, group_size: int = 8) -> float:
+    """The optimal ρ of the synthetic response (see the module docstring); unclamped.
+    ``group_size`` matters for variants with ``rho_g_slope`` only (``rho-by-g``)."""
     v = get_variant(variant)
     r = 0.72 - 0.27 * REWARD_COST[reward] + SHIFT[_target(target)] + 0.03 * math.log10(budget_flops / B_REF)
+    if v.rho_g_slope:
+        r += v.rho_g_slope * (math.log2(group_size) - 3)
     return r - v.size_rho_slope * size_x(model) if v.size_rho_slope else r
 
 
@@ -170,9 +210,9 @@ def response(rho: float, group_size: int, reward: str, target: str = "pass_at_1"
              model: str | None = None) -> float:
     """Noise-free synthetic score (target units; in [0, 1] over the documented spaces)."""
     v = get_variant(variant)
-    star = rho_star(reward, target, budget_flops, variant=v, model=model)
+    star = rho_star(reward, target, budget_flops, variant=v, model=model, group_size=group_size)
     peak = v.peak_height * math.exp(-((rho - star) / v.peak_width) ** 2)
-    out = BASE[reward] + peak + g_term(group_size)
+    out = BASE[reward] + v.bonus(reward, budget_flops) + peak + g_term(group_size)
     return out + size_term(model, budget_flops, variant=v) if v.size_height else out
 
 
@@ -189,8 +229,9 @@ def observe(rho: float, group_size: int, reward: str, budget_flops: float = B_RE
     model = model if v.uses_model else None  # the key (and score) of other variants ignore it
     key = f"{seed}|{rho:.6f}|{group_size}|{reward}" + (f"|{model}" if model else "")
     rng = random.Random(key)
+    sd = noise * v.noise_factor
     return {t: min(1.0, max(0.0, response(rho, group_size, reward, t, budget_flops, variant=v,
-                                          model=model) + rng.gauss(0.0, noise)))
+                                          model=model) + rng.gauss(0.0, sd)))
             for t in SHIFT}
 
 
@@ -222,26 +263,26 @@ def optimum(target: str = "pass_at_1", budget_flops: float = B_REF, space: Searc
             *, variant: str | Variant = "paper") -> Optimum:
     """The exact optimum of the noise-free response over ``space`` (default: :func:`space_of`).
 
-    Closed form: per reward system (× model) the score is a constant plus a unimodal bump in ρ
-    plus a G term, so its best ρ is ρ* clamped to the range, its worst ρ the end of the range
-    farther from ρ*, its best and worst G the extremes of the G term over the allowed sizes.
+    Closed form: per reward system (× model) and G the score is a constant plus a unimodal bump
+    in ρ, so its best ρ is ρ* (of that G) clamped to the range and its worst ρ the end of the
+    range farther from ρ*; the optimum is the best over reward systems (× models) and G, the
+    worst the least of the worst values.
     """
     v = get_variant(variant)
     space = space or space_of(v)
     t = _target(target)
     lo, hi = space.rho
-    g_best = max(space.group_sizes, key=lambda g: (g_term(g), -g))
-    g_worst = min(space.group_sizes, key=g_term)
     best, worst = None, math.inf
     for m in (space.models or (None,)):
         for r in space.rewards:
-            star = rho_star(r, t, budget_flops, variant=v, model=m)
-            rho = min(max(star, lo), hi)
-            val = response(rho, g_best, r, t, budget_flops, variant=v, model=m)
-            if best is None or val > best[1]:
-                best = (Allocation(rho, g_best, r, m), val)
-            far = lo if abs(lo - star) >= abs(hi - star) else hi
-            worst = min(worst, response(far, g_worst, r, t, budget_flops, variant=v, model=m))
+            for g in space.group_sizes:
+                star = rho_star(r, t, budget_flops, variant=v, model=m, group_size=g)
+                rho = min(max(star, lo), hi)
+                val = response(rho, g, r, t, budget_flops, variant=v, model=m)
+                if best is None or val > best[1] + 1e-15 or (abs(val - best[1]) <= 1e-15 and g < best[0].group_size):
+                    best = (Allocation(rho, g, r, m), val)
+                far = lo if abs(lo - star) >= abs(hi - star) else hi
+                worst = min(worst, response(far, g, r, t, budget_flops, variant=v, model=m))
     return Optimum(best[0], best[1], worst)
 
 

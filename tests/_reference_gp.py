@@ -88,7 +88,12 @@ class _Kernel:
             K = K + p["model"] * same_m
         K = K + p["joint"] * joint
         low = (1.0 - fa)[:, None] * (1.0 - fb)[None, :]
-        return K + low * (p["bias0"] + p["bias1"] * k_rho * cat)
+        cell = torch.ones_like(k_rho)  # 1 when both rows are the same reward system and model
+        if same_r is not None:
+            cell = cell * same_r
+        if same_m is not None:
+            cell = cell * same_m
+        return K + low * (p["bias0"] + p["bias1"] * k_rho * cat + p["bias_cell"] * cell)
 
 
 class MultiFidelitySurrogate:
@@ -241,7 +246,7 @@ class MultiFidelitySurrogate:
         if k.m_span is not None:
             v = v + p["model"]
         low = (1.0 - X[:, k.f_col]) ** 2
-        return v + low * (p["bias0"] + p["bias1"])
+        return v + low * (p["bias0"] + p["bias1"] + p["bias_cell"])
 
     def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Posterior mean and standard deviation (noise-free, target units) of the mixture at

@@ -24,6 +24,9 @@ DOCUMENTED = {
     "model-size": ("prm", 8, "Qwen/Qwen2.5-3B", (0.4476, 0.3876, 0.3076), 0.69996),
     "flat": ("prm", 8, None, (0.51, 0.45, 0.37), 0.43),
     "narrow": ("prm", 8, None, (0.51, 0.45, 0.37), 0.65),
+    "rank-flip": ("dense", 8, None, (0.78, 0.72, 0.64), 0.67),
+    "rho-by-g": ("prm", 8, None, (0.51, 0.45, 0.37), 0.65),
+    "noisy": ("prm", 8, None, (0.51, 0.45, 0.37), 0.65),
 }
 RHO_STEP = 1e-4
 
@@ -84,6 +87,28 @@ def test_noise_is_seeded():
     draws = [observe(0.5, 8, "prm", seed=s)["pass_at_1"] - response(0.5, 8, "prm") for s in range(400)]
     sd = math.sqrt(sum(d * d for d in draws) / len(draws))
     assert 0.008 < sd < 0.012
+
+
+def test_stress_variants_do_what_their_names_say():
+    # rank-flip: at the pilots' budget (a tenth of B_REF) prm is best and dense third; at B_REF dense
+    def best_per_reward(budget):
+        s = space_of("rank-flip")
+        return sorted(s.rewards, key=lambda w: -optimum("pass_at_1", budget, replace(s, rewards=(w,)),
+                                                         variant="rank-flip").value)
+    assert best_per_reward(B_REF / 10)[:3] == ["prm", "proxy_prm", "dense"]
+    assert best_per_reward(B_REF)[0] == "dense"
+    assert optimum("pass_at_1", variant="rank-flip").value - response(0.45, 8, "prm", variant="rank-flip") \
+        == pytest.approx(0.05, abs=1e-9)  # dense 0.33 + 0.05 + 0.29 vs prm 0.36 - 0.03 + 0.29
+    # rho-by-g: the best rho of prm moves by 0.1 per doubling of G (dense grid per G)
+    for g, want in ((2, 0.25), (4, 0.35), (8, 0.45), (16, 0.55)):
+        rhos = [0.2 + i * 1e-4 for i in range(7001)]
+        r = max(rhos, key=lambda x: response(x, g, "prm", variant="rho-by-g"))
+        assert abs(r - want) < 2e-4, (g, r)
+    # noisy: twice the paper variant's sd
+    draws = [observe(0.5, 8, "prm", seed=s, variant="noisy")["pass_at_1"] - response(0.5, 8, "prm")
+             for s in range(400)]
+    sd = math.sqrt(sum(d * d for d in draws) / len(draws))
+    assert 0.017 < sd < 0.023
 
 
 def test_unknown_variant_is_one_clear_error():
@@ -159,12 +184,15 @@ def test_quick_benchmark_prints_its_table(tmp_path):
 
 def test_allocopt_trajectory_is_races_own_recommendations(bench):
     """Nothing until the pilots (60 at 0.1: 6 runs) are done; then RACE's recommendation after
-    the pilots, one per round of 2 full runs, and the race's final one at the end."""
-    traj, info = bench.run_allocopt(bench.Problem("paper", "pass_at_1"), 0, 2)
-    assert info["num_pilots"] == 60 and info["num_full"] == 2 and info["num_extra_pilots"] == 0
+    the pilots and after each round of 2 full runs, until the compute (8 runs) is spent."""
+    traj, info = bench.run_allocopt(bench.Problem("paper", "pass_at_1"), 0, 8.0, 2)
+    assert info["num_pilots"] == 60 and info["num_full"] == 2 and info["refits"] >= 2
     costs = [c for c, _ in traj]
     assert costs == sorted(costs) and costs[-1] == pytest.approx(6 + 2)
     assert all(a is None for c, a in traj[:59]) and traj[59][1] is not None
     assert traj[59][0] == pytest.approx(6.0)
-    r, pct = bench.Problem("paper", "pass_at_1").regret(traj[-1][1])
+    assert traj[60][1] == traj[59][1]  # mid-round: the round's recommendation stands
+    last = traj[-1][1]
+    assert info["proposal_trials"] == [60]  # one round of proposals (q = 2) after the pilots
+    r, pct = bench.Problem("paper", "pass_at_1").regret(last)
     assert 0 <= pct <= 100

@@ -16,26 +16,31 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
    a *local quadratic* in ρ with additive G offsets, fitted by least squares weighted with a
    Gaussian kernel (``bandwidth``) around the current optimum and iterated, so the curve is
    read where it matters and far points do not drag the vertex; the ρ that maximizes it (the
-   vertex, or the better end of the range when there is none); uncertainty by a wild
-   bootstrap (``bootstrap`` resamples: the fit plus its residuals with random signs, refitted
-   the same way; the design stays fixed, so every resample keeps the pilots' ρ levels); slopes of the target at both
+   vertex, or the better end of the range when there is none); uncertainty from
+   ``bootstrap`` draws of the fit's approximate posterior (a multivariate t on the coefficients,
+   noise variance from a global quartic's residuals; 90 % intervals calibrated over seeds of a
+   known function); slopes of the target at both
    ends of the range (local linear fits there); the reward share of compute at the optimum,
    from the trials' executed breakdowns (``reward_flops / total_flops``, linear in ρ); and a
-   regime label per bootstrap sample (:func:`regime_of`): ``reward-heavy`` when the reward
+   regime label per draw (:func:`regime_of`): ``reward-heavy`` when the reward
    share at the optimum exceeds ``reward_heavy_share`` (takes precedence), ``search-heavy``
    when ρ* < ``search_heavy_below``, ``update-heavy`` when ρ* > ``update_heavy_above``,
    ``balanced`` otherwise. The reported regime is the commonest label; its probability is its
-   share of the bootstrap samples.
+   share of the draws.
 3. **Validation** (:func:`propose`, :func:`validate`, :func:`recommend`): the surrogate
    (:mod:`allocopt.surrogate`) is fitted on pilots and full runs together (the budget fraction is
    its fidelity; it learns how far the optimal ρ drifts with the budget, so the pilots' bias is
    corrected once a few full runs exist) and proposes full runs by Thompson sampling of the
-   full-budget maximizer, one per trial (or extra pilots, when their variance
+   full-budget maximizer, ``batch_size`` per round, and whenever asked (no fixed count; cells
+   — reward system × model — without a full run get one first, ``explore_cells_after``) (or extra pilots, when their variance
    reduction per FLOP is worth it, within ``extra_pilot_budget``: none by default);
    infeasible plans and repeats of existing trials (same G, reward, model and fidelity, ρ within
    ``rho_match``) are never proposed; pending trials are conditioned on (a constant liar). After
    each new fit and at the end RACE **recommends** an
-   allocation: the maximizer of the posterior mean at the full budget near its full runs. After
+   allocation: the maximizer of the posterior mean at the full budget among what its full runs
+   support (cell and G with a full run, ρ within ``rho_trust`` of one); :func:`recommendation`
+   adds a credible interval, the probability per cell of holding the best allocation, and the
+   set of allocations within one evaluation's noise of it (:class:`Recommendation`). After
    the runs, per reward system: the full-budget regime (from the surrogate's posterior at
    fidelity 1, with the same labelling), whether it matches the pilot regime, and the regret at
    full budget of the allocation the pilots recommended (surrogate mean at the best allocation
@@ -56,14 +61,15 @@ from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings,
                                   check_pilot_fraction, pilot_grid)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
                                     observations, regime_of, share_fit, trial_fidelity, trial_params)
-from allocopt.race.propose import (PlanCache, Proposal, existing_runs, fit_surrogate, interrupted,
-                                   propose, recommend, runs_of, same_run)
+from allocopt.race.propose import (PlanCache, Proposal, Recommendation, SurrogateCache, existing_runs,
+                                   fit_surrogate, interrupted, propose, recommend, recommendation, runs_of,
+                                   same_run)
 from allocopt.race.run import run_race
 from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
-           "RaceResult", "RaceSettings", "RegimeDiagnosis", "ValidationRow", "cells",
+           "RaceResult", "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
            "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
-           "interrupted", "observations", "pilot_grid", "propose", "recommend", "regime_of",
+           "interrupted", "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
            "run_race", "runs_of", "same_regime_rate", "same_run", "share_fit", "trial_fidelity",
            "trial_params", "validate"]

@@ -53,7 +53,8 @@ class RaceSettings:
     """Width (in ρ) of the Gaussian kernel that weights pilots around the optimum in the local
     quadratic fit."""
     bootstrap: int = 200
-    """Wild-bootstrap resamples for the uncertainty of ρ* and the regime probability."""
+    """Posterior draws of the local fit for the uncertainty of ρ* and the regime probability
+    (:func:`allocopt.race.diagnose._posterior_optima`)."""
     batch_size: int = 2
     """Not used since RACE became a sampler (:class:`allocopt.sampler.RaceSampler`): every
     trial gets its own proposal, and proposals for parallel workers differ because pending
@@ -72,17 +73,30 @@ class RaceSettings:
     rho_trust: float = 0.1
     """The recommendation (:func:`recommend`) is a cell (reward system × model) with a
     full-budget run and a ρ within this of one of them (ρ units)."""
+    explore_cells_after: int | None = 0
+    """Once the study has this many full-budget runs, every cell (reward system × model) without
+    a full run gets one (at its best posterior mean, the best cells first, one per cell and
+    batch) before the
+    proposals range over the whole space again: the pilots' ranking of the cells is not trusted
+    until a full run of each has tested it (the surrogate's per-cell pilot bias is unknown
+    until then). ``None``: never forced."""
+    replicates: int = 0
+    """Extra seeds of the leading full run :func:`allocopt.race.propose` may ask for when the
+    leaders are within one evaluation's noise (0: never; the benchmark runs without)."""
     posterior_samples: int = 256
     """Posterior samples for the full-budget regime probability."""
     seed: int | None = None
     """Seed of the pilot design, bootstrap and surrogate; ``None``: the study's seed."""
 
     def __post_init__(self) -> None:
-        ints = {"rho_levels": 3, "max_pilots": 3, "repeats": 1, "bootstrap": 10, "batch_size": 1,
+        e = self.explore_cells_after
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 0):
+            raise ConfigError(f"explore_cells_after={e!r}: must be an integer >= 0 or None")
+        ints = {"replicates": 0, "rho_levels": 3, "max_pilots": 3, "repeats": 1, "bootstrap": 10, "batch_size": 1,
                 "rho_grid": 5, "posterior_samples": 16, "thompson_samples": 1}
         for name, least in ints.items():
             v = getattr(self, name)
-            if name == "max_pilots" and v is None:
+            if name in ("max_pilots",) and v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= {least}")

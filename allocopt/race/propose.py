@@ -7,6 +7,18 @@ sampling of the full-budget maximizer (or extra pilots, when their variance redu
 is worth it); infeasible plans and repeats of existing trials are never proposed.
 :func:`recommend` gives the allocation to run at the full budget. See :mod:`allocopt.race`.
 
+The loop (a study's sampler) calls, whenever a worker is free and the pilots are done::
+
+    cache = SurrogateCache(spec.space, seed)          # once per study
+    sur = cache(obs)                                  # every run so far (pilots and full)
+    rec = recommendation(sur, obs, spec.space, settings)   # what to report now
+    [p] = propose(obs, spec, workload, existing=runs, q=1, pilot_fraction=f, surrogate=sur,
+                  allow_pilots=..., settings=settings, plans=plans)
+
+with ``runs`` every run done, running or queued (``existing_runs``), so pending trials are
+conditioned on; it answers for as long as the study has trials left (no fixed count). A
+``Proposal.replicate`` is run even though its allocation ran before (with a new seed).
+
 Optuna and (through the surrogate) torch are imported inside functions.
 """
 
@@ -32,8 +44,9 @@ def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0,
                   fit: bool = True):
     """The :class:`allocopt.surrogate.MultiFidelitySurrogate` over all observations (pilots and
     full runs; the budget fraction is the fidelity); ``init``: an earlier fit's ``raw``
-    hyperparameters to start from as well (``fit=False``: taken as they are, only the data
-    change: how pending trials are conditioned on). Raises ``ValueError`` with < 2 observations."""
+    hyperparameters to start from as well (``fit=False``: taken as they are; only the data
+    change — new runs, or pending trials conditioned on — and the posterior and the drift
+    mixture's weights are recomputed). Raises ``ValueError`` with < 2 observations."""
     import torch
 
     from allocopt.surrogate import MultiFidelitySurrogate
@@ -42,7 +55,37 @@ def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0,
     X = enc.tensor([enc.row(o.allocation.rho, o.allocation.group_size, o.allocation.reward,
                             o.allocation.model, o.budget_fraction) for o in obs])
     Y = torch.tensor([[o.value] for o in obs], dtype=torch.double)
-    return MultiFidelitySurrogate(enc, X, Y, seed=seed, init=init, fit=fit)
+    return MultiFidelitySurrogate(enc, X, Y, seed=seed, init=init, fit=fit or init is None)
+
+
+class SurrogateCache:
+    """The surrogate of a growing study, refitted only when worth it: the loop calls it once per
+    proposal (``cache(obs)``) and gets a surrogate conditioned on every observation.
+
+    The hyperparameters are refitted (L-BFGS-B from the defaults and from the last fit, the
+    better kept) when the number of observations has grown by ``refit_growth`` (a share) since
+    the last fit, or when the first full-budget run arrives; in between they are kept and only
+    the posterior and the drift mixture's weights are recomputed (a few hundredths of the fit's
+    cost at 200 trials). Attributes ``fits`` and ``reuses`` count both kinds.
+    """
+
+    def __init__(self, space: SearchSpace, seed: int = 0, refit_growth: float = 0.2):
+        if not refit_growth >= 0:
+            raise ConfigError(f"refit_growth={refit_growth!r}: must be a number >= 0")
+        self.space, self.seed, self.refit_growth = space, seed, refit_growth
+        self.raw, self.n_fit, self.full_fit, self.fits, self.reuses = None, 0, False, 0, 0
+
+    def __call__(self, obs: Sequence[Observation]):
+        has_full = any(o.budget_fraction >= 1 - 1e-9 for o in obs)
+        refit = (self.raw is None or len(obs) >= (1 + self.refit_growth) * self.n_fit
+                 or has_full != self.full_fit)
+        sur = fit_surrogate(obs, self.space, seed=self.seed + len(obs), init=self.raw, fit=refit)
+        if refit:
+            self.raw, self.n_fit, self.full_fit = sur.raw, len(obs), has_full
+            self.fits += 1
+        else:
+            self.reuses += 1
+        return sur
 
 
 def _rho_grid(space: SearchSpace, settings: RaceSettings) -> list[float]:
@@ -55,28 +98,140 @@ def _full_candidates(space: SearchSpace, settings: RaceSettings) -> list[Allocat
             for g in space.group_sizes for r in _rho_grid(space, settings)]
 
 
+def _is_full(o: Observation) -> bool:
+    return o.fidelity == "full" or o.budget_fraction >= 1 - 1e-9
+
+
+def _supported(cands: list[Allocation], full: Sequence[Allocation], settings: RaceSettings) -> list[Allocation]:
+    """Candidates that full runs support: same cell (reward system × model) and G as a full run,
+    ρ within ``rho_trust`` of it; failing that, same cell only; failing that, all."""
+    near = [a for a in cands if any(b.reward == a.reward and b.model == a.model and b.group_size == a.group_size
+                                    and abs(b.rho - a.rho) <= settings.rho_trust + 1e-9 for b in full)]
+    if not near:
+        near = [a for a in cands if any(b.reward == a.reward and b.model == a.model
+                                        and abs(b.rho - a.rho) <= settings.rho_trust + 1e-9 for b in full)]
+    return near or cands
+
+
 def recommend(surrogate: Any, obs: Sequence[Observation], space: SearchSpace,
               settings: RaceSettings = RaceSettings()) -> tuple[Allocation, float, float]:
     """The allocation to run at the full budget: the argmax of the surrogate's posterior mean at
     fidelity 1 over the candidate grid (``rho_grid`` ρ × G × reward × model), restricted, once
-    there are full-budget runs, to cells (reward system × model) with one and to ρ within
-    ``rho_trust`` of one (the mean is not trusted far from full-budget data). G is not
-    restricted: its effect is shared by every cell and learned from pilots too.
+    there are full-budget runs, to what they support: a cell (reward system × model) and G with
+    a full run, and ρ within ``rho_trust`` of one (the mean is not trusted far from full-budget
+    data; :func:`recommendation` gives the same allocation with its uncertainty).
 
     Returns:
         ``(allocation, posterior mean, posterior sd)`` at the full budget (target units).
     """
     enc = surrogate.encoding
-    full = [o.allocation for o in obs if o.fidelity == "full" or o.budget_fraction >= 1 - 1e-9]
+    full = [o.allocation for o in obs if _is_full(o)]
     cands = _full_candidates(space, settings)
     if full:
-        near = [a for a in cands if any(b.reward == a.reward and b.model == a.model
-                                        and abs(b.rho - a.rho) <= settings.rho_trust + 1e-9 for b in full)]
-        cands = near or cands
+        cands = _supported(cands, full, settings)
     mean, sd = surrogate.predict(enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0)
                                              for a in cands]))
     i = int(mean.argmax())
     return cands[i], float(mean[i]), float(sd[i])
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """RACE's answer at the full budget, with its uncertainty (:func:`recommendation`)."""
+
+    allocation: Allocation
+    """The allocation to run: the best posterior mean among those full runs support."""
+    mean: float
+    """Posterior mean of the target there at the full budget (target units, noise-free)."""
+    interval: tuple[float, float]
+    """Central credible interval of that mean at ``level`` (posterior sample quantiles)."""
+    prob_best: float
+    """Posterior probability that the allocation's cell (reward system × model) holds the best
+    full-budget allocation of the space (share of joint posterior samples)."""
+    within_noise: tuple[Allocation, ...]
+    """The best allocation of each (cell, G) that full runs support whose mean is within one
+    evaluation's noise (``noise_sd``) of the recommendation's, best first, the recommendation
+    included: more than one means the top allocations cannot be told apart by one run."""
+    noise_sd: float
+    """Measured noise of one evaluation (the surrogate's fitted noise, target units)."""
+    cell_prob_best: tuple[tuple[str, str | None, float], ...] = ()
+    """``(reward, model, probability)`` per cell: the posterior probability it holds the best
+    full-budget allocation (a cell below ``rule_out`` is ruled out with that confidence)."""
+    full_runs: int = 0
+    """Full-budget runs the recommendation rests on."""
+    level: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0 < self.level < 1:
+            raise ConfigError(f"level={self.level!r}: must be strictly between 0 and 1")
+        if not 0 <= self.prob_best <= 1:
+            raise ConfigError(f"prob_best={self.prob_best!r}: must be in [0, 1]")
+
+    def to_dict(self) -> dict[str, Any]:
+        def alloc(a: Allocation) -> dict[str, Any]:
+            return {"rho": a.rho, "group_size": a.group_size, "reward": a.reward, "model": a.model}
+
+        return {"allocation": alloc(self.allocation), "mean": self.mean, "interval": list(self.interval),
+                "level": self.level, "prob_best": self.prob_best, "noise_sd": self.noise_sd,
+                "within_noise": [alloc(a) for a in self.within_noise], "full_runs": self.full_runs,
+                "cell_prob_best": [{"reward": r, "model": m, "prob_best": p} for r, m, p in self.cell_prob_best]}
+
+
+def _cell_win_shares(surrogate: Any, space: SearchSpace, settings: RaceSettings, num_samples: int):
+    """Per cell, the share of joint posterior samples (full budget) whose maximizer lies in it;
+    candidates pruned to those whose upper bound (mean + 3 sd) reaches the best lower bound."""
+    import torch
+
+    enc = surrogate.encoding
+    cands = _full_candidates(space, settings)
+    X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
+    mean, sd = surrogate.predict(X)
+    keep = torch.nonzero(mean + 3 * sd >= float((mean - 3 * sd).max()))[:, 0]
+    keep = keep[torch.argsort((mean + 3 * sd)[keep], descending=True)[:400]]
+    draws = surrogate.sample(X[keep].unsqueeze(0), num_samples)[:, 0, :]
+    wins = draws.argmax(-1)
+    out: dict[tuple[str, str | None], float] = {(w, m): 0.0 for m in (space.models or (None,)) for w in space.rewards}
+    for j in wins.tolist():
+        a = cands[int(keep[j])]
+        out[(a.reward, a.model)] += 1.0 / num_samples
+    return out
+
+
+def recommendation(surrogate: Any, obs: Sequence[Observation], space: SearchSpace,
+                   settings: RaceSettings = RaceSettings(), level: float = 0.9) -> Recommendation:
+    """:func:`recommend`'s allocation with its uncertainty (:class:`Recommendation`): the
+    credible interval from ``posterior_samples`` posterior samples of its full-budget value,
+    the probability per cell that it holds the best allocation (joint posterior samples over
+    the whole space), and the set of supported allocations within one evaluation's noise of it.
+    """
+    import torch
+
+    enc = surrogate.encoding
+    full = [o.allocation for o in obs if _is_full(o)]
+    cands = _full_candidates(space, settings)
+    if full:
+        cands = _supported(cands, full, settings)
+    X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
+    mean, _ = surrogate.predict(X)
+    i = int(mean.argmax())
+    best = cands[i]
+    draws = surrogate.sample(X[i:i + 1].unsqueeze(0), settings.posterior_samples)[:, 0, 0]
+    q = torch.quantile(draws, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=draws.dtype))
+    noise = surrogate.noise_sd
+    per: dict[tuple, int] = {}
+    for k, a in enumerate(cands):
+        key = (a.reward, a.model, a.group_size)
+        if key not in per or mean[k] > mean[per[key]]:
+            per[key] = k
+    close = sorted((k for k in per.values() if float(mean[k]) >= float(mean[i]) - noise),
+                   key=lambda k: -float(mean[k]))
+    shares = _cell_win_shares(surrogate, space, settings, settings.posterior_samples)
+    return Recommendation(
+        allocation=best, mean=float(mean[i]), interval=(float(q[0]), float(q[1])),
+        prob_best=min(1.0, shares[(best.reward, best.model)]),
+        within_noise=tuple(cands[k] for k in close) or (best,), noise_sd=noise,
+        cell_prob_best=tuple((w, m, p) for (w, m), p in sorted(shares.items(), key=lambda t: -t[1])),
+        full_runs=len(full), level=level)
 
 
 _PLAN_KEYS = ("budget_flops", "model", "reward_model", "prompts_per_iteration", "rollouts_per_iteration",
@@ -104,6 +259,10 @@ class Proposal:
     """Surrogate mean of the target at the full budget, at this allocation (for an extra pilot:
     at the full-budget allocation it informs)."""
     predicted_sd: float
+    replicate: bool = False
+    """A repeat (another seed) of a full run already made: the leaders are within one
+    evaluation's noise of each other and the noise is measured by repeating the leader
+    (``RaceSettings.replicates``). The loop must run it even though the same allocation ran."""
 
     def trl(self) -> dict[str, Any]:
         """TRL ``GRPOConfig`` values of the plan (as the allocopt driver sets them).
@@ -127,7 +286,7 @@ class Proposal:
                 "allocation": {"rho": a.rho, "group_size": a.group_size, "reward": a.reward,
                                "model": a.model or (self.plan.policy if self.plan else None)},
                 "predicted_full_budget": {"mean": self.predicted_mean, "sd": self.predicted_sd},
-                "acquisition": self.acquisition, "trl": self.trl(),
+                "acquisition": self.acquisition, "replicate": self.replicate, "trl": self.trl(),
                 "plan": {k: v for k, v in self.plan.to_dict().items() if k in _PLAN_KEYS} if self.plan else {}}
 
 
@@ -190,6 +349,32 @@ class PlanCache:
         return self.cache[k]
 
 
+def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], spec: StudySpec, settings: RaceSettings,
+               plans: Callable[[float, Allocation], TrialPlan | None]) -> "Proposal | None":
+    """A repeat of the leading full run when the surrogate cannot separate it from the best full
+    run of another cell or G (posterior means within one evaluation's noise) and it has run at
+    most ``settings.replicates`` times; else ``None``."""
+    enc = sur.encoding
+    full = [b for b, fb in existing if fb == "full"]
+    if len(full) < 2:
+        return None
+    mean, sd = sur.predict(enc.tensor([enc.row(b.rho, b.group_size, b.reward, b.model, 1.0) for b in full]))
+    order = sorted(range(len(full)), key=lambda k: -float(mean[k]))
+    lead = full[order[0]]
+    key = (lead.reward, lead.model, lead.group_size)
+    rival = next((k for k in order[1:] if (full[k].reward, full[k].model, full[k].group_size) != key), None)
+    if rival is None or float(mean[rival]) < float(mean[order[0]]) - sur.noise_sd:
+        return None
+    copies = sum(1 for b in full if same_run(b, "full", lead, "full", settings.rho_match))
+    if copies > settings.replicates:
+        return None
+    plan = plans(spec.budget_flops, lead) if plans is not None else None
+    if plans is not None and plan is None:
+        return None
+    return Proposal(lead, "full", spec.budget_flops, plan, 0.0, 1.0, float(mean[order[0]]), float(sd[order[0]]),
+                    replicate=True)
+
+
 def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | None, *,
             existing: Sequence[tuple[Allocation, str]] = (), q: int = 1, pilot_fraction: float = 0.1,
             allow_pilots: bool = True, settings: RaceSettings = RaceSettings(), surrogate: Any = None,
@@ -209,6 +394,17 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
        unit of compute beats the full run's (``v² / (v + σn²)`` for the full run, with ``v``
        the mixture variance, which includes the unknown drift only full runs resolve;
        ``c² / (v_z + σn²) / pilot_fraction`` for the pilot, ``c`` its covariance with the pick).
+
+    Replicates (``settings.replicates`` > 0): when the leading full run's cell and G and the best
+    full run of another cell or G are within one evaluation's noise (posterior means), the first
+    proposal repeats the leader (``Proposal.replicate``), at most ``replicates`` extra times.
+
+    Cells first: once ``settings.explore_cells_after`` full runs exist, cells (reward system ×
+    model) without a full run (in ``existing``) are the only candidates, each proposed at its
+    best posterior mean (cells by that mean, one per cell and batch), until each has one.
+
+    It answers whenever asked (no fixed count): call it once per free slot of the study, with
+    every run done, running or queued in ``existing``.
 
     With a ``workload`` (or ``plans``), every proposal has a feasible, realizable plan within its
     budget (:func:`make_plan`); without, feasibility is not checked (``plan`` is ``None``). None
@@ -232,10 +428,21 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
     cands = _full_candidates(space, settings)
     X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
     mean, sd = sur.predict(X)
-    keep = torch.nonzero(mean + 2.5 * sd >= float((mean - 2.5 * sd).max()))[:, 0]
+    full_cells = {(b.reward, b.model) for b, fb in existing if fb == "full"}
+    missing = {(a.reward, a.model) for a in cands} - full_cells
+    n_full = sum(1 for _, fb in existing if fb == "full")
+    if missing and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after:
+        # cells without a full run first: the pilots' ranking of the cells is not trusted untested
+        keep = torch.tensor([k for k, a in enumerate(cands) if (a.reward, a.model) in missing])
+    else:
+        keep = torch.nonzero(mean + 2.5 * sd >= float((mean - 2.5 * sd).max()))[:, 0]
     keep = keep[torch.argsort((mean + 2.5 * sd)[keep], descending=True)[:400]]
     draws = sur.sample(X[keep].unsqueeze(0), settings.thompson_samples)[:, 0, :]  # S x k
     wins = torch.bincount(draws.argmax(-1), minlength=len(keep)).double() / draws.shape[0]
+    exploring = bool(missing) and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after
+    if exploring:  # an untested cell is tested at its best posterior mean (not at one sample's
+        # maximizer: a run off a sharp peak would make the cell look worse than it is)
+        draws = mean[keep].expand(draws.shape[0], -1)
     taken = list(existing)
     out: list[Proposal] = []
     decades = math.log10(1.0 / pilot_fraction)
@@ -278,12 +485,20 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
                             float(sd[i])))
         return True
 
+    if settings.replicates and not exploring and q >= 1:
+        rep = _replicate(sur, existing, spec, settings, plans)
+        if rep is not None:
+            out.append(rep)
+            taken.append((rep.allocation, "full"))
     tried: set[int] = set()  # offered (accepted or refused): never offered again
     for j in range(draws.shape[0]):
         if len(out) >= q:
             break
         for k in torch.argsort(draws[j], descending=True).tolist():
             i = int(keep[k])
+            if exploring and any(p.fidelity == "full" and (p.allocation.reward, p.allocation.model)
+                                 == (cands[i].reward, cands[i].model) for p in out):
+                continue  # one full run per untested cell and batch
             if i not in tried:
                 tried.add(i)
                 if offer(i, float(wins[k])):
