@@ -24,11 +24,11 @@ GRID = {(r, g, round(0.2 + 0.7 * i / 5, 4)) for r in ("sparse", "prm") for g in 
 SETTINGS = RaceSettings(max_pilots=24)
 
 
-def _race(n_trials: int, **kw):
+def _race(n_trials: int, settings: RaceSettings = SETTINGS, **kw):
     """RACE from one's own Optuna code: the sampler picks, the objective reads the decision."""
     obj = SyntheticObjective()
     w = obj.workload()
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, workload=w, settings=SETTINGS, **kw)
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, workload=w, settings=settings, **kw)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     spent = []
 
@@ -63,19 +63,25 @@ def test_race_sampler_from_plain_optuna_code():
     for d, total in spent:
         assert 0 < total <= d.budget_flops
     # the synthetic optimum (module docstring): prm at G = 8 beats every sparse allocation by
-    # >= 0.06, so the surrogate's first proposals are prm, G = 8
-    assert all(t.params["reward"] == "prm" and t.params["group_size"] == 8 for t in full[:2])
+    # >= 0.06, so the first proposal is prm, G = 8; every cell gets one full run before any
+    # cell gets a second (RaceSettings.explore_cells_after = 0), so the second is sparse's
+    # best, and the third is back at prm, G = 8
+    assert [t.params["reward"] for t in full] == ["prm", "sparse", "prm"]
+    assert full[0].params["group_size"] == 8 and full[2].params["group_size"] == 8
     assert sampler.timings["fit_seconds"] and sampler.recommendations[0][0] == 23
 
 
 def test_pending_trials_are_conditioned_on():
-    study, sampler, _ = _race(24)  # the pilots
+    # cells-first off (explore_cells_after=None): it would send the next proposal to the other
+    # cell whatever the lie, and this test is about the lie
+    settings = RaceSettings(max_pilots=24, explore_cells_after=None)
+    study, sampler, _ = _race(24, settings)  # the pilots
     t1 = study.ask()
     d1 = sampler.suggest(t1)
     # control: the surrogate without the pending trial's lie; only the exact repeat is excluded
     sur, obs = sampler.surrogate(study)
     control = propose(obs, sampler._spec, sampler.workload, existing=runs_of(study.trials, SPACE),
-                      q=1, settings=SETTINGS, surrogate=sur, allow_pilots=False)[0].allocation
+                      q=1, settings=settings, surrogate=sur, allow_pilots=False)[0].allocation
     t2 = study.ask()
     d2 = sampler.suggest(t2)
     t3 = study.ask()
