@@ -258,10 +258,12 @@ def study(
     from allocopt.spec import StudySpec, target_label
     from allocopt.study import StudyError, dry_run as plans_over_space, run_study
 
-    base = StudySpec.from_toml(spec) if spec else StudySpec()
     from allocopt.allocation import check_budget
 
+    if spec is None and budget is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
     b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = base.with_overrides(budget_flops=b, target=tgt, objective=objective, trials=trials,
                             name=study_name, seed=seed, sampler=sampler, pilots=pilots,

@@ -125,8 +125,8 @@ def race(
     if spec is None and target is None:
         raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
                           "pass@1:math500, judge) or --spec FILE")
-    base = StudySpec.from_toml(spec) if spec else StudySpec()
     b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
     s = base.with_overrides(budget_flops=b, target=target, objective=objective, name=study_name, seed=seed)
     f = check_pilot_fraction(pilot_fraction)
     if validations < 0:

@@ -56,6 +56,11 @@ class Recipe:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
+        from allocopt.allocation import MAX_ROLLOUTS_PER_ITERATION as most
+
+        if self.prompts * self.group_size > most:  # every row is priced: bound time and memory
+            raise ConfigError(f"prompts x group_size={self.prompts} x {self.group_size}: must be "
+                              f"at most {most} completions per step (each row is priced)")
         if isinstance(self.update_passes, bool) or not isinstance(self.update_passes, (int, float)) \
                 or not math.isfinite(self.update_passes) or self.update_passes <= 0:
             raise ConfigError(f"update_passes={self.update_passes!r}: must be a positive number")

@@ -129,7 +129,7 @@ def test_bad_storage_url():
 ])
 def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
     f = tmp_path / "s.toml"
-    f.write_text(toml)
+    f.write_text("budget_flops = 1e12\n" + toml)  # a spec without a budget is refused first
     r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(f), "--no-mlflow",
                         "--storage", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
