@@ -171,6 +171,29 @@ def plan(
 
 
 # ----------------------------------------------------------------------------- trial
+TRIAL_WALL_LIMIT_S = 3600.0
+"""``allocopt trial`` refuses a run estimated above this many seconds unless ``--yes``."""
+
+
+def estimated_seconds(obj: Any, flops: float) -> float | None:
+    """Wall seconds a trial spending ``flops`` executed FLOPs should take with ``obj``: its
+    ``overhead_seconds`` (loading, evaluation) plus ``flops / flops_per_second``, both measured
+    properties of the objective; ``None`` when the objective has no measured throughput."""
+    rate = getattr(obj, "flops_per_second", None)
+    if not rate:
+        return None
+    return getattr(obj, "overhead_seconds", 0.0) + flops / rate
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``2.1 h``, ``4.0 days``, ``31.7 years``."""
+    for unit, size, least in (("years", 365.25 * 86400, 1), ("days", 86400, 2), ("h", 3600, 1),
+                              ("min", 60, 2)):
+        if seconds >= least * size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 @app.command()
 def trial(
     budget: str = typer.Option(..., help="FLOP budget of the run, e.g. 3e11 for the tiny objective (about 30-40 s on 2 cores)."),
@@ -180,6 +203,7 @@ def trial(
     objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world)."),
     seed: int = typer.Option(0, help="Random seed of the trial."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    yes: bool = typer.Option(False, "--yes", help=f"Run even when the estimated wall time (from the objective's measured FLOP/s) is above {TRIAL_WALL_LIMIT_S / 3600:g} h."),
 ) -> None:
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -195,6 +219,16 @@ def trial(
     with err.status("building / loading the tiny world (cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
+    secs = estimated_seconds(obj, p.expected.executed.total_flops)
+    if secs is not None:
+        if secs > TRIAL_WALL_LIMIT_S and not yes:
+            raise ConfigError(
+                f"budget={b:.3g}: the {objective} objective would take about {duration(secs)} here "
+                f"(at {obj.flops_per_second:.2g} FLOP/s measured on a CPU core); allowed without "
+                f"--yes: at most {duration(TRIAL_WALL_LIMIT_S)} (give a smaller --budget, or --yes)")
+        err.print(f"estimated wall time: about {duration(secs)} ({fmt_flops(p.expected.executed.total_flops)} "
+                  f"FLOPs at {obj.flops_per_second:.2g} FLOP/s, plus evaluation)", highlight=False,
+                  soft_wrap=True)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                TextColumn("{task.fields[spent]}"), TimeElapsedColumn())
     with Progress(*columns, console=err, disable=as_json) as bar:
@@ -248,7 +282,12 @@ def study(
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: the spec's, else 0.1)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
 ) -> None:
-    """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
+    """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
+
+    Exit codes: 0 at least one full-budget trial finished; 1 the study ran but none did
+    (every trial failed or was infeasible: nothing to recommend); 2 bad input, refused before
+    anything is recorded; 130 interrupted (finished trials are kept; the same command resumes).
+    """
     import os
     import warnings
 
@@ -315,14 +354,20 @@ def study(
              as_json=False)
         print_study_summary(open_study(s, storage), s, storage)
         return
+    from allocopt.cli_common import check_space_feasible
     from allocopt.study import open_study
 
+    with err.status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    check_space_feasible(s, workload)  # a budget no allocation can use: refused, nothing recorded
+    if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
+        from allocopt.cli_common import probe_tracking
+
+        probe_tracking(s.name, mlflow_uri)
     try:
         open_study(s, storage)  # a bad storage URL or a mismatched study fails before any work
     except StudyError as e:
         raise UsageProblem(str(e)) from None
-    with err.status("building / loading the objective's models (cached after the first run)..."):
-        workload = obj.workload()
     tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -390,6 +435,11 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db")
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
     best = done[0] if done else None
     if best is None:
+        n_fail = sum(r.state == "FAIL" for r in all_rows)
+        n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
+        if n_fail + n_inf:  # the study ran, and nothing it ran finished: exit 1, not 0
+            fail(f"error: no trial of study {s.name!r} finished: {n_fail} failed, {n_inf} infeasible "
+                 "(their errors are in the trial lines above and in MLflow)", 1)
         out.print("no complete full-budget trial yet")
         return
     t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")

@@ -45,8 +45,122 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
         return None
     from allocopt.tracking import StudyTracker
 
+    probe_tracking(study_name, mlflow_uri)
     try:
-        return StudyTracker(study_name, tracking_uri=mlflow_uri)
+        with _quiet_mlflow():
+            return StudyTracker(study_name, tracking_uri=mlflow_uri)
     except Exception as e:
-        raise ConfigError(f"mlflow_uri={mlflow_uri!r}: cannot be used "
-                          f"({str(e).splitlines()[0][:200]})") from None
+        raise ConfigError(f"mlflow_uri={mlflow_uri!r}: cannot be used ({_reason(e)})") from None
+
+
+PROBE_TIMEOUT_S = 5
+"""Seconds the first request to an MLflow server may take (``MLFLOW_HTTP_REQUEST_TIMEOUT``
+for the probe, with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``), unless those are set already."""
+
+
+def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
+    """Check the MLflow store before anything is recorded elsewhere: one read (the study's
+    experiment) with a short timeout and no retries, then one write (the experiment, created
+    when missing, gets an ``allocopt.checked_at`` tag), so an unreachable server or a
+    read-only store fails in seconds, before an Optuna study is created.
+
+    Raises:
+        ConfigError: one line naming the URI and the reason.
+        SystemExit(130): Ctrl-C during the probe (one line says so; nothing recorded).
+    """
+    import os
+    import sys
+    import time
+
+    from allocopt.tracking import TAG_STUDY, _artifact_location, _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(PROBE_TIMEOUT_S))
+    try:
+        from mlflow import MlflowClient
+
+        with _quiet_mlflow():
+            client = MlflowClient(tracking_uri=uri)
+            name = f"allocopt/{study_name}"
+            exp = client.get_experiment_by_name(name)
+            exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+                name, artifact_location=_artifact_location(uri, study_name), tags={TAG_STUDY: study_name})
+            client.set_experiment_tag(exp_id, "allocopt.checked_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
+        sys.exit(130)
+    except Exception as e:
+        raise ConfigError(f"mlflow_uri={mlflow_uri or uri!r}: cannot be used ({_reason(e)}); "
+                          "check the server or path, or give --no-mlflow") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _reason(e: BaseException) -> str:
+    """The telling line of an MLflow / SQLAlchemy / requests error, at most 200 characters."""
+    import re
+
+    text = str(e)
+    for pattern in (r"\(\w+(?:\.\w+)*Error\) ([^\n]+)",  # (sqlite3.OperationalError) attempt to write...
+                    r"(Connection refused)", r"(Read timed out)", r"(Name or service not known)",
+                    r"(Failed to establish a new connection)", r"(Max retries exceeded)"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1)[:200]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+class _quiet_mlflow:
+    """Silence MLflow's and alembic's loggers (they log a whole traceback at ERROR before
+    raising) while a call whose error becomes one line runs."""
+
+    NAMES = ("mlflow", "alembic", "sqlalchemy")
+
+    def __enter__(self) -> None:
+        import logging
+
+        self.levels = {n: logging.getLogger(n).level for n in self.NAMES}
+        for n in self.NAMES:
+            logging.getLogger(n).setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc: Any) -> None:
+        import logging
+
+        for n, lvl in self.levels.items():
+            logging.getLogger(n).setLevel(lvl)
+
+
+def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None = None) -> None:
+    """Refuse a study whose budget (or pilot budget) cannot buy one iteration of any allocation
+    in its space, before anything is recorded. The cost of an iteration grows with ρ (more rows
+    trained), so each G × reward × model is checked at both ends of the ρ range.
+
+    Raises:
+        ConfigError: one line with the smallest feasible plan's budget.
+    """
+    import itertools
+
+    from allocopt.allocation import Allocation, min_budget
+
+    sp = spec.space
+    allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
+        sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
+    need, a = min(((min_budget(a, workload), a) for a in allocs), key=lambda x: x[0])
+    where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
+             + (f", model={a.model}" if a.model else ""))
+    b = spec.budget_flops
+    if b < need:
+        raise ConfigError(f"budget_flops={b:.3g}: too small for one GRPO iteration of any allocation "
+                          f"in the space; the smallest feasible plan ({where}) needs {need:.3g} FLOPs")
+    if pilot_fraction is not None and pilot_fraction * b < need:
+        raise ConfigError(f"pilot_fraction={pilot_fraction:g}: pilots at {pilot_fraction:g} x "
+                          f"{b:.3g} = {pilot_fraction * b:.3g} FLOPs cannot buy one GRPO iteration of "
+                          f"any allocation; the smallest feasible plan ({where}) needs {need:.3g} "
+                          f"FLOPs (budget_flops >= {need / pilot_fraction:.3g}, or a larger pilot fraction)")

@@ -136,11 +136,12 @@ def race(
         extra_pilot_budget=extra_pilot_budget).items() if v is not None})
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
 
-    from allocopt.cli_common import load_objective, make_tracker
+    from allocopt.cli_common import check_space_feasible, load_objective, make_tracker
 
     obj = load_objective(s.objective, s.objective_settings)
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
+    check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
     tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
 
     from allocopt.race import run_race, same_regime_rate
