@@ -25,13 +25,12 @@ def load_objective(name: str, settings: dict | None = None) -> Any:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"objective_settings for objective={name!r}: {str(e).splitlines()[0]}"
                           if isinstance(e, TypeError) else str(e).splitlines()[0]) from None
-    if hasattr(obj, "check_available"):
-        from objectives.qwen import ObjectiveUnavailable
+    from allocopt.objective import ObjectiveUnavailable
 
-        try:
-            obj.check_available()
-        except ObjectiveUnavailable as e:
-            raise ConfigError(str(e)) from None
+    try:
+        obj.check_available()
+    except ObjectiveUnavailable as e:
+        raise ConfigError(str(e)) from None
     return obj
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.allocation import REWARDS, check_budget
+from allocopt.allocation import REWARDS, Allocation, check_budget
 from allocopt.flops import ConfigError
 from allocopt.tomlio import check_keys, read_toml
 
@@ -204,3 +204,14 @@ class StudySpec:
 def _space(data: Mapping[str, Any]) -> SearchSpace:
     check_keys(data, SearchSpace, "space")
     return SearchSpace(**data)
+
+
+def allocation_of(spec: StudySpec, params: Mapping[str, Any]) -> Allocation:
+    """The allocation of a trial's parameters (``rho``, ``group_size``, ``reward``, ``model``;
+    dimensions the space fixes are filled from ``spec.space``). Raises :class:`ConfigError`
+    for values no allocation accepts."""
+    s = spec.space
+    return Allocation(rho=float(params.get("rho", s.rho[0])),
+                      group_size=int(params.get("group_size", s.group_sizes[0])),
+                      reward=str(params.get("reward", s.rewards[0])),
+                      model=params.get("model", s.models[0] if s.models else None))

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from allocopt.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
 from allocopt.flops import ConfigError
-from allocopt.spec import StudySpec
+from allocopt.spec import StudySpec, allocation_of  # noqa: F401  (allocation_of: old import path)
 
 DEFAULT_STORAGE = "sqlite:///allocopt.db"
 
@@ -84,15 +84,6 @@ def distributions(spec: StudySpec) -> dict[str, Any]:
     if len(spec.space.models) > 1:
         d["model"] = CategoricalDistribution(list(spec.space.models))
     return d
-
-
-def allocation_of(spec: StudySpec, params: dict[str, Any]) -> Allocation:
-    """The allocation of a trial's parameters (fixed dimensions filled from the space)."""
-    s = spec.space
-    return Allocation(rho=float(params.get("rho", s.rho[0])),
-                      group_size=int(params.get("group_size", s.group_sizes[0])),
-                      reward=str(params.get("reward", s.rewards[0])),
-                      model=params.get("model", s.models[0] if s.models else None))
 
 
 def check_same_study(study: Any, spec: StudySpec) -> None:

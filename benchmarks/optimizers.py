@@ -221,7 +221,8 @@ def run_optuna(problem: Problem, method: str, seed: int, cap: float) -> tuple[Tr
     """A study of ``cap`` full-budget runs (in-memory storage); also the seconds of each ask."""
     import optuna
 
-    from allocopt.study import allocation_of, distributions
+    from allocopt.spec import allocation_of
+    from allocopt.study import distributions
 
     spec = problem.spec(seed)
     dists = distributions(spec)
@@ -571,7 +572,8 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
     import optuna
     from optuna.trial import create_trial
 
-    from allocopt.study import allocation_of, distributions
+    from allocopt.spec import allocation_of
+    from allocopt.study import distributions
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     p = Problem(variant, "pass_at_1")

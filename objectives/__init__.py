@@ -1,28 +1,47 @@
 """Objectives: what one trial runs and scores. TRL, peft and torch are imported inside them.
 
-``get_objective(name)`` returns an objective with ``workload()``, ``run(plan, seed=, progress=)``
-and the target names it reports.
+Each objective follows the contract of :mod:`allocopt.objective` (``workload()``,
+``check_available()``, ``run(plan, seed=, progress=) -> TrialResult``). Importing this package
+registers the built-in ones by name, lazily (a factory imports its module when called):
+
+* ``tiny``: the CPU arithmetic world (:mod:`objectives.tiny`);
+* ``synthetic``: a closed-form test function (:mod:`objectives.synthetic`);
+* ``qwen``: GRPO of LoRA Qwen2.5 (:mod:`objectives.qwen`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from allocopt.objective import get_objective, objective_names, register_objective
+
+__all__ = ["OBJECTIVES", "get_objective", "objective_names", "register_objective"]
+
 OBJECTIVES = ("tiny", "qwen", "synthetic")
+"""The built-in objectives."""
 
 
-def get_objective(name: str, **settings: Any) -> Any:
-    """An objective by name. Raises ``ValueError`` with one line for an unknown name."""
-    if name == "tiny":
-        from objectives.tiny import TinyObjective, TinySettings
+def _tiny(**settings: Any) -> Any:
+    from objectives.tiny import TinyObjective, TinySettings
 
-        return TinyObjective(TinySettings(**settings))
-    if name == "qwen":
-        from objectives.qwen import QwenObjective, QwenSettings
+    return TinyObjective(TinySettings(**settings))
 
-        return QwenObjective(QwenSettings(**settings))
-    if name == "synthetic":
-        from objectives.synthetic import SyntheticObjective
 
-        return SyntheticObjective(**settings)
-    raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(OBJECTIVES)}")
+def _qwen(**settings: Any) -> Any:
+    from objectives.qwen import QwenObjective, QwenSettings
+
+    return QwenObjective(QwenSettings(**settings))
+
+
+def _synthetic(**settings: Any) -> Any:
+    from objectives.synthetic import SyntheticObjective
+
+    return SyntheticObjective(**settings)
+
+
+_TARGETS = ("native_reward", "pass_at_1", "judge")
+for _name, _factory, _targets in (
+        ("tiny", _tiny, _TARGETS),
+        ("qwen", _qwen, ("native_reward", "pass_at_1", "pass_at_1_gsm8k", "pass_at_1_math500", "judge")),
+        ("synthetic", _synthetic, _TARGETS)):
+    register_objective(_name, _factory, targets=_targets, replace=True)

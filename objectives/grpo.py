@@ -34,6 +34,7 @@ from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule
 from allocopt.flops import ComputeBreakdown, FlopAccount, LoRASpec, ModelShape
 from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
+from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
 
 
 @dataclass(frozen=True)
@@ -74,46 +75,6 @@ def step_learning_rate(settings: GRPOSettings, passes: int) -> float:
     its rollout batch: ``settings.learning_rate``, divided by ``passes`` when
     ``settings.divide_lr_by_passes``."""
     return settings.learning_rate / (passes if settings.divide_lr_by_passes else 1)
-
-
-@dataclass
-class TrialResult:
-    """What one trial produced: targets, the compute actually spent, curves."""
-
-    targets: dict[str, float]
-    """Scores by target name (``native_reward``, ``pass_at_1``, ``judge``, …)."""
-    spent: FlopAccount
-    """FLOPs actually spent in training (useful and executed), by phase."""
-    budget_flops: float
-    curves: list[IterationRecord]
-    wall_seconds: dict[str, float]
-    """Seconds by phase: ``search+reward`` (generation and scoring), ``reward`` (scoring
-    alone), ``learning`` (the rest of the training loop), ``eval``."""
-    eval_flops: int = 0
-    """FLOPs of evaluation (outside the budget)."""
-    status: str = "complete"
-    """``complete`` or ``failed``."""
-    error: str | None = None
-    stopped_reason: str | None = None
-
-    @property
-    def breakdown(self) -> ComputeBreakdown:
-        return self.spent.executed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"targets": self.targets, "budget_flops": self.budget_flops,
-                "eval_flops": self.eval_flops, "status": self.status, "error": self.error,
-                "stopped_reason": self.stopped_reason, "wall_seconds": self.wall_seconds,
-                "breakdown": self.spent.to_dict(),
-                "curves": [asdict(r) for r in self.curves]}
-
-
-class TrialFailed(RuntimeError):
-    """A trial crashed; ``result`` holds what it had spent until then."""
-
-    def __init__(self, message: str, result: TrialResult):
-        super().__init__(message)
-        self.result = result
 
 
 def _trainer_class():

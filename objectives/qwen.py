@@ -12,10 +12,7 @@ from typing import Any
 
 from allocopt.allocation import TrialPlan, Workload, _default_reward_models
 from allocopt.flops import LoRASpec, ModelShape
-
-
-class ObjectiveUnavailable(RuntimeError):
-    """This objective cannot run on this machine; the message says what to use instead."""
+from allocopt.objective import ObjectiveUnavailable  # noqa: F401  (re-exported: old imports work)
 
 
 @dataclass(frozen=True)

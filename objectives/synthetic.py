@@ -80,6 +80,7 @@ from functools import lru_cache
 
 from allocopt.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.objective import TrialResult
 from allocopt.spec import SearchSpace
 
 B_REF = 1e19
@@ -265,9 +266,12 @@ class SyntheticObjective:
         """The known optimum (see :func:`optimum`)."""
         return optimum(target, budget_flops, space, variant=self.variant)
 
-    def run(self, plan: TrialPlan, *, seed: int = 0, progress=None):
-        from objectives.grpo import TrialResult  # light: no torch at import
+    def check_available(self) -> None:
+        """Always available: a closed-form function, no accelerator, no libraries."""
 
+    def run(self, plan: TrialPlan, *, seed: int = 0, progress=None) -> TrialResult:
+        """Scores of ``plan``'s allocation (:func:`observe`); the spent FLOPs are the plan's
+        expected ones (within its budget by construction)."""
         a = plan.allocation
         model = a.model or plan.policy  # used by variants with a model-size term only
         targets = observe(a.rho, a.group_size, a.reward, plan.budget_flops, variant=self.variant,

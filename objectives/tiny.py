@@ -116,9 +116,22 @@ class TinyObjective:
         tok.padding_side = "left"
         return tok
 
+    def check_available(self) -> None:
+        """Raise :class:`~allocopt.objective.ObjectiveUnavailable` unless torch, transformers,
+        TRL and peft are installed (a CPU is enough)."""
+        from importlib.util import find_spec
+
+        from allocopt.objective import ObjectiveUnavailable
+
+        missing = [m for m in ("torch", "transformers", "trl", "peft") if find_spec(m) is None]
+        if missing:
+            raise ObjectiveUnavailable(f"objective=tiny: needs {', '.join(missing)} (not installed); "
+                                       'install them with pip install -e ".[cpu]"')
+
     def run(self, plan: TrialPlan, *, seed: int = 0,
             progress: Callable[..., None] | None = None) -> Any:
-        """Run one trial of ``plan``; returns :class:`objectives.grpo.TrialResult`."""
+        """Run one trial of ``plan``; returns :class:`allocopt.objective.TrialResult` (the
+        contract of :class:`allocopt.objective.Objective`)."""
         import torch
         from transformers import AutoModelForCausalLM
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from allocopt.allocation import Allocation, make_plan
+from allocopt.objective import objective_targets
 from objectives import tiny_build as tb
 from objectives import tiny_tasks as tt
 from objectives.tiny import TinyObjective, TinySettings
@@ -66,6 +67,7 @@ def test_one_trial_stays_within_its_budget(objective):
     assert spent.reward_flops == 0 and spent.search_flops > 0 and spent.learning_flops > 0
     assert spent.rho == pytest.approx(0.5, abs=0.02)
     assert set(result.targets) == {"native_reward", "pass_at_1", "judge"}
+    assert set(result.targets) == set(objective_targets("tiny"))  # the contract's declared targets
     assert all(0.0 <= v <= 1.0 for v in result.targets.values())
     walls = result.wall_seconds
     assert walls["learning"] > 0 and walls["search+reward"] > 0 and walls["eval"] > 0

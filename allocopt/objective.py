@@ -1,0 +1,179 @@
+"""The objective contract: what one trial takes, returns and raises, and objectives by name.
+
+An *objective* turns a :class:`~allocopt.allocation.TrialPlan` (an allocation made runnable under
+a FLOP budget) into scores. The study loop (:mod:`allocopt.study`), the CLI and anyone's own
+Optuna code drive every objective the same way::
+
+    obj = get_objective("synthetic", noise=0.0)   # by registered name, with its settings
+    obj.check_available()                         # ObjectiveUnavailable: cannot run here
+    plan = make_plan(budget_flops, allocation, obj.workload())   # InfeasiblePlan: too small
+    result = obj.run(plan, seed=0, progress=None)                # TrialResult
+    # TrialFailed (with .result: what was spent), InfeasiblePlan (nothing spent)
+
+Built-in objectives (``tiny``, ``synthetic``, ``qwen``) are registered by :mod:`objectives`
+(imported on the first look-up); others join with :func:`register_objective`.
+
+Standard library and the pure core (:mod:`allocopt.flops`, :mod:`allocopt.allocation`,
+:mod:`allocopt.meter`) only: no torch, TRL or Optuna.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from allocopt.allocation import InfeasiblePlan, TrialPlan, Workload
+from allocopt.flops import ComputeBreakdown, FlopAccount
+from allocopt.meter import FlopMeter, IterationRecord
+
+__all__ = ["InfeasiblePlan", "Objective", "ObjectiveUnavailable", "Progress", "TrialFailed",
+           "TrialResult", "get_objective", "objective_names", "objective_targets",
+           "register_objective"]
+
+Progress = Callable[[IterationRecord, FlopMeter], None]
+"""Called after each training iteration with its record and the run's meter (live display)."""
+
+
+class ObjectiveUnavailable(RuntimeError):
+    """This objective cannot run on this machine; the message says what to use instead."""
+
+
+@dataclass
+class TrialResult:
+    """What one trial produced: targets, the compute actually spent, curves."""
+
+    targets: dict[str, float]
+    """Scores by target key (``native_reward``, ``pass_at_1``, ``judge``, …), each a share in
+    [0, 1]."""
+    spent: FlopAccount
+    """FLOPs actually spent in training (useful and executed), by phase."""
+    budget_flops: float
+    """The budget the trial ran under (FLOPs)."""
+    curves: list[IterationRecord]
+    """One record per training iteration (empty for objectives without a training loop)."""
+    wall_seconds: dict[str, float]
+    """Seconds by phase: ``search+reward`` (generation and scoring), ``reward`` (scoring
+    alone), ``learning`` (the rest of the training loop), ``eval``."""
+    eval_flops: int = 0
+    """FLOPs of evaluation (outside the budget)."""
+    status: str = "complete"
+    """``complete`` or ``failed``."""
+    error: str | None = None
+    stopped_reason: str | None = None
+
+    @property
+    def breakdown(self) -> ComputeBreakdown:
+        """The executed FLOPs by phase (what the budget is charged)."""
+        return self.spent.executed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"targets": self.targets, "budget_flops": self.budget_flops,
+                "eval_flops": self.eval_flops, "status": self.status, "error": self.error,
+                "stopped_reason": self.stopped_reason, "wall_seconds": self.wall_seconds,
+                "breakdown": self.spent.to_dict(),
+                "curves": [asdict(r) for r in self.curves]}
+
+
+class TrialFailed(RuntimeError):
+    """A trial crashed; ``result`` holds what it had spent until then."""
+
+    def __init__(self, message: str, result: TrialResult):
+        super().__init__(message)
+        self.result = result
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """What a study runs. The built-in ones: :class:`objectives.tiny.TinyObjective`,
+    :class:`objectives.synthetic.SyntheticObjective`, :class:`objectives.qwen.QwenObjective`."""
+
+    name: str
+    """The registered name (``tiny``, ``synthetic``, ``qwen``); MLflow tag ``allocopt.objective``."""
+
+    def workload(self) -> Workload:
+        """What plans are made for: policy shape, reward models, rollout batch, lengths, engine.
+        Needs no accelerator (``--dry-run`` and planning use it on any machine)."""
+        ...
+
+    def check_available(self) -> None:
+        """Return if trials can run on this machine; else raise :class:`ObjectiveUnavailable`
+        (one line naming what to use instead), before anything is spent."""
+        ...
+
+    def run(self, plan: TrialPlan, *, seed: int = 0, progress: Progress | None = None) -> TrialResult:
+        """Train and score one trial of ``plan``; its executed FLOPs never exceed
+        ``plan.budget_flops``.
+
+        Raises:
+            ObjectiveUnavailable: cannot run here (nothing spent).
+            InfeasiblePlan: the budget cannot buy even the first iteration (nothing spent).
+            TrialFailed: the run crashed; ``.result`` holds what it spent until then.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Callable[..., Objective]
+    targets: tuple[str, ...] | None
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_objective(name: str, factory: Callable[..., Objective], *,
+                       targets: Sequence[str] | None = None, replace: bool = False) -> None:
+    """Make ``get_objective(name, **settings)`` call ``factory(**settings)``.
+
+    Args:
+        name: the objective's name (``--objective NAME``, ``objective = "NAME"`` in a study file).
+        factory: builds the objective from its settings (keyword arguments); a bad setting
+            raises ``TypeError`` or ``ValueError`` with one line.
+        targets: the target keys its results report (``pass_at_1``, …), so a study can refuse
+            a target it does not report before any trial runs; ``None``: not known in advance.
+        replace: allow replacing an objective registered under the same name.
+
+    Raises:
+        ValueError: ``name`` is empty or already registered (and not ``replace``).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name={name!r}: an objective needs a non-empty name")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"objective={name!r}: already registered (pass replace=True to replace it)")
+    _REGISTRY[name] = _Entry(factory, None if targets is None else tuple(targets))
+
+
+def _load_builtins() -> None:
+    try:
+        import objectives  # noqa: F401  (registers tiny, synthetic, qwen)
+    except ImportError:  # the library without the objectives package
+        pass
+
+
+def objective_names() -> tuple[str, ...]:
+    """Names of every registered objective, in registration order."""
+    _load_builtins()
+    return tuple(_REGISTRY)
+
+
+def objective_targets(name: str) -> tuple[str, ...] | None:
+    """The target keys objective ``name`` reports (``None``: not declared).
+    Raises ``ValueError`` (one line) for an unknown name."""
+    return _entry(name).targets
+
+
+def _entry(name: str) -> _Entry:
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def get_objective(name: str, **settings: Any) -> Objective:
+    """The objective registered as ``name``, built with ``settings``.
+
+    Raises:
+        ValueError: unknown name (one line listing the allowed ones), or a bad setting value.
+        TypeError: an unknown setting.
+    """
+    return _entry(name).factory(**settings)

@@ -1,0 +1,66 @@
+"""RACE: IsoFLOP pilot grids, regime diagnosis, and multi-fidelity validation runs.
+
+A RACE study spends a small share of the compute on **pilots** — trials at
+``pilot_fraction × budget_flops``, all at that one budget (an IsoFLOP design) — to diagnose,
+per reward system (and per model), where the budget should go, then on a few **validation**
+runs at the full budget proposed by a multi-fidelity surrogate (:mod:`allocopt.surrogate`).
+Pilots and validations are ordinary Optuna trials of one study, tagged with the user attribute
+``fidelity`` (``pilot`` or ``full``) and ``budget_flops``; every one goes through
+:func:`allocopt.allocation.make_plan`, so none can exceed its budget.
+
+1. **Pilot grid** (:func:`pilot_grid`): ``rho_levels`` evenly spaced ρ × every G × every
+   reward system (× model). When that grid has more than ``max_pilots`` points, each reward
+   system (× model) gets ``max_pilots // cells`` points of a seeded Latin hypercube over ρ,
+   with G dealt out evenly and shuffled. Each point runs ``repeats`` times (different seeds).
+2. **Regime diagnosis** (:func:`diagnose`), per reward system (× model), from the pilots:
+   a *local quadratic* in ρ with additive G offsets, fitted by least squares weighted with a
+   Gaussian kernel (``bandwidth``) around the current optimum and iterated, so the curve is
+   read where it matters and far points do not drag the vertex; the ρ that maximizes it (the
+   vertex, or the better end of the range when there is none); uncertainty by a wild
+   bootstrap (``bootstrap`` resamples: the fit plus its residuals with random signs, refitted
+   the same way; the design stays fixed, so every resample keeps the pilots' ρ levels); slopes of the target at both
+   ends of the range (local linear fits there); the reward share of compute at the optimum,
+   from the trials' executed breakdowns (``reward_flops / total_flops``, linear in ρ); and a
+   regime label per bootstrap sample (:func:`regime_of`): ``reward-heavy`` when the reward
+   share at the optimum exceeds ``reward_heavy_share`` (takes precedence), ``search-heavy``
+   when ρ* < ``search_heavy_below``, ``update-heavy`` when ρ* > ``update_heavy_above``,
+   ``balanced`` otherwise. The reported regime is the commonest label; its probability is its
+   share of the bootstrap samples.
+3. **Validation** (:func:`propose`, :func:`validate`, :func:`recommend`): the surrogate
+   (:mod:`allocopt.surrogate`) is fitted on pilots and full runs together (the budget fraction is
+   its fidelity; it learns how far the optimal ρ drifts with the budget, so the pilots' bias is
+   corrected once a few full runs exist) and proposes full runs by Thompson sampling of the
+   full-budget maximizer, ``batch_size`` per round (or extra pilots, when their variance
+   reduction per FLOP is worth it, within ``extra_pilot_budget``: none by default);
+   infeasible plans and repeats of existing trials (same G, reward, model and fidelity, ρ within
+   ``rho_match``) are never proposed. Before each round and at the end RACE **recommends** an
+   allocation: the maximizer of the posterior mean at the full budget near its full runs. After
+   the runs, per reward system: the full-budget regime (from the surrogate's posterior at
+   fidelity 1, with the same labelling), whether it matches the pilot regime, and the regret at
+   full budget of the allocation the pilots recommended (surrogate mean at the best allocation
+   of that reward system minus at the recommended one).
+
+One job a module: :mod:`~allocopt.race.design` (settings, pilot grid),
+:mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.propose`
+(surrogate, proposals, recommendation), :mod:`~allocopt.race.validate` (pilot against full
+regimes, :class:`RaceResult`), :mod:`~allocopt.race.run` (the whole race in one call).
+Every name is re-exported here.
+
+numpy, Optuna and (through the surrogate) torch are imported inside functions.
+"""
+
+from __future__ import annotations
+from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
+                                  check_pilot_fraction, pilot_grid)
+from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
+                                    observations, regime_of, share_fit)
+from allocopt.race.propose import (PlanCache, Proposal, existing_runs, fit_surrogate, propose,
+                                   recommend, same_run)
+from allocopt.race.run import run_race
+from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
+
+__all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
+           "RaceResult", "RaceSettings", "RegimeDiagnosis", "ValidationRow", "cells",
+           "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
+           "observations", "pilot_grid", "propose", "recommend", "regime_of", "run_race",
+           "same_regime_rate", "same_run", "share_fit", "validate"]

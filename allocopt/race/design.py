@@ -1,0 +1,181 @@
+"""RACE pilot design: settings, the IsoFLOP pilot grid, the pilot fraction.
+
+The grid (:func:`pilot_grid`): ``rho_levels`` evenly spaced ρ × every G × every reward system
+(× model). When that grid has more than ``max_pilots`` points, each reward system (× model) gets
+``max_pilots // cells`` points of a seeded Latin hypercube over ρ, with G dealt out evenly and
+shuffled. Each point runs ``repeats`` times (different seeds). All pilots run at one budget,
+``pilot_fraction × budget_flops`` (an IsoFLOP design). See :mod:`allocopt.race`.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from allocopt.allocation import Allocation
+from allocopt.flops import ConfigError
+from allocopt.spec import SearchSpace
+
+REGIMES: tuple[str, ...] = ("search-heavy", "update-heavy", "reward-heavy", "balanced")
+"""Regime labels (``unknown`` is reported when a reward system has too few pilots)."""
+FIDELITIES: tuple[str, ...] = ("pilot", "full")
+
+
+
+@dataclass(frozen=True)
+class RaceSettings:
+    """Settings of a RACE study (pilot grid, diagnosis thresholds, proposals).
+
+    Loggable with ``dataclasses.asdict``; every value is checked when built.
+    """
+
+    rho_levels: int = 6
+    """ρ levels of the full pilot grid (evenly spaced over the space's ρ range), >= 3."""
+    max_pilots: int | None = None
+    """Most distinct pilot points (before repeats); a larger grid is replaced by a seeded Latin
+    hypercube over ρ per reward system (× model), ``max_pilots // cells`` points each, which must
+    be at least ``len(group_sizes) + 3`` (the local fit's parameters plus one). ``None``: sized to
+    the space, ``max(60, (len(group_sizes) + 3) × cells)`` (:meth:`pilot_cap`)."""
+    repeats: int = 1
+    """Runs of each pilot point (different seeds); raise it when the target is noisy."""
+    search_heavy_below: float = 0.4
+    """``search-heavy`` when the optimal ρ is below this."""
+    update_heavy_above: float = 0.6
+    """``update-heavy`` when the optimal ρ is above this."""
+    reward_heavy_share: float = 0.3
+    """``reward-heavy`` when reward FLOPs / total FLOPs at the optimum exceed this (takes
+    precedence over the ρ thresholds)."""
+    bandwidth: float = 0.2
+    """Width (in ρ) of the Gaussian kernel that weights pilots around the optimum in the local
+    quadratic fit."""
+    bootstrap: int = 200
+    """Wild-bootstrap resamples for the uncertainty of ρ* and the regime probability."""
+    batch_size: int = 2
+    """Proposals per round (``q``): runs one round can hand to parallel workers."""
+    extra_pilot_budget: float = 0.0
+    """Compute, in full-budget runs, that proposals may spend on extra pilots in all (default
+    none: on the synthetic benchmark, extra pilots delayed the full runs that resolve the
+    pilots' budget drift and did not lower the final regret)."""
+    rho_match: float = 1e-3
+    """A proposal within this of an existing trial's ρ (same G, reward, model, fidelity) is a
+    repeat and is not proposed."""
+    rho_grid: int = 71
+    """ρ values of the discrete candidate set for proposals and the full-budget argmax."""
+    thompson_samples: int = 64
+    """Joint posterior samples per proposal round (Thompson sampling; :func:`propose`)."""
+    rho_trust: float = 0.1
+    """The recommendation (:func:`recommend`) is a cell (reward system × model) with a
+    full-budget run and a ρ within this of one of them (ρ units)."""
+    posterior_samples: int = 256
+    """Posterior samples for the full-budget regime probability."""
+    seed: int | None = None
+    """Seed of the pilot design, bootstrap and surrogate; ``None``: the study's seed."""
+
+    def __post_init__(self) -> None:
+        ints = {"rho_levels": 3, "max_pilots": 3, "repeats": 1, "bootstrap": 10, "batch_size": 1,
+                "rho_grid": 5, "posterior_samples": 16, "thompson_samples": 1}
+        for name, least in ints.items():
+            v = getattr(self, name)
+            if name == "max_pilots" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ConfigError(f"{name}={v!r}: must be an integer >= {least}")
+        for name in ("search_heavy_below", "update_heavy_above", "reward_heavy_share"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+                raise ConfigError(f"{name}={v!r}: must be a number strictly between 0 and 1")
+        if self.search_heavy_below > self.update_heavy_above:
+            raise ConfigError(f"search_heavy_below={self.search_heavy_below!r} > update_heavy_above="
+                              f"{self.update_heavy_above!r}: the search-heavy threshold must not "
+                              "exceed the update-heavy one")
+        for name, v in (("bandwidth", self.bandwidth), ("rho_match", self.rho_match),
+                        ("rho_trust", self.rho_trust)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name}={v!r}: must be a positive number")
+        if not (isinstance(self.extra_pilot_budget, (int, float)) and self.extra_pilot_budget >= 0):
+            raise ConfigError(f"extra_pilot_budget={self.extra_pilot_budget!r}: must be a number >= 0 "
+                              "(full-budget runs' worth of compute)")
+
+    def pilot_cap(self, space: SearchSpace) -> int:
+        """Most distinct pilot points for ``space``: ``max_pilots``, or when that is ``None``
+        ``max(60, (len(group_sizes) + 3) × cells)`` (every reward system × model gets enough
+        pilots for its local fit)."""
+        if self.max_pilots is not None:
+            return self.max_pilots
+        return max(60, (len(space.group_sizes) + 3) * len(cells(space)))
+
+
+def check_pilot_fraction(pilot_fraction: Any) -> float:
+    """``pilot_fraction`` as a float in (0, 1). Raises :class:`ConfigError`."""
+    try:
+        f = float(pilot_fraction)
+    except (TypeError, ValueError):
+        f = math.nan
+    if not 0 < f < 1:
+        raise ConfigError(f"pilot_fraction={pilot_fraction!r}: must be a number strictly between 0 "
+                          "and 1 (pilots run at pilot_fraction x budget_flops)")
+    return f
+
+
+@dataclass(frozen=True)
+class PilotPoint:
+    """One pilot run of the grid: an allocation and its repeat index."""
+
+    allocation: Allocation
+    repeat: int = 0
+
+    @property
+    def key(self) -> str:
+        """Content key stored as the trial's ``race_pilot`` user attribute (resume finds it)."""
+        a = self.allocation
+        return f"{a.reward}|{a.model or '-'}|G{a.group_size}|rho{a.rho:.4f}|r{self.repeat}"
+
+
+def cells(space: SearchSpace) -> list[tuple[str, str | None]]:
+    """``(reward system, model)`` of every cell of ``space`` (model ``None``: the objective's own)."""
+    return [(r, m) for m in (space.models or (None,)) for r in space.rewards]
+
+
+def pilot_grid(space: SearchSpace, settings: RaceSettings = RaceSettings(), seed: int = 0) -> list[PilotPoint]:
+    """The IsoFLOP pilot design over ``space`` (module docstring).
+
+    Returns:
+        pilot points, ``repeats`` per distinct allocation, ordered by repeat, then model,
+        reward system, G and ρ. Deterministic for a given seed.
+
+    Raises:
+        ConfigError: a ρ range of one value, or a ``max_pilots`` given below
+            ``len(group_sizes) + 3`` per reward system (× model).
+    """
+    lo, hi = space.rho
+    if not lo < hi:
+        raise ConfigError(f"space.rho={list(space.rho)!r}: RACE needs a range of rho (low < high)")
+    cs = cells(space)
+    gs = space.group_sizes
+    points: list[Allocation] = []
+    cap = settings.pilot_cap(space)
+    if settings.rho_levels * len(gs) * len(cs) <= cap:
+        levels = [round(lo + (hi - lo) * i / (settings.rho_levels - 1), 4) for i in range(settings.rho_levels)]
+        points = [Allocation(rho, g, r, m) for r, m in cs for g in gs for rho in levels]
+    else:
+        n = cap // len(cs)
+        need = len(gs) + 3  # quadratic (3) + one offset per further G + one to spare
+        if n < need:
+            raise ConfigError(f"max_pilots={cap}: too few for {len(cs)} reward "
+                              f"system(s) x model(s) with {len(gs)} group size(s); needs at least "
+                              f"{need * len(cs)} ({need} each: 3 for the quadratic in rho, one per "
+                              "further G, one to spare)")
+        for c, (r, m) in enumerate(cs):
+            rng = random.Random(f"race-pilots|{seed}|{c}")
+            strata = list(range(n))
+            rng.shuffle(strata)
+            rhos = [round(lo + (hi - lo) * (s + rng.random()) / n, 4) for s in strata]
+            deal = [gs[i % len(gs)] for i in range(n)]
+            rng.shuffle(deal)
+            points += [Allocation(rho, g, r, m) for rho, g in sorted(zip(rhos, deal), key=lambda t: (t[1], t[0]))]
+    return [PilotPoint(a, k) for k in range(settings.repeats) for a in points]
+

@@ -1,0 +1,249 @@
+"""RACE regime diagnosis: a study's trials as observations, and the regime per reward system.
+
+Per reward system (× model), from the pilots (:func:`diagnose`): a *local quadratic* in ρ with
+additive G offsets, fitted by least squares weighted with a Gaussian kernel (``bandwidth``)
+around the current optimum and iterated, so the curve is read where it matters and far points
+do not drag the vertex; the ρ that maximizes it (the vertex, or the better end of the range when
+there is none); uncertainty by a wild bootstrap (``bootstrap`` resamples: the fit plus its
+residuals with random signs, refitted the same way; the design stays fixed); slopes of the
+target at both ends of the range (local linear fits there); the reward share of compute at the
+optimum, from the trials' executed breakdowns (``reward_flops / total_flops``, linear in ρ); and
+a regime label per bootstrap sample (:func:`regime_of`). The reported regime is the commonest
+label; its probability is its share of the bootstrap samples. See :mod:`allocopt.race`.
+
+numpy and Optuna are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from allocopt.allocation import Allocation
+from allocopt.race.design import RaceSettings, cells
+from allocopt.spec import SearchSpace, StudySpec, allocation_of, target_key
+
+def regime_of(rho: float, reward_share: float, settings: RaceSettings) -> str:
+    """The regime label of an optimum at ``rho`` with ``reward_share`` of compute on reward."""
+    if reward_share > settings.reward_heavy_share:
+        return "reward-heavy"
+    if rho < settings.search_heavy_below:
+        return "search-heavy"
+    if rho > settings.update_heavy_above:
+        return "update-heavy"
+    return "balanced"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One complete trial as RACE reads it."""
+
+    number: int
+    allocation: Allocation
+    value: float
+    """The target of the race (a share in [0, 1])."""
+    budget_flops: float
+    budget_fraction: float
+    """``budget_flops / spec.budget_flops``."""
+    fidelity: str
+    """``pilot`` or ``full`` (the trial's user attribute; trials without one are ``full``)."""
+    reward_share: float
+    """Executed reward FLOPs / total FLOPs of the trial (NaN when not recorded)."""
+
+
+def observations(study: Any, spec: StudySpec, target: str | None = None) -> list[Observation]:
+    """Every complete (feasible, run) trial of ``study`` with a value for ``target``
+    (default ``spec.target``)."""
+    from optuna.trial import TrialState
+
+    key = target_key(target or spec.target)
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        ua = t.user_attrs
+        if ua.get("state", "COMPLETE") != "COMPLETE" or key not in ua.get("targets", {}):
+            continue
+        m = ua.get("metrics", {})
+        total = m.get("total_flops") or 0
+        budget = float(ua.get("budget_flops", spec.budget_flops))
+        out.append(Observation(
+            number=t.number, allocation=allocation_of(spec, t.params), value=float(ua["targets"][key]),
+            budget_flops=budget, budget_fraction=budget / spec.budget_flops,
+            fidelity=ua.get("fidelity", "full"),
+            reward_share=(m.get("reward_flops", 0) / total) if total else math.nan))
+    return out
+
+
+@dataclass
+class RegimeDiagnosis:
+    """The regime of one reward system (× model) from its pilots."""
+
+    reward: str
+    model: str | None
+    num_trials: int
+    rho: float
+    """ρ* that maximizes the local fit (point estimate from all pilots)."""
+    rho_sd: float
+    """Bootstrap standard deviation of ρ*."""
+    rho_interval: tuple[float, float]
+    """5 % and 95 % bootstrap quantiles of ρ*."""
+    group_size: int
+    """G with the best fitted offset (the recommended G)."""
+    value: float
+    """Fitted target at (ρ*, G)."""
+    slope_low: float
+    """d target / d ρ at the low end of the ρ range (local linear fit), target units per unit ρ."""
+    slope_high: float
+    """d target / d ρ at the high end of the ρ range."""
+    reward_share: float
+    """Reward FLOPs / total FLOPs at ρ* (from the trials' breakdowns)."""
+    regime: str
+    """Commonest label over the bootstrap samples (``unknown``: too few pilots)."""
+    probability: float
+    """Share of bootstrap samples with that label."""
+    label_shares: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def recommendation(self) -> Allocation:
+        """The allocation the pilots recommend for this reward system."""
+        return Allocation(round(self.rho, 4), self.group_size, self.reward, self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rho_interval"] = list(self.rho_interval)
+        return d
+
+
+def _design(rho, gidx, n_g, center, degree):
+    import numpy as np
+
+    x = rho - center
+    cols = [np.ones_like(x)] + [x ** p for p in range(1, degree + 1)]
+    cols += [(gidx == j).astype(float) for j in range(1, n_g)]
+    return np.stack(cols, 1)
+
+
+def _wls(rho, gidx, y, n_g, center, w, degree):
+    import numpy as np
+
+    X = _design(rho, gidx, n_g, center, degree)
+    sw = np.sqrt(w)
+    b, *_ = np.linalg.lstsq(X * sw[:, None], y * sw, rcond=None)
+    return b
+
+
+def _argmax(b, center, lo, hi) -> float:
+    """ρ maximizing ``b0 + b1 (ρ - c) + b2 (ρ - c)²`` on [lo, hi]."""
+    if b[2] < 0:
+        return min(max(center - b[1] / (2 * b[2]), lo), hi)
+    f = lambda r: b[1] * (r - center) + b[2] * (r - center) ** 2  # noqa: E731
+    return lo if f(lo) >= f(hi) else hi
+
+
+def _local_optimum(rho, gidx, y, n_g, lo, hi, h, iterations: int = 4):
+    """ρ* of the kernel-weighted quadratic, iterated from the unweighted fit; returns
+    ``(rho_star, coefficients centred at rho_star)``."""
+    import numpy as np
+
+    c = 0.5 * (lo + hi)
+    b = _wls(rho, gidx, y, n_g, c, np.ones_like(y), 2)
+    c = _argmax(b, c, lo, hi)
+    for _ in range(iterations):
+        w = np.exp(-0.5 * ((rho - c) / h) ** 2)
+        b = _wls(rho, gidx, y, n_g, c, w, 2)
+        new = _argmax(b, c, lo, hi)
+        if abs(new - c) < 1e-4:
+            c = new
+            break
+        c = new
+    w = np.exp(-0.5 * ((rho - c) / h) ** 2)
+    return c, _wls(rho, gidx, y, n_g, c, w, 2)
+
+
+def _slope_at(rho, gidx, y, n_g, at, h) -> float:
+    import numpy as np
+
+    w = np.exp(-0.5 * ((rho - at) / h) ** 2)
+    return float(_wls(rho, gidx, y, n_g, at, w, 1)[1])
+
+
+def share_fit(obs: Sequence[Observation]) -> Callable[[Any], Any]:
+    """Reward share of compute as a linear function of ρ, fitted on the trials' breakdowns."""
+    import numpy as np
+
+    pts = [(o.allocation.rho, o.reward_share) for o in obs if not math.isnan(o.reward_share)]
+    if not pts:
+        return lambda r: np.zeros_like(np.asarray(r, dtype=float))
+    x, s = np.array(pts).T
+    if len(set(x.round(6))) < 2:
+        return lambda r: np.full_like(np.asarray(r, dtype=float), float(s.mean()))
+    a, b = np.polyfit(x, s, 1)
+    return lambda r: np.clip(b + a * np.asarray(r, dtype=float), 0.0, 1.0)
+
+
+def diagnose_group(obs: Sequence[Observation], rho_range: tuple[float, float],
+                   settings: RaceSettings = RaceSettings(), seed: int = 0,
+                   share_obs: Sequence[Observation] | None = None) -> RegimeDiagnosis:
+    """Diagnose one reward system (× model) from its pilots ``obs`` (module docstring).
+
+    ``share_obs`` (default ``obs``): trials whose breakdowns give the reward share of compute.
+    """
+    import numpy as np
+
+    a0 = obs[0].allocation if obs else None
+    reward, model = (a0.reward, a0.model) if a0 else ("?", None)
+    lo, hi = rho_range
+    rho = np.array([o.allocation.rho for o in obs], dtype=float)
+    if len(set(rho.round(4))) < 3:
+        return RegimeDiagnosis(reward, model, len(obs), math.nan, math.nan, (math.nan, math.nan),
+                               a0.group_size if a0 else 0, math.nan, math.nan, math.nan, math.nan,
+                               "unknown", 0.0, {}, note=f"{len(set(rho.round(4)))} distinct rho "
+                               "value(s) completed; the fit needs 3")
+    gs = sorted({o.allocation.group_size for o in obs})
+    gidx = np.array([gs.index(o.allocation.group_size) for o in obs])
+    y = np.array([o.value for o in obs], dtype=float)
+    h = settings.bandwidth
+    share = share_fit(share_obs if share_obs is not None else obs)
+    star, b = _local_optimum(rho, gidx, y, len(gs), lo, hi, h)
+    offsets = [0.0] + [float(v) for v in b[3:]]
+    best_g = int(np.argmax(offsets))
+    value = float(b[0] + offsets[best_g])
+    fitted = _design(rho, gidx, len(gs), star, 2) @ b
+    resid = y - fitted
+    rng = np.random.default_rng(seed)
+    samples = []
+    n = len(obs)
+    for _ in range(settings.bootstrap):  # wild bootstrap: Rademacher signs on the residuals
+        y_star = fitted + resid * rng.choice((-1.0, 1.0), n)
+        samples.append(_local_optimum(rho, gidx, y_star, len(gs), lo, hi, h)[0])
+    samples = np.array(samples)
+    labels = Counter(regime_of(r, float(s), settings) for r, s in zip(samples, share(samples)))
+    regime, count = max(labels.items(), key=lambda kv: (kv[1], kv[0] == regime_of(star, float(share(star)), settings)))
+    return RegimeDiagnosis(
+        reward=reward, model=model, num_trials=n, rho=float(star), rho_sd=float(samples.std()),
+        rho_interval=(float(np.quantile(samples, 0.05)), float(np.quantile(samples, 0.95))),
+        group_size=gs[best_g], value=value,
+        slope_low=_slope_at(rho, gidx, y, len(gs), lo, h),
+        slope_high=_slope_at(rho, gidx, y, len(gs), hi, h),
+        reward_share=float(share(star)), regime=regime, probability=count / len(samples),
+        label_shares={k: v / len(samples) for k, v in sorted(labels.items())})
+
+
+def diagnose(obs: Iterable[Observation], space: SearchSpace, settings: RaceSettings = RaceSettings(),
+             seed: int = 0) -> list[RegimeDiagnosis]:
+    """One :class:`RegimeDiagnosis` per reward system (× model) of ``space`` from the pilot
+    observations ``obs`` (pass only pilots of one budget: an IsoFLOP design)."""
+    obs = list(obs)
+    out = []
+    for c, (r, m) in enumerate(cells(space)):
+        mine = [o for o in obs if o.allocation.reward == r and o.allocation.model == m]
+        if not mine:
+            out.append(RegimeDiagnosis(r, m, 0, math.nan, math.nan, (math.nan, math.nan),
+                                       space.group_sizes[0], math.nan, math.nan, math.nan, math.nan,
+                                       "unknown", 0.0, {}, note="no complete pilot"))
+            continue
+        out.append(diagnose_group(mine, space.rho, settings, seed=seed * 1009 + c))
+    return out
+

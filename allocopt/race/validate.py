@@ -1,0 +1,131 @@
+"""RACE validation: pilot regimes against full-budget regimes, and what a race found.
+
+After full-budget runs, per reward system (× model): the full-budget regime (from the
+surrogate's posterior at fidelity 1, with the same labelling as the pilots'), whether it matches
+the pilot regime, and the regret at full budget of the allocation the pilots recommended
+(surrogate mean at the best allocation of that reward system minus at the recommended one).
+See :mod:`allocopt.race`.
+
+numpy and (through the surrogate) torch are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from allocopt.allocation import Allocation
+from allocopt.race.design import RaceSettings
+from allocopt.race.diagnose import Observation, RegimeDiagnosis, regime_of, share_fit
+from allocopt.race.propose import Proposal, fit_surrogate
+from allocopt.spec import StudySpec
+
+if TYPE_CHECKING:
+    from allocopt.study import TrialRow
+
+@dataclass
+class ValidationRow:
+    """Pilot regime against the full-budget regime for one reward system (× model)."""
+
+    reward: str
+    model: str | None
+    pilot_regime: str
+    pilot_rho: float
+    full_regime: str
+    full_probability: float
+    """Share of posterior samples (at the full budget) with ``full_regime``."""
+    full_rho: float
+    """Argmax over ρ of the surrogate mean at the full budget (at its best G)."""
+    same_regime: bool
+    regret: float
+    """Surrogate mean at the full budget: best allocation of this reward system minus the
+    pilot-recommended one (>= 0; target units)."""
+    num_full: int
+    """Full-budget runs of this reward system (× model) the surrogate saw."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate(diagnoses: Sequence[RegimeDiagnosis], obs: Sequence[Observation], spec: StudySpec,
+             settings: RaceSettings = RaceSettings(), surrogate: Any = None) -> list[ValidationRow]:
+    """Pilot regimes against full-budget regimes (module docstring), from the surrogate
+    fitted on ``obs`` (pilots and full runs)."""
+    import numpy as np
+
+    seed = spec.seed if settings.seed is None else settings.seed
+    sur = surrogate if surrogate is not None else fit_surrogate(obs, spec.space, seed=seed)
+    enc = sur.encoding
+    lo, hi = spec.space.rho
+    grid = np.array(sorted({round(lo + (hi - lo) * i / (settings.rho_grid - 1), 4)
+                            for i in range(settings.rho_grid)}))
+    out = []
+    for d in diagnoses:
+        rows_g = {g: [enc.row(float(r), g, d.reward, d.model, 1.0) for r in grid] for g in spec.space.group_sizes}
+        means = {g: sur.predict(enc.tensor(rows_g[g]))[0].numpy() for g in rows_g}
+        best_g = max(means, key=lambda g: means[g].max())
+        full_rho = float(grid[int(means[best_g].argmax())])
+        samples = sur.sample(enc.tensor(rows_g[best_g]).unsqueeze(0), settings.posterior_samples)[:, 0, :]
+        rho_s = grid[samples.argmax(-1).numpy()]
+        mine = [o for o in obs if o.allocation.reward == d.reward and o.allocation.model == d.model]
+        share = share_fit(mine)
+        labels = Counter(regime_of(float(r), float(s), settings) for r, s in zip(rho_s, share(rho_s)))
+        full_regime, count = labels.most_common(1)[0]
+        if math.isnan(d.rho):
+            regret = math.nan
+        else:
+            rec = enc.tensor([enc.row(d.rho, d.group_size, d.reward, d.model, 1.0)])
+            regret = max(0.0, float(means[best_g].max()) - float(sur.predict(rec)[0][0]))
+        out.append(ValidationRow(
+            reward=d.reward, model=d.model, pilot_regime=d.regime, pilot_rho=d.rho,
+            full_regime=full_regime, full_probability=count / len(rho_s), full_rho=full_rho,
+            same_regime=d.regime == full_regime, regret=regret,
+            num_full=sum(o.fidelity == "full" for o in mine)))
+    return out
+
+
+def same_regime_rate(rows: Sequence[ValidationRow], validated_only: bool = True) -> float:
+    """Share of reward systems whose pilot regime matches the full-budget one; with
+    ``validated_only``, over those with at least one full-budget run (NaN when none)."""
+    use = [r for r in rows if r.num_full > 0 or not validated_only]
+    return sum(r.same_regime for r in use) / len(use) if use else math.nan
+
+
+@dataclass
+class RaceResult:
+    """What :func:`run_race` did and found."""
+
+    study: Any
+    pilot_budget_flops: float
+    pilots: list[TrialRow]
+    """Pilot trials run by this call (a resumed race skips pilots already done)."""
+    diagnoses: list[RegimeDiagnosis]
+    proposals: list[Proposal]
+    """Proposals run by this call (with ``propose_only``: proposed, none run)."""
+    validations: list[TrialRow]
+    """Runs of proposals done by this call (full runs and extra pilots)."""
+    validation: list[ValidationRow]
+    """Pilot against full-budget regimes (empty until the study has a full-budget run)."""
+    timings: dict[str, list[float]] = field(default_factory=dict)
+    """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal round."""
+    recommendation: Allocation | None = None
+    """The allocation RACE recommends for the full budget at the end (:func:`recommend` on every
+    run of the study; with ``validations = 0`` the pilots' best diagnosis)."""
+    recommendations: list[tuple[int, Allocation]] = field(default_factory=list)
+    """``(last trial number seen, recommendation)`` after the pilots and after each round of
+    this call: what RACE would have answered had it stopped there."""
+
+    @property
+    def same_regime_rate(self) -> float:
+        return same_regime_rate(self.validation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pilot_budget_flops": self.pilot_budget_flops,
+                "diagnoses": [d.to_dict() for d in self.diagnoses],
+                "proposals": [p.to_dict() for p in self.proposals],
+                "validation": [v.to_dict() for v in self.validation],
+                "same_regime_rate": self.same_regime_rate, "timings": self.timings,
+                "recommendation": None if self.recommendation is None else asdict(self.recommendation)}
+
