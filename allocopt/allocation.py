@@ -136,6 +136,10 @@ class Workload:
     gradient_checkpointing: bool = False
     engine: str | Engine = "trl-vllm"
     """Executed-FLOP model (:data:`allocopt.grpo_flops.ENGINES`)."""
+    importance_sampling_correction: bool = True
+    """TRL's ``vllm_importance_sampling_correction`` (its default: on). On a ``trl-vllm``
+    engine it makes the old-policy log-prob pass run on every iteration, which puts a floor
+    under ρ (:func:`allocopt.grpo_flops.old_logprobs_pass`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
@@ -231,6 +235,7 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
         group_size=G,
         update_passes=rows_trained / N,
         reference=workload.reference,
+        importance_sampling_correction=workload.importance_sampling_correction,
         reward_steps=(max(0, round(workload.steps_per_completion)),) * N,
     )
     return grpo_step_flops(_policy(workload, allocation), step, lora=workload.lora,

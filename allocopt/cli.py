@@ -36,11 +36,6 @@ class UsageProblem(ValueError):
     """Bad input found by a command (exit 2)."""
 
 
-def fmt_flops(v: float) -> str:
-    """FLOPs in scientific notation, e.g. ``1.234e+15``."""
-    return f"{v:.3e}"
-
-
 def _number(name: str, text: str) -> float:
     try:
         return float(text)
@@ -48,126 +43,10 @@ def _number(name: str, text: str) -> float:
         raise ConfigError(f"{name}={text!r}: must be a number") from None
 
 
-def breakdown_table(acct: FlopAccount, title: str) -> Table:
-    """Rich table of a :class:`FlopAccount`: one row per phase item, executed and useful."""
-    t = Table(title=title)
-    t.add_column("phase")
-    t.add_column("item")
-    t.add_column("executed FLOPs", justify="right")
-    t.add_column("useful FLOPs", justify="right")
-    t.add_column("share", justify="right")
-    total = acct.executed.total_flops or 1
-    for p in PHASES:
-        ex, us = getattr(acct.executed, p), getattr(acct.useful, p)
-        for item in ex:
-            if ex[item] or us.get(item):
-                t.add_row(p, item, fmt_flops(ex[item]), fmt_flops(us.get(item, 0)),
-                          f"{ex[item] / total:.1%}")
-        t.add_row(f"[bold]{p}[/]", "[bold]total[/]",
-                  f"[bold]{fmt_flops(getattr(acct.executed, p + '_flops'))}[/]",
-                  fmt_flops(getattr(acct.useful, p + "_flops")),
-                  f"[bold]{getattr(acct.executed, p + '_flops') / total:.1%}[/]", end_section=True)
-    t.add_row("[bold]all[/]", "[bold]total[/]", f"[bold]{fmt_flops(acct.executed.total_flops)}[/]",
-              fmt_flops(acct.useful.total_flops), "100.0%")
-    t.caption = (f"rho (update fraction) = {acct.executed.rho:.4f} executed, "
-                 f"{acct.useful.rho:.4f} useful")
-    return t
+from allocopt.commands_account import breakdown_table, fmt_flops  # noqa: E402,F401 (re-exported)
+from allocopt.commands_account import register as _register_account  # noqa: E402
 
-
-# --------------------------------------------------------------------------- account
-@app.command()
-def account(
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="TOML file with the recipe; flags override it."),
-    model: Optional[str] = typer.Option(None, help="Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: Qwen/Qwen2.5-1.5B]"),
-    prompt_tokens: Optional[float] = typer.Option(None, help="Mean prompt length in tokens. \\[default: 103]"),
-    completion_tokens: Optional[float] = typer.Option(None, help="Mean completion length in tokens. \\[default: 304]"),
-    prompts: Optional[int] = typer.Option(None, help="Prompts per GRPO step. \\[default: 64]"),
-    group_size: Optional[int] = typer.Option(None, "--group-size", "-G", help="Completions per prompt (G). \\[default: 8]"),
-    steps: Optional[int] = typer.Option(None, help="GRPO steps. \\[default: 1]"),
-    update_passes: Optional[float] = typer.Option(None, help="Gradient passes per rollout batch (mu, TRL num_iterations). \\[default: 1]"),
-    beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
-    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank; 0 = full fine-tuning. \\[default: 32]"),
-    lora_targets: Optional[str] = typer.Option(None, help="LoRA target modules (comma separated) or all-linear. \\[default: all-linear]"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                                  help="Recompute activations in backward (non-reentrant). \\[default: off]"),
-    reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
-    reward_steps: Optional[float] = typer.Option(None, help="Steps per completion for a step-level PRM (one marker token each). \\[default: 0]"),
-    engine: Optional[str] = typer.Option(None, help="Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm. \\[default: trl-vllm]"),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """FLOPs of a GRPO recipe by phase (search / learning / reward) and its update fraction rho."""
-    from allocopt.recipe import Recipe
-
-    given = dict(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 prompts=prompts, group_size=group_size, steps=steps, update_passes=update_passes,
-                 beta=beta, lora_rank=lora_rank, lora_targets=lora_targets,
-                 gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
-                 reward_steps=reward_steps, engine=engine)
-    if recipe is not None:
-        r = Recipe.from_toml(recipe, **given)
-    else:
-        r = Recipe(**{k: v for k, v in given.items() if v is not None})
-    acct = r.account()
-    if as_json:
-        out.print_json(json.dumps({"recipe": r.to_dict(), **acct.to_dict()}))
-        return
-    title = (f"{r.model}: {r.prompts} prompts x G={r.group_size}, {r.steps} step(s), "
-             f"mu={r.update_passes:g}, beta={r.beta:g}, "
-             f"{'LoRA r=' + str(r.lora_rank) if r.lora_rank else 'full fine-tuning'}, "
-             f"reward: {r.reward_model or 'rule-based'}, engine {r.engine}")
-    out.print(breakdown_table(acct, title))
-
-
-# ------------------------------------------------------------------------------ plan
-@app.command()
-def plan(
-    budget: str = typer.Option(..., help="FLOP budget of the run (search + learning + reward), e.g. 1e19."),
-    rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
-    group_size: int = typer.Option(8, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
-    reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
-    model: str = typer.Option("Qwen/Qwen2.5-1.5B", help="Policy model: preset, folder with config.json, or hub id."),
-    rollouts: int = typer.Option(64, help="Completions per iteration (prompts x G)."),
-    prompt_tokens: float = typer.Option(103.0, help="Expected prompt length in tokens."),
-    completion_tokens: float = typer.Option(304.0, help="Expected completion length in tokens."),
-    steps_per_completion: float = typer.Option(8.0, help="Expected reasoning steps per completion (PRM markers)."),
-    lora_rank: int = typer.Option(32, help="LoRA rank; 0 = full fine-tuning."),
-    beta: float = typer.Option(0.0, help="KL coefficient; > 0 adds a reference pass."),
-    prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
-    engine: str = typer.Option("trl-vllm", help="Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
-    from allocopt.allocation import Allocation, Workload, _default_reward_models, make_plan
-    from allocopt.flops import LoRASpec, ModelShape
-
-    alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
-    if not beta >= 0:
-        raise ConfigError(f"beta={beta!r}: must be a number >= 0")
-    reward_models = {**_default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
-    w = Workload(policy=ModelShape.from_pretrained(model), reward_models=reward_models,
-                 rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
-                 completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
-                 lora=LoRASpec(lora_rank) if lora_rank else None, reference=beta > 0, engine=engine)
-    p = make_plan(budget, alloc, w)
-    if as_json:
-        out.print_json(json.dumps(p.to_dict()))
-        return
-    t = Table(title=f"Plan for {fmt_flops(p.budget_flops)} FLOPs", show_header=False)
-    for k, v in (("model", p.policy), ("reward", f"{alloc.reward} ({p.reward_model or 'rule-based, 0 FLOPs'})"),
-                 ("asked rho", f"{alloc.rho:g}"),
-                 ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
-                 ("group size G", p.group_size), ("prompts / iteration", p.prompts_per_iteration),
-                 ("rollouts / iteration", p.rollouts_per_iteration),
-                 ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration:.2f} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
-                 ("iterations", p.iterations),
-                 ("FLOPs / iteration", fmt_flops(p.per_iteration.executed.total_flops)),
-                 ("expected total", f"{fmt_flops(p.expected.executed.total_flops)} ({p.budget_utilization:.2%} of budget)")):
-        t.add_row(k, str(v))
-    out.print(t)
-    out.print(breakdown_table(p.expected, "Expected FLOPs of the whole plan"))
-    if not p.realizable:
-        err.print(f"warning: rho={alloc.rho:g} is not realizable with {p.rollouts_per_iteration} "
-                  f"rollouts per iteration; the nearest is {p.realized_rho:.4f}")
+_register_account(app)  # account and plan, listed first
 
 
 # ----------------------------------------------------------------------------- trial

@@ -76,6 +76,11 @@ class ModelShape:
     position)."""
     num_labels: int = 2
     """Outputs of a ``score`` or ``prm`` head."""
+    max_position_embeddings: int | None = None
+    """Longest sequence (prompt + completion, tokens) the model takes; ``None``: unchecked."""
+    sliding_window: int | None = None
+    """Keys a query may see when the config turns sliding-window attention on; the counts are
+    exact only while no sequence is longer (longer ones are refused by the callers)."""
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -110,6 +115,7 @@ class ModelShape:
         """
         if not isinstance(config, Mapping):
             raise ConfigError(f"config: expected a JSON object, got {type(config).__name__}")
+        _refuse_unsupported(config)
         if "text_config" in config and "hidden_size" not in config:
             config = config["text_config"]
         required = ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -137,6 +143,8 @@ class ModelShape:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             head=head,
             num_labels=int(config.get("num_labels", len(config.get("id2label", {})) or 2)),
+            max_position_embeddings=_opt_int(config.get("max_position_embeddings")),
+            sliding_window=_sliding_window(config),
         )
 
     @classmethod
@@ -158,15 +166,19 @@ class ModelShape:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"config.json at {path}: not valid JSON ({e})") from None
         if "/" in name_or_path and not os.path.exists(name_or_path):
-            try:
-                from huggingface_hub import hf_hub_download  # optional, network only
-
-                return cls.from_pretrained(hf_hub_download(name_or_path, "config.json"))
-            except ConfigError:
-                raise
-            except Exception:  # no network, no such repo, no huggingface_hub
-                pass
+            return cls.from_pretrained(_hub_config(name_or_path))
         return cls.preset(name_or_path)  # raises with the known names
+
+    def check_length(self, num_tokens: int, what: str = "prompt_tokens + completion_tokens") -> None:
+        """Raise :class:`ConfigError` when a sequence of ``num_tokens`` is longer than the model's
+        context or its sliding window (where counts would no longer be exact)."""
+        if self.max_position_embeddings and num_tokens > self.max_position_embeddings:
+            raise ConfigError(f"{what}={num_tokens}: longer than {self.name}'s context "
+                              f"(max_position_embeddings={self.max_position_embeddings})")
+        if self.sliding_window and num_tokens > self.sliding_window:
+            raise ConfigError(f"{what}={num_tokens}: longer than {self.name}'s sliding window "
+                              f"({self.sliding_window} tokens); sliding-window attention is not "
+                              "counted")
 
     # ------------------------------------------------------------------- parameters
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
@@ -233,6 +245,82 @@ class LoRASpec:
         """Forward FLOPs of all adapters of the model per token: ``Σ 2·r·(d_in + d_out)``."""
         lin = shape.linear_shapes()
         return shape.num_layers * sum(2 * self.rank * (lin[m][0] + lin[m][1]) for m in self.target_modules)
+
+
+HUB_TIMEOUT_S = 2.5
+"""Seconds a hub look-up of a ``config.json`` may take before it is given up (offline, the
+whole command fails in under 5 s with one line, not half a minute of retries)."""
+
+
+def _hub_config(repo_id: str) -> str:
+    """Local path of ``repo_id``'s ``config.json`` from the Hugging Face hub (cache first).
+
+    Honours ``HF_HUB_OFFLINE``; gives up after :data:`HUB_TIMEOUT_S` (the download runs in a
+    daemon thread, its retry warnings silenced). Raises :class:`ConfigError` in one line.
+    """
+    import logging
+    import threading
+
+    try:
+        from huggingface_hub import hf_hub_download  # optional, network only
+    except ImportError:
+        raise ConfigError(f"model={repo_id!r}: not a preset or a local folder, and "
+                          "huggingface_hub is not installed to fetch it") from None
+    result: dict[str, Any] = {}
+
+    def fetch() -> None:
+        try:
+            result["path"] = hf_hub_download(repo_id, "config.json", etag_timeout=HUB_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - reported as one line below
+            result["error"] = e
+
+    for name in ("huggingface_hub", "urllib3", "httpx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    t = threading.Thread(target=fetch, daemon=True)
+    t.start()
+    t.join(HUB_TIMEOUT_S)
+    if "path" in result:
+        return result["path"]
+    why = (f"no answer in {HUB_TIMEOUT_S:g} s" if t.is_alive()
+           else type(result.get("error")).__name__)
+    raise ConfigError(f"model={repo_id!r}: not a preset or a local folder, and its config.json "
+                      f"could not be fetched from the hub ({why}); pass a folder with "
+                      f"config.json or a preset ({', '.join(p.name for p in _PRESET_LIST)})")
+
+
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+_ENC_DEC_KEYS = ("encoder_layers", "num_decoder_layers", "decoder_layers")
+
+
+def _refuse_unsupported(config: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming what of ``config`` cannot be counted exactly:
+    encoder-decoder, vision-language and mixture-of-experts models."""
+    kind = config.get("model_type", "?")
+    if config.get("is_encoder_decoder") or any(k in config for k in _ENC_DEC_KEYS):
+        raise ConfigError(f"config.json: model_type={kind!r} is an encoder-decoder model; only "
+                          "decoder-only models (Qwen2/Llama/Mistral) are counted")
+    if "vision_config" in config or "visual" in config or any(
+            "VL" in a or "Vision" in a for a in config.get("architectures") or []):
+        raise ConfigError(f"config.json: model_type={kind!r} is a vision-language model; its "
+                          "vision tower and image tokens are not counted (text-only decoders only)")
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    moe = [k for k in _MOE_KEYS if text.get(k)]
+    if moe:
+        raise ConfigError(f"config.json: model_type={kind!r} is a mixture-of-experts model "
+                          f"({moe[0]}={text[moe[0]]!r}); top-k expert routing is not counted")
+
+
+def _opt_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _sliding_window(config: Mapping[str, Any]) -> int | None:
+    """The window when the config turns sliding-window attention on (Mistral: a
+    ``sliding_window``; Qwen2: only with ``use_sliding_window``), else ``None``."""
+    window = _opt_int(config.get("sliding_window"))
+    if window is None or config.get("use_sliding_window") is False:
+        return None
+    return window
 
 
 def _parse_targets(text: str) -> tuple[str, ...]:
@@ -598,10 +686,10 @@ class FlopAccount:
 
 # =========================================================================== presets
 def _qwen(name: str, d: int, L: int, h: int, kv: int, f: int, V: int, tied: bool,
-          head: HeadKind = "lm") -> ModelShape:
+          head: HeadKind = "lm", context: int | None = 32768) -> ModelShape:
     return ModelShape(name=name, hidden_size=d, num_layers=L, num_heads=h, num_kv_heads=kv,
                       head_dim=d // h, intermediate_size=f, vocab_size=V,
-                      tie_word_embeddings=tied, head=head)
+                      tie_word_embeddings=tied, head=head, max_position_embeddings=context)
 
 
 # Source: the models' public config.json (shared/data/README.md).
@@ -609,8 +697,9 @@ _PRESET_LIST = (
     _qwen("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, True),
     _qwen("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, True),
     _qwen("Qwen/Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, True),
-    _qwen("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, False),
-    _qwen("Qwen/Qwen2.5-Math-PRM-7B", 3584, 28, 28, 4, 18944, 152064, False, head="prm"),
+    _qwen("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, False, context=131072),
+    _qwen("Qwen/Qwen2.5-Math-PRM-7B", 3584, 28, 28, 4, 18944, 152064, False, head="prm",
+          context=None),
 )
 
 

@@ -5,9 +5,10 @@ TRL ``GRPOTrainer``):
 
 1. search: sample ``G`` completions for each prompt with the current policy;
 2. reward: score every completion (rule-based: 0 FLOPs; a reward model: one forward);
-3. learning: old-policy log-probs (when a rollout batch is reused, ``μ > 1``), reference
-   log-probs (when ``β > 0``), then ``μ`` passes of forward + backward of the loss over
-   prompt + completion, logits on completion tokens.
+3. learning: old-policy log-probs (as the engine decides: :func:`old_logprobs_pass`),
+   reference log-probs (when ``β > 0``), then ``μ`` passes of forward + backward of the loss
+   over prompt + completion, logits on completion tokens (verl: every position). Optimizer
+   steps per pass (``minibatches``, verl's ``ppo_mini_batch_size``) cost no FLOPs.
 
 Two counts come back (:class:`~allocopt.flops.FlopAccount`): *useful* FLOPs from the real
 token counts, and *executed* FLOPs of the :class:`Engine` that runs the step.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 from allocopt.flops import (
     Attention,
@@ -31,6 +33,10 @@ from allocopt.flops import (
     reward_model_flops,
     training_flops,
 )
+
+
+OldLogprobs = Literal["reused", "is_correction", "always"]
+"""When an engine runs the old-policy log-prob pass (:attr:`Engine.old_logprobs`)."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +80,27 @@ class Engine:
     too), rather than eager attention under autograd (each needed product once). Measured on
     CPU with TRL 1.16 against ``FlopCounterMode``."""
 
+    old_logprobs: OldLogprobs = "reused"
+    """When the old-policy log-prob pass (a no-grad forward with adapters over every row) runs:
+    ``reused``: only when a rollout batch feeds more than one optimizer step (TRL without
+    vLLM: ``gradient_accumulation_steps % (steps_per_generation × num_iterations) != 0``,
+    ``trl/trainer/grpo_trainer.py`` 1.16, ``_generate_and_score_completions``);
+    ``is_correction``: as ``reused``, and on every step while vLLM's importance-sampling
+    correction is on (TRL ``vllm_importance_sampling_correction``, default ``True``);
+    ``always``: on every step (verl: ``ray_trainer.fit`` recomputes ``old_log_prob`` with the
+    actor before each update). See :func:`old_logprobs_pass`."""
+    head_last_position: bool = False
+    """With :attr:`lm_head_all_positions`, the head also scores the row's last position
+    (``n`` positions rather than ``n - 1``): verl's ``dp_actor._forward_micro_batch`` with
+    ``use_remove_padding`` runs the LM head over every token of the packed batch, then keeps
+    the response log-probs."""
+
     def __post_init__(self) -> None:
         if self.attention not in ("causal", "full"):
             raise ConfigError(f"engine.attention={self.attention!r}: must be causal or full")
+        if self.old_logprobs not in ("reused", "is_correction", "always"):
+            raise ConfigError(f"engine.old_logprobs={self.old_logprobs!r}: must be reused, "
+                              "is_correction or always")
 
 
 ENGINES: dict[str, Engine] = {
@@ -91,12 +115,51 @@ ENGINES: dict[str, Engine] = {
                       lm_head_all_positions=False, head_recompute=True, attention="causal",
                       fused_attention=True),
     # TRL with vLLM rollouts: no padding, prefix caching, merged adapters
+    # (TRL merges the adapters before syncing weights to vLLM); old log-probs while the
+    # importance-sampling correction is on (its default)
     "trl-vllm": Engine("trl-vllm", padded_generation=False, prefix_caching=True,
                        merged_lora_generation=True, padded_training=True,
                        lm_head_all_positions=False, head_recompute=True, attention="causal",
-                       fused_attention=True),
+                       fused_attention=True, old_logprobs="is_correction"),
+    # verl (FSDP actor, use_remove_padding=True as in its GRPO examples, vLLM/SGLang rollouts):
+    # rows packed without padding; the LM head over every token (dp_actor, no fused head);
+    # vLLM prefix caching; LoRA served unmerged by vLLM (LoRARequest); flash attention;
+    # old_log_prob recomputed on every step
+    "verl": Engine("verl", padded_generation=False, prefix_caching=True,
+                   merged_lora_generation=False, padded_training=False,
+                   lm_head_all_positions=True, head_recompute=False, attention="causal",
+                   fused_attention=True, old_logprobs="always", head_last_position=True),
 }
 """Engines by name; see each field of :class:`Engine`."""
+
+
+def old_logprobs_pass(engine_name: str | Engine, update_passes: float, *, minibatches: int = 1,
+                      importance_sampling_correction: bool = True) -> bool:
+    """Whether ``engine_name`` runs the old-policy log-prob pass on a step.
+
+    Args:
+        engine_name: an :data:`ENGINES` name or an :class:`Engine`.
+        update_passes: ``μ``, passes over the rollout batch (TRL ``num_iterations``, verl
+            ``ppo_epochs``); a fractional ``μ > 1`` reuses the batch too.
+        minibatches: optimizer steps per pass (TRL ``steps_per_generation /
+            gradient_accumulation_steps``, verl ``train_batch_size / ppo_mini_batch_size``).
+        importance_sampling_correction: TRL's ``vllm_importance_sampling_correction``
+            (default ``True``); only engines with ``old_logprobs="is_correction"`` read it.
+
+    Returns:
+        ``True`` when the pass runs: ``always`` engines (verl) on every step; otherwise when
+        the batch feeds more than one optimizer step (``μ > 1`` or ``minibatches > 1``: TRL
+        ``gradient_accumulation_steps % (steps_per_generation × num_iterations) != 0`` with its
+        default ``steps_per_generation = gradient_accumulation_steps``), or, for
+        ``is_correction`` engines (TRL + vLLM), whenever the correction is on.
+    """
+    eng = engine(engine_name)
+    if eng.old_logprobs == "always":
+        return True
+    reused = update_passes > 1 or minibatches > 1
+    if eng.old_logprobs == "is_correction":
+        return reused or bool(importance_sampling_correction)
+    return reused
 
 
 def engine(name: str | Engine) -> Engine:
@@ -127,10 +190,16 @@ class GRPOStep:
     reference: bool = False
     """A reference-model log-prob pass runs (``β > 0``)."""
     old_logprobs: bool | None = None
-    """An old-policy log-prob pass runs; default: when ``update_passes > 1``. (TRL 1.16 runs
-    it when ``gradient_accumulation_steps % (steps_per_generation × num_iterations) != 0``,
-    which with its default ``steps_per_generation = gradient_accumulation_steps`` is
-    ``num_iterations > 1``.)"""
+    """An old-policy log-prob pass runs; default (``None``): as the engine decides,
+    :func:`old_logprobs_pass` (``update_passes``, ``minibatches``,
+    ``importance_sampling_correction``)."""
+    minibatches: int = 1
+    """Optimizer steps per pass (verl: ``train_batch_size / ppo_mini_batch_size``; TRL:
+    ``steps_per_generation / gradient_accumulation_steps``). They split the batch, so they
+    cost no FLOPs of their own; more than one makes the old-policy pass run."""
+    importance_sampling_correction: bool = True
+    """TRL ``vllm_importance_sampling_correction`` (default ``True``): read by engines whose
+    :attr:`Engine.old_logprobs` is ``is_correction`` (trl-vllm)."""
     reward_steps: tuple[int, ...] | None = None
     """Steps per completion, for a step-level PRM (one marker token each)."""
 
@@ -152,6 +221,9 @@ class GRPOStep:
         if not (self.update_passes >= 0) or math.isinf(self.update_passes):
             raise ConfigError(f"update_passes={self.update_passes!r}: must be a number >= 0 "
                               "(0: an iteration that trains on no row)")
+        if isinstance(self.minibatches, bool) or not isinstance(self.minibatches, int) \
+                or self.minibatches < 1:
+            raise ConfigError(f"minibatches={self.minibatches!r}: must be a positive integer")
         if self.reward_steps is not None and len(self.reward_steps) != len(self.completion_tokens):
             raise ConfigError("reward_steps: one entry per completion")
 
@@ -163,7 +235,16 @@ class GRPOStep:
 
     @property
     def uses_old_logprobs(self) -> bool:
-        return self.update_passes > 1 if self.old_logprobs is None else self.old_logprobs
+        """Whether the old-policy pass runs on an engine that runs it only for a reused batch
+        (:func:`uses_old_logprobs_on` for a given engine)."""
+        return self.uses_old_logprobs_on("trl-cpu")
+
+    def uses_old_logprobs_on(self, engine_name: str | Engine) -> bool:
+        """Whether the old-policy pass runs on ``engine_name`` (``old_logprobs`` if set)."""
+        if self.old_logprobs is not None:
+            return self.old_logprobs
+        return old_logprobs_pass(engine_name, self.update_passes, minibatches=self.minibatches,
+                                 importance_sampling_correction=self.importance_sampling_correction)
 
 
 def grpo_step_flops(
@@ -190,9 +271,12 @@ def grpo_step_flops(
     Returns:
         :class:`FlopAccount` whose breakdowns hold ``search`` {prefill, decode},
         ``learning`` {old_logprobs, ref_logprobs, forward, backward, recompute} and
-        ``reward`` {reward_model}, in FLOPs. *Useful* attention backward pays each product
-        whose gradient is needed once (2 × its forward at most); *executed* follows
-        :attr:`Engine.fused_attention`.
+        ``reward`` {reward_model}, in FLOPs. *Useful* FLOPs count the real tokens with causal
+        attention, logits where the loss needs them, no gradient-checkpointing recompute (nor
+        the input gradients only the checkpoint asks for), no adapters in generation on an
+        engine that merges them, and attention backward paying each needed product once
+        (2 × its forward at most); *executed* follows the :class:`Engine`. The old-policy
+        pass is charged to both when it runs (:meth:`GRPOStep.uses_old_logprobs_on`).
     """
     eng = engine(engine_name)
     return FlopAccount(
@@ -209,7 +293,9 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     attn: Attention = "causal" if useful else eng.attention
 
     # --- search: one prefill + (T - 1) decode steps per completion (flops.generation_flops)
-    gen_lora = None if (not useful and eng.merged_lora_generation) else lora
+    # adapters in generation: none where the engine merges them (useful and executed alike:
+    # the merged model computes the same function without them)
+    gen_lora = None if eng.merged_lora_generation else lora
     search = {"prefill": 0, "decode": 0}
     if useful or not eng.padded_generation:
         for i, (p, c) in enumerate(rows):
@@ -241,7 +327,8 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         out = []
         for p, c in rows:
             n = P_max + C_max if eng.padded_training else p + c
-            out.append((n, n - 1 if eng.lm_head_all_positions else c))
+            all_positions = n if eng.head_last_position else n - 1
+            out.append((n, all_positions if eng.lm_head_all_positions else c))
         return out
 
     seqs = Counter(shapes())  # identical rows are counted once, times their number
@@ -253,7 +340,9 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     train = {"forward": 0, "backward": 0, "recompute": 0}
     for (n, k), m in seqs.items():
         t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
-                           gradient_checkpointing=gc,
+                           # useful: no recompute, and no input gradient that only the
+                           # checkpoint needs (the useful count must not move with it)
+                           gradient_checkpointing=gc and not useful,
                            head_recompute=(not useful and eng.head_recompute),
                            # useful: each attention product whose gradient is needed, once
                            fused_attention=(not useful and eng.fused_attention))
@@ -261,7 +350,7 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
             train[key] += m * t[key]
     mu = step.update_passes
     learning = {
-        "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs else 0,
+        "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs_on(eng) else 0,
         "ref_logprobs": logprob_pass["ref"] if step.reference else 0,
         **{key: _scale(v, mu) for key, v in train.items()},
     }
@@ -273,4 +362,5 @@ def _scale(v: int, k: float) -> int:
     return v * int(k) if float(k).is_integer() else int(v * k)
 
 
-__all__ = ["ENGINES", "Engine", "GRPOStep", "engine", "grpo_step_flops"]
+__all__ = ["ENGINES", "Engine", "GRPOStep", "OldLogprobs", "engine", "grpo_step_flops",
+           "old_logprobs_pass"]

@@ -44,7 +44,8 @@ def test_plan_json_matches_library():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     p = make_plan(1e19, Allocation(0.5, 8, "prm"),
-                  Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), lora=LoRASpec(32)))
+                  Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), lora=LoRASpec(32),
+                           gradient_checkpointing=True))  # plan's default, as TRL's
     assert data["iterations"] == p.iterations
     assert data["expected_total_flops"] <= 1e19
     assert abs(data["realized_rho"] - 0.5) <= 0.01

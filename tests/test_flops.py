@@ -381,7 +381,8 @@ def test_qwen25_15b_parameters():
 def _config_dict() -> dict:
     return {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 28,
             "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
-            "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
+            "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2",
+            "max_position_embeddings": 32768, "sliding_window": 32768, "use_sliding_window": False}
 
 
 def test_from_config_and_from_pretrained(tmp_path):

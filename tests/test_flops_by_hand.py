@@ -26,16 +26,22 @@ def test_grpo_step_by_hand_full_finetuning():
     assert acct.executed.search == {"prefill": 1040, "decode": 2 * 432}
     # training one row (5 tokens, logits on the 2 completion tokens), full fine-tuning:
     #   forward: 2*144*5 = 1440 + 16*15 = 240 + 2*40*2 = 160 -> 1840; backward 2x -> 3680
-    assert acct.useful.learning == {"old_logprobs": 0, "ref_logprobs": 0,
+    # TRL + vLLM with its importance-sampling correction (the default) runs the old-policy
+    # pass, a no-grad forward of each row: 1840 per row
+    assert acct.useful.learning == {"old_logprobs": 2 * 1840, "ref_logprobs": 0,
                                     "forward": 2 * 1840, "backward": 2 * 3680, "recompute": 0}
+    off = grpo_step_flops(TOY, GRPOStep(prompt_tokens=(3,), completion_tokens=(2, 2), group_size=2,
+                                        importance_sampling_correction=False),
+                          lora=None, engine_name="trl-vllm")
+    assert off.useful.learning["old_logprobs"] == 0
     # the fused LM head recomputes its logits tile in backward: +160 per row
     assert acct.executed.learning["recompute"] == 2 * 160
     # executed backward: the fused SDPA kernel also recomputes the scores QKᵀ, so attention
     # backward is 2.5x its forward: 2*1440 + 2.5*240 + 2*160 = 3800 per row
     assert acct.executed.learning["backward"] == 2 * 3800
     assert acct.useful.reward_flops == 0
-    assert acct.useful.rho == (2 * 5520) / (2 * 5520 + 2 * 1472)
-    executed_learning = 2 * 1840 + 2 * 3800 + 320
+    assert acct.useful.rho == (2 * 1840 + 2 * 5520) / (2 * 1840 + 2 * 5520 + 2 * 1472)
+    executed_learning = 2 * 1840 + 2 * 1840 + 2 * 3800 + 320
     assert acct.executed.rho == executed_learning / (executed_learning + 1040 + 864)
 
 

@@ -1,0 +1,227 @@
+"""``allocopt account`` and ``allocopt plan``: FLOPs of a recipe, of an existing TRL or verl
+run (from its logs), and the plan a budget buys. Thin: parsing, printing; the math lives in
+:mod:`allocopt.recipe`, :mod:`allocopt.runlogs` and :mod:`allocopt.allocation`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from allocopt.flops import PHASES, ConfigError, FlopAccount
+
+# This module does not import allocopt.cli (``python -m allocopt.cli`` runs that file as
+# ``__main__``): bad input is raised as ConfigError, which allocopt.cli.main turns into one line.
+out = Console()
+err = Console(stderr=True)
+UsageProblem = ConfigError
+
+
+def fmt_flops(v: float) -> str:
+    """FLOPs in scientific notation, e.g. ``1.234e+15``."""
+    return f"{v:.3e}"
+
+
+def _number(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: must be a number") from None
+
+
+def breakdown_table(acct: FlopAccount, title: str) -> Table:
+    """Rich table of a :class:`FlopAccount`: one row per phase item, executed and useful."""
+    t = Table(title=title)
+    t.add_column("phase")
+    t.add_column("item")
+    t.add_column("executed FLOPs", justify="right")
+    t.add_column("useful FLOPs", justify="right")
+    t.add_column("share", justify="right")
+    total = acct.executed.total_flops or 1
+    for p in PHASES:
+        ex, us = getattr(acct.executed, p), getattr(acct.useful, p)
+        for item in ex:
+            if ex[item] or us.get(item):
+                t.add_row(p, item, fmt_flops(ex[item]), fmt_flops(us.get(item, 0)),
+                          f"{ex[item] / total:.1%}")
+        t.add_row(f"[bold]{p}[/]", "[bold]total[/]",
+                  f"[bold]{fmt_flops(getattr(acct.executed, p + '_flops'))}[/]",
+                  fmt_flops(getattr(acct.useful, p + "_flops")),
+                  f"[bold]{getattr(acct.executed, p + '_flops') / total:.1%}[/]", end_section=True)
+    t.add_row("[bold]all[/]", "[bold]total[/]", f"[bold]{fmt_flops(acct.executed.total_flops)}[/]",
+              fmt_flops(acct.useful.total_flops), "100.0%")
+    t.caption = (f"rho (update fraction) = {acct.executed.rho:.4f} executed, "
+                 f"{acct.useful.rho:.4f} useful")
+    return t
+
+ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM rollouts) or verl "
+               "(FSDP actor with use_remove_padding, vLLM/SGLang rollouts).")
+
+
+def account(
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="TOML file with the recipe (keys as the long flags, with _); flags override it."),
+    model: Optional[str] = typer.Option(None, help="Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: Qwen/Qwen2.5-1.5B]"),
+    prompt_tokens: Optional[float] = typer.Option(None, help="Mean prompt length in tokens. \\[default: 103]"),
+    completion_tokens: Optional[float] = typer.Option(None, help="Mean completion length in tokens (EOS included). \\[default: 304]"),
+    completion_max: Optional[float] = typer.Option(None, help="Longest completion of a step in tokens, with --length-distribution. \\[default: the mean]"),
+    length_distribution: Optional[str] = typer.Option(None, help="Spread of completion lengths between the mean and --completion-max: constant (all at the mean), uniform (evenly from 2*mean-max to max), one-long (one row at max, the rest equal). \\[default: constant]"),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Per-completion lengths instead of means: CSV with header prompt_tokens,completion_tokens[,count] or JSON lines {\"prompt_tokens\": 103, \"completion_tokens\": 304[, \"count\": 5]}; count makes a row a histogram bin. Rows in run order, group_size consecutive rows per prompt, a whole number of steps of prompts x G rows; the account is the file's mean step times --steps."),
+    prompts: Optional[int] = typer.Option(None, help="Prompts per GRPO step. \\[default: 64]"),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-G", help="Completions per prompt (G). \\[default: 8]"),
+    steps: Optional[int] = typer.Option(None, help="GRPO steps (rollout batches). \\[default: 1]"),
+    update_passes: Optional[float] = typer.Option(None, help="Passes over each rollout batch, each a forward + backward of every row: these cost FLOPs (mu; TRL num_iterations, verl ppo_epochs). \\[default: 1]"),
+    minibatches: Optional[int] = typer.Option(None, help="Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size; TRL steps_per_generation / gradient_accumulation_steps). FLOP-free: they split a pass; > 1 makes the old-policy log-prob pass run. \\[default: 1]"),
+    beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction/--no-importance-sampling-correction", help="TRL vllm_importance_sampling_correction: with trl-vllm it runs the old-policy log-prob pass every step. \\[default: on, as TRL]"),
+    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank; 0 = full fine-tuning. \\[default: 32]"),
+    lora_targets: Optional[str] = typer.Option(None, help="LoRA target modules (comma separated) or all-linear. \\[default: all-linear]"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
+                                                          help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful). \\[default: on, as TRL's GRPOConfig]"),
+    reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
+    reward_steps: Optional[float] = typer.Option(None, help="Steps per completion for a step-level PRM (one marker token each). \\[default: 0]"),
+    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + " \\[default: trl-vllm]"),
+    from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
+    from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
+    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase and its rho."""
+    given = dict(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 completion_max=completion_max, length_distribution=length_distribution,
+                 lengths=None if lengths is None else str(lengths),
+                 prompts=prompts, group_size=group_size, steps=steps, update_passes=update_passes,
+                 minibatches=minibatches, beta=beta,
+                 importance_sampling_correction=importance_sampling_correction,
+                 lora_rank=lora_rank, lora_targets=lora_targets,
+                 gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
+                 reward_steps=reward_steps, engine=engine)
+    if peak_tflops is not None and not peak_tflops > 0:
+        raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
+    if from_trl is not None or from_verl is not None:
+        if from_trl is not None and from_verl is not None:
+            raise UsageProblem("from_trl, from_verl: give one run, not both")
+        if recipe is not None:
+            raise UsageProblem("recipe: not used with --from-trl/--from-verl (flags override the log)")
+        return _account_run(from_trl, from_verl, {k: v for k, v in given.items() if v is not None},
+                            peak_tflops, as_json)
+    from allocopt.recipe import Recipe
+
+    if recipe is not None:
+        r = Recipe.from_toml(recipe, **given)
+    else:
+        r = Recipe(**{k: v for k, v in given.items() if v is not None})
+    acct = r.account()
+    if as_json:
+        out.print_json(json.dumps({"recipe": r.to_dict(), **acct.to_dict()}))
+        return
+    title = (f"{r.model}: {r.prompts} prompts x G={r.group_size}, {r.steps} step(s), "
+             f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={r.beta:g}, "
+             f"{'LoRA r=' + str(r.lora_rank) if r.lora_rank else 'full fine-tuning'}, "
+             f"checkpointing {'on' if r.gradient_checkpointing else 'off'}, "
+             f"reward: {r.reward_model or 'rule-based'}, engine {r.engine}")
+    out.print(breakdown_table(acct, title))
+
+
+def _account_run(from_trl: Path | None, from_verl: Path | None, overrides: dict[str, Any],
+                 peak_tflops: float | None, as_json: bool) -> None:
+    from allocopt.runlogs import RunLogError, import_trl, import_verl
+
+    try:
+        run = import_trl(from_trl, **overrides) if from_trl else import_verl(from_verl, **overrides)
+    except RunLogError as e:
+        raise UsageProblem(str(e)) from None
+    rates = run.achieved(peak_tflops)
+    if as_json:
+        out.print_json(json.dumps({**run.to_dict(), "achieved": rates}))
+        return
+    title = f"{run.engine} run {run.source}: {run.steps} step(s)"
+    out.print(breakdown_table(run.account, title))
+    t = Table(title="Where each number came from")
+    t.add_column("field")
+    t.add_column("value / source")
+    t.add_column("how")
+    for k, v in run.fields_read.items():
+        t.add_row(k, v, "read")
+    for k, v in run.fields_assumed.items():
+        t.add_row(k, v, "[yellow]assumed[/]")
+    out.print(t)
+    if rates:
+        r = Table(title=f"Achieved FLOP/s over {run.num_devices or 1} device(s)")
+        for c in ("phase", "seconds", "executed FLOP/s per device", "MFU"):
+            r.add_column(c, justify="left" if c == "phase" else "right")
+        for phase, v in rates.items():
+            r.add_row(phase, f"{v['seconds']:.1f}", fmt_flops(v["flops_per_second_per_device"]),
+                      "-" if v.get("mfu") is None else f"{v['mfu']:.1%}")
+        out.print(r)
+
+
+def plan(
+    budget: str = typer.Option(..., help="FLOP budget of the run (search + learning + reward), e.g. 1e19."),
+    rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
+    group_size: int = typer.Option(8, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
+    reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
+    model: str = typer.Option("Qwen/Qwen2.5-1.5B", help="Policy model: preset, folder with config.json, or hub id."),
+    rollouts: int = typer.Option(64, help="Completions per iteration (prompts x G)."),
+    prompt_tokens: float = typer.Option(103.0, help="Expected prompt length in tokens."),
+    completion_tokens: float = typer.Option(304.0, help="Expected completion length in tokens."),
+    steps_per_completion: float = typer.Option(8.0, help="Expected reasoning steps per completion (PRM markers)."),
+    lora_rank: int = typer.Option(32, help="LoRA rank; 0 = full fine-tuning."),
+    beta: float = typer.Option(0.0, help="KL coefficient; > 0 adds a reference pass."),
+    gradient_checkpointing: bool = typer.Option(True, "--gradient-checkpointing/--no-gradient-checkpointing",
+                                                help="Recompute activations in backward (non-reentrant), as account; TRL's GRPOConfig default: on."),
+    importance_sampling_correction: bool = typer.Option(True, "--importance-sampling-correction/--no-importance-sampling-correction",
+                                                        help="TRL vllm_importance_sampling_correction: with trl-vllm an old-policy log-prob pass every iteration (a floor under rho)."),
+    prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
+    engine: str = typer.Option("trl-vllm", help=ENGINE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
+    from allocopt.allocation import Allocation, Workload, _default_reward_models, make_plan
+    from allocopt.flops import LoRASpec, ModelShape
+
+    alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
+    if not beta >= 0:
+        raise ConfigError(f"beta={beta!r}: must be a number >= 0")
+    reward_models = {**_default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
+    policy = ModelShape.from_pretrained(model)
+    policy.check_length(round(prompt_tokens + completion_tokens))
+    w = Workload(policy=policy, reward_models=reward_models,
+                 rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
+                 completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
+                 lora=LoRASpec(lora_rank) if lora_rank else None, reference=beta > 0,
+                 gradient_checkpointing=gradient_checkpointing,
+                 importance_sampling_correction=importance_sampling_correction, engine=engine)
+    p = make_plan(budget, alloc, w)
+    if as_json:
+        out.print_json(json.dumps(p.to_dict()))
+        return
+    t = Table(title=f"Plan for {fmt_flops(p.budget_flops)} FLOPs", show_header=False)
+    for k, v in (("model", p.policy), ("reward", f"{alloc.reward} ({p.reward_model or 'rule-based, 0 FLOPs'})"),
+                 ("asked rho", f"{alloc.rho:g}"),
+                 ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
+                 ("group size G", p.group_size), ("prompts / iteration", p.prompts_per_iteration),
+                 ("rollouts / iteration", p.rollouts_per_iteration),
+                 ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration:.2f} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
+                 ("iterations", p.iterations),
+                 ("FLOPs / iteration", fmt_flops(p.per_iteration.executed.total_flops)),
+                 ("expected total", f"{fmt_flops(p.expected.executed.total_flops)} ({p.budget_utilization:.2%} of budget)")):
+        t.add_row(k, str(v))
+    out.print(t)
+    out.print(breakdown_table(p.expected, "Expected FLOPs of the whole plan"))
+    if not p.realizable:
+        err.print(f"warning: rho={alloc.rho:g} is not realizable with {p.rollouts_per_iteration} "
+                  f"rollouts per iteration; the nearest is {p.realized_rho:.4f}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``account`` and ``plan`` to the ``allocopt`` app."""
+    app.command()(account)
+    app.command()(plan)
+
+
+__all__ = ["account", "plan", "register"]

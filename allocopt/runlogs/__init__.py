@@ -1,0 +1,16 @@
+"""Account an existing GRPO run from its logs: a TRL output folder or a verl console log.
+
+Standard library only. ``import_trl(path, **overrides)`` and ``import_verl(path, **overrides)``
+read what the run wrote (lengths per step, batch sizes, passes, KL, LoRA rank, timings), fill
+the rest with stated assumptions, and return an :class:`ImportedRun` whose ``account`` holds
+the useful and executed FLOPs of the whole run per phase. ``overrides`` are
+:class:`allocopt.recipe.Recipe` field names (``model``, ``lora_rank``, ``engine``, …) and win
+over the log. Bad or missing input raises :class:`RunLogError` with one line naming the file,
+the field and what is wrong.
+"""
+
+from allocopt.runlogs.common import ImportedRun, RunLogError
+from allocopt.runlogs.trl import import_trl
+from allocopt.runlogs.verl import import_verl
+
+__all__ = ["ImportedRun", "RunLogError", "import_trl", "import_verl"]

@@ -1,0 +1,142 @@
+"""What both importers share: the result type, the error, and the accounting of logged steps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from allocopt.flops import PHASES, ConfigError, FlopAccount
+from allocopt.grpo_flops import grpo_step_flops
+from allocopt.flops import LoRASpec
+
+
+class RunLogError(ValueError):
+    """A run's logs cannot be accounted; the one-line message names the file, the field and
+    what is wrong."""
+
+
+@dataclass(frozen=True)
+class ImportedRun:
+    """FLOPs of an existing GRPO run, and where every number came from."""
+
+    account: FlopAccount
+    """Useful and executed FLOPs of the whole run, per phase and item."""
+    steps: int
+    """GRPO steps (rollout batches) accounted."""
+    engine: str
+    """The :data:`allocopt.grpo_flops.ENGINES` model used for executed FLOPs."""
+    fields_read: Mapping[str, str]
+    """Field -> where it came from (file and key, or ``given`` for an override)."""
+    fields_assumed: Mapping[str, str]
+    """Field -> the value assumed and why (the log does not say)."""
+    phase_seconds: Mapping[str, float] | None = None
+    """Wall seconds per phase (``search``, ``learning``, ``reward``) summed over the run, when
+    the log has timings; else ``None``."""
+    num_devices: int | None = None
+    """Accelerators the run used (verl ``trainer.n_gpus_per_node × trainer.nnodes``)."""
+    source: str = ""
+    """The file or folder read."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """The recipe settings the account used (``Recipe`` field names; lengths vary per step)."""
+
+    def achieved(self, peak_tflops: float | None = None) -> dict[str, dict[str, float | None]]:
+        """Per phase with timings: ``seconds``, executed ``flops_per_second`` (all devices),
+        ``flops_per_second_per_device`` and ``mfu`` (per-device rate / ``peak_tflops·1e12``;
+        ``None`` without a peak). Empty without timings."""
+        if not self.phase_seconds:
+            return {}
+        n = self.num_devices or 1
+        out: dict[str, dict[str, float | None]] = {}
+        for phase, secs in self.phase_seconds.items():
+            if phase not in PHASES or secs <= 0:
+                continue
+            rate = getattr(self.account.executed, f"{phase}_flops") / secs
+            out[phase] = {"seconds": secs, "flops_per_second": rate,
+                          "flops_per_second_per_device": rate / n,
+                          "mfu": None if not peak_tflops else rate / n / (peak_tflops * 1e12)}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly: the flat account (as ``allocopt account --json``) and the provenance."""
+        return {"source": self.source, "engine": self.engine, "steps": self.steps,
+                "num_devices": self.num_devices, "settings": dict(self.settings),
+                **self.account.to_dict(),
+                "phase_seconds": None if self.phase_seconds is None else dict(self.phase_seconds),
+                "fields_read": dict(self.fields_read),
+                "fields_assumed": dict(self.fields_assumed)}
+
+
+@dataclass(frozen=True)
+class LoggedStep:
+    """Lengths of the rollout batches one log record stands for."""
+
+    prompt_mean: float
+    completion_mean: float
+    completion_max: float | None
+    weight: float
+    """Rollout batches this record stands for (several when a record averages them)."""
+
+
+def recipe_fields() -> set[str]:
+    from allocopt.recipe import Recipe
+
+    return {f.name for f in fields(Recipe)}
+
+
+def check_overrides(source: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Overrides that are ``Recipe`` fields (``None`` dropped); else :class:`RunLogError`."""
+    known = recipe_fields() - {"lengths", "steps", "prompt_tokens", "completion_tokens",
+                               "completion_max", "length_distribution"}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise RunLogError(f"{source}: override {bad[0]!r} is not a setting; allowed: "
+                          f"{', '.join(sorted(known))}")
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def account_steps(source: str, settings: dict[str, Any], logged: list[LoggedStep]) -> FlopAccount:
+    """Sum of ``weight × grpo_step_flops`` over the logged steps; completion lengths per step
+    spread ``one-long`` (one row at the logged max, the others equal, the logged mean kept).
+
+    Raises:
+        RunLogError: the settings or a step's lengths are invalid (the message names which).
+    """
+    from allocopt.recipe import Recipe
+
+    if not logged:
+        raise RunLogError(f"{source}: no training step with completion lengths in the log")
+    try:
+        base = Recipe(**settings)
+        policy = base.policy_shape()
+        reward = base.reward_shape()
+    except ConfigError as e:
+        raise RunLogError(f"{source}: {e}") from None
+    lora = LoRASpec(base.lora_rank, base.lora_targets) if base.lora_rank else None
+    total: FlopAccount | int = 0
+    for i, s in enumerate(logged):
+        try:
+            cmax = s.completion_max if s.completion_max and s.completion_max > s.completion_mean else 0.0
+            r = replace(base, prompt_tokens=max(1.0, s.prompt_mean),
+                        completion_tokens=max(1.0, s.completion_mean), completion_max=cmax,
+                        length_distribution="one-long" if cmax else "constant")
+            (step,) = r.grpo_steps()
+            policy.check_length(max(p + c for p, c in step.rows))
+        except ConfigError as e:
+            raise RunLogError(f"{source}: logged step {i + 1}: {e}") from None
+        one = grpo_step_flops(policy, step, lora=lora,
+                              gradient_checkpointing=base.gradient_checkpointing,
+                              reward_model=reward, engine_name=base.engine)
+        total = total + (one * int(s.weight) if float(s.weight).is_integer() else one * s.weight)
+    assert isinstance(total, FlopAccount)
+    return total
+
+
+def as_number(source: str, key: str, v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise RunLogError(f"{source}: {key}={v!r}: not a number") from None
+    if isinstance(v, bool) or not math.isfinite(f):
+        raise RunLogError(f"{source}: {key}={v!r}: not a finite number")
+    return f

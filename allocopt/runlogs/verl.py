@@ -1,0 +1,227 @@
+"""Account a verl PPO/GRPO run from its console log or its JSON-lines metrics.
+
+What verl prints (``verl/trainer/ppo/ray_trainer.py``: ``pprint`` of the resolved config at
+start, then ``logger.log(data=metrics, step=global_steps)``; the console backend writes one
+line per step, ``step:N - key:value - key:value …``, behind Ray's ``(TaskRunner pid=…)``
+prefix; the ``file`` backend writes JSON lines). Read per step: ``response_length/mean``,
+``response_length/max``, ``prompt_length/mean``, ``perf/total_num_tokens`` and the phase
+timings ``timing_s/gen`` (search), ``timing_s/reward`` (reward), ``timing_s/old_log_prob``,
+``timing_s/ref``, ``timing_s/update_actor`` (learning). Read from the config dump (or from
+``key.path=value`` override lines): ``data.train_batch_size`` (prompts per step),
+``actor_rollout_ref.rollout.n`` (G), ``actor.ppo_epochs`` (update passes),
+``actor.ppo_mini_batch_size`` (optimizer steps per pass), ``actor.use_kl_loss`` /
+``kl_loss_coef`` and ``algorithm.use_kl_in_reward`` (the reference pass), ``model.lora_rank``
+(or ``model.lora.rank``), ``model.target_modules``, ``model.enable_gradient_checkpointing``,
+``model.use_remove_padding``, ``model.path``, ``trainer.n_gpus_per_node × trainer.nnodes``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
+                                     as_number, check_overrides)
+
+_PREFIX = re.compile(r"^(?:【[^】]*】\s*)?(?:\([\w.]+ pid=\d+(?:, ip=[\d.]+)?\)\s?)?")
+_STEP = re.compile(r"^step:(\d+) - (.*)$")
+_OVERRIDE = re.compile(r"^\s*\+{0,2}([A-Za-z_][\w.]*)=(\S+?)\s*\\?$")
+PHASE_TIMERS = {"gen": "search", "reward": "reward", "old_log_prob": "learning",
+                "ref": "learning", "update_actor": "learning"}
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def _scalar(text: str) -> Any:
+    t = text.strip().strip("'\"")
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        try:
+            return float(t)
+        except ValueError:
+            return t
+
+
+def parse_verl_log(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, float]]]]:
+    """``(config, steps)``: the flattened config (dotted keys) and ``(step, metrics)`` per
+    training step, from a console log or JSON lines. Raises :class:`RunLogError`."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise RunLogError(f"from_verl={str(path)!r}: cannot be read ({e.strerror or e})") from None
+    config: dict[str, Any] = {}
+    steps: dict[int, dict[str, float]] = {}
+    block: list[str] | None = None
+    depth = 0
+    for raw in text.splitlines():
+        line = _PREFIX.sub("", raw.rstrip())
+        if block is None and line.lstrip().startswith("{'"):  # pprint of the config
+            block, depth = [], 0
+        if block is not None:
+            block.append(line)
+            depth += line.count("{") - line.count("}")
+            if depth <= 0:
+                try:
+                    config.update(_flatten(ast.literal_eval("\n".join(block))))
+                except (ValueError, SyntaxError):
+                    pass  # not a config dump after all
+                block = None
+            continue
+        if line.startswith("{") and '"' in line:  # JSON lines (verl's file logger)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            data = rec.get("data", rec) if isinstance(rec, dict) else None
+            if isinstance(data, dict) and "step" in rec:
+                steps.setdefault(int(rec["step"]), {}).update(
+                    {k: v for k, v in data.items() if isinstance(v, (int, float))})
+            continue
+        m = _STEP.match(line.strip())
+        if m:
+            metrics = steps.setdefault(int(m.group(1)), {})
+            for part in m.group(2).split(" - "):
+                key, sep, value = part.rpartition(":")
+                if sep:
+                    try:
+                        metrics[key.strip()] = float(value)
+                    except ValueError:
+                        pass
+            continue
+        o = _OVERRIDE.match(line)
+        if o and "." in o.group(1):
+            config.setdefault(o.group(1), _scalar(o.group(2)))
+    return config, sorted(steps.items())
+
+
+def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
+    """Account the verl run whose console log (or JSON-lines metrics file) is ``path``.
+
+    Args:
+        path: the log file.
+        overrides: :class:`~allocopt.recipe.Recipe` fields that win over the log (``model``
+            when ``actor_rollout_ref.model.path`` is not a preset or a local folder).
+
+    Returns:
+        :class:`ImportedRun` over the training steps in the log (``step:0`` validation-only
+        lines are skipped), with phase timings when the log has ``timing_s/*``.
+
+    Raises:
+        RunLogError: unreadable log, no training step, a missing batch size or group size.
+    """
+    p = Path(path)
+    src = f"from_verl={str(path)!r}"
+    if not p.is_file():
+        raise RunLogError(f"{src}: not a file")
+    given = check_overrides(src, overrides)
+    config, steps = parse_verl_log(p)
+    read: dict[str, str] = {k: "given" for k in given}
+    assumed: dict[str, str] = {}
+
+    def cfg(key: str, default: Any, why: str, *alts: str) -> Any:
+        for k in (key, *alts):
+            if config.get(k) is not None:
+                read[k] = f"{config[k]!r} (config)"
+                return config[k]
+        assumed[key] = f"{default!r} ({why})"
+        return default
+
+    train = [(s, m) for s, m in steps if "response_length/mean" in m]
+    if not train:
+        raise RunLogError(f"{src}: no training step with response_length/mean "
+                          "(expected lines 'step:N - … - response_length/mean:…')")
+    settings: dict[str, Any] = {"engine": "verl"}
+    batch = cfg("data.train_batch_size", None, "not in the log")
+    G = cfg("actor_rollout_ref.rollout.n", None, "not in the log")
+    for name, v in (("data.train_batch_size", batch), ("actor_rollout_ref.rollout.n", G)):
+        if v is None and {"data.train_batch_size": "prompts",
+                          "actor_rollout_ref.rollout.n": "group_size"}[name] not in given:
+            raise RunLogError(f"{src}: {name}: not in the log's config; pass --"
+                              f"{'prompts' if 'batch' in name else 'group-size'}")
+    if batch is not None:
+        settings["prompts"] = int(batch)
+    if G is not None:
+        settings["group_size"] = int(G)
+    settings["update_passes"] = float(cfg("actor_rollout_ref.actor.ppo_epochs", 1, "verl default"))
+    mini = cfg("actor_rollout_ref.actor.ppo_mini_batch_size", batch, "verl: the whole batch")
+    if mini:
+        settings["minibatches"] = max(1, int(batch or mini) // int(mini))
+    kl_loss = bool(cfg("actor_rollout_ref.actor.use_kl_loss", False, "verl default"))
+    kl_reward = bool(cfg("algorithm.use_kl_in_reward", False, "verl default"))
+    coef = float(cfg("actor_rollout_ref.actor.kl_loss_coef", 0.001, "verl default")) if kl_loss \
+        else float(cfg("algorithm.kl_ctrl.kl_coef", 0.001, "verl default")) if kl_reward else 0.0
+    settings["beta"] = coef if (kl_loss or kl_reward) and coef > 0 else 0.0
+    rank = cfg("actor_rollout_ref.model.lora_rank", 0, "verl default: full fine-tuning",
+               "actor_rollout_ref.model.lora.rank")
+    settings["lora_rank"] = int(rank or 0)
+    if settings["lora_rank"]:
+        targets = cfg("actor_rollout_ref.model.target_modules", "all-linear", "verl default")
+        if isinstance(targets, (list, tuple)):
+            targets = ",".join(t for t in MODULES if t in set(targets)) or "all-linear"
+        settings["lora_targets"] = str(targets)
+    settings["gradient_checkpointing"] = bool(cfg(
+        "actor_rollout_ref.model.enable_gradient_checkpointing", True, "verl default"))
+    rmpad = cfg("actor_rollout_ref.model.use_remove_padding", True, "verl GRPO examples")
+    if rmpad is False:
+        assumed["padding"] = ("use_remove_padding=False: the verl engine counts packed rows; "
+                              "executed padding to max_prompt/response_length is not included")
+    model = cfg("actor_rollout_ref.model.path", None, "not in the log")
+    if model:
+        settings["model"] = str(model)
+    elif "model" not in given:
+        raise RunLogError(f"{src}: actor_rollout_ref.model.path: not in the log; pass --model")
+    n_gpus = cfg("trainer.n_gpus_per_node", None, "not in the log")
+    nnodes = cfg("trainer.nnodes", 1, "verl default")
+    settings.update(given)
+
+    logged: list[LoggedStep] = []
+    seconds = {"search": 0.0, "learning": 0.0, "reward": 0.0}
+    timed = False
+    tokens_logged = 0.0
+    for s, m in train:
+        where = f"{src}: step {s}"
+        pm = as_number(where, "prompt_length/mean", m["prompt_length/mean"]) \
+            if "prompt_length/mean" in m else None
+        if pm is None:
+            raise RunLogError(f"{where}: prompt_length/mean: missing")
+        rmax = m.get("response_length/max")
+        logged.append(LoggedStep(pm, as_number(where, "response_length/mean", m["response_length/mean"]),
+                                 None if rmax is None else as_number(where, "response_length/max", rmax),
+                                 1.0))
+        tokens_logged += m.get("perf/total_num_tokens", 0.0)
+        for timer, phase in PHASE_TIMERS.items():
+            if f"timing_s/{timer}" in m:
+                seconds[phase] += as_number(where, f"timing_s/{timer}", m[f"timing_s/{timer}"])
+                timed = True
+    read["lengths"] = "per step: prompt_length/mean, response_length/mean, response_length/max"
+    if tokens_logged:
+        read["perf/total_num_tokens"] = f"{tokens_logged:.0f} over the run (cross-check)"
+    if timed:
+        read["phase_seconds"] = ("timing_s/gen -> search; timing_s/reward -> reward; "
+                                 "timing_s/old_log_prob + ref + update_actor -> learning")
+    assumed["per-row lengths"] = ("prompts all at the mean; responses one row at the logged "
+                                  "max, the rest equal (the logged mean kept)")
+    acct = account_steps(src, settings, logged)
+    return ImportedRun(account=acct, steps=len(logged), engine=str(settings.get("engine")),
+                       fields_read=read, fields_assumed=assumed,
+                       phase_seconds=seconds if timed else None,
+                       num_devices=int(n_gpus) * int(nnodes or 1) if n_gpus else None,
+                       source=str(path), settings=settings)
