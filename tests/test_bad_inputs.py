@@ -97,7 +97,7 @@ ROWS = [
     ("race: negative validations", ["race", *SYN, "--budget", "1e18", "--validations", "-1"], ["validations=-1", ">= 0"]),
     ("race: pilots below every allocation", ["race", *SYN, "--budget", "1e14", "--no-mlflow",
                                              "--storage", "sqlite:///{tmp}/o.db"],
-     ["pilot_fraction=0.1", "1e+13", "budget_flops >= 7.64e+14"]),
+     ["pilot_fraction=0.1", "1e+13", "smallest feasible plan", "budget_flops >= "]),
     ("race: zero pilots", ["race", *SYN, "--budget", "1e18", "--max-pilots", "0"], ["max_pilots=0", ">= 3"]),
     ("race: negative budget", ["race", *SYN, "--budget", "-1"], ["budget_flops='-1'", "positive"]),
     # ---- best / pareto / report
