@@ -283,16 +283,22 @@ def study(
                 msg += f" ({row.error.splitlines()[0]})"
             bar.console.print(msg, markup=False, highlight=False)
 
+        from allocopt.cli_common import close_tracker, one_interrupt
+
+        status = "FAILED"  # the parent run is FINISHED only when the loop ends normally
         try:
-            st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                           on_trial_start=on_start, on_trial_end=on_end, progress=progress)
+            with one_interrupt():
+                st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                               on_trial_start=on_start, on_trial_end=on_end, progress=progress)
+            status = "FINISHED"
         except StudyError as e:
             raise UsageProblem(str(e)) from None
         except KeyboardInterrupt:
+            status = "KILLED"
             fail(f"interrupted: finished trials are kept in {storage}; run the same command to resume", 130)
         finally:
-            if tracker:
-                tracker.close()
+            with one_interrupt(raise_first=False):
+                close_tracker(tracker, s.name, storage, status)
     print_study_summary(st, s, storage)
 
 

@@ -163,3 +163,51 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
                           f"{b:.3g} = {pilot_fraction * b:.3g} FLOPs cannot buy one GRPO iteration of "
                           f"any allocation; the smallest feasible plan ({where}) needs {need:.3g} "
                           f"FLOPs (budget_flops >= {need / pilot_fraction:.3g}, or a larger pilot fraction)")
+
+
+def close_tracker(tracker: Any, study_name: str, storage: str, status: str) -> None:
+    """End the study's MLflow records: trial runs that a killed worker left RUNNING are ended
+    FAILED where Optuna no longer has their trial RUNNING (:meth:`StudyTracker.end_stale_runs`),
+    then the parent run is closed with ``status`` (``FINISHED``; ``KILLED`` after an interrupt,
+    ``FAILED`` after a crash). Safe to call with ``tracker=None``."""
+    if tracker is None:
+        return
+    try:
+        import optuna
+
+        study = optuna.load_study(study_name=study_name, storage=storage)
+        tracker.end_stale_runs({t.number: t.state.name for t in study.get_trials(deepcopy=False)})
+    except Exception:  # noqa: BLE001 - no study yet, storage gone: nothing to reconcile
+        pass
+    finally:
+        tracker.close(status)
+
+
+class one_interrupt:
+    """Within the block, the first Ctrl-C raises KeyboardInterrupt as usual; further ones only
+    print a line, so the interrupted trial's record (Optuna and MLflow) is written in full
+    (a second Ctrl-C used to cut it short and leave the MLflow run RUNNING). With
+    ``raise_first=False`` every Ctrl-C only prints (for the closing records)."""
+
+    def __init__(self, raise_first: bool = True):
+        self.raise_first = raise_first
+
+    def __enter__(self) -> "one_interrupt":
+        import signal
+        import sys
+
+        def first(signum: int, frame: Any) -> None:
+            signal.signal(signal.SIGINT, again)
+            raise KeyboardInterrupt
+
+        def again(signum: int, frame: Any) -> None:
+            sys.stderr.write("interrupting: saving the interrupted trial's record, one moment\n")
+
+        self.previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, first if self.raise_first else again)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, self.previous)

@@ -166,19 +166,25 @@ def race(
             msg += f" ({row.error.splitlines()[0][:120]})"
         err.print(msg, markup=False, highlight=False)
 
+    from allocopt.cli_common import close_tracker, one_interrupt
+
+    status = "FAILED"  # the parent run is FINISHED only when the race ends normally
     try:
-        res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                       pilot_fraction=f, validations=validations, propose_only=propose_only,
-                       settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+        with one_interrupt():
+            res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                           pilot_fraction=f, validations=validations, propose_only=propose_only,
+                           settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+        status = "FINISHED"
     except StudyError as e:
         raise ConfigError(str(e)) from None
     except KeyboardInterrupt:
+        status = "KILLED"
         sys.stderr.write(f"interrupted: finished trials are kept in {storage}; run the same command "
                          "to resume\n")
         sys.exit(130)
     finally:
-        if tracker:
-            tracker.close()
+        with one_interrupt(raise_first=False):
+            close_tracker(tracker, s.name, storage, status)
     rate_all = same_regime_rate(res.validation, validated_only=False)
     if as_json:
         doc = {"study": s.name, "budget_flops": s.budget_flops, "target": s.target,

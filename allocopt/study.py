@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from allocopt.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
@@ -26,6 +26,15 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec, allocation_of  # noqa: F401  (allocation_of: old import path)
 
 DEFAULT_STORAGE = "sqlite:///allocopt.db"
+
+
+class TrialScoreError(RuntimeError):
+    """The objective returned a target that is not a finite number (NaN, inf, None); the trial
+    fails, with what it spent (``result``)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
 
 
 class StudyError(ValueError):
@@ -222,6 +231,11 @@ def run_one_trial(
         on_trial_start(trial.number, alloc, plan)
     try:
         result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+        bad = {k: result.targets[k] for k in keys if k in result.targets
+               and not (isinstance(result.targets[k], (int, float)) and math.isfinite(result.targets[k]))}
+        if bad:  # a NaN score is a failed trial everywhere (Optuna would fail it; so do we)
+            raise TrialScoreError(f"target {', '.join(f'{k}={v!r}' for k, v in bad.items())}: "
+                                  "not a finite number", result)
     except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
         return _infeasible(e, plan)
     except KeyboardInterrupt:
@@ -301,8 +315,13 @@ def run_study(
     study = open_study(spec, storage)
     study.set_user_attr("spec", spec.to_dict())
     dists = distributions(spec)
+    n = len(study.get_trials(deepcopy=False))
+    if n:  # resumed: a fresh seed, or the sampler would propose the allocations already run
+        study.sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32))
+    # an interrupted trial does not count: it is run again (a failed one counts: it would fail again)
     finished = lambda: len([t for t in study.get_trials(deepcopy=False)  # noqa: E731
-                            if t.state in (TrialState.COMPLETE, TrialState.FAIL)])
+                            if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and not str(
+                                t.user_attrs.get("error", "")).startswith("interrupted"))])
     while finished() < spec.trials:
         trial = study.ask(dists)
         run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,

@@ -103,7 +103,8 @@ def test_resume_runs_only_missing_trials(tmp_path):
     states = [t.state.name for t in st.trials]
     assert states[:3] == ["COMPLETE"] * 3 and states[3] == "FAIL"
     assert "interrupted" in st.trials[3].user_attrs["error"]
-    assert len(obj2.calls) == 1  # 3 complete + 1 failed + 1 new = 5 finished
+    # the interrupted trial does not count (issue 18): 3 complete + 2 new = 5 finished
+    assert len(obj2.calls) == 2 and states[4:] == ["COMPLETE"] * 2
 
 
 def test_botorch_sampler_proposes_in_space(tmp_path):
