@@ -105,3 +105,21 @@ def test_unreachable_mlflow_is_one_line_in_seconds_and_leaves_no_study(tmp_path)
         assert took < 60  # 5 s probe timeout, no retries (was 4+ minutes); the rest is start-up
         assert not (tmp_path / "o.db").exists()
     silent.close()
+
+
+@pytest.mark.slow
+def test_read_only_mlflow_store_is_one_line_and_leaves_no_study(tmp_path):
+    """A store MLflow can read but not write (``chattr +i``: read-only even for root)."""
+    db = tmp_path / "m.db"
+    subprocess.run([sys.executable, "-c", f"import mlflow; mlflow.MlflowClient('sqlite:///{db}').search_experiments()"],
+                   check=True, capture_output=True, timeout=120)
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem with attributes)")
+    try:
+        r = cli("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0",
+                "--storage", f"sqlite:///{tmp_path}/o.db", "--mlflow-uri", f"sqlite:///{db}", cwd=tmp_path)
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], capture_output=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "attempt to write a readonly database" in r.stderr and str(db) in r.stderr
+    assert not (tmp_path / "o.db").exists()
