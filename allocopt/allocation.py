@@ -22,6 +22,8 @@ budget that works.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -136,6 +138,10 @@ class Workload:
     gradient_checkpointing: bool = False
     engine: str | Engine = "trl-vllm"
     """Executed-FLOP model (:data:`allocopt.grpo_flops.ENGINES`)."""
+    max_completion_length: int | None = None
+    """Generation limit per completion (tokens) the driver runs with; part of the plan's
+    :attr:`TrialPlan.setup_fingerprint` (``None``: not pinned, the driver's own limit counts
+    as a mismatch unless it is also ``None``)."""
     importance_sampling_correction: bool = True
     """TRL's ``vllm_importance_sampling_correction`` (its default: on). On a ``trl-vllm``
     engine it makes the old-policy log-prob pass run on every iteration, which puts a floor
@@ -183,6 +189,10 @@ class TrialPlan:
     realized_rho: float
     realizable: bool
     """Whether ``|realized_rho - allocation.rho| <= RHO_TOLERANCE``."""
+    setup_fingerprint: str = ""
+    """:func:`setup_fingerprint` of what the plan priced (policy shape, LoRA, engine,
+    checkpointing, reference pass, generation limit); the driver refuses to run a plan whose
+    fingerprint differs from what it is about to run."""
 
     @property
     def budget_utilization(self) -> float:
@@ -200,10 +210,39 @@ class TrialPlan:
             "update_passes": self.update_passes, "num_iterations_trl": self.num_iterations_trl,
             "iterations": self.iterations, "realized_rho": self.realized_rho,
             "realizable": self.realizable, "budget_utilization": self.budget_utilization,
+            "setup_fingerprint": self.setup_fingerprint,
         }
         out.update({f"expected_{k}": v for k, v in self.expected.to_dict().items()})
         out.update({f"per_iteration_{k}": v for k, v in self.per_iteration.executed.to_dict().items()})
         return out
+
+
+def setup_fingerprint(policy: ModelShape, *, lora: LoRASpec | None, engine_name: str,
+                      gradient_checkpointing: bool, reference: bool,
+                      max_completion_length: int | None,
+                      importance_sampling_correction: bool = True) -> str:
+    """A short hash (12 hex digits) of everything that decides a trial's FLOPs besides the
+    allocation and the token counts: the policy's widths (not its name: a hub id and its local
+    copy agree), LoRA rank and targets, engine name, gradient checkpointing, the reference
+    pass (β > 0), the generation limit and vLLM's importance-sampling correction (an old-policy
+    pass on every ``trl-vllm`` iteration). The plan stores it; the driver recomputes it from
+    the model it loaded and the settings it runs, and refuses a mismatch."""
+    shape = {k: v for k, v in asdict(policy).items() if k != "name"}
+    data = {"policy": shape, "lora": None if lora is None else [lora.rank, list(lora.target_modules)],
+            "engine": engine_name.split("+")[0], "gradient_checkpointing": bool(gradient_checkpointing),
+            "reference": bool(reference), "max_completion_length": max_completion_length,
+            "importance_sampling_correction": bool(importance_sampling_correction)}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def workload_fingerprint(workload: Workload, allocation: Allocation | None = None) -> str:
+    """:func:`setup_fingerprint` of what ``make_plan`` prices for ``allocation``'s policy."""
+    policy = workload.policy if allocation is None else _policy(workload, allocation)
+    return setup_fingerprint(policy, lora=workload.lora, engine_name=engine(workload.engine).name,
+                             gradient_checkpointing=workload.gradient_checkpointing,
+                             reference=workload.reference,
+                             max_completion_length=workload.max_completion_length,
+                             importance_sampling_correction=workload.importance_sampling_correction)
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
@@ -352,7 +391,8 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
         rollouts_per_iteration=N, rows_trained_per_iteration=k, update_passes=k / N,
         num_iterations_trl=max(1, math.ceil(k / N - 1e-9)), iterations=iterations,
         per_iteration=expected * (1 / iterations), expected=expected, realized_rho=realized,
-        realizable=abs(realized - allocation.rho) <= RHO_TOLERANCE)
+        realizable=abs(realized - allocation.rho) <= RHO_TOLERANCE,
+        setup_fingerprint=workload_fingerprint(workload, allocation))
 
 
 def min_budget(allocation: Allocation, workload: Workload) -> int:
@@ -364,4 +404,5 @@ def min_budget(allocation: Allocation, workload: Workload) -> int:
 __all__ = ["Allocation", "InfeasiblePlan", "MAX_ROLLOUTS_PER_ITERATION", "MODEL_BASED", "REWARDS",
            "RHO_TOLERANCE",
            "RULE_BASED", "TrialPlan", "Workload", "check_budget", "iteration_flops",
-           "expected_flops", "make_plan", "max_iterations", "min_budget", "rows_for_rho", "rows_schedule"]
+           "expected_flops", "make_plan", "max_iterations", "min_budget", "rows_for_rho", "rows_schedule",
+           "setup_fingerprint", "workload_fingerprint"]

@@ -28,9 +28,9 @@ def _tiny(**settings: Any) -> Any:
 
 
 def _qwen(**settings: Any) -> Any:
-    from objectives.qwen import QwenObjective, QwenSettings
+    from objectives.qwen import QwenObjective
 
-    return QwenObjective(QwenSettings(**settings))
+    return QwenObjective.from_settings(**settings)
 
 
 def _synthetic(**settings: Any) -> Any:

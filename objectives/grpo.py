@@ -30,9 +30,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule
-from allocopt.flops import ComputeBreakdown, FlopAccount, LoRASpec, ModelShape
-from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops
+from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule, setup_fingerprint
+from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount, LoRASpec, ModelShape
+from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops, old_logprobs_pass
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
 from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
 
@@ -61,13 +61,51 @@ class GRPOSettings:
     max_iterations: int = 100_000
     """Safety cap; the budget normally ends the run."""
     seed: int = 0
+    vllm_importance_sampling: bool = True
+    """With ``engine="trl-vllm"``: TRL's ``vllm_importance_sampling_correction``, which runs an
+    old-policy log-prob pass on every iteration (the meter charges it)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of GPU memory vLLM may take in colocate mode (TRL's default)."""
 
     def __post_init__(self) -> None:
         if not (self.learning_rate > 0):
             raise ValueError(f"learning_rate={self.learning_rate!r}: must be > 0")
         if self.max_completion_length < 1:
             raise ValueError(f"max_completion_length={self.max_completion_length!r}: must be >= 1")
+        if self.lora_rank < 1:
+            raise ValueError(f"lora_rank={self.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
         engine(self.engine)
+
+    @classmethod
+    def from_setup(cls, setup: Any, *, seed: int = 0) -> "GRPOSettings":
+        """The driver's settings of an :class:`allocopt.setup.TrainingSetup` (one set-up for
+        the plan, the meter and the driver)."""
+        return cls(learning_rate=setup.learning_rate, divide_lr_by_passes=setup.divide_lr_by_passes,
+                   lora_rank=setup.lora_rank, lora_alpha=setup.lora_alpha,
+                   lora_targets=setup.lora_targets, max_completion_length=setup.max_completion_length,
+                   temperature=setup.temperature, beta=setup.beta, engine=setup.engine,
+                   gradient_checkpointing=setup.gradient_checkpointing,
+                   max_iterations=setup.max_iterations, seed=seed,
+                   vllm_importance_sampling=setup.vllm_importance_sampling)
+
+    @property
+    def old_logprobs_every_iteration(self) -> bool:
+        """Whether the engine runs the old-policy pass even at one update pass (TRL with vLLM
+        and its importance-sampling correction)."""
+        return engine(self.engine).old_logprobs == "is_correction" and self.vllm_importance_sampling
+
+    def fingerprint(self, policy: ModelShape) -> str:
+        """:func:`allocopt.allocation.setup_fingerprint` of what these settings run on ``policy``."""
+        return setup_fingerprint(policy, lora=LoRASpec(self.lora_rank, self.lora_targets),
+                                 engine_name=self.engine,
+                                 gradient_checkpointing=self.gradient_checkpointing,
+                                 reference=self.beta > 0,
+                                 max_completion_length=self.max_completion_length,
+                                 importance_sampling_correction=self.vllm_importance_sampling)
+
+
+class SetupMismatch(ConfigError):
+    """The plan was priced for another training set-up than the one the driver would run."""
 
 
 def step_learning_rate(settings: GRPOSettings, passes: int) -> float:
@@ -132,6 +170,8 @@ class _Hooks:
     reward: Any
     tokenizer: Any
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None
+    on_batch: Callable[[list[int], list[int]], None] | None = None
+    """Called with each rollout batch's prompt and completion token counts."""
     engine: Any = None
     """The :class:`~allocopt.grpo_flops.Engine` whose executed FLOPs are charged."""
     iteration: int = -1
@@ -144,13 +184,20 @@ class _Hooks:
         return self.plan.rollouts_per_iteration
 
     def needs_old_logprobs(self) -> bool:
-        return self.rows > self.N
+        """Whether the old-policy pass must run: a second pass over the batch, or TRL's vLLM
+        importance-sampling correction (which reads it on every iteration)."""
+        return self.rows > self.N or self.settings.old_logprobs_every_iteration
 
     def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
+        # as the engine decides (allocopt.grpo_flops.old_logprobs_pass): a reused batch, or on
+        # every iteration with TRL + vLLM and its importance-sampling correction
+        eng = self.engine or self.settings.engine
+        old = old_logprobs_pass(eng, rows / self.N,
+                                importance_sampling_correction=self.settings.vllm_importance_sampling)
         step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
                         group_size=self.plan.group_size, update_passes=rows / self.N,
-                        reference=self.settings.beta > 0, old_logprobs=rows > self.N)
-        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=self.engine,
+                        reference=self.settings.beta > 0, old_logprobs=old)
+        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=eng,
                                gradient_checkpointing=self.settings.gradient_checkpointing)
 
     def before_iteration(self, trainer: Any, inputs: list[dict]) -> None:
@@ -175,6 +222,8 @@ class _Hooks:
         p_tok = out["prompt_mask"].sum(1).tolist()[::G]
         c_tok = [max(1, int(c)) for c in out["completion_mask"].sum(1).tolist()]
         acct = self._step(p_tok, c_tok, self.rows)
+        if self.on_batch:
+            self.on_batch(p_tok, c_tok)
         usage = self.reward.consume_usage() if hasattr(self.reward, "consume_usage") else None
         if usage is not None and (usage.useful_flops or usage.executed_flops):
             acct = acct + usage.account()
@@ -210,6 +259,7 @@ def run_grpo(
     settings: GRPOSettings = GRPOSettings(),
     evaluate: Callable[[Any], tuple[dict[str, float], int]] | None = None,
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None,
+    on_batch: Callable[[list[int], list[int]], None] | None = None,
 ) -> TrialResult:
     """Run one GRPO trial of ``plan`` and score it.
 
@@ -222,6 +272,7 @@ def run_grpo(
         settings: :class:`GRPOSettings`.
         evaluate: ``model -> (targets, eval_flops)`` after training.
         progress: called after every iteration with its record and the meter.
+        on_batch: called with every rollout batch's prompt and completion token counts.
 
     Returns:
         :class:`TrialResult`; its ``spent.executed.total_flops`` is at most ``plan.budget_flops``.
@@ -230,24 +281,34 @@ def run_grpo(
         TrialFailed: the run crashed; ``.result`` holds what was spent until then.
         InfeasiblePlan: the meter refused the first iteration (its worst case does not fit the
             budget although the plan's expected cost does); nothing was spent.
+        SetupMismatch: the plan's ``setup_fingerprint`` is not that of ``model`` and
+            ``settings`` (the plan priced another set-up); nothing was spent.
     """
+    lora = LoRASpec(settings.lora_rank, settings.lora_targets)
+    policy = ModelShape.from_config(model.config.to_dict())
+    if plan.setup_fingerprint and settings.fingerprint(policy) != plan.setup_fingerprint:
+        raise SetupMismatch(
+            f"setup_fingerprint={settings.fingerprint(policy)!r}: the driver would run "
+            f"{policy.num_layers} layers x d={policy.hidden_size}, LoRA r={settings.lora_rank} "
+            f"({settings.lora_targets}), engine={settings.engine}, gradient_checkpointing="
+            f"{settings.gradient_checkpointing}, beta={settings.beta}, max_completion_length="
+            f"{settings.max_completion_length}, but the plan was priced for set-up "
+            f"{plan.setup_fingerprint!r}; make the plan from the same TrainingSetup")
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from trl import GRPOConfig
 
-    lora = LoRASpec(settings.lora_rank, settings.lora_targets)
-    policy = ModelShape.from_config(model.config.to_dict())
     meter = FlopMeter(plan.budget_flops)
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, lora=lora, settings=settings,
-                   reward=reward, tokenizer=tokenizer, progress=progress,
+                   reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
                    engine=engine_for(settings.engine, model))
     N = plan.rollouts_per_iteration
     passes = max(1, plan.num_iterations_trl)
     on_gpu = torch.cuda.is_available() and settings.engine != "trl-cpu"
     with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=not on_gpu, bf16=False, report_to=[],
+            output_dir=tmp, use_cpu=not on_gpu, bf16=on_gpu, report_to=[],
             learning_rate=step_learning_rate(settings, passes),
             per_device_train_batch_size=1, gradient_accumulation_steps=N, steps_per_generation=N,
             num_generations=plan.group_size, num_iterations=passes,
@@ -255,7 +316,7 @@ def run_grpo(
             beta=settings.beta, max_steps=settings.max_iterations * passes,
             gradient_checkpointing=settings.gradient_checkpointing,
             save_strategy="no", logging_steps=1, disable_tqdm=True, seed=settings.seed,
-            data_seed=settings.seed, use_vllm=settings.engine == "trl-vllm",
+            data_seed=settings.seed, **_vllm_args(settings),
         )
         peft_config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
                                  target_modules=_peft_targets(settings.lora_targets),
@@ -303,6 +364,17 @@ def run_grpo(
         result.targets, result.eval_flops = evaluate(trained)
         result.wall_seconds["eval"] = time.perf_counter() - t0
     return result
+
+
+def _vllm_args(settings: GRPOSettings) -> dict[str, Any]:
+    """GRPOConfig arguments of the rollout engine: vLLM in colocate mode (same process and GPU
+    as training; TRL merges the LoRA adapters into vLLM's weights before each generation) for
+    ``trl-vllm``, transformers ``generate`` otherwise."""
+    if settings.engine != "trl-vllm":
+        return {"use_vllm": False}
+    return {"use_vllm": True, "vllm_mode": "colocate",
+            "vllm_importance_sampling_correction": settings.vllm_importance_sampling,
+            "vllm_gpu_memory_utilization": settings.vllm_gpu_memory_utilization}
 
 
 def engine_for(name: str, model: Any) -> Any:

@@ -381,26 +381,71 @@ def is_final_line(line: str) -> bool:
 
 
 def is_well_formed(completion: str) -> bool:
-    """The format rule of ``structured``: the last non-empty line is ``#### <answer>``, it is
-    the only ``####`` line, and every other non-empty line is an arithmetic step (holds at
-    least one equation, see :func:`find_equations`). Blank lines are ignored."""
+    """The format rule of ``structured``, either convention (blank lines ignored):
+
+    * ``####`` (GSM8K, the tiny world): the last non-empty line is ``#### <answer>``, it is the
+      only ``####`` line, and every other non-empty line is an arithmetic step (holds at least
+      one equation, see :func:`find_equations`);
+    * ``\boxed`` (the instruction of the ``qwen`` objective: "put your final answer within
+      \boxed{}"): the text has exactly one ``\boxed{...}``, with balanced, non-empty content,
+      on its last non-empty line; at least one non-empty line of reasoning comes before it
+      (prose or LaTeX: real solutions are not all arithmetic); no ``####`` anywhere.
+    """
     lines = split_steps(completion)
-    if not lines or not is_final_line(lines[-1]):
+    if not lines:
         return False
-    return all("####" not in line and find_equations(line) for line in lines[:-1])
+    if is_final_line(lines[-1]):
+        return all("####" not in line and find_equations(normalize_latex(line)) for line in lines[:-1])
+    if "####" in completion or len(lines) < 2 or len(_BOX_START.findall(completion)) != 1:
+        return False
+    return _BOX_START.search(lines[-1]) is not None and bool(extract_final_answer(lines[-1]))
+
+
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{([^{}]*)\}")
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{[^{}]*\}")
+_LATEX_WORDS = ((r"\times", "*"), (r"\cdot", "*"), (r"\ast", "*"), (r"\div", "/"),
+                (r"\left", ""), (r"\right", ""), (r"\%", "%"), (r"\$", "$"), (r"\,", " "),
+                (r"\;", " "), (r"\!", ""), (r"\:", " "), (r"\quad", " "), (r"\(", " "),
+                (r"\)", " "), (r"\[", " "), (r"\]", " "), ("&", " "))
+
+
+def normalize_latex(line: str) -> str:
+    r"""A line of LaTeX as plain arithmetic for :func:`find_equations`: ``\frac{a}{b}`` (and
+    ``\dfrac``, ``\tfrac``, nested) → ``((a)/(b))``; ``\times``, ``\cdot`` → ``*``;
+    ``\div`` → ``/``; ``\boxed{x}`` → ``x``; ``\text{…}`` dropped; math delimiters
+    (``$``, ``\(``, ``\[``), spacing commands, ``\left``/``\right`` and ``&`` dropped; braces
+    left over → parentheses. A line without ``\`` or ``$`` is returned as is. Never raises.
+
+    >>> normalize_latex(r"$\frac{3}{4} \times 8 = 6$")
+    ' ((3)/(4)) * 8 = 6 '
+    """
+    if "\\" not in line and "$" not in line:
+        return line
+    out = _TEXT_RE.sub(" ", line)
+    for _ in range(8):  # nested fractions, innermost first
+        new = _BOXED_RE.sub(r"\1", _FRAC_RE.sub(r"((\1)/(\2))", out))
+        if new == out:
+            break
+        out = new
+    for latex, plain in _LATEX_WORDS:
+        out = out.replace(latex, plain)
+    return out.replace("$", " ").replace("{", "(").replace("}", ")")
 
 
 def step_accuracy(completion: str) -> tuple[int, int]:
     """``(correct steps, steps)`` of a completion, for ``dense``.
 
-    A step is a non-empty line other than a ``####`` line that holds at least one equation;
+    A step is a non-empty line other than a ``####`` line that holds at least one equation
+    (plain or LaTeX: :func:`normalize_latex`, so ``\\frac{3}{4} \\times 8 = 6`` is one);
     it is correct when all its equations are (:class:`Equation`). Prose lines count as neither.
     """
     correct = total = 0
     for line in split_steps(completion):
         if "####" in line:
             continue
-        eqs = find_equations(line)
+        eqs = find_equations(normalize_latex(line))
         if eqs:
             total += 1
             correct += all(e.correct for e in eqs)
@@ -502,7 +547,7 @@ def _check_weights(name: str, **weights: float) -> None:
 
 
 # ============================================================== model-based
-Aggregate = Literal["mean", "min"]
+Aggregate = Literal["mean", "min", "product"]
 
 
 class ModelReward(_Base):
@@ -543,6 +588,8 @@ class ModelReward(_Base):
     """
 
     model_based = True
+    num_labels_required = 2
+    """Outputs per position the model must have (2: a token classifier)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "prm", marker: str = "\n",
                  aggregate: Aggregate = "mean", batch_size: int = 8, max_length: int | None = None,
@@ -551,8 +598,8 @@ class ModelReward(_Base):
             raise ValueError(f"name={name!r}: a model-based reward is one of {', '.join(MODEL_BASED)}")
         self.name = name
         super().__init__()
-        if aggregate not in ("mean", "min"):
-            raise ValueError(f"aggregate={aggregate!r}: allowed: mean, min")
+        if aggregate not in ("mean", "min", "product"):
+            raise ValueError(f"aggregate={aggregate!r}: allowed: mean, min, product")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: must be a positive integer")
         self.model, self.tokenizer = model, tokenizer
@@ -561,7 +608,7 @@ class ModelReward(_Base):
         self.marker_id = _single_token_id(tokenizer, marker)
         config = model.config
         num_labels = getattr(config, "num_labels", 2)
-        if num_labels != 2 or positive_label not in (0, 1):
+        if num_labels != self.num_labels_required or positive_label not in (0, 1):
             raise ValueError(f"{name}: model has num_labels={num_labels}, positive_label="
                              f"{positive_label}; need a 2-label token classifier and label 0 or 1")
         self.max_length = max_length or getattr(config, "max_position_embeddings", None) or 1 << 30
@@ -622,10 +669,11 @@ class ModelReward(_Base):
             with torch.inference_mode():
                 out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device))
                 logits = out.logits if hasattr(out, "logits") else out[0]
-                probs = torch.softmax(logits.float(), dim=-1)[..., self.positive_label].cpu()
+                probs = self.step_probabilities(logits).cpu()
             for r, i in enumerate(rows):
                 scores = probs[r, encoded[i][1]]
-                rewards[i] = float(scores.mean() if self.aggregate == "mean" else scores.min())
+                rewards[i] = float(scores.mean() if self.aggregate == "mean" else
+                                   scores.min() if self.aggregate == "min" else scores.prod())
             executed += len(rows) * self._flops(width, self.executed_attention)
             for i in rows:
                 useful += self._flops(len(encoded[i][0]), "causal")
@@ -634,6 +682,13 @@ class ModelReward(_Base):
                                     wall_seconds=time.perf_counter() - start,
                                     num_completions=len(completions), num_tokens=num_tokens))
         return rewards
+
+    def step_probabilities(self, logits: Any) -> Any:
+        """``b x t`` score of every position from the model's ``b x t x 2`` logits:
+        ``softmax(logits)[..., positive_label]`` (read at the markers only)."""
+        import torch
+
+        return torch.softmax(logits.float(), dim=-1)[..., self.positive_label]
 
     def worst_case_flops(self, prompt_tokens: int, completion_tokens: int, num_completions: int) -> int:
         """Most FLOPs one call on ``num_completions`` completions can execute, for the budget
@@ -740,5 +795,6 @@ __all__ = [
     "Equation", "MODEL_BASED", "ModelReward", "REWARD_NAMES", "RULE_BASED", "DenseReward",
     "RewardSystem", "RewardUsage", "SparseReward", "StructuredReward", "as_text",
     "find_equations", "is_correct", "is_final_line", "is_well_formed", "make_reward",
+    "normalize_latex",
     "reward_shape", "split_steps", "step_accuracy", "step_line_ends",
 ]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from allocopt.allocation import TrialPlan, Workload
-from allocopt.flops import LoRASpec, ModelShape, generation_flops
+from allocopt.flops import ModelShape, generation_flops
 
 TARGETS = ("native_reward", "pass_at_1", "judge")
 
@@ -82,22 +82,30 @@ class TinyObjective:
     def _shape(self, path: Path) -> ModelShape:
         return ModelShape.from_pretrained(str(path))
 
-    def workload(self) -> Workload:
-        """The workload a plan is made for: tiny shapes, mean train-split lengths, trl-cpu."""
+    def setup(self) -> Any:
+        """The world's :class:`allocopt.setup.TrainingSetup` (plan, meter and driver read it):
+        tiny shapes, mean train-split lengths, LoRA r 8 (alpha 16), trl-cpu."""
+        from allocopt.setup import TrainingSetup
         from objectives.tiny_tasks import make_split
 
-        w = self.world()
         train = make_split("train", 2000, 0)
         p = statistics.fmean(len(x.prompt) for x in train)
         c = statistics.fmean(len(x.solution) + 1 for x in train)  # + EOS; 1 char = 1 token
-        return Workload(
-            policy=self._shape(w.policy),
-            reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)},
-            rollouts_per_iteration=self.settings.rollouts_per_iteration,
-            prompt_tokens=p, completion_tokens=c,
-            padded_completion_tokens=min(self.settings.max_completion_length, round(1.5 * c)),
-            steps_per_completion=statistics.fmean(x.num_steps for x in train) + 1,
-            lora=LoRASpec(self.settings.lora_rank), reference=False, engine="trl-cpu")
+        s = self.settings
+        return TrainingSetup(
+            model=str(self.world().policy), lora_rank=s.lora_rank, lora_alpha=16,
+            engine="trl-cpu", max_completion_length=s.max_completion_length,
+            learning_rate=s.learning_rate, divide_lr_by_passes=s.divide_lr_by_passes,
+            rollouts_per_iteration=s.rollouts_per_iteration, prompt_tokens=p, completion_tokens=c,
+            padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)),
+            steps_per_completion=statistics.fmean(x.num_steps for x in train) + 1)
+
+    def workload(self) -> Workload:
+        """The workload a plan is made for (:meth:`setup` on the world's models)."""
+        w = self.world()
+        return self.setup().workload(
+            self._shape(w.policy),
+            reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)})
 
     def reward(self, name: str) -> Any:
         from objectives.rewards import make_reward
@@ -151,11 +159,7 @@ class TinyObjective:
         rows = [{"prompt": x.prompt, "answer": x.answer}
                 for x in make_split("train", self.settings.train_problems, seed)]
         reward = self.reward(plan.allocation.reward)
-        settings = GRPOSettings(learning_rate=self.settings.learning_rate,
-                                divide_lr_by_passes=self.settings.divide_lr_by_passes,
-                                lora_rank=self.settings.lora_rank,
-                                max_completion_length=self.settings.max_completion_length,
-                                engine="trl-cpu", seed=seed)
+        settings = GRPOSettings.from_setup(self.setup(), seed=seed)
         return run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=reward,
                         settings=settings, progress=progress,
                         evaluate=lambda m: self.evaluate(m, tok, reward))

@@ -32,7 +32,8 @@ GOOD = "23+45=68\n68-12=56\n#### 56"
 CASES = {
     "good": (GOOD, 1.0, 1.0, 1.0),
     "blank lines and spaces": ("23 + 45 = 68\n\n 68 - 12 = 56 \n#### 56\n", 1.0, 1.0, 1.0),
-    "boxed answer": ("23+45=68\n68-12=56\n\\boxed{56}", 1.0, 0.8, 1.0),
+    # well formed: the \\boxed convention of the qwen objective (issue 13)
+    "boxed answer": ("23+45=68\n68-12=56\n\\boxed{56}", 1.0, 1.0, 1.0),
     "wrong answer, right steps": ("23+45=68\n68-12=56\n#### 57", 0.0, 0.2, 0.5),
     "right answer, wrong steps": ("23+45=67\n68-12=56\n#### 56", 1.0, 1.0, 0.75),
     "right answer, all steps wrong": ("23+45=69\n69-12=56\n#### 56", 1.0, 1.0, 0.5),

@@ -65,7 +65,7 @@ class World:
             # the batch's longest prompt, so planning on it keeps 2 planned iterations runnable
             prompt_tokens=max(len(r["prompt"]) for r in self.rows), completion_tokens=C,
             padded_completion_tokens=C, steps_per_completion=1, lora=LoRASpec(SETTINGS.lora_rank),
-            engine=SETTINGS.engine)
+            engine=SETTINGS.engine, max_completion_length=C)
 
     def reward(self, name: str, models: dict[str, Any] | None = None) -> Any:
         models = self.reward_models if models is None else models

@@ -1,0 +1,162 @@
+"""One training set-up: what a GRPO trial trains and how, read by the plan, the meter and the driver.
+
+Standard library only. A :class:`TrainingSetup` holds every setting of a run that is not a
+search variable (the allocation ρ, G, reward system) and not a token count measured from the
+data. From it come
+
+* the :class:`~allocopt.allocation.Workload` a plan is priced on (:meth:`TrainingSetup.workload`),
+  whose plans carry :func:`~allocopt.allocation.setup_fingerprint`;
+* the driver's settings (``objectives.grpo.GRPOSettings.from_setup``), and with them the meter's
+  per-iteration charge; the driver recomputes the fingerprint from the model it loaded and the
+  settings it runs and refuses a plan priced for another set-up (one line).
+
+``allocopt.recipe.Recipe`` (what ``allocopt account`` prices) describes the same run by its
+averages; its fields map one to one onto these (``model``, ``lora_rank``, ``lora_targets``,
+``gradient_checkpointing``, ``engine``, ``beta``, ``prompt_tokens``, ``completion_tokens``,
+``reward_steps`` = :attr:`steps_per_completion`, ``importance_sampling_correction`` =
+:attr:`vllm_importance_sampling`, ``prompts × group_size`` = one rollout batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Mapping
+
+from allocopt.allocation import Workload, setup_fingerprint
+from allocopt.flops import ConfigError, LoRASpec, ModelShape
+from allocopt.grpo_flops import ENGINES
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Everything about a GRPO training run but the allocation and the measured lengths."""
+
+    model: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    """Policy: hub id, preset name or local folder (HF format)."""
+    lora_rank: int = 32
+    """LoRA rank ``r`` (0: full fine-tuning)."""
+    lora_alpha: int = 64
+    """LoRA scale numerator (peft ``lora_alpha``; the update is scaled by alpha / r)."""
+    lora_targets: str = "all-linear"
+    """LoRA target modules, comma separated, or ``all-linear`` (all seven linear maps)."""
+    engine: str = "trl-vllm"
+    """Executed-FLOP model of the engine that runs the trial (:data:`allocopt.grpo_flops.ENGINES`):
+    ``trl-vllm`` (GPU, vLLM rollouts), ``trl-gpu``, ``trl-cpu``."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder layers in backward (non-reentrant; costs about one more forward)."""
+    max_completion_length: int = 1024
+    """Generation limit per completion (tokens); the meter's worst case per completion."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    beta: float = 0.0
+    """KL coefficient β; > 0 adds a reference log-prob pass (a learning cost)."""
+    learning_rate: float = 1e-5
+    """Learning rate of every optimizer step (one per pass over a rollout batch)."""
+    divide_lr_by_passes: bool = False
+    """Divide the learning rate by the passes of an iteration (TRL ``num_iterations``)."""
+    rollouts_per_iteration: int = 64
+    """Completions per GRPO iteration (prompts × G; prompts = this // G)."""
+    prompt_tokens: float = 103.0
+    """Expected prompt length (tokens) when nothing was measured (objectives measure it on a
+    seeded sample of the training prompts with the policy's tokenizer)."""
+    completion_tokens: float = 304.0
+    """Expected completion length (tokens, EOS included): a stated estimate, replaced by the
+    mean of finished trials where an objective records them."""
+    padded_completion_tokens: float | None = None
+    """Expected longest completion of a batch, for engines that pad (default: the mean)."""
+    steps_per_completion: float = 8.0
+    """Expected reasoning steps per completion (one PRM marker token each)."""
+    vllm_importance_sampling: bool = True
+    """TRL's vLLM importance-sampling correction (``vllm_importance_sampling_correction``):
+    with vLLM rollouts it runs an old-policy log-prob pass on every iteration, even at one
+    update pass; the meter charges it."""
+    max_iterations: int = 100_000
+    """Safety cap; the budget normally ends the run."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError(f"model={self.model!r}: must be a hub id, preset name or local folder")
+        for f, lo in (("lora_rank", 0), ("lora_alpha", 1), ("max_completion_length", 1),
+                      ("rollouts_per_iteration", 2), ("max_iterations", 1)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
+        for f in ("prompt_tokens", "completion_tokens", "steps_per_completion"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < (0 if f == "steps_per_completion" else 1):
+                raise ConfigError(f"{f}={v!r}: must be a finite number"
+                                  + (" >= 0" if f == "steps_per_completion" else " of tokens >= 1"))
+        for f in ("learning_rate", "temperature"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0) or not math.isfinite(v):
+                raise ConfigError(f"{f}={v!r}: must be a positive number")
+        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) \
+                or not math.isfinite(self.beta) or self.beta < 0:
+            raise ConfigError(f"beta={self.beta!r}: must be a number >= 0")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r}: unknown; allowed: {', '.join(ENGINES)}")
+        if not isinstance(self.lora_targets, str):
+            raise ConfigError(f"lora_targets={self.lora_targets!r}: must be a string such as "
+                              "'all-linear' or 'q_proj,v_proj'")
+        if self.lora_rank:
+            LoRASpec(self.lora_rank, self.lora_targets)  # raises for bad targets
+        if self.completion_tokens > self.max_completion_length:
+            raise ConfigError(f"completion_tokens={self.completion_tokens!r}: must be <= "
+                              f"max_completion_length={self.max_completion_length}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "TrainingSetup":
+        """A set-up from a dict of its fields (e.g. a study's ``[objective_settings]``).
+        Raises :class:`ConfigError` naming an unknown key."""
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(data) - known)
+        if bad:
+            raise ConfigError(f"setting {bad[0]!r}: unknown; allowed: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+    def with_lengths(self, **kw: Any) -> "TrainingSetup":
+        """A copy with measured lengths (``prompt_tokens``, ``completion_tokens``, …)."""
+        return replace(self, **kw)
+
+    @property
+    def lora(self) -> LoRASpec | None:
+        """The LoRA spec (``None``: full fine-tuning)."""
+        return LoRASpec(self.lora_rank, self.lora_targets) if self.lora_rank else None
+
+    @property
+    def reference(self) -> bool:
+        """Whether a reference log-prob pass runs (β > 0)."""
+        return self.beta > 0
+
+    def workload(self, policy: ModelShape, reward_models: Mapping[str, ModelShape] | None = None) -> Workload:
+        """The :class:`~allocopt.allocation.Workload` plans are priced on.
+
+        Args:
+            policy: the policy's shape (from its ``config.json``).
+            reward_models: shape per model-based reward system (``proxy_prm``, ``prm``);
+                ``None``: the workload's defaults.
+        """
+        kw: dict[str, Any] = {} if reward_models is None else {"reward_models": dict(reward_models)}
+        return Workload(policy=policy, rollouts_per_iteration=self.rollouts_per_iteration,
+                        prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                        padded_completion_tokens=self.padded_completion_tokens,
+                        steps_per_completion=self.steps_per_completion, lora=self.lora,
+                        reference=self.reference, gradient_checkpointing=self.gradient_checkpointing,
+                        engine=self.engine, max_completion_length=self.max_completion_length,
+                        importance_sampling_correction=self.vllm_importance_sampling, **kw)
+
+    def fingerprint(self, policy: ModelShape) -> str:
+        """:func:`~allocopt.allocation.setup_fingerprint` of this set-up on ``policy``."""
+        return setup_fingerprint(policy, lora=self.lora, engine_name=self.engine,
+                                 gradient_checkpointing=self.gradient_checkpointing,
+                                 reference=self.reference,
+                                 max_completion_length=self.max_completion_length,
+                                 importance_sampling_correction=self.vllm_importance_sampling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+__all__ = ["TrainingSetup"]

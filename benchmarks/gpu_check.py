@@ -1,0 +1,149 @@
+"""GPU check of the ``qwen`` driver: real Qwen2.5 shapes, random weights, vLLM rollouts, no network.
+
+    python benchmarks/gpu_check.py              # 0.5B and 1.5B, 3 GRPO iterations each
+    python benchmarks/gpu_check.py --models 0.5b --iterations 2
+
+For each shipped config (``benchmarks/configs/qwen2.5-{0.5b,1.5b}-instruct.json``, the hub
+models' ``config.json``) a random-weight policy is saved with the local stand-in tokenizer
+(:mod:`objectives.standins`; the vocabulary rows beyond it are never sampled), and
+:func:`objectives.grpo.run_grpo` runs ``--iterations`` GRPO iterations (LoRA r 32, all linear,
+bf16, vLLM colocate rollouts, sparse reward on the shipped Polaris-shaped slice) under a budget
+of that many iterations. It prints one table:
+
+* ``learning meter`` vs ``learning measured``: the meter's learning FLOPs against
+  ``FlopCounterMode`` over everything but vLLM generation and the weight sync (old-policy pass,
+  loss forward and backward, recompute);
+* rollout tokens/s (completion tokens / rollout wall time), update MFU (learning FLOPs /
+  learning wall time / the GPU's dense bf16 peak, ``--peak-tflops``, default H200 989),
+  peak GPU memory, realized ρ against the plan's.
+
+Not needed by the tests (``tests/test_gpu_check.py`` only checks that it imports and refuses
+cleanly without CUDA). Expected to take 5-8 minutes on one H200 (mostly vLLM start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"0.5b": ROOT / "benchmarks" / "configs" / "qwen2.5-0.5b-instruct.json",
+           "1.5b": ROOT / "benchmarks" / "configs" / "qwen2.5-1.5b-instruct.json"}
+
+
+def refuse_reason() -> str | None:
+    """Why this machine cannot run the check (one line), or ``None``."""
+    try:
+        import torch
+    except ImportError:
+        return "gpu_check: torch is not installed"
+    if not torch.cuda.is_available():
+        return "gpu_check: needs a CUDA GPU (torch.cuda.is_available() is False here); nothing was run"
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "gpu_check: needs vLLM (pip install vllm) for the rollouts; nothing was run"
+    return None
+
+
+def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> dict:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    from allocopt.allocation import Allocation, make_plan
+    from allocopt.flops import ModelShape
+    from allocopt.setup import TrainingSetup
+    from objectives.grpo import GRPOSettings, run_grpo
+    from objectives.polaris import SAMPLE_PATH, load_polaris, render_prompt
+    from objectives.rewards import make_reward
+    from objectives.standins import build_policy, build_tokenizer
+
+    config = json.loads(CONFIGS[size].read_text())
+    tok = build_tokenizer(workdir / f"tok-{size}")
+    folder = build_policy(workdir / f"policy-{size}", tok, config={**config, "initializer_range": 0.02})
+    setup = TrainingSetup(model=str(folder), engine="trl-vllm", max_completion_length=256,
+                          completion_tokens=200, rollouts_per_iteration=64, lora_rank=32, lora_alpha=64)
+    rows = [{"prompt": render_prompt(tok, r.problem), "answer": r.answer, "problem": r.problem}
+            for r in load_polaris(str(SAMPLE_PATH))]
+    prompt_tokens = sum(len(tok(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows) / len(rows)
+    w = setup.with_lengths(prompt_tokens=prompt_tokens).workload(ModelShape.from_pretrained(str(folder)))
+    alloc = Allocation(0.6, 8, "sparse")
+    one = make_plan(1e30, alloc, w)
+    plan = make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
+
+    # FlopCounterMode over the trial, minus what runs inside vLLM or the weight sync
+    import vllm
+
+    counter = FlopCounterMode(display=False)
+    outside = {"vllm": 0}
+
+    def excluded(fn):
+        def wrapper(*a, **k):
+            start = counter.get_total_flops()
+            try:
+                return fn(*a, **k)
+            finally:
+                outside["vllm"] += counter.get_total_flops() - start
+        return wrapper
+
+    from trl import GRPOTrainer
+
+    vllm.LLM.generate = excluded(vllm.LLM.generate)
+    GRPOTrainer._move_model_to_vllm = excluded(GRPOTrainer._move_model_to_vllm)
+    completion_tokens: list[int] = []
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    with counter:
+        result = run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=make_reward("sparse"),
+                          settings=GRPOSettings.from_setup(setup, seed=0),
+                          on_batch=lambda p, c: completion_tokens.extend(c))
+    wall = time.perf_counter() - t0
+    e = result.spent.executed
+    measured_learning = counter.get_total_flops() - outside["vllm"]
+    rollout_s = result.wall_seconds.get("search+reward", float("nan"))
+    learn_s = result.wall_seconds.get("learning", float("nan"))
+    return {"model": size, "iterations": len(result.curves),
+            "learning meter": e.learning_flops, "learning measured": measured_learning,
+            "meter/measured": e.learning_flops / measured_learning if measured_learning else float("nan"),
+            "rollout tokens/s": sum(completion_tokens) / rollout_s,
+            "update MFU": e.learning_flops / learn_s / (peak_tflops * 1e12),
+            "peak GiB": torch.cuda.max_memory_allocated() / 2**30,
+            "rho realized": e.rho, "rho planned": plan.realized_rho,
+            "within budget": e.total_flops <= plan.budget_flops, "wall s": wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="0.5b,1.5b", help="comma separated: 0.5b, 1.5b")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
+    args = ap.parse_args(argv)
+    sizes = [s.strip() for s in args.models.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in CONFIGS]
+    if bad or args.iterations < 1:
+        print(f"gpu_check: --models {args.models!r} / --iterations {args.iterations}: allowed models "
+              f"{', '.join(CONFIGS)}, iterations >= 1", file=sys.stderr)
+        return 2
+    reason = refuse_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="allocopt-gpu-check-") as tmp:
+        for size in sizes:
+            rows.append(check_one(size, args.iterations, args.peak_tflops, Path(tmp)))
+    keys = list(rows[0])
+    print(" | ".join(keys))
+    for r in rows:
+        print(" | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

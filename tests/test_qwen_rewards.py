@@ -1,0 +1,151 @@
+"""The five reward systems on boxed / LaTeX completions (the ``qwen`` objective's text), and
+the PRM card formats (``objectives.prm``) on a local stand-in PRM.
+
+Expected rewards are worked out by hand in the table; the PRM's inputs are compared with the
+card's layout written out as a string here; its FLOPs with ``FlopCounterMode``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from allocopt.flops import ConfigError, reward_model_flops
+from objectives.prm import QWEN_PRM_SYSTEM, CardPRM, load_prm, prm_format_of
+from objectives.rewards import make_reward, normalize_latex, find_equations, reward_shape
+
+from flop_utils import register_cpu_sdpa_flops
+
+torch.set_num_threads(1)
+
+GOLD = "\\frac{3}{2}"
+GOOD = ("We need half of 3.\n\n$3 \\div 2 = \\frac{3}{2}$\n\n"
+        "Check: $\\frac{3}{2} \\times 2 = 3$\n\nThe answer is $\\boxed{\\frac{3}{2}}$.")
+# (completion, sparse, structured, dense); structured = 0.2 form + 0.8 answer,
+# dense = 0.5 x (correct equation lines / equation lines) + 0.5 answer
+CASES = {
+    "correct, LaTeX steps": (GOOD, 1.0, 1.0, 1.0),
+    "correct as a decimal": ("$6/4 = 1.5$\n\n\\boxed{1.5}", 1.0, 1.0, 1.0),
+    "wrong answer, one wrong step": ("$3 \\cdot 2 = 5$\n\n$10/4 = 2.5$\n\\boxed{2.5}", 0.0, 0.2, 0.25),
+    "right answer, no box (malformed)": ("$3/2 = 1.5$\nso it is 1.5", 0.0, 0.0, 0.5),
+    "two boxes (malformed)": ("$3/2=1.5$\n\\boxed{1} or \\boxed{\\frac{3}{2}}", 1.0, 0.8, 1.0),
+    "box not on the last line": ("\\boxed{\\frac{3}{2}}\nbecause $3/2=1.5$", 1.0, 0.8, 1.0),
+    "box only": ("\\boxed{\\frac32}", 1.0, 0.8, 0.5),
+    "empty": ("", 0.0, 0.0, 0.0),
+    "unicode prose": ("Die Hälfte von 3 ist 3 × 0.5 = 1.5 ✓\n\n∴ \\boxed{1.5}", 1.0, 1.0, 1.0),
+    "unbalanced box": ("$3/2=1.5$\n\\boxed{\\frac{3}{2}", 0.0, 0.0, 0.5),
+    "10k characters": ("$1+1=2$\n" * 1250 + "\\boxed{3/2}", 1.0, 1.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule_rewards_on_boxed_latex_completions(case):
+    completion, *expected = CASES[case]
+    if case == "10k characters":
+        assert len(completion) > 10_000
+    for name, want in zip(("sparse", "structured", "dense"), expected):
+        got = make_reward(name)(prompts=["p"], completions=[completion], answer=[GOLD])
+        assert got == [pytest.approx(want)], (name, case)
+
+
+def test_latex_arithmetic_is_read_as_arithmetic():
+    assert [e.correct for e in find_equations(normalize_latex(r"\[\dfrac{\frac{1}{2}}{2} = \frac{1}{4}\]"))] == [True]
+    assert [e.correct for e in find_equations(normalize_latex(r"$2 \times (3 + 4) = 15$"))] == [False]
+    assert find_equations(normalize_latex(r"$x^{2} = 4$")) == []  # algebra: not an arithmetic step
+    assert [e.correct for e in find_equations(normalize_latex(r"\text{cost} $12 \cdot 3 = 36$"))] == [True]
+
+
+# ------------------------------------------------------------------------- PRM card
+PROBLEM = "What is 2+3?"
+SOLUTION = "First add: 2 + 3 = 5.\n\nSo the answer is \\boxed{5}."
+
+
+@pytest.fixture(scope="module")
+def prm(qwen_world):
+    return load_prm(str(qwen_world["prm"]), reward="prm", aggregate="min", batch_size=2)
+
+
+def test_card_input_is_the_qwen_prm_layout(prm, qwen_world):
+    """The Qwen2.5-Math-PRM card: system / user / assistant turns, steps on blank lines with
+    ``<extra_0>`` after each, encoded whole; markers found as that token."""
+    tok = qwen_world["tokenizer"]
+    ids, positions, steps = prm.encode(PROBLEM, SOLUTION)
+    card = (f"<|im_start|>system\n{QWEN_PRM_SYSTEM}<|im_end|>\n<|im_start|>user\n{PROBLEM}<|im_end|>\n"
+            "<|im_start|>assistant\nFirst add: 2 + 3 = 5.<extra_0>So the answer is \\boxed{5}."
+            "<extra_0><|im_end|>\n")
+    assert ids == tok(card, add_special_tokens=False)["input_ids"]
+    marker = tok.convert_tokens_to_ids("<extra_0>")
+    assert steps == 2 and positions == [i for i, t in enumerate(ids) if t == marker] and len(positions) == 2
+    assert prm.encode(PROBLEM, "  \n\n ") == ([], [], 0)
+    # a marker the policy wrote itself is not a step boundary
+    assert prm.encode(PROBLEM, "a<extra_0>b")[2] == 1
+
+
+def test_prm_scores_are_the_positive_class_at_the_markers(prm):
+    solutions = [SOLUTION, "one step only", "a\n\nb\n\nc"]
+    got = prm(prompts=["ignored"] * 3, completions=solutions, problem=[PROBLEM] * 3)
+    for sol, value in zip(solutions, got):
+        ids, pos, _ = prm.encode(PROBLEM, sol)
+        with torch.no_grad():
+            logits = prm.model(input_ids=torch.tensor([ids])).logits[0]
+        probs = torch.softmax(logits.float(), -1)[pos, 1]
+        assert value == pytest.approx(float(probs.min()), abs=1e-5)
+    prm.consume_usage()
+
+
+def test_prm_flops_equal_measured(prm):
+    """Executed: padded batches, full attention (CPU SDPA), head at every position; useful:
+    each sequence's real tokens, causal. Both from what the PRM really read."""
+    register_cpu_sdpa_flops()
+    solutions = [SOLUTION, "x", "a\n\nb\n\nc", "ünïcödé 1+1=2\n\n" * 5]
+    with FlopCounterMode(display=False) as counter:
+        prm(prompts=[""] * 4, completions=solutions, problem=[PROBLEM] * 4)
+    usage = prm.consume_usage()
+    assert usage.executed_flops == counter.get_total_flops() > 0
+    shape = reward_shape(prm.model)
+    assert shape.head == "score" and shape.num_labels == 2
+    useful = sum(reward_model_flops(shape, len(prm.encode(PROBLEM, s)[0])) for s in solutions)
+    assert usage.useful_flops == useful < usage.executed_flops
+
+
+def test_worst_case_bounds_what_one_call_executes(prm, qwen_world):
+    tok = qwen_world["tokenizer"]
+    completion = "\n\n".join(["1+1=2"] * 20)
+    c_tok = len(tok(completion, add_special_tokens=False)["input_ids"])
+    p_tok = len(tok(PROBLEM, add_special_tokens=False)["input_ids"])
+    prm(prompts=[""] * 3, completions=[completion] * 3, problem=[PROBLEM] * 3)
+    assert prm.consume_usage().executed_flops <= prm.worst_case_flops(p_tok, c_tok, 3)
+
+
+def test_skywork_card_layout(qwen_world, tmp_path):
+    """Skywork's prepare_input: bos + problem + newline, then each line and a newline token."""
+    from objectives.standins import TINY_POLICY
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+    tok = qwen_world["tokenizer"]
+    model = Qwen2ForTokenClassification(Qwen2Config(**TINY_POLICY, vocab_size=len(tok), num_labels=1))
+    reward = CardPRM(model, tok, prm_format="skywork-o1-prm")
+    ids, positions, steps = reward.encode(PROBLEM, "step one\n\nstep two")
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    nl = enc("\n")[-1]
+    assert ids == enc(PROBLEM + "\n") + enc("step one") + [nl] + enc("step two") + [nl]
+    assert steps == 2 and [ids[p] for p in positions] == [nl, nl]
+    assert reward.shape.head == "score" and reward.shape.num_labels == 1
+
+
+def test_unknown_card_format_and_missing_prm_are_one_line(qwen_world, tmp_path):
+    from objectives.standins import build_policy
+
+    plain = build_policy(tmp_path / "not_a_prm", qwen_world["tokenizer"])
+    with pytest.raises(ConfigError, match="card format is not known") as e:
+        prm_format_of("someone/some-prm", str(plain))
+    assert "\n" not in str(e.value)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match="reward_model='someone/missing-prm'"):
+        load_prm("someone/missing-prm")
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(ConfigError, match="prm_format='bogus'"):
+        CardPRM(None, None, prm_format="bogus")

@@ -1,0 +1,114 @@
+"""One training set-up (``allocopt.setup.TrainingSetup``) read by the plan, the meter and the
+driver: the plan's fingerprint is what the driver computes from the model it loads and the
+settings it runs, every FLOP-relevant field changes it, and the driver refuses a mismatch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from allocopt.allocation import Allocation, make_plan, min_budget
+from allocopt.flops import ConfigError, ModelShape
+from allocopt.setup import TrainingSetup
+
+POLICY = ModelShape.preset("Qwen/Qwen2.5-0.5B")
+
+
+def test_plan_fingerprint_is_the_drivers():
+    from objectives.grpo import GRPOSettings
+
+    setup = TrainingSetup(lora_rank=16, engine="trl-gpu", gradient_checkpointing=True, beta=0.04,
+                          max_completion_length=512, completion_tokens=300)
+    w = setup.workload(POLICY)
+    alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
+    plan = make_plan(10 * min_budget(alloc, w), alloc, w)
+    driver = GRPOSettings.from_setup(setup, seed=3)
+    # the driver's own computation, from a shape read another way (config dict, other name)
+    other_name = dataclasses.replace(POLICY, name="/some/local/copy")
+    assert plan.setup_fingerprint == driver.fingerprint(other_name) == setup.fingerprint(POLICY)
+    assert len(plan.setup_fingerprint) == 12
+    # the workload carries every set-up field the plan prices
+    assert (w.lora.rank, w.engine, w.gradient_checkpointing, w.reference, w.max_completion_length,
+            w.rollouts_per_iteration) == (16, "trl-gpu", True, True, 512, 64)
+    assert (driver.lora_rank, driver.lora_alpha, driver.engine, driver.beta, driver.seed) == \
+        (16, 64, "trl-gpu", 0.04, 3)
+
+
+@pytest.mark.parametrize("change", [
+    {"lora_rank": 8}, {"lora_targets": "q_proj,v_proj"}, {"engine": "trl-cpu"},
+    {"gradient_checkpointing": True}, {"beta": 0.1}, {"max_completion_length": 2048}])
+def test_every_flop_relevant_field_changes_the_fingerprint(change):
+    base = TrainingSetup()
+    assert dataclasses.replace(base, **change).fingerprint(POLICY) != base.fingerprint(POLICY)
+
+
+def test_fingerprint_ignores_what_does_not_change_flops():
+    base = TrainingSetup()
+    same = dataclasses.replace(base, learning_rate=3e-4, temperature=0.7, lora_alpha=8, beta=0.0)
+    assert same.fingerprint(POLICY) == base.fingerprint(POLICY)
+    wider = dataclasses.replace(POLICY, hidden_size=POLICY.hidden_size + 64)
+    assert base.fingerprint(wider) != base.fingerprint(POLICY)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("lora_rank", -1), ("max_completion_length", 0), ("engine", "megatron"), ("beta", -0.1),
+    ("learning_rate", 0.0), ("rollouts_per_iteration", 1), ("prompt_tokens", float("nan")),
+    ("lora_targets", "q_proj,bogus"), ("model", "")])
+def test_bad_fields_are_one_line_naming_the_field(field, value):
+    with pytest.raises(ConfigError) as e:
+        TrainingSetup(**{field: value})
+    msg = str(e.value)
+    assert "\n" not in msg and (field in msg or "lora_target" in msg)
+
+
+def test_completion_estimate_above_the_limit_is_refused():
+    with pytest.raises(ConfigError, match="completion_tokens=400.*max_completion_length=256"):
+        TrainingSetup(max_completion_length=256, completion_tokens=400)
+
+
+def test_from_mapping_names_an_unknown_key():
+    assert TrainingSetup.from_mapping({"lora_rank": 4}).lora_rank == 4
+    with pytest.raises(ConfigError, match="'lora_rnak': unknown"):
+        TrainingSetup.from_mapping({"lora_rnak": 4})
+
+
+def test_driver_refuses_a_plan_priced_for_another_setup():
+    """The plan prices LoRA r 8; the driver is asked to run r 4: one line, nothing run."""
+    from objectives.grpo import GRPOSettings, SetupMismatch, run_grpo
+    from objectives.tiny_models import build_policy, policy_config
+
+    setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
+                          completion_tokens=12, rollouts_per_iteration=8, prompt_tokens=10)
+    w = setup.workload(ModelShape.from_config(policy_config("tiny").to_dict()))
+    alloc = Allocation(rho=0.5, group_size=4, reward="sparse")
+    plan = make_plan(3 * min_budget(alloc, w), alloc, w)
+    wrong = dataclasses.replace(GRPOSettings.from_setup(setup), lora_rank=4)
+    with pytest.raises(SetupMismatch) as e:
+        run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=None, train_rows=[],
+                 reward=None, settings=wrong)
+    assert "\n" not in str(e.value) and "LoRA r=4" in str(e.value) and plan.setup_fingerprint in str(e.value)
+
+
+@pytest.mark.parametrize("engine_name,correction", [("trl-vllm", True), ("trl-vllm", False),
+                                                    ("trl-gpu", True)])
+def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
+    """The driver's per-iteration charge (``_Hooks._step``) at the plan's token counts equals
+    the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
+    pass while its importance-sampling correction is on (and not otherwise)."""
+    from allocopt.allocation import iteration_flops
+    from objectives.grpo import GRPOSettings, _Hooks
+
+    setup = TrainingSetup(engine=engine_name, vllm_importance_sampling=correction,
+                          completion_tokens=300, prompt_tokens=100)
+    w = setup.workload(POLICY)
+    alloc = Allocation(rho=0.3, group_size=8, reward="sparse")
+    plan = make_plan(50 * min_budget(alloc, w), alloc, w)
+    N = plan.rollouts_per_iteration
+    hooks = _Hooks(plan=plan, meter=None, policy=POLICY, lora=setup.lora,
+                   settings=GRPOSettings.from_setup(setup), reward=None, tokenizer=None)
+    for rows in (N // 2, N):
+        charged = hooks._step([100] * (N // 8), [300] * N, rows).executed
+        assert charged == iteration_flops(w, alloc, rows).executed
+        old = charged.learning.get("old_logprobs", 0)
+        assert (old > 0) is (engine_name == "trl-vllm" and correction)
