@@ -106,7 +106,7 @@ def race(
     seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate."),
     max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). (default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes)"),
     repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). (default: 1)"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Proposals per round, for parallel workers. (default: 2)"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
 ) -> None:
@@ -210,7 +210,7 @@ def race(
     if fits:
         props = res.timings.get("proposal_seconds") or []
         err.print(f"surrogate: {len(fits)} fit(s), mean {sum(fits) / len(fits):.2f} s; proposals "
-                  f"{sum(props) / max(1, len(props)):.2f} s per round", highlight=False)
+                  f"{sum(props) / max(1, len(props)):.2f} s each", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
