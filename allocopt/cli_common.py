@@ -67,20 +67,16 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
         ConfigError: one line naming the URI and the reason.
         SystemExit(130): Ctrl-C during the probe (one line says so; nothing recorded).
     """
-    import os
     import sys
     import time
 
     from allocopt.tracking import TAG_STUDY, _artifact_location, _resolve_uri
 
     uri = _resolve_uri(mlflow_uri)
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(PROBE_TIMEOUT_S))
     try:
         from mlflow import MlflowClient
 
-        with _quiet_mlflow():
+        with _quiet_mlflow(), short_mlflow_requests():
             client = MlflowClient(tracking_uri=uri)
             name = f"allocopt/{study_name}"
             exp = client.get_experiment_by_name(name)
@@ -93,8 +89,27 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
     except Exception as e:
         raise ConfigError(f"mlflow_uri={mlflow_uri or uri!r}: cannot be used ({_reason(e)}); "
                           "check the server or path, or give --no-mlflow") from None
-    finally:
-        for k, v in saved.items():
+
+
+class short_mlflow_requests:
+    """Within the block, MLflow's HTTP requests time out after :data:`PROBE_TIMEOUT_S` and are
+    not retried (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), unless
+    the user set those variables: a first request to an unreachable server fails in seconds,
+    not after MLflow's default 7 retries with backoff (minutes)."""
+
+    NAMES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}
+
+    def __enter__(self) -> None:
+        import os
+
+        self.saved = {k: os.environ.get(k) for k in self.NAMES}
+        for k, v in self.NAMES.items():
+            os.environ.setdefault(k, v)
+
+    def __exit__(self, *exc: Any) -> None:
+        import os
+
+        for k, v in self.saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:

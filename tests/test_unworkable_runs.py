@@ -123,3 +123,11 @@ def test_read_only_mlflow_store_is_one_line_and_leaves_no_study(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert "attempt to write a readonly database" in r.stderr and str(db) in r.stderr
     assert not (tmp_path / "o.db").exists()
+
+
+def test_query_from_unreachable_mlflow_is_one_line_in_seconds(tmp_path):
+    t = time.perf_counter()
+    r = cli("best", "--target", "pass@1", "--from-mlflow", "allocopt/x", "--mlflow-uri", "http://127.0.0.1:9",
+            cwd=tmp_path, timeout=90)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Connection refused" in r.stderr, r.stderr
+    assert time.perf_counter() - t < 60  # no retries with backoff (was minutes)
