@@ -142,10 +142,12 @@ class Workload:
     """Generation limit per completion (tokens) the driver runs with; part of the plan's
     :attr:`TrialPlan.setup_fingerprint` (``None``: not pinned, the driver's own limit counts
     as a mismatch unless it is also ``None``)."""
-    importance_sampling_correction: bool = True
-    """TRL's ``vllm_importance_sampling_correction`` (its default: on). On a ``trl-vllm``
-    engine it makes the old-policy log-prob pass run on every iteration, which puts a floor
-    under ρ (:func:`allocopt.grpo_flops.old_logprobs_pass`)."""
+    importance_sampling_correction: bool = False
+    """TRL's ``vllm_importance_sampling_correction``. On a ``trl-vllm`` engine it makes the
+    old-policy log-prob pass run on every iteration, which puts a floor under ρ (about 0.55
+    for Qwen2.5-1.5B at 103 + 304 tokens; :func:`allocopt.grpo_flops.old_logprobs_pass`).
+    Off by default for the runs allocopt plans (TRL's own default is on: ``allocopt account``
+    follows TRL, and ``ask`` writes the setting into the config it hands out)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))

@@ -61,9 +61,10 @@ class GRPOSettings:
     max_iterations: int = 100_000
     """Safety cap; the budget normally ends the run."""
     seed: int = 0
-    vllm_importance_sampling: bool = True
+    vllm_importance_sampling: bool = False
     """With ``engine="trl-vllm"``: TRL's ``vllm_importance_sampling_correction``, which runs an
-    old-policy log-prob pass on every iteration (the meter charges it)."""
+    old-policy log-prob pass on every iteration (the meter charges it). Off by default, as
+    :attr:`allocopt.setup.TrainingSetup.vllm_importance_sampling` (why: the ρ floor it sets)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of GPU memory vLLM may take in colocate mode (TRL's default)."""
 
