@@ -401,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
         rc: Any = app(args=argv, standalone_mode=False, prog_name="allocopt")
     except typer.Abort:
         fail("aborted", 130)
+    except KeyboardInterrupt:  # before any study was opened (loading, planning): nothing recorded
+        fail("interrupted before anything was recorded", 130)
     except TyperException as e:  # usage errors: unknown option, bad int, missing option
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         fail(f"error: {msg} (see --help)", getattr(e, "exit_code", 2))

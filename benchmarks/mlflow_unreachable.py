@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +27,9 @@ def run(uri: str, folder: Path, interrupt_after: float | None = None) -> tuple[f
             "1e18", "--target", "pass@1", "--pilots", "0", "--trials", "2", "--mlflow-uri", uri,
             "--storage", f"sqlite:///{folder}/optuna.db"]
     t = time.perf_counter()
-    p = subprocess.Popen(args, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a child of a shell's background job inherits SIGINT ignored: restore it for the Ctrl-C row
+    p = subprocess.Popen(args, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if interrupt_after is not None:
         time.sleep(interrupt_after)
         p.send_signal(2)
