@@ -326,7 +326,10 @@ def study(
             raise UsageProblem(str(e)) from None
         except KeyboardInterrupt:
             status = "KILLED"
-            fail(f"interrupted: finished trials are kept in {storage}; run the same command to resume", 130)
+            from allocopt.storage import redact_url
+
+            fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
+                 "to resume", 130)
         finally:
             with one_interrupt(raise_first=False):
                 close_tracker(tracker, s.name, storage, status)
@@ -391,6 +394,8 @@ from allocopt.commands_query import register as _register_query
 _register_query(app)
 from allocopt.commands_race import register as _register_race
 _register_race(app)
+from allocopt.commands_asktell import register as _register_asktell
+_register_asktell(app)
 
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:

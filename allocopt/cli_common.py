@@ -49,7 +49,10 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
         with _quiet_mlflow():
             return StudyTracker(study_name, tracking_uri=mlflow_uri)
     except Exception as e:
-        raise ConfigError(f"mlflow_uri={mlflow_uri!r}: cannot be used ({_reason(e)})") from None
+        from allocopt.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
+                          f"({redact_url(_reason(e))})") from None
 
 
 PROBE_TIMEOUT_S = 5
@@ -87,7 +90,9 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
         sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
         sys.exit(130)
     except Exception as e:
-        raise ConfigError(f"mlflow_uri={mlflow_uri or uri!r}: cannot be used ({_reason(e)}); "
+        from allocopt.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(_reason(e))}); "
                           "check the server or path, or give --no-mlflow") from None
 
 

@@ -179,7 +179,9 @@ def race(
         raise ConfigError(str(e)) from None
     except KeyboardInterrupt:
         status = "KILLED"
-        sys.stderr.write(f"interrupted: finished trials are kept in {storage}; run the same command "
+        from allocopt.storage import redact_url
+
+        sys.stderr.write(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
                          "to resume\n")
         sys.exit(130)
     finally:

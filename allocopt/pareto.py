@@ -370,9 +370,13 @@ def load_rows_from_study(storage: str, study_name: str) -> list[Row]:
         names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     except Exception as e:  # bad URL, unreachable server, missing driver
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise QueryError(f"storage={storage!r}: cannot be opened ({msg})") from None
+        from allocopt.storage import redact_url
+
+        raise QueryError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
     if study_name not in names:
-        raise QueryError(f"study={study_name!r}: not found in {storage}; known: {', '.join(names) or 'none'}")
+        from allocopt.storage import redact_url
+
+        raise QueryError(f"study={study_name!r}: not found in {redact_url(storage)}; known: {', '.join(names) or 'none'}")
     st = optuna.load_study(study_name=study_name, storage=storage)
     space = (st.user_attrs.get("spec") or {}).get("space") or {}
     fixed = {"rho": (space.get("rho") or [None])[0], "group_size": (space.get("group_sizes") or [None])[0],

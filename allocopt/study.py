@@ -9,7 +9,8 @@ worst possible target value (0: every target is a share in [0, 1]), so the sampl
 avoid it. A feasible one runs the objective; its targets and breakdown go into the trial's
 user attributes and into MLflow (:mod:`allocopt.tracking`). A trial that raises is failed in
 Optuna and MLflow with its error and the study goes on. Running the same study name again
-resumes it: finished trials are kept, trials left running by an interrupt are marked failed.
+resumes it: finished trials are kept; Ctrl-C marks the running trial failed, a killed worker's
+trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.storage`).
 
 torch (through the samplers and objectives), Optuna and MLflow are imported inside functions.
 """
@@ -125,28 +126,39 @@ def check_same_study(study: Any, spec: StudySpec) -> None:
 
 
 def open_study(spec: StudySpec, storage: str) -> Any:
-    """Create or load the Optuna study; trials left RUNNING (an interrupt) are marked FAIL."""
+    """Create or load the Optuna study, heartbeats on (:mod:`allocopt.storage`).
+
+    Opening never touches a RUNNING trial: it may be another worker's live trial, or a trial
+    reserved by ``allocopt ask``. A dead worker's trial is failed and retried once after the
+    grace period (:func:`allocopt.storage.fail_stale`, before each ``ask``).
+
+    Raises:
+        StudyError: the storage cannot be opened (the URL in the message has its password
+            redacted), or the study was run under other terms.
+    """
     import optuna
-    from optuna.trial import TrialState
+
+    from allocopt.storage import StorageError, make_storage, redact_url, register
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shown = redact_url(storage)
     try:
-        study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
+        store = make_storage(storage)
+        study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
                                     directions=["maximize"] * len(spec.targets),
                                     sampler=make_sampler(spec))
+    except StorageError as e:
+        raise StudyError(str(e)) from None
     except ImportError as e:
-        raise StudyError(f"storage={storage!r}: its database driver is not installed ({e})") from None
+        raise StudyError(f"storage={shown!r}: its database driver is not installed ({e})") from None
     except Exception as e:  # bad URL, unreachable server, unwritable file
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise StudyError(f"storage={storage!r}: cannot be opened ({msg})") from None
+        raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
+    register(study, store)
     if len(study.directions) != len(spec.targets):
         raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
     check_same_study(study, spec)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(t._trial_id, "error", "interrupted; marked failed on resume")
-        study._storage.set_trial_user_attr(t._trial_id, "state", "FAIL")
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     return study
 
 
@@ -338,6 +350,7 @@ def run_study(
 
     from allocopt.objective import objective_targets
     from allocopt.sampler import RaceSampler
+    from allocopt.storage import on_stale, worker_trial
 
     try:
         declared = objective_targets(getattr(objective, "name", spec.objective))
@@ -356,6 +369,7 @@ def run_study(
     n = len(study.get_trials(deepcopy=False))
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
         sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
+    on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
     study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
     if race:
@@ -368,10 +382,13 @@ def run_study(
     def finished() -> int:
         from allocopt.race import trial_fidelity
 
-        # an interrupted trial does not count: it is run again (a failed one counts: it would fail again)
-        return sum(1 for t in study.get_trials(deepcopy=False)
+        # an interrupted or killed (retried) trial does not count: it is run again; a failed one
+        # counts (it would fail again)
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.system_attrs.get("failed_trial") for t in trials}
+        return sum(1 for t in trials
                    if trial_fidelity(t) == "full" and (t.state == TrialState.COMPLETE or (
-                       t.state == TrialState.FAIL
+                       t.state == TrialState.FAIL and t.number not in retried
                        and not str(t.user_attrs.get("error", "")).startswith("interrupted"))))
 
     # every ask runs a trial (the queue's first); the cap only guards against a sampler that
@@ -383,12 +400,13 @@ def run_study(
     for _ in range(cap + 1):
         if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
             break
-        trial = study.ask(dists)
-        if race:
-            sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
-        run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
-                      on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
+        with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
+            if race:
+                sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
+            run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
+                          on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
     if tracker:
+        tracker.reconcile(study)
         b = best_row(study)
         if b is not None:
             tracker.log_study_summary(best={**b.params}, metrics={f"best_{spec.target_key}": b.value})

@@ -19,9 +19,9 @@ Layout in MLflow
 * **Experiment** ``allocopt/<study_name>``, created or reused (restored if it was deleted);
   tags ``allocopt.study``.
 * **Parent run** named ``<study_name>``, tags ``allocopt.study=<name>``, ``allocopt.role=study``.
-  A resumed study finds it by these tags and reuses it (if two workers create one at the same
-  moment, both keep the older one and the other is deleted). It is RUNNING while a tracker is
-  open and FINISHED after :meth:`StudyTracker.close`. :meth:`StudyTracker.log_study_summary`
+  A resumed study finds it by these tags and reuses it; N workers starting at once keep exactly
+  one (``StudyTracker._parent_run``: the oldest wins, the others' are deleted). It is set RUNNING
+  when a tracker opens and FINISHED when one closes (with several workers: by the latest of them). :meth:`StudyTracker.log_study_summary`
   writes the best trials on it.
 * **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>``, tags
   ``allocopt.study``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
@@ -110,6 +110,7 @@ MAX_TAG_LENGTH = 8000
 _BATCH_METRICS = 1000
 _BATCH_PARAMS_TAGS = 100
 _BATCH_BYTES = 900_000  # MLflow rejects log_batch requests over 1 MB
+_PARENT_SETTLE_S = 0.5  # how long a worker that created a parent run waits before re-reading
 
 TAG_STUDY = "allocopt.study"
 TAG_ROLE = "allocopt.role"
@@ -288,19 +289,72 @@ class StudyTracker:
                       key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
     def _parent_run(self) -> str:
+        """The study's one parent run, made race-safe for N workers starting at once.
+
+        Rule: the oldest active run tagged ``allocopt.role=study`` of this study (start time,
+        then run id) is the parent. A worker that finds none creates one, waits a moment for
+        the others' creations to be visible, re-reads, keeps the oldest and deletes its own if
+        it lost. :meth:`start_trial` re-checks that the parent is still active (a run created a
+        moment earlier on a host with a slow clock may win late) and switches to the winner.
+        """
         runs = self._study_runs()
-        if runs:
-            run_id = runs[0].info.run_id
-            self.client.update_run(run_id, status="RUNNING")
-            return run_id
-        mine = self.client.create_run(
-            self.experiment_id, run_name=self.study_name,
-            tags={TAG_STUDY: self.study_name, TAG_ROLE: "study"}).info.run_id
-        first = self._study_runs()[0].info.run_id  # two workers at once: both keep the older
-        if first != mine:
-            self.client.delete_run(mine)
-            self.client.update_run(first, status="RUNNING")
-        return first
+        if not runs:
+            mine = self.client.create_run(
+                self.experiment_id, run_name=self.study_name,
+                tags={TAG_STUDY: self.study_name, TAG_ROLE: "study"}).info.run_id
+            time.sleep(_PARENT_SETTLE_S)
+            runs = self._study_runs()
+            if runs and runs[0].info.run_id != mine:
+                self.client.delete_run(mine)
+            runs = self._study_runs() or runs
+        run_id = runs[0].info.run_id
+        self.client.update_run(run_id, status="RUNNING")
+        return run_id
+
+    def _check_parent(self) -> None:
+        """Switch to the winner if this tracker's parent run was deleted by another worker."""
+        if self.client.get_run(self.parent_run_id).info.lifecycle_stage == "deleted":
+            self.parent_run_id = self._parent_run()
+
+    def reconcile(self, study: Any) -> list[int]:
+        """End the open MLflow runs of trials that Optuna has finished: a worker killed
+        mid-trial leaves its run RUNNING while another worker fails the trial (stale
+        heartbeat, :mod:`allocopt.storage`). ``FAIL`` -> FAILED with an ``allocopt.error`` naming
+        the retry; ``COMPLETE``/``INFEASIBLE`` (a worker killed between Optuna's tell and
+        MLflow) -> FINISHED with the targets and metrics Optuna kept. Runs this tracker has
+        open itself are left to :meth:`finish_trial`.
+
+        Returns:
+            the trial numbers whose runs were ended.
+        """
+        from optuna.trial import TrialState
+
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        retried = {t.system_attrs.get("failed_trial"): t.number for t in trials.values()
+                   if t.system_attrs.get("failed_trial") is not None}
+        runs = self.client.search_runs(
+            [self.experiment_id], max_results=5000,
+            filter_string=f"tags.`{TAG_ROLE}` = 'trial' and attributes.status = 'RUNNING'")
+        ended = []
+        for r in runs:
+            if r.info.run_id in self._open or r.data.tags.get(TAG_STUDY) != self.study_name:
+                continue
+            t = trials.get(int(r.data.tags.get(TAG_TRIAL, -1)))
+            if t is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
+                continue
+            ua = t.user_attrs
+            state = ua.get("state") if ua.get("state") in STATES else (
+                "COMPLETE" if t.state == TrialState.COMPLETE else "FAIL")
+            error = ua.get("error")
+            if state == "FAIL" and not error:
+                again = retried.get(t.number)
+                error = ("worker lost: no heartbeat within the grace period; failed by another "
+                         "worker" + (f", retried as trial {again}" if again is not None else ""))
+            metrics = {**{mlflow_key(k): v for k, v in (ua.get("targets") or {}).items()},
+                       **(ua.get("metrics") or {})}
+            self.finish_trial(r.info.run_id, state=state, metrics=metrics, error=error)
+            ended.append(t.number)
+        return ended
 
     # ----------------------------------------------------------------- logging
     def _log_batch(self, run_id: str, metrics: Sequence[Any] = (), params: Sequence[Any] = (),
@@ -339,6 +393,7 @@ class StudyTracker:
             tags: ``objective`` and ``fidelity`` (``full``, the default, or ``pilot``) and any
                 other tag; a key without a dot is prefixed ``allocopt.``.
         """
+        self._check_parent()
         tags = dict(tags or {})
         fidelity = str(tags.pop("fidelity", tags.pop(TAG_FIDELITY, "full")))
         if fidelity not in FIDELITIES:

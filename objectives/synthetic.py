@@ -254,9 +254,14 @@ class SyntheticObjective:
     name: str = "synthetic"
     variant: str = "paper"
     """Member of the family (:data:`VARIANTS`); ``model-size`` reads the plan's policy model."""
+    sleep_s: float = 0.0
+    """Wall seconds each run waits before it returns (default 0: instant). Lets tests of many
+    workers kill one mid-trial deterministically (``[objective_settings] sleep_s = 2``)."""
 
     def __post_init__(self) -> None:
         get_variant(self.variant)
+        if not isinstance(self.sleep_s, (int, float)) or not 0 <= self.sleep_s <= 3600:
+            raise ValueError(f"sleep_s={self.sleep_s!r}: must be seconds in [0, 3600]")
 
     def workload(self) -> Workload:
         return Workload(policy=ModelShape.from_pretrained(self.model))
@@ -272,6 +277,10 @@ class SyntheticObjective:
     def run(self, plan: TrialPlan, *, seed: int = 0, progress=None) -> TrialResult:
         """Scores of ``plan``'s allocation (:func:`observe`); the spent FLOPs are the plan's
         expected ones (within its budget by construction)."""
+        if self.sleep_s:
+            import time
+
+            time.sleep(self.sleep_s)
         a = plan.allocation
         model = a.model or plan.policy  # used by variants with a model-size term only
         targets = observe(a.rho, a.group_size, a.reward, plan.budget_flops, variant=self.variant,

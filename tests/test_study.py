@@ -91,20 +91,33 @@ def test_failed_trial_is_recorded_and_study_goes_on(tmp_path):
     assert sum(r.state == "COMPLETE" for r in rs.values()) == 4
 
 
-def test_resume_runs_only_missing_trials(tmp_path):
+def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
+    """Resume: a killed worker's trial (stale heartbeat) is failed and run again once with the
+    same allocation; a trial reserved by `allocopt ask` (RUNNING, no heartbeat) is left alone."""
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
+    from allocopt.storage import heartbeat
+
     url = f"sqlite:///{tmp_path}/d.db"
     obj = Counting()
     run_study(spec(trials=3), objective=obj, workload=obj.workload(), storage=url)
-    # a trial left RUNNING (as an interrupt leaves it) is marked failed on resume
-    st = optuna.load_study(study_name="t", storage=url)
-    st.ask()
+    st = open_study(spec(trials=3), url)
+    reserved = st.ask({"rho": optuna.distributions.FloatDistribution(0.2, 0.9)})
+    killed = st.ask({"rho": optuna.distributions.FloatDistribution(0.2, 0.9)})
+    with heartbeat(st, killed):  # one heartbeat, then the "worker" is gone
+        pass
+    time.sleep(3.5)  # past the grace period (SQLite's clock has whole seconds)
     obj2 = Counting()
     st = run_study(spec(trials=5), objective=obj2, workload=obj2.workload(), storage=url)
-    states = [t.state.name for t in st.trials]
-    assert states[:3] == ["COMPLETE"] * 3 and states[3] == "FAIL"
-    assert "interrupted" in st.trials[3].user_attrs["error"]
-    # the interrupted trial does not count (issue 18): 3 complete + 2 new = 5 finished
-    assert len(obj2.calls) == 2 and states[4:] == ["COMPLETE"] * 2
+    by_number = {t.number: t for t in st.trials}
+    assert [by_number[i].state.name for i in range(3)] == ["COMPLETE"] * 3
+    assert by_number[reserved.number].state.name == "RUNNING"  # not touched
+    assert by_number[killed.number].state.name == "FAIL"
+    retries = [t for t in st.trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retries) == 1 and retries[0].state.name == "COMPLETE"
+    assert retries[0].params["rho"] == killed.params["rho"]
+    # the killed one does not count (issue 18): 3 complete + its retry + 1 new = 5 finished
+    assert len(obj2.calls) == 2 and obj2.calls[0].rho == pytest.approx(killed.params["rho"])
 
 
 def test_botorch_sampler_proposes_in_space(tmp_path):
@@ -142,7 +155,9 @@ def test_cli_sigint_then_resume(tmp_path):
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
             "--target", "pass@1", "--trials", "400", "--sampler", "random", "--pilots", "0", "--no-mlflow",
             "--study-name", "sig", "--storage", f"sqlite:///{tmp_path}/s.db"]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    # Ctrl-C inside a database call may leave the trial to its stale heartbeat: short times here
+    env = {**__import__("os").environ, "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "2"}
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
     url = f"sqlite:///{tmp_path}/s.db"
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -161,7 +176,8 @@ def test_cli_sigint_then_resume(tmp_path):
     assert n_complete >= 4
     resume = args.copy()
     resume[resume.index("400")] = str(len(before) + 2)
-    r = subprocess.run(resume, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    time.sleep(3.5)  # past the grace period (SQLite's clock has whole seconds)
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     after = optuna.load_study(study_name="sig", storage=url).trials
     for number, state, params in before:  # finished trials kept as they were

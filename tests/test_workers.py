@@ -1,0 +1,267 @@
+"""Many workers on one study: heartbeats, a killed worker's trial retried once, MLflow agreeing
+with Optuna, one parent run, passwords never shown. PostgreSQL tests use the ``postgres_url``
+fixture (tests/conftest.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from allocopt.spec import SearchSpace, StudySpec
+from allocopt.storage import StorageError, heartbeat, heartbeat_settings, redact_url
+from allocopt.study import StudyError, open_study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql://al:s3cret@db.example:5432/optuna", "postgresql://al:***@db.example:5432/optuna"),
+    ("postgresql+psycopg://al:p@ss@h/db", "postgresql+psycopg://al:***@h/db"),  # '@' in the password
+    ("postgresql://al@h/db?password=s3cret&sslmode=require", "postgresql://al@h/db?password=***&sslmode=require"),
+    ("postgresql://h/db", "postgresql://h/db"),
+    ("sqlite:///allocopt.db", "sqlite:///allocopt.db"),
+    ("http://u:tok@mlflow:5000", "http://u:***@mlflow:5000"),
+])
+def test_redact_url(url, shown):
+    assert redact_url(url) == shown
+
+
+def test_heartbeat_settings_checked(monkeypatch):
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "5")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "5")
+    with pytest.raises(StorageError, match="ALLOCOPT_GRACE_S=5: must be above"):
+        heartbeat_settings()
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "soon")
+    with pytest.raises(StorageError, match="ALLOCOPT_HEARTBEAT_S='soon'"):
+        heartbeat_settings()
+    monkeypatch.delenv("ALLOCOPT_HEARTBEAT_S")
+    monkeypatch.delenv("ALLOCOPT_GRACE_S")
+    assert heartbeat_settings() == (10, 60)
+
+
+def _spec(**kw):
+    base = dict(name="w", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
+                sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8),
+                                                              rewards=("sparse", "prm")))
+    return StudySpec(**{**base, **kw})
+
+
+def test_opening_never_touches_running_trials_postgres(pg_database, monkeypatch):
+    """A second worker opening the study leaves the first worker's live trial RUNNING; a
+    stale one (no heartbeat for the grace period) is failed and retried exactly once."""
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
+    from allocopt.storage import fail_stale
+
+    a = open_study(_spec(), pg_database)
+    dist = {"rho": optuna.distributions.FloatDistribution(0.2, 0.9)}
+    live = a.ask(dist)
+    with heartbeat(a, live):
+        b = open_study(_spec(), pg_database)  # the second worker
+        fail_stale(b)
+        assert b.trials[live.number].state.name == "RUNNING"
+        assert b.trials[live.number].system_attrs["allocopt.worker"].endswith(f":{os.getpid()}")
+        time.sleep(2.5)  # the heartbeat goes on: still alive after the grace period
+        fail_stale(b)
+        assert b.trials[live.number].state.name == "RUNNING"
+    time.sleep(3.0)  # the "worker" is gone: no heartbeat for longer than the grace period
+    fail_stale(b)
+    fail_stale(b)  # a second check (another worker) does not fail or retry it again
+    trials = b.get_trials()
+    assert trials[live.number].state.name == "FAIL"
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == live.number]
+    assert len(retries) == 1 and retries[0].state.name == "WAITING"
+    assert retries[0].params == live.params
+    # the retry dies too: failed, and not retried a second time (max_retry=1)
+    again = b.ask(dist)
+    assert again.number == retries[0].number and again.params == live.params
+    with heartbeat(b, again):
+        pass
+    time.sleep(3.5)
+    fail_stale(b)
+    assert b.trials[again.number].state.name == "FAIL"
+    assert not [t for t in b.get_trials() if t.state.name == "WAITING"]
+
+
+def test_bad_postgres_url_is_one_redacted_line():
+    with pytest.raises(StudyError) as e:
+        open_study(_spec(), "postgresql://al:s3cret@127.0.0.1:1/nodb?connect_timeout=2")
+    msg = str(e.value)
+    assert "s3cret" not in msg and "al:***@127.0.0.1" in msg and "\n" not in msg
+
+
+def _mlflow_store(postgres_url: str, name: str) -> str:
+    """A fresh MLflow store in its own PostgreSQL database, its tables made once (workers that
+    start at once would otherwise all run MLflow's migrations)."""
+    import pgserver
+    from mlflow import MlflowClient
+
+    uri = pgserver.fresh_database(postgres_url, name)
+    MlflowClient(tracking_uri=uri).search_experiments()
+    return uri
+
+
+def test_parent_run_once_when_workers_start_at_once(postgres_url):
+    """Four workers (threads, each with its own MLflow client) open a tracker of one study at the
+    same moment: one parent run, shared by all."""
+    import threading
+
+    from mlflow import MlflowClient
+
+    from allocopt.tracking import StudyTracker
+
+    uri = _mlflow_store(postgres_url, "mlflow_parent")
+    MlflowClient(tracking_uri=uri).create_experiment("allocopt/par")  # as a first worker would
+    gate = threading.Barrier(4)
+    ids, errors = [], []
+
+    def worker():
+        try:
+            gate.wait(timeout=60)
+            ids.append(StudyTracker("par", tracking_uri=uri).parent_run_id)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(ids) == 4
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name("allocopt/par")
+    active = c.search_runs([exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'")
+    assert len(active) == 1 and set(ids) == {active[0].info.run_id}
+
+
+def _wait(cond, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_three_workers_one_killed(postgres_url, tmp_path):
+    """Three `allocopt study` workers with RACE pilots on one PostgreSQL study (a password in
+    the URL) and one MLflow store; one is SIGKILLed mid-trial. Every pilot and every proposal
+    runs once, parallel proposals differ, the killed trial is failed and retried once by another
+    worker, no finished trial is lost, MLflow agrees with Optuna on every trial, and the
+    password is in no printed line and no MLflow param or tag."""
+    import pgserver
+
+    from allocopt.race import RaceSettings
+    from allocopt.sampler import RaceSampler
+
+    db = pgserver.fresh_database(postgres_url, "three_workers")
+    url = db.replace("postgresql://postgres@", "postgresql://postgres:Sup3rSecret@")  # trust auth
+    mlflow_uri = _mlflow_store(postgres_url, "mlflow_three")
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    pilots, full = 10, 3  # the fewest pilots RACE accepts for 2 rewards x 2 G
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'name = "kw"\nobjective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
+                    f'trials = {full}\nseed = 0\npilots = {pilots}\npilot_fraction = 0.1\n'
+                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n'
+                    '[objective_settings]\nsleep_s = 1.0\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "4"}
+    args = [sys.executable, "-m", "allocopt.cli", "study", "--spec", str(spec), "--storage", url,
+            "--mlflow-uri", mlflow_uri]
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    ps = [subprocess.Popen(args, stdout=open(f, "w"), stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+          for f in logs]
+    victim = ps[0]
+    load = lambda: optuna.load_study(study_name="kw", storage=db)  # noqa: E731
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+
+    def victim_mid_trial():
+        if victim.poll() is not None:
+            raise AssertionError("the first worker exited: " + logs[0].read_text()[-2000:])
+        try:
+            st = load()
+        except Exception:  # noqa: BLE001 - not created yet
+            return None
+        done = [t for t in st.trials if t.state.name == "COMPLETE"]
+        mine = [t for t in st.trials if t.state.name == "RUNNING"
+                and t.system_attrs.get("allocopt.worker", "").endswith(f":{victim.pid}")]
+        if len(done) < 3 or not mine:
+            return None
+        exp = client.get_experiment_by_name("allocopt/kw")
+        runs = client.search_runs([exp.experiment_id], filter_string=(
+            f"tags.`allocopt.trial_number` = '{mine[0].number}' and attributes.status = 'RUNNING'"))
+        return (done, mine[0]) if runs else None  # its MLflow run is open: the kill lands mid-trial
+
+    try:
+        done_before, killed = _wait(victim_mid_trial, 150, "the first worker mid-trial")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    for p, f in zip(ps[1:], logs[1:]):
+        assert p.wait(timeout=240) == 0, f.read_text()[-3000:]
+    trials = {t.number: t for t in load().trials}
+    # the killed trial: failed, retried exactly once by a survivor, with the same allocation
+    assert trials[killed.number].state.name == "FAIL"
+    retries = [t for t in trials.values() if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retries) == 1 and retries[0].state.name == "COMPLETE"
+    assert retries[0].params == killed.params
+    assert not retries[0].system_attrs["allocopt.worker"].endswith(f":{victim.pid}")
+    assert [t.number for t in trials.values() if t.state.name == "FAIL"] == [killed.number]
+    assert not [t for t in trials.values() if t.state.name in ("RUNNING", "WAITING")]
+    for t in done_before:  # nothing finished is lost
+        assert trials[t.number].state.name == "COMPLETE" and trials[t.number].values == t.values
+    # every pilot exactly once, no allocation run twice (but the killed one's retry)
+    design = RaceSampler(space, budget_flops=1e18, pilot_fraction=0.1,
+                         settings=RaceSettings(max_pilots=pilots), seed=0).design
+    ran = [t for t in trials.values() if t.number != killed.number]
+    keys = sorted(t.user_attrs["race_pilot"] for t in ran if "race_pilot" in t.user_attrs)
+    assert keys == sorted(p.key for p in design)
+    allocations = [tuple(sorted(t.params.items())) for t in ran]
+    assert len(set(allocations)) == len(allocations)
+    fulls = [t for t in ran if t.params.get("fidelity") == "full"]
+    assert len(fulls) >= full
+    overlapping = [(a.number, b.number) for a in fulls for b in fulls if a.number < b.number
+                   and a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete]
+    assert overlapping, "no two full-budget proposals ran at once: parallel proposals untested"
+    # MLflow agrees with Optuna on every trial
+    exp = client.get_experiment_by_name("allocopt/kw")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("allocopt.role") == "study"]
+    trial_runs = {int(r.data.tags["allocopt.trial_number"]): r for r in runs
+                  if r.data.tags.get("allocopt.role") == "trial"}
+    assert len(parents) == 1 and set(trial_runs) == set(trials)
+    status = {"COMPLETE": "FINISHED", "FAIL": "FAILED"}
+    for n, t in trials.items():
+        r = trial_runs[n]
+        assert r.info.status == status[t.state.name], (n, t.state.name, r.info.status)
+        assert r.data.tags["allocopt.state"] == t.user_attrs.get("state", t.state.name)
+        assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    assert f"retried as trial {retries[0].number}" in trial_runs[killed.number].data.tags["allocopt.error"]
+    # the password: in no printed line, no param, no tag
+    for f in logs:
+        assert "Sup3rSecret" not in f.read_text()
+    for r in runs:
+        assert not any("Sup3rSecret" in str(v) for v in {**r.data.params, **r.data.tags}.values())
+    print(f"three workers: {len(trials)} trials ({len(keys)} pilots, {len(fulls)} full, killed "
+          f"trial {killed.number} retried as {retries[0].number}), {len(overlapping)} overlapping full pairs")
+
+
+@pytest.mark.parametrize("args", [
+    ("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0",
+     "--no-mlflow", "--storage"),
+    ("best", "--study", "x", "--target", "pass@1", "--storage"),
+    ("ask", "--study", "x", "--storage"),
+])
+def test_cli_never_prints_a_password(args, tmp_path):
+    bad = "postgresql://al:Sup3rSecret@127.0.0.1:1/db?connect_timeout=2"
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args, bad], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Sup3rSecret" not in r.stdout + r.stderr and "al:***@127.0.0.1" in r.stderr
