@@ -95,9 +95,9 @@ ROWS = [
     ("race: pilot fraction 0", ["race", *SYN, "--budget", "1e18", "--pilot-fraction", "0"],
      ["pilot_fraction=0.0", "between 0 and 1"]),
     ("race: negative validations", ["race", *SYN, "--budget", "1e18", "--validations", "-1"], ["validations=-1", ">= 0"]),
-    ("race: pilots below every allocation", ["race", *SYN, "--budget", "1e15", "--no-mlflow",
+    ("race: pilots below every allocation", ["race", *SYN, "--budget", "1e14", "--no-mlflow",
                                              "--storage", "sqlite:///{tmp}/o.db"],
-     ["pilot_fraction=0.1", "1e+14", "smallest feasible plan", "budget_flops >= "]),
+     ["pilot_fraction=0.1", "1e+13", "smallest feasible plan", "budget_flops >= "]),
     ("race: zero pilots", ["race", *SYN, "--budget", "1e18", "--max-pilots", "0"], ["max_pilots=0", ">= 3"]),
     ("race: negative budget", ["race", *SYN, "--budget", "-1"], ["budget_flops='-1'", "positive"]),
     # ---- best / pareto / report
