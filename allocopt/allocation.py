@@ -39,6 +39,12 @@ MODEL_BASED: frozenset[str] = frozenset({"proxy_prm", "prm"})
 RHO_TOLERANCE = 0.01
 """A plan is *realizable* when its ρ is within this of the asked ρ."""
 
+MAX_ROLLOUTS_PER_ITERATION = 65_536
+"""Most completions one iteration (prompts × G) may sample, and so the largest G. The FLOP
+accounting prices every row of a rollout batch (about 50 µs and a few tuple entries a row, so
+this bound keeps one pricing under ~4 s and a few MB); the largest published GRPO batches are
+this size (DeepSeekMath: 1,024 prompts × G = 64)."""
+
 
 class FrozenMap(dict):
     """A dict that is hashable (by its sorted items), so frozen configs holding one are too.
@@ -90,6 +96,10 @@ class Allocation:
                 or self.group_size < 2:
             raise ConfigError(f"group_size={self.group_size!r}: must be an integer >= 2 "
                               "(GRPO needs a group to compare completions)")
+        if self.group_size > MAX_ROLLOUTS_PER_ITERATION:
+            raise ConfigError(f"group_size={self.group_size!r}: must be at most "
+                              f"{MAX_ROLLOUTS_PER_ITERATION} (completions per iteration are priced "
+                              "row by row)")
         if self.reward not in REWARDS:
             raise ConfigError(f"reward={self.reward!r}: unknown reward system; allowed: "
                               f"{', '.join(REWARDS)}")
@@ -141,8 +151,11 @@ class Workload:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
-        if self.rollouts_per_iteration < 2:
-            raise ConfigError(f"rollouts_per_iteration={self.rollouts_per_iteration!r}: must be >= 2")
+        n = self.rollouts_per_iteration
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= MAX_ROLLOUTS_PER_ITERATION:
+            raise ConfigError(f"rollouts_per_iteration={n!r}: must be an integer from 2 to "
+                              f"{MAX_ROLLOUTS_PER_ITERATION} (completions per iteration are priced "
+                              "row by row)")
         for f in ("prompt_tokens", "completion_tokens"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
@@ -320,6 +333,33 @@ def expected_flops(workload: Workload, allocation: Allocation, rows_trained: flo
     return acct
 
 
+def max_iterations(budget_flops: float, workload: Workload, allocation: Allocation,
+                   rows_trained: float) -> int:
+    """The most iterations whose exact executed FLOPs (:func:`expected_flops`) fit in
+    ``budget_flops``; 0 when not even one does.
+
+    ``expected_flops`` grows with the iteration count (every iteration costs > 0), so the
+    answer is found by bisection between 0 and an upper bound from the mean cost of 64
+    iterations, doubled until it is over the budget: O(log(budget)) evaluations, so a budget
+    of 1e30 FLOPs answers at once.
+    """
+    def fits(n: int) -> bool:
+        return expected_flops(workload, allocation, rows_trained, n).executed.total_flops <= budget_flops
+
+    mean_cost = expected_flops(workload, allocation, rows_trained, 64).executed.total_flops / 64
+    hi = int(budget_flops // mean_cost) + 1
+    while fits(hi):
+        hi *= 2
+    lo = 0  # invariant: fits(lo) (0 iterations cost 0), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -> TrialPlan:
     """The training plan ``budget_flops`` buys at ``allocation``.
 
@@ -337,10 +377,7 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
     N = prompts * G
     k = rows_for_rho(workload, allocation)
     first = iteration_flops(workload, allocation, rows_schedule(k, 0))
-    mean_cost = expected_flops(workload, allocation, k, 64).executed.total_flops / 64
-    iterations = int(budget // mean_cost) + 1
-    while iterations > 0 and expected_flops(workload, allocation, k, iterations).executed.total_flops > budget:
-        iterations -= 1
+    iterations = max_iterations(budget, workload, allocation, k)
     if iterations < 1:
         need = first.executed.total_flops
         raise InfeasiblePlan(
@@ -366,7 +403,8 @@ def min_budget(allocation: Allocation, workload: Workload) -> int:
     return iteration_flops(workload, allocation, rows_schedule(k, 0)).executed.total_flops
 
 
-__all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE",
+__all__ = ["Allocation", "InfeasiblePlan", "MAX_ROLLOUTS_PER_ITERATION", "MODEL_BASED", "REWARDS",
+           "RHO_TOLERANCE",
            "RULE_BASED", "TrialPlan", "Workload", "check_budget", "iteration_flops",
-           "expected_flops", "make_plan", "min_budget", "rows_for_rho", "rows_schedule", "setup_fingerprint",
-           "workload_fingerprint"]
+           "expected_flops", "make_plan", "max_iterations", "min_budget", "rows_for_rho", "rows_schedule",
+           "setup_fingerprint", "workload_fingerprint"]

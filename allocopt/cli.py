@@ -52,7 +52,7 @@ _register_account(app)  # account and plan, listed first
 def _settings(items: Optional[List[str]]) -> dict:
     """``--set KEY=VALUE`` pairs as objective settings; values read as TOML (numbers, true,
     quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``."""
-    import tomllib
+    from allocopt.tomlio import tomllib  # tomli on Python 3.10
 
     out: dict = {}
     for item in items or []:
@@ -67,6 +67,29 @@ def _settings(items: Optional[List[str]]) -> dict:
 
 
 # ----------------------------------------------------------------------------- trial
+TRIAL_WALL_LIMIT_S = 3600.0
+"""``allocopt trial`` refuses a run estimated above this many seconds unless ``--yes``."""
+
+
+def estimated_seconds(obj: Any, flops: float) -> float | None:
+    """Wall seconds a trial spending ``flops`` executed FLOPs should take with ``obj``: its
+    ``overhead_seconds`` (loading, evaluation) plus ``flops / flops_per_second``, both measured
+    properties of the objective; ``None`` when the objective has no measured throughput."""
+    rate = getattr(obj, "flops_per_second", None)
+    if not rate:
+        return None
+    return getattr(obj, "overhead_seconds", 0.0) + flops / rate
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``2.1 h``, ``4.0 days``, ``31.7 years``."""
+    for unit, size, least in (("years", 365.25 * 86400, 1), ("days", 86400, 2), ("h", 3600, 1),
+                              ("min", 60, 2)):
+        if seconds >= least * size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 @app.command()
 def trial(
     budget: str = typer.Option(..., help="FLOP budget of the run, e.g. 3e11 for the tiny objective (about 30-40 s on 2 cores)."),
@@ -76,6 +99,7 @@ def trial(
     objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world)."),
     seed: int = typer.Option(0, help="Random seed of the trial."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    yes: bool = typer.Option(False, "--yes", help=f"Run even when the estimated wall time (from the objective's measured FLOP/s) is above {TRIAL_WALL_LIMIT_S / 3600:g} h."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE (repeat), e.g. --set model=PATH for qwen."),
 ) -> None:
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
@@ -92,6 +116,16 @@ def trial(
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
+    secs = estimated_seconds(obj, p.expected.executed.total_flops)
+    if secs is not None:
+        if secs > TRIAL_WALL_LIMIT_S and not yes:
+            raise ConfigError(
+                f"budget={b:.3g}: the {objective} objective would take about {duration(secs)} here "
+                f"(at {obj.flops_per_second:.2g} FLOP/s measured on a CPU core); allowed without "
+                f"--yes: at most {duration(TRIAL_WALL_LIMIT_S)} (give a smaller --budget, or --yes)")
+        err.print(f"estimated wall time: about {duration(secs)} ({fmt_flops(p.expected.executed.total_flops)} "
+                  f"FLOPs at {obj.flops_per_second:.2g} FLOP/s, plus evaluation)", highlight=False,
+                  soft_wrap=True)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                TextColumn("{task.fields[spent]}"), TimeElapsedColumn())
     with Progress(*columns, console=err, disable=as_json) as bar:
@@ -146,7 +180,12 @@ def study(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's [objective_settings] (repeat), e.g. --set model=PATH."),
 ) -> None:
-    """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
+    """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
+
+    Exit codes: 0 at least one full-budget trial finished; 1 the study ran but none did
+    (every trial failed or was infeasible: nothing to recommend); 2 bad input, refused before
+    anything is recorded; 130 interrupted (finished trials are kept; the same command resumes).
+    """
     import os
     import warnings
 
@@ -156,10 +195,12 @@ def study(
     from allocopt.spec import StudySpec, target_label
     from allocopt.study import StudyError, dry_run as plans_over_space, run_study
 
-    base = StudySpec.from_toml(spec) if spec else StudySpec()
     from allocopt.allocation import check_budget
 
+    if spec is None and budget is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
     b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = base.with_overrides(budget_flops=b, target=tgt, objective=objective, trials=trials,
                             name=study_name, seed=seed, sampler=sampler, pilots=pilots,
@@ -223,14 +264,20 @@ def study(
         # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
         print_study_summary(open_study(replace(s, pilots=0), storage), s, storage)
         return
+    from allocopt.cli_common import check_space_feasible
     from allocopt.study import open_study
 
+    with err.status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    check_space_feasible(s, workload)  # a budget no allocation can use: refused, nothing recorded
+    if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
+        from allocopt.cli_common import probe_tracking
+
+        probe_tracking(s.name, mlflow_uri)
     try:
         open_study(s, storage)  # a bad storage URL or a mismatched study fails before any work
     except StudyError as e:
         raise UsageProblem(str(e)) from None
-    with err.status("building / loading the objective's models (cached after the first run)..."):
-        workload = obj.workload()
     tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -267,19 +314,25 @@ def study(
                 msg += f" ({row.error.splitlines()[0]})"
             bar.console.print(msg, markup=False, highlight=False)
 
+        from allocopt.cli_common import close_tracker, one_interrupt
+
+        status = "FAILED"  # the parent run is FINISHED only when the loop ends normally
         try:
-            st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                           on_trial_start=on_start, on_trial_end=on_end, progress=progress)
+            with one_interrupt():
+                st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                               on_trial_start=on_start, on_trial_end=on_end, progress=progress)
+            status = "FINISHED"
         except StudyError as e:
             raise UsageProblem(str(e)) from None
         except KeyboardInterrupt:
+            status = "KILLED"
             from allocopt.storage import redact_url
 
             fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
                  "to resume", 130)
         finally:
-            if tracker:
-                tracker.close()
+            with one_interrupt(raise_first=False):
+                close_tracker(tracker, s.name, storage, status)
     print_study_summary(st, s, storage)
 
 
@@ -301,6 +354,11 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db")
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
     best = done[0] if done else None
     if best is None:
+        n_fail = sum(r.state == "FAIL" for r in all_rows)
+        n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
+        if n_fail + n_inf:  # the study ran, and nothing it ran finished: exit 1, not 0
+            fail(f"error: no trial of study {s.name!r} finished: {n_fail} failed, {n_inf} infeasible "
+                 "(their errors are in the trial lines above and in MLflow)", 1)
         out.print("no complete full-budget trial yet")
         return
     t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
@@ -348,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
         rc: Any = app(args=argv, standalone_mode=False, prog_name="allocopt")
     except typer.Abort:
         fail("aborted", 130)
+    except KeyboardInterrupt:  # before any study was opened (loading, planning): nothing recorded
+        fail("interrupted before anything was recorded", 130)
     except TyperException as e:  # usage errors: unknown option, bad int, missing option
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         fail(f"error: {msg} (see --help)", getattr(e, "exit_code", 2))

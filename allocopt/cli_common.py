@@ -44,10 +44,190 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
         return None
     from allocopt.tracking import StudyTracker
 
+    probe_tracking(study_name, mlflow_uri)
     try:
-        return StudyTracker(study_name, tracking_uri=mlflow_uri)
+        with _quiet_mlflow():
+            return StudyTracker(study_name, tracking_uri=mlflow_uri)
     except Exception as e:
         from allocopt.storage import redact_url
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
-                          f"({redact_url(str(e).splitlines()[0][:200])})") from None
+                          f"({redact_url(_reason(e))})") from None
+
+
+PROBE_TIMEOUT_S = 5
+"""Seconds the first request to an MLflow server may take (``MLFLOW_HTTP_REQUEST_TIMEOUT``
+for the probe, with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``), unless those are set already."""
+
+
+def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
+    """Check the MLflow store before anything is recorded elsewhere: one read (the study's
+    experiment) with a short timeout and no retries, then one write (the experiment, created
+    when missing, gets an ``allocopt.checked_at`` tag), so an unreachable server or a
+    read-only store fails in seconds, before an Optuna study is created.
+
+    Raises:
+        ConfigError: one line naming the URI and the reason.
+        SystemExit(130): Ctrl-C during the probe (one line says so; nothing recorded).
+    """
+    import sys
+    import time
+
+    from allocopt.tracking import TAG_STUDY, _artifact_location, _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    try:
+        from mlflow import MlflowClient
+
+        with _quiet_mlflow(), short_mlflow_requests():
+            client = MlflowClient(tracking_uri=uri)
+            name = f"allocopt/{study_name}"
+            exp = client.get_experiment_by_name(name)
+            exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+                name, artifact_location=_artifact_location(uri, study_name), tags={TAG_STUDY: study_name})
+            client.set_experiment_tag(exp_id, "allocopt.checked_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
+        sys.exit(130)
+    except Exception as e:
+        from allocopt.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(_reason(e))}); "
+                          "check the server or path, or give --no-mlflow") from None
+
+
+class short_mlflow_requests:
+    """Within the block, MLflow's HTTP requests time out after :data:`PROBE_TIMEOUT_S` and are
+    not retried (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), unless
+    the user set those variables: a first request to an unreachable server fails in seconds,
+    not after MLflow's default 7 retries with backoff (minutes)."""
+
+    NAMES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}
+
+    def __enter__(self) -> None:
+        import os
+
+        self.saved = {k: os.environ.get(k) for k in self.NAMES}
+        for k, v in self.NAMES.items():
+            os.environ.setdefault(k, v)
+
+    def __exit__(self, *exc: Any) -> None:
+        import os
+
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _reason(e: BaseException) -> str:
+    """The telling line of an MLflow / SQLAlchemy / requests error, at most 200 characters."""
+    import re
+
+    text = str(e)
+    for pattern in (r"\(\w+(?:\.\w+)*Error\) ([^\n]+)",  # (sqlite3.OperationalError) attempt to write...
+                    r"(Connection refused)", r"(Read timed out)", r"(Name or service not known)",
+                    r"(Failed to establish a new connection)", r"(Max retries exceeded)"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1)[:200]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+class _quiet_mlflow:
+    """Silence MLflow's and alembic's loggers (they log a whole traceback at ERROR before
+    raising) while a call whose error becomes one line runs."""
+
+    NAMES = ("mlflow", "alembic", "sqlalchemy")
+
+    def __enter__(self) -> None:
+        import logging
+
+        self.levels = {n: logging.getLogger(n).level for n in self.NAMES}
+        for n in self.NAMES:
+            logging.getLogger(n).setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc: Any) -> None:
+        import logging
+
+        for n, lvl in self.levels.items():
+            logging.getLogger(n).setLevel(lvl)
+
+
+def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None = None) -> None:
+    """Refuse a study whose budget (or pilot budget) cannot buy one iteration of any allocation
+    in its space, before anything is recorded. The cost of an iteration grows with ρ (more rows
+    trained), so each G × reward × model is checked at both ends of the ρ range.
+
+    Raises:
+        ConfigError: one line with the smallest feasible plan's budget.
+    """
+    import itertools
+
+    from allocopt.allocation import Allocation, min_budget
+
+    sp = spec.space
+    allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
+        sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
+    need, a = min(((min_budget(a, workload), a) for a in allocs), key=lambda x: x[0])
+    where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
+             + (f", model={a.model}" if a.model else ""))
+    b = spec.budget_flops
+    if b < need:
+        raise ConfigError(f"budget_flops={b:.3g}: too small for one GRPO iteration of any allocation "
+                          f"in the space; the smallest feasible plan ({where}) needs {need:.3g} FLOPs")
+    if pilot_fraction is not None and pilot_fraction * b < need:
+        raise ConfigError(f"pilot_fraction={pilot_fraction:g}: pilots at {pilot_fraction:g} x "
+                          f"{b:.3g} = {pilot_fraction * b:.3g} FLOPs cannot buy one GRPO iteration of "
+                          f"any allocation; the smallest feasible plan ({where}) needs {need:.3g} "
+                          f"FLOPs (budget_flops >= {need / pilot_fraction:.3g}, or a larger pilot fraction)")
+
+
+def close_tracker(tracker: Any, study_name: str, storage: str, status: str) -> None:
+    """End the study's MLflow records: trial runs that a killed worker left RUNNING are ended
+    FAILED where Optuna no longer has their trial RUNNING (:meth:`StudyTracker.end_stale_runs`),
+    then the parent run is closed with ``status`` (``FINISHED``; ``KILLED`` after an interrupt,
+    ``FAILED`` after a crash). Safe to call with ``tracker=None``."""
+    if tracker is None:
+        return
+    try:
+        import optuna
+
+        study = optuna.load_study(study_name=study_name, storage=storage)
+        tracker.end_stale_runs({t.number: t.state.name for t in study.get_trials(deepcopy=False)})
+    except Exception:  # noqa: BLE001 - no study yet, storage gone: nothing to reconcile
+        pass
+    finally:
+        tracker.close(status)
+
+
+class one_interrupt:
+    """Within the block, the first Ctrl-C raises KeyboardInterrupt as usual; further ones only
+    print a line, so the interrupted trial's record (Optuna and MLflow) is written in full
+    (a second Ctrl-C used to cut it short and leave the MLflow run RUNNING). With
+    ``raise_first=False`` every Ctrl-C only prints (for the closing records)."""
+
+    def __init__(self, raise_first: bool = True):
+        self.raise_first = raise_first
+
+    def __enter__(self) -> "one_interrupt":
+        import signal
+        import sys
+
+        def first(signum: int, frame: Any) -> None:
+            signal.signal(signal.SIGINT, again)
+            raise KeyboardInterrupt
+
+        def again(signum: int, frame: Any) -> None:
+            sys.stderr.write("interrupting: saving the interrupted trial's record, one moment\n")
+
+        self.previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, first if self.raise_first else again)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, self.previous)

@@ -125,8 +125,8 @@ def race(
     if spec is None and target is None:
         raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
                           "pass@1:math500, judge) or --spec FILE")
-    base = StudySpec.from_toml(spec) if spec else StudySpec()
     b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
     s = base.with_overrides(budget_flops=b, target=target, objective=objective, name=study_name, seed=seed)
     f = check_pilot_fraction(pilot_fraction)
     if validations < 0:
@@ -136,11 +136,12 @@ def race(
         extra_pilot_budget=extra_pilot_budget).items() if v is not None})
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
 
-    from allocopt.cli_common import load_objective, make_tracker
+    from allocopt.cli_common import check_space_feasible, load_objective, make_tracker
 
     obj = load_objective(s.objective, s.objective_settings)
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
+    check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
     tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
 
     from allocopt.race import run_race, same_regime_rate
@@ -165,21 +166,27 @@ def race(
             msg += f" ({row.error.splitlines()[0][:120]})"
         err.print(msg, markup=False, highlight=False)
 
+    from allocopt.cli_common import close_tracker, one_interrupt
+
+    status = "FAILED"  # the parent run is FINISHED only when the race ends normally
     try:
-        res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                       pilot_fraction=f, validations=validations, propose_only=propose_only,
-                       settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+        with one_interrupt():
+            res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                           pilot_fraction=f, validations=validations, propose_only=propose_only,
+                           settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+        status = "FINISHED"
     except StudyError as e:
         raise ConfigError(str(e)) from None
     except KeyboardInterrupt:
+        status = "KILLED"
         from allocopt.storage import redact_url
 
         sys.stderr.write(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
                          "to resume\n")
         sys.exit(130)
     finally:
-        if tracker:
-            tracker.close()
+        with one_interrupt(raise_first=False):
+            close_tracker(tracker, s.name, storage, status)
     rate_all = same_regime_rate(res.validation, validated_only=False)
     if as_json:
         doc = {"study": s.name, "budget_flops": s.budget_flops, "target": s.target,

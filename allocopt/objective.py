@@ -85,7 +85,12 @@ class TrialFailed(RuntimeError):
 @runtime_checkable
 class Objective(Protocol):
     """What a study runs. The built-in ones: :class:`objectives.tiny.TinyObjective`,
-    :class:`objectives.synthetic.SyntheticObjective`, :class:`objectives.qwen.QwenObjective`."""
+    :class:`objectives.synthetic.SyntheticObjective`, :class:`objectives.qwen.QwenObjective`.
+
+    Optional attributes: ``flops_per_second`` (executed training FLOPs per wall second,
+    measured on the machine the objective targets) and ``overhead_seconds`` (loading and
+    evaluation); with them ``allocopt trial`` prints the estimated wall time before starting
+    and refuses a run estimated above an hour unless ``--yes``."""
 
     name: str
     """The registered name (``tiny``, ``synthetic``, ``qwen``); MLflow tag ``allocopt.objective``."""

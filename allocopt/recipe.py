@@ -84,6 +84,11 @@ class Recipe:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
+        from allocopt.allocation import MAX_ROLLOUTS_PER_ITERATION as most
+
+        if self.prompts * self.group_size > most:  # every row is priced: bound time and memory
+            raise ConfigError(f"prompts x group_size={self.prompts} x {self.group_size}: must be "
+                              f"at most {most} completions per step (each row is priced)")
         for f in ("update_passes", "beta", "reward_steps", "completion_max"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

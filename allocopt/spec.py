@@ -125,9 +125,12 @@ class StudySpec:
             raise ConfigError(f"name={self.name!r}: must be a non-empty string")
         object.__setattr__(self, "budget_flops", check_budget(self.budget_flops))
         if isinstance(self.target, (list, tuple)):
-            ts = tuple(dict.fromkeys(self.target))  # drop repeats, keep order
+            ts = tuple(dict.fromkeys(self.target))
             if not ts:
                 raise ConfigError("target=[]: give at least one target; allowed: " + ", ".join(TARGETS))
+            if len(ts) < len(self.target):
+                twice = next(t for t in ts if list(self.target).count(t) > 1)
+                raise ConfigError(f"target={twice!r}: given more than once; give each target once")
             object.__setattr__(self, "target", ts[0] if len(ts) == 1 else ts)
         for t in self.targets:
             target_key(t)
@@ -151,16 +154,24 @@ class StudySpec:
         object.__setattr__(self, "objective_settings", dict(self.objective_settings))
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "StudySpec":
-        """Read a study file. Raises :class:`ConfigError` (missing file, malformed TOML,
-        unknown key, bad value) with one line."""
+    def from_toml(cls, path: str | Path, budget_flops: float | None = None) -> "StudySpec":
+        """Read a study file; ``budget_flops`` (the CLI's ``--budget``), when given, replaces
+        the file's. Raises :class:`ConfigError` (missing file, malformed TOML, unknown key, bad
+        value, no budget in the file nor given: a study never runs at a default budget) with
+        one line."""
         p = Path(path)
         data = read_toml(p, "spec")
         check_keys(data, cls, f"spec {p.name}")
+        if budget_flops is not None:
+            data["budget_flops"] = budget_flops
         try:
-            return cls(**data)
+            spec = cls(**data)
         except TypeError as e:
             raise ConfigError(f"spec {p.name}: {e}") from None
+        if "budget_flops" not in data:
+            raise ConfigError(f"budget_flops: missing in spec {p.name}; set budget_flops = <FLOPs "
+                              "per trial> there (e.g. 1e19) or give --budget")
+        return spec
 
     def with_overrides(self, **kw: Any) -> "StudySpec":
         """A copy with every non-``None`` keyword replaced (CLI flags over file values)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from allocopt.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
@@ -27,6 +27,15 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec, allocation_of  # noqa: F401  (allocation_of: old import path)
 
 DEFAULT_STORAGE = "sqlite:///allocopt.db"
+
+
+class TrialScoreError(RuntimeError):
+    """The objective returned a target that is not a finite number (NaN, inf, None); the trial
+    fails, with what it spent (``result``)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
 
 
 class StudyError(ValueError):
@@ -245,6 +254,11 @@ def run_one_trial(
         on_trial_start(trial.number, alloc, plan)
     try:
         result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+        bad = {k: result.targets[k] for k in keys if k in result.targets
+               and not (isinstance(result.targets[k], (int, float)) and math.isfinite(result.targets[k]))}
+        if bad:  # a NaN score is a failed trial everywhere (Optuna would fail it; so do we)
+            raise TrialScoreError(f"target {', '.join(f'{k}={v!r}' for k, v in bad.items())}: "
+                                  "not a finite number", result)
     except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
         return _infeasible(e, plan)
     except KeyboardInterrupt:
@@ -346,11 +360,15 @@ def run_study(
     if missing:
         raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
                          f"{', '.join(declared or ())}")
-    sampler = sampler if sampler is not None else make_sampler(spec, workload=workload)
+    given = sampler is not None
+    sampler = sampler if given else make_sampler(spec, workload=workload)
     race = isinstance(sampler, RaceSampler)
     if pilots_only and not race:
         raise ValueError("pilots_only needs a RaceSampler")
     study = study if study is not None else open_study(spec, storage)
+    n = len(study.get_trials(deepcopy=False))
+    if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
+        sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
     study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
@@ -364,8 +382,14 @@ def run_study(
     def finished() -> int:
         from allocopt.race import trial_fidelity
 
-        return sum(1 for t in study.get_trials(deepcopy=False)
-                   if t.state in (TrialState.COMPLETE, TrialState.FAIL) and trial_fidelity(t) == "full")
+        # an interrupted or killed (retried) trial does not count: it is run again; a failed one
+        # counts (it would fail again)
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.system_attrs.get("failed_trial") for t in trials}
+        return sum(1 for t in trials
+                   if trial_fidelity(t) == "full" and (t.state == TrialState.COMPLETE or (
+                       t.state == TrialState.FAIL and t.number not in retried
+                       and not str(t.user_attrs.get("error", "")).startswith("interrupted"))))
 
     # every ask runs a trial (the queue's first); the cap only guards against a sampler that
     # never proposes a full run

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from allocopt.flops import ConfigError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
+    import tomli as tomllib  # type: ignore[no-redef]
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

@@ -522,6 +522,37 @@ class StudyTracker:
         self.client.log_dict(self.parent_run_id, json.loads(json.dumps(dict(best), default=str)),
                              "best.json")
 
+    def end_stale_runs(self, trial_states: Mapping[int, str]) -> list[int]:
+        """End the trial runs a killed worker left RUNNING, so MLflow agrees with Optuna.
+
+        Args:
+            trial_states: Optuna's state name (``COMPLETE``, ``FAIL``, ``RUNNING``, …) by trial
+                number. A RUNNING trial run whose trial is no longer RUNNING there (the worker
+                was killed, or a second Ctrl-C cut its clean-up short) is ended FAILED with the
+                tags ``allocopt.state = FAIL`` and an error; runs of trials still RUNNING (another
+                live worker's) are left alone.
+
+        Returns:
+            the trial numbers whose runs were ended.
+        """
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'trial' and attributes.status = 'RUNNING'",
+            max_results=1000)
+        ended = []
+        for r in runs:
+            if r.data.tags.get(TAG_STUDY) != self.study_name or r.info.run_id in self._open:
+                continue
+            number = int(r.data.tags.get(TAG_TRIAL, -1))
+            state = trial_states.get(number)
+            if state is None or state == "RUNNING":
+                continue
+            self._tags(r.info.run_id, {TAG_STATE: "FAIL", TAG_ERROR: _cut(
+                f"interrupted: the worker stopped mid-trial; Optuna has the trial as {state}; "
+                "ended on resume")})
+            self.client.set_terminated(r.info.run_id, "FAILED")
+            ended.append(number)
+        return sorted(ended)
+
     def close(self, status: str = "FINISHED") -> None:
         """End trial runs still open (KILLED) and the parent run (``status``). Idempotent."""
         if self._closed:

@@ -116,8 +116,8 @@ def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
     retries = [t for t in st.trials if t.system_attrs.get("failed_trial") == killed.number]
     assert len(retries) == 1 and retries[0].state.name == "COMPLETE"
     assert retries[0].params["rho"] == killed.params["rho"]
-    # 3 complete + the killed one failed + its retry = 5 finished: only the retry ran
-    assert len(obj2.calls) == 1 and obj2.calls[0].rho == pytest.approx(killed.params["rho"])
+    # the killed one does not count (issue 18): 3 complete + its retry + 1 new = 5 finished
+    assert len(obj2.calls) == 2 and obj2.calls[0].rho == pytest.approx(killed.params["rho"])
 
 
 def test_botorch_sampler_proposes_in_space(tmp_path):
@@ -143,7 +143,7 @@ def test_bad_storage_url():
 ])
 def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
     f = tmp_path / "s.toml"
-    f.write_text(toml)
+    f.write_text("budget_flops = 1e12\n" + toml)  # a spec without a budget is refused first
     r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(f), "--no-mlflow",
                         "--storage", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
