@@ -59,7 +59,8 @@ from optuna.trial import FrozenTrial, TrialState
 from allocopt.allocation import Allocation, Workload, check_budget
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
 from allocopt.race.diagnose import Observation, trial_fidelity, trial_params
-from allocopt.race.propose import PlanCache, Proposal, fit_surrogate, propose, recommend, runs_of
+from allocopt.race.propose import (PlanCache, Proposal, SurrogateCache, fit_surrogate, propose, recommend,
+                                   runs_of)
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
 
 FIDELITY_PARAM = "fidelity"
@@ -154,7 +155,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
         self._plans = PlanCache(workload) if workload is not None else None
         self.decisions: dict[int, RaceDecision] = {}
         self._fit: tuple[tuple[int, ...], Any] | None = None
-        self._raw: Any = None
+        self._cache = SurrogateCache(space, seed)  # hyperparameters refitted as the study grows
         self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}
         self.recommendations: list[tuple[int, Allocation]] = []
 
@@ -296,11 +297,11 @@ class RaceSampler(optuna.samplers.BaseSampler):
                            reward_share=(m.get("reward_flops", 0) / total) if total else math.nan)
 
     def _surrogate(self, obs: list[Observation]) -> Any:
-        """The surrogate on ``obs``, refitted only when they changed (warm start)."""
+        """The surrogate on ``obs``: conditioned anew when they changed, its hyperparameters
+        refitted only when the study has grown enough (:class:`~allocopt.race.propose.SurrogateCache`)."""
         key = tuple(sorted(o.number for o in obs))
         if self._fit is None or self._fit[0] != key:
-            sur = fit_surrogate(obs, self.space, seed=self.seed + len(obs), init=self._raw)
-            self._raw = sur.raw
+            sur = self._cache(obs)
             self._fit = (key, sur)
             self.timings["fit_seconds"].append(sur.fit_seconds)
             self.recommendations.append((max(o.number for o in obs),

