@@ -59,6 +59,7 @@ def trial(
     objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world)."),
     seed: int = typer.Option(0, help="Random seed of the trial."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines (hidden by default)."),
 ) -> None:
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -87,8 +88,11 @@ def trial(
 
         from objectives.grpo import TrialFailed
 
+        from allocopt.quiet import quiet
+
         try:
-            res = obj.run(p, seed=seed, progress=progress)
+            with quiet(verbose):
+                res = obj.run(p, seed=seed, progress=progress)
         except TrialFailed as e:
             fail(f"error: trial failed after spending {fmt_flops(e.result.spent.executed.total_flops)} "
                  f"FLOPs: {e}", 1)
