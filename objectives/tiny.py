@@ -89,7 +89,7 @@ class TinyObjective:
             rollouts_per_iteration=self.settings.rollouts_per_iteration,
             prompt_tokens=p, completion_tokens=c,
             padded_completion_tokens=min(self.settings.max_completion_length, round(1.5 * c)),
-            steps_per_completion=statistics.fmean(x.num_steps for x in train) + 1,
+            steps_per_completion=0.0,  # the PRMs are step verifiers: they add no marker tokens
             lora=LoRASpec(self.settings.lora_rank), reference=False, engine="trl-cpu")
 
     def reward(self, name: str) -> Any:
@@ -97,9 +97,15 @@ class TinyObjective:
 
         w = self.world()
         if name in ("proxy_prm", "prm"):
-            # the tiny PRMs read one <step> marker after each step line (tiny_tasks.mark_steps)
-            return make_reward(name, model=str(getattr(w, name)), tokenizer=self._tokenizer(),
-                               marker="<step>")
+            # the tiny PRMs are generative step verifiers (causal LMs trained on correct
+            # solutions); they share the policy's character tokenizer, so a completion
+            # re-tokenizes into at most as many tokens as the policy generated (margin 1)
+            from transformers import AutoModelForCausalLM
+
+            from objectives.verifier import LikelihoodVerifier
+
+            model = AutoModelForCausalLM.from_pretrained(str(getattr(w, name)))
+            return LikelihoodVerifier(model, self._tokenizer(), name=name, token_margin=1)
         return make_reward(name)
 
     def _tokenizer(self) -> Any:

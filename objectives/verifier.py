@@ -30,6 +30,7 @@ torch is imported only when the verifier runs.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal
 
@@ -117,6 +118,14 @@ class LikelihoodVerifier(_Base):
     # ------------------------------------------------------------------- scoring
     def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
                  answer: list[Any] | None = None, **kwargs: Any) -> list[float]:
+        """One reward per completion: the ``aggregate`` of its :meth:`step_scores` (0.0 when
+        it has no step line); charges the FLOPs to :meth:`consume_usage`."""
+        return [0.0 if not s else sum(s) / len(s) if self.aggregate == "mean" else min(s)
+                for s in self.step_scores(prompts, completions)]
+
+    def step_scores(self, prompts: list[Any] | None, completions: list[Any] | None) -> list[list[float]]:
+        """Per completion, the score in ``[0, 1]`` of each of its step lines (``[]`` for none);
+        the FLOPs are charged as for a reward call."""
         import torch
 
         start = time.perf_counter()
@@ -126,7 +135,7 @@ class LikelihoodVerifier(_Base):
             raise ValueError(f"reward={self.name!r}: got {len(prompts)} prompts but "
                              f"{len(completions)} completions; need one prompt per completion")
         encoded = [self.encode(p, c) for p, c in zip(prompts, completions)]
-        rewards = [0.0] * len(encoded)
+        scored: list[list[float]] = [[] for _ in encoded]
         todo = sorted((i for i, (_, spans) in enumerate(encoded) if spans),
                       key=lambda i: -len(encoded[i][0]))
         useful = executed = num_tokens = 0
@@ -156,9 +165,9 @@ class LikelihoodVerifier(_Base):
             for r, i in enumerate(rows):
                 scores = []
                 for a, z in encoded[i][1]:
-                    scores.append(float(torch.tensor(token_logp[k: k + z - a]).sum().exp()))
+                    scores.append(math.exp(sum(token_logp[k: k + z - a])))
                     k += z - a
-                rewards[i] = sum(scores) / len(scores) if self.aggregate == "mean" else min(scores)
+                scored[i] = scores
             executed += len(rows) * self._flops(width, 0, self.executed_attention) \
                 + self._flops(0, len(tok_of), self.executed_attention)
             for i in rows:
@@ -168,7 +177,7 @@ class LikelihoodVerifier(_Base):
         self._add_usage(RewardUsage(useful_flops=useful, executed_flops=executed,
                                     wall_seconds=time.perf_counter() - start,
                                     num_completions=len(completions), num_tokens=num_tokens))
-        return rewards
+        return scored
 
     def worst_case_flops(self, prompt_tokens: int, completion_tokens: int, num_completions: int) -> int:
         """Most FLOPs one call on ``num_completions`` completions can execute, for the budget
