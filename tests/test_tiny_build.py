@@ -156,8 +156,9 @@ def test_quick_build_is_complete_and_loads(quick):
     assert tok("9+1\n", add_special_tokens=False)["input_ids"] == tb.encode("9+1\n")
     policy = Qwen2ForCausalLM.from_pretrained(str(quick.policy))
     assert policy.generation_config.eos_token_id == tb._EOS_ID
-    for path, hidden in ((quick.prm, 192), (quick.proxy_prm, 64)):
-        assert Qwen2ForCausalLM.from_pretrained(str(path)).config.hidden_size == hidden
+    for path, layers in ((quick.prm, 4), (quick.proxy_prm, 3)):
+        config = Qwen2ForCausalLM.from_pretrained(str(path)).config
+        assert (config.hidden_size, config.num_hidden_layers) == (96, layers)
     leftovers = [p.name for p in quick.root.parent.iterdir() if ".tmp-" in p.name]
     assert leftovers == []
 
@@ -238,7 +239,7 @@ def test_corrupted_cache_is_rebuilt_whole(quick, tmp_path, monkeypatch):
 def test_interrupted_build_leaves_no_half_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(tb, "train_prm", _raiser(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        build_world(tmp_path / "world", **{**QUICK, "eval_problems": 4, "prm_policy_samples": 4})
+        build_world(tmp_path / "world", **{**QUICK, "eval_problems": 4, "prm_eval_samples": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".world.lock"]
 
 
