@@ -11,28 +11,32 @@ from allocopt.quiet import quiet
 
 def _emit() -> None:
     warnings.warn("`gradient_checkpointing` is deprecated", FutureWarning)
-    logging.getLogger("mlflow.tracking").info("Created MLflow experiment")
-    logging.getLogger("trl.trainer").warning("a TRL warning")
 
 
-def test_quiet_hides_future_warnings_and_library_logs(caplog):
-    caplog.set_level(logging.INFO)
+# The libraries configure their own loggers when imported (MLflow stops propagation), so the
+# tests read whether a logger would emit a record instead of capturing one.
+LOGGERS = ("mlflow.tracking", "trl.trainer", "transformers.trainer")
+
+
+def test_quiet_hides_future_warnings_and_library_logs():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with quiet():
             _emit()
+            assert not any(logging.getLogger(n).isEnabledFor(logging.WARNING) for n in LOGGERS)
+            assert all(logging.getLogger(n).isEnabledFor(logging.ERROR) for n in LOGGERS)
         assert seen == []
-    assert [r for r in caplog.records if r.name.startswith(("mlflow", "trl"))] == []
 
 
-def test_verbose_shows_them(caplog):
-    caplog.set_level(logging.INFO)
+def test_verbose_shows_them():
+    logging.getLogger("trl").setLevel(logging.INFO)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with quiet(verbose=True):
             _emit()
+            assert logging.getLogger("trl.trainer").isEnabledFor(logging.INFO)
     assert [w.category for w in seen] == [FutureWarning]
-    assert {r.name for r in caplog.records} >= {"mlflow.tracking", "trl.trainer"}
+    logging.getLogger("trl").setLevel(logging.NOTSET)
 
 
 def test_settings_restored_after_an_error():
