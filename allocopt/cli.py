@@ -101,6 +101,7 @@ def trial(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     yes: bool = typer.Option(False, "--yes", help=f"Run even when the estimated wall time (from the objective's measured FLOP/s) is above {TRIAL_WALL_LIMIT_S / 3600:g} h."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE (repeat), e.g. --set model=PATH for qwen."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines (hidden by default)."),
 ) -> None:
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -139,8 +140,11 @@ def trial(
 
         from objectives.grpo import TrialFailed
 
+        from allocopt.quiet import quiet
+
         try:
-            res = obj.run(p, seed=seed, progress=progress)
+            with quiet(verbose):
+                res = obj.run(p, seed=seed, progress=progress)
         except TrialFailed as e:
             fail(f"error: trial failed after spending {fmt_flops(e.result.spent.executed.total_flops)} "
                  f"FLOPs: {e}", 1)

@@ -98,7 +98,7 @@ class TinyObjective:
             learning_rate=s.learning_rate, divide_lr_by_passes=s.divide_lr_by_passes,
             rollouts_per_iteration=s.rollouts_per_iteration, prompt_tokens=p, completion_tokens=c,
             padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)),
-            steps_per_completion=statistics.fmean(x.num_steps for x in train) + 1)
+            steps_per_completion=0.0)  # the PRMs are step verifiers: they add no marker tokens
 
     def workload(self) -> Workload:
         """The workload a plan is made for (:meth:`setup` on the world's models)."""
@@ -112,9 +112,15 @@ class TinyObjective:
 
         w = self.world()
         if name in ("proxy_prm", "prm"):
-            # the tiny PRMs read one <step> marker after each step line (tiny_tasks.mark_steps)
-            return make_reward(name, model=str(getattr(w, name)), tokenizer=self._tokenizer(),
-                               marker="<step>")
+            # the tiny PRMs are generative step verifiers (causal LMs trained on correct
+            # solutions); they share the policy's character tokenizer, so a completion
+            # re-tokenizes into at most as many tokens as the policy generated (margin 1)
+            from transformers import AutoModelForCausalLM
+
+            from objectives.verifier import LikelihoodVerifier
+
+            model = AutoModelForCausalLM.from_pretrained(str(getattr(w, name)))
+            return LikelihoodVerifier(model, self._tokenizer(), name=name, token_margin=1)
         return make_reward(name)
 
     def _tokenizer(self) -> Any:

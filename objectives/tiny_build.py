@@ -6,8 +6,9 @@
     policy/        the base policy: ``build_policy("tiny")`` after a short supervised
                    fine-tuning on the ``train`` split, stopped early on purpose (weak but
                    learnable: sampled accuracy on ``native`` about 0.3-0.5)
-    proxy_prm/     ``build_prm("proxy")`` trained as a step-level reward model
-    prm/           ``build_prm("full")`` trained the same way
+    proxy_prm/     ``build_prm("proxy")``: a step verifier (causal LM), the policy's first
+                   three layers trained further on correct solutions
+    prm/           ``build_prm("full")``: the whole policy trained further the same way
     manifest.json  the settings used, sha256 of every saved file, measured accuracies,
                    wall time per part, library versions
 
@@ -27,16 +28,20 @@ Training, in short:
   where the sampled accuracy on a check set of ``native`` problems (not those evaluated
   afterwards) reaches ``sft_stop_accuracy``: the accuracy rises steeply in this phase of
   training, and a check lands in the target range more reliably than a step count.
-* **PRMs**: token classification at the ``<step>`` markers (:func:`tiny_tasks.mark_steps`),
-  labels from :func:`tiny_tasks.step_labels` with the prompt, loss at the markers only.
-  Training completions are policy-like: correct solutions, synthetic corruptions
-  (:func:`corrupt`: wrong result, wrong operand, wrong operator, chain broken, a step
-  garbled, left out or added, the later steps carrying on from what was written) and
-  samples of the base policy at temperature 1. The held-out set is built the same way from
-  ``native`` problems; the manifest also gives each PRM's recall of wrong steps per kind of
-  corruption. At this budget (a few hundred steps) the PRMs learn the structural checks
-  (operator, garbled, extra or missing step) and hardly any copy or arithmetic check; see
-  the manifest's ``wrong_recall_by_corruption``.
+* **PRMs** (generative step verifiers, :class:`objectives.verifier.LikelihoodVerifier`):
+  causal LMs that start from the base policy's weights (``full``: all of them; ``proxy``: its
+  first three layers) and are trained further as language models on the correct worked
+  solutions of ``train`` (:func:`train_prm`); a step's score is the likelihood of its line.
+  They judge the arithmetic because they predict it: a wrong digit, a miscopied operand or a
+  missing step is a token the model finds unlikely. The held-out measurement uses ``native``
+  problems: their correct solutions, synthetic corruptions (:func:`corrupt`: wrong result,
+  wrong operand, wrong operator, chain broken, a step garbled, left out or added) and the
+  base policy's own samples at temperature 1; the manifest gives each PRM's recall of wrong
+  steps and false alarms on correct ones, a step flagged when its score is below
+  :data:`FLAG_BELOW`, per source and per kind of corruption (labels from
+  :func:`tiny_tasks.step_labels`). (Recipe format 1 trained token classifiers at ``<step>``
+  markers instead; they learned the structural checks only and caught 1-4 % of the policy's
+  wrong steps.)
 
 Command line: ``python -m objectives.tiny_build [--cache-dir D] [--force] [--set KEY=VALUE]``
 prints the manifest (``--set`` overrides a :class:`BuildSettings` field).
@@ -63,10 +68,10 @@ from typing import Any, Callable, Iterator, Sequence
 from objectives import tiny_tasks as tt
 from objectives.tiny_tasks import Problem, Step, TaskSpec
 
-FORMAT = 1
+FORMAT = 2
 """Version of the cache layout and of the build recipe, stored in the manifest: bump it when
 the recipe changes in code, and older caches stop matching."""
-DEFAULT_CACHE_NAME = "tiny-v1"
+DEFAULT_CACHE_NAME = "tiny-v2"
 SHIPPED_DIR = Path(__file__).resolve().parent / "tiny_world"
 """The world built with the default :class:`BuildSettings`, shipped with the package (the
 files this module's build wrote, checksums in its manifest): used as it is when it matches."""
@@ -98,18 +103,20 @@ class BuildSettings:
     sft_check_problems: int = 100
     """Size of the check set: ``native`` problems after the evaluated ones."""
     # ---- step-level reward models
-    proxy_prm_steps: int = 400
+    proxy_prm_steps: int = 800
     proxy_prm_lr: float = 2e-3
     prm_steps: int = 300
-    prm_lr: float = 5e-4
+    prm_lr: float = 1e-3
     prm_batch_size: int = 32
     prm_warmup: int = 30
-    prm_train_problems: int = 3000
-    """``train`` problems the synthetic PRM data comes from (each gives several completions)."""
-    prm_policy_samples: int = 1024
-    """Completions sampled from the base policy for the PRM training data."""
+    prm_train_problems: int = 20_000
+    """``train`` problems whose correct worked solutions the verifier LMs learn from."""
     prm_eval_problems: int = 300
-    """``native`` problems the held-out PRM data comes from."""
+    """``native`` problems the held-out PRM data comes from (their correct solution, two
+    corruptions and ``prm_eval_samples`` samples of the base policy each)."""
+    prm_eval_samples: int = 2
+    """Samples of the base policy (temperature 1) per held-out problem: the PRMs' recall and
+    false alarms on the policy's own steps are measured on these."""
     prm_probe_problems: int = 100
     """Held-out problems corrupted once per kind to measure what each PRM catches."""
     # ---- evaluation of the base policy
@@ -120,13 +127,13 @@ class BuildSettings:
 
     def __post_init__(self) -> None:
         for name in ("sft_steps", "proxy_prm_steps", "prm_steps", "sft_warmup", "prm_warmup",
-                     "prm_policy_samples", "sft_check_from"):
+                     "sft_check_from"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}={v!r}: must be an integer >= 0")
         for name in ("sft_batch_size", "prm_batch_size", "sft_check_every", "sft_check_problems",
                      "prm_train_problems", "prm_eval_problems", "eval_problems",
-                     "max_new_tokens", "prm_probe_problems"):
+                     "max_new_tokens", "prm_probe_problems", "prm_eval_samples"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r}: must be an integer >= 1")
@@ -491,112 +498,164 @@ def corrupt(problem: Problem, rng: random.Random, kind: str | None = None) -> st
     return _render(out, str(value))
 
 
-def prm_example(problem: Problem, completion: str) -> tuple[list[int], list[int]]:
-    """``input_ids`` of prompt + marked completion (:func:`tiny_tasks.mark_steps`) and the
-    labels: 1 (correct) or 0 (wrong) at each ``<step>`` from :func:`tiny_tasks.step_labels`
-    with the prompt, -100 elsewhere (no loss)."""
-    ids = encode(problem.prompt + tt.mark_steps(completion))
-    verdicts = tt.step_labels(completion, problem.prompt)
-    labels, k = [], 0
-    for t in ids:
-        if t == _STEP_ID:
-            labels.append(int(verdicts[k]))
-            k += 1
-        else:
-            labels.append(-100)
-    return ids, labels
+def train_prm(size: str, steps: int, lr: float, data: Sequence[Problem], s: BuildSettings,
+              progress: Progress, init: Any = None) -> tuple[Any, dict[str, Any]]:
+    """``build_prm(size)`` (a causal LM) trained ``steps`` AdamW steps as a language model on
+    the correct worked solutions of ``data`` (next-token loss on ``solution + <eos>``, the
+    prompt masked, as the policy's SFT), and what the training did. A step verifier: it
+    learns what a right step looks like, and :class:`objectives.verifier.LikelihoodVerifier`
+    scores a step by the likelihood of its line.
 
-
-Example = tuple[list[int], list[int], str]
-"""A PRM example: ``(input_ids, labels, source)``."""
-
-
-def prm_dataset(problems: Sequence[Problem], samples: Sequence[tuple[Problem, str]],
-                rng: random.Random) -> list[Example]:
-    """Per problem its correct solution and two corruptions (sources ``correct``,
-    ``corrupt``), then the policy ``samples`` (source ``policy``). Completions without a step
-    line (nothing to judge) are left out."""
-    out = []
-    for p in problems:
-        out.append((*prm_example(p, p.solution), "correct"))
-        for _ in range(2):
-            out.append((*prm_example(p, corrupt(p, rng)), "corrupt"))
-    for p, text in samples:
-        out.append((*prm_example(p, text), "policy"))
-    return [x for x in out if any(y >= 0 for y in x[1])]
-
-
-def corruption_probe(problems: Sequence[Problem], seed: int) -> list[Example]:
-    """One corruption of every kind per problem, the source naming the kind: what a PRM
-    catches (its recall of wrong steps per kind, :func:`step_accuracy`)."""
-    out = []
-    for kind in CORRUPTIONS:
-        rng = random.Random(f"probe:{kind}:{seed}")
-        out += [(*prm_example(p, corrupt(p, rng, kind)), kind) for p in problems]
-    return [x for x in out if any(y >= 0 for y in x[1])]
-
-
-def train_prm(size: str, steps: int, lr: float, data: Sequence[Example], s: BuildSettings,
-              progress: Progress) -> tuple[Any, dict[str, Any]]:
-    """``build_prm(size)`` trained ``steps`` AdamW steps on ``data`` (cross-entropy at the
-    markers only), and what the training did."""
+    ``init`` (a model, e.g. the SFT'd base policy): its weights that fit (same name and shape)
+    are copied in first, as real PRMs start from the instruct model they judge; with the
+    default sizes the ``full`` PRM is the base policy's shape (every weight copied) and the
+    ``proxy`` its first three layers (embedding, those layers, final norm copied)."""
     import torch
 
     from objectives.tiny_models import build_prm
 
     model = build_prm(size, s.seed)
-    opt, sched = _optimizer(model, lr, 0.0, s.prm_warmup)
-    batches = _batches(len(data), s.prm_batch_size, random.Random(f"prm:{size}:{s.seed}"))
+    copied = 0
+    if init is not None:
+        own = model.state_dict()
+        fit = {k: v for k, v in init.state_dict().items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(fit, strict=False)
+        copied = len(fit)
+    seqs, labels = [], []
+    for p in data:
+        prompt, completion = encode(p.prompt), encode(p.solution) + [_EOS_ID]
+        seqs.append(prompt + completion)
+        labels.append([-100] * len(prompt) + completion)
+    opt, _ = _optimizer(model, lr, 0.0, s.prm_warmup)
+    # linear warm-up, then linear decay to a tenth of lr at the last step
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(
+        (i + 1) / max(1, s.prm_warmup), max(0.1, 1 - 0.9 * i / max(1, steps))))
+    batches = _batches(len(seqs), s.prm_batch_size, random.Random(f"prm:{size}:{s.seed}"))
     torch.manual_seed(s.seed)
     model.train()
     loss_value = float("nan")
     for step in range(1, steps + 1):
         idx = next(batches)
-        ids, mask, lab = _pad([data[i][0] for i in idx], [data[i][1] for i in idx])
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        loss_value = _step(torch.nn.functional.cross_entropy(
-            logits.reshape(-1, 2), lab.reshape(-1), ignore_index=-100), opt, sched)
-        if step % 50 == 0:
+        ids, mask, lab = _pad([seqs[i] for i in idx], [labels[i] for i in idx])
+        loss_value = _step(model(input_ids=ids, attention_mask=mask, labels=lab).loss, opt, sched)
+        if step % 100 == 0:
             progress(f"{size} prm step {step}/{steps} loss {loss_value:.4f}")
     model.eval()
-    return model, {"steps_run": steps, "final_loss": loss_value}
+    return model, {"steps_run": steps, "final_loss": loss_value, "tensors_from_policy": copied}
 
 
-def step_accuracy(model: Any, data: Sequence[Example], batch_size: int = 256) -> dict[str, float]:
-    """How well ``model`` judges the ``<step>`` markers of ``data``: ``step_accuracy``
-    (argmax = label) overall and per source, ``wrong_recall`` (share of wrong steps called
-    wrong) overall and per source, and ``share_correct_steps`` (the accuracy of always
-    saying "correct")."""
-    import torch
+Judged = tuple[Problem, str, str]
+"""A completion to judge: ``(problem, completion, source)``."""
 
+
+def judged_set(problems: Sequence[Problem], samples: Sequence[tuple[Problem, str]],
+               rng: random.Random) -> list[Judged]:
+    """Per problem its correct solution and two corruptions (sources ``correct``,
+    ``corrupt``), then the policy ``samples`` (source ``policy``)."""
+    out: list[Judged] = []
+    for p in problems:
+        out.append((p, p.solution, "correct"))
+        out += [(p, corrupt(p, rng), "corrupt") for _ in range(2)]
+    out += [(p, text, "policy") for p, text in samples]
+    return out
+
+
+def corruption_probe(problems: Sequence[Problem], seed: int) -> list[Judged]:
+    """One corruption of every kind per problem, the source naming the kind: what a PRM
+    catches (its recall of wrong steps per kind, :func:`verifier_metrics`)."""
+    out: list[Judged] = []
+    for kind in CORRUPTIONS:
+        rng = random.Random(f"probe:{kind}:{seed}")
+        out += [(p, corrupt(p, rng, kind), kind) for p in problems]
+    return out
+
+
+FLAG_BELOW = 0.5
+"""A step whose verifier score is below this is *flagged* wrong (for the manifest's recall and
+false-alarm rates; the reward itself uses the scores)."""
+
+
+def verifier_metrics(verifier: Any, data: Sequence[Judged]) -> dict[str, Any]:
+    """How well ``verifier`` (:class:`objectives.verifier.LikelihoodVerifier`) judges the
+    written steps of ``data`` against :func:`tiny_tasks.step_labels` (the truth), a step
+    flagged when its score is below :data:`FLAG_BELOW`: ``wrong_recall`` (share of wrong steps
+    flagged), ``false_alarm`` (share of correct steps flagged), ``step_accuracy``, overall and
+    per source, and ``share_correct_steps`` (the accuracy of flagging nothing). Steps a
+    completion left out are not written, so not judged."""
+    scores = verifier.step_scores([p.prompt for p, _, _ in data], [c for _, c, _ in data])
+    verifier.consume_usage()
     hits: dict[str, list[int]] = {}
     caught: dict[str, list[int]] = {}
-    with torch.no_grad():
-        for start in range(0, len(data), batch_size):
-            chunk = data[start:start + batch_size]
-            ids, mask, lab = _pad([c[0] for c in chunk], [c[1] for c in chunk])
-            pred = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
-            for row, source in enumerate(c[2] for c in chunk):
-                sel = lab[row] >= 0
-                truth, guess = lab[row][sel].tolist(), pred[row][sel].tolist()
-                for key in ("all", source):
-                    hits.setdefault(key, []).extend(int(t == g) for t, g in zip(truth, guess))
-                    caught.setdefault(key, []).extend(int(g == 0) for t, g in zip(truth, guess)
-                                                      if t == 0)
-    out: dict[str, float] = {}
+    alarms: dict[str, list[int]] = {}
+    for (p, text, source), sc in zip(data, scores):
+        truth = tt.step_labels(text, p.prompt)[:len(sc)]
+        for key in ("all", source):
+            for ok, score in zip(truth, sc):
+                flagged = score < FLAG_BELOW
+                hits.setdefault(key, []).append(int(flagged != ok))
+                (alarms if ok else caught).setdefault(key, []).append(int(flagged))
+    out: dict[str, Any] = {}
     for key in sorted(hits):
         suffix = "" if key == "all" else f"_{key}"
         out[f"step_accuracy{suffix}"] = sum(hits[key]) / len(hits[key])
         if caught.get(key):
             out[f"wrong_recall{suffix}"] = sum(caught[key]) / len(caught[key])
+        if alarms.get(key):
+            out[f"false_alarm{suffix}"] = sum(alarms[key]) / len(alarms[key])
     total = len(hits.get("all", []))
-    out["share_correct_steps"] = (total - len(caught.get("all", []))) / total if total else 0.0
-    out["markers"] = total
+    out["share_correct_steps"] = len(alarms.get("all", [])) / total if total else 0.0
+    out["steps"] = total
+    out["wrong_steps_policy"] = len(caught.get("policy", []))
     return out
 
 
 # ============================================================================== build
-def _build_into(root: Path, s: BuildSettings, progress: Progress) -> dict[str, Any]:
+def _policy_metrics(policy: Any, sft_info: dict[str, Any], s: BuildSettings,
+                    evaluated: Sequence[Problem], downstream: Sequence[Problem]) -> dict[str, Any]:
+    """What the base policy's training did and its accuracies (native and downstream,
+    sampled at temperature 1 and greedy)."""
+    mnt = s.max_new_tokens
+    return {
+        **sft_info,
+        "native_sampled_accuracy": accuracy(policy, evaluated, sample=True, seed=s.seed + 1,
+                                            max_new_tokens=mnt),
+        "native_greedy_accuracy": accuracy(policy, evaluated, sample=False, seed=s.seed,
+                                           max_new_tokens=mnt),
+        "downstream_pass_at_1_greedy": accuracy(policy, downstream, sample=False, seed=s.seed,
+                                                max_new_tokens=mnt),
+        "downstream_pass_at_1_sampled": accuracy(policy, downstream, sample=True,
+                                                 seed=s.seed + 2, max_new_tokens=mnt),
+        "eval_problems": s.eval_problems,
+    }
+
+
+def _policy_fields(s: BuildSettings) -> dict[str, Any]:
+    """The settings that decide the base policy and its measurements (all but the PRMs')."""
+    return {k: v for k, v in s.to_json().items() if not k.startswith(("prm_", "proxy_prm_"))}
+
+
+def reusable_policy(source: Path, s: BuildSettings) -> dict[str, Any] | None:
+    """The manifest of the build in ``source`` when its tokenizer and base policy are what
+    ``s`` would train (same policy settings and task fingerprint, files matching their
+    checksums), so a build that changes only the PRMs can start from them; else ``None``."""
+    try:
+        manifest = json.loads((Path(source) / MANIFEST).read_text())
+        old = manifest.get("settings") or {}
+        if {k: old.get(k) for k in _policy_fields(s)} != _policy_fields(s) \
+                or manifest.get("tasks") != _task_fingerprint():
+            return None
+        files = {k: v for k, v in _file_checksums(Path(source)).items()
+                 if k.split("/")[0] in ("tokenizer", "policy")}
+        if not files or files != {k: v for k, v in manifest.get("checksums", {}).items()
+                                  if k.split("/")[0] in ("tokenizer", "policy")}:
+            return None
+        return manifest
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _build_into(root: Path, s: BuildSettings, progress: Progress,
+                reuse_policy: Path | None = None) -> dict[str, Any]:
     import platform
 
     import torch
@@ -612,68 +671,72 @@ def _build_into(root: Path, s: BuildSettings, progress: Progress) -> dict[str, A
     evaluated, check = native[:s.eval_problems], native[s.eval_problems:][:s.sft_check_problems]
     prm_heldout = native[s.eval_problems + s.sft_check_problems:]
     downstream = tt.generate(s.downstream, s.eval_problems, tt.split_seed("downstream", s.seed))
-    build_tokenizer(str(root / "tokenizer"))
     timings["data"] = time.perf_counter() - t
-
-    progress("training the base policy")
-    t = time.perf_counter()
-    policy, sft_info = train_policy(s, train, check, progress)
-    policy.save_pretrained(str(root / "policy"))
-    timings["sft"] = time.perf_counter() - t
-
-    progress("evaluating the base policy")
-    t = time.perf_counter()
     mnt = s.max_new_tokens
-    policy_metrics = {
-        **sft_info,
-        "native_sampled_accuracy": accuracy(policy, evaluated, sample=True, seed=s.seed + 1,
-                                            max_new_tokens=mnt),
-        "native_greedy_accuracy": accuracy(policy, evaluated, sample=False, seed=s.seed,
-                                           max_new_tokens=mnt),
-        "downstream_pass_at_1_greedy": accuracy(policy, downstream, sample=False, seed=s.seed,
-                                                max_new_tokens=mnt),
-        "downstream_pass_at_1_sampled": accuracy(policy, downstream, sample=True,
-                                                 seed=s.seed + 2, max_new_tokens=mnt),
-        "eval_problems": s.eval_problems,
-    }
-    timings["policy_eval"] = time.perf_counter() - t
+    source = reusable_policy(reuse_policy, s) if reuse_policy is not None else None
+    if reuse_policy is not None and source is None:
+        raise ValueError(f"reuse_policy={str(reuse_policy)!r}: not a build of these policy "
+                         "settings with intact tokenizer and policy files")
+    if source is not None:  # the same SFT, already run: copy its files and measurements
+        progress(f"reusing the base policy of {reuse_policy}")
+        for part in ("tokenizer", "policy"):
+            shutil.copytree(Path(reuse_policy) / part, root / part)
+        from transformers import Qwen2ForCausalLM
+
+        policy = Qwen2ForCausalLM.from_pretrained(str(root / "policy")).eval()
+        policy_metrics = dict(source["metrics"]["policy"])
+        for key in ("sft", "policy_eval"):
+            timings[key] = source["timings_s"][key]
+    else:
+        build_tokenizer(str(root / "tokenizer"))
+        progress("training the base policy")
+        t = time.perf_counter()
+        policy, sft_info = train_policy(s, train, check, progress)
+        policy.save_pretrained(str(root / "policy"))
+        timings["sft"] = time.perf_counter() - t
+        progress("evaluating the base policy")
+        t = time.perf_counter()
+        policy_metrics = _policy_metrics(policy, sft_info, s, evaluated, downstream)
+        timings["policy_eval"] = time.perf_counter() - t
     shown = {k: v for k, v in policy_metrics.items() if k != "checks"}
     progress(f"base policy: {json.dumps(shown)}")
 
-    progress("making PRM data")
+    progress("making PRM evaluation data")
     t = time.perf_counter()
-    rng = random.Random(f"prm-data:{s.seed}")
-    prm_train_problems = train[:s.prm_train_problems]
-    sample_problems = [train[(s.prm_train_problems + i) % len(train)]
-                       for i in range(s.prm_policy_samples)]
-    train_texts = generate(policy, [p.prompt for p in sample_problems], sample=True,
-                           seed=s.seed + 3, max_new_tokens=mnt)
-    heldout_texts = generate(policy, [p.prompt for p in prm_heldout], sample=True,
-                             seed=s.seed + 4, max_new_tokens=mnt)
-    prm_train = prm_dataset(prm_train_problems, list(zip(sample_problems, train_texts)), rng)
-    prm_eval = prm_dataset(prm_heldout, list(zip(prm_heldout, heldout_texts)),
-                           random.Random(f"prm-heldout:{s.seed}"))
-    timings["prm_data"] = time.perf_counter() - t
-    del policy
-
+    samples: list[tuple[Problem, str]] = []
+    for k in range(s.prm_eval_samples):
+        texts = generate(policy, [p.prompt for p in prm_heldout], sample=True,
+                         seed=s.seed + 4 + k, max_new_tokens=mnt)
+        samples += list(zip(prm_heldout, texts))
+    prm_eval = judged_set(prm_heldout, samples, random.Random(f"prm-heldout:{s.seed}"))
     probe = corruption_probe(prm_heldout[:s.prm_probe_problems], s.seed)
+    timings["prm_data"] = time.perf_counter() - t
+
+    from objectives.tiny_models import build_tokenizer as _tokenizer
+    from objectives.verifier import LikelihoodVerifier
+
+    tokenizer = _tokenizer()
+    prm_train = train[:s.prm_train_problems]
     prm_metrics: dict[str, Any] = {}
     for part, size, steps, lr in (("proxy_prm", "proxy", s.proxy_prm_steps, s.proxy_prm_lr),
                                   ("prm", "full", s.prm_steps, s.prm_lr)):
         progress(f"training the {size} PRM")
         t = time.perf_counter()
-        model, info = train_prm(size, steps, lr, prm_train, s, progress)
+        model, info = train_prm(size, steps, lr, prm_train, s, progress, init=policy)
         model.save_pretrained(str(root / part))
         timings[part] = time.perf_counter() - t
         t = time.perf_counter()
-        by_kind = step_accuracy(model, probe)
+        verifier = LikelihoodVerifier(model, tokenizer, name=part, batch_size=256)
+        by_kind = verifier_metrics(verifier, probe)
         prm_metrics[part] = {
-            "size": size, **info, **step_accuracy(model, prm_eval),
+            "size": size, **info, **verifier_metrics(verifier, prm_eval),
+            "flag_below": FLAG_BELOW,
             "wrong_recall_by_corruption": {k: by_kind[f"wrong_recall_{k}"] for k in CORRUPTIONS
                                            if f"wrong_recall_{k}" in by_kind},
             "train_examples": len(prm_train), "heldout_examples": len(prm_eval)}
         timings[f"{part}_eval"] = time.perf_counter() - t
         progress(f"{part}: {json.dumps(prm_metrics[part])}")
+    del policy
     timings["total"] = time.perf_counter() - t_all
 
     return {
@@ -686,12 +749,13 @@ def _build_into(root: Path, s: BuildSettings, progress: Progress) -> dict[str, A
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **({"policy_reused_from_build_at": source["built_at"]} if source is not None else {}),
     }
 
 
 def build_world(cache_dir: Path | str | None = None, *, force: bool = False,
                 progress: Progress | None = None, settings: BuildSettings | None = None,
-                **overrides: Any) -> WorldPaths:
+                reuse_policy: Path | str | None = None, **overrides: Any) -> WorldPaths:
     """The tiny world's tokenizer, base policy and two PRMs, built once into ``cache_dir``
     (default :func:`default_cache_dir`) and reused while its manifest matches.
 
@@ -700,7 +764,10 @@ def build_world(cache_dir: Path | str | None = None, *, force: bool = False,
     quick build. Without ``cache_dir`` and ``force``, the shipped build
     (:data:`SHIPPED_DIR`) is returned when it is a valid build of these settings (the
     defaults), so users and tests need no training. ``force`` rebuilds even a valid cache.
-    ``progress`` gets one line per stage. A folder that is not a valid build of these settings (other settings, a missing
+    ``progress`` gets one line per stage. ``reuse_policy``: an earlier build whose tokenizer
+    and base policy are what these settings train (:func:`reusable_policy`; e.g. the shipped
+    world when only PRM settings change): they and their measurements are copied instead of
+    trained again (the same files, since the build is deterministic); ``ValueError`` if not. A folder that is not a valid build of these settings (other settings, a missing
     or changed file, no manifest) is rebuilt and replaced as a whole.
     """
     s = dataclasses.replace(settings or BuildSettings(), **overrides)
@@ -724,7 +791,8 @@ def build_world(cache_dir: Path | str | None = None, *, force: bool = False,
         say(f"building the tiny world into {root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
         try:
-            manifest = _build_into(tmp, s, say)
+            manifest = _build_into(tmp, s, say,
+                                   None if reuse_policy is None else Path(reuse_policy))
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             umask = os.umask(0)
             os.umask(umask)
@@ -778,11 +846,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"where to build (default ${CACHE_ENV} or "
                              f"~/.cache/allocopt/{DEFAULT_CACHE_NAME})")
     parser.add_argument("--force", action="store_true", help="rebuild even a valid cache")
+    parser.add_argument("--reuse-policy", type=Path, default=None, metavar="DIR",
+                        help="copy the tokenizer and base policy of the build in DIR (same "
+                             "policy settings) instead of training them again")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a BuildSettings field (repeatable), e.g. --set sft_steps=20")
     args = parser.parse_args(argv)
     overrides = _parse_set(args.set, parser)
-    paths = build_world(args.cache_dir, force=args.force,
+    if args.reuse_policy is not None and reusable_policy(args.reuse_policy,
+                                                        BuildSettings(**overrides)) is None:
+        parser.error(f"--reuse-policy {args.reuse_policy}: not a build of these policy settings "
+                     "with intact tokenizer and policy files")
+    paths = build_world(args.cache_dir, force=args.force, reuse_policy=args.reuse_policy,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True), **overrides)
     print(json.dumps(paths.read_manifest(), indent=2, sort_keys=True))
     return 0

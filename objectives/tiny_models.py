@@ -1,4 +1,4 @@
-"""The tiny world's models: a character tokenizer, a tiny Qwen2 policy, two step-level PRMs.
+"""The tiny world's models: a character tokenizer, a tiny Qwen2 policy, two step verifiers (PRMs).
 
 torch, transformers and tokenizers are imported inside the functions, so importing this
 module is cheap. The size tables are plain dicts (:data:`POLICY_SIZES`, :data:`PRM_SIZES`).
@@ -9,17 +9,21 @@ Sizes (vocabulary ``V = 22``, :data:`objectives.tiny_tasks.VOCAB`; per-layer lin
     model           d    L  h  h_kv  f     params      forward FLOPs/token  vs policy
     policy tiny     96   4  4  2     384     556,704    1,110,144            1.00
     policy small    128  4  4  2     512     988,032    1,971,712            1.78
-    prm proxy       64   4  4  2     256     248,384      491,776            0.44
-    prm full        192  4  4  2     768   2,219,712    4,424,448            3.99
+    prm proxy       96   3  4  2     384     418,080      833,664            0.75
+    prm full        96   4  4  2     384     556,704    1,110,144            1.00
 
 Forward FLOPs per token are the matmuls' ``2·(L·layer weights + head weights)`` (attention
-over the context comes on top): the policy's head is the LM head
-``d·V`` (tied to the embedding), a PRM's the token-classification head ``d·2`` (no bias, so
-:meth:`allocopt.flops.ModelShape.num_params` counts it exactly). Why these sizes: per token,
-search costs about ``2N`` (policy forward), learning ``6N·μ`` (full fine-tuning) and the
-reward ``2N_rm`` over prompt + completion, so the reward's share of the budget is
-``(1 - ρ)·N_rm / (N + N_rm)``: at ``ρ = 0.5`` the ``full`` PRM (``N_rm ≈ 4N``) takes about
-40 % and the ``proxy`` PRM (``N_rm ≈ 0.44N``) about 15 %.
+over the context comes on top), with the LM head ``d·V`` (tied to the embedding) at every
+position: the PRMs are causal LMs too, generative step verifiers
+(:class:`objectives.verifier.LikelihoodVerifier`), which apply their head only at the
+positions of the steps they score. Why these sizes: the PRMs start
+from the SFT'd base policy's weights (``full``: all of them; ``proxy``: the embedding, its
+first three layers and the final norm) and are trained further as language models on correct
+solutions (:func:`objectives.tiny_build.train_prm`), as real PRMs start from the instruct
+model they judge. Per token, search costs about ``2N`` (policy forward), learning ``6N·μ``
+and the reward ``2N_rm`` over prompt + completion, so the reward's share of the budget is
+about ``(1 - ρ)·N_rm / (N + N_rm)``: at ``ρ = 0.5`` the ``full`` PRM (``N_rm = N``) takes
+about 25 % and the ``proxy`` (``N_rm ≈ 0.75N``) about 21 %.
 
 Attention is ``eager`` by default: every query scores every key of the block (what
 ``FlopCounterMode`` counts, ``attention="full"`` in :mod:`allocopt.flops`), and it works
@@ -34,8 +38,7 @@ from objectives.tiny_tasks import (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKE
                                    UNK_TOKEN, VOCAB)
 
 if TYPE_CHECKING:
-    from transformers import (PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
-                              Qwen2ForTokenClassification)
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD_ID, EOS_ID, BOS_ID, STEP_ID = (VOCAB.index(t) for t in (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, STEP_TOKEN))
 MAX_LENGTH = 256
@@ -50,15 +53,13 @@ POLICY_SIZES: dict[str, dict[str, int]] = {
 }
 """Policy shapes by name (Qwen2 config fields)."""
 PRM_SIZES: dict[str, dict[str, int]] = {
-    "proxy": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=256),
-    "full": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=768),
+    "proxy": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=384),
+    "full": dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=384),
 }
-"""Step-level reward model shapes by name: ``proxy`` is cheaper than the tiny policy,
-``full`` about 4× its FLOPs per token."""
-PRM_LABELS = {0: "wrong", 1: "correct"}
-"""Labels of a PRM's two outputs at each ``<step>`` marker."""
+"""Step verifier shapes by name: ``full`` is the tiny policy's shape, ``proxy`` its first three
+layers (three quarters of its FLOPs per token)."""
 
 
 # ========================================================================== tokenizer
@@ -122,16 +123,15 @@ def policy_config(size: str = "tiny", **overrides: Any) -> "Qwen2Config":
 
 
 def prm_config(size: str = "proxy", **overrides: Any) -> "Qwen2Config":
-    """``Qwen2Config`` of a step-level reward model (:data:`PRM_SIZES`): a
-    ``Qwen2ForTokenClassification`` with 2 labels (:data:`PRM_LABELS`), read at the
-    ``<step>`` markers; score head without bias, no classifier dropout.
+    """``Qwen2Config`` of a step verifier (:data:`PRM_SIZES`): a ``Qwen2ForCausalLM`` over the
+    vocabulary of :func:`build_tokenizer`, tied embeddings, eager attention. It is trained as
+    a language model on correct worked solutions and scores a step by the likelihood of its
+    line (:class:`objectives.verifier.LikelihoodVerifier`, a generative verifier).
 
     Raises ``ValueError`` for an unknown ``size``.
     """
-    return _config(PRM_SIZES, size, "prm", dict(
-        tie_word_embeddings=False, architectures=["Qwen2ForTokenClassification"],
-        num_labels=2, id2label=dict(PRM_LABELS), label2id={v: k for k, v in PRM_LABELS.items()},
-        token_classification_bias=False, classifier_dropout=0.0), overrides)
+    return _config(PRM_SIZES, size, "prm",
+                   dict(tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"]), overrides)
 
 
 # ============================================================================= models
@@ -153,11 +153,10 @@ def build_policy(config: "Qwen2Config | str" = "tiny", seed: int = 0) -> "Qwen2F
                   seed)
 
 
-def build_prm(config: "Qwen2Config | str" = "proxy", seed: int = 0) -> "Qwen2ForTokenClassification":
-    """A freshly initialised ``Qwen2ForTokenClassification`` step-level reward model
-    (``float32``, eval mode), deterministic in ``(config, seed)``. ``config`` is a config or a
-    :data:`PRM_SIZES` name. Its logits are ``batch x tokens x 2``; read them at ``<step>``."""
-    from transformers import Qwen2ForTokenClassification
+def build_prm(config: "Qwen2Config | str" = "proxy", seed: int = 0) -> "Qwen2ForCausalLM":
+    """A freshly initialised step verifier: a ``Qwen2ForCausalLM`` (``float32``, eval mode),
+    deterministic in ``(config, seed)``. ``config`` is a config or a :data:`PRM_SIZES` name."""
+    from transformers import Qwen2ForCausalLM
 
-    return _build(Qwen2ForTokenClassification,
-                  prm_config(config) if isinstance(config, str) else config, seed)
+    return _build(Qwen2ForCausalLM, prm_config(config) if isinstance(config, str) else config,
+                  seed)

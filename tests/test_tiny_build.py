@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 QUICK = dict(sft_steps=20, proxy_prm_steps=10, prm_steps=10, sft_batch_size=8, prm_batch_size=8,
              eval_problems=16, sft_check_problems=8, prm_train_problems=24,
-             prm_policy_samples=16, prm_eval_problems=16, max_new_tokens=32)
+             prm_eval_problems=16, max_new_tokens=32)
 """A build of a few seconds: 20 SFT steps, 10 steps of each PRM, small evaluations."""
 
 
@@ -67,36 +67,58 @@ def test_encode_matches_the_tokenizer():
 
 
 @pytest.mark.parametrize("kind", tb.CORRUPTIONS)
-def test_every_corruption_is_wrong_and_labels_line_up(kind):
+def test_every_corruption_is_wrong(kind):
     rng = random.Random(kind)
     for p in tt.make_split("train", 200) + tt.make_split("downstream", 50):
         text = tb.corrupt(p, rng, kind)
         assert not all(tt.step_labels(text, p.prompt)), (p.prompt, text)
-        ids, labels = tb.prm_example(p, text)
-        assert len(ids) == len(labels)
-        markers = [y for y in labels if y >= 0]
-        assert len(markers) == ids.count(tb._STEP_ID) == len(tt.parse_steps(text))
-        assert markers == [int(v) for v in tt.step_labels(text, p.prompt)[:len(markers)]]
     with pytest.raises(ValueError, match="kind"):
         tb.corrupt(p, rng, "nonsense")
 
 
-def test_correct_solutions_are_labelled_correct():
-    for p in tt.make_split("native", 100):
-        ids, labels = tb.prm_example(p, p.solution)
-        assert [y for y in labels if y >= 0] == [1] * p.num_steps
-        assert ids[:len(p.prompt)] == tb.encode(p.prompt)
-
-
-def test_prm_data_and_probe_sources():
+def test_judged_data_and_probe_sources():
     problems = tt.make_split("train", 20)
     samples = [(problems[0], "#### 5"), (problems[1], problems[1].solution)]
-    data = tb.prm_dataset(problems, samples, random.Random(0))
+    data = tb.judged_set(problems, samples, random.Random(0))
     assert [x[2] for x in data].count("correct") == 20
     assert [x[2] for x in data].count("corrupt") == 40
-    assert [x[2] for x in data].count("policy") == 1  # no step line: nothing to judge
+    assert [x[2] for x in data].count("policy") == 2
     probe = tb.corruption_probe(problems[:5], seed=0)
-    assert {x[2] for x in probe} == set(tb.CORRUPTIONS)
+    assert {x[2] for x in probe} == set(tb.CORRUPTIONS) and len(probe) == 5 * len(tb.CORRUPTIONS)
+
+
+class _OracleVerifier:
+    """Scores a step 1.0 when tiny_tasks calls it correct, except the steps listed in
+    ``flip`` (by (completion, step index)), which it gets wrong."""
+
+    def __init__(self, data, flip):
+        self.data, self.flip = data, flip
+
+    def step_scores(self, prompts, completions):
+        out = []
+        for prompt, text in zip(prompts, completions):
+            truth = tt.step_labels(text, prompt)[:len(tt.parse_steps(text))]
+            out.append([float(ok != ((text, i) in self.flip)) for i, ok in enumerate(truth)])
+        return out
+
+    def consume_usage(self):
+        return None
+
+
+def test_verifier_metrics_count_by_hand():
+    p = tt.make_problem([23, 45, 12], ["+", "-"])  # 23+45=68, 68-12=56
+    wrong = "23+45=69\n69-12=57\n#### 57"  # step 0 wrong, step 1 right (chains on 69)
+    data = [(p, p.solution, "correct"), (p, wrong, "policy"), (p, "23+45=68\n#### 68", "policy")]
+    # truth: correct 2 right; policy: wrong + right; short: right (the left-out step not judged)
+    perfect = tb.verifier_metrics(_OracleVerifier(data, set()), data)
+    assert perfect["wrong_recall"] == 1.0 and perfect["false_alarm"] == 0.0
+    assert perfect["steps"] == 5 and perfect["share_correct_steps"] == 4 / 5
+    # miss the wrong step, flag one right step of the correct solution
+    m = tb.verifier_metrics(_OracleVerifier(data, {(wrong, 0), (p.solution, 1)}), data)
+    assert m["wrong_recall"] == 0.0 and m["wrong_recall_policy"] == 0.0
+    assert m["false_alarm"] == 1 / 4 and m["false_alarm_correct"] == 1 / 2
+    assert m["false_alarm_policy"] == 0.0 and m["step_accuracy"] == 3 / 5
+    assert m["wrong_steps_policy"] == 1
 
 
 def test_settings_are_checked():
@@ -113,13 +135,12 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv(tb.CACHE_ENV, str(tmp_path / "c"))
     assert tb.default_cache_dir() == tmp_path / "c"
     monkeypatch.delenv(tb.CACHE_ENV)
-    assert tb.default_cache_dir() == Path.home() / ".cache" / "allocopt" / "tiny-v1"
+    assert tb.default_cache_dir() == Path.home() / ".cache" / "allocopt" / "tiny-v2"
 
 
 # ---------------------------------------------------------------------- quick builds
 def test_quick_build_is_complete_and_loads(quick):
-    from transformers import (PreTrainedTokenizerFast, Qwen2ForCausalLM,
-                              Qwen2ForTokenClassification)
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     manifest = quick.read_manifest()
     assert manifest["settings"] == BuildSettings(**QUICK).to_json()
@@ -135,8 +156,9 @@ def test_quick_build_is_complete_and_loads(quick):
     assert tok("9+1\n", add_special_tokens=False)["input_ids"] == tb.encode("9+1\n")
     policy = Qwen2ForCausalLM.from_pretrained(str(quick.policy))
     assert policy.generation_config.eos_token_id == tb._EOS_ID
-    for path, hidden in ((quick.prm, 192), (quick.proxy_prm, 64)):
-        assert Qwen2ForTokenClassification.from_pretrained(str(path)).config.hidden_size == hidden
+    for path, layers in ((quick.prm, 4), (quick.proxy_prm, 3)):
+        config = Qwen2ForCausalLM.from_pretrained(str(path)).config
+        assert (config.hidden_size, config.num_hidden_layers) == (96, layers)
     leftovers = [p.name for p in quick.root.parent.iterdir() if ".tmp-" in p.name]
     assert leftovers == []
 
@@ -147,6 +169,22 @@ def test_same_settings_give_identical_weights(quick, tmp_path):
     assert again.read_manifest()["checksums"] == quick.read_manifest()["checksums"]
     assert torch.equal(torch.random.get_rng_state(), rng_state)  # caller's RNG untouched
     assert torch.get_num_threads() == threads
+
+
+def test_reusing_the_policy_gives_the_files_of_a_build_from_scratch(quick, tmp_path, monkeypatch):
+    # only PRM settings change: the reused build copies the policy instead of training it and
+    # must end with exactly the files (and policy measurements) a build from scratch writes
+    other = {**QUICK, "prm_steps": 12, "proxy_prm_lr": 1e-3}
+    scratch = build_world(tmp_path / "scratch", **other).read_manifest()
+    trained = []
+    monkeypatch.setattr(tb, "train_policy", lambda *a, **k: trained.append(1) or pytest.fail())
+    reused = build_world(tmp_path / "reused", reuse_policy=quick.root, **other).read_manifest()
+    assert not trained
+    assert reused["checksums"] == scratch["checksums"]
+    assert reused["metrics"] == scratch["metrics"]
+    # a change to the policy's own settings cannot reuse it
+    with pytest.raises(ValueError, match="reuse_policy"):
+        build_world(tmp_path / "x", reuse_policy=quick.root, **{**QUICK, "sft_steps": 21})
 
 
 def test_cache_hit_returns_without_training(quick, monkeypatch):
@@ -201,7 +239,7 @@ def test_corrupted_cache_is_rebuilt_whole(quick, tmp_path, monkeypatch):
 def test_interrupted_build_leaves_no_half_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(tb, "train_prm", _raiser(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        build_world(tmp_path / "world", **{**QUICK, "eval_problems": 4, "prm_policy_samples": 4})
+        build_world(tmp_path / "world", **{**QUICK, "eval_problems": 4, "prm_eval_samples": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".world.lock"]
 
 
@@ -283,10 +321,49 @@ def test_full_build_reproduces_the_shipped_world(tmp_path):
     policy = metrics["policy"]
     assert 0.25 <= policy["native_sampled_accuracy"] <= 0.55, policy
     assert policy["native_greedy_accuracy"] >= policy["native_sampled_accuracy"] - 0.05
-    assert metrics["proxy_prm"]["step_accuracy"] > metrics["proxy_prm"]["share_correct_steps"]
-    # Not met with the 2-4 step tasks (measured: full PRM step accuracy 0.758 vs proxy 0.761;
-    # the build takes ~460 s, which is why the world is shipped): an expected failure with the
-    # numbers until the PRMs are improved, then this passes.
-    if not metrics["prm"]["step_accuracy"] > metrics["proxy_prm"]["step_accuracy"]:
-        pytest.xfail(f"full PRM {metrics['prm']['step_accuracy']:.3f} <= proxy "
-                     f"{metrics['proxy_prm']['step_accuracy']:.3f} (build {elapsed:.0f} s)")
+    # issue 17's bar on the policy's own samples: the full PRM flags >= 60% of the wrong steps
+    # at <= 10% false alarms, the proxy is measurably weaker
+    full, proxy = metrics["prm"], metrics["proxy_prm"]
+    assert full["wrong_recall_policy"] >= 0.6 and full["false_alarm_policy"] <= 0.1, full
+    assert proxy["wrong_recall_policy"] < full["wrong_recall_policy"] - 0.1, (proxy, elapsed)
+
+
+def test_shipped_prms_judge_the_policys_own_steps():
+    # Independent of the build's own measurement: fresh samples of the shipped base policy
+    # (temperature 1) on native problems no part of the world or the objective uses, the
+    # truth from tiny_tasks.step_labels, the PRMs through the reward class the trials use.
+    # Issue 17's bar: the full PRM flags >= 60% of the wrong steps at <= 10% false alarms on
+    # the right ones; the proxy is cheaper and weaker.
+    from transformers import Qwen2ForCausalLM
+
+    from objectives.tiny_models import build_tokenizer
+    from objectives.verifier import LikelihoodVerifier
+
+    torch.set_num_threads(1)
+    paths = WorldPaths.at(tb.SHIPPED_DIR)
+    policy = Qwen2ForCausalLM.from_pretrained(str(paths.policy))
+    problems = tt.make_split("native", 1900)[1600:]
+    texts = tb.generate(policy, [p.prompt for p in problems], sample=True, seed=21,
+                        max_new_tokens=48)
+    data = [(p, t, "policy") for p, t in zip(problems, texts)]
+    rates, sizes, auc = {}, {}, {}
+    for part in ("prm", "proxy_prm"):
+        model = Qwen2ForCausalLM.from_pretrained(str(getattr(paths, part)))
+        sizes[part] = sum(x.numel() for x in model.parameters())
+        verifier = LikelihoodVerifier(model, build_tokenizer())
+        rates[part] = tb.verifier_metrics(verifier, data)
+        # threshold-free: how often a wrong step scores below a right one (AUROC, by counting)
+        wrong, right = [], []
+        for (p, t, _), sc in zip(data, verifier.step_scores([p.prompt for p in problems], texts)):
+            for ok, x in zip(tt.step_labels(t, p.prompt), sc):
+                (right if ok else wrong).append(x)
+        auc[part] = sum((w < r) + 0.5 * (w == r) for w in wrong for r in right) / (
+            len(wrong) * len(right))
+    full, proxy = rates["prm"], rates["proxy_prm"]
+    print("full", full, "proxy", proxy, "auroc", auc)
+    assert full["wrong_steps_policy"] >= 60, full  # enough wrong steps to measure
+    assert full["wrong_recall"] >= 0.6 and full["false_alarm"] <= 0.1, full
+    assert sizes["proxy_prm"] < sizes["prm"]
+    # weaker: worse step accuracy and ranking of the same steps
+    assert proxy["step_accuracy"] < full["step_accuracy"], (proxy, full)
+    assert 0.5 < auc["proxy_prm"] < auc["prm"], auc

@@ -219,7 +219,7 @@ def _independent_counts(d: int, layers: int, heads: int, kv: int, f: int, vocab:
 
 @pytest.mark.parametrize("kind, size, shape", [
     ("policy", "tiny", (96, 4, 4, 2, 384)), ("policy", "small", (128, 4, 4, 2, 512)),
-    ("prm", "proxy", (64, 4, 4, 2, 256)), ("prm", "full", (192, 4, 4, 2, 768)),
+    ("prm", "proxy", (96, 3, 4, 2, 384)), ("prm", "full", (96, 4, 4, 2, 384)),
 ])
 def test_model_builders_have_documented_sizes(kind, size, shape):
     from allocopt.flops import ModelShape
@@ -227,13 +227,14 @@ def test_model_builders_have_documented_sizes(kind, size, shape):
 
     config = tm.policy_config(size) if kind == "policy" else tm.prm_config(size)
     model = tm.build_policy(config, seed=0) if kind == "policy" else tm.build_prm(config, seed=0)
-    params, flops = _independent_counts(*shape, vocab=22, head="lm" if kind == "policy" else "score")
+    # the PRMs are causal LMs too (generative step verifiers, objectives.verifier)
+    params, flops = _independent_counts(*shape, vocab=22, head="lm")
     assert sum(p.numel() for p in model.parameters()) == params
     ms = ModelShape.from_config(config.to_dict())
-    assert ms.head == ("lm" if kind == "policy" else "score") and ms.num_params() == params
+    assert ms.head == "lm" and ms.num_params() == params
     assert 2 * ms.layer_matmul_params * ms.num_layers + 2 * ms.head_matmul_params == flops
     documented = {"tiny": (556_704, 1_110_144), "small": (988_032, 1_971_712),
-                  "proxy": (248_384, 491_776), "full": (2_219_712, 4_424_448)}
+                  "proxy": (418_080, 833_664), "full": (556_704, 1_110_144)}
     assert (params, flops) == documented[size]
     assert config._attn_implementation == "eager" and config.vocab_size == len(tt.VOCAB)
 
@@ -249,9 +250,9 @@ def test_model_builders_are_deterministic_and_leave_global_rng_alone():
     assert not torch.equal(a.model.layers[0].self_attn.q_proj.weight, c.model.layers[0].self_attn.q_proj.weight)
     assert a.config.tie_word_embeddings and a.lm_head.weight is a.model.embed_tokens.weight
     prm = tm.build_prm("full", seed=0)
-    assert prm.config.num_labels == 2 and prm.score.bias is None
+    assert prm.config.tie_word_embeddings and prm.lm_head.weight is prm.model.embed_tokens.weight
     logits = prm(torch.tensor([[5, 6, 3]])).logits
-    assert logits.shape == (1, 3, 2)
+    assert logits.shape == (1, 3, len(tt.VOCAB))
     with pytest.raises(ValueError, match="size='huge'"):
         tm.policy_config("huge")
     assert tm.policy_config("tiny", hidden_size=64).hidden_size == 64

@@ -28,6 +28,7 @@ from allocopt.meter import FlopMeter
 from objectives.grpo import GRPOSettings, TrialFailed, TrialResult, run_grpo
 from objectives.rewards import ModelReward, make_reward, reward_shape
 from objectives.tiny_models import build_policy, build_prm, build_tokenizer, policy_config
+from objectives.verifier import LikelihoodVerifier
 from objectives.tiny_tasks import make_split
 
 from flop_utils import register_cpu_sdpa_flops
@@ -53,7 +54,7 @@ class World:
     tokenizer: Any
     rows: list[dict]
     reward_models: dict[str, Any]
-    """Random-init token classifiers: ``proxy_prm`` the proxy size, ``prm`` the full size."""
+    """Random-init step verifiers (causal LMs): ``proxy_prm`` the proxy size, ``prm`` the full size."""
 
     def workload(self, reward_models: dict[str, Any] | None = None) -> Workload:
         models = self.reward_models if reward_models is None else reward_models
@@ -69,8 +70,8 @@ class World:
 
     def reward(self, name: str, models: dict[str, Any] | None = None) -> Any:
         models = self.reward_models if models is None else models
-        if name in models:
-            return make_reward(name, model=models[name], tokenizer=self.tokenizer)
+        if name in models:  # the tiny world's PRMs: generative step verifiers
+            return LikelihoodVerifier(models[name], self.tokenizer, name=name)
         return make_reward(name)
 
 
@@ -124,7 +125,7 @@ def register_flop_formulas() -> None:
 
 class PhaseCounter:
     """One ``FlopCounterMode`` over a whole trial, split into phases by where the FLOPs happen:
-    inside ``GenerationMixin.generate`` (search), inside ``ModelReward.__call__`` (reward), or
+    inside ``GenerationMixin.generate`` (search), inside ``LikelihoodVerifier.__call__`` (reward: the world's PRMs), or
     anywhere else (learning: log-prob passes, loss forward and backward). The two methods are
     wrapped at class level, so any path TRL or peft takes to them is seen; a call nested in
     another wrapped call counts once, for the outer one."""
@@ -138,7 +139,7 @@ class PhaseCounter:
         self.calls = {"search": 0, "reward": 0}
         self._active: str | None = None
         mp.setattr(GenerationMixin, "generate", self._wrap(GenerationMixin.generate, "search"))
-        mp.setattr(ModelReward, "__call__", self._wrap(ModelReward.__call__, "reward"))
+        mp.setattr(LikelihoodVerifier, "__call__", self._wrap(LikelihoodVerifier.__call__, "reward"))
 
     def _wrap(self, fn: Any, phase: str) -> Any:
         @functools.wraps(fn)
