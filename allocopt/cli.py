@@ -49,21 +49,7 @@ from allocopt.commands_account import register as _register_account  # noqa: E40
 _register_account(app)  # account and plan, listed first
 
 
-def _settings(items: Optional[List[str]]) -> dict:
-    """``--set KEY=VALUE`` pairs as objective settings; values read as TOML (numbers, true,
-    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``."""
-    from allocopt.tomlio import tomllib  # tomli on Python 3.10
-
-    out: dict = {}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--set {item!r}: must be KEY=VALUE (an objective setting)")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
-    return out
+from allocopt.cli_common import parse_settings as _settings  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- trial
@@ -251,9 +237,6 @@ def study(
         from dataclasses import replace
 
         s = replace(s, pilots=0)
-    if s.pilots != 0 and set_:
-        raise UsageProblem("--set: not passed on to RACE pilots yet; put the settings in the spec's "
-                           "[objective_settings], or run plain BO with --pilots 0")
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
         from dataclasses import replace
 
@@ -264,7 +247,7 @@ def study(
              pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
-             as_json=False)
+             as_json=False, set_=set_)
         # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
         print_study_summary(open_study(replace(s, pilots=0), storage), s, storage)
         return

@@ -231,3 +231,20 @@ class one_interrupt:
         import signal
 
         signal.signal(signal.SIGINT, self.previous)
+
+
+def parse_settings(items: list[str] | None) -> dict:
+    """``--set KEY=VALUE`` pairs as objective settings; values read as TOML (numbers, true,
+    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``."""
+    from allocopt.tomlio import tomllib  # tomli on Python 3.10
+
+    out: dict = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: must be KEY=VALUE (an objective setting)")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value
+    return out

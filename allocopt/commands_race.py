@@ -12,7 +12,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich import box
@@ -109,6 +109,7 @@ def race(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's [objective_settings] (repeat), e.g. --set model=PATH."),
 ) -> None:
     """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
     (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
@@ -128,6 +129,10 @@ def race(
     b = None if budget is None else check_budget(budget)
     base = StudySpec.from_toml(spec, b) if spec else StudySpec()
     s = base.with_overrides(budget_flops=b, target=target, objective=objective, name=study_name, seed=seed)
+    if set_:
+        from allocopt.cli_common import parse_settings
+
+        s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
     f = check_pilot_fraction(pilot_fraction)
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")

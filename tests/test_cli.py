@@ -97,3 +97,28 @@ def test_recipe_toml(tmp_path):
     f.write_text("prompts = [")
     bad = run("account", "--recipe", str(f))
     assert bad.returncode == 2 and "malformed TOML" in bad.stderr
+
+
+def test_study_with_race_pilots_passes_set_to_the_objective(tmp_path):
+    """``--set`` reaches the objective of a RACE study (pilots on): with the synthetic
+    objective's ``variant=flat`` and ``noise=0`` every recorded pilot value is that variant's
+    noiseless response at the pilot's allocation and budget (and differs from ``paper``'s)."""
+    import optuna
+
+    from objectives.synthetic import observe
+
+    db = f"sqlite:///{tmp_path}/s.db"
+    spec = tmp_path / "small.toml"
+    spec.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\n'
+                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n')
+    r = run("study", "--spec", str(spec), "--trials", "1", "--pilots", "12", "--study-name", "set",
+            "--storage", db, "--no-mlflow", "--set", "variant=flat", "--set", "noise=0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    st = optuna.load_study(study_name="set", storage=db)
+    pilots = [t for t in st.trials if t.user_attrs.get("fidelity") == "pilot" and t.state.name == "COMPLETE"]
+    assert len(pilots) >= 6
+    for t in pilots:
+        p, b = t.params, t.user_attrs["budget_flops"]
+        flat = observe(p["rho"], p["group_size"], p["reward"], b, variant="flat", noise=0)["pass_at_1"]
+        paper = observe(p["rho"], p["group_size"], p["reward"], b, variant="paper", noise=0)["pass_at_1"]
+        assert t.value == pytest.approx(flat, abs=1e-12) and abs(flat - paper) > 1e-6
