@@ -218,7 +218,7 @@ def study(
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
              as_json=False)
-        print_study_summary(open_study(s, storage), s, storage)
+        print_study_summary(open_study(s, storage), s, storage, show_answer=False)  # race printed it
         return
     from allocopt.study import open_study
 
@@ -254,15 +254,9 @@ def study(
             bar.update(trials_task, advance=1, info=(
                 f"best {target_label(s.target_key)}={best.value:.3f} " if best else "") +
                 f"| spent {fmt_flops(state['spent'])} FLOPs")
-            p = row.params
-            msg = (f"trial {row.number} {row.state}: rho={p.get('rho', s.space.rho[0]):.3f} "
-                   f"G={p.get('group_size', s.space.group_sizes[0])} {p.get('reward', s.space.rewards[0])}")
-            if row.state == "COMPLETE":
-                msg += " -> " + ", ".join(f"{t}={row.targets.get(k, float('nan')):.4f}"
-                                          for t, k in zip(s.targets, s.target_keys))
-            elif row.error:
-                msg += f" ({row.error.splitlines()[0]})"
-            bar.console.print(msg, markup=False, highlight=False)
+            from allocopt.answer import trial_line
+
+            bar.console.print(trial_line(row, s), markup=False, highlight=False, soft_wrap=True)
 
         try:
             st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
@@ -277,9 +271,11 @@ def study(
     print_study_summary(st, s, storage)
 
 
-def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db") -> None:
-    """Final table: best allocation, its breakdown, the top trials (the Pareto front when the
-    study has several targets)."""
+def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
+                        show_answer: bool = True) -> None:
+    """Final table: the top trials (the Pareto front when the study has several targets), the
+    one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
+    observed trial as evidence."""
     from allocopt.study import rows
 
     if s.multi_objective:
@@ -314,17 +310,33 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db")
                   fmt_flops(m.get("total_flops", 0)))
     t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
     out.print(t)
-    m = best.metrics
-    model = f", model = {best.params.get('model', s.space.models[0])}" if models else ""
-    out.print(f"[bold]best[/]: trial {best.number}, {s.target} = {best.value:.4f} at rho = "
-              f"{m.get('rho', float('nan')):.3f}, G = {best.params.get('group_size', s.space.group_sizes[0])}, "
-              f"reward = {best.params.get('reward', s.space.rewards[0])}{model}; spent search "
-              f"{fmt_flops(m.get('search_flops', 0))}, learning {fmt_flops(m.get('learning_flops', 0))}, "
-              f"reward {fmt_flops(m.get('reward_flops', 0))} FLOPs")
+    from allocopt.answer import allocation_text, evidence_line, recommendation_lines
+    from allocopt.spec import allocation_of
+
+    rec = st.user_attrs.get("recommendation")  # RACE's answer (allocopt.answer.recommendation_dict)
+    if not show_answer:
+        pass
+    elif rec:
+        from types import SimpleNamespace
+
+        from allocopt.allocation import Allocation
+
+        a = rec["allocation"]
+        ns = SimpleNamespace(**{k: v for k, v in rec.items() if k != "allocation"},
+                             allocation=Allocation(a["rho"], a["group_size"], a["reward"], a.get("model")))
+        for line in recommendation_lines(ns, s.target):
+            out.print(line, highlight=False, markup=False)
+    else:  # plain BO: the best observed trial is the answer, with no posterior interval
+        out.print(f"run: {allocation_text(allocation_of(s, best.params))}  (plain BO: the best "
+                  "observed trial; no interval)", highlight=False, markup=False)
+    out.print(evidence_line(best.number, best.value, allocation_of(s, best.params), s.target),
+              highlight=False, markup=False)
     n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
     n_fail = sum(r.state == "FAIL" for r in all_rows)
+    pilots = [r for r in rows(st) if r.number not in full]
+    p_inf = sum(r.state == "INFEASIBLE" for r in pilots)
     out.print(f"{len(done)} complete full-budget trials, {n_inf} infeasible (never run), {n_fail} failed"
-              + (f"; {n_pilots} RACE pilot trials" if n_pilots else ""))
+              + (f"; {n_pilots} RACE pilots ({p_inf} infeasible)" if n_pilots else ""), highlight=False)
 
 from allocopt.commands_query import register as _register_query
 _register_query(app)
