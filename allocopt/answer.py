@@ -129,5 +129,7 @@ def trial_line(row: Any, spec: Any, width: int = WIDTH) -> str:
         err = row.error
         if row.state == "INFEASIBLE" and "needs " in err:  # the number that matters
             err = "needs " + err.rsplit("needs ", 1)[1]
+        elif row.state == "INFEASIBLE" and "(nearest " in err:  # the allocation is on the line
+            err = "nearest realizable rho=" + err.rsplit("(nearest ", 1)[1].rstrip(")")
         msg += " (" + short_error(err, max(10, width - len(msg) - 3)) + ")"
     return msg
