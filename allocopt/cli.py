@@ -131,20 +131,20 @@ def trial(
 @app.command()
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
-    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19."),
-    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front)."),
-    objective: Optional[str] = typer.Option(None, help="qwen (GPU, default), tiny (CPU arithmetic world) or synthetic (test function)."),
-    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones)."),
-    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study."),
+    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's, else 1e19]"),
+    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world) or synthetic (test function). \\[default: the spec's, else qwen]"),
+    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
     storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
-    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: sqlite:///mlflow.db]."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials."),
-    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch (default), gp or random."),
-    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. (default: the spec's, else 60 or more: enough for every reward system × model)"),
-    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: the spec's, else 0.1)"),
+    seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch, gp or random. \\[default: the spec's, else botorch]"),
+    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's [objective_settings] (repeat), e.g. --set model=PATH."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow."""
     import os

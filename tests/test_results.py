@@ -184,3 +184,20 @@ def test_recommendation_lines():
     assert bare[0] == "run: rho=0.500 G=4 sparse" and "no interval" in bare[1]
     d = recommendation_dict(rec, "pass@1")
     assert (d["lower"], d["upper"], d["prob_best"]) == (0.3601, 0.4655, 0.58)
+
+
+def test_study_help_shows_defaults_within_80_columns():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--help"], env=env,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert all(len(line) <= 80 for line in out.splitlines())
+    flat = " ".join(w.strip("│ ") for w in out.split())  # the help text, re-joined across lines
+    d = StudySpec()  # the defaults the help must state
+    for expected in (f"else {d.budget_flops:g}", f"else {d.target}", f"else {d.trials}",
+                     f"else {d.name}", f"else {d.seed}", f"else {d.objective}", "[objective_settings]",
+                     "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"):
+        assert expected in flat, expected
