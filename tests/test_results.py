@@ -197,7 +197,7 @@ def test_study_help_shows_defaults_within_80_columns():
     assert all(len(line) <= 80 for line in out.splitlines())
     flat = " ".join(w.strip("│ ") for w in out.split())  # the help text, re-joined across lines
     d = StudySpec()  # the defaults the help must state
-    for expected in (f"else {d.budget_flops:g}", f"else {d.target}", f"else {d.trials}",
+    for expected in (f"else {d.budget_flops:.0e}".replace("e+", "e"), f"else {d.target}", f"else {d.trials}",
                      f"else {d.name}", f"else {d.seed}", f"else {d.objective}", "[objective_settings]",
                      "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"):
         assert expected in flat, expected
