@@ -210,6 +210,8 @@ def study(
         raise UsageProblem("--set: not passed on to RACE pilots yet; put the settings in the spec's "
                            "[objective_settings], or run plain BO with --pilots 0")
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
+        from dataclasses import replace
+
         from allocopt.commands_race import race
         from allocopt.study import open_study
 
@@ -218,7 +220,9 @@ def study(
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
              as_json=False)
-        print_study_summary(open_study(s, storage), s, storage, show_answer=False)  # race printed it
+        # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
+        print_study_summary(open_study(replace(s, pilots=0), storage), s, storage,
+                            show_answer=False)  # race printed the answer
         return
     from allocopt.study import open_study
 

@@ -107,7 +107,7 @@ def race(
     seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate."),
     max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). (default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes)"),
     repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). (default: 1)"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Proposals per round, for parallel workers. (default: 2)"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
 ) -> None:
@@ -197,7 +197,9 @@ def race(
         from allocopt.study import open_study
 
         rec = recommendation_dict(res.recommendation, s.target)
-        open_study(s, storage).set_user_attr("recommendation", rec)  # the summary prints it
+        from dataclasses import replace as _replace
+
+        open_study(_replace(s, pilots=0), storage).set_user_attr("recommendation", rec)
         if tracker:
             tracker.log_recommendation(rec)
         for line in recommendation_lines(res.recommendation, s.target):
@@ -206,24 +208,17 @@ def race(
     if fits:
         props = res.timings.get("proposal_seconds") or []
         err.print(f"surrogate: {len(fits)} fit(s), mean {sum(fits) / len(fits):.2f} s; proposals "
-                  f"{sum(props) / max(1, len(props)):.2f} s per round", highlight=False)
+                  f"{sum(props) / max(1, len(props)):.2f} s each", highlight=False)
 
 
 def _record(s: Any, storage: str, tracker: Any, res: Any) -> None:
-    """Name the Optuna objectives; put the spec, the regime table and the final counts on the
-    MLflow parent run."""
-    from allocopt.study import log_final, name_objectives, open_study
-
-    st = open_study(s, storage)
-    name_objectives(st, s)
+    """Put the regime table on the MLflow parent run (``run_study`` logs the spec and counts)."""
     if tracker:
         from rich.console import Console
 
         con = Console(width=120, record=True, file=io.StringIO())
         con.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
-        tracker.log_spec(s.to_dict())
         tracker.log_text(con.export_text(), "regime_table.txt")
-        log_final(st, s, tracker)
 
 
 def register(app: typer.Typer) -> None:

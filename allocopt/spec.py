@@ -104,7 +104,8 @@ class StudySpec:
     """Target to maximize (see :data:`TARGETS`), or several: a multi-objective study that
     searches the Pareto front (BoTorch hypervolume acquisition through Optuna)."""
     trials: int = 12
-    """Trials to run in all (a resumed study runs only the missing ones)."""
+    """Full-budget trials to run in all (a resumed study runs only the missing ones); RACE
+    pilots come on top."""
     seed: int = 0
     sampler: str = "botorch"
     """``botorch`` (optuna_integration.BoTorchSampler), ``gp`` (Optuna GPSampler), ``random``."""
@@ -195,12 +196,17 @@ def _space(data: Mapping[str, Any]) -> SearchSpace:
     return SearchSpace(**data)
 
 
-def allocation_of(spec: StudySpec, params: Mapping[str, Any]) -> Allocation:
+def allocation_in(space: SearchSpace, params: Mapping[str, Any]) -> Allocation:
     """The allocation of a trial's parameters (``rho``, ``group_size``, ``reward``, ``model``;
-    dimensions the space fixes are filled from ``spec.space``). Raises :class:`ConfigError`
-    for values no allocation accepts."""
-    s = spec.space
+    dimensions ``space`` fixes are filled from it; other parameters are ignored). Raises
+    :class:`ConfigError` for values no allocation accepts."""
+    s = space
     return Allocation(rho=float(params.get("rho", s.rho[0])),
                       group_size=int(params.get("group_size", s.group_sizes[0])),
                       reward=str(params.get("reward", s.rewards[0])),
                       model=params.get("model", s.models[0] if s.models else None))
+
+
+def allocation_of(spec: StudySpec, params: Mapping[str, Any]) -> Allocation:
+    """:func:`allocation_in` the study's space."""
+    return allocation_in(spec.space, params)

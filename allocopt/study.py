@@ -49,11 +49,26 @@ class TrialRow:
         return self.metrics.get("value", math.nan)
 
 
-def make_sampler(spec: StudySpec) -> Any:
-    """The Optuna sampler the spec names (torch fits run on one thread: 5–12× faster on 2 cores).
-    Several targets: BoTorch's qLogNEHVI hypervolume acquisition."""
+def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:
+    """The Optuna sampler of the study: :class:`allocopt.sampler.RaceSampler` (RACE pilots, then
+    surrogate proposals) unless ``spec.pilots == 0`` or the study has several targets; else the
+    one ``spec.sampler`` names (several targets: BoTorch's qLogNEHVI hypervolume acquisition).
+    torch fits run on one thread (5–12× faster on 2 cores).
+
+    Args:
+        spec: the study.
+        workload: what plans are made for (RACE proposes feasible plans only when given).
+        race_settings: :class:`allocopt.race.RaceSettings` (default: ``max_pilots = spec.pilots``).
+    """
     import optuna
 
+    if spec.pilots != 0 and not spec.multi_objective:
+        from allocopt.race import RaceSettings
+        from allocopt.sampler import RaceSampler
+
+        settings = race_settings or RaceSettings(max_pilots=spec.pilots)
+        return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
+                           workload=workload, settings=settings, seed=spec.seed)
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=spec.seed)
     import torch
@@ -71,19 +86,11 @@ def make_sampler(spec: StudySpec) -> Any:
     return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
 
 
-def distributions(spec: StudySpec) -> dict[str, Any]:
-    """Optuna distributions of the search space."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
+def distributions(spec: StudySpec, *, fidelity: bool = False) -> dict[str, Any]:
+    """Optuna distributions of the search space (and the ``fidelity`` parameter of RACE)."""
+    from allocopt.sampler import space_distributions
 
-    d: dict[str, Any] = {"rho": FloatDistribution(*spec.space.rho)} \
-        if spec.space.rho[0] < spec.space.rho[1] else {}
-    if len(spec.space.group_sizes) > 1:
-        d["group_size"] = CategoricalDistribution(list(spec.space.group_sizes))
-    if len(spec.space.rewards) > 1:
-        d["reward"] = CategoricalDistribution(list(spec.space.rewards))
-    if len(spec.space.models) > 1:
-        d["model"] = CategoricalDistribution(list(spec.space.models))
-    return d
+    return space_distributions(spec.space, fidelity=fidelity)
 
 
 def check_same_study(study: Any, spec: StudySpec) -> None:
@@ -140,14 +147,18 @@ def rows(study: Any) -> list[TrialRow]:
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
         state = ua.get("state", t.state.name)
-        out.append(TrialRow(t.number, state, dict(t.params), dict(ua.get("targets", {})),
+        params = {k: v for k, v in t.params.items() if k != "fidelity"}  # the fidelity is its own field
+        out.append(TrialRow(t.number, state, params, dict(ua.get("targets", {})),
                             {**ua.get("metrics", {}), "value": t.values[0] if t.values else math.nan},
                             ua.get("error")))
     return out
 
 
 def best_row(study: Any) -> TrialRow | None:
-    done = [r for r in rows(study) if r.state == "COMPLETE" and not math.isnan(r.value)]
+    """The complete full-budget trial with the best (first) target; ``None`` when there is none."""
+    full = {t.number for t in study.get_trials(deepcopy=False)
+            if (t.params.get("fidelity") or t.user_attrs.get("fidelity") or "full") == "full"}
+    done = [r for r in rows(study) if r.state == "COMPLETE" and not math.isnan(r.value) and r.number in full]
     return max(done, key=lambda r: r.value) if done else None
 
 
@@ -194,7 +205,7 @@ def run_one_trial(
               "objective": spec.objective, "target": spec.target}
     run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
                                                         "allocopt.fidelity": fidelity}) if tracker else None
-    row = TrialRow(trial.number, "RUNNING", dict(trial.params))
+    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in trial.params.items() if k != "fidelity"})
 
     def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
         """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
@@ -226,8 +237,8 @@ def run_one_trial(
     except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
         return _infeasible(e, plan)
     except KeyboardInterrupt:
-        study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted")
-        study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
+        trial.set_user_attr("error", "interrupted")
+        trial.set_user_attr("state", "FAIL")
         study.tell(trial, state=TrialState.FAIL)
         if tracker:
             tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
@@ -237,9 +248,9 @@ def run_one_trial(
         spent = getattr(getattr(e, "result", None), "spent", None)
         err = f"{type(e).__name__}: {e}"
         metrics = spent.to_dict() if spent is not None else {}
-        study._storage.set_trial_user_attr(trial._trial_id, "error", err)
-        study._storage.set_trial_user_attr(trial._trial_id, "state", "FAIL")
-        study._storage.set_trial_user_attr(trial._trial_id, "metrics", metrics)
+        trial.set_user_attr("error", err)
+        trial.set_user_attr("state", "FAIL")
+        trial.set_user_attr("metrics", metrics)
         study.tell(trial, state=TrialState.FAIL)
         row.state, row.error, row.metrics = "FAIL", err, metrics
         if tracker:
@@ -283,41 +294,90 @@ def run_study(
     *,
     objective: Any,
     workload: Workload,
-    storage: str = DEFAULT_STORAGE,
+    storage: str | None = DEFAULT_STORAGE,
     tracker: Any = None,
+    sampler: Any = None,
+    pilots_only: bool = False,
+    study: Any = None,
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
 ) -> Any:
-    """Run the study until it has ``spec.trials`` finished trials (complete, infeasible or failed).
+    """The one study loop: ask the sampler, run the trial, tell the result, until the study has
+    ``spec.trials`` finished full-budget trials (complete, infeasible or failed).
+
+    With :class:`allocopt.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
+    several targets) the sampler decides each trial's fidelity: RACE pilots (at
+    ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
+    then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
 
     Args:
         spec: the study definition.
-        objective: has ``run(plan, seed=, progress=) -> TrialResult`` (``objectives``).
+        objective: an :class:`allocopt.objective.Objective`.
         workload: what plans are made for (``objective.workload()``).
-        storage: Optuna storage URL.
+        storage: Optuna storage URL (``None``: in memory).
         tracker: an :class:`allocopt.tracking.StudyTracker` or ``None``.
+        sampler: the Optuna sampler (default :func:`make_sampler` of ``spec`` and ``workload``).
+        pilots_only: run RACE's pilot grid (what is left of it) and stop.
+        study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
 
     Returns:
         the Optuna study.
 
     Raises:
-        StudyError: the storage cannot be opened.
+        StudyError: the storage cannot be opened, or the objective does not report the target.
+        ConfigError: RACE on a space without a ρ range.
         KeyboardInterrupt: after marking the running trial failed (it is re-run on resume).
     """
     from optuna.trial import TrialState
 
-    study = open_study(spec, storage)
+    from allocopt.objective import objective_targets
+    from allocopt.sampler import RaceSampler
+
+    try:
+        declared = objective_targets(getattr(objective, "name", spec.objective))
+    except ValueError:
+        declared = None
+    missing = [t for t, k in zip(spec.targets, spec.target_keys) if declared is not None and k not in declared]
+    if missing:
+        raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
+                         f"{', '.join(declared or ())}")
+    sampler = sampler if sampler is not None else make_sampler(spec, workload=workload)
+    race = isinstance(sampler, RaceSampler)
+    if pilots_only and not race:
+        raise ValueError("pilots_only needs a RaceSampler")
+    study = study if study is not None else open_study(spec, storage)
+    study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
     name_objectives(study, spec)
     if tracker:
         tracker.log_spec(spec.to_dict())
-    dists = distributions(spec)
-    finished = lambda: len([t for t in study.get_trials(deepcopy=False)  # noqa: E731
-                            if t.state in (TrialState.COMPLETE, TrialState.FAIL)])
-    while finished() < spec.trials:
+    if race:
+        from dataclasses import asdict
+
+        study.set_user_attr("race", {"pilot_fraction": sampler.pilot_fraction,
+                                     "settings": asdict(sampler.settings)})
+    dists = distributions(spec, fidelity=race)
+
+    def finished() -> int:
+        from allocopt.race import trial_fidelity
+
+        return sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.state in (TrialState.COMPLETE, TrialState.FAIL) and trial_fidelity(t) == "full")
+
+    # every ask runs a trial (the queue's first); the cap only guards against a sampler that
+    # never proposes a full run
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
+                                   + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
+                                   if race else 0)
+    for _ in range(cap + 1):
+        if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
+            break
         trial = study.ask(dists)
+        if race:
+            sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
         run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
                       on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
     if tracker:

@@ -214,7 +214,7 @@ def make_optuna_sampler(method: str, seed: int) -> Any:
         return optuna.samplers.RandomSampler(seed=seed)
     if method == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
-    return make_sampler(StudySpec(sampler=method, seed=seed, startup_trials=STARTUP_TRIALS))
+    return make_sampler(StudySpec(sampler=method, seed=seed, startup_trials=STARTUP_TRIALS, pilots=0))
 
 
 def run_optuna(problem: Problem, method: str, seed: int, cap: float) -> tuple[Trajectory, list[float]]:

@@ -139,7 +139,7 @@ class Failing(SyntheticObjective):
 
 def study_spec(name, trials):
     return StudySpec(name=name, objective="synthetic", budget_flops=1e18, target="pass@1", trials=trials,
-                     sampler="random", seed=0,
+                     sampler="random", seed=0, pilots=0,
                      space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "dense", "prm")))
 
 
@@ -166,7 +166,7 @@ def studies(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(d)  # MLflow artifacts (plan.json) go to ./mlruns
     try:
-        for name, trials in (("a", 10), ("b", 3)):
+        for name, trials in (("a", 8), ("b", 3)):  # full-budget trials (a: + 2 enqueued pilots)
             s = study_spec(name, trials)
             if name == "a":
                 st = open_study(s, storage)

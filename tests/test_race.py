@@ -257,17 +257,19 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     obj, tracker, w = Counting(), FakeTracker(), workload()
     stolen = []
 
-    def on_phase(phase, payload):  # another worker runs the first proposal of the first batch
-        if phase == "proposals" and payload and not stolen:
+    def on_phase(phase, payload):  # after the pilots, another worker runs the next proposal first
+        if phase == "diagnoses" and not stolen:
+            from allocopt.sampler import RaceSampler
             from allocopt.study import distributions
 
-            p = payload[0]
-            stolen.append(p)
             other = optuna.load_study(study_name="tagged", storage=url)
+            mine = RaceSampler(space, budget_flops=BUDGET, workload=w, settings=settings, seed=s.seed)
+            p = mine.proposals(other, q=1)[0]
+            stolen.append(p)
             other.enqueue_trial({"rho": p.allocation.rho, "group_size": p.allocation.group_size,
-                                 "reward": p.allocation.reward},
+                                 "reward": p.allocation.reward, "fidelity": p.fidelity},
                                 user_attrs={"fidelity": p.fidelity, "budget_flops": p.budget_flops})
-            t = other.ask(distributions(s))
+            t = other.ask(distributions(s, fidelity=True))
             t.set_user_attr("state", "COMPLETE")
             t.set_user_attr("targets", {"pass_at_1": 0.5})
             t.set_user_attr("metrics", {"total_flops": 1, "reward_flops": 0})
@@ -298,9 +300,10 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     runs = [(round(a.rho, 3), a.group_size, a.reward, b) for a, b in obj.calls[12:]]
     assert len(runs) == len(set(runs))
     assert r.validation and {v.reward for v in r.validation} == {"sparse", "prm"}
-    # a recommendation after the pilots and one after each round; the last is the result's
+    # a recommendation after the pilots (and the other worker's run) and one after each new
+    # complete trial; the last is the result's
     nums = [n for n, _ in r.recommendations]
-    assert len(nums) >= 2 and nums == sorted(nums) and nums[0] == max(t.number for t in pilots)
+    assert len(nums) >= 2 and nums == sorted(nums) and nums[0] == max(t.number for t in pilots) + 1
     assert r.recommendation == r.recommendations[-1][1]
     assert any(t.params["reward"] == r.recommendation.reward for t in full)
     assert all(v.regret >= 0 for v in r.validation)

@@ -23,8 +23,8 @@ def study(tmp_path_factory):
     """A finished synthetic study: 9 full trials over three reward systems and 2 pilots."""
     d = tmp_path_factory.mktemp("report-study")
     storage = f"sqlite:///{d}/optuna.db"
-    spec = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=11,
-                     sampler="random", seed=0,
+    spec = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=9,
+                     sampler="random", seed=0, pilots=0,
                      space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "dense", "prm")))
     st = open_study(spec, storage)
     for rho, reward in ((0.45, "prm"), (0.7, "sparse")):

@@ -31,7 +31,7 @@ class Counting(SyntheticObjective):
 
 def spec(**kw):
     base = dict(name="t", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
-                sampler="random", space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8), rewards=("sparse", "prm")))
+                sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8), rewards=("sparse", "prm")))
     return StudySpec(**{**base, **kw})
 
 

@@ -30,10 +30,11 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
    (:mod:`allocopt.surrogate`) is fitted on pilots and full runs together (the budget fraction is
    its fidelity; it learns how far the optimal ρ drifts with the budget, so the pilots' bias is
    corrected once a few full runs exist) and proposes full runs by Thompson sampling of the
-   full-budget maximizer, ``batch_size`` per round (or extra pilots, when their variance
+   full-budget maximizer, one per trial (or extra pilots, when their variance
    reduction per FLOP is worth it, within ``extra_pilot_budget``: none by default);
    infeasible plans and repeats of existing trials (same G, reward, model and fidelity, ρ within
-   ``rho_match``) are never proposed. Before each round and at the end RACE **recommends** an
+   ``rho_match``) are never proposed; pending trials are conditioned on (a constant liar). After
+   each new fit and at the end RACE **recommends** an
    allocation: the maximizer of the posterior mean at the full budget near its full runs. After
    the runs, per reward system: the full-budget regime (from the surrogate's posterior at
    fidelity 1, with the same labelling), whether it matches the pilot regime, and the regret at
@@ -43,7 +44,8 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
 One job a module: :mod:`~allocopt.race.design` (settings, pilot grid),
 :mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.propose`
 (surrogate, proposals, recommendation), :mod:`~allocopt.race.validate` (pilot against full
-regimes, :class:`RaceResult`), :mod:`~allocopt.race.run` (the whole race in one call).
+regimes, :class:`RaceResult`), :mod:`~allocopt.race.run` (the whole race in one call, a view
+over the study loop). The trials are asked of :class:`allocopt.sampler.RaceSampler`.
 Every name is re-exported here.
 
 numpy, Optuna and (through the surrogate) torch are imported inside functions.
@@ -53,14 +55,15 @@ from __future__ import annotations
 from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
                                   check_pilot_fraction, pilot_grid)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
-                                    observations, regime_of, share_fit)
-from allocopt.race.propose import (PlanCache, Proposal, existing_runs, fit_surrogate, propose,
-                                   recommend, same_run)
+                                    observations, regime_of, share_fit, trial_fidelity, trial_params)
+from allocopt.race.propose import (PlanCache, Proposal, existing_runs, fit_surrogate, interrupted,
+                                   propose, recommend, runs_of, same_run)
 from allocopt.race.run import run_race
 from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
            "RaceResult", "RaceSettings", "RegimeDiagnosis", "ValidationRow", "cells",
            "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
-           "observations", "pilot_grid", "propose", "recommend", "regime_of", "run_race",
-           "same_regime_rate", "same_run", "share_fit", "validate"]
+           "interrupted", "observations", "pilot_grid", "propose", "recommend", "regime_of",
+           "run_race", "runs_of", "same_regime_rate", "same_run", "share_fit", "trial_fidelity",
+           "trial_params", "validate"]

@@ -55,7 +55,9 @@ class RaceSettings:
     bootstrap: int = 200
     """Wild-bootstrap resamples for the uncertainty of ρ* and the regime probability."""
     batch_size: int = 2
-    """Proposals per round (``q``): runs one round can hand to parallel workers."""
+    """Not used since RACE became a sampler (:class:`allocopt.sampler.RaceSampler`): every
+    trial gets its own proposal, and proposals for parallel workers differ because pending
+    trials are conditioned on. Kept so that old settings and ``--batch-size`` still load."""
     extra_pilot_budget: float = 0.0
     """Compute, in full-budget runs, that proposals may spend on extra pilots in all (default
     none: on the synthetic benchmark, extra pilots delayed the full runs that resolve the

@@ -53,6 +53,19 @@ class Observation:
     """Executed reward FLOPs / total FLOPs of the trial (NaN when not recorded)."""
 
 
+def trial_params(t: Any) -> dict[str, Any]:
+    """A trial's parameters: its own, or for a trial still waiting in the queue the ones it was
+    enqueued with (Optuna keeps those in the system attribute ``fixed_params``;
+    tests/test_sampler.py checks that it still does)."""
+    return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+
+
+def trial_fidelity(t: Any) -> str:
+    """``pilot`` or ``full``: the trial's ``fidelity`` parameter (set by
+    :class:`allocopt.sampler.RaceSampler`), else its user attribute, else ``full``."""
+    return str(trial_params(t).get("fidelity") or t.user_attrs.get("fidelity") or "full")
+
+
 def observations(study: Any, spec: StudySpec, target: str | None = None) -> list[Observation]:
     """Every complete (feasible, run) trial of ``study`` with a value for ``target``
     (default ``spec.target``)."""
@@ -70,7 +83,7 @@ def observations(study: Any, spec: StudySpec, target: str | None = None) -> list
         out.append(Observation(
             number=t.number, allocation=allocation_of(spec, t.params), value=float(ua["targets"][key]),
             budget_flops=budget, budget_fraction=budget / spec.budget_flops,
-            fidelity=ua.get("fidelity", "full"),
+            fidelity=trial_fidelity(t),
             reward_share=(m.get("reward_flops", 0) / total) if total else math.nan))
     return out
 

@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 from allocopt.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
-from allocopt.race.diagnose import Observation
-from allocopt.spec import SearchSpace, StudySpec, allocation_of
+from allocopt.race.diagnose import Observation, trial_fidelity, trial_params
+from allocopt.spec import SearchSpace, StudySpec, allocation_in
 
 def _encoding(space: SearchSpace):
     from allocopt.surrogate import Encoding
@@ -28,10 +28,12 @@ def _encoding(space: SearchSpace):
     return Encoding(space.rho, space.group_sizes, space.rewards, tuple(space.models) or (None,))
 
 
-def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0, init: Any = None):
+def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0, init: Any = None,
+                  fit: bool = True):
     """The :class:`allocopt.surrogate.MultiFidelitySurrogate` over all observations (pilots and
     full runs; the budget fraction is the fidelity); ``init``: an earlier fit's ``raw``
-    hyperparameters to start from as well. Raises ``ValueError`` with < 2 observations."""
+    hyperparameters to start from as well (``fit=False``: taken as they are, only the data
+    change: how pending trials are conditioned on). Raises ``ValueError`` with < 2 observations."""
     import torch
 
     from allocopt.surrogate import MultiFidelitySurrogate
@@ -40,7 +42,7 @@ def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0,
     X = enc.tensor([enc.row(o.allocation.rho, o.allocation.group_size, o.allocation.reward,
                             o.allocation.model, o.budget_fraction) for o in obs])
     Y = torch.tensor([[o.value] for o in obs], dtype=torch.double)
-    return MultiFidelitySurrogate(enc, X, Y, seed=seed, init=init)
+    return MultiFidelitySurrogate(enc, X, Y, seed=seed, init=init, fit=fit)
 
 
 def _rho_grid(space: SearchSpace, settings: RaceSettings) -> list[float]:
@@ -91,7 +93,8 @@ class Proposal:
     fidelity: str
     """``full`` (a validation run) or ``pilot`` (an extra pilot)."""
     budget_flops: float
-    plan: TrialPlan
+    plan: TrialPlan | None
+    """The plan the budget buys (``None`` when proposed without a workload: feasibility unchecked)."""
     acquisition: float
     """Share of the round's posterior samples in which this allocation (for an extra pilot: the
     full-budget allocation it informs) is the full-budget maximizer (Thompson sampling)."""
@@ -110,6 +113,8 @@ class Proposal:
         ``num_iterations`` and verl's ``ppo_epochs`` run it; :func:`objectives.grpo.step_learning_rate`).
         """
         p = self.plan
+        if p is None:
+            return {}
         return {"num_generations": p.group_size, "num_iterations": p.num_iterations_trl,
                 "generation_batch_size": p.rollouts_per_iteration,
                 "rows_trained_per_iteration": p.rows_trained_per_iteration,
@@ -120,10 +125,10 @@ class Proposal:
         a = self.allocation
         return {"fidelity": self.fidelity, "budget_flops": self.budget_flops, "cost_full_runs": self.cost,
                 "allocation": {"rho": a.rho, "group_size": a.group_size, "reward": a.reward,
-                               "model": a.model or self.plan.policy},
+                               "model": a.model or (self.plan.policy if self.plan else None)},
                 "predicted_full_budget": {"mean": self.predicted_mean, "sd": self.predicted_sd},
                 "acquisition": self.acquisition, "trl": self.trl(),
-                "plan": {k: v for k, v in self.plan.to_dict().items() if k in _PLAN_KEYS}}
+                "plan": {k: v for k, v in self.plan.to_dict().items() if k in _PLAN_KEYS} if self.plan else {}}
 
 
 def same_run(a: Allocation, fa: str, b: Allocation, fb: str, tol: float) -> bool:
@@ -132,25 +137,40 @@ def same_run(a: Allocation, fa: str, b: Allocation, fb: str, tol: float) -> bool
             and a.model == b.model and abs(a.rho - b.rho) <= tol)
 
 
-def existing_runs(study: Any, spec: StudySpec) -> list[tuple[Allocation, str]]:
-    """``(allocation, fidelity)`` of every trial that ran, runs or waits (a failure by interrupt
-    does not count: it may be re-run)."""
+def interrupted(t: Any) -> bool:
+    """A trial failed by an interrupt (Ctrl-C): it may be run again."""
     from optuna.trial import TrialState
 
+    return t.state == TrialState.FAIL and str(t.user_attrs.get("error", "")).startswith("interrupted")
+
+
+def runs_of(trials: Sequence[Any], space: SearchSpace, skip: int | None = None) -> list[tuple[Allocation, str]]:
+    """``(allocation, fidelity)`` of every trial in ``trials`` that ran, runs or waits, with its
+    parameters set (a failure by interrupt does not count: it may be re-run; trial number
+    ``skip`` is left out)."""
     out = []
-    for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        if t.state == TrialState.FAIL and str(ua.get("error", "")).startswith("interrupted"):
+    for t in trials:
+        params = trial_params(t)
+        if t.number == skip or not params or interrupted(t):
             continue
-        if t.state == TrialState.WAITING:
-            params = t.system_attrs.get("fixed_params", {})
-        else:
-            params = t.params
         try:
-            out.append((allocation_of(spec, params), ua.get("fidelity", "full")))
+            out.append((allocation_in(space, params), trial_fidelity(t)))
         except ConfigError:
             continue
     return out
+
+
+def existing_runs(study: Any, spec: StudySpec) -> list[tuple[Allocation, str]]:
+    """:func:`runs_of` every trial of ``study``."""
+    return runs_of(study.get_trials(deepcopy=False), spec.space)
+
+
+_UNCHECKED: Any = object()
+"""What ``propose``'s plan lookup gives without a workload (feasibility not checked)."""
+
+
+def _plan(p: Any) -> TrialPlan | None:
+    return None if p is _UNCHECKED else p
 
 
 class PlanCache:
@@ -170,7 +190,7 @@ class PlanCache:
         return self.cache[k]
 
 
-def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
+def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | None, *,
             existing: Sequence[tuple[Allocation, str]] = (), q: int = 1, pilot_fraction: float = 0.1,
             allow_pilots: bool = True, settings: RaceSettings = RaceSettings(), surrogate: Any = None,
             plans: Callable[[float, Allocation], TrialPlan | None] | None = None) -> list[Proposal]:
@@ -190,7 +210,8 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
        the mixture variance, which includes the unknown drift only full runs resolve;
        ``c² / (v_z + σn²) / pilot_fraction`` for the pilot, ``c`` its covariance with the pick).
 
-    Every proposal has a feasible, realizable plan within its budget (:func:`make_plan`), and none
+    With a ``workload`` (or ``plans``), every proposal has a feasible, realizable plan within its
+    budget (:func:`make_plan`); without, feasibility is not checked (``plan`` is ``None``). None
     repeats an ``existing`` run or another proposal of the batch (same G, reward, model, fidelity,
     ρ within ``settings.rho_match``).
 
@@ -205,7 +226,8 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
     seed = spec.seed if settings.seed is None else settings.seed
     sur = surrogate if surrogate is not None else fit_surrogate(obs, spec.space, seed=seed)
     enc = sur.encoding
-    plans = plans or PlanCache(workload)
+    if plans is None and workload is not None:
+        plans = PlanCache(workload)
     space = spec.space
     cands = _full_candidates(space, settings)
     X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
@@ -224,6 +246,9 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
     def try_run(a: Allocation, fidelity: str, frac: float) -> TrialPlan | None:
         if any(same_run(a, fidelity, b, fb, settings.rho_match) for b, fb in taken):
             return None
+        if plans is None:  # no workload: feasibility unchecked
+            taken.append((a, fidelity))
+            return _UNCHECKED
         plan = plans(frac * spec.budget_flops, a)
         if plan is None or plan.expected.executed.total_flops > frac * spec.budget_flops:
             return None
@@ -243,13 +268,14 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload, *,
             gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / pilot_fraction
             plan = try_run(z, "pilot", pilot_fraction) if gain_pilot > gain_full else None
             if plan is not None:
-                out.append(Proposal(z, "pilot", pilot_fraction * spec.budget_flops, plan, p_best,
+                out.append(Proposal(z, "pilot", pilot_fraction * spec.budget_flops, _plan(plan), p_best,
                                     pilot_fraction, float(mean[i]), float(sd[i])))
                 return True
         plan = try_run(a, "full", 1.0)
         if plan is None:
             return False
-        out.append(Proposal(a, "full", spec.budget_flops, plan, p_best, 1.0, float(mean[i]), float(sd[i])))
+        out.append(Proposal(a, "full", spec.budget_flops, _plan(plan), p_best, 1.0, float(mean[i]),
+                            float(sd[i])))
         return True
 
     tried: set[int] = set()  # offered (accepted or refused): never offered again

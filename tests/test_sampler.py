@@ -1,0 +1,169 @@
+"""RaceSampler as an Optuna sampler: from plain Optuna code, pending trials, concurrent claims,
+and the one study loop (run_study) on the synthetic objective."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from allocopt.allocation import Allocation, make_plan
+from allocopt.race import RaceSettings, propose, runs_of
+from allocopt.sampler import FIDELITY_PARAM, RaceSampler
+from allocopt.spec import SearchSpace, StudySpec
+from allocopt.study import best_row, rows, run_study
+from objectives.synthetic import SyntheticObjective
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BUDGET = 1e19
+SPACE = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+# the full pilot grid by hand: 6 evenly spaced rho levels x 2 G x 2 rewards = 24 points
+GRID = {(r, g, round(0.2 + 0.7 * i / 5, 4)) for r in ("sparse", "prm") for g in (4, 8) for i in range(6)}
+SETTINGS = RaceSettings(max_pilots=24)
+
+
+def _race(n_trials: int, **kw):
+    """RACE from one's own Optuna code: the sampler picks, the objective reads the decision."""
+    obj = SyntheticObjective()
+    w = obj.workload()
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, workload=w, settings=SETTINGS, **kw)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    spent = []
+
+    def objective(trial: optuna.Trial) -> float:
+        d = sampler.suggest(trial)
+        plan = make_plan(d.budget_flops, d.allocation, w)
+        result = obj.run(plan, seed=trial.number)
+        b = result.breakdown
+        assert b.search_flops + b.learning_flops + b.reward_flops == pytest.approx(b.total_flops)
+        spent.append((d, b.total_flops))
+        return result.targets["pass_at_1"]
+
+    study.optimize(objective, n_trials=n_trials)
+    return study, sampler, spent
+
+
+def test_race_sampler_from_plain_optuna_code():
+    study, sampler, spent = _race(27)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    pilots, full = trials[:24], trials[24:]
+    # pilots first: every grid point once, at a tenth of the budget
+    assert {(t.params["reward"], t.params["group_size"], round(t.params["rho"], 4)) for t in pilots} == GRID
+    for t in pilots:
+        assert t.params[FIDELITY_PARAM] == "pilot" and t.user_attrs["fidelity"] == "pilot"
+        assert t.user_attrs["budget_flops"] == 0.1 * BUDGET and "race_pilot" in t.user_attrs
+    # then surrogate proposals at the full budget, all different
+    for t in full:
+        assert t.params[FIDELITY_PARAM] == "full" and t.user_attrs["budget_flops"] == BUDGET
+        assert t.user_attrs["race_validation"] is True
+        assert sampler.decisions[t.number].kind == "proposal"
+    assert len({(t.params["reward"], t.params["group_size"], round(t.params["rho"], 3)) for t in full}) == 3
+    for d, total in spent:
+        assert 0 < total <= d.budget_flops
+    # the synthetic optimum (module docstring): prm at G = 8 beats every sparse allocation by
+    # >= 0.06, so the surrogate's first proposals are prm, G = 8
+    assert all(t.params["reward"] == "prm" and t.params["group_size"] == 8 for t in full[:2])
+    assert sampler.timings["fit_seconds"] and sampler.recommendations[0][0] == 23
+
+
+def test_pending_trials_are_conditioned_on():
+    study, sampler, _ = _race(24)  # the pilots
+    t1 = study.ask()
+    d1 = sampler.suggest(t1)
+    # control: the surrogate without the pending trial's lie; only the exact repeat is excluded
+    sur, obs = sampler.surrogate(study)
+    control = propose(obs, sampler._spec, sampler.workload, existing=runs_of(study.trials, SPACE),
+                      q=1, settings=SETTINGS, surrogate=sur, allow_pilots=False)[0].allocation
+    t2 = study.ask()
+    d2 = sampler.suggest(t2)
+    t3 = study.ask()
+    d3 = sampler.suggest(t3)
+    assert {d1.kind, d2.kind, d3.kind} == {"proposal"} and {d1.fidelity, d2.fidelity, d3.fidelity} == {"full"}
+    a1, a2, a3 = d1.allocation, d2.allocation, d3.allocation
+    assert len({(a.reward, a.group_size, round(a.rho, 3)) for a in (a1, a2, a3)}) == 3
+    # without the lie the next proposal is a neighbour of the pending one; with it, farther away
+    gap = lambda a: abs(a.rho - a1.rho) if (a.reward, a.group_size) == (a1.reward, a1.group_size) else math.inf  # noqa: E731
+    assert gap(control) <= 0.03
+    assert gap(a2) > gap(control) and gap(a3) > gap(control)
+
+
+def test_concurrent_asks_claim_different_pilots():
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    t0, t1 = study.ask(), study.ask()  # two workers asked; neither has sampled yet
+    d1 = sampler.suggest(t1)  # the younger samples first: it leaves the first point to the older
+    d0 = sampler.suggest(t0)
+    assert d0.pilot == sampler.design[0] and d1.pilot == sampler.design[1]
+    # an interrupted pilot is run again; a pilot that failed otherwise is not
+    study.tell(t0, state=optuna.trial.TrialState.FAIL)
+    t1.set_user_attr("error", "interrupted")
+    study.tell(t1, state=optuna.trial.TrialState.FAIL)
+    t2 = study.ask()
+    assert sampler.suggest(t2).pilot == sampler.design[1]
+    assert sampler.pilots_left(study) == 24 - 2
+
+
+def test_enqueued_trials_keep_their_parameters_and_claim_their_point():
+    """The waiting queue's parameters are read from Optuna's system attribute ``fixed_params``
+    (allocopt.race.trial_params): this fails if Optuna stops keeping them there."""
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    first = sampler.design[0].allocation
+    study.enqueue_trial({"rho": first.rho, "group_size": first.group_size, "reward": first.reward,
+                         FIDELITY_PARAM: "pilot"})
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert waiting[0].system_attrs["fixed_params"][FIDELITY_PARAM] == "pilot"
+    assert sampler.pilots_to_run(study)[0] == sampler.design[1]
+    t = study.ask()  # the enqueued one
+    d = sampler.suggest(t)
+    assert d.kind == "given" and d.allocation == first and d.budget_flops == 0.1 * BUDGET
+    assert sampler.suggest(study.ask()).pilot == sampler.design[1]
+    # enqueued the old way (no fidelity parameter; fidelity and budget as user attributes)
+    study.enqueue_trial({"rho": 0.55, "group_size": 8, "reward": "prm"},
+                        user_attrs={"fidelity": "pilot", "budget_flops": 2e18})
+    t = study.ask()
+    d = sampler.suggest(t)
+    assert d.kind == "given" and d.allocation == Allocation(0.55, 8, "prm") and d.budget_flops == 2e18
+    assert t.params[FIDELITY_PARAM] == "pilot"
+    assert sampler.pilots_to_run(study)[0] == sampler.design[2]
+
+
+def test_infeasible_and_failed_trials_are_not_observations():
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    for value, state in ((0.3, "COMPLETE"), (0.0, "INFEASIBLE"), (0.5, "COMPLETE")):
+        t = study.ask()
+        sampler.suggest(t)
+        t.set_user_attr("state", state)
+        study.tell(t, value)
+    obs = sampler.observations(study)
+    assert [o.number for o in obs] == [0, 2]
+    assert [o.value for o in obs] == [-0.3, -0.5]  # minimize: higher is better for the surrogate
+    assert {o.fidelity for o in obs} == {"pilot"} and {o.budget_fraction for o in obs} == {0.1}
+
+
+def test_several_objectives_are_refused():
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+    with pytest.raises(ValueError, match="one objective only"):
+        sampler.suggest(study.ask())
+
+
+def test_run_study_is_the_one_loop(tmp_path):
+    """``allocopt study``'s loop with RACE on: the pilots, then ``trials`` full-budget runs."""
+    s = StudySpec(name="loop", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=3,
+                  pilots=24, space=SPACE)
+    obj = SyntheticObjective()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/s.db")
+    fid = [t.user_attrs["fidelity"] for t in sorted(st.trials, key=lambda t: t.number)]
+    assert fid == ["pilot"] * 24 + ["full"] * 3
+    assert all(r.state == "COMPLETE" and "fidelity" not in r.params for r in rows(st))
+    b = best_row(st)
+    assert b is not None and b.number >= 24  # the best full-budget trial, not a pilot
+    assert b.value == max(r.value for r in rows(st) if r.number >= 24)
+    # resuming with more trials runs only the missing full-budget ones
+    st = run_study(StudySpec(**{**s.to_dict(), "trials": 4}), objective=obj, workload=obj.workload(),
+                   storage=f"sqlite:///{tmp_path}/s.db")
+    assert len(st.trials) == 28
