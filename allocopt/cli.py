@@ -215,7 +215,8 @@ def study(
         from allocopt.commands_race import race
         from allocopt.study import open_study
 
-        race(spec=spec, budget=None if b is None else repr(b), target=tgt, objective=objective,
+        race(spec=spec, budget=repr(s.budget_flops) if b is None and spec is None else (None if b is None else repr(b)),
+             target=tgt if tgt is not None or spec is not None else s.target, objective=objective,
              pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,

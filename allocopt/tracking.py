@@ -17,8 +17,12 @@ Layout in MLflow
   process runs in). A server (``http://host:port``) keeps its own artifact default
   (``mlflow-artifacts:/`` when it proxies artifacts).
 * **Experiment** ``allocopt/<study_name>``, created or reused (restored if it was deleted);
-  tags ``allocopt.study`` and ``mlflow.experimentKind=custom_model_development`` (the MLflow 3
-  UI reads this tag and opens such an experiment on its runs table, not on the GenAI overview).
+  tags ``allocopt.study`` and ``mlflow.experimentKind=custom_model_development`` (MLflow 3's
+  UI reads this tag to choose an experiment's first page). MLflow 3.17's UI decides by its
+  global GenAI / "Model training" switch instead (kept in the browser's local storage, GenAI
+  by default); a link with ``?workflowType=machine_learning`` opens the runs table:
+  ``http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning``
+  (:func:`runs_view_url`).
 * **Parent run** named ``<study_name>``, tags ``allocopt.study=<name>``, ``allocopt.role=study``.
   A resumed study finds it by these tags and reuses it (if two workers create one at the same
   moment, both keep the older one and the other is deleted). It is RUNNING while a tracker is
@@ -553,6 +557,12 @@ class StudyTracker:
 
 
 # ============================================================================ helpers
+def runs_view_url(server: str, experiment_id: str) -> str:
+    """The MLflow UI link that opens an experiment on its runs table (MLflow 3.17 reads the
+    ``workflowType`` query parameter; without it the UI may open on the GenAI overview)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def _resolve_uri(uri: str | None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     prefix = "sqlite:///"

@@ -87,13 +87,15 @@ def main() -> None:
         ml = f"http://127.0.0.1:{p_ml}"
         od = f"http://127.0.0.1:{p_od}"
         pre = a.prefix
-        _shot(f"{ml}/#/experiments/{exp.experiment_id}", OUT / f"{pre}mlflow_experiment.png")
-        _shot(f"{ml}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}",
+        # ?workflowType=machine_learning: MLflow 3.17's UI otherwise opens on its GenAI overview
+        _shot(f"{ml}/#/experiments/{exp.experiment_id}?workflowType=machine_learning",
+              OUT / f"{pre}mlflow_experiment.png")
+        _shot(f"{ml}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning",
               OUT / f"{pre}mlflow_parent_run.png", height=1400)
-        _shot(f"{ml}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}/artifacts",
+        _shot(f"{ml}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}/artifacts?workflowType=machine_learning",
               OUT / f"{pre}mlflow_parent_artifacts.png")
         if trial is not None:
-            _shot(f"{ml}/#/experiments/{exp.experiment_id}/runs/{trial.info.run_id}/model-metrics",
+            _shot(f"{ml}/#/experiments/{exp.experiment_id}/runs/{trial.info.run_id}/model-metrics?workflowType=machine_learning",
                   OUT / f"{pre}mlflow_trial_metrics.png", height=1600)
         _shot(f"{od}/dashboard/studies/{study_id}", OUT / f"{pre}optuna_dashboard_study.png", height=1400)
         _shot(f"{od}/dashboard/studies/{study_id}/trials", OUT / f"{pre}optuna_dashboard_trials.png")
