@@ -222,8 +222,9 @@ def study(
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
              as_json=False)
         # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
-        print_study_summary(open_study(replace(s, pilots=0), storage), s, storage,
-                            show_answer=False)  # race printed the answer
+        st = open_study(replace(s, pilots=0), storage)
+        print_study_summary(st, s, storage,  # race printed its answer, if it made one
+                            show_answer=not st.user_attrs.get("recommendation"))
         return
     from allocopt.study import open_study
 
@@ -340,8 +341,10 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
     n_fail = sum(r.state == "FAIL" for r in all_rows)
     pilots = [r for r in rows(st) if r.number not in full]
     p_inf = sum(r.state == "INFEASIBLE" for r in pilots)
-    out.print(f"{len(done)} complete full-budget trials, {n_inf} infeasible (never run), {n_fail} failed"
-              + (f"; {n_pilots} RACE pilots ({p_inf} infeasible)" if n_pilots else ""), highlight=False)
+    out.print(f"full-budget trials: {len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed",
+              highlight=False)
+    if n_pilots:
+        out.print(f"RACE pilots: {n_pilots}, {p_inf} infeasible (never run)", highlight=False)
 
 from allocopt.commands_query import register as _register_query
 _register_query(app)
