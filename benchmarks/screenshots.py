@@ -41,14 +41,19 @@ def _wait(port: int, seconds: float = 400) -> None:
     raise SystemExit(f"port {port}: no server after {seconds:.0f} s")
 
 
-def _shot(url: str, png: Path, width: int = 1500, height: int = 950, wait_ms: int = 20000) -> None:
+def _shot(url: str, png: Path, width: int = 1500, height: int = 950, wait_ms: int = 15000) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         raise SystemExit("chromium: not installed (apt-get install -y chromium)")
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--window-size={width},{height}", f"--virtual-time-budget={wait_ms}",
-                    f"--screenshot={png}", url], check=True, capture_output=True, timeout=180)
-    print(f"{png}  <- {url}")
+    for attempt in range(3):  # a first load on busy cores can hang: kill it and try again
+        try:
+            subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                            f"--window-size={width},{height}", f"--virtual-time-budget={wait_ms}",
+                            f"--screenshot={png}", url], check=True, capture_output=True, timeout=90)
+            print(f"{png}  <- {url}")
+            return
+        except subprocess.TimeoutExpired:
+            print(f"{png}: chromium timed out (try {attempt + 1})")
 
 
 def main() -> None:
@@ -84,6 +89,10 @@ def main() -> None:
     try:
         _wait(p_ml)
         _wait(p_od)
+        import urllib.request
+
+        for port in (p_ml, p_od):  # the port is open before the app answers
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=300).read()
         ml = f"http://127.0.0.1:{p_ml}"
         od = f"http://127.0.0.1:{p_od}"
         pre = a.prefix
