@@ -155,20 +155,20 @@ def trial(
 @app.command()
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
-    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19."),
-    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front)."),
-    objective: Optional[str] = typer.Option(None, help="qwen (GPU, default), tiny (CPU arithmetic world) or synthetic (test function)."),
-    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones)."),
-    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study."),
+    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's, else 1e19]"),
+    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world) or synthetic (test function). \\[default: the spec's, else qwen]"),
+    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
     storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
-    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: sqlite:///mlflow.db]."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials."),
-    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch (default), gp or random."),
-    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. (default: the spec's, else 60 or more: enough for every reward system × model)"),
-    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). (default: the spec's, else 0.1)"),
+    seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch, gp or random. \\[default: the spec's, else botorch]"),
+    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's [objective_settings] (repeat), e.g. --set model=PATH."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
 
@@ -243,13 +243,16 @@ def study(
         from allocopt.commands_race import race
         from allocopt.study import open_study
 
-        race(spec=spec, budget=None if b is None else repr(b), target=tgt, objective=objective,
+        race(spec=spec, budget=repr(s.budget_flops) if b is None and spec is None else (None if b is None else repr(b)),
+             target=tgt if tgt is not None or spec is not None else s.target, objective=objective,
              pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
              as_json=False, set_=set_)
         # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
-        print_study_summary(open_study(replace(s, pilots=0), storage), s, storage)
+        st = open_study(replace(s, pilots=0), storage)
+        print_study_summary(st, s, storage,  # race printed its answer, if it made one
+                            show_answer=not st.user_attrs.get("recommendation"))
         return
     from allocopt.cli_common import check_space_feasible
     from allocopt.study import open_study
@@ -291,15 +294,9 @@ def study(
             bar.update(trials_task, advance=1, info=(
                 f"best {target_label(s.target_key)}={best.value:.3f} " if best else "") +
                 f"| spent {fmt_flops(state['spent'])} FLOPs")
-            p = row.params
-            msg = (f"trial {row.number} {row.state}: rho={p.get('rho', s.space.rho[0]):.3f} "
-                   f"G={p.get('group_size', s.space.group_sizes[0])} {p.get('reward', s.space.rewards[0])}")
-            if row.state == "COMPLETE":
-                msg += " -> " + ", ".join(f"{t}={row.targets.get(k, float('nan')):.4f}"
-                                          for t, k in zip(s.targets, s.target_keys))
-            elif row.error:
-                msg += f" ({row.error.splitlines()[0]})"
-            bar.console.print(msg, markup=False, highlight=False)
+            from allocopt.answer import trial_line
+
+            bar.console.print(trial_line(row, s), markup=False, highlight=False, soft_wrap=True)
 
         from allocopt.cli_common import close_tracker, one_interrupt
 
@@ -323,9 +320,11 @@ def study(
     print_study_summary(st, s, storage)
 
 
-def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db") -> None:
-    """Final table: best allocation, its breakdown, the top trials (the Pareto front when the
-    study has several targets)."""
+def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
+                        show_answer: bool = True) -> None:
+    """Final table: the top trials (the Pareto front when the study has several targets), the
+    one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
+    observed trial as evidence."""
     from allocopt.study import rows
 
     if s.multi_objective:
@@ -365,17 +364,35 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db")
                   fmt_flops(m.get("total_flops", 0)))
     t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
     out.print(t)
-    m = best.metrics
-    model = f", model = {best.params.get('model', s.space.models[0])}" if models else ""
-    out.print(f"[bold]best[/]: trial {best.number}, {s.target} = {best.value:.4f} at rho = "
-              f"{m.get('rho', float('nan')):.3f}, G = {best.params.get('group_size', s.space.group_sizes[0])}, "
-              f"reward = {best.params.get('reward', s.space.rewards[0])}{model}; spent search "
-              f"{fmt_flops(m.get('search_flops', 0))}, learning {fmt_flops(m.get('learning_flops', 0))}, "
-              f"reward {fmt_flops(m.get('reward_flops', 0))} FLOPs")
+    from allocopt.answer import allocation_text, evidence_line, recommendation_lines
+    from allocopt.spec import allocation_of
+
+    rec = st.user_attrs.get("recommendation")  # RACE's answer (allocopt.answer.recommendation_dict)
+    if not show_answer:
+        pass
+    elif rec:
+        from types import SimpleNamespace
+
+        from allocopt.allocation import Allocation
+
+        a = rec["allocation"]
+        ns = SimpleNamespace(**{k: v for k, v in rec.items() if k != "allocation"},
+                             allocation=Allocation(a["rho"], a["group_size"], a["reward"], a.get("model")))
+        for line in recommendation_lines(ns, s.target):
+            out.print(line, highlight=False, markup=False)
+    else:  # plain BO: the best observed trial is the answer, with no posterior interval
+        out.print(f"run: {allocation_text(allocation_of(s, best.params))}  (plain BO: the best "
+                  "observed trial; no interval)", highlight=False, markup=False)
+    out.print(evidence_line(best.number, best.value, allocation_of(s, best.params), s.target),
+              highlight=False, markup=False)
     n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
     n_fail = sum(r.state == "FAIL" for r in all_rows)
-    out.print(f"{len(done)} complete full-budget trials, {n_inf} infeasible (never run), {n_fail} failed"
-              + (f"; {n_pilots} RACE pilot trials" if n_pilots else ""))
+    pilots = [r for r in rows(st) if r.number not in full]
+    p_inf = sum(r.state == "INFEASIBLE" for r in pilots)
+    out.print(f"full-budget trials: {len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed",
+              highlight=False)
+    if n_pilots:
+        out.print(f"RACE pilots: {n_pilots}, {p_inf} infeasible (never run)", highlight=False)
 
 from allocopt.commands_query import register as _register_query
 _register_query(app)

@@ -8,6 +8,7 @@ Optuna, torch and the objectives are imported inside the command.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -162,14 +163,9 @@ def race(
                 for p in payload), highlight=False)
 
     def on_end(row: Any, result: Any) -> None:
-        p = row.params
-        msg = (f"trial {row.number} {row.state}: rho={p.get('rho', s.space.rho[0]):.3f} "
-               f"G={p.get('group_size', s.space.group_sizes[0])} {p.get('reward', s.space.rewards[0])}")
-        if row.state == "COMPLETE":
-            msg += f" -> {s.target}={row.value:.4f}"
-        elif row.error:
-            msg += f" ({row.error.splitlines()[0][:120]})"
-        err.print(msg, markup=False, highlight=False)
+        from allocopt.answer import trial_line
+
+        err.print(trial_line(row, s), markup=False, highlight=False, soft_wrap=True)
 
     from allocopt.cli_common import close_tracker, one_interrupt
 
@@ -179,6 +175,7 @@ def race(
             res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                            pilot_fraction=f, validations=validations, propose_only=propose_only,
                            settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+        _record(s, storage, tracker, res)
         status = "FINISHED"
     except StudyError as e:
         raise ConfigError(str(e)) from None
@@ -210,14 +207,32 @@ def race(
     if res.validation:
         out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
     if res.recommendation is not None and not propose_only:
-        a = res.recommendation
-        out.print(f"recommended at the full budget: rho={a.rho:.3f} G={a.group_size} {a.reward}"
-                  + (f" {a.model}" if a.model else ""), highlight=False)
+        from allocopt.answer import recommendation_dict, recommendation_lines
+        from allocopt.study import open_study
+
+        rec = recommendation_dict(res.recommendation, s.target)
+        from dataclasses import replace as _replace
+
+        open_study(_replace(s, pilots=0), storage).set_user_attr("recommendation", rec)
+        if tracker:
+            tracker.log_recommendation(rec)
+        for line in recommendation_lines(res.recommendation, s.target):
+            out.print(line, highlight=False, markup=False)
     fits = res.timings.get("fit_seconds") or []
     if fits:
         props = res.timings.get("proposal_seconds") or []
         err.print(f"surrogate: {len(fits)} fit(s), mean {sum(fits) / len(fits):.2f} s; proposals "
                   f"{sum(props) / max(1, len(props)):.2f} s each", highlight=False)
+
+
+def _record(s: Any, storage: str, tracker: Any, res: Any) -> None:
+    """Put the regime table on the MLflow parent run (``run_study`` logs the spec and counts)."""
+    if tracker:
+        from rich.console import Console
+
+        con = Console(width=120, record=True, file=io.StringIO())
+        con.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
+        tracker.log_text(con.export_text(), "regime_table.txt")
 
 
 def register(app: typer.Typer) -> None:

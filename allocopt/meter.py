@@ -30,6 +30,11 @@ class IterationRecord:
     cumulative_flops: int
     reward_mean: float
     wall_seconds: float
+    train: dict[str, float] = field(default_factory=dict)
+    """The trainer's own logged metrics over this iteration's optimizer steps (mean per key),
+    under TRL's names (``loss``, ``kl``, ``entropy``, ``completions/mean_length``, ``reward``,
+    ``reward_std``, ``frac_reward_zero_std``, ``clip_ratio/region_mean``, ...); empty when the
+    objective has no trainer (``synthetic``)."""
 
 
 @dataclass

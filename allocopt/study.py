@@ -232,6 +232,7 @@ def run_one_trial(
         """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
         excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
         trial.set_constraint("budget", max(excess, 1e-6))
+        _dashboard_constraints(study, trial, max(excess, 1e-6))
         trial.set_user_attr("state", "INFEASIBLE")
         trial.set_user_attr("error", str(e))
         study.tell(trial, [0.0] * len(keys))
@@ -291,6 +292,7 @@ def run_one_trial(
                "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
                **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
     trial.set_constraint("budget", -1.0)
+    _dashboard_constraints(study, trial, -1.0)
     trial.set_user_attr("state", "COMPLETE")
     trial.set_user_attr("targets", result.targets)
     trial.set_user_attr("metrics", metrics)
@@ -303,6 +305,14 @@ def run_one_trial(
     if on_trial_end:
         on_trial_end(row, result)
     return row, result
+
+
+def _dashboard_constraints(study: Any, trial: Any, value: float) -> None:
+    """Also store the budget constraint in the list form (system attribute ``constraints``)
+    that optuna-dashboard 0.21 reads (``optuna_dashboard/_serializer.py``; it does not read
+    Optuna 5's ``constraints:<name>`` keys), so the dashboard shows an infeasible plan as
+    infeasible. Optuna reads both forms (``trial.constraints``: ``{"budget": v, "0": v}``)."""
+    study._storage.set_trial_system_attr(trial._trial_id, "constraints", [float(value)])
 
 
 def run_study(
@@ -372,6 +382,9 @@ def run_study(
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
     study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
+    name_objectives(study, spec)
+    if tracker:
+        tracker.log_spec(spec.to_dict())
     if race:
         from dataclasses import asdict
 
@@ -407,10 +420,37 @@ def run_study(
                           on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
     if tracker:
         tracker.reconcile(study)
-        b = best_row(study)
-        if b is not None:
-            tracker.log_study_summary(best={**b.params}, metrics={f"best_{spec.target_key}": b.value})
+        log_final(study, spec, tracker)
     return study
+
+
+def name_objectives(study: Any, spec: StudySpec) -> None:
+    """Name the study's objectives after its targets (``study.set_metric_names``), so Optuna's
+    plots and optuna-dashboard say ``pass@1`` instead of ``Objective 0``."""
+    if study.metric_names != list(spec.targets):
+        study.set_metric_names(list(spec.targets))
+
+
+def counts(study: Any) -> dict[str, int]:
+    """Trials by fidelity and state: ``{"full_complete": 3, "pilot_infeasible": 5, ...}``
+    (fidelity ``full`` or ``pilot``; state ``complete``, ``infeasible``, ``fail``, ``running``)."""
+    out: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        key = f"{ua.get('fidelity', 'full')}_{str(ua.get('state', t.state.name)).lower()}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def log_final(study: Any, spec: StudySpec, tracker: Any) -> None:
+    """The study's final metrics on the parent run: trial counts by fidelity and state, the best
+    full-budget value per target and the best trial's allocation (tags ``allocopt.best.*``)."""
+    metrics: dict[str, float] = {f"num_{k}": v for k, v in counts(study).items()}
+    best = best_row(study)
+    if best is not None:
+        metrics.update({f"best_{k}": best.targets.get(k, best.value) for k in spec.target_keys})
+    tracker.log_study_summary(best={**(best.params if best else {}),
+                                    **({"trial": best.number} if best else {})}, metrics=metrics)
 
 
 def dry_run(spec: StudySpec, workload: Workload, rho_levels: int = 8) -> list[tuple[Allocation, TrialPlan | None, str]]:

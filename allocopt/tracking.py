@@ -17,12 +17,21 @@ Layout in MLflow
   process runs in). A server (``http://host:port``) keeps its own artifact default
   (``mlflow-artifacts:/`` when it proxies artifacts).
 * **Experiment** ``allocopt/<study_name>``, created or reused (restored if it was deleted);
-  tags ``allocopt.study``.
+  tags ``allocopt.study`` and ``mlflow.experimentKind=custom_model_development`` (MLflow 3's
+  UI reads this tag to choose an experiment's first page). MLflow 3.17's UI decides by its
+  global GenAI / "Model training" switch instead (kept in the browser's local storage, GenAI
+  by default); a link with ``?workflowType=machine_learning`` opens the runs table:
+  ``http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning``
+  (:func:`runs_view_url`).
 * **Parent run** named ``<study_name>``, tags ``allocopt.study=<name>``, ``allocopt.role=study``.
   A resumed study finds it by these tags and reuses it; N workers starting at once keep exactly
-  one (``StudyTracker._parent_run``: the oldest wins, the others' are deleted). It is set RUNNING
-  when a tracker opens and FINISHED when one closes (with several workers: by the latest of them). :meth:`StudyTracker.log_study_summary`
-  writes the best trials on it.
+  one (``StudyTracker._parent_run``: the oldest wins, the others' are deleted). It is RUNNING
+  while a tracker is open and ends when one closes (with several workers: by the latest of
+  them). It carries the study spec (:meth:`StudyTracker.log_spec`: params and ``spec.json``),
+  the recommendation (:meth:`StudyTracker.log_recommendation`: tags ``allocopt.recommended.*``,
+  metrics and ``recommendation.json``), text artifacts such as the regime table and the report
+  (:meth:`StudyTracker.log_text`, :meth:`StudyTracker.log_file`) and the study's final metrics
+  (:meth:`StudyTracker.log_study_summary`).
 * **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>``, tags
   ``allocopt.study``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
   (``RUNNING``, then ``COMPLETE``, ``FAIL`` or ``INFEASIBLE``), ``allocopt.objective``,
@@ -68,7 +77,12 @@ fields) is logged at ``step = iteration`` as the metrics
 * ``curve/wall_seconds``: wall time of the iteration;
 * ``curve/budget_fraction``: ``cumulative_flops / budget_flops`` (when the trial's
   ``budget_flops`` is known from its params, plan or metrics), which puts pilots and full runs
-  on one axis.
+  on one axis;
+* ``train/<key>``: the trainer's own logged curves of the iteration (the record's ``train``
+  dict, TRL's names: ``train/loss``, ``train/kl``, ``train/entropy``,
+  ``train/completions/mean_length``, ``train/reward``, ``train/reward_std``,
+  ``train/frac_reward_zero_std`` (share of groups with zero reward variance),
+  ``train/clip_ratio/region_mean``, ...), at the same step as ``curve/cumulative_flops``.
 
 To plot reward against compute in the MLflow UI, choose ``curve/cumulative_flops`` (or
 ``curve/budget_fraction``) as the chart's x-axis metric.
@@ -103,6 +117,9 @@ FIDELITIES = ("full", "pilot")
 CURVE_FIELDS = ("cumulative_flops", "executed_flops", "reward_mean", "rows_trained", "wall_seconds")
 """Fields of one curve point (``IterationRecord``), besides ``iteration``."""
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+"""Experiment tag the MLflow 3 UI reads (``server/js`` of mlflow 3.x): a classic-ML kind opens
+the experiment on its runs table instead of the GenAI overview."""
 
 MAX_KEY_LENGTH = 250
 MAX_PARAM_LENGTH = 6000
@@ -273,13 +290,16 @@ class StudyTracker:
             try:
                 return self.client.create_experiment(
                     self.experiment_name, artifact_location=_artifact_location(
-                        self.tracking_uri, self.study_name), tags={TAG_STUDY: self.study_name})
+                        self.tracking_uri, self.study_name),
+                    tags={TAG_STUDY: self.study_name, EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1]})
             except MlflowException:  # another worker created it in between
                 exp = self.client.get_experiment_by_name(self.experiment_name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
+        if exp.tags.get(EXPERIMENT_KIND[0]) is None:  # made by an older allocopt
+            self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
         return exp.experiment_id
 
     def _study_runs(self) -> list[Any]:
@@ -553,6 +573,46 @@ class StudyTracker:
             ended.append(number)
         return sorted(ended)
 
+    def log_spec(self, spec: Mapping[str, Any]) -> None:
+        """Log the study spec (``StudySpec.to_dict()``) on the parent run: params (flattened,
+        ``space.rho``, ``budget_flops``, ...; a resumed study with the same spec logs the same
+        values, which MLflow accepts) and the ``spec.json`` artifact."""
+        spec = json.loads(json.dumps(dict(spec), default=str))
+        run = self.client.get_run(self.parent_run_id)
+        self._params(self.parent_run_id, spec, set(run.data.params))
+        self.client.log_dict(self.parent_run_id, spec, "spec.json")
+
+    def log_recommendation(self, recommendation: Mapping[str, Any]) -> None:
+        """Log the study's one answer on the parent run.
+
+        Args:
+            recommendation: ``allocation`` (dict: ``rho``, ``group_size``, ``reward``, ...),
+                ``target`` (name), ``mean``, ``lower``, ``upper`` (credible interval, target
+                units), ``level`` (e.g. 0.9), ``prob_best`` (in [0, 1]) and optionally
+                ``best_trial`` (the best observed trial as evidence). Scalars become metrics
+                ``recommended_<key>``, the allocation tags ``allocopt.recommended.<key>``, the
+                whole dict the ``recommendation.json`` artifact.
+        """
+        from mlflow.entities import Metric
+
+        rec = json.loads(json.dumps(dict(recommendation), default=str))
+        now = int(time.time() * 1000)
+        tags = {f"allocopt.recommended.{k}": v for k, v in (rec.get("allocation") or {}).items()}
+        self._tags(self.parent_run_id, tags)
+        values = {mlflow_key(f"recommended_{k}"): _metric_value(rec.get(k))
+                  for k in ("mean", "lower", "upper", "level", "prob_best")}
+        self._log_batch(self.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()
+                                                     if v is not None])
+        self.client.log_dict(self.parent_run_id, rec, "recommendation.json")
+
+    def log_text(self, text: str, name: str) -> None:
+        """Write ``text`` as the parent run's artifact ``name`` (e.g. ``regime_table.txt``)."""
+        self.client.log_text(self.parent_run_id, str(text), name)
+
+    def log_file(self, path: str | os.PathLike) -> None:
+        """Copy the file at ``path`` (e.g. the HTML report) into the parent run's artifacts."""
+        self.client.log_artifact(self.parent_run_id, str(path))
+
     def close(self, status: str = "FINISHED") -> None:
         """End trial runs still open (KILLED) and the parent run (``status``). Idempotent."""
         if self._closed:
@@ -583,6 +643,12 @@ class StudyTracker:
 
 
 # ============================================================================ helpers
+def runs_view_url(server: str, experiment_id: str) -> str:
+    """The MLflow UI link that opens an experiment on its runs table (MLflow 3.17 reads the
+    ``workflowType`` query parameter; without it the UI may open on the GenAI overview)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def _resolve_uri(uri: str | None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     prefix = "sqlite:///"
@@ -621,6 +687,10 @@ def _curve_metrics(curves: Iterable[Any], budget: float | None, now: int) -> lis
         cum = _metric_value(d.get("cumulative_flops"))
         if budget and cum is not None:
             out.append(Metric("curve/budget_fraction", cum / budget, now, step))
+        for k, v in (d.get("train") or {}).items():
+            v = _metric_value(v)
+            if v is not None:
+                out.append(Metric(mlflow_key(f"train/{k}"), v, now, step))
     return out
 
 
@@ -639,5 +709,5 @@ def _chunks(items: Sequence[Any], n: int) -> Iterable[list[Any]]:
         yield chunk
 
 
-__all__ = ["CURVE_FIELDS", "DEFAULT_TRACKING_URI", "FIDELITIES", "STATES", "StudyTracker",
+__all__ = ["CURVE_FIELDS", "DEFAULT_TRACKING_URI", "EXPERIMENT_KIND", "FIDELITIES", "STATES", "StudyTracker",
            "TrackingError", "mlflow_key", "result_metrics"]

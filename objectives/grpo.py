@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule, setup_fingerprint
@@ -159,6 +159,25 @@ def _trainer_class():
     return BudgetedGRPOTrainer
 
 
+TRAIN_LOG_KEYS = ("loss", "kl", "entropy", "completions/mean_length", "completions/clipped_ratio",
+                  "reward", "reward_std", "frac_reward_zero_std", "clip_ratio/region_mean",
+                  "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm")
+"""Keys of the trainer's ``log`` records kept per iteration (TRL 1.16 names: the Trainer's
+``loss`` and ``grad_norm``, GRPOTrainer's ``_metrics`` averaged by ``GRPOTrainer.log``)."""
+
+
+def _train_log_callback(hooks: "_Hooks") -> Any:
+    """A ``transformers.TrainerCallback`` whose ``on_log`` (public Trainer API) passes each log
+    record to :meth:`_Hooks.on_train_log`."""
+    from transformers import TrainerCallback
+
+    class _TrainLog(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            hooks.on_train_log(logs or {})
+
+    return _TrainLog()
+
+
 @dataclass
 class _Hooks:
     """State shared between the trainer hooks and the driver."""
@@ -179,6 +198,8 @@ class _Hooks:
     micro: int = 0
     rows: int = 0
     t_iter: float = 0.0
+    train_log_counts: dict = field(default_factory=dict)
+    """(iteration, key) -> number of log records averaged into ``records[iteration].train``."""
 
     @property
     def N(self) -> int:
@@ -237,6 +258,19 @@ class _Hooks:
                                 wall_seconds=time.perf_counter() - self.t_iter)
         if self.progress:
             self.progress(rec, self.meter)
+
+    def on_train_log(self, logs: dict) -> None:
+        """Average the trainer's logged :data:`TRAIN_LOG_KEYS` into the current iteration's
+        record (one log per optimizer step; an iteration has ``update_passes`` of them)."""
+        if not self.meter.records:
+            return
+        rec = self.meter.records[-1]
+        for key in TRAIN_LOG_KEYS:
+            v = logs.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                k = self.train_log_counts.setdefault((rec.iteration, key), 0)
+                rec.train[key] = (rec.train.get(key, 0.0) * k + float(v)) / (k + 1)
+                self.train_log_counts[(rec.iteration, key)] = k + 1
 
     def next_micro_batch(self) -> float:
         """Loss scale of the next micro-batch (one row each): 0 beyond the schedule, else
@@ -332,6 +366,7 @@ def run_grpo(
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # allocopt reports progress itself
+        trainer.add_callback(_train_log_callback(hooks))  # TRL's curves, per iteration
         status, error = "complete", None
         t_train = time.perf_counter()
         try:

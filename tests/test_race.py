@@ -50,6 +50,15 @@ class FakeTracker:
     def reconcile(self, study):  # no MLflow runs to end: nothing was left open
         return []
 
+    def log_spec(self, spec):
+        self.spec = spec
+
+    def log_text(self, text, name):
+        pass
+
+    def log_recommendation(self, rec):
+        self.rec = rec
+
 
 def workload(**kw):
     """A light workload: 16 rollouts per iteration keeps make_plan fast."""
@@ -307,8 +316,8 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     # complete trial; the last is the result's
     nums = [n for n, _ in r.recommendations]
     assert len(nums) >= 2 and nums == sorted(nums) and nums[0] == max(t.number for t in pilots) + 1
-    assert r.recommendation == r.recommendations[-1][1]
-    assert any(t.params["reward"] == r.recommendation.reward for t in full)
+    assert r.recommended == r.recommendations[-1][1]
+    assert any(t.params["reward"] == r.recommended.reward for t in full)
     assert all(v.regret >= 0 for v in r.validation)
     # resume: nothing is run again
     n = len(obj.calls)
@@ -408,7 +417,7 @@ def test_full_runs_correct_the_pilots_budget_drift():
                      workload=w, storage=None, validations=8)
         d = next(d for d in r.diagnoses if d.reward == "prm")
         pilot_err.append(d.rho - best)
-        a = r.recommendation
+        a = r.recommended
         final_err.append(a.rho - best)
         hits += a.reward == "prm" and a.group_size == 8 and abs(a.rho - best) <= 0.02
     assert hits >= 5, final_err

@@ -17,7 +17,7 @@ from allocopt.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
 from allocopt.race.diagnose import diagnose, observations
-from allocopt.race.propose import recommend
+from allocopt.race.propose import recommendation
 from allocopt.race.validate import RaceResult, validate
 from allocopt.spec import StudySpec
 
@@ -116,7 +116,8 @@ def run_race(
     run_study(s, **kw)
     sur, obs = sampler.surrogate(study)
     if sur is not None and any(o.fidelity == "full" for o in obs):
-        result.recommendation = recommend(sur, obs, s.space, settings)[0]
+        # the one answer: the allocation with its credible interval and probability of being best
+        result.recommendation = recommendation(sur, obs, s.space, settings)
         obs = observations(study, s)
         result.validation = validate(result.diagnoses, obs, s, settings, surrogate=sur)
         emit("validation", result.validation)

@@ -110,12 +110,20 @@ class RaceResult:
     """Pilot against full-budget regimes (empty until the study has a full-budget run)."""
     timings: dict[str, list[float]] = field(default_factory=dict)
     """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal round."""
-    recommendation: Allocation | None = None
-    """The allocation RACE recommends for the full budget at the end (:func:`recommend` on every
-    run of the study; with ``validations = 0`` the pilots' best diagnosis)."""
+    recommendation: Any = None
+    """RACE's answer for the full budget at the end: a
+    :class:`~allocopt.race.propose.Recommendation` (allocation, credible interval, probability
+    it is the best) once the study has a full-budget run; before that (``validations = 0``,
+    ``propose_only``) a bare :class:`~allocopt.allocation.Allocation` (the pilots' best
+    diagnosis or the surrogate's maximizer). :attr:`recommended` is its allocation either way."""
     recommendations: list[tuple[int, Allocation]] = field(default_factory=list)
     """``(last trial number seen, recommendation)`` after the pilots and after each round of
     this call: what RACE would have answered had it stopped there."""
+
+    @property
+    def recommended(self) -> Allocation | None:
+        """The recommended allocation (of :attr:`recommendation`, whichever type it has)."""
+        return getattr(self.recommendation, "allocation", self.recommendation)
 
     @property
     def same_regime_rate(self) -> float:
