@@ -312,7 +312,15 @@ def _dashboard_constraints(study: Any, trial: Any, value: float) -> None:
     that optuna-dashboard 0.21 reads (``optuna_dashboard/_serializer.py``; it does not read
     Optuna 5's ``constraints:<name>`` keys), so the dashboard shows an infeasible plan as
     infeasible. Optuna reads both forms (``trial.constraints``: ``{"budget": v, "0": v}``)."""
-    study._storage.set_trial_system_attr(trial._trial_id, "constraints", [float(value)])
+    from allocopt.storage import storage_of
+
+    try:
+        storage = storage_of(study)  # the storage object open_study made (public storage API)
+    except KeyError:  # a study opened by the caller: Optuna's own form (set_constraint) only
+        return
+    sid = storage.get_study_id_from_name(study.study_name)
+    tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
+    storage.set_trial_system_attr(tid, "constraints", [float(value)])
 
 
 def run_study(
