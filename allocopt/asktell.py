@@ -337,7 +337,11 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
         storage.get_study_id_from_name(study.study_name), frozen.number)
     trial = optuna.trial.Trial(study, tid)
     over = used > budget
-    trial.set_constraint("budget", math.log10(used / budget) if over else -1.0)
+    from allocopt.study import set_dashboard_constraint
+
+    constraint = math.log10(used / budget) if over else -1.0
+    trial.set_constraint("budget", constraint)
+    set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
     trial.set_user_attr("state", "COMPLETE")
     trial.set_user_attr("targets", dict(targets))
     trial.set_user_attr("metrics", metrics)

@@ -58,7 +58,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from allocopt.allocation import Allocation, Workload, check_budget
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
-from allocopt.race.diagnose import Observation, trial_fidelity, trial_params
+from allocopt.race.diagnose import Observation, observed_params, trial_fidelity, trial_params
 from allocopt.race.propose import (PlanCache, Proposal, SurrogateCache, fit_surrogate, propose, recommend,
                                    runs_of)
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
@@ -291,7 +291,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
         budget = float(t.user_attrs.get("budget_flops", self.budget_of(fidelity)))
         m = t.user_attrs.get("metrics") or {}
         total = m.get("total_flops") or 0
-        return Observation(number=t.number, allocation=allocation_in(self.space, trial_params(t)),
+        return Observation(number=t.number, allocation=allocation_in(self.space, observed_params(t)),
                            value=value, budget_flops=budget, budget_fraction=budget / self.budget_flops,
                            fidelity=fidelity,
                            reward_share=(m.get("reward_flops", 0) / total) if total else math.nan)

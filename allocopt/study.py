@@ -232,7 +232,7 @@ def run_one_trial(
         """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
         excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
         trial.set_constraint("budget", max(excess, 1e-6))
-        _dashboard_constraints(study, trial, max(excess, 1e-6))
+        set_dashboard_constraint(study, trial, max(excess, 1e-6))
         trial.set_user_attr("state", "INFEASIBLE")
         trial.set_user_attr("error", str(e))
         study.tell(trial, [0.0] * len(keys))
@@ -292,7 +292,7 @@ def run_one_trial(
                "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
                **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
     trial.set_constraint("budget", -1.0)
-    _dashboard_constraints(study, trial, -1.0)
+    set_dashboard_constraint(study, trial, -1.0)
     trial.set_user_attr("state", "COMPLETE")
     trial.set_user_attr("targets", result.targets)
     trial.set_user_attr("metrics", metrics)
@@ -307,7 +307,7 @@ def run_one_trial(
     return row, result
 
 
-def _dashboard_constraints(study: Any, trial: Any, value: float) -> None:
+def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:
     """Also store the budget constraint in the list form (system attribute ``constraints``)
     that optuna-dashboard 0.21 reads (``optuna_dashboard/_serializer.py``; it does not read
     Optuna 5's ``constraints:<name>`` keys), so the dashboard shows an infeasible plan as

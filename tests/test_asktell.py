@@ -133,9 +133,17 @@ def test_ask_then_tell_round_trip(tmp_path, cli):
     assert t.state.name == "COMPLETE" and t.values == [0.42]
     worker_trial = st.trials[0]  # recorded exactly like a trial a worker ran
     assert set(worker_trial.user_attrs) <= set(t.user_attrs)
-    assert t.constraints == worker_trial.constraints == {"budget": -1.0}
+    assert t.constraints == worker_trial.constraints == {"budget": -1.0, "0": -1.0}
     assert t.user_attrs["metrics"]["learning_flops"] == 5e17 and t.user_attrs["metrics"]["rho"] == 0.625
     assert t.user_attrs["over_budget"] is False
+    # the surrogate learns from where the run was: the spent rho (5/8), not the asked one
+    from allocopt.asktell import spec_of
+    from allocopt.race import observations
+
+    obs = {o.number: o for o in observations(st, spec_of(st))}
+    assert t.params["rho"] != pytest.approx(0.625)
+    assert obs[told.number].allocation.rho == 0.625
+    assert obs[worker_trial.number].allocation.rho == worker_trial.params["rho"]  # run by allocopt
     from mlflow import MlflowClient
 
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")

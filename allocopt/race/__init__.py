@@ -60,7 +60,8 @@ from __future__ import annotations
 from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
                                   check_pilot_fraction, pilot_grid)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
-                                    observations, regime_of, share_fit, trial_fidelity, trial_params)
+                                    observations, observed_params, regime_of, share_fit, trial_fidelity,
+                                    trial_params)
 from allocopt.race.propose import (PlanCache, Proposal, Recommendation, SurrogateCache, existing_runs,
                                    fit_surrogate, interrupted, propose, recommend, recommendation, runs_of,
                                    same_run)
@@ -72,4 +73,4 @@ __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "
            "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
            "interrupted", "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
            "run_race", "runs_of", "same_regime_rate", "same_run", "share_fit", "trial_fidelity",
-           "trial_params", "validate"]
+           "trial_params", "observed_params", "validate"]

@@ -64,6 +64,20 @@ def trial_params(t: Any) -> dict[str, Any]:
     return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
 
 
+def observed_params(t: Any) -> dict[str, Any]:
+    """The parameters a finished trial's result belongs to: :func:`trial_params`, except that a
+    run launched elsewhere and recorded by ``allocopt tell`` (user attribute ``source=tell``)
+    is placed at the ρ it really spent (its ``metrics["rho"]``, executed FLOPs): TRL and verl
+    train whole passes, so such a run may realize a ρ far from the one asked (0.70 for an asked
+    0.55 in the tiny world), and the surrogate must learn from where the run was."""
+    p = trial_params(t)
+    if t.user_attrs.get("source") == "tell":
+        rho = (t.user_attrs.get("metrics") or {}).get("rho")
+        if isinstance(rho, (int, float)) and 0 < rho < 1:
+            p = {**p, "rho": float(rho)}
+    return p
+
+
 def trial_fidelity(t: Any) -> str:
     """``pilot`` or ``full``: the trial's ``fidelity`` parameter (set by
     :class:`allocopt.sampler.RaceSampler`), else its user attribute, else ``full``."""
@@ -85,7 +99,7 @@ def observations(study: Any, spec: StudySpec, target: str | None = None) -> list
         total = m.get("total_flops") or 0
         budget = float(ua.get("budget_flops", spec.budget_flops))
         out.append(Observation(
-            number=t.number, allocation=allocation_of(spec, t.params), value=float(ua["targets"][key]),
+            number=t.number, allocation=allocation_of(spec, observed_params(t)), value=float(ua["targets"][key]),
             budget_flops=budget, budget_fraction=budget / spec.budget_flops,
             fidelity=trial_fidelity(t),
             reward_share=(m.get("reward_flops", 0) / total) if total else math.nan))
