@@ -6,7 +6,9 @@ without importing ``allocopt.cli`` twice under ``python -m allocopt.cli``.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+
+from typing import Any, Iterator
 
 from allocopt.flops import ConfigError
 
@@ -44,15 +46,46 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
         return None
     from allocopt.tracking import StudyTracker
 
-    probe_tracking(study_name, mlflow_uri)
     try:
-        with _quiet_mlflow():
-            return StudyTracker(study_name, tracking_uri=mlflow_uri)
+        with _sqlite_lock(mlflow_uri):  # workers creating one MLflow SQLite file at once
+            probe_tracking(study_name, mlflow_uri)  # would race on its schema migrations
+            with _quiet_mlflow():
+                return StudyTracker(study_name, tracking_uri=mlflow_uri)
+    except ConfigError:
+        raise
     except Exception as e:
         from allocopt.storage import redact_url
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
                           f"({redact_url(_reason(e))})") from None
+
+
+@contextlib.contextmanager
+def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``<file>.lock`` beside an MLflow SQLite store while it is
+    opened (MLflow creates and migrates its schema on first use, and two processes doing that at
+    once fail with errors such as "duplicate column name"); other URIs: no lock."""
+    import fcntl
+
+    from allocopt.tracking import _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or ":memory:" in uri:
+        yield
+        return
+    path = uri[len(prefix):]  # absolute after _resolve_uri: sqlite:////abs/path -> /abs/path
+    try:
+        fh = open(path + ".lock", "a")
+    except OSError:  # an unwritable folder: the probe reports it
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 PROBE_TIMEOUT_S = 5

@@ -57,6 +57,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from allocopt.allocation import Allocation, Workload, check_budget
+from allocopt.claims import CLAIM_ATTR, clashes, with_claims, write_claim
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
 from allocopt.race.diagnose import Observation, observed_params, trial_fidelity, trial_params
 from allocopt.race.propose import (PlanCache, Proposal, SurrogateCache, fit_surrogate, propose, recommend,
@@ -174,7 +175,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
             raise ValueError("RaceSampler: one objective only (this study has "
                              f"{len(study.directions)}); use a multi-objective sampler")
         # a trial that came with parameters (enqueued: Optuna's fixed_params) keeps them
-        d = self._given(trial) if trial_params(trial) else self._decide(study, trial)
+        d = self._given(trial) if trial_params(trial) else self._claimed_decision(study, trial)
         self.decisions[trial.number] = d
         a = d.allocation
         full = {"rho": a.rho, "group_size": a.group_size, "reward": a.reward, "model": a.model,
@@ -220,7 +221,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
     # ------------------------------------------------------------------ the race
     def pilots_to_run(self, study: optuna.Study) -> list[PilotPoint]:
         """Grid points no trial of ``study`` has claimed yet, in grid order."""
-        return self._unclaimed(study.get_trials(deepcopy=False))
+        return self._unclaimed(with_claims(study.get_trials(deepcopy=False), self.distributions))
 
     def pilots_left(self, study: optuna.Study) -> int:
         """How many grid points no trial of ``study`` has claimed yet."""
@@ -229,7 +230,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
     def proposals(self, study: optuna.Study, q: int) -> list[Proposal]:
         """Up to ``q`` proposals from the study's complete trials, pending ones conditioned on,
         without asking any trial (``allocopt race --propose-only``)."""
-        trials = study.get_trials(deepcopy=False)
+        trials = with_claims(study.get_trials(deepcopy=False), self.distributions)
         return self._propose(study, trials, q=q, skip=None)
 
     def surrogate(self, study: optuna.Study) -> tuple[Any, list[Observation]]:
@@ -260,11 +261,26 @@ class RaceSampler(optuna.samplers.BaseSampler):
         claims.subtract(Counter(_slot(p.allocation) for p in self.design))
         return sum(v for v in claims.values() if v > 0)
 
+    def _claimed_decision(self, study: optuna.Study, trial: FrozenTrial) -> RaceDecision:
+        """Decide, claim the decision in one write, and decide again while another running
+        trial holds the same claim (:mod:`allocopt.claims`; at most 8 rounds)."""
+        for _ in range(8):
+            d = self._decide(study, trial)
+            a = d.allocation
+            claim = {"rho": a.rho, "group_size": a.group_size, "reward": a.reward, "model": a.model,
+                     FIDELITY_PARAM: d.fidelity, "key": d.pilot.key if d.pilot is not None else None}
+            if not write_claim(study, trial.number, claim):
+                return d  # a study without claims: one process
+            if (d.proposal is not None and d.proposal.replicate) or \
+                    not clashes(study.get_trials(deepcopy=False), trial.number, claim):
+                return d
+        return d
+
     def _decide(self, study: optuna.Study, trial: FrozenTrial) -> RaceDecision:
-        trials = study.get_trials(deepcopy=False)
+        trials = with_claims(study.get_trials(deepcopy=False), self.distributions)
         todo = self._unclaimed(trials, skip=trial.number)
         ahead = sum(1 for t in trials if t.number < trial.number and t.state == TrialState.RUNNING
-                    and not trial_params(t))
+                    and not trial_params(t) and not t.system_attrs.get(CLAIM_ATTR))
         if ahead < len(todo):
             p = todo[ahead]
             return RaceDecision("pilot", p.allocation, "pilot", self.budget_of("pilot"), pilot=p)

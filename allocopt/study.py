@@ -18,6 +18,7 @@ torch (through the samplers and objectives), Optuna and MLflow are imported insi
 from __future__ import annotations
 
 import math
+import time
 import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -143,10 +144,17 @@ def open_study(spec: StudySpec, storage: str) -> Any:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact_url(storage)
     try:
-        store = make_storage(storage)
-        study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
-                                    directions=["maximize"] * len(spec.targets),
-                                    sampler=make_sampler(spec))
+        for attempt in range(4):  # workers that create one database at the same instant race
+            try:  # on its schema (alembic_version, a table already there): the loser retries
+                store = make_storage(storage)
+                study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
+                                            directions=["maximize"] * len(spec.targets),
+                                            sampler=make_sampler(spec))
+                break
+            except Exception as e:  # noqa: BLE001
+                if attempt == 3 or not _creation_race(e):
+                    raise
+                time.sleep(1.0 + attempt)
     except StorageError as e:
         raise StudyError(str(e)) from None
     except ImportError as e:
@@ -160,6 +168,15 @@ def open_study(spec: StudySpec, storage: str) -> Any:
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
     check_same_study(study, spec)
     return study
+
+
+def _creation_race(e: BaseException) -> bool:
+    """An error of two processes creating the same database schema at once (SQLAlchemy
+    IntegrityError on ``alembic_version``, a table or index that already exists, a locked
+    SQLite file): the second one's retry finds the schema made."""
+    text = str(e).lower()
+    return any(k in text for k in ("alembic_version", "already exists", "database is locked",
+                                   "duplicate column", "unique constraint failed"))
 
 
 def rows(study: Any) -> list[TrialRow]:

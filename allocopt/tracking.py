@@ -298,8 +298,11 @@ class StudyTracker:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
-        if exp.tags.get(EXPERIMENT_KIND[0]) is None:  # made by an older allocopt
-            self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+        if exp.tags.get(EXPERIMENT_KIND[0]) is None:  # made by an older allocopt, or just now
+            try:  # by a worker that has not written its tags yet
+                self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+            except MlflowException:  # that worker wrote it first (unique key): the same value
+                pass
         return exp.experiment_id
 
     def _study_runs(self) -> list[Any]:

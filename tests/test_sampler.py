@@ -173,3 +173,32 @@ def test_run_study_is_the_one_loop(tmp_path):
     st = run_study(StudySpec(**{**s.to_dict(), "trials": 4}), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/s.db")
     assert len(st.trials) == 28
+
+
+def test_workers_deciding_at_once_claim_different_proposals(tmp_path, monkeypatch):
+    """Two workers that decide before either has written its parameters: the second sees the
+    first's claim (one write, before the parameters) and proposes another point. Control: with
+    claims off, both propose the same point (the first full run of the best cell is
+    deterministic)."""
+    import allocopt.sampler as sampler_mod
+
+    s = StudySpec(name="claims", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=1,
+                  pilots=24, space=SPACE)
+    obj = SyntheticObjective()
+
+    def two_decisions(name):
+        st = run_study(StudySpec(**{**s.to_dict(), "name": name}), objective=obj, workload=obj.workload(),
+                       storage=f"sqlite:///{tmp_path}/{name}.db", pilots_only=True)
+        sampler = st.sampler
+        t0, t1 = st.ask(), st.ask()  # no distributions: nothing sampled yet
+        frozen = {t.number: t for t in st.get_trials(deepcopy=False)}
+        d0 = sampler.sample_relative(st, frozen[t0.number], sampler.distributions)
+        d1 = sampler.sample_relative(st, frozen[t1.number], sampler.distributions)
+        return d0, d1, sampler.decisions[t0.number].kind, sampler.decisions[t1.number].kind
+
+    d0, d1, k0, k1 = two_decisions("with")
+    assert k0 == k1 == "proposal" and d0["fidelity"] == d1["fidelity"] == "full"
+    assert (d0["reward"], d0["group_size"], round(d0["rho"], 4)) != (d1["reward"], d1["group_size"], round(d1["rho"], 4))
+    monkeypatch.setattr(sampler_mod, "write_claim", lambda *a, **k: False)
+    c0, c1, _, _ = two_decisions("without")
+    assert c0 == c1  # the duplicate that claims prevent

@@ -265,3 +265,27 @@ def test_cli_never_prints_a_password(args, tmp_path):
                        timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Sup3rSecret" not in r.stdout + r.stderr and "al:***@127.0.0.1" in r.stderr
+
+
+def test_two_workers_start_together_on_fresh_sqlite_files(tmp_path):
+    """Two `allocopt study` processes started at the same instant on a new SQLite study file
+    and a new MLflow SQLite file (the plain one-machine case): both finish (no schema race:
+    Optuna's creation is retried, MLflow's is serialized by a lock file), every pilot runs
+    once, no full-budget allocation runs twice, at most one full trial more than asked."""
+    spec = tmp_path / "small.toml"
+    spec.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\ntrials = 3\n'
+                    'pilots = 10\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n')
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "allocopt.cli", "study", "--spec", str(spec), "--study-name", "two",
+           "--storage", "sqlite:///s.db", "--mlflow-uri", "sqlite:///mlflow.db"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    st = optuna.load_study(study_name="two", storage=f"sqlite:///{tmp_path}/s.db")
+    pilots = [t for t in st.trials if t.user_attrs.get("fidelity") == "pilot"]
+    full = [t for t in st.trials if t.user_attrs.get("fidelity") == "full"]
+    assert len(pilots) == 10 and len({t.user_attrs["race_pilot"] for t in pilots}) == 10
+    keys = [(t.params["reward"], t.params["group_size"], round(t.params["rho"], 4)) for t in full]
+    assert 3 <= len(full) <= 4 and len(set(keys)) == len(keys)
+    assert all(t.state.name == "COMPLETE" for t in st.trials)
