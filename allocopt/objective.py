@@ -20,7 +20,7 @@ Standard library and the pure core (:mod:`allocopt.flops`, :mod:`allocopt.alloca
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from allocopt.allocation import InfeasiblePlan, TrialPlan, Workload
 from allocopt.flops import ComputeBreakdown, FlopAccount
@@ -182,3 +182,34 @@ def get_objective(name: str, **settings: Any) -> Objective:
         TypeError: an unknown setting.
     """
     return _entry(name).factory(**settings)
+
+
+def check_settings(cls: type, settings: Mapping[str, Any], objective: str) -> None:
+    """Check an objective's ``settings`` (a study's ``[objective_settings]``, ``--set``) against
+    the dataclass ``cls`` that takes them, before it is built: every key is one of its fields,
+    and each value has its default's type (a bool is ``true``/``false``, not the string
+    ``"false"``, which Python would read as true; an int field takes no float or bool).
+
+    Raises:
+        ValueError: one line naming the setting, the value and what is allowed.
+    """
+    import dataclasses
+
+    fs = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key, value in settings.items():
+        f = fs.get(key)
+        if f is None:
+            raise ValueError(f"setting {key!r}: unknown for objective {objective}; allowed: "
+                             f"{', '.join(sorted(fs))}")
+        default = f.default
+        if default is dataclasses.MISSING or default is None:
+            continue
+        want = type(default)
+        ok = (isinstance(value, bool) if want is bool
+              else isinstance(value, int) and not isinstance(value, bool) if want is int
+              else isinstance(value, (int, float)) and not isinstance(value, bool) if want is float
+              else isinstance(value, str) if want is str else True)
+        if not ok:
+            what = {bool: "true or false (unquoted)", int: "an integer", float: "a number",
+                    str: "a string"}[want]
+            raise ValueError(f"setting {key}={value!r}: must be {what}")

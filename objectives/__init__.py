@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocopt.objective import get_objective, objective_names, register_objective
+from allocopt.objective import check_settings, get_objective, objective_names, register_objective
 
 __all__ = ["OBJECTIVES", "get_objective", "objective_names", "register_objective"]
 
@@ -24,6 +24,7 @@ OBJECTIVES = ("tiny", "qwen", "synthetic")
 def _tiny(**settings: Any) -> Any:
     from objectives.tiny import TinyObjective, TinySettings
 
+    check_settings(TinySettings, settings, "tiny")
     return TinyObjective(TinySettings(**settings))
 
 
@@ -36,6 +37,7 @@ def _qwen(**settings: Any) -> Any:
 def _synthetic(**settings: Any) -> Any:
     from objectives.synthetic import SyntheticObjective
 
+    check_settings(SyntheticObjective, settings, "synthetic")
     return SyntheticObjective(**settings)
 
 

@@ -93,8 +93,12 @@ class QwenSettings:
         if bad:
             raise TypeError(f"setting {bad[0]!r}: unknown for objective qwen; allowed: "
                             f"{', '.join(sorted(setup_keys | own))}")
+        from allocopt.objective import check_settings
+
         s = {k: v for k, v in kw.items() if k in setup_keys}
         engine = s.pop("engine", "auto")
+        check_settings(TrainingSetup, s, "qwen")
+        check_settings(cls, {k: v for k, v in kw.items() if k in own}, "qwen")
         setup = TrainingSetup(**s, engine="trl-vllm" if engine == "auto" else engine)
         rest = {k: v for k, v in kw.items() if k in own and k != "engine_auto"}
         return cls(setup=setup, engine_auto=engine == "auto", **rest)

@@ -182,3 +182,21 @@ def test_the_contract_module_loads_no_heavy_library():
             "print(sorted(m for m in ('torch', 'optuna', 'trl', 'mlflow', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name,settings,needle", [
+    ("tiny", {"divide_lr_by_passes": "false"}, "setting divide_lr_by_passes='false': must be true or false"),
+    ("tiny", {"lora_rank": "abc"}, "setting lora_rank='abc': must be an integer"),
+    ("tiny", {"lora_rank": 8.5}, "setting lora_rank=8.5: must be an integer"),
+    ("tiny", {"nosuch": 3}, "setting 'nosuch': unknown for objective tiny; allowed: "),
+    ("synthetic", {"noise": "abc"}, "setting noise='abc': must be a number"),
+    ("qwen", {"gradient_checkpointing": "yes"}, "setting gradient_checkpointing='yes': must be true or false"),
+])
+def test_objective_settings_of_the_wrong_type_are_refused(name, settings, needle):
+    """A quoted boolean is not read as true (Python's truth of "false"), and a setting of the
+    wrong type or name is one line naming it, before the objective is built."""
+    from allocopt.objective import get_objective
+
+    with pytest.raises(ValueError) as e:
+        get_objective(name, **settings)
+    assert str(e.value).startswith(needle) and "\n" not in str(e.value)
