@@ -178,7 +178,7 @@ class QwenObjective:
             out["prompt_tokens"] = mean
             sources["prompt_tokens"] = f"measured {mean:.1f} (policy tokenizer, {min(len(rows), self.settings.prompt_sample)} prompts)"
         except ConfigError as e:  # no tokenizer or data here (e.g. planning offline)
-            sources["prompt_tokens"] += f" ({str(e)[:80]})"
+            sources["prompt_tokens"] += f" ({str(e).splitlines()[0]})"  # whole: a cut loses the reason
         seen = self._ledger().get(setup.fingerprint(self._policy_shape()))
         if seen and seen.get("rows"):
             mean_c = min(seen["tokens"] / seen["rows"], setup.max_completion_length)
