@@ -10,7 +10,9 @@ taken (:func:`clashes`; a proposal meant to repeat a run, a replicate, is not ch
 so a trial whose parameters are still being written already counts as running its point.
 
 Uses only the storage's public methods (``get_study_id_from_name``,
-``get_trial_id_from_study_id_trial_number``, ``set_trial_system_attr``). A study that
+``get_trial_id_from_study_id_trial_number``, ``set_trial_system_attr``, ``record_heartbeat``:
+the claim starts the trial's heartbeat, so a worker killed after claiming leaves a trial the
+others fail and retry after the grace period, not a point claimed for ever). A study that
 :func:`allocopt.study.open_study` did not open (plain Optuna code, one process) makes no
 claims. Standard library and Optuna only.
 """
@@ -87,6 +89,8 @@ def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
     except KeyError:
         return False
     sid = storage.get_study_id_from_name(study.study_name)
-    storage.set_trial_system_attr(storage.get_trial_id_from_study_id_trial_number(sid, number),
-                                  CLAIM_ATTR, claim)
+    tid = storage.get_trial_id_from_study_id_trial_number(sid, number)
+    storage.set_trial_system_attr(tid, CLAIM_ATTR, claim)
+    if getattr(storage, "heartbeat_interval", None):  # a worker killed from here on leaves a
+        storage.record_heartbeat(tid)  # stale trial that the others fail and retry, not a claim for ever
     return True
