@@ -4,6 +4,7 @@ and the one study loop (run_study) on the synthetic objective."""
 from __future__ import annotations
 
 import math
+import time
 
 import optuna
 import pytest
@@ -202,3 +203,34 @@ def test_workers_deciding_at_once_claim_different_proposals(tmp_path, monkeypatc
     monkeypatch.setattr(sampler_mod, "write_claim", lambda *a, **k: False)
     c0, c1, _, _ = two_decisions("without")
     assert c0 == c1  # the duplicate that claims prevent
+
+
+def test_a_worker_killed_after_its_claim_leaves_a_stale_trial_not_a_claim(tmp_path, monkeypatch):
+    """A worker that dies after claiming a pilot point but before its trial started: the claim
+    started the trial's heartbeat, so after the grace period the next worker fails that trial
+    and Optuna's retry of it (the next trial asked) runs the same point."""
+    from allocopt.storage import fail_stale
+    from allocopt.study import open_study
+
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
+    s = StudySpec(name="dead", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=1,
+                  pilots=24, space=SPACE)
+    st = open_study(s, f"sqlite:///{tmp_path}/d.db")
+    sampler = RaceSampler(SPACE, budget_flops=BUDGET, workload=SyntheticObjective().workload(),
+                          settings=SETTINGS)
+    st.sampler = sampler
+    dead = st.ask()  # the worker decides and claims, then dies: no parameters, no trial run
+    first = sampler.sample_relative(st, st.get_trials(deepcopy=False)[dead.number], sampler.distributions)
+    assert sampler.pilots_to_run(st)[0].allocation.rho != first["rho"] or \
+        sampler.pilots_to_run(st)[0].allocation.group_size != first["group_size"]  # claimed while alive
+    time.sleep(3.5)
+    fail_stale(st)
+    trials = st.get_trials(deepcopy=False)
+    assert trials[dead.number].state.name == "FAIL"
+    [retry] = [t for t in trials if t.state.name == "WAITING"]  # Optuna's retry of the dead trial
+    assert retry.system_attrs["failed_trial"] == dead.number
+    nxt = st.ask(sampler.distributions)  # the next worker takes the retry and runs the same point
+    assert nxt.number == retry.number
+    assert (nxt.params["reward"], nxt.params["group_size"], round(nxt.params["rho"], 4)) == \
+        (first["reward"], first["group_size"], round(first["rho"], 4))
