@@ -611,12 +611,8 @@ class ModelReward(_Base):
         if num_labels != self.num_labels_required or positive_label not in (0, 1):
             raise ValueError(f"{name}: model has num_labels={num_labels}, positive_label="
                              f"{positive_label}; need a 2-label token classifier and label 0 or 1")
-        self.max_length = max_length or getattr(config, "max_position_embeddings", None) or 1 << 30
-        self.shape = reward_shape(model)
-        impl = str(getattr(config, "_attn_implementation", None) or "eager")
-        self.executed_attention = "causal" if impl.startswith("flash") else "full"
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = pad if pad is not None else 0
+        self.max_length, self.shape, self.executed_attention, self.pad_id = model_facts(
+            model, tokenizer, max_length)
         model.eval()
 
     # ------------------------------------------------------------------- inputs
@@ -709,6 +705,19 @@ class ModelReward(_Base):
     def __repr__(self) -> str:
         return (f"ModelReward(name={self.name!r}, model={self.shape.name!r}, marker={self.marker!r}, "
                 f"aggregate={self.aggregate!r})")
+
+
+def model_facts(model: Any, tokenizer: Any, max_length: int | None) -> tuple[int, "ModelShape", str, int]:
+    """What a reward model's FLOP accounting and batching need: ``(max_length`` (tokens: the
+    given one, else the config's ``max_position_embeddings``), :func:`reward_shape`, the
+    executed attention (``causal`` for flash kernels that skip masked blocks, else ``full``),
+    the pad token id (0 when the tokenizer has none)``)``."""
+    config = model.config
+    length = max_length or getattr(config, "max_position_embeddings", None) or 1 << 30
+    impl = str(getattr(config, "_attn_implementation", None) or "eager")
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return length, reward_shape(model), "causal" if impl.startswith("flash") else "full", \
+        pad if pad is not None else 0
 
 
 def reward_shape(model: Any) -> "ModelShape":

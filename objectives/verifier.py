@@ -34,7 +34,7 @@ import math
 import time
 from typing import Any, Literal
 
-from objectives.rewards import MODEL_BASED, RewardUsage, _Base, as_text, reward_shape, step_line_ends
+from objectives.rewards import MODEL_BASED, RewardUsage, _Base, as_text, model_facts, step_line_ends
 
 Aggregate = Literal["mean", "min"]
 
@@ -81,13 +81,8 @@ class LikelihoodVerifier(_Base):
                              "a causal language model (*ForCausalLM)")
         self.model, self.tokenizer = model, tokenizer
         self.aggregate, self.batch_size, self.token_margin = aggregate, batch_size, token_margin
-        config = model.config
-        self.max_length = max_length or getattr(config, "max_position_embeddings", None) or 1 << 30
-        self.shape = reward_shape(model)
-        impl = str(getattr(config, "_attn_implementation", None) or "eager")
-        self.executed_attention = "causal" if impl.startswith("flash") else "full"
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = pad if pad is not None else 0
+        self.max_length, self.shape, self.executed_attention, self.pad_id = model_facts(
+            model, tokenizer, max_length)
         model.eval()
 
     # ------------------------------------------------------------------- inputs
