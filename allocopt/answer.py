@@ -54,10 +54,10 @@ def recommendation_lines(rec: Any, target: str) -> list[str]:
 
     >>> from allocopt.allocation import Allocation
     >>> recommendation_lines(Allocation(0.5, 4, "sparse"), "pass@1")[0]
-    'run: rho=0.500 G=4 sparse'
+    'recommended: rho=0.500 G=4 sparse'
     """
     a = _alloc(rec)
-    lines = [f"run: {allocation_text(a)}"]
+    lines = [f"recommended: {allocation_text(a)}"]
     mean = getattr(rec, "mean", None)
     if mean is None:
         lines.append(f"  ({target} at the full budget: no interval computed for this study)")
@@ -69,7 +69,9 @@ def recommendation_lines(rec: Any, target: str) -> list[str]:
         text += f", {level:.0%} CI {iv[0]:.3f}-{iv[1]:.3f}"
     pb = getattr(rec, "prob_best", None)
     if pb is not None and math.isfinite(float(pb)):
-        text += f"; P(best) = {float(pb):.0%}"
+        # the posterior probability that the best allocation of the space lies in this
+        # allocation's reward system (x model), not that this exact rho and G is best
+        text += f"; P({a.reward} is best) = {float(pb):.0%}"
     lines.append(text)
     return lines
 

@@ -381,7 +381,7 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
         for line in recommendation_lines(ns, s.target):
             out.print(line, highlight=False, markup=False)
     else:  # plain BO: the best observed trial is the answer, with no posterior interval
-        out.print(f"run: {allocation_text(allocation_of(s, best.params))}  (plain BO: the best "
+        out.print(f"recommended: {allocation_text(allocation_of(s, best.params))}  (plain BO: the best "
                   "observed trial; no interval)", highlight=False, markup=False)
     out.print(evidence_line(best.number, best.value, allocation_of(s, best.params), s.target),
               highlight=False, markup=False)

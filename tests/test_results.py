@@ -179,11 +179,11 @@ def test_recommendation_lines():
     rec = SimpleNamespace(allocation=Allocation(0.62, 8, "structured"), mean=0.4123,
                           interval=(0.3601, 0.4655), level=0.9, prob_best=0.58)
     lines = recommendation_lines(rec, "pass@1")
-    assert lines == ["run: rho=0.620 G=8 structured",
-                     "  pass@1 = 0.412, 90% CI 0.360-0.466; P(best) = 58%"]
+    assert lines == ["recommended: rho=0.620 G=8 structured",
+                     "  pass@1 = 0.412, 90% CI 0.360-0.466; P(structured is best) = 58%"]
     assert all(len(x) <= 80 for x in lines)
     bare = recommendation_lines(Allocation(0.5, 4, "sparse"), "pass@1")
-    assert bare[0] == "run: rho=0.500 G=4 sparse" and "no interval" in bare[1]
+    assert bare[0] == "recommended: rho=0.500 G=4 sparse" and "no interval" in bare[1]
     d = recommendation_dict(rec, "pass@1")
     assert (d["lower"], d["upper"], d["prob_best"]) == (0.3601, 0.4655, 0.58)
 
