@@ -176,12 +176,9 @@ def study(
     (every trial failed or was infeasible: nothing to recommend); 2 bad input, refused before
     anything is recorded; 130 interrupted (finished trials are kept; the same command resumes).
     """
-    import os
-    import warnings
+    from allocopt.cli_common import quiet_library_warnings
 
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
-    warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental).*")
+    quiet_library_warnings()
     from allocopt.spec import StudySpec, target_label
     from allocopt.study import StudyError, dry_run as plans_over_space, run_study
 

@@ -281,3 +281,15 @@ def parse_settings(items: list[str] | None) -> dict:
         except tomllib.TOMLDecodeError:
             out[key.strip()] = value
     return out
+
+
+def quiet_library_warnings() -> None:
+    """Hide the optimization libraries' warnings in a study's or race's output (BoTorch's
+    "not standardized", Optuna's "is experimental" for its BoTorch sampler and heartbeats):
+    they are about the libraries' own internals, not the user's input."""
+    import os
+    import warnings
+
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
+    warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental).*")

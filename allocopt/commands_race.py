@@ -119,7 +119,10 @@ def race(
     from dataclasses import replace
 
     from allocopt.allocation import check_budget
+    from allocopt.cli_common import quiet_library_warnings
     from allocopt.race import RaceSettings, check_pilot_fraction, pilot_grid
+
+    quiet_library_warnings()
     from allocopt.spec import StudySpec
 
     if spec is None and budget is None:
