@@ -88,6 +88,8 @@ def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
         storage = storage_of(study)
     except KeyError:
         return False
+    if storage is None or isinstance(storage, str):  # in-memory study: one process
+        return False
     sid = storage.get_study_id_from_name(study.study_name)
     tid = storage.get_trial_id_from_study_id_trial_number(sid, number)
     storage.set_trial_system_attr(tid, CLAIM_ATTR, claim)

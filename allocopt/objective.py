@@ -178,8 +178,9 @@ def get_objective(name: str, **settings: Any) -> Objective:
     """The objective registered as ``name``, built with ``settings``.
 
     Raises:
-        ValueError: unknown name (one line listing the allowed ones), or a bad setting value.
-        TypeError: an unknown setting.
+        ValueError: unknown name (one line listing the allowed ones), an unknown setting or a
+            setting of the wrong type (built-in objectives: :func:`check_settings`).
+        TypeError: an unknown setting of a registered objective that does not check them.
     """
     return _entry(name).factory(**settings)
 

@@ -335,6 +335,8 @@ def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:
         storage = storage_of(study)  # the storage object open_study made (public storage API)
     except KeyError:  # a study opened by the caller: Optuna's own form (set_constraint) only
         return
+    if storage is None or isinstance(storage, str):  # in memory: Optuna's own form only
+        return
     sid = storage.get_study_id_from_name(study.study_name)
     tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
     storage.set_trial_system_attr(tid, "constraints", [float(value)])

@@ -57,7 +57,7 @@ def test_builtins_are_registered_and_unknown_names_are_one_line():
     assert all(n in msg for n in BUILTIN)
     with pytest.raises(ValueError, match="objective='nope'"):
         objective_targets("nope")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="setting 'no_such_setting': unknown for objective synthetic; allowed: "):
         get_objective("synthetic", no_such_setting=1)
 
 

@@ -125,7 +125,8 @@ def register_flop_formulas() -> None:
 
 class PhaseCounter:
     """One ``FlopCounterMode`` over a whole trial, split into phases by where the FLOPs happen:
-    inside ``GenerationMixin.generate`` (search), inside ``LikelihoodVerifier.__call__`` (reward: the world's PRMs), or
+    inside ``GenerationMixin.generate`` (search), inside ``LikelihoodVerifier.__call__`` or
+    ``ModelReward.__call__`` (reward: the tiny world's verifiers, token-classifier PRMs), or
     anywhere else (learning: log-prob passes, loss forward and backward). The two methods are
     wrapped at class level, so any path TRL or peft takes to them is seen; a call nested in
     another wrapped call counts once, for the outer one."""
@@ -139,7 +140,10 @@ class PhaseCounter:
         self.calls = {"search": 0, "reward": 0}
         self._active: str | None = None
         mp.setattr(GenerationMixin, "generate", self._wrap(GenerationMixin.generate, "search"))
+        # reward models: the tiny world's step verifiers and token-classifier PRMs (the qwen
+        # objective's PRM-7B layout and its CPU stand-in)
         mp.setattr(LikelihoodVerifier, "__call__", self._wrap(LikelihoodVerifier.__call__, "reward"))
+        mp.setattr(ModelReward, "__call__", self._wrap(ModelReward.__call__, "reward"))
 
     def _wrap(self, fn: Any, phase: str) -> Any:
         @functools.wraps(fn)
