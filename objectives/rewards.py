@@ -107,6 +107,16 @@ class _Base:
         self._usage = RewardUsage()
         self._lock = threading.Lock()
 
+    def _paired(self, prompts: list[Any] | None, completions: list[Any] | None) -> tuple[list[Any], list[Any]]:
+        """``(prompts, completions)`` as lists of one prompt per completion (no prompts: empty
+        strings). Raises ``ValueError`` (one line) when the counts differ."""
+        completions = list(completions or [])
+        prompts = list(prompts) if prompts is not None else [""] * len(completions)
+        if len(prompts) != len(completions):
+            raise ValueError(f"reward={self.name!r}: got {len(prompts)} prompts but "
+                             f"{len(completions)} completions; need one prompt per completion")
+        return prompts, completions
+
     def _add_usage(self, usage: RewardUsage) -> None:
         with self._lock:
             self._usage = self._usage + usage
@@ -642,11 +652,7 @@ class ModelReward(_Base):
         import torch
 
         start = time.perf_counter()
-        completions = list(completions or [])
-        prompts = list(prompts) if prompts is not None else [""] * len(completions)
-        if len(prompts) != len(completions):
-            raise ValueError(f"reward={self.name!r}: got {len(prompts)} prompts but "
-                             f"{len(completions)} completions; need one prompt per completion")
+        prompts, completions = self._paired(prompts, completions)
         encoded = [self.encode(p, c) for p, c in zip(prompts, completions)]
         rewards = [0.0] * len(encoded)
         todo = sorted((i for i, (_, pos, _) in enumerate(encoded) if pos),

@@ -124,11 +124,7 @@ class LikelihoodVerifier(_Base):
         import torch
 
         start = time.perf_counter()
-        completions = list(completions or [])
-        prompts = list(prompts) if prompts is not None else [""] * len(completions)
-        if len(prompts) != len(completions):
-            raise ValueError(f"reward={self.name!r}: got {len(prompts)} prompts but "
-                             f"{len(completions)} completions; need one prompt per completion")
+        prompts, completions = self._paired(prompts, completions)
         encoded = [self.encode(p, c) for p, c in zip(prompts, completions)]
         scored: list[list[float]] = [[] for _ in encoded]
         todo = sorted((i for i, (_, spans) in enumerate(encoded) if spans),
