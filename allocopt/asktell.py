@@ -323,7 +323,7 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     """
     import optuna
 
-    from allocopt.storage import storage_of
+    from allocopt.storage import trial_handle
 
     ua = frozen.user_attrs
     budget = float(ua.get("budget_flops", spec.budget_flops))
@@ -332,9 +332,10 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     metrics = {**spent.to_dict(), "budget_utilization": used / budget, "eval_flops": 0,
                "planned_rho": ua.get(ASKED_ATTR, {}).get("expected_rho", plan.get("realized_rho", math.nan)),
                **dict(extra or {})}
-    storage = storage_of(study)
-    tid = storage.get_trial_id_from_study_id_trial_number(
-        storage.get_study_id_from_name(study.study_name), frozen.number)
+    handle = trial_handle(study, frozen.number)
+    if handle is None:
+        raise KeyError(f"study {study.study_name!r} was not opened by open_study")
+    tid = handle[1]
     trial = optuna.trial.Trial(study, tid)
     over = used > budget
     from allocopt.study import set_dashboard_constraint

@@ -82,16 +82,12 @@ def clashes(trials: Iterable[Any], number: int, claim: dict[str, Any]) -> bool:
 def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
     """Write ``claim`` on trial ``number``; ``False`` when the study keeps no claims (not
     opened by :func:`allocopt.study.open_study`)."""
-    from allocopt.storage import storage_of
+    from allocopt.storage import trial_handle
 
-    try:
-        storage = storage_of(study)
-    except KeyError:
+    handle = trial_handle(study, number)
+    if handle is None:  # in-memory study: one process
         return False
-    if storage is None or isinstance(storage, str):  # in-memory study: one process
-        return False
-    sid = storage.get_study_id_from_name(study.study_name)
-    tid = storage.get_trial_id_from_study_id_trial_number(sid, number)
+    storage, tid = handle
     storage.set_trial_system_attr(tid, CLAIM_ATTR, claim)
     if getattr(storage, "heartbeat_interval", None):  # a worker killed from here on leaves a
         storage.record_heartbeat(tid)  # stale trial that the others fail and retry, not a claim for ever

@@ -174,6 +174,18 @@ def storage_of(study: Any) -> Any:
     return _STORAGES[study]
 
 
+def trial_handle(study: Any, number: int) -> tuple[Any, int] | None:
+    """``(storage, trial_id)`` of trial ``number`` through the storage object the study was
+    opened with (public storage methods ``get_study_id_from_name``,
+    ``get_trial_id_from_study_id_trial_number``); ``None`` for a study without one (in memory,
+    or not opened by :func:`allocopt.study.open_study`)."""
+    storage = _STORAGES.get(study)
+    if storage is None or isinstance(storage, str):
+        return None
+    sid = storage.get_study_id_from_name(study.study_name)
+    return storage, storage.get_trial_id_from_study_id_trial_number(sid, number)
+
+
 def stale_callback(study: Any) -> StaleTrialCallback | None:
     """The :class:`StaleTrialCallback` of the study's storage, to add listeners to."""
     storage = _STORAGES.get(study)

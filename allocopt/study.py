@@ -329,16 +329,12 @@ def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:
     that optuna-dashboard 0.21 reads (``optuna_dashboard/_serializer.py``; it does not read
     Optuna 5's ``constraints:<name>`` keys), so the dashboard shows an infeasible plan as
     infeasible. Optuna reads both forms (``trial.constraints``: ``{"budget": v, "0": v}``)."""
-    from allocopt.storage import storage_of
+    from allocopt.storage import trial_handle
 
-    try:
-        storage = storage_of(study)  # the storage object open_study made (public storage API)
-    except KeyError:  # a study opened by the caller: Optuna's own form (set_constraint) only
+    handle = trial_handle(study, trial.number)
+    if handle is None:  # a study in memory or opened by the caller: Optuna's own form only
         return
-    if storage is None or isinstance(storage, str):  # in memory: Optuna's own form only
-        return
-    sid = storage.get_study_id_from_name(study.study_name)
-    tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
+    storage, tid = handle
     storage.set_trial_system_attr(tid, "constraints", [float(value)])
 
 

@@ -198,10 +198,9 @@ def test_budget_below_one_iteration_is_one_line_exit_2(qwen_world, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal; this machine has CUDA")
 def test_cpu_refuses_a_full_size_policy_before_spending():
     obj = QwenObjective.from_settings()
-    if torch.cuda.is_available():
-        pytest.skip("checks the CPU-only refusal; this machine has CUDA")
     from allocopt.objective import ObjectiveUnavailable
 
     with pytest.raises(ObjectiveUnavailable, match="needs a CUDA GPU"):
