@@ -71,7 +71,14 @@ def main() -> None:
     ap.add_argument("--out", default="calibration.json")
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                     help="override a TinySettings field (repeatable), e.g. --set eval_problems=500")
+    ap.add_argument("--summarize", nargs="+", metavar="JSON",
+                    help="run nothing: print the tables of earlier --out files (merged)")
     a = ap.parse_args()
+    if a.summarize:
+        runs = [json.loads(Path(f).read_text()) for f in a.summarize]
+        report([b for r in runs for b in r["base"]], [t for r in runs for t in r["trials"]],
+               f"budget {runs[0]['budget']:.2e} FLOPs, merged from {', '.join(a.summarize)}")
+        return
     settings = {}
     for item in a.settings:
         key, _, value = item.partition("=")
@@ -85,10 +92,14 @@ def main() -> None:
         rows = list(pool.map(_trial, jobs))
     wall = time.perf_counter() - t0
     Path(a.out).write_text(json.dumps({"budget": a.budget, "base": base, "trials": rows}, indent=1))
+    report(base, rows, f"budget {a.budget:.2e} FLOPs, G={a.group_size}, {a.seeds} seeds per point, "
+           f"settings {settings or 'default'}, {len(rows)} trials in {wall:.0f} s with {a.workers} workers")
+
+
+def report(base: list[dict], rows: list[dict], header: str) -> None:
+    """Print the per-point table, the summary and the rho* estimates of ``rows``."""
     targets = ("native_reward", "pass_at_1", "judge")
-    print(f"budget {a.budget:.2e} FLOPs, G={a.group_size}, {a.seeds} seeds per point, "
-          f"settings {settings or 'default'}, "
-          f"{len(rows)} trials in {wall:.0f} s with {a.workers} workers")
+    print(header)
     print(f"{'reward':<16}{'rho':>5}" + "".join(f"{t:>20}" for t in targets)
           + f"{'real rho':>10}{'rwd share':>10}{'util':>7}{'s/trial':>9}")
     bases = {b["reward"]: b for b in base}
@@ -108,6 +119,8 @@ def main() -> None:
               f"{mean('utilization'):>7.2f}{mean('wall_seconds'):>9.1f}")
     print()
     print(summary(bases, groups, targets))
+    print()
+    print(rho_star_table(rows, targets))
 
 
 def summary(bases: dict[str, dict], groups: dict[tuple[str, float], list[dict]],
@@ -133,6 +146,29 @@ def summary(bases: dict[str, dict], groups: dict[tuple[str, float], list[dict]],
             spread = max(means) - min(means)
             lines.append(f"{w:<16}{t:<15}{pts[i][0]:>9.2f}{means[i]:>8.3f}{gain:>9.1f}"
                          f"{spread:>8.3f}{sd:>10.3f}{spread / sd if sd > 0 else float('inf'):>9.1f}")
+    return "\n".join(lines)
+
+
+def rho_star_table(rows: Sequence[dict], targets: Sequence[str]) -> str:
+    """Per reward system and target, the best rho with its 90 % credible interval by the
+    project's one rho* estimator (RACE's local quadratic, :func:`allocopt.race.diagnose_group`,
+    fitted on every seed of every point: the seeds are its replicates), with the reward share
+    of compute at rho* and the regime it implies."""
+    from allocopt.allocation import Allocation
+    from allocopt.race.diagnose import Observation, diagnose_group
+
+    rhos = [r["rho"] for r in rows]
+    lo, hi = min(rhos), max(rhos)
+    lines = [f"{'reward':<16}{'target':<15}{'rho*':>6}{'90% interval':>15}{'rwd share':>10}"
+             f"  regime (P)"]
+    for w in dict.fromkeys(r["reward"] for r in rows):
+        mine = [r for r in rows if r["reward"] == w]
+        for t in targets:
+            obs = [Observation(i, Allocation(r["rho"], 4, w), float(r[t]), 0.0, 1.0, "full",
+                               r["reward_share"]) for i, r in enumerate(mine)]
+            d = diagnose_group(obs, (lo, hi))
+            lines.append(f"{w:<16}{t:<15}{d.rho:>6.2f}{d.rho_interval[0]:>8.2f}-{d.rho_interval[1]:<6.2f}"
+                         f"{d.reward_share:>10.2f}  {d.regime} ({d.probability:.2f})")
     return "\n".join(lines)
 
 
