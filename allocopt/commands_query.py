@@ -56,7 +56,8 @@ def _split(text: str, what: str) -> list[str]:
 def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], mlflow_uri: Optional[str],
           where: Optional[List[str]], fidelity: str) -> tuple[list[Any], str]:
     """Rows of the source, filtered; and a short description of the source."""
-    from allocopt.pareto import filter_rows, load_rows_from_mlflow, load_rows_from_study, parse_where
+    from allocopt.pareto import filter_rows, parse_where
+    from allocopt.query_sources import load_rows_from_mlflow, load_rows_from_study
 
     if fidelity not in FIDELITY_CHOICES:
         raise _problem(f"fidelity={fidelity!r}: allowed: {', '.join(FIDELITY_CHOICES)}")

@@ -26,8 +26,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from allocopt.pareto import (best, field_key, field_label, number, pareto_front,
-                             resolve_tracking_uri, value)
+from allocopt.pareto import best, field_key, field_label, number, pareto_front, value
+from allocopt.query_sources import resolve_tracking_uri
 
 PHASE_COLORS = {"search_flops": "#4c72b0", "learning_flops": "#dd8452", "reward_flops": "#55a868"}
 REWARD_ORDER = ("sparse", "structured", "dense", "proxy_prm", "prm")

@@ -12,8 +12,8 @@ import optuna
 import pytest
 
 from allocopt.cli import main
-from allocopt.pareto import (QueryError, Row, best, best_per, filter_rows, load_rows_from_mlflow,
-                             load_rows_from_study, pareto_front, to_dataframe)
+from allocopt.pareto import QueryError, Row, best, best_per, filter_rows, pareto_front, to_dataframe
+from allocopt.query_sources import load_rows_from_mlflow, load_rows_from_study
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study import open_study, run_study
 from objectives.synthetic import SyntheticObjective
