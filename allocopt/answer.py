@@ -94,6 +94,20 @@ def recommendation_dict(rec: Any, target: str) -> dict[str, Any]:
     iv = _interval(rec)
     if iv is not None:
         out["lower"], out["upper"] = iv
+    # RACE's Recommendation also names the allocations within one evaluation's noise of it and
+    # P(best) per reward system (x model); the report shows them (allocopt.report)
+    for k in ("noise_sd", "full_runs"):
+        v = getattr(rec, k, None)
+        if v is not None:
+            out[k] = float(v) if k == "noise_sd" else int(v)
+    close = getattr(rec, "within_noise", None)
+    if close:
+        out["within_noise"] = [{"rho": b.rho, "group_size": b.group_size, "reward": b.reward,
+                                **({"model": b.model} if getattr(b, "model", None) else {})} for b in close]
+    cells = getattr(rec, "cell_prob_best", None)
+    if cells:
+        out["cell_prob_best"] = [{"reward": w, **({"model": m} if m else {}), "prob_best": float(p)}
+                                 for w, m, p in cells]
     return out
 
 
