@@ -229,8 +229,8 @@ def report(
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
     mlflow_uri: Optional[str] = _MLFLOW_URI,
-    targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated targets to plot \\[default: every target measured]."),
-    pareto_of: Optional[str] = typer.Option(None, "--pareto", help="Two comma-separated targets for the Pareto figure \\[default: the first two of --targets]."),
+    targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated targets to plot \\[default: the study's targets, then every other target measured]."),
+    pareto_of: Optional[str] = typer.Option(None, "--pareto", help="Two comma-separated targets for the Pareto figure \\[default: the study's targets; one target: it and the next measured; --from-mlflow: the first two of --targets]."),
     where: Optional[List[str]] = _WHERE,
     fidelity: str = typer.Option("all", "--fidelity", help="Trials of this fidelity: all (pilots marked), full, or pilot."),
     title: Optional[str] = typer.Option(None, "--title", help="Title of the page and figures \\[default: the source]."),
@@ -241,14 +241,22 @@ def report(
     from allocopt.report import write_report
 
     rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
-    keys = check_fields(rows, _split(targets, "targets"), "target") if targets else measured_targets(rows)
+    context = None
+    if study:  # the study's targets, budget, RACE regimes and recommendation
+        from allocopt.query_sources import open_study_for_query
+        from allocopt.report_data import study_context
+
+        context = study_context(open_study_for_query(storage, study))
+    measured = measured_targets(rows)
+    own = [k for k in (context.targets if context else ()) if k in measured]
+    keys = check_fields(rows, _split(targets, "targets"), "target") if targets else own + [k for k in measured if k not in own]
     if not keys:
         raise _problem(f"targets: no complete trial of {source} measured a target yet; nothing to plot")
     pair = check_fields(rows, _split(pareto_of, "pareto"), "target") if pareto_of else None
     if pair is not None and len(pair) != 2:
         raise _problem(f"pareto={pareto_of!r}: give exactly two targets, e.g. pass@1,judge")
-    files = write_report(rows, out_dir, title=title or source.capitalize(), targets=keys, pareto_targets=pair,
-                         run_id=mlflow_run, tracking_uri=mlflow_uri)
+    files = write_report(rows, out_dir, title=title or source.capitalize(), targets=keys, context=context,
+                         pareto_targets=pair, run_id=mlflow_run, tracking_uri=mlflow_uri)
     out = _out()
     for f in files:
         out.print(str(f), markup=False, highlight=False)

@@ -1,4 +1,6 @@
-"""The visual report: valid PNGs, one self-contained HTML page, the regime table, MLflow artifacts."""
+"""The visual report: valid PNGs, one self-contained HTML page, the regime table with RACE's
+regimes and the recommendation, ρ* by RACE's estimator, the study's Pareto pair and budgets,
+MLflow artifacts."""
 
 import os
 import re
@@ -9,8 +11,10 @@ import pytest
 from PIL import Image
 
 from allocopt.cli import main
-from allocopt.pareto import best, load_rows_from_study
-from allocopt.report import kernel_smoother, regime_table, write_report
+from allocopt.pareto import Row, best
+from allocopt.query_sources import load_rows_from_study, rows_of_study
+from allocopt.report import write_report
+from allocopt.report_data import best_table, default_pareto_pair, estimates, rho_estimate, study_context
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study import open_study, run_study
 from objectives.synthetic import SyntheticObjective
@@ -50,19 +54,9 @@ def check_page(files):
     return pngs, page
 
 
-def test_report_renders_for_a_finished_study(study, tmp_path):
-    files = write_report(study["rows"], tmp_path / "rep", title="Study r", targets=["pass@1", "judge", "native_reward"])
-    pngs, page = check_page(files)
-    assert sorted(p.name for p in pngs) == ["breakdown.png", "frontier_judge.png", "frontier_native_reward.png",
-                                           "frontier_pass_at_1.png", "pareto_pass_at_1__judge.png"]
-    assert "Regime table" in page and "Pareto trials: pass@1 and judge" in page
-    for reward in ("sparse", "dense", "prm"):
-        assert f"<td class='l'>{reward}</td>" in page
-
-
-def test_regime_table_matches_best_per_reward(study):
+def test_best_table_matches_best_per_reward(study):
     rows = study["rows"]
-    table = regime_table(rows, ["judge"])
+    table = best_table(rows, ["judge"])
     assert [t["reward"] for t in table] == ["sparse", "dense", "prm"]
     for t in table:
         full = [r for r in rows if r.fidelity == "full" and r.params["reward"] == t["reward"]]
@@ -74,30 +68,139 @@ def test_regime_table_matches_best_per_reward(study):
     assert sum(t["pilot_trials"] for t in table) == 2
 
 
-def test_surrogate_replaces_the_smoother(study, tmp_path):
-    calls = []
-
-    def surrogate(rho):
-        calls.append(len(rho))
-        return 0.5 - (rho - 0.6) ** 2, np.full_like(rho, 0.02)
-
-    files = write_report(study["rows"], tmp_path, title="with surrogate", targets=["judge"], surrogate=surrogate)
-    pngs, _ = check_page(files)
-    assert calls and len(pngs) == 2  # one target: frontier and breakdown, no Pareto figure
-    peaks = {t["smoothed_rho"] for t in regime_table(study["rows"], ["judge"], surrogate)}
-    assert all(abs(p - 0.6) < 0.01 for p in peaks)
+# ------------------------------------------------------------------ a small RACE study
+PILOT_RHOS = (0.2, 0.35, 0.5, 0.65, 0.8)
+FULL_RHOS = {"sparse": (0.5, 0.6, 0.7), "prm": (0.3, 0.4, 0.5)}
 
 
-def test_kernel_smoother_and_band():
-    rng = np.random.default_rng(0)
-    x = rng.uniform(0.2, 0.9, 40)
-    y = 0.5 - (x - 0.55) ** 2 + rng.normal(0, 0.005, 40)
-    grid = np.linspace(0.25, 0.85, 50)
-    mean, lo, hi, h = kernel_smoother(x, y, grid)
-    assert 0.04 <= h < 0.2 and np.all(lo <= mean + 1e-12) and np.all(mean <= hi + 1e-12)
-    assert abs(grid[np.argmax(mean)] - 0.55) < 0.05
-    flat, flo, fhi, _ = kernel_smoother([0.3, 0.5, 0.7], [0.4, 0.4, 0.4], grid)
-    assert np.allclose(flat, 0.4) and np.allclose(flo, 0.4) and np.allclose(fhi, 0.4)
+@pytest.fixture(scope="module")
+def race_study():
+    """In memory (fast): 10 pilots at 0.1 x budget, 6 full-budget trials, and the answer RACE
+    stores (allocopt.answer.recommendation_dict of a Recommendation)."""
+    return _race_study(store_answer=True)
+
+
+def _race_study(store_answer):
+    from dataclasses import asdict
+
+    from allocopt.allocation import Allocation
+    from allocopt.answer import recommendation_dict
+    from allocopt.race import RaceSettings, Recommendation
+
+    spec = StudySpec(name="rr", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
+                     sampler="random", seed=0, pilots=0,
+                     space=SearchSpace(rho=(0.2, 0.8), group_sizes=(4, 8), rewards=("sparse", "prm")))
+    st = open_study(spec, None)
+    for reward in ("sparse", "prm"):
+        for rho in PILOT_RHOS:
+            st.enqueue_trial({"rho": rho, "reward": reward, "group_size": 8},
+                             user_attrs={"fidelity": "pilot", "budget_flops": 1e17})
+    for reward, rhos in FULL_RHOS.items():
+        for rho in rhos:
+            st.enqueue_trial({"rho": rho, "reward": reward, "group_size": 8})
+    obj = SyntheticObjective()
+    run_study(spec, objective=obj, workload=obj.workload(), storage=None, study=st)
+    rec = Recommendation(allocation=Allocation(0.45, 8, "prm"), mean=0.5512, interval=(0.5234, 0.5801),
+                         prob_best=0.83, within_noise=(Allocation(0.45, 8, "prm"), Allocation(0.62, 8, "sparse")),
+                         noise_sd=0.0112, cell_prob_best=(("prm", None, 0.83), ("sparse", None, 0.17)), full_runs=6)
+    st.set_user_attr("race", {"pilot_fraction": 0.1, "settings": asdict(RaceSettings())})
+    if store_answer:
+        st.set_user_attr("recommendation", recommendation_dict(rec, "pass@1"))
+    return {"study": st, "spec": spec, "rows": rows_of_study(st)}
+
+
+@pytest.mark.slow
+def test_a_race_study_without_a_stored_answer_gets_one(tmp_path):
+    """A RACE study run through the Python API stores no answer: the report computes RACE's
+    recommendation (a GP fit) and says so."""
+    from allocopt.race import RaceSettings
+
+    d = _race_study(store_answer=False)
+    ctx = study_context(d["study"])
+    rec = ctx.recommendation
+    assert ctx.recommendation_source.startswith("computed by the report")
+    a = rec["allocation"]
+    # RACE recommends only what full runs support: a reward system with a full run, rho near one
+    assert a["reward"] in FULL_RHOS and a["group_size"] == 8
+    assert min(abs(a["rho"] - r) for r in FULL_RHOS[a["reward"]]) <= RaceSettings().rho_trust + 1e-9
+    assert rec["lower"] <= rec["mean"] <= rec["upper"] and rec["full_runs"] == 6
+    assert sum(c["prob_best"] for c in rec["cell_prob_best"]) == pytest.approx(1.0)
+    _, page = check_page(write_report(d["rows"], tmp_path, title="computed", targets=["pass@1"], context=ctx))
+    assert "computed by the report" in page and f"recommended: rho={a['rho']:.3f} G=8 {a['reward']}" in page
+
+
+def test_race_report_shows_regimes_and_the_recommendation(race_study, tmp_path):
+    """The page of a finished RACE study: figures, RACE's regimes, the one answer, the budgets."""
+    from allocopt.race import RaceSettings, diagnose, observations
+
+    st, spec = race_study["study"], race_study["spec"]
+    files = write_report(race_study["rows"], tmp_path, title="RACE", targets=["pass@1", "native_reward"],
+                         context=study_context(st))
+    pngs, page = check_page(files)
+    # the default Pareto pair: the study's target, then the next target asked for
+    assert sorted(p.name for p in pngs) == ["breakdown.png", "frontier_native_reward.png", "frontier_pass_at_1.png",
+                                           "pareto_pass_at_1__native_reward.png"]
+    assert "Regime table" in page and "Pareto trials: pass@1 and native_reward" in page
+    # the regime rows are RACE's diagnosis of the same pilots (as run_race computes it)
+    pilots = [o for o in observations(st, spec) if o.fidelity == "pilot"]
+    assert len(pilots) == 10
+    for d in diagnose(pilots, spec.space, RaceSettings(), 0):
+        lo, hi = d.rho_interval
+        assert f"{d.rho:.2f} ± {d.rho_sd:.2f}</td><td>{lo:.2f}–{hi:.2f}</td>" in page
+        assert f"{d.regime} ({d.probability:.0%})" in page
+    # the recommendation: the line the study prints, its interval, P(best) per reward system
+    assert "recommended: rho=0.450 G=8 prm" in page
+    assert "pass@1 = 0.551, 90% CI 0.523-0.580; P(prm is best) = 83%" in page
+    assert "0.5234 – 0.5801" in page and "ρ=0.620, G=8, sparse" in page
+    assert "<td class='l'>prm</td><td>83%</td>" in page and "<td class='l'>sparse</td><td>17%</td>" in page
+    # header: the full budget, and the pilots apart with their fraction
+    assert "Full budget 1.000e+18 FLOPs per trial (6 full-budget trials)" in page
+    assert "pilots: 10 at 1.000e+17 FLOPs (0.1 of the full budget)" in page
+
+
+def test_rho_star_is_races_estimate_or_the_recommendation(race_study):
+    from allocopt.race import RaceSettings, diagnose_group, observations
+
+    st, spec, rows = race_study["study"], race_study["spec"], race_study["rows"]
+    stars = estimates(rows, ["judge", "pass@1"], study_context(st))
+    for reward, rhos in FULL_RHOS.items():
+        obs = [o for o in observations(st, spec, "judge") if o.fidelity == "full" and o.allocation.reward == reward]
+        assert sorted(o.allocation.rho for o in obs) == list(rhos)
+        want = diagnose_group(obs, (min(rhos), max(rhos)), RaceSettings(), seed=0)
+        got = stars[(reward, "judge")]
+        assert got.source == "full-budget trials" and got.num_trials == 3
+        assert got.rho == pytest.approx(want.rho, abs=1e-12) and got.interval == pytest.approx(want.rho_interval)
+        assert min(rhos) <= got.rho <= max(rhos)
+    # for the study's target, the recommended reward system's rho is the recommendation's
+    assert stars[("prm", "pass_at_1")].source == "recommendation" and stars[("prm", "pass_at_1")].rho == 0.45
+    assert stars[("sparse", "pass_at_1")].source == "full-budget trials"
+
+
+def test_rho_star_at_the_edge_of_the_data_is_said(tmp_path):
+    """A target rising over the whole range: rho* sits at the highest rho tried, and says so."""
+    rows = [Row(i, "COMPLETE", {"rho": r, "group_size": 8, "reward": "dense", "model": None},
+                {"judge": 0.2 + 0.5 * r}, {"total_flops": 1e18, "reward_flops": 0.0}, None, plan={"budget_flops": 1e18})
+            for i, r in enumerate((0.3, 0.4, 0.5, 0.6))]
+    e = rho_estimate(rows, "dense", "judge")
+    assert e.rho == pytest.approx(0.6) and e.at_edge and e.data_range == (0.3, 0.6)
+    assert "at the edge of the data" in e.edge_note()
+    _, page = check_page(write_report(rows, tmp_path, title="edge", targets=["judge"]))
+    assert "at the edge of the data (ρ 0.30-0.60)" in page
+
+
+def test_pareto_pair_is_the_studys_targets():
+    import optuna
+
+    st = optuna.create_study(directions=["maximize", "maximize"])
+    st.set_user_attr("spec", StudySpec(name="m", objective="synthetic", budget_flops=1e18,
+                                       target=("judge", "pass@1")).to_dict())
+    ctx = study_context(st)
+    assert ctx.targets == ("judge", "pass_at_1") and ctx.budget_flops == 1e18
+    assert default_pareto_pair([], ["native_reward", "pass@1", "judge"], ctx) == ["judge", "pass_at_1"]
+    named = optuna.create_study(directions=["maximize", "maximize"])
+    named.set_metric_names(["native_reward", "judge"])  # no stored spec: its metric names
+    assert default_pareto_pair([], ["pass@1", "judge"], study_context(named)) == ["native_reward", "judge"]
+    assert default_pareto_pair([], ["pass@1", "judge"], None) == ["pass_at_1", "judge"]
 
 
 def test_report_without_trials_still_renders(tmp_path):

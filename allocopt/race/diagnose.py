@@ -13,7 +13,8 @@ local fit's approximate posterior (:func:`_posterior_optima`: a multivariate t o
 whose noise variance is read from a global quartic's residuals, so the quadratic's misfit away from
 the optimum is not taken for noise); the 90 % interval is checked for calibration over seeds of a
 known function in tests/test_race.py (the wild bootstrap it replaces printed ±0.00 on 4-6 noisy
-pilots). See :mod:`allocopt.race`.
+pilots). See :mod:`allocopt.race`. This local quadratic is the project's one ρ* estimator: the
+report applies it too (:mod:`allocopt.report_data` says why).
 
 numpy and Optuna are imported inside functions.
 """
