@@ -81,6 +81,19 @@ def evidence_line(number: int, value: float, allocation: Any, target: str) -> st
     return f"evidence: best observed trial {number}, {target} = {value:.3f} at {allocation_text(allocation)}"
 
 
+def from_dict(rec: dict[str, Any]) -> Any:
+    """The answer back from :func:`recommendation_dict` (as the study stores it), with the
+    attributes :func:`recommendation_lines` reads (``allocation`` an
+    :class:`~allocopt.allocation.Allocation`)."""
+    from types import SimpleNamespace
+
+    from allocopt.allocation import Allocation
+
+    a = rec["allocation"]
+    return SimpleNamespace(**{k: v for k, v in rec.items() if k != "allocation"},
+                           allocation=Allocation(a["rho"], a["group_size"], a["reward"], a.get("model")))
+
+
 def recommendation_dict(rec: Any, target: str) -> dict[str, Any]:
     """What :meth:`allocopt.tracking.StudyTracker.log_recommendation` logs."""
     a = _alloc(rec)

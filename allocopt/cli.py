@@ -368,14 +368,9 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
     if not show_answer:
         pass
     elif rec:
-        from types import SimpleNamespace
+        from allocopt.answer import from_dict
 
-        from allocopt.allocation import Allocation
-
-        a = rec["allocation"]
-        ns = SimpleNamespace(**{k: v for k, v in rec.items() if k != "allocation"},
-                             allocation=Allocation(a["rho"], a["group_size"], a["reward"], a.get("model")))
-        for line in recommendation_lines(ns, s.target):
+        for line in recommendation_lines(from_dict(rec), s.target):
             out.print(line, highlight=False, markup=False)
     else:  # plain BO: the best observed trial is the answer, with no posterior interval
         out.print(f"recommended: {allocation_text(allocation_of(s, best.params))}  (plain BO: the best "

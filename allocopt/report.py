@@ -175,18 +175,13 @@ def recommendation_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[s
     if not rec:
         return ["<p class='note'>No recommendation: the study stored none (plain Bayesian optimization "
                 "answers with its best observed trial, below).</p>"]
-    from types import SimpleNamespace
-
-    from allocopt.allocation import Allocation
-    from allocopt.answer import recommendation_lines
+    from allocopt.answer import from_dict, recommendation_lines
 
     a = rec["allocation"]
     target = str(rec.get("target", ""))
-    ns = SimpleNamespace(**{k: v for k, v in rec.items() if k in ("mean", "lower", "upper", "level", "prob_best")},
-                         allocation=Allocation(float(a["rho"]), int(a["group_size"]), a["reward"], a.get("model")))
     level = float(rec.get("level", 0.9))
     parts = [f"<h3>Recommendation ({e(ctx.recommendation_source)})</h3>",
-             "<p class='answer'>" + "<br>".join(e(x.strip()) for x in recommendation_lines(ns, target)) + "</p>"]
+             "<p class='answer'>" + "<br>".join(e(x.strip()) for x in recommendation_lines(from_dict(rec), target)) + "</p>"]
     body = [["allocation to run", e(_alloc_text(a))],
             [f"{e(target)} at the full budget (posterior mean)", _fmt(rec.get("mean"), ".4f")],
             [f"{level:.0%} credible interval", f"{_fmt(rec.get('lower'), '.4f')} – {_fmt(rec.get('upper'), '.4f')}"],

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from allocopt.pareto import best, field_key, measured_targets, number, value
+from allocopt.pareto import _finite, best, field_key, measured_targets, number, value
 
 LEVEL = 0.9
 """Level of the credible intervals shown."""
@@ -101,13 +101,6 @@ class StudyContext:
     """The one answer (:func:`allocopt.answer.recommendation_dict`)."""
     recommendation_source: str = ""
     """``stored by the study`` or ``computed by the report``."""
-
-
-def _finite(v: Any) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
 
 
 def rewards_of(rows: Sequence[Any]) -> list[str]:
