@@ -308,7 +308,7 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
 
     # --- reward: one reward-model forward over prompt + completion (+ step markers). Each row
-    # at its own length: reward models batch completions sorted by length (objectives.rewards.
+    # at its own length: reward models batch completions sorted by length (objectives.model_reward.
     # ModelReward: longest first), so padding is small; measured in the tiny world, charging
     # every row at the batch's longest length overestimated the PRM by ~40% and put the
     # realized rho of a prm trial 0.047 above its plan.

@@ -20,7 +20,7 @@ A completion's reward is an aggregate of its step scores: ``min`` for ``prm`` an
 ``proxy_prm`` training rewards (a chain is as good as its worst step; Lightman et al. 2023),
 ``product`` on request (the probability that every step is right, if independent), ``mean``
 for the common judge. Reward-model FLOPs are one forward over exactly the ids built here
-(template, markers, the model's own tokenizer): :class:`objectives.rewards.ModelReward`.
+(template, markers, the model's own tokenizer): :class:`objectives.model_reward.ModelReward`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import os
 from typing import Any
 
 from allocopt.flops import ConfigError
-from objectives.rewards import ModelReward, as_text
+from objectives.model_reward import ModelReward
+from objectives.reward_base import as_text
 
 PRM_FORMATS: dict[str, str] = {
     "Qwen/Qwen2.5-Math-PRM-7B": "qwen2.5-math-prm",
@@ -47,7 +48,7 @@ QWEN_PRM_MARKER = "<extra_0>"
 
 
 class CardPRM(ModelReward):
-    """A :class:`~objectives.rewards.ModelReward` whose input is built by a card format.
+    """A :class:`~objectives.model_reward.ModelReward` whose input is built by a card format.
 
     ``__call__(prompts, completions, problem=[...], ...)``: the PRM reads the raw ``problem``
     column when TRL passes it (the policy's rendered prompt otherwise).

@@ -5,7 +5,7 @@ and instruction as training):
 
 * ``native_reward``: mean reward of the trial's own reward system on the held-out Polaris slice;
 * ``pass_at_1_gsm8k``, ``pass_at_1_math500``: share of final answers equal to the gold
-  (``\\boxed{}`` or ``####`` answer, checked with math-verify: :func:`objectives.rewards.is_correct`)
+  (``\\boxed{}`` or ``####`` answer, checked with math-verify: :func:`objectives.step_parsing.is_correct`)
   on the first ``eval_problems`` of each set; ``pass_at_1`` over both sets pooled;
 * ``judge``: the common judge's mean step score (:class:`objectives.prm.CardPRM`, aggregate
   ``mean``) on the downstream completions, averaged; the same judge model for every trial.
@@ -29,7 +29,7 @@ def evaluate(objective: Any, model: Any, tokenizer: Any, reward: Any,
     from objectives.mathdata import load_gsm8k, load_math500
     from objectives.polaris import render_prompt
     from objectives.prm import load_prm
-    from objectives.rewards import is_correct
+    from objectives.step_parsing import is_correct
 
     s = objective.settings
     if hasattr(model, "merge_and_unload"):  # the same function, fewer matmuls

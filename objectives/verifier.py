@@ -3,7 +3,7 @@
 :class:`LikelihoodVerifier` is a model-based reward (``proxy_prm`` / ``prm``) for a language
 model trained on *correct* worked solutions only (the tiny world's PRMs,
 :mod:`objectives.tiny_build`). It reads ``prompt + completion`` once and scores step line
-``i`` (the lines :func:`objectives.rewards.step_line_ends` lists) by the probability the model
+``i`` (the lines :func:`objectives.step_parsing.step_line_ends` lists) by the probability the model
 gives to writing exactly that line and the newline that ends it::
 
     score_i = prod_{t in line i (+ its newline)} P(token_t | everything before it)
@@ -13,7 +13,7 @@ digit, a miscopied operand or a missing step makes one token unlikely (score nea
 the "does the verifier's LM agree with the step" scoring of generative verifiers (Zhang et
 al. 2024, *Generative Verifiers*; a step-level likelihood as in Lightman et al. 2023's PRM800K
 baselines); the reward is the ``mean`` (default) or ``min`` of the step scores, in ``[0, 1]``
-like :class:`objectives.rewards.ModelReward`'s. A completion without step lines gets 0.0 and is
+like :class:`objectives.model_reward.ModelReward`'s. A completion without step lines gets 0.0 and is
 not run.
 
 FLOPs (:func:`allocopt.flops.forward_flops`, shape from the model's config, head ``lm``): the
@@ -34,7 +34,9 @@ import math
 import time
 from typing import Any, Literal
 
-from objectives.rewards import MODEL_BASED, RewardUsage, _Base, as_text, model_facts, step_line_ends
+from objectives.model_reward import model_facts
+from objectives.reward_base import MODEL_BASED, RewardUsage, _Base, as_text
+from objectives.step_parsing import step_line_ends
 
 Aggregate = Literal["mean", "min"]
 
@@ -53,7 +55,7 @@ class LikelihoodVerifier(_Base):
             none left: 0.0). Default: the config's ``max_position_embeddings``.
         token_margin: the admission bound's tokens per completion token (1 when the verifier
             shares the policy's tokenizer and so re-tokenizes into at most as many tokens;
-            2 otherwise, as :class:`objectives.rewards.ModelReward` assumes).
+            2 otherwise, as :class:`objectives.model_reward.ModelReward` assumes).
 
     Raises:
         ValueError: an unknown ``name``, ``aggregate``, ``batch_size`` or ``token_margin``, or

@@ -15,7 +15,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from allocopt.flops import ConfigError, reward_model_flops
 from objectives.prm import QWEN_PRM_SYSTEM, CardPRM, load_prm, prm_format_of
-from objectives.rewards import make_reward, normalize_latex, find_equations, reward_shape
+from objectives.model_reward import reward_shape
+from objectives.rewards import make_reward
+from objectives.step_parsing import find_equations, normalize_latex
 
 from flop_utils import register_cpu_sdpa_flops
 

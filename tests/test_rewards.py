@@ -10,19 +10,10 @@ import torch
 
 from allocopt.flops import ModelShape, reward_model_flops
 from objectives.mathdata import load_gsm8k
-from objectives.rewards import (
-    REWARD_NAMES,
-    DenseReward,
-    ModelReward,
-    RewardSystem,
-    RewardUsage,
-    StructuredReward,
-    find_equations,
-    is_well_formed,
-    make_reward,
-    reward_shape,
-    step_accuracy,
-)
+from objectives.model_reward import ModelReward, reward_shape
+from objectives.reward_base import REWARD_NAMES, RewardSystem, RewardUsage
+from objectives.rewards import DenseReward, StructuredReward, make_reward
+from objectives.step_parsing import find_equations, is_well_formed, step_accuracy
 
 torch.set_num_threads(1)
 
@@ -206,14 +197,17 @@ def test_model_reward_marks_every_step(tiny_prm):
     assert reward.encode("p", "#### 2") == ([], [], 0)  # answer only: no step, nothing to run
 
 
-def test_model_reward_input_is_the_tiny_world_prm_layout():
-    # The tiny world's PRMs read prompt + mark_steps(completion) with "<step>" markers;
-    # ModelReward must build exactly those token ids.
-    from objectives.tiny_models import build_prm, build_tokenizer
+def test_model_reward_input_is_the_step_marker_layout():
+    # ModelReward reads a token classifier at one marker per step line: with the tiny world's
+    # tokenizer and its "<step>" marker, exactly the ids of tiny_tasks.mark_steps' layout.
+    from transformers import Qwen2ForTokenClassification
+
+    from objectives.tiny_models import build_tokenizer, prm_config
     from objectives.tiny_tasks import STEP_TOKEN, mark_steps
 
     tokenizer = build_tokenizer()
-    reward = ModelReward(build_prm("proxy"), tokenizer, marker=STEP_TOKEN)
+    config = prm_config("proxy", architectures=["Qwen2ForTokenClassification"], num_labels=2)
+    reward = ModelReward(Qwen2ForTokenClassification(config), tokenizer, marker=STEP_TOKEN)
     prompt = "23+45-12\n"
     for completion in ["23+45=68\n68-12=56\n#### 56", "23+45=68\n\n68-12=56\n#### 56\n1+1=2",
                        "23+45=68\n68-12=56", "#### 56", "23+45=68 #### 56\n", "\n\n23+45=68\n",
@@ -222,7 +216,26 @@ def test_model_reward_input_is_the_tiny_world_prm_layout():
         marked = mark_steps(completion)
         if steps:
             assert ids == tokenizer(prompt + marked, add_special_tokens=False)["input_ids"], completion
+            assert [ids[i] for i in positions] == [tokenizer.convert_tokens_to_ids(STEP_TOKEN)] * steps
         assert steps == marked.count(STEP_TOKEN) == len(positions), completion
+
+
+def test_model_reward_refuses_the_tiny_worlds_causal_lm_prms():
+    # The tiny world's PRMs are causal LMs (step verifiers): their logits are over the
+    # vocabulary, so "P(label 1)" would be the probability of token 1 (<eos>). ModelReward
+    # refuses them (config.num_labels is 2 by default, so the label check alone passes);
+    # LikelihoodVerifier is what scores them.
+    from objectives.tiny_models import build_prm, build_tokenizer
+    from objectives.tiny_tasks import STEP_TOKEN
+    from objectives.verifier import LikelihoodVerifier
+
+    model, tokenizer = build_prm("proxy"), build_tokenizer()
+    assert model.config.num_labels == 2
+    with pytest.raises(ValueError, match="causal language model.*LikelihoodVerifier"):
+        ModelReward(model, tokenizer, name="proxy_prm", marker=STEP_TOKEN)
+    with pytest.raises(ValueError, match="causal language model"):
+        make_reward("proxy_prm", model=model, tokenizer=tokenizer, marker=STEP_TOKEN)
+    assert LikelihoodVerifier(model, tokenizer, name="proxy_prm").name == "proxy_prm"
 
 
 def test_model_reward_flops_equal_measured(tiny_prm):

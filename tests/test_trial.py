@@ -26,7 +26,8 @@ from allocopt.allocation import (REWARDS, Allocation, InfeasiblePlan, TrialPlan,
 from allocopt.flops import ConfigError, LoRASpec, ModelShape
 from allocopt.meter import FlopMeter
 from objectives.grpo import GRPOSettings, TrialFailed, TrialResult, run_grpo
-from objectives.rewards import ModelReward, make_reward, reward_shape
+from objectives.model_reward import ModelReward, reward_shape
+from objectives.rewards import make_reward
 from objectives.tiny_models import build_policy, build_prm, build_tokenizer, policy_config
 from objectives.verifier import LikelihoodVerifier
 from objectives.tiny_tasks import make_split

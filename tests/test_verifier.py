@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from allocopt.flops import forward_flops  # noqa: E402
-from objectives.rewards import RewardUsage  # noqa: E402
+from objectives.reward_base import RewardUsage  # noqa: E402
 from objectives.verifier import LikelihoodVerifier  # noqa: E402
 
 PROMPTS = ["23+45-12\n", "7+8-6\n", "1+1\n", "9+9\n", "40-2+3\n"]
