@@ -1,7 +1,8 @@
 """objectives.verifier.LikelihoodVerifier: step scores equal the product of the step tokens'
-probabilities read from a plain full forward, batching changes nothing, and the FLOPs it
+probabilities (or its per-token geometric mean) read from a plain full forward, batching changes nothing, and the FLOPs it
 reports equal what FlopCounterMode measures (executed) and the per-sequence formula (useful)."""
 
+import itertools
 import math
 
 import pytest
@@ -27,8 +28,9 @@ def lm():
     return model, build_tokenizer()
 
 
-def _direct_scores(model, tokenizer, prompt, completion):
-    """Step scores from one full forward (logits at every position), by hand."""
+def _direct_scores(model, tokenizer, prompt, completion, per_token=False):
+    """Step scores from one full forward (logits at every position), by hand: the product of
+    the line's token probabilities, or its ``1/len`` power with ``per_token``."""
     lines, scores, offset = completion.split("\n"), [], len(prompt)
     ids = tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
@@ -37,19 +39,20 @@ def _direct_scores(model, tokenizer, prompt, completion):
     for i, line in enumerate(lines):
         span = len(line) + (i < len(lines) - 1)
         if i < answer_line and line.strip():
-            scores.append(math.exp(sum(float(logp[t - 1, ids[t]])
-                                       for t in range(offset, offset + span))))
+            total = sum(float(logp[t - 1, ids[t]]) for t in range(offset, offset + span))
+            scores.append(math.exp(total / span if per_token else total))
         offset += span
     return scores
 
 
 def test_scores_are_the_step_tokens_likelihood(lm):
     model, tokenizer = lm
-    for agg, fn in (("mean", lambda s: sum(s) / len(s)), ("min", min)):
-        verifier = LikelihoodVerifier(model, tokenizer, aggregate=agg, batch_size=2)
+    aggregates = (("mean", lambda s: sum(s) / len(s)), ("min", min))
+    for (agg, fn), score in itertools.product(aggregates, ("line", "token")):
+        verifier = LikelihoodVerifier(model, tokenizer, aggregate=agg, score=score, batch_size=2)
         got = verifier(prompts=PROMPTS, completions=COMPLETIONS)
         for p, c, g in zip(PROMPTS, COMPLETIONS, got):
-            s = _direct_scores(model, tokenizer, p, c)
+            s = _direct_scores(model, tokenizer, p, c, per_token=score == "token")
             assert g == pytest.approx(fn(s) if s else 0.0, rel=1e-4, abs=1e-7), c
     one = LikelihoodVerifier(model, tokenizer, batch_size=1)
     many = LikelihoodVerifier(model, tokenizer, batch_size=8)
@@ -92,7 +95,7 @@ def test_flops_equal_measured(lm):
 
 def test_input_errors(lm):
     model, tokenizer = lm
-    for kwargs in (dict(name="judge"), dict(aggregate="max"), dict(batch_size=0),
+    for kwargs in (dict(name="judge"), dict(aggregate="max"), dict(score="mean"), dict(batch_size=0),
                    dict(token_margin=0.5)):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             LikelihoodVerifier(model, tokenizer, **kwargs)
