@@ -120,7 +120,11 @@ class TinyObjective:
             from objectives.verifier import LikelihoodVerifier
 
             model = AutoModelForCausalLM.from_pretrained(str(getattr(w, name)))
-            return LikelihoodVerifier(model, self._tokenizer(), name=name, token_margin=1)
+            # how this PRM scores a step (the build's ``*_score`` setting: the full PRM the
+            # line's likelihood, the proxy its per-token geometric mean)
+            score = w.read_manifest()["settings"].get(f"{name}_score", "line")
+            return LikelihoodVerifier(model, self._tokenizer(), name=name, score=score,
+                                      token_margin=1)
         return make_reward(name)
 
     def _tokenizer(self) -> Any:

@@ -19,7 +19,7 @@ position: the PRMs are causal LMs too, generative step verifiers
 positions of the steps they score. Why these sizes: the PRMs start
 from the SFT'd base policy's weights (``full``: all of them; ``proxy``: the embedding, its
 first three layers and the final norm) and are trained further as language models on correct
-solutions (:func:`objectives.tiny_build.train_prm`), as real PRMs start from the instruct
+solutions (:func:`objectives.tiny_train.train_prm`), as real PRMs start from the instruct
 model they judge. Per token, search costs about ``2N`` (policy forward), learning ``6N·μ``
 and the reward ``2N_rm`` over prompt + completion, so the reward's share of the budget is
 about ``(1 - ρ)·N_rm / (N + N_rm)``: at ``ρ = 0.5`` the ``full`` PRM (``N_rm = N``) takes

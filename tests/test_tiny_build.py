@@ -12,8 +12,12 @@ import pytest
 import torch
 
 from objectives import tiny_build as tb
+from objectives import tiny_manifest as tm
+from objectives import tiny_prm_eval as tpe
 from objectives import tiny_tasks as tt
-from objectives.tiny_build import BuildSettings, WorldPaths, build_world, check_cache
+from objectives import tiny_train as ttr
+from objectives.tiny_build import build_world
+from objectives.tiny_manifest import BuildSettings, WorldPaths, check_cache
 
 torch.set_num_threads(1)
 
@@ -61,30 +65,30 @@ def test_encode_matches_the_tokenizer():
     tok = build_tokenizer()
     rng = random.Random(0)
     for p in tt.make_split("train", 30):
-        for text in (p.prompt + p.solution, p.prompt + tt.mark_steps(tb.corrupt(p, rng)),
+        for text in (p.prompt + p.solution, p.prompt + tt.mark_steps(tpe.corrupt(p, rng)),
                      "12 + x?\n<step><eos>"):
-            assert tb.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
+            assert ttr.encode(text) == tok(text, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("kind", tb.CORRUPTIONS)
+@pytest.mark.parametrize("kind", tpe.CORRUPTIONS)
 def test_every_corruption_is_wrong(kind):
     rng = random.Random(kind)
     for p in tt.make_split("train", 200) + tt.make_split("downstream", 50):
-        text = tb.corrupt(p, rng, kind)
+        text = tpe.corrupt(p, rng, kind)
         assert not all(tt.step_labels(text, p.prompt)), (p.prompt, text)
     with pytest.raises(ValueError, match="kind"):
-        tb.corrupt(p, rng, "nonsense")
+        tpe.corrupt(p, rng, "nonsense")
 
 
 def test_judged_data_and_probe_sources():
     problems = tt.make_split("train", 20)
     samples = [(problems[0], "#### 5"), (problems[1], problems[1].solution)]
-    data = tb.judged_set(problems, samples, random.Random(0))
+    data = tpe.judged_set(problems, samples, random.Random(0))
     assert [x[2] for x in data].count("correct") == 20
     assert [x[2] for x in data].count("corrupt") == 40
     assert [x[2] for x in data].count("policy") == 2
-    probe = tb.corruption_probe(problems[:5], seed=0)
-    assert {x[2] for x in probe} == set(tb.CORRUPTIONS) and len(probe) == 5 * len(tb.CORRUPTIONS)
+    probe = tpe.corruption_probe(problems[:5], seed=0)
+    assert {x[2] for x in probe} == set(tpe.CORRUPTIONS) and len(probe) == 5 * len(tpe.CORRUPTIONS)
 
 
 class _OracleVerifier:
@@ -110,11 +114,11 @@ def test_verifier_metrics_count_by_hand():
     wrong = "23+45=69\n69-12=57\n#### 57"  # step 0 wrong, step 1 right (chains on 69)
     data = [(p, p.solution, "correct"), (p, wrong, "policy"), (p, "23+45=68\n#### 68", "policy")]
     # truth: correct 2 right; policy: wrong + right; short: right (the left-out step not judged)
-    perfect = tb.verifier_metrics(_OracleVerifier(data, set()), data)
+    perfect = tpe.verifier_metrics(_OracleVerifier(data, set()), data)
     assert perfect["wrong_recall"] == 1.0 and perfect["false_alarm"] == 0.0
     assert perfect["steps"] == 5 and perfect["share_correct_steps"] == 4 / 5
     # miss the wrong step, flag one right step of the correct solution
-    m = tb.verifier_metrics(_OracleVerifier(data, {(wrong, 0), (p.solution, 1)}), data)
+    m = tpe.verifier_metrics(_OracleVerifier(data, {(wrong, 0), (p.solution, 1)}), data)
     assert m["wrong_recall"] == 0.0 and m["wrong_recall_policy"] == 0.0
     assert m["false_alarm"] == 1 / 4 and m["false_alarm_correct"] == 1 / 2
     assert m["false_alarm_policy"] == 0.0 and m["step_accuracy"] == 3 / 5
@@ -132,10 +136,10 @@ def test_settings_are_checked():
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv(tb.CACHE_ENV, str(tmp_path / "c"))
-    assert tb.default_cache_dir() == tmp_path / "c"
-    monkeypatch.delenv(tb.CACHE_ENV)
-    assert tb.default_cache_dir() == Path.home() / ".cache" / "allocopt" / "tiny-v2"
+    monkeypatch.setenv(tm.CACHE_ENV, str(tmp_path / "c"))
+    assert tm.default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv(tm.CACHE_ENV)
+    assert tm.default_cache_dir() == Path.home() / ".cache" / "allocopt" / "tiny-v2"
 
 
 # ---------------------------------------------------------------------- quick builds
@@ -145,7 +149,7 @@ def test_quick_build_is_complete_and_loads(quick):
     manifest = quick.read_manifest()
     assert manifest["settings"] == BuildSettings(**QUICK).to_json()
     assert check_cache(quick.root, BuildSettings(**QUICK)) == manifest
-    assert {k.split("/")[0] for k in manifest["checksums"]} == set(tb.PARTS)
+    assert {k.split("/")[0] for k in manifest["checksums"]} == set(tm.PARTS)
     for part in ("policy", "proxy_prm", "prm"):
         assert f"{part}/model.safetensors" in manifest["checksums"]
     assert manifest["metrics"]["policy"]["steps_run"] == 20
@@ -153,9 +157,9 @@ def test_quick_build_is_complete_and_loads(quick):
     for key in ("sft", "proxy_prm", "prm", "total"):
         assert manifest["timings_s"][key] >= 0
     tok = PreTrainedTokenizerFast.from_pretrained(str(quick.tokenizer))
-    assert tok("9+1\n", add_special_tokens=False)["input_ids"] == tb.encode("9+1\n")
+    assert tok("9+1\n", add_special_tokens=False)["input_ids"] == ttr.encode("9+1\n")
     policy = Qwen2ForCausalLM.from_pretrained(str(quick.policy))
-    assert policy.generation_config.eos_token_id == tb._EOS_ID
+    assert policy.generation_config.eos_token_id == ttr._EOS_ID
     for path, layers in ((quick.prm, 4), (quick.proxy_prm, 3)):
         config = Qwen2ForCausalLM.from_pretrained(str(path)).config
         assert (config.hidden_size, config.num_hidden_layers) == (96, layers)
@@ -182,6 +186,15 @@ def test_reusing_the_policy_gives_the_files_of_a_build_from_scratch(quick, tmp_p
     assert not trained
     assert reused["checksums"] == scratch["checksums"]
     assert reused["metrics"] == scratch["metrics"]
+    # a change to how a PRM is scored only: both PRMs are copied (no training), measured again
+    monkeypatch.setattr(tb, "train_prm", lambda *a, **k: pytest.fail("PRM retrained"))
+    rescored = build_world(tmp_path / "rescored", reuse_policy=tmp_path / "scratch",
+                           **{**other, "proxy_prm_score": "line"}).read_manifest()
+    assert rescored["checksums"] == scratch["checksums"]
+    assert rescored["metrics"]["prm"] == scratch["metrics"]["prm"]
+    assert (rescored["metrics"]["proxy_prm"]["score"], scratch["metrics"]["proxy_prm"]["score"]) \
+        == ("line", "token")
+    assert rescored["proxy_prm_reused_from_build_at"] == scratch["built_at"]
     # a change to the policy's own settings cannot reuse it
     with pytest.raises(ValueError, match="reuse_policy"):
         build_world(tmp_path / "x", reuse_policy=quick.root, **{**QUICK, "sft_steps": 21})
@@ -287,21 +300,21 @@ def test_shipped_world_is_the_default_build(monkeypatch, tmp_path):
     # the files shipped in objectives/tiny_world are a whole build of today's default recipe
     # (settings, task fingerprint, every file's sha256); a change to the recipe without a
     # rebuild of the shipped files fails here
-    manifest = check_cache(tb.SHIPPED_DIR, BuildSettings())
+    manifest = check_cache(tm.SHIPPED_DIR, BuildSettings())
     assert manifest is not None
     assert set(manifest["checksums"]) == {
-        p.relative_to(tb.SHIPPED_DIR).as_posix()
-        for part in tb.PARTS for p in (tb.SHIPPED_DIR / part).rglob("*") if p.is_file()}
+        p.relative_to(tm.SHIPPED_DIR).as_posix()
+        for part in tm.PARTS for p in (tm.SHIPPED_DIR / part).rglob("*") if p.is_file()}
     # and build_world() uses it as it is: no training, whatever the cache holds
-    monkeypatch.setenv(tb.CACHE_ENV, str(tmp_path / "empty-cache"))
+    monkeypatch.setenv(tm.CACHE_ENV, str(tmp_path / "empty-cache"))
     monkeypatch.setattr(tb, "_build_into", _raiser(AssertionError("built instead of shipped")))
-    assert build_world() == WorldPaths.at(tb.SHIPPED_DIR)
+    assert build_world() == WorldPaths.at(tm.SHIPPED_DIR)
     assert not (tmp_path / "empty-cache").exists()
 
 
 def test_other_settings_do_not_use_the_shipped_world(monkeypatch, tmp_path):
     counter = _Counter(monkeypatch)
-    monkeypatch.setenv(tb.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(tm.CACHE_ENV, str(tmp_path / "cache"))
     paths = build_world(**QUICK)
     assert paths.root == (tmp_path / "cache").absolute() and counter.calls == 1
 
@@ -315,7 +328,7 @@ def test_full_build_reproduces_the_shipped_world(tmp_path):
     paths = build_world(tmp_path / "world")
     elapsed = time.perf_counter() - start
     manifest = paths.read_manifest()
-    shipped = json.loads((tb.SHIPPED_DIR / tb.MANIFEST).read_text())
+    shipped = json.loads((tm.SHIPPED_DIR / tm.MANIFEST).read_text())
     assert manifest["checksums"] == shipped["checksums"], (manifest["versions"], shipped["versions"])
     metrics = manifest["metrics"]
     policy = metrics["policy"]
@@ -326,6 +339,7 @@ def test_full_build_reproduces_the_shipped_world(tmp_path):
     full, proxy = metrics["prm"], metrics["proxy_prm"]
     assert full["wrong_recall_policy"] >= 0.6 and full["false_alarm_policy"] <= 0.1, full
     assert proxy["wrong_recall_policy"] < full["wrong_recall_policy"] - 0.1, (proxy, elapsed)
+    assert proxy["false_alarm_policy"] <= 0.15, proxy
 
 
 def test_shipped_prms_judge_the_policys_own_steps():
@@ -340,18 +354,19 @@ def test_shipped_prms_judge_the_policys_own_steps():
     from objectives.verifier import LikelihoodVerifier
 
     torch.set_num_threads(1)
-    paths = WorldPaths.at(tb.SHIPPED_DIR)
+    paths = WorldPaths.at(tm.SHIPPED_DIR)
     policy = Qwen2ForCausalLM.from_pretrained(str(paths.policy))
     problems = tt.make_split("native", 1900)[1600:]
-    texts = tb.generate(policy, [p.prompt for p in problems], sample=True, seed=21,
+    texts = ttr.generate(policy, [p.prompt for p in problems], sample=True, seed=21,
                         max_new_tokens=48)
     data = [(p, t, "policy") for p, t in zip(problems, texts)]
     rates, sizes, auc = {}, {}, {}
     for part in ("prm", "proxy_prm"):
         model = Qwen2ForCausalLM.from_pretrained(str(getattr(paths, part)))
         sizes[part] = sum(x.numel() for x in model.parameters())
-        verifier = LikelihoodVerifier(model, build_tokenizer())
-        rates[part] = tb.verifier_metrics(verifier, data)
+        score = paths.read_manifest()["settings"][f"{part}_score"]  # as the objective reads it
+        verifier = LikelihoodVerifier(model, build_tokenizer(), score=score)
+        rates[part] = tpe.verifier_metrics(verifier, data)
         # threshold-free: how often a wrong step scores below a right one (AUROC, by counting)
         wrong, right = [], []
         for (p, t, _), sc in zip(data, verifier.step_scores([p.prompt for p in problems], texts)):
@@ -364,6 +379,8 @@ def test_shipped_prms_judge_the_policys_own_steps():
     assert full["wrong_steps_policy"] >= 60, full  # enough wrong steps to measure
     assert full["wrong_recall"] >= 0.6 and full["false_alarm"] <= 0.1, full
     assert sizes["proxy_prm"] < sizes["prm"]
-    # weaker: worse step accuracy and ranking of the same steps
+    # weaker: worse step accuracy, recall and ranking of the same steps, at sane false alarms
     assert proxy["step_accuracy"] < full["step_accuracy"], (proxy, full)
+    assert 0.3 <= proxy["wrong_recall"] < full["wrong_recall"] - 0.1, (proxy, full)
+    assert proxy["false_alarm"] <= 0.15, proxy
     assert 0.5 < auc["proxy_prm"] < auc["prm"], auc

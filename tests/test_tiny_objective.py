@@ -9,8 +9,9 @@ import torch
 
 from allocopt.allocation import Allocation, make_plan
 from allocopt.objective import objective_targets
-from objectives import tiny_build as tb
+from objectives import tiny_manifest as tm
 from objectives import tiny_tasks as tt
+from objectives import tiny_train as ttr
 from objectives.tiny import TinyObjective, TinySettings
 
 torch.set_num_threads(1)
@@ -33,7 +34,7 @@ def _answer(completion: str) -> int | None:
 @pytest.fixture(scope="module")
 def objective() -> TinyObjective:
     obj = TinyObjective(TinySettings(eval_problems=40, eval_batch_size=100))
-    assert obj.world().root == tb.SHIPPED_DIR  # the shipped world, no training
+    assert obj.world().root == tm.SHIPPED_DIR  # the shipped world, no training
     return obj
 
 
@@ -46,8 +47,8 @@ def test_targets_match_a_direct_evaluation(objective):
     # left padding), scored with the arithmetic computed here from the prompt
     native = tt.make_split("native", 640, 0)[600:]
     down = tt.make_split("downstream", 40, 0)
-    native_out = tb.generate(model, [p.prompt for p in native], sample=False, seed=0, max_new_tokens=48)
-    down_out = tb.generate(model, [p.prompt for p in down], sample=False, seed=0, max_new_tokens=48)
+    native_out = ttr.generate(model, [p.prompt for p in native], sample=False, seed=0, max_new_tokens=48)
+    down_out = ttr.generate(model, [p.prompt for p in down], sample=False, seed=0, max_new_tokens=48)
     hits = [_answer(c) == _left_to_right(p.prompt) for c, p in zip(down_out, down)]
     assert targets["pass_at_1"] == pytest.approx(sum(hits) / len(hits))
     native_hits = [_answer(c) == _left_to_right(p.prompt) for c, p in zip(native_out, native)]
