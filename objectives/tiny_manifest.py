@@ -226,7 +226,7 @@ def training_fields(s: BuildSettings, part: str) -> dict[str, Any]:
 
 
 def reusable_part(source: Path, manifest: dict[str, Any], s: BuildSettings,
-                   parts: Sequence[str]) -> bool:
+                  parts: Sequence[str]) -> bool:
     """Whether ``parts`` of the build in ``source`` (its ``manifest``) are what ``s`` would
     train: same deciding settings (:func:`training_fields`) and task fingerprint, every file
     present and matching its checksum."""
@@ -246,7 +246,8 @@ def reusable_policy(source: Path, s: BuildSettings) -> dict[str, Any] | None:
     """The manifest of the build in ``source`` when its tokenizer and base policy are what
     ``s`` would train (same policy settings and task fingerprint, files matching their
     checksums), so a build that changes only the PRMs can start from them; else ``None``.
-    (Its PRMs are reused too where their own training settings match: :func:`_build_into`.)"""
+    (Its PRMs are reused too where their own training settings match:
+    :func:`objectives.tiny_build.build_world`.)"""
     try:
         manifest = json.loads((Path(source) / MANIFEST).read_text())
         return manifest if reusable_part(source, manifest, s, ("tokenizer", "policy")) else None
