@@ -1,11 +1,13 @@
 """``allocopt account`` and ``allocopt plan``: FLOPs of a recipe, of an existing TRL or verl
 run (from its logs), and the plan a budget buys. Thin: parsing, printing; the math lives in
-:mod:`allocopt.recipe`, :mod:`allocopt.runlogs` and :mod:`allocopt.allocation`.
+:mod:`allocopt.recipe` (a :class:`~allocopt.setup.TrainingSetup` and what an account adds),
+:mod:`allocopt.runlogs` and :mod:`allocopt.allocation`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from allocopt.flops import PHASES, ConfigError, FlopAccount
+from allocopt.flops import PHASES, ConfigError, FlopAccount, ModelShape
 
 # This module does not import allocopt.cli (``python -m allocopt.cli`` runs that file as
 # ``__main__``): bad input is raised as ConfigError, which allocopt.cli.main turns into one line.
@@ -85,6 +87,7 @@ def account(
     reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
     reward_steps: Optional[float] = typer.Option(None, help="Steps per completion for a step-level PRM (one marker token each). \\[default: 0]"),
     engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + " \\[default: trl-vllm]"),
+    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens); part of the set-up's fingerprint. \\[default: the longest completion priced]"),
     from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
     from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
@@ -99,7 +102,7 @@ def account(
                  importance_sampling_correction=importance_sampling_correction,
                  lora_rank=lora_rank, lora_targets=lora_targets,
                  gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
-                 reward_steps=reward_steps, engine=engine)
+                 reward_steps=reward_steps, engine=engine, max_completion_length=max_completion_length)
     if peak_tflops is not None and not peak_tflops > 0:
         raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
     if from_trl is not None or from_verl is not None:
@@ -109,21 +112,20 @@ def account(
             raise UsageProblem("recipe: not used with --from-trl/--from-verl (flags override the log)")
         return _account_run(from_trl, from_verl, {k: v for k, v in given.items() if v is not None},
                             peak_tflops, as_json)
-    from allocopt.recipe import Recipe
+    from allocopt.recipe import account as price_run, read_recipe, recipe_dict
 
-    if recipe is not None:
-        r = Recipe.from_toml(recipe, **given)
-    else:
-        r = Recipe(**{k: v for k, v in given.items() if v is not None})
-    acct = r.account()
+    setup, r = read_recipe(recipe, **given)
+    policy = ModelShape.from_pretrained(setup.model)
+    acct = price_run(setup, r, policy)
     if as_json:
-        out.print_json(json.dumps({"recipe": r.to_dict(), **acct.to_dict()}))
+        out.print_json(json.dumps({"recipe": recipe_dict(setup, r),
+                                   "setup_fingerprint": setup.fingerprint(policy), **acct.to_dict()}))
         return
-    title = (f"{r.model}: {r.prompts} prompts x G={r.group_size}, {r.steps} step(s), "
-             f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={r.beta:g}, "
-             f"{'LoRA r=' + str(r.lora_rank) if r.lora_rank else 'full fine-tuning'}, "
-             f"checkpointing {'on' if r.gradient_checkpointing else 'off'}, "
-             f"reward: {r.reward_model or 'rule-based'}, engine {r.engine}")
+    title = (f"{setup.model}: {r.prompts} prompts x G={r.group_size}, {r.steps} step(s), "
+             f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={setup.beta:g}, "
+             f"{'LoRA r=' + str(setup.lora_rank) if setup.lora_rank else 'full fine-tuning'}, "
+             f"checkpointing {'on' if setup.gradient_checkpointing else 'off'}, "
+             f"reward: {r.reward_model or 'rule-based'}, engine {setup.engine}")
     out.print(breakdown_table(acct, title))
 
 
@@ -178,11 +180,12 @@ def plan(
                                                         help="TRL vllm_importance_sampling_correction: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho). Off in the runs allocopt plans; TRL's own default is on."),
     prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
     engine: str = typer.Option("trl-vllm", help=ENGINE_HELP),
+    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: --completion-tokens rounded up]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
-    from allocopt.allocation import Allocation, Workload, _default_reward_models, make_plan
-    from allocopt.flops import LoRASpec, ModelShape
+    from allocopt.allocation import Allocation, _default_reward_models, make_plan
+    from allocopt.setup import TrainingSetup
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     if not beta >= 0:
@@ -190,12 +193,12 @@ def plan(
     reward_models = {**_default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
     policy = ModelShape.from_pretrained(model)
     policy.check_length(round(prompt_tokens + completion_tokens))
-    w = Workload(policy=policy, reward_models=reward_models,
-                 rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
-                 completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
-                 lora=LoRASpec(lora_rank) if lora_rank else None, reference=beta > 0,
-                 gradient_checkpointing=gradient_checkpointing,
-                 importance_sampling_correction=importance_sampling_correction, engine=engine)
+    setup = TrainingSetup(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
+                          lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
+                          importance_sampling_correction=importance_sampling_correction, engine=engine,
+                          max_completion_length=max_completion_length or max(1, math.ceil(completion_tokens)))
+    w = setup.workload(policy, reward_models)
     p = make_plan(budget, alloc, w)
     if as_json:
         out.print_json(json.dumps(p.to_dict()))

@@ -1,40 +1,49 @@
-"""A GRPO recipe (what ``allocopt account`` prices) as a frozen config, loadable from TOML.
+"""What ``allocopt account`` prices: one :class:`~allocopt.setup.TrainingSetup` run at one
+allocation for some steps, read from flags or a TOML file.
 
-Standard library only.
+Standard library only. :func:`read_recipe` splits the keys (the long flags with ``_``) into
+
+* the :class:`~allocopt.setup.TrainingSetup` (the same class the plan, the meter and the
+  driver read, so the same TOML gives the same :meth:`~allocopt.setup.TrainingSetup.fingerprint`
+  here and in the driver), with two flag names kept: ``prompts × group_size`` is
+  :attr:`~allocopt.setup.TrainingSetup.rollouts_per_iteration` and ``reward_steps`` is
+  :attr:`~allocopt.setup.TrainingSetup.steps_per_completion`;
+* :class:`AccountedRun`: what an account adds to a set-up (steps, G, passes, minibatches, a
+  reward model, a lengths file or spread).
+
+Keys neither file nor flags give take :data:`ACCOUNT_DEFAULTS` (TRL's ``GRPOConfig`` defaults,
+since ``account`` prices TRL-style runs), then the set-up's own defaults.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from allocopt.flops import ConfigError, FlopAccount, LoRASpec, ModelShape
-from allocopt.tomlio import check_keys, read_toml
-from allocopt.grpo_flops import ENGINES, GRPOStep, grpo_step_flops
+from allocopt.flops import ConfigError, FlopAccount, ModelShape
+from allocopt.grpo_flops import GRPOStep, grpo_step_flops
 from allocopt.lengths import DISTRIBUTIONS, read_lengths, steps_from_rows, synthetic_completions
+from allocopt.setup import TrainingSetup
+from allocopt.tomlio import read_toml
+
+ACCOUNT_DEFAULTS: dict[str, Any] = {
+    "model": "Qwen/Qwen2.5-1.5B", "prompts": 64, "gradient_checkpointing": True,
+    "importance_sampling_correction": True, "steps_per_completion": 0.0}
+"""Account's defaults where they differ from :class:`TrainingSetup`'s: TRL's ``GRPOConfig``
+defaults (gradient checkpointing on, ``vllm_importance_sampling_correction`` on), 64 prompts a
+step, no PRM steps (a rule-based reward). ``max_completion_length`` defaults to the longest
+completion priced (rounded up)."""
+ALIASES = {"reward_steps": "steps_per_completion"}
+"""Flag names of set-up fields (``--reward-steps`` is :attr:`TrainingSetup.steps_per_completion`)."""
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """A GRPO training run described by its lengths and settings: enough to price it in FLOPs."""
+class AccountedRun:
+    """What an account adds to a :class:`TrainingSetup`: how many steps, at which G and
+    passes, with which reward model and completion-length spread."""
 
-    model: str = "Qwen/Qwen2.5-1.5B"
-    """Policy: a preset name, a folder with config.json, or a hub id."""
-    prompt_tokens: float = 103.0
-    """Mean prompt length (tokens)."""
-    completion_tokens: float = 304.0
-    """Mean completion length (tokens, EOS included)."""
-    completion_max: float = 0.0
-    """Longest completion of a step (tokens); 0: the mean. Used with ``length_distribution``."""
-    length_distribution: str = "constant"
-    """How completion lengths spread between the mean and ``completion_max``: constant,
-    uniform or one-long (:data:`allocopt.lengths.DISTRIBUTIONS`)."""
-    lengths: str = ""
-    """A lengths file (CSV or JSON lines, per completion: prompt_tokens, completion_tokens,
-    optional count; :mod:`allocopt.lengths`); when given, the means and the distribution are
-    not used and the account is the mean step of the file times ``steps``."""
     prompts: int = 64
     """Prompts per GRPO step (rollout batch = prompts × group_size)."""
     group_size: int = 8
@@ -48,39 +57,23 @@ class Recipe:
     """Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size, TRL
     steps_per_generation / gradient_accumulation_steps). FLOP-free: they split the rows of a
     pass; more than one makes the old-policy log-prob pass run."""
-    beta: float = 0.0
-    """KL coefficient; > 0 runs a reference log-prob pass."""
-    importance_sampling_correction: bool = True
-    """TRL vllm_importance_sampling_correction (default on): with trl-vllm it runs the
-    old-policy log-prob pass on every step."""
-    lora_rank: int = 32
-    """LoRA rank; 0 = full fine-tuning."""
-    lora_targets: str = "all-linear"
-    """LoRA target modules, comma separated, or all-linear."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in backward (torch non-reentrant); TRL's GRPOConfig default: on."""
     reward_model: str = ""
     """Reward model (preset, folder or hub id); empty = rule-based reward (0 FLOPs)."""
-    reward_steps: float = 0.0
-    """Steps per completion scored by a step-level PRM (one marker token each)."""
-    engine: str = "trl-vllm"
-    """Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm or verl."""
+    lengths: str = ""
+    """A lengths file (CSV or JSON lines, per completion: prompt_tokens, completion_tokens,
+    optional count; :mod:`allocopt.lengths`); when given, the means and the distribution are
+    not used and the account is the mean step of the file times ``steps``."""
+    completion_max: float = 0.0
+    """Longest completion of a step (tokens); 0: the mean. Used with ``length_distribution``."""
+    length_distribution: str = "constant"
+    """How completion lengths spread between the mean and ``completion_max``: constant,
+    uniform or one-long (:data:`allocopt.lengths.DISTRIBUTIONS`)."""
 
     def __post_init__(self) -> None:
-        for f in ("prompt_tokens", "completion_tokens"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
-                raise ConfigError(f"{f}={v!r}: must be a number of tokens >= 1")
-        for f in ("gradient_checkpointing", "importance_sampling_correction"):
-            v = getattr(self, f)
-            if not isinstance(v, bool):
-                raise ConfigError(f"{f}={v!r}: must be true or false (a TOML boolean, unquoted)")
-        for f in ("model", "lora_targets", "reward_model", "engine", "lengths", "length_distribution"):
-            v = getattr(self, f)
-            if not isinstance(v, str):
-                raise ConfigError(f"{f}={v!r}: must be a string")
-        for f, lo in (("prompts", 1), ("group_size", 2), ("steps", 1), ("lora_rank", 0),
-                      ("minibatches", 1)):
+        for f in ("reward_model", "lengths", "length_distribution"):
+            if not isinstance(getattr(self, f), str):
+                raise ConfigError(f"{f}={getattr(self, f)!r}: must be a string")
+        for f, lo in (("prompts", 1), ("group_size", 2), ("steps", 1), ("minibatches", 1)):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
@@ -89,75 +82,125 @@ class Recipe:
         if self.prompts * self.group_size > most:  # every row is priced: bound time and memory
             raise ConfigError(f"prompts x group_size={self.prompts} x {self.group_size}: must be "
                               f"at most {most} completions per step (each row is priced)")
-        for f in ("update_passes", "beta", "reward_steps", "completion_max"):
+        for f in ("update_passes", "completion_max"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{f}={v!r}: must be a number >= 0")
         if self.update_passes <= 0:
             raise ConfigError(f"update_passes={self.update_passes!r}: must be a positive number")
-        if self.completion_max and self.completion_max < self.completion_tokens:
-            raise ConfigError(f"completion_max={self.completion_max:g}: must be >= "
-                              f"completion_tokens={self.completion_tokens:g} (or 0: the mean)")
         if self.length_distribution not in DISTRIBUTIONS:
             raise ConfigError(f"length_distribution={self.length_distribution!r}: allowed: "
                               f"{', '.join(DISTRIBUTIONS)}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine={self.engine!r}: unknown; allowed: {', '.join(ENGINES)}")
-        if self.lora_rank:
-            LoRASpec(self.lora_rank, self.lora_targets)  # raises for bad targets
-
-    @classmethod
-    def from_toml(cls, path: str | Path, **overrides: Any) -> "Recipe":
-        """Read a recipe from a TOML file (keys as the field names, top level or under
-        ``[recipe]``); ``overrides`` that are not ``None`` win. Raises :class:`ConfigError`."""
-        data = read_toml(path, "recipe")
-        data = data.get("recipe", data)
-        check_keys(data, cls, "recipe")
-        return replace(cls(**data), **{k: v for k, v in overrides.items() if v is not None})
-
-    def policy_shape(self) -> ModelShape:
-        return ModelShape.from_pretrained(self.model)
-
-    def reward_shape(self) -> ModelShape | None:
-        return ModelShape.from_pretrained(self.reward_model) if self.reward_model else None
-
-    def grpo_steps(self) -> list[GRPOStep]:
-        """The step(s) whose mean, times ``steps``, is the run: every step of a lengths file,
-        else one step with completion lengths drawn from ``length_distribution``."""
-        n = self.prompts * self.group_size
-        kw = dict(update_passes=self.update_passes, reference=self.beta > 0,
-                  minibatches=self.minibatches,
-                  importance_sampling_correction=self.importance_sampling_correction)
-        if self.lengths:
-            rows = read_lengths(self.lengths)
-            steps = steps_from_rows(rows, self.prompts, self.group_size,
-                                    source=f"lengths={self.lengths!r}", **kw)
-            return [replace(s, reward_steps=(round(self.reward_steps),) * n) for s in steps]
-        completions = synthetic_completions(self.completion_tokens, self.completion_max, n,
-                                            self.length_distribution)
-        return [GRPOStep(prompt_tokens=(round(self.prompt_tokens),) * self.prompts,
-                         completion_tokens=completions, group_size=self.group_size,
-                         reward_steps=(round(self.reward_steps),) * n, **kw)]
-
-    def account(self) -> FlopAccount:
-        """Useful and executed FLOPs of the whole recipe: the mean of :meth:`grpo_steps`
-        times ``steps`` (exact when ``steps`` is a multiple of the number of distinct steps).
-
-        Raises:
-            ConfigError: a bad lengths file, or a sequence longer than the model's context or
-                sliding window.
-        """
-        policy = self.policy_shape()
-        steps = self.grpo_steps()
-        policy.check_length(max(p + c for s in steps for p, c in s.rows))
-        lora = LoRASpec(self.lora_rank, self.lora_targets) if self.lora_rank else None
-        reward = self.reward_shape()
-        total = sum(grpo_step_flops(policy, s, lora=lora,
-                                    gradient_checkpointing=self.gradient_checkpointing,
-                                    reward_model=reward, engine_name=self.engine) for s in steps)
-        if self.steps % len(steps) == 0:
-            return total * (self.steps // len(steps))
-        return total * (self.steps / len(steps))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+SETUP_KEYS = frozenset(f.name for f in fields(TrainingSetup)) - {"rollouts_per_iteration"}
+RUN_KEYS = frozenset(f.name for f in fields(AccountedRun))
+RECIPE_KEYS = SETUP_KEYS | RUN_KEYS | set(ALIASES)
+"""Every key a recipe (TOML or flags) may give."""
+
+
+def read_recipe(path: str | Path | None = None, **given: Any) -> tuple[TrainingSetup, AccountedRun]:
+    """The set-up and the run an account prices, from a TOML file (keys at top level or under
+    ``[recipe]``) and keyword overrides (``None``: not given; they win over the file).
+
+    Raises:
+        ConfigError: a missing or malformed file, an unknown key, a bad value (one line
+            naming the key), or a completion longer than ``max_completion_length``.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        table = read_toml(path, "recipe")
+        data.update(table.get("recipe", table))
+    data.update({k: v for k, v in given.items() if v is not None})
+    unknown = sorted(set(data) - RECIPE_KEYS)
+    if unknown:
+        raise ConfigError(f"recipe: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(RECIPE_KEYS))}")
+    for alias, name in ALIASES.items():
+        if alias in data and name in data:
+            raise ConfigError(f"{alias}, {name}: the same setting given twice; give one")
+        if alias in data:
+            data[name] = data.pop(alias)
+    data = {**ACCOUNT_DEFAULTS, **data}
+    run = AccountedRun(**{k: v for k, v in data.items() if k in RUN_KEYS})
+    kw = {k: v for k, v in data.items() if k in SETUP_KEYS}
+    if "max_completion_length" not in kw:
+        kw["max_completion_length"] = _longest_completion(run, kw.get("completion_tokens", 304.0))
+    setup = TrainingSetup(**kw, rollouts_per_iteration=run.prompts * run.group_size)
+    if run.completion_max and run.completion_max < setup.completion_tokens:
+        raise ConfigError(f"completion_max={run.completion_max:g}: must be >= "
+                          f"completion_tokens={setup.completion_tokens:g} (or 0: the mean)")
+    return setup, run
+
+
+def _longest_completion(run: AccountedRun, mean: Any) -> int:
+    """The default generation limit: the longest completion priced, rounded up."""
+    if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not math.isfinite(mean):
+        return 1  # the set-up refuses the mean itself, naming completion_tokens
+    longest = max(mean, run.completion_max)
+    if run.lengths:  # the file's lengths are priced; the mean must still be within the limit
+        longest = max([longest] + [c for _, c in read_lengths(run.lengths)])
+    return max(1, math.ceil(longest))
+
+
+def grpo_steps(setup: TrainingSetup, run: AccountedRun) -> list[GRPOStep]:
+    """The step(s) whose mean, times ``run.steps``, is the run: every step of a lengths file,
+    else one step with completion lengths drawn from ``run.length_distribution``."""
+    n = run.prompts * run.group_size
+    reward_steps = (round(setup.steps_per_completion),) * n
+    kw = dict(update_passes=run.update_passes, reference=setup.reference,
+              minibatches=run.minibatches,
+              importance_sampling_correction=setup.importance_sampling_correction)
+    if run.lengths:
+        rows = read_lengths(run.lengths)
+        steps = steps_from_rows(rows, run.prompts, run.group_size,
+                                source=f"lengths={run.lengths!r}", **kw)
+        return [replace(s, reward_steps=reward_steps) for s in steps]
+    completions = synthetic_completions(setup.completion_tokens, run.completion_max, n,
+                                        run.length_distribution)
+    return [GRPOStep(prompt_tokens=(round(setup.prompt_tokens),) * run.prompts,
+                     completion_tokens=completions, group_size=run.group_size,
+                     reward_steps=reward_steps, **kw)]
+
+
+def reward_shape(run: AccountedRun) -> ModelShape | None:
+    return ModelShape.from_pretrained(run.reward_model) if run.reward_model else None
+
+
+def account(setup: TrainingSetup, run: AccountedRun, policy: ModelShape | None = None) -> FlopAccount:
+    """Useful and executed FLOPs of the whole run: the mean of :func:`grpo_steps` times
+    ``run.steps`` (exact when ``steps`` is a multiple of the number of distinct steps).
+
+    Args:
+        policy: the policy's shape (default: read from ``setup.model``).
+
+    Raises:
+        ConfigError: a bad lengths file, or a sequence longer than the model's context or
+            sliding window.
+    """
+    policy = policy or ModelShape.from_pretrained(setup.model)
+    steps = grpo_steps(setup, run)
+    policy.check_length(max(p + c for s in steps for p, c in s.rows))
+    reward = reward_shape(run)
+    total = sum(grpo_step_flops(policy, s, lora=setup.lora,
+                                gradient_checkpointing=setup.gradient_checkpointing,
+                                reward_model=reward, engine_name=setup.engine) for s in steps)
+    if run.steps % len(steps) == 0:
+        return total * (run.steps // len(steps))
+    return total * (run.steps / len(steps))
+
+
+def price(path: str | Path | None = None, **given: Any) -> FlopAccount:
+    """``account(*read_recipe(path, **given))``: the FLOPs ``allocopt account`` prints."""
+    return account(*read_recipe(path, **given))
+
+
+def recipe_dict(setup: TrainingSetup, run: AccountedRun) -> dict[str, Any]:
+    """The recipe as ``account --json`` prints it: every set-up and run field."""
+    return {**setup.to_dict(), **run.to_dict()}
+
+
+__all__ = ["ACCOUNT_DEFAULTS", "AccountedRun", "RECIPE_KEYS", "account", "grpo_steps", "price",
+           "read_recipe", "recipe_dict", "reward_shape"]

@@ -10,11 +10,10 @@ data. From it come
   per-iteration charge; the driver recomputes the fingerprint from the model it loaded and the
   settings it runs and refuses a plan priced for another set-up (one line).
 
-``allocopt.recipe.Recipe`` (what ``allocopt account`` prices) describes the same run by its
-averages; its fields map one to one onto these (``model``, ``lora_rank``, ``lora_targets``,
-``gradient_checkpointing``, ``engine``, ``beta``, ``prompt_tokens``, ``completion_tokens``,
-``reward_steps`` = :attr:`steps_per_completion`, ``importance_sampling_correction`` =
-:attr:`vllm_importance_sampling`, ``prompts × group_size`` = one rollout batch).
+* what ``allocopt account`` and ``allocopt plan`` price: :func:`allocopt.recipe.read_recipe`
+  reads the same fields (flags or TOML) into a :class:`TrainingSetup` plus what an account
+  adds (steps, G, passes, a reward model, a length spread), so the same TOML gives the same
+  :meth:`TrainingSetup.fingerprint` in ``account --json`` and in the driver.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
-from allocopt.allocation import Workload, setup_fingerprint
+from allocopt.allocation import MAX_ROLLOUTS_PER_ITERATION, Workload, setup_fingerprint
 from allocopt.flops import ConfigError, LoRASpec, ModelShape
 from allocopt.grpo_flops import ENGINES
 
@@ -67,7 +66,7 @@ class TrainingSetup:
     """Expected longest completion of a batch, for engines that pad (default: the mean)."""
     steps_per_completion: float = 8.0
     """Expected reasoning steps per completion (one PRM marker token each)."""
-    vllm_importance_sampling: bool = False
+    importance_sampling_correction: bool = False
     """TRL's vLLM importance-sampling correction (``vllm_importance_sampling_correction``):
     with vLLM rollouts it runs an old-policy log-prob pass on every iteration, even at one
     update pass; the meter charges it. Off by default in allocopt's runs (TRL's default is
@@ -80,10 +79,17 @@ class TrainingSetup:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(f"model={self.model!r}: must be a hub id, preset name or local folder")
         for f, lo in (("lora_rank", 0), ("lora_alpha", 1), ("max_completion_length", 1),
-                      ("rollouts_per_iteration", 2), ("max_iterations", 1)):
+                      ("max_iterations", 1)):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
+                raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}"
+                                  + (" (0: full fine-tuning, else a positive integer: the LoRA rank)"
+                                     if f == "lora_rank" else ""))
+        n = self.rollouts_per_iteration
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= MAX_ROLLOUTS_PER_ITERATION:
+            raise ConfigError(f"rollouts_per_iteration={n!r}: must be an integer from 2 to "
+                              f"{MAX_ROLLOUTS_PER_ITERATION} (completions per iteration are priced "
+                              "row by row)")
         for f in ("prompt_tokens", "completion_tokens", "steps_per_completion"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
@@ -97,6 +103,9 @@ class TrainingSetup:
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) \
                 or not math.isfinite(self.beta) or self.beta < 0:
             raise ConfigError(f"beta={self.beta!r}: must be a number >= 0")
+        for f in ("gradient_checkpointing", "importance_sampling_correction", "divide_lr_by_passes"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f"{f}={getattr(self, f)!r}: must be true or false (a TOML boolean, unquoted)")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine={self.engine!r}: unknown; allowed: {', '.join(ENGINES)}")
         if not isinstance(self.lora_targets, str):
@@ -147,7 +156,7 @@ class TrainingSetup:
                         steps_per_completion=self.steps_per_completion, lora=self.lora,
                         reference=self.reference, gradient_checkpointing=self.gradient_checkpointing,
                         engine=self.engine, max_completion_length=self.max_completion_length,
-                        importance_sampling_correction=self.vllm_importance_sampling, **kw)
+                        importance_sampling_correction=self.importance_sampling_correction, **kw)
 
     def fingerprint(self, policy: ModelShape) -> str:
         """:func:`~allocopt.allocation.setup_fingerprint` of this set-up on ``policy``."""
@@ -155,7 +164,7 @@ class TrainingSetup:
                                  gradient_checkpointing=self.gradient_checkpointing,
                                  reference=self.reference,
                                  max_completion_length=self.max_completion_length,
-                                 importance_sampling_correction=self.vllm_importance_sampling)
+                                 importance_sampling_correction=self.importance_sampling_correction)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -64,7 +64,7 @@ class GRPOSettings:
     vllm_importance_sampling: bool = False
     """With ``engine="trl-vllm"``: TRL's ``vllm_importance_sampling_correction``, which runs an
     old-policy log-prob pass on every iteration (the meter charges it). Off by default, as
-    :attr:`allocopt.setup.TrainingSetup.vllm_importance_sampling` (why: the ρ floor it sets)."""
+    :attr:`allocopt.setup.TrainingSetup.importance_sampling_correction` (why: the ρ floor it sets)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of GPU memory vLLM may take in colocate mode (TRL's default)."""
 
@@ -87,7 +87,7 @@ class GRPOSettings:
                    temperature=setup.temperature, beta=setup.beta, engine=setup.engine,
                    gradient_checkpointing=setup.gradient_checkpointing,
                    max_iterations=setup.max_iterations, seed=seed,
-                   vllm_importance_sampling=setup.vllm_importance_sampling)
+                   vllm_importance_sampling=setup.importance_sampling_correction)
 
     @property
     def old_logprobs_every_iteration(self) -> bool:

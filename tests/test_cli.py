@@ -8,7 +8,7 @@ import pytest
 
 from allocopt.allocation import Allocation, Workload, make_plan
 from allocopt.flops import LoRASpec, ModelShape
-from allocopt.recipe import Recipe
+from allocopt.recipe import price
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -31,7 +31,7 @@ def test_account_json_matches_library():
             "-G", "5", "--prompt-tokens", "103", "--completion-tokens", "304", "--beta", "0.04", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    acct = Recipe(model="Qwen/Qwen2.5-3B", lora_rank=32, prompts=64, group_size=5, beta=0.04).account()
+    acct = price(model="Qwen/Qwen2.5-3B", lora_rank=32, prompts=64, group_size=5, beta=0.04)
     assert data["total_flops"] == acct.executed.total_flops
     assert data["search_flops"] + data["learning_flops"] + data["reward_flops"] == data["total_flops"]
     assert data["learning_ref_logprobs_flops"] > 0  # beta > 0 runs the reference pass
@@ -92,8 +92,8 @@ def test_recipe_toml(tmp_path):
     f.write_text('[recipe]\nmodel = "Qwen/Qwen2.5-0.5B"\nprompts = 8\ngroup_size = 4\n')
     r = run("account", "--recipe", str(f), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["total_flops"] == Recipe(model="Qwen/Qwen2.5-0.5B", prompts=8,
-                                                         group_size=4).account().executed.total_flops
+    assert json.loads(r.stdout)["total_flops"] == price(model="Qwen/Qwen2.5-0.5B", prompts=8,
+                                                         group_size=4).executed.total_flops
     f.write_text("prompts = [")
     bad = run("account", "--recipe", str(f))
     assert bad.returncode == 2 and "malformed TOML" in bad.stderr

@@ -17,7 +17,7 @@ import torch
 
 from allocopt.flops import MODULES, LoRASpec, ModelShape, forward_flops, generation_flops
 from allocopt.grpo_flops import ENGINES, GRPOStep, engine, grpo_step_flops, old_logprobs_pass
-from allocopt.recipe import Recipe
+from allocopt.recipe import price
 from flop_utils import count_flops, lora, shape_of, tiny_causal_lm
 
 torch.set_num_threads(1)
@@ -78,10 +78,10 @@ def test_minibatches_cost_no_flops_update_passes_do():
 
 @pytest.mark.parametrize("name", list(ENGINES))
 def test_useful_does_not_move_with_checkpointing(name):
-    r = Recipe(model="Qwen/Qwen2.5-3B", lora_rank=32, prompts=4, group_size=5, beta=0.04,
-               engine=name, completion_max=500, length_distribution="one-long")
-    on = dataclasses.replace(r, gradient_checkpointing=True).account()
-    off = dataclasses.replace(r, gradient_checkpointing=False).account()
+    r = dict(model="Qwen/Qwen2.5-3B", lora_rank=32, prompts=4, group_size=5, beta=0.04,
+             engine=name, completion_max=500, length_distribution="one-long")
+    on = price(**r, gradient_checkpointing=True)
+    off = price(**r, gradient_checkpointing=False)
     assert on.useful == off.useful and on.useful.learning["recompute"] == 0
     assert on.executed.learning["recompute"] > off.executed.learning["recompute"]
 

@@ -10,7 +10,7 @@ import pytest
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.grpo_flops import GRPOStep, grpo_step_flops
 from allocopt.lengths import read_lengths, steps_from_rows, synthetic_completions
-from allocopt.recipe import Recipe
+from allocopt.recipe import price
 
 # d=4, L=1, h=2, h_kv=1, d_h=2, f=8, V=10: layer weights 144, LM head 40, 16 FLOPs per key
 TOY = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 4, "num_hidden_layers": 1,
@@ -40,13 +40,13 @@ def test_histogram_equals_per_row_and_attention_is_per_row(toy, tmp_path):
     hist.write_text("prompt_tokens,completion_tokens,count\n100,2000,2\n100,52000,2\n")
     jl = tmp_path / "rows.jsonl"
     jl.write_text("".join(json.dumps({"prompt_tokens": p, "completion_tokens": c}) + "\n" for p, c in rows))
-    accts = [Recipe(model=toy, lengths=str(f), prompts=2, group_size=2, lora_rank=0,
-                    engine="verl").account() for f in (per_row, hist, jl)]
+    accts = [price(model=toy, lengths=str(f), prompts=2, group_size=2, lora_rank=0,
+                    engine="verl") for f in (per_row, hist, jl)]
     assert accts[0] == accts[1] == accts[2]
     expected = sum(_fwd(p + c, c) for p, c in rows)
     assert accts[0].useful.learning["forward"] == expected
-    mean = Recipe(model=toy, prompt_tokens=100, completion_tokens=27000, prompts=2, group_size=2,
-                  lora_rank=0, engine="verl").account()
+    mean = price(model=toy, prompt_tokens=100, completion_tokens=27000, prompts=2, group_size=2,
+                  lora_rank=0, engine="verl")
     assert mean.useful.learning["forward"] == 4 * _fwd(27100, 27000)
     # attention alone: the mean sees 4 * 27100*27101/2 key pairs, the rows 2*(2100*2101/2 +
     # 52100*52101/2): the mean is low by 1 - 1,469,018,200 / 2,718,022,000 = 46.0 %
@@ -60,11 +60,11 @@ def test_padding_follows_the_longest_row_of_the_batch(toy, tmp_path):
     positions; two steps in one file are padded each to its own longest row."""
     f = tmp_path / "two_steps.csv"
     f.write_text("prompt_tokens,completion_tokens\n3,2\n3,6\n5,1\n5,1\n")  # step 1, step 2
-    r = Recipe(model=toy, lengths=str(f), prompts=1, group_size=2, lora_rank=0,
-               gradient_checkpointing=False, engine="trl-cpu", steps=2)
+    r = dict(model=toy, lengths=str(f), prompts=1, group_size=2, lora_rank=0,
+             gradient_checkpointing=False, engine="trl-cpu", steps=2)
     full = lambda n: 2 * 144 * n + 16 * n * n + 80 * (n - 1)  # noqa: E731 (full attention)
     # step 1: rows of 3+6 = 9 tokens; step 2: 5+1 = 6; steps=2 over a 2-step file: each once
-    assert r.account().executed.learning["forward"] == 2 * full(9) + 2 * full(6)
+    assert price(**r).executed.learning["forward"] == 2 * full(9) + 2 * full(6)
 
 
 def test_named_distributions():
@@ -83,8 +83,8 @@ def test_named_distributions():
 def test_one_long_max_raises_padded_executed_flops_only(toy):
     kw = dict(model=toy, prompt_tokens=10, completion_tokens=20, prompts=2, group_size=4,
               lora_rank=0, engine="trl-gpu")
-    flat = Recipe(**kw).account()
-    spread = Recipe(**kw, completion_max=60, length_distribution="one-long").account()
+    flat = price(**kw)
+    spread = price(**kw, completion_max=60, length_distribution="one-long")
     # one row of 60, seven of round((8*20 - 60)/7) = 14: useful sums rows, executed pads to 60
     assert spread.useful.learning["forward"] == _fwd(70, 60) + 7 * _fwd(24, 14)
     # executed: every row padded to 10 + 60 = 70 tokens (flash: causal pairs); trl-gpu's fused

@@ -99,7 +99,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     from allocopt.allocation import iteration_flops
     from objectives.grpo import GRPOSettings, _Hooks
 
-    setup = TrainingSetup(engine=engine_name, vllm_importance_sampling=correction,
+    setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
                           completion_tokens=300, prompt_tokens=100)
     w = setup.workload(POLICY)
     alloc = Allocation(rho=0.3, group_size=8, reward="sparse")
@@ -112,3 +112,41 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
         assert charged == iteration_flops(w, alloc, rows).executed
         old = charged.learning.get("old_logprobs", 0)
         assert (old > 0) is (engine_name == "trl-vllm" and correction)
+
+
+def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
+    """``allocopt account --recipe FILE`` and the ``qwen`` driver read the same TOML into the
+    same :class:`TrainingSetup`: the fingerprint account prints is the one the driver computes
+    from the model it loads (its config through transformers) and the settings it runs."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import Qwen2Config
+
+    from objectives.grpo import GRPOSettings
+    from objectives.qwen import QwenObjective
+    from allocopt.tomlio import read_toml
+
+    cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 2048,
+           "tie_word_embeddings": True}
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text(json.dumps(cfg))
+    f = tmp_path / "setup.toml"
+    f.write_text(f'[recipe]\nmodel = "{tmp_path / "policy"}"\nlora_rank = 16\nlora_targets = "q_proj,v_proj"\n'
+                 'engine = "trl-gpu"\ngradient_checkpointing = false\nbeta = 0.04\n'
+                 'max_completion_length = 512\nimportance_sampling_correction = false\n')
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "account", "--recipe", str(f), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)["setup_fingerprint"]
+    setup = QwenObjective.from_settings(**read_toml(f, "recipe")["recipe"]).settings.setup
+    loaded = ModelShape.from_config(Qwen2Config(**cfg).to_dict())
+    assert GRPOSettings.from_setup(setup).fingerprint(loaded) == printed
+    # the flags win over the file, and the fingerprint follows them
+    from allocopt.recipe import read_recipe
+
+    assert read_recipe(f)[0].fingerprint(loaded) == printed
+    assert read_recipe(f, lora_rank=8)[0].fingerprint(loaded) != printed

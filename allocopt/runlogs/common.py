@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from allocopt.flops import PHASES, ConfigError, FlopAccount
 from allocopt.grpo_flops import grpo_step_flops
-from allocopt.flops import LoRASpec
 
 
 class RunLogError(ValueError):
@@ -38,7 +37,7 @@ class ImportedRun:
     source: str = ""
     """The file or folder read."""
     settings: Mapping[str, Any] = field(default_factory=dict)
-    """The recipe settings the account used (``Recipe`` field names; lengths vary per step)."""
+    """The recipe settings the account used (:data:`allocopt.recipe.RECIPE_KEYS`; lengths vary per step)."""
 
     def achieved(self, peak_tflops: float | None = None) -> dict[str, dict[str, float | None]]:
         """Per phase with timings: ``seconds``, executed ``flops_per_second`` (all devices),
@@ -79,13 +78,14 @@ class LoggedStep:
 
 
 def recipe_fields() -> set[str]:
-    from allocopt.recipe import Recipe
+    """Keys a recipe may give (:data:`allocopt.recipe.RECIPE_KEYS`)."""
+    from allocopt.recipe import RECIPE_KEYS
 
-    return {f.name for f in fields(Recipe)}
+    return set(RECIPE_KEYS)
 
 
 def check_overrides(source: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Overrides that are ``Recipe`` fields (``None`` dropped); else :class:`RunLogError`."""
+    """Overrides that are recipe keys (``None`` dropped); else :class:`RunLogError`."""
     known = recipe_fields() - {"lengths", "steps", "prompt_tokens", "completion_tokens",
                                "completion_max", "length_distribution"}
     bad = sorted(set(overrides) - known)
@@ -102,31 +102,34 @@ def account_steps(source: str, settings: dict[str, Any], logged: list[LoggedStep
     Raises:
         RunLogError: the settings or a step's lengths are invalid (the message names which).
     """
-    from allocopt.recipe import Recipe
+    from allocopt.flops import ModelShape
+    from allocopt.recipe import grpo_steps, read_recipe, reward_shape
 
     if not logged:
         raise RunLogError(f"{source}: no training step with completion lengths in the log")
+    longest = max(max(s.completion_max or 0.0, s.completion_mean) for s in logged)
     try:
-        base = Recipe(**settings)
-        policy = base.policy_shape()
-        reward = base.reward_shape()
+        setup, base = read_recipe(None, **{"max_completion_length": max(1, math.ceil(longest)),
+                                           "completion_tokens": max(1.0, logged[0].completion_mean),
+                                           **settings})
+        policy = ModelShape.from_pretrained(setup.model)
+        reward = reward_shape(base)
     except ConfigError as e:
         raise RunLogError(f"{source}: {e}") from None
-    lora = LoRASpec(base.lora_rank, base.lora_targets) if base.lora_rank else None
     total: FlopAccount | int = 0
     for i, s in enumerate(logged):
         try:
             cmax = s.completion_max if s.completion_max and s.completion_max > s.completion_mean else 0.0
-            r = replace(base, prompt_tokens=max(1.0, s.prompt_mean),
-                        completion_tokens=max(1.0, s.completion_mean), completion_max=cmax,
-                        length_distribution="one-long" if cmax else "constant")
-            (step,) = r.grpo_steps()
+            st = replace(setup, prompt_tokens=max(1.0, s.prompt_mean),
+                         completion_tokens=max(1.0, s.completion_mean))
+            r = replace(base, completion_max=cmax, length_distribution="one-long" if cmax else "constant")
+            (step,) = grpo_steps(st, r)
             policy.check_length(max(p + c for p, c in step.rows))
         except ConfigError as e:
             raise RunLogError(f"{source}: logged step {i + 1}: {e}") from None
-        one = grpo_step_flops(policy, step, lora=lora,
-                              gradient_checkpointing=base.gradient_checkpointing,
-                              reward_model=reward, engine_name=base.engine)
+        one = grpo_step_flops(policy, step, lora=setup.lora,
+                              gradient_checkpointing=setup.gradient_checkpointing,
+                              reward_model=reward, engine_name=setup.engine)
         total = total + (one * int(s.weight) if float(s.weight).is_integer() else one * s.weight)
     assert isinstance(total, FlopAccount)
     return total

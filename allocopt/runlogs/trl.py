@@ -50,7 +50,7 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
 
     Args:
         path: a TRL ``output_dir`` or one ``checkpoint-*`` folder in it.
-        overrides: :class:`~allocopt.recipe.Recipe` fields that win over the folder (``model``
+        overrides: :data:`~allocopt.recipe.RECIPE_KEYS` that win over the folder (``model``
             is needed when the folder names no base model; ``world_size`` is not a field:
             pass ``prompts`` for a multi-process run).
 
