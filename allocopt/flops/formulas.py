@@ -1,0 +1,265 @@
+"""Per-pass FLOP formulas: forward, backward, training, generation and reward-model passes of
+a :class:`~allocopt.flops.shapes.ModelShape`. Part of :mod:`allocopt.flops` (standard
+library only; the conventions and sources are in that package's docstring).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from allocopt.flops.shapes import ConfigError, LoRASpec, ModelShape
+
+
+Attention = Literal["causal", "full"]
+"""How prefill attention is counted. ``causal``: a query at position ``i`` sees ``i + 1`` keys
+(what is useful; what flash kernels roughly execute). ``full``: every query sees every key of
+the block, masked or not (what eager and SDPA-math attention execute, and what
+``FlopCounterMode`` counts for both)."""
+
+
+# ============================================================================ forward
+def attention_keys(num_tokens: int, past_tokens: int = 0, attention: Attention = "causal") -> int:
+    """Keys seen in all by ``num_tokens`` new queries appended to ``past_tokens`` cached ones.
+
+    ``causal``: ``n·c + n(n+1)/2``; ``full``: ``n·(c + n)``.
+    """
+    n, c = num_tokens, past_tokens
+    if attention == "causal":
+        return n * c + n * (n + 1) // 2
+    if attention == "full":
+        return n * (c + n)
+    raise ConfigError(f"attention={attention!r}: must be causal or full")
+
+
+def forward_flops(
+    shape: ModelShape,
+    num_tokens: int,
+    *,
+    past_tokens: int = 0,
+    num_logits: int = 0,
+    attention: Attention = "causal",
+    lora: LoRASpec | None = None,
+) -> int:
+    """FLOPs of one forward over ``num_tokens`` new tokens of one sequence.
+
+    Args:
+        shape: the model.
+        num_tokens: new tokens fed (prefill length, or 1 for a decode step).
+        past_tokens: tokens already in the KV cache.
+        num_logits: positions at which the output head is applied (``lm``: logits).
+        attention: ``causal`` or ``full`` counting of attention (module docstring).
+        lora: adapters active in this pass (unmerged adapters cost their own matmuls).
+
+    Returns:
+        FLOPs (int). For a batch, sum over its rows (padded rows: pass padded lengths).
+    """
+    # 1. linear layers: 2 FLOPs per weight per token (Kaplan et al. 2020, Table 1)
+    linear = 2 * shape.layer_matmul_params * shape.num_layers * num_tokens
+    # 2. LoRA adapters, unmerged: A (d_in -> r) then B (r -> d_out) on every token
+    adapters = (lora.adapter_flops_per_token(shape) if lora else 0) * num_tokens
+    # 3. attention: scores QKᵀ and weighted sum PV, 2·h·d_h FLOPs per (query, key) each
+    attn = 4 * shape.num_heads * shape.head_dim * shape.num_layers * attention_keys(
+        num_tokens, past_tokens, attention)
+    # 4. output head at the positions asked for; the input embedding is a lookup (0 FLOPs)
+    head = 2 * shape.head_matmul_params * num_logits
+    return linear + adapters + attn + head
+
+
+def backward_flops(
+    shape: ModelShape,
+    num_tokens: int,
+    *,
+    num_logits: int,
+    attention: Attention = "causal",
+    lora: LoRASpec | None = None,
+    input_requires_grad: bool = False,
+    fused_attention: bool = True,
+) -> dict[str, int]:
+    """FLOPs of the backward pass of one forward (no KV cache) of one sequence.
+
+    Full fine-tuning (``lora=None``): every matrix product needs both the input and the weight
+    gradient, so backward = 2 × forward (the embedding gradient is a scatter-add, 0 FLOPs).
+
+    LoRA on a frozen base: frozen weights pay only their input gradient (1 × forward), the
+    attention products 2 × forward, each adapter its two weight gradients and its input
+    gradients. Autograd skips input gradients no parameter needs: in the first layer, a
+    frozen module that reads the embedding output directly (q/k/v, and gate/up when no
+    attention module carries an adapter) pays nothing unless ``input_requires_grad``
+    (``enable_input_require_grads``, which transformers and TRL turn on with gradient
+    checkpointing).
+
+    Attention backward. With ``fused_attention`` (SDPA's fused kernels: flash, memory-efficient,
+    and ``_scaled_dot_product_flash_attention_for_cpu`` on CPU) attention pays dQ, dK, dP, dV
+    whenever any of Q, K, V needs a gradient, *and* recomputes the scores ``QKᵀ`` (the kernel
+    keeps only the log-sum-exp): five products, 2.5 × the attention forward, as
+    ``torch.utils.flop_counter.sdpa_backward_flop_count`` counts them. Without it (eager
+    attention under autograd) each of the four products is paid only when its operand needs a
+    gradient and nothing is recomputed: at most 2 × the attention forward. (Fix, measured with
+    ``FlopCounterMode``: the fused case used to count 2 ×, missing the recomputed scores.)
+
+    Returns:
+        ``{"backward": FLOPs}`` split as ``{"backward_layers", "backward_head"}`` plus the total
+        under ``"backward"``. The output head is frozen under LoRA (input gradient only) and
+        trained under full fine-tuning (input + weight gradient).
+    """
+    lin = shape.linear_shapes()
+    attn_fwd = 4 * shape.num_heads * shape.head_dim * attention_keys(num_tokens, 0, attention)
+    # fused kernel: dQ, dK, dP, dV plus the recomputed scores QKᵀ, 5 × (attn_fwd / 2)
+    # (torch.utils.flop_counter.sdpa_backward_flop_count; Dao 2023, FlashAttention-2, Alg. 2)
+    attn_fused = attn_fwd // 2 * 5
+    head_fwd = 2 * shape.head_matmul_params * num_logits
+    if lora is None:  # full fine-tuning: input and weight gradient everywhere
+        attn_bwd = attn_fused if fused_attention else 2 * attn_fwd
+        layers = shape.num_layers * (2 * 2 * shape.layer_matmul_params * num_tokens + attn_bwd)
+        head = 2 * head_fwd
+        return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
+
+    targets, r = set(lora.target_modules), lora.rank
+    layers = 0
+    grad_in = input_requires_grad  # does the residual stream entering this layer need a gradient?
+    for _ in range(shape.num_layers):
+        cost = 0
+
+        def module(name: str, input_grad: bool) -> bool:
+            """Backward of one linear module; returns whether its output needs a gradient."""
+            nonlocal cost
+            d_in, d_out = lin[name]
+            if input_grad:
+                cost += 2 * d_in * d_out * num_tokens  # frozen W: input gradient only
+            if name in targets:
+                cost += 2 * r * d_out * num_tokens * 2  # B: weight grad + grad of A·x
+                cost += 2 * r * d_in * num_tokens  # A: weight grad
+                if input_grad:
+                    cost += 2 * r * d_in * num_tokens  # A: input grad
+            return input_grad or name in targets
+
+        q, k, v = (module(m, grad_in) for m in ("q_proj", "k_proj", "v_proj"))
+        attn_out = q or k or v
+        if attn_out and fused_attention:
+            cost += attn_fused  # dQ, dK, dP, dV and the recomputed scores, one kernel
+        elif attn_out:  # each half of attn_fwd is one product; its backward, per operand
+            cost += attn_fwd // 2 * (q + k + (q or k) + v)  # dQ, dK, dP, dV
+        o = module("o_proj", attn_out)
+        h1 = grad_in or o
+        gate, up = module("gate_proj", h1), module("up_proj", h1)
+        down = module("down_proj", gate or up)
+        grad_in = h1 or down
+        layers += cost
+    head = head_fwd if grad_in else 0  # frozen head: input gradient only
+    return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
+
+
+def training_flops(
+    shape: ModelShape,
+    num_tokens: int,
+    *,
+    num_logits: int,
+    attention: Attention = "causal",
+    lora: LoRASpec | None = None,
+    gradient_checkpointing: bool = False,
+    input_requires_grad: bool | None = None,
+    head_recompute: bool = False,
+    fused_attention: bool = True,
+    reentrant_checkpoint: bool = False,
+) -> dict[str, int]:
+    """Forward + backward FLOPs of one training pass over one sequence (no KV cache).
+
+    Args:
+        shape: the model.
+        num_tokens: tokens of the sequence (prompt + completion).
+        num_logits: positions where the head is applied (completion tokens in GRPO).
+        attention, lora: as in :func:`forward_flops`.
+        gradient_checkpointing: each decoder layer's forward runs again during backward (HF
+            checkpoints whole decoder layers; the head is not recomputed). With torch's
+            non-reentrant checkpoint (``use_reentrant=False``: the default of transformers 5
+            and of TRL) the recompute stops as soon as the last tensor saved for backward is
+            back ("early stop", ``torch.utils.checkpoint``). A matmul saves its *inputs*, which
+            exist before it runs, so each layer's last matmul is not recomputed: ``down_proj``,
+            or the ``B`` of its adapter when ``down_proj`` carries one. (Fix, measured with
+            ``FlopCounterMode``: the whole layer used to be counted.)
+        input_requires_grad: whether the embedding output needs a gradient; default: with
+            gradient checkpointing under LoRA (transformers' ``gradient_checkpointing_enable``
+            and TRL both call ``enable_input_require_grads``).
+        head_recompute: the head's forward runs again in backward (TRL's chunked fused LM
+            head recomputes each logits tile rather than storing it).
+        fused_attention: attention backward as one fused kernel (SDPA, with the scores
+            recomputed) or per product (eager); see :func:`backward_flops`.
+        reentrant_checkpoint: the checkpoint is torch's reentrant one
+            (``use_reentrant=True``), which recomputes each layer's whole forward.
+
+    Returns:
+        ``{"forward", "backward", "recompute"}`` in FLOPs (and ``"total"``).
+    """
+    if input_requires_grad is None:
+        input_requires_grad = gradient_checkpointing and lora is not None
+    fwd = forward_flops(shape, num_tokens, num_logits=num_logits, attention=attention, lora=lora)
+    bwd = backward_flops(shape, num_tokens, num_logits=num_logits, attention=attention, lora=lora,
+                         input_requires_grad=input_requires_grad,
+                         fused_attention=fused_attention)["backward"]
+    recompute = 0
+    if gradient_checkpointing:  # the decoder layers' forward again; the head is not checkpointed
+        recompute += forward_flops(shape, num_tokens, attention=attention, lora=lora)
+        if not reentrant_checkpoint:  # early stop: each layer's last matmul is not rerun
+            d_in, d_out = shape.linear_shapes()["down_proj"]
+            on_adapter = lora is not None and "down_proj" in lora.target_modules
+            last = 2 * lora.rank * d_out if on_adapter else 2 * d_in * d_out
+            recompute -= shape.num_layers * last * num_tokens
+    if head_recompute:
+        recompute += 2 * shape.head_matmul_params * num_logits
+    return {"forward": fwd, "backward": bwd, "recompute": recompute, "total": fwd + bwd + recompute}
+
+
+def generation_flops(
+    shape: ModelShape,
+    prompt_tokens: int,
+    completion_tokens: int,
+    *,
+    attention: Attention = "causal",
+    lora: LoRASpec | None = None,
+) -> dict[str, int]:
+    """FLOPs of sampling one completion with a KV cache.
+
+    The prompt is prefilled in one forward with logits at its last position only; that
+    position yields completion token 1. Each further token costs one decode step that feeds
+    the previous token: step ``j`` (``j = 1 … T-1``) sees ``prompt + j`` keys. A completion of
+    ``T`` tokens (EOS included) costs one prefill and ``T - 1`` decode steps.
+
+    Returns:
+        ``{"prefill", "decode", "total"}`` in FLOPs.
+    """
+    if completion_tokens < 0 or prompt_tokens < 1:
+        raise ConfigError(f"prompt_tokens={prompt_tokens}, completion_tokens={completion_tokens}: "
+                          "need prompt_tokens >= 1 and completion_tokens >= 0")
+    if completion_tokens == 0:
+        return {"prefill": 0, "decode": 0, "total": 0}
+    prefill = forward_flops(shape, prompt_tokens, num_logits=1, attention=attention, lora=lora)
+    steps = completion_tokens - 1
+    # Σ_{j=1}^{T-1} keys(prompt + j): one query per step, closed form of the arithmetic series
+    decode_keys = steps * prompt_tokens + steps * (steps + 1) // 2
+    per_token = (2 * shape.layer_matmul_params * shape.num_layers
+                 + (lora.adapter_flops_per_token(shape) if lora else 0)
+                 + 2 * shape.head_matmul_params)
+    decode = steps * per_token + 4 * shape.num_heads * shape.head_dim * shape.num_layers * decode_keys
+    return {"prefill": prefill, "decode": decode, "total": prefill + decode}
+
+
+def reward_model_flops(
+    shape: ModelShape,
+    num_tokens: int,
+    *,
+    num_steps: int = 0,
+    attention: Attention = "causal",
+) -> int:
+    """FLOPs of one reward-model forward over prompt + completion (no decoding).
+
+    A step-level PRM (Qwen2.5-Math-PRM style) reads one extra marker token per step
+    (``num_steps``). ``score`` and ``prm`` heads run at every position (as HF's heads do);
+    an ``lm`` head is treated as a verifier that reads the logits at the last position.
+    """
+    n = num_tokens + num_steps
+    head_positions = 1 if shape.head == "lm" else n
+    return forward_flops(shape, n, num_logits=head_positions, attention=attention)
+
+
+__all__ = ["Attention", "attention_keys", "backward_flops", "forward_flops", "generation_flops",
+           "reward_model_flops", "training_flops"]
