@@ -147,7 +147,7 @@ class ModelReward(_Base):
                                    scores.min() if self.aggregate == "min" else scores.prod())
             executed += len(rows) * self._flops(width, self.executed_attention)
             for i in rows:
-                useful += self._flops(len(encoded[i][0]), "causal")
+                useful += self._flops(len(encoded[i][0]), "causal", executed=False)
                 num_tokens += len(encoded[i][0])
         self._add_usage(RewardUsage(useful_flops=useful, executed_flops=executed,
                                     wall_seconds=time.perf_counter() - start,
@@ -170,8 +170,9 @@ class ModelReward(_Base):
         n = min(self.max_length, prompt_tokens + 2 * completion_tokens)
         return num_completions * self._flops(n, self.executed_attention)
 
-    def _flops(self, num_tokens: int, attention: str) -> int:
-        """One forward over ``num_tokens`` tokens (markers included), head at every position."""
+    def _flops(self, num_tokens: int, attention: str, executed: bool = True) -> int:
+        """One forward over ``num_tokens`` tokens (markers included), head at every position
+        (``executed=False``: only what the score needs, for useful FLOPs)."""
         from allocopt.flops import reward_model_flops
 
         # reward_model_flops(n, num_steps=k) reads n + k tokens; the markers are already in ids

@@ -70,6 +70,9 @@ class CardPRM(ModelReward):
             self.marker_id = int(tokenizer.encode("\n", add_special_tokens=False)[-1])
             # a value head Linear(d, 1) at every position (skywork-o1-prm-inference ValueHead)
             self.shape = dataclasses.replace(self.shape, head="score", num_labels=1)
+        # PRM_MODEL runs the whole causal LM (its logits over the vocabulary at every position,
+        # unused here) and reads the value head off the last hidden states
+        self.runs_lm_head = bool(getattr(model, "runs_lm_head", False))
         self._overhead = len(self.encode("", "x")[0])  # template tokens around one 1-token step
 
     def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
@@ -111,6 +114,14 @@ class CardPRM(ModelReward):
         if self.prm_format == "skywork-o1-prm":
             return logits.float()[..., 0]  # the wrapper returns sigmoid(value) already
         return super().step_probabilities(logits)
+
+    def _flops(self, num_tokens: int, attention: str, executed: bool = True) -> int:
+        """As :meth:`ModelReward._flops`; executed FLOPs of a model that also runs its LM head
+        (Skywork's ``PRM_MODEL``) add ``2·d·V`` per position (Kaplan et al. 2020, §2.1)."""
+        out = super()._flops(num_tokens, attention, executed)
+        if executed and self.runs_lm_head:
+            out += 2 * self.shape.hidden_size * self.shape.vocab_size * num_tokens
+        return out
 
     def worst_case_flops(self, prompt_tokens: int, completion_tokens: int, num_completions: int) -> int:
         """As :meth:`ModelReward.worst_case_flops`, plus the card template's own tokens."""
@@ -174,17 +185,28 @@ def load_prm(name: str, *, reward: str = "prm", aggregate: str = "min", batch_si
 
 
 def _load_skywork(path: str, dtype: Any, field: str, name: str) -> tuple[Any, Any]:
+    """Skywork's ``PRM_MODEL`` from ``path`` in :func:`skywork_value` and its tokenizer.
+    Raises :class:`ConfigError` (one line naming what to install) without the package."""
     try:
         from model_utils.prm_model import PRM_MODEL  # SkyworkAI/skywork-o1-prm-inference
     except ImportError:
         raise ConfigError(f"{field}={name!r}: the skywork-o1-prm card format needs the "
                           "skywork-o1-prm-inference package (git clone "
                           "https://github.com/SkyworkAI/skywork-o1-prm-inference; pip install -e .)") from None
-    import torch
     from transformers import AutoTokenizer
 
-    class _SigmoidValue(torch.nn.Module):
-        """``b x t x 1`` sigmoid value per position, from PRM_MODEL(return_probs=True)."""
+    inner = PRM_MODEL.from_pretrained(path, device_map=None, torch_dtype=dtype).eval()
+    return skywork_value(inner), AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+
+
+def skywork_value(inner: Any) -> Any:
+    """A module returning ``(b x t x 1 sigmoid value,)`` per position from a Skywork
+    ``PRM_MODEL`` (``forward(input_ids, attention_mask, return_probs=True)`` gives
+    ``(lm_logits, loss, value)``), marked ``runs_lm_head`` for the FLOP count."""
+    import torch
+
+    class SkyworkValue(torch.nn.Module):
+        runs_lm_head = True
 
         def __init__(self, inner: Any) -> None:
             super().__init__()
@@ -196,9 +218,8 @@ def _load_skywork(path: str, dtype: Any, field: str, name: str) -> tuple[Any, An
             _, _, rewards = self.inner(input_ids=input_ids, attention_mask=attention_mask, return_probs=True)
             return (rewards.unsqueeze(-1),)
 
-    inner = PRM_MODEL.from_pretrained(path, device_map=None, torch_dtype=dtype).eval()
-    return _SigmoidValue(inner), AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    return SkyworkValue(inner)
 
 
 __all__ = ["CardPRM", "FORMATS", "PRM_FORMATS", "QWEN_PRM_MARKER", "QWEN_PRM_SYSTEM",
-           "load_prm", "prm_format_of"]
+           "load_prm", "prm_format_of", "skywork_value"]

@@ -117,5 +117,28 @@ def build_prm(folder: str | os.PathLike, tokenizer: Any, config: dict | None = N
     return Path(folder)
 
 
+def build_skywork_prm(folder: str | os.PathLike, tokenizer: Any, config: dict | None = None,
+                      seed: int = 2) -> Path:
+    """A random Skywork-o1-Open-PRM-shaped model in ``folder``: a ``Qwen2ForCausalLM`` and a
+    value head ``Linear(d, 1)`` whose weights sit in the same ``model.safetensors`` as
+    ``v_head.summary.weight`` / ``v_head.summary.bias`` (the layout Skywork's ``PRM_MODEL``
+    loads), ``config.json`` naming ``allocopt_prm_format = "skywork-o1-prm"``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = _config(config, tokenizer, tie_word_embeddings=True, allocopt_prm_format="skywork-o1-prm")
+    Qwen2ForCausalLM(cfg).save_pretrained(os.fspath(folder))
+    tokenizer.save_pretrained(os.fspath(folder))
+    weights = Path(folder) / "model.safetensors"
+    state = load_file(os.fspath(weights))
+    head = torch.nn.Linear(cfg.hidden_size, 1)
+    state.update({"v_head.summary.weight": head.weight.detach().clone(),
+                  "v_head.summary.bias": head.bias.detach().clone()})
+    save_file(state, os.fspath(weights), metadata={"format": "pt"})
+    return Path(folder)
+
+
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TINY_POLICY", "build_policy", "build_prm",
-           "build_tokenizer"]
+           "build_skywork_prm", "build_tokenizer"]

@@ -151,3 +151,67 @@ def test_unknown_card_format_and_missing_prm_are_one_line(qwen_world, tmp_path):
     assert time.perf_counter() - t0 < 5
     with pytest.raises(ConfigError, match="prm_format='bogus'"):
         CardPRM(None, None, prm_format="bogus")
+
+
+SKYWORK_STANDIN = __import__("pathlib").Path(__file__).parent / "skywork_standin"
+
+
+@pytest.fixture
+def skywork_package(monkeypatch):
+    """The stand-in of Skywork's inference package (``tests/skywork_standin``) on the path."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(SKYWORK_STANDIN))
+    yield
+    for m in ("model_utils", "model_utils.prm_model"):  # imported by the test: not left behind
+        sys.modules.pop(m, None)
+
+
+def test_skywork_stand_in_loads_scores_and_counts_its_flops(qwen_world, tmp_path, skywork_package):
+    """A Skywork-o1-Open-PRM-shaped stand-in (Qwen2 causal LM + value head Linear(d, 1) in one
+    checkpoint, read through the package's ``PRM_MODEL``): ``load_prm`` reads it; each step
+    score is sigmoid(value head) at the step's newline, recomputed here from the backbone's
+    last hidden states; executed FLOPs equal FlopCounterMode and the formula by hand (the LM
+    head over the vocabulary runs at every position too)."""
+    from objectives.standins import build_skywork_prm
+
+    register_cpu_sdpa_flops()
+    folder = build_skywork_prm(tmp_path / "skywork", qwen_world["tokenizer"])
+    prm = load_prm(str(folder), reward="proxy_prm", aggregate="min", batch_size=2)
+    assert prm.prm_format == "skywork-o1-prm" and prm.runs_lm_head
+    solutions = [SOLUTION, "x", "a\nb\nc"]
+    with FlopCounterMode(display=False) as counter:
+        got = prm(prompts=[""] * 3, completions=solutions, problem=[PROBLEM] * 3)
+    usage = prm.consume_usage()
+    inner = prm.model.inner
+    head = inner.v_head.summary
+    for sol, value in zip(solutions, got):
+        ids, pos, _ = prm.encode(PROBLEM, sol)
+        with torch.no_grad():
+            h = inner.pretrained_model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+            by_hand = torch.sigmoid(h[pos] @ head.weight[0] + head.bias[0])
+        assert value == pytest.approx(float(by_hand.min()), abs=1e-5)
+    assert usage.executed_flops == counter.get_total_flops() > 0
+    # by hand: batches of 2 sorted longest first, each row padded to its batch's longest; per
+    # row a forward with the value head (d x 1) and the LM head (d x V) at every position
+    lengths = sorted((len(prm.encode(PROBLEM, s)[0]) for s in solutions), reverse=True)
+    shape = prm.shape
+    d, V = shape.hidden_size, shape.vocab_size
+    widths = [lengths[0], lengths[0], lengths[2]]
+    assert usage.executed_flops == sum(reward_model_flops(shape, w, attention="full") + 2 * d * V * w
+                                       for w in widths)
+    assert usage.useful_flops == sum(reward_model_flops(shape, n) for n in lengths)
+
+
+def test_skywork_without_its_package_is_one_line_naming_it(qwen_world, tmp_path, monkeypatch):
+    """Skywork's PRM_MODEL is not on PyPI: without it, loading says what to install."""
+    from objectives.standins import build_skywork_prm
+
+    for m in ("model_utils", "model_utils.prm_model"):  # the import fails, as without the package
+        monkeypatch.setitem(__import__("sys").modules, m, None)
+    folder = build_skywork_prm(tmp_path / "skywork", qwen_world["tokenizer"])
+    with pytest.raises(ConfigError) as e:
+        load_prm(str(folder), reward="proxy_prm", field="reward_model_proxy_prm")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"reward_model_proxy_prm={str(folder)!r}")
+    assert "skywork-o1-prm-inference" in msg and "pip install" in msg
