@@ -15,10 +15,13 @@ of that many iterations. It prints one table:
   loss forward and backward, recompute);
 * rollout tokens/s (completion tokens / rollout wall time), update MFU (learning FLOPs /
   learning wall time / the GPU's dense bf16 peak, ``--peak-tflops``, default H200 989),
-  peak GPU memory, realized ρ against the plan's.
+  peak GPU memory, realized ρ against the plan's;
+* the evaluation path (:func:`objectives.qwen_eval.generate_vllm`): the trained adapter saved
+  and served by a new ``vllm.LLM(enable_lora=True)`` through a ``LoRARequest``, greedy, on 64
+  prompts: its wall time, completion tokens/s and eval FLOPs (outside the budget).
 
 Not needed by the tests (``tests/test_gpu_check.py`` only checks that it imports and refuses
-cleanly without CUDA). Expected to take 5-8 minutes on one H200 (mostly vLLM start-up).
+cleanly without CUDA). Expected to take 5-8 minutes on one H200 (mostly vLLM start-up; not yet run on one).
 """
 
 from __future__ import annotations
@@ -99,11 +102,27 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     completion_tokens: list[int] = []
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
+    kept: dict = {}
     with counter:
         result = run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=make_reward("sparse"),
                           settings=GRPOSettings.from_setup(setup, seed=0),
-                          on_batch=lambda p, c: completion_tokens.extend(c))
+                          on_batch=lambda p, c: completion_tokens.extend(c),
+                          evaluate=lambda m: (kept.update(model=m), ({}, 0))[1])
     wall = time.perf_counter() - t0
+    # evaluation as a qwen trial runs it on a GPU, outside the counter (and the budget)
+    import gc
+
+    from objectives.qwen_eval import Greedy, generate_vllm, save_adapter
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="allocopt-adapter-") as adapter:
+        outs, eval_flops = generate_vllm(str(folder), save_adapter(kept["model"], adapter), tok,
+                                         [r["prompt"] for r in rows[:64]],
+                                         Greedy(setup.max_completion_length), setup)
+    eval_s = time.perf_counter() - t1
+    eval_tokens = sum(len(tok(o, add_special_tokens=False)["input_ids"]) for o in outs)
     e = result.spent.executed
     measured_learning = counter.get_total_flops() - outside["vllm"]
     rollout_s = result.wall_seconds.get("search+reward", float("nan"))
@@ -115,7 +134,8 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
             "update MFU": e.learning_flops / learn_s / (peak_tflops * 1e12),
             "peak GiB": torch.cuda.max_memory_allocated() / 2**30,
             "rho realized": e.rho, "rho planned": plan.realized_rho,
-            "within budget": e.total_flops <= plan.budget_flops, "wall s": wall}
+            "within budget": e.total_flops <= plan.budget_flops, "wall s": wall,
+            "vllm eval s": eval_s, "eval tokens/s": eval_tokens / eval_s, "eval FLOPs": eval_flops}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -208,3 +208,90 @@ def test_cpu_refuses_a_full_size_policy_before_spending():
     assert obj.workload().engine == "trl-vllm"  # plans price the engine the study is meant for
     with pytest.raises(ConfigError):
         QwenObjective.from_settings(heldout_problems=0)
+
+
+def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_adapter(
+        qwen_world, tmp_path, monkeypatch):
+    """The vLLM evaluation path cannot run here (no GPU, no vLLM): a recording stand-in of
+    ``vllm`` checks what it is given. With CUDA and vLLM reported present, ``evaluate`` picks
+    it; it serves the base policy with the LoRA adapter the trial trained (saved, then read
+    back here while vLLM would load it), greedy at the set-up's ``max_completion_length``, on
+    the same token ids the transformers path feeds ``generate``; its FLOPs are each request's
+    generation FLOPs with the adapters unmerged. Whether real vLLM runs it is for
+    ``benchmarks/gpu_check.py``."""
+    import types
+
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    import objectives.qwen as qwen_mod
+    import objectives.qwen_eval as qe
+    from allocopt.flops import LoRASpec, ModelShape, generation_flops
+    from objectives.polaris import load_polaris, split_heldout
+    from objectives.rewards import make_reward
+
+    assert qe.eval_backend(True, True) == "vllm"
+    assert qe.eval_backend(True, False) == qe.eval_backend(False, True) == qe.eval_backend(False, False) == "transformers"
+    tok = qwen_world["tokenizer"]
+    obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path, isolate=False))
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(qwen_world["policy"])),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # as after training: not peft's zero initialization
+            p.data.normal_()
+    trained = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    seen: dict = {}
+    answer = tok("\\boxed{3}", add_special_tokens=False)["input_ids"]
+
+    class LLM:
+        def __init__(self, **kw):
+            seen["llm"] = kw
+
+        def generate(self, prompts, params, lora_request, use_tqdm):
+            seen["prompts"], seen["params"] = prompts, params.kw
+            folder = Path(lora_request.path)
+            seen["adapter_config"] = json.loads((folder / "adapter_config.json").read_text())
+            seen["adapter"] = load_file(str(folder / "adapter_model.safetensors"))
+            return [types.SimpleNamespace(prompt_token_ids=p["prompt_token_ids"], outputs=[
+                types.SimpleNamespace(text="\\boxed{3}", token_ids=answer)]) for p in prompts]
+
+    fake = types.ModuleType("vllm")
+    fake.LLM = LLM
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(kw=kw)
+    lora_mod = types.ModuleType("vllm.lora.request")
+    lora_mod.LoRARequest = lambda name, id_, path: types.SimpleNamespace(path=path)
+    for name, mod in (("vllm", fake), ("vllm.lora", types.ModuleType("vllm.lora")),
+                      ("vllm.lora.request", lora_mod)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(qwen_mod, "_cuda", lambda: True)
+    monkeypatch.setattr(qwen_mod, "_vllm", lambda: True)
+    import objectives.prm as prm_mod
+
+    judges = []
+    real_load = prm_mod.load_prm
+    monkeypatch.setattr(prm_mod, "load_prm", lambda *a, **k: judges.append(real_load(*a, **k)) or judges[-1])
+    rows = load_polaris(SAMPLE)
+    _, held = split_heldout(rows, 4, seed=0)
+    targets, flops = qe.evaluate(obj, model, tok, make_reward("sparse"), held)
+
+    native, down, down_pairs, _ = qe.eval_prompts(obj, tok, held)
+    assert [p["prompt_token_ids"] for p in seen["prompts"]] == \
+        [tok(p, add_special_tokens=False)["input_ids"] for p in native + down]
+    assert seen["params"] == {"temperature": 0.0, "max_tokens": C, "skip_special_tokens": True}
+    greedy = qe.Greedy(C).transformers_kwargs(tok)
+    assert greedy["do_sample"] is False and greedy["max_new_tokens"] == seen["params"]["max_tokens"]
+    assert seen["llm"]["model"] == str(qwen_world["policy"]) and seen["llm"]["enable_lora"] is True
+    assert seen["llm"]["max_lora_rank"] >= 8
+    assert seen["adapter_config"]["r"] == 8
+    assert seen["adapter"].keys() == trained.keys()
+    assert all(torch.equal(seen["adapter"][k], trained[k]) for k in trained)
+    assert set(targets) == {"native_reward", "pass_at_1", "pass_at_1_gsm8k", "pass_at_1_math500", "judge"}
+    shape = ModelShape.from_pretrained(str(qwen_world["policy"]))
+    generation = sum(generation_flops(shape, len(p["prompt_token_ids"]), len(answer), attention="causal",
+                                      lora=LoRASpec(8))["total"] for p in seen["prompts"])
+    (judge,) = judges  # the sparse reward costs 0; the judge one forward over the outputs
+    judge(prompts=[q for q, _ in down_pairs], completions=["\\boxed{3}"] * len(down_pairs),
+          problem=[q for q, _ in down_pairs])
+    assert flops == generation + judge.consume_usage().executed_flops
