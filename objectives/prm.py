@@ -25,6 +25,7 @@ for the common judge. Reward-model FLOPs are one forward over exactly the ids bu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -59,20 +60,19 @@ class CardPRM(ModelReward):
         if prm_format not in FORMATS:
             raise ConfigError(f"prm_format={prm_format!r}: unknown card format; known: {', '.join(FORMATS)}")
         self.prm_format = prm_format
+        self.runs_lm_head = bool(getattr(model, "runs_lm_head", False))
         if prm_format == "skywork-o1-prm":
             self.num_labels_required = 1
         marker = QWEN_PRM_MARKER if prm_format == "qwen2.5-math-prm" else "\n"
         super().__init__(model, tokenizer, name=name, marker=marker, aggregate=aggregate,  # type: ignore[arg-type]
                          batch_size=batch_size, max_length=max_length)
         if prm_format == "skywork-o1-prm":
-            import dataclasses
-
             self.marker_id = int(tokenizer.encode("\n", add_special_tokens=False)[-1])
-            # a value head Linear(d, 1) at every position (skywork-o1-prm-inference ValueHead)
-            self.shape = dataclasses.replace(self.shape, head="score", num_labels=1)
-        # PRM_MODEL runs the whole causal LM (its logits over the vocabulary at every position,
-        # unused here) and reads the value head off the last hidden states
-        self.runs_lm_head = bool(getattr(model, "runs_lm_head", False))
+            # a value head Linear(d, 1) at every position (skywork-o1-prm-inference ValueHead);
+            # PRM_MODEL runs the whole causal LM too (its logits over the vocabulary at every
+            # position, unused here): head ``value``
+            self.shape = dataclasses.replace(self.shape, head="value" if self.runs_lm_head else "score",
+                                             num_labels=1)
         self._overhead = len(self.encode("", "x")[0])  # template tokens around one 1-token step
 
     def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
@@ -116,12 +116,14 @@ class CardPRM(ModelReward):
         return super().step_probabilities(logits)
 
     def _flops(self, num_tokens: int, attention: str, executed: bool = True) -> int:
-        """As :meth:`ModelReward._flops`; executed FLOPs of a model that also runs its LM head
-        (Skywork's ``PRM_MODEL``) add ``2·d·V`` per position (Kaplan et al. 2020, §2.1)."""
-        out = super()._flops(num_tokens, attention, executed)
-        if executed and self.runs_lm_head:
-            out += 2 * self.shape.hidden_size * self.shape.vocab_size * num_tokens
-        return out
+        """As :meth:`ModelReward._flops`; useful FLOPs of a ``value``-head model leave out the
+        LM head it runs but whose logits nobody reads."""
+        if executed or self.shape.head != "value":
+            return super()._flops(num_tokens, attention, executed)
+        from allocopt.flops import reward_model_flops
+
+        return reward_model_flops(dataclasses.replace(self.shape, head="score"), num_tokens,
+                                  attention=attention)  # type: ignore[arg-type]
 
     def worst_case_flops(self, prompt_tokens: int, completion_tokens: int, num_completions: int) -> int:
         """As :meth:`ModelReward.worst_case_flops`, plus the card template's own tokens."""

@@ -104,6 +104,15 @@ class QwenSettings:
         return cls(setup=setup, engine_auto=engine == "auto", **rest)
 
 
+def _named_format(folder: str) -> str | None:
+    """The PRM card format a local model folder's ``config.json`` names, if any."""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
+            return json.load(fh).get("allocopt_prm_format")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _cuda() -> bool:
     try:
         import torch
@@ -226,12 +235,17 @@ class QwenObjective:
     # ------------------------------------------------------------------ contract
     def workload(self) -> Workload:
         """The workload plans are priced on: :meth:`setup` on the policy's shape; reward-model
-        shapes from local folders' ``config.json``, else the presets."""
+        shapes from local folders' ``config.json``, else the presets; a Skywork-format PRM
+        with head ``value`` (its ``PRM_MODEL`` runs the LM head at every position too)."""
+        from objectives.prm import PRM_FORMATS
+
         reward_models = dict(_default_reward_models())
         for key, name in (("prm", self.settings.reward_model_prm),
                           ("proxy_prm", self.settings.reward_model_proxy_prm)):
             if os.path.isdir(name):
                 reward_models[key] = ModelShape.from_pretrained(name)
+            if (PRM_FORMATS.get(name) or _named_format(name)) == "skywork-o1-prm":
+                reward_models[key] = replace(reward_models[key], head="value", num_labels=1)
         return self.setup().workload(self._policy_shape(), reward_models)
 
     def check_available(self) -> None:

@@ -7,6 +7,7 @@ card's layout written out as a string here; its FLOPs with ``FlopCounterMode``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -195,12 +196,31 @@ def test_skywork_stand_in_loads_scores_and_counts_its_flops(qwen_world, tmp_path
     # by hand: batches of 2 sorted longest first, each row padded to its batch's longest; per
     # row a forward with the value head (d x 1) and the LM head (d x V) at every position
     lengths = sorted((len(prm.encode(PROBLEM, s)[0]) for s in solutions), reverse=True)
-    shape = prm.shape
-    d, V = shape.hidden_size, shape.vocab_size
+    assert prm.shape.head == "value" and prm.shape.num_labels == 1
+    assert prm.shape.num_params() == sum(p.numel() for p in prm.model.parameters())
+    score = dataclasses.replace(prm.shape, head="score")
+    d, V = score.hidden_size, score.vocab_size
     widths = [lengths[0], lengths[0], lengths[2]]
-    assert usage.executed_flops == sum(reward_model_flops(shape, w, attention="full") + 2 * d * V * w
-                                       for w in widths)
-    assert usage.useful_flops == sum(reward_model_flops(shape, n) for n in lengths)
+    assert usage.executed_flops == sum(reward_model_flops(score, w, attention="full") + 2 * d * V * w
+                                       for w in widths) \
+        == sum(reward_model_flops(prm.shape, w, attention="full") for w in widths)
+    assert usage.useful_flops == sum(reward_model_flops(score, n) for n in lengths)  # no LM head
+    # plans price it as it runs: the qwen objective's workload gives proxy_prm the same shape,
+    # for this folder and for the Skywork hub id (whose default shape is a 1.5B one)
+    from objectives.qwen import QwenObjective
+
+    sample = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "objectives" / "data"
+                 / "polaris_sample" / "train.jsonl")
+    for proxy in (str(folder), "Skywork/Skywork-o1-Open-PRM-Qwen-2.5-1.5B"):
+        w = QwenObjective.from_settings(model=str(qwen_world["policy"]), dataset=sample,
+                                        reward_model_proxy_prm=proxy,
+                                        lengths_file=str(tmp_path / "l.json")).workload()
+        priced = w.reward_models["proxy_prm"]
+        assert priced.head == "value" and priced.num_labels == 1
+    assert dataclasses.replace(QwenObjective.from_settings(
+        model=str(qwen_world["policy"]), dataset=sample, reward_model_proxy_prm=str(folder),
+        lengths_file=str(tmp_path / "l.json")).workload().reward_models["proxy_prm"], name="x") == \
+        dataclasses.replace(prm.shape, name="x")
 
 
 def test_skywork_without_its_package_is_one_line_naming_it(qwen_world, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-HeadKind = Literal["lm", "score", "prm"]
+HeadKind = Literal["lm", "score", "prm", "value"]
 
 MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The seven linear modules of a Qwen2/Llama decoder layer, in forward order."""
@@ -49,9 +49,11 @@ class ModelShape:
     """Output head: ``lm`` (``d x V`` LM head), ``score`` (a ``d x num_labels`` linear head at
     every position, HF ``*ForSequenceClassification``/``*ForTokenClassification``), or
     ``prm`` (Qwen2.5-Math-PRM: ``Linear(d, d)`` → ReLU → ``Linear(d, num_labels)`` at every
-    position)."""
+    position), or ``value`` (a causal LM run whole, its ``d x V`` LM head at every position, plus
+    a value head ``Linear(d, num_labels)`` on the last hidden states at every position:
+    Skywork-o1-Open-PRM's ``PRM_MODEL``, TRL's ``AutoModelForCausalLMWithValueHead``)."""
     num_labels: int = 2
-    """Outputs of a ``score`` or ``prm`` head."""
+    """Outputs of a ``score``, ``prm`` or ``value`` head."""
     max_position_embeddings: int | None = None
     """Longest sequence (prompt + completion, tokens) the model takes; ``None``: unchecked."""
     sliding_window: int | None = None
@@ -67,8 +69,8 @@ class ModelShape:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_kv_heads={self.num_kv_heads}: must divide num_heads={self.num_heads}")
-        if self.head not in ("lm", "score", "prm"):
-            raise ConfigError(f"head={self.head!r}: must be one of lm, score, prm")
+        if self.head not in ("lm", "score", "prm", "value"):
+            raise ConfigError(f"head={self.head!r}: must be one of lm, score, prm, value")
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -180,6 +182,8 @@ class ModelShape:
             return d * self.vocab_size
         if self.head == "score":
             return d * self.num_labels
+        if self.head == "value":
+            return d * self.vocab_size + d * self.num_labels  # LM head + Linear(d, labels)
         return d * d + d * self.num_labels  # prm: Linear(d, d) -> ReLU -> Linear(d, labels)
 
     def num_params(self) -> int:
@@ -192,6 +196,8 @@ class ModelShape:
             head = 0 if self.tie_word_embeddings else self.head_matmul_params
         elif self.head == "score":
             head = self.head_matmul_params
+        elif self.head == "value":  # the LM head (unless tied) + the value head with its bias
+            head = (0 if self.tie_word_embeddings else d * self.vocab_size) + d * self.num_labels + self.num_labels
         else:
             head = self.head_matmul_params + d + self.num_labels  # two biases
         return embed + self.num_layers * per_layer + d + head
