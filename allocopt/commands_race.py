@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from allocopt.flops import ConfigError
+from allocopt.race_tables import proposal_table, regime_table, validation_table
 
 out = Console()
 err = Console(stderr=True)
@@ -37,59 +36,6 @@ def _json(obj: Any) -> str:
             return [clean(x) for x in v]
         return v
     return json.dumps(clean(obj), indent=2, default=str, allow_nan=False)
-
-
-def _f(v: float, spec: str = ".3f") -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def regime_table(diagnoses: list[Any], pilot_budget: float, target: str, show_model: bool) -> Table:
-    """Rich table of :class:`allocopt.race.RegimeDiagnosis` rows."""
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=f"RACE regimes from pilots at {pilot_budget:.2e} FLOPs each (target {target})")
-    cols = ["reward"] + (["model"] if show_model else []) + [
-        "n", "rho* ± sd", "90% CI", "G", "slope lo/hi", "rwd", "regime (P)"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("reward", "model", "regime (P)") else "right",
-                     no_wrap=c in ("reward", "regime (P)"))
-    for d in diagnoses:
-        lo, hi = d.rho_interval
-        t.add_row(d.reward, *([d.model or "-"] if show_model else []), str(d.num_trials),
-                  f"{_f(d.rho, '.2f')}±{_f(d.rho_sd, '.2f')}", f"{_f(lo, '.2f')}-{_f(hi, '.2f')}",
-                  str(d.group_size), f"{_f(d.slope_low, '+.2f')}/{_f(d.slope_high, '+.2f')}",
-                  _f(d.reward_share, ".0%"),
-                  f"{d.regime} ({_f(d.probability, '.0%')})" + (f" {d.note}" if d.note else ""))
-    t.caption = ("rho*: maximizer of a local quadratic fit of the target in rho (wild bootstrap: sd, "
-                 "CI, P); slopes: d target/d rho at the ends of the range; rwd: reward FLOPs / "
-                 "total at rho*")
-    return t
-
-
-def proposal_table(proposals: list[Any]) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title="Proposed runs (Thompson sampling of the full-budget maximizer)")
-    for c in ("fidelity", "rho", "G", "reward", "FLOPs", "iters", "mu", "pred. full", "P(best)"):
-        t.add_column(c, justify="left" if c in ("fidelity", "reward") else "right",
-                     no_wrap=c in ("fidelity", "reward"))
-    for p in proposals:
-        a = p.allocation
-        t.add_row(p.fidelity, f"{a.rho:.3f}", str(a.group_size), a.reward, f"{p.budget_flops:.1e}",
-                  str(p.plan.iterations), f"{p.plan.update_passes:.2f}",
-                  f"{p.predicted_mean:.3f}±{p.predicted_sd:.3f}", f"{p.acquisition:.3f}")
-    return t
-
-
-def validation_table(rows: list[Any], rate: float, rate_all: float) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title="Pilot regime against the full-budget regime")
-    for c in ("reward", "pilot regime", "rho*", "full regime (P)", "rho*", "same", "regret", "runs"):
-        t.add_column(c, justify="left" if c in ("reward", "pilot regime", "full regime (P)") else "right",
-                     no_wrap=c in ("reward", "pilot regime", "full regime (P)"))
-    for r in rows:
-        t.add_row(r.reward + (f" / {r.model}" if r.model else ""), r.pilot_regime, _f(r.pilot_rho, ".2f"),
-                  f"{r.full_regime} ({_f(r.full_probability, '.0%')})", _f(r.full_rho, ".2f"),
-                  "yes" if r.same_regime else "NO", _f(r.regret, ".4f"), str(r.num_full))
-    t.caption = (f"same-regime rate {_f(rate, '.2f')} over reward systems with a full-budget run "
-                 f"({_f(rate_all, '.2f')} over all); full regime and regret from the multi-fidelity "
-                 "surrogate's posterior at the full budget; runs: full-budget runs of the reward system")
-    return t
 
 
 def race(
@@ -233,7 +179,7 @@ def _record(s: Any, storage: str, tracker: Any, res: Any) -> None:
     if tracker:
         from rich.console import Console
 
-        con = Console(width=120, record=True, file=io.StringIO())
+        con = Console(width=80, record=True, file=io.StringIO())
         con.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
         tracker.log_text(con.export_text(), "regime_table.txt")
 

@@ -203,3 +203,45 @@ def test_study_help_shows_defaults_within_80_columns():
                      f"else {d.name}", f"else {d.seed}", f"else {d.objective}", "[objective_settings]",
                      "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"):
         assert expected in flat, expected
+
+
+def _regime_rows():
+    from allocopt.race.diagnose import RegimeDiagnosis
+
+    nan = float("nan")
+    return [RegimeDiagnosis("structured", "Qwen/Qwen2.5-0.5B-Instruct", 12, 0.6234, 0.0812, (0.4812, 0.7711),
+                            16, 0.41, 0.052, -0.031, 0.123, "update-heavy", 0.83, {}, ""),
+            RegimeDiagnosis("proxy_prm", "Qwen/Qwen2.5-0.5B-Instruct", 7, nan, nan, (nan, nan), 4, nan, nan,
+                            nan, nan, "unknown", 0.0, {}, "2 distinct rho value(s) completed; the fit needs 3"),
+            RegimeDiagnosis("sparse", "Qwen/Qwen2.5-1.5B-Instruct", 9, 0.2111, 0.1512, (0.1049, 0.4523), 8,
+                            0.3, -0.123, -0.5, 0.0, "search-heavy", 0.61, {}, "")]
+
+
+@pytest.mark.parametrize("how", ["COLUMNS=80", "file"])
+def test_regime_table_fits_80_columns_with_its_numbers(how, monkeypatch, tmp_path):
+    """What `allocopt race` prints: at COLUMNS=80 on a terminal-less console, and into a file
+    (rich's default width there is 80), every line <= 80 with rho*, sd, interval and regime."""
+    from rich.console import Console
+
+    from allocopt.race_tables import regime_table
+
+    if how == "COLUMNS=80":
+        monkeypatch.setenv("COLUMNS", "80")
+        con = Console(record=True, file=__import__("io").StringIO())
+        con.print(regime_table(_regime_rows(), 1.234e17, "pass@1:gsm8k", True))
+        text = con.export_text()
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)
+        path = tmp_path / "out.txt"
+        with open(path, "w") as f:
+            Console(file=f).print(regime_table(_regime_rows(), 1.234e17, "pass@1:gsm8k", True))
+        text = path.read_text()
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    flat = " ".join(text.split())
+    for needed in ("0.62±0.08", "0.48-0.77", "update-heavy (83%)", "0.21±0.15", "0.10-0.45",
+                   "search-heavy (61%)", "+0.05/-0.03", "12%", "model Qwen2.5-0.5B-Instruct",
+                   "model Qwen2.5-1.5B-Instruct", "the fit needs 3", "1.23e+17"):
+        assert needed in flat, needed
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("structured"))
+    assert row.split() == ["structured", "12", "0.62±0.08", "0.48-0.77", "16", "+0.05/-0.03", "12%",
+                           "update-heavy", "(83%)"]
