@@ -169,6 +169,7 @@ def study(
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
 
@@ -245,7 +246,7 @@ def study(
              pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
              seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
-             as_json=False, set_=set_)
+             as_json=False, set_=set_, verbose=verbose)
         # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
         st = open_study(replace(s, pilots=0), storage)
         print_study_summary(st, s, storage,  # race printed its answer, if it made one
@@ -301,7 +302,8 @@ def study(
         try:
             with one_interrupt():
                 st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                               on_trial_start=on_start, on_trial_end=on_end, progress=progress)
+                               on_trial_start=on_start, on_trial_end=on_end, progress=progress,
+                               verbose=verbose)
             status = "FINISHED"
         except StudyError as e:
             raise UsageProblem(str(e)) from None

@@ -56,7 +56,8 @@ def race(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots (default: 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's [objective_settings] (repeat), e.g. --set model=PATH."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
 ) -> None:
     """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
     (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
@@ -123,7 +124,8 @@ def race(
         with one_interrupt():
             res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                            pilot_fraction=f, validations=validations, propose_only=propose_only,
-                           settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end)
+                           settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end,
+                           verbose=verbose)
         _record(s, storage, tracker, res)
         status = "FINISHED"
     except StudyError as e:

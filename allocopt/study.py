@@ -213,6 +213,7 @@ def run_one_trial(
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
+    verbose: bool = False,
 ) -> tuple[TrialRow, Any]:
     """Plan, run, score and tell one asked trial; the piece :func:`run_study` repeats.
 
@@ -220,6 +221,8 @@ def run_one_trial(
     (set by ``study.enqueue_trial(..., user_attrs=...)``: a RACE pilot runs at a fraction of the
     study's budget), else ``spec.budget_flops``; its fidelity likewise (``fidelity`` user
     attribute, default ``full``). Both are written to the trial's user attributes and MLflow.
+    The objective runs inside :func:`allocopt.quiet.quiet` (the libraries' FutureWarnings and
+    log lines hidden) unless ``verbose``.
 
     Returns:
         ``(row, result)``: the :class:`TrialRow` (state ``COMPLETE``, ``INFEASIBLE`` or ``FAIL``)
@@ -270,8 +273,11 @@ def run_one_trial(
         return _infeasible(e, None)
     if on_trial_start:
         on_trial_start(trial.number, alloc, plan)
+    from allocopt.quiet import quiet
+
     try:
-        result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+        with quiet(verbose):
+            result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
         bad = {k: result.targets[k] for k in keys if k in result.targets
                and not (isinstance(result.targets[k], (int, float)) and math.isfinite(result.targets[k]))}
         if bad:  # a NaN score is a failed trial everywhere (Optuna would fail it; so do we)
@@ -351,6 +357,7 @@ def run_study(
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
+    verbose: bool = False,
 ) -> Any:
     """The one study loop: ask the sampler, run the trial, tell the result, until the study has
     ``spec.trials`` finished full-budget trials (complete, infeasible or failed).
@@ -370,6 +377,8 @@ def run_study(
         pilots_only: run RACE's pilot grid (what is left of it) and stop.
         study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
+        verbose: show the libraries' warnings and log lines during trials (hidden by default,
+            :mod:`allocopt.quiet`).
 
     Returns:
         the Optuna study.
@@ -440,7 +449,8 @@ def run_study(
             if race:
                 sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
             run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
-                          on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress)
+                          on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress,
+                          verbose=verbose)
     if tracker:
         tracker.reconcile(study)
         log_final(study, spec, tracker)

@@ -6,7 +6,8 @@ The child (``multiprocessing`` ``spawn``: no CUDA state inherited) runs
 progress ``(record, meter)`` and then one outcome: the result, an infeasible first iteration,
 a failed trial with what it spent, a set-up error, or any other error. A child that dies
 without an outcome (killed, out of memory, a segfault in a kernel) fails the trial with its
-exit code; nothing was recorded for it but the failure.
+exit code; nothing was recorded for it but the failure. The child quiets the libraries'
+warnings when its parent ran the trial inside :func:`allocopt.quiet.quiet` (no ``--verbose``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from allocopt.objective import TrialFailed, TrialResult
 
 
 def _child(settings: Any, measured: dict, plan: TrialPlan, seed: int, conn: Any) -> None:
+    from allocopt.quiet import quiet_if_asked
     from objectives.qwen import QwenObjective
 
     def progress(rec: Any, meter: Any) -> None:
@@ -27,7 +29,9 @@ def _child(settings: Any, measured: dict, plan: TrialPlan, seed: int, conn: Any)
 
     try:
         obj = QwenObjective(settings, _measured=measured)
-        conn.send(("result", obj.run_here(plan, seed=seed, progress=progress)))
+        with quiet_if_asked():  # the parent's quiet (ALLOCOPT_QUIET=1 in the inherited environment)
+            result = obj.run_here(plan, seed=seed, progress=progress)
+        conn.send(("result", result))
     except InfeasiblePlan as e:
         conn.send(("infeasible", (str(e), e.min_budget_flops)))
     except TrialFailed as e:

@@ -60,3 +60,78 @@ def test_errors_are_not_hidden(caplog):
     with quiet():
         logging.getLogger("trl.trainer").error("a real error")
     assert any(r.getMessage() == "a real error" for r in caplog.records)
+
+
+class _Warns:
+    """A synthetic objective whose trials warn as transformers does (the FutureWarning each
+    trial of a tiny study printed)."""
+
+    def __init__(self, **settings):
+        from objectives.synthetic import SyntheticObjective
+
+        self._inner = SyntheticObjective(**settings)
+        self.name = "warns"
+
+    def workload(self):
+        return self._inner.workload()
+
+    def check_available(self):
+        pass
+
+    def run(self, plan, *, seed=0, progress=None):
+        _emit()
+        return self._inner.run(plan, seed=seed, progress=progress)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_study_trials_run_quiet_unless_verbose(verbose, tmp_path, monkeypatch, capsys):
+    """`allocopt study` (in process) with an objective whose every trial warns: the warning
+    reaches stderr only with --verbose."""
+    import sys
+
+    from allocopt import objective as registry
+    from allocopt.cli import main
+
+    monkeypatch.setitem(registry._REGISTRY, "warns", registry._Entry(_Warns, ("native_reward", "pass_at_1", "judge")))
+    args = ["study", "--objective", "warns", "--budget", "1e18", "--pilots", "0", "--trials", "1",
+            "--sampler", "random", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/w.db"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda m, c, f, n, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(m, c, f, n, line))
+        with pytest.raises(SystemExit) as done:
+            main(args + (["--verbose"] if verbose else []))
+    assert done.value.code == 0
+    err = capsys.readouterr().err
+    assert err.count("FutureWarning: `gradient_checkpointing` is deprecated") == (1 if verbose else 0), err
+    assert "trial 0 COMPLETE" in err  # the trial ran
+
+
+def test_qwen_child_process_quiets_itself_when_its_parent_does(monkeypatch):
+    """The qwen objective's trial runs in a spawned child: it inherits ALLOCOPT_QUIET=1 from a
+    quiet parent and quiets itself (objectives.qwen_process._child, run here in process)."""
+    import multiprocessing
+
+    from objectives import qwen, qwen_process
+
+    monkeypatch.setattr(qwen.QwenObjective, "run_here", lambda self, plan, seed=0, progress=None: (_emit(), "ok")[1])
+    for parent_quiet, expected in ((True, []), (False, [FutureWarning])):
+        recv, send = multiprocessing.Pipe(duplex=False)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if parent_quiet:
+                monkeypatch.setenv("ALLOCOPT_QUIET", "1")
+            else:
+                monkeypatch.delenv("ALLOCOPT_QUIET", raising=False)
+            qwen_process._child(qwen.QwenSettings(), {}, None, 0, send)
+        assert recv.recv() == ("result", "ok")
+        assert [w.category for w in seen] == expected
+
+
+def test_quiet_sets_the_environment_a_child_reads():
+    import os
+
+    before = os.environ.get("ALLOCOPT_QUIET")
+    with quiet():
+        assert os.environ["ALLOCOPT_QUIET"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+    assert os.environ.get("ALLOCOPT_QUIET") == before

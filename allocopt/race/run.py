@@ -39,6 +39,7 @@ def run_race(
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[Any, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
+    verbose: bool = False,
 ) -> RaceResult:
     """Pilots, regime diagnosis, validation proposals (and runs) in one Optuna study.
 
@@ -57,6 +58,7 @@ def run_race(
             ``("diagnoses", [RegimeDiagnosis])``, ``("proposals", [Proposal])`` for each proposal
             run (all of them with ``propose_only``), ``("validation", [ValidationRow])``.
         on_trial_start, on_trial_end, progress: per-trial callbacks (as :func:`run_study`).
+        verbose: show the libraries' warnings during trials (as :func:`run_study`).
 
     Raises:
         ConfigError: bad ``pilot_fraction``, ``validations`` or space.
@@ -95,7 +97,7 @@ def run_race(
             on_trial_end(row, res)
 
     kw = dict(objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
-              on_trial_start=started, on_trial_end=ended, progress=progress)
+              on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose)
     run_study(s, pilots_only=True, **kw)
     obs = observations(study, s)
     pilots = [o for o in obs if o.fidelity == "pilot" and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
