@@ -183,7 +183,7 @@ def best(
     fidelity: str = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all."),
     as_json: bool = _JSON,
 ) -> None:
-    """The best allocation for one target, overall and per reward system."""
+    """The study's recommendation (a RACE study's one answer), then the best observed trial for one target as evidence, overall and per reward system."""
     from allocopt.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
     from allocopt.pareto import number
 
@@ -192,18 +192,25 @@ def best(
     d = direction or default_direction(key)
     b = best_of(rows, key, d)
     per = best_per(rows, key, "reward", d)
+    rec = _recommendation(study, storage, from_mlflow, mlflow_uri)
     if as_json:
-        _print_json({"source": source, "target": field_label(key), "direction": d,
+        _print_json({"source": source, "target": field_label(key), "direction": d, "recommendation": rec,
                      "best": row_dict(b) if b else None,
                      "per_reward": {str(w): row_dict(r) for w, r in per.items()}})
         return
     out = _out()
+    if rec:  # the study's one answer first; the trials below are its evidence
+        from allocopt.answer import from_dict, recommendation_lines
+
+        for line in recommendation_lines(from_dict(rec), str(rec.get("target", key))):
+            out.print(line, highlight=False, markup=False)
     if b is None:  # check_fields found a complete trial, so only a filter can empty this
         out.print(f"no complete trial of {source} matches")
         return
     total = number(b, "total_flops")
     share = (lambda p: f" ({number(b, p) / total:.0%})") if total > 0 else (lambda p: "")
-    t = Table(title=f"Best allocation for {field_label(key)} ({d}) in {source}", show_header=False)
+    t = Table(title=f"Best observed trial for {field_label(key)} ({d}) in {source}"
+                    + (" (evidence)" if rec else ""), show_header=False)
     for k, v in (("trial", f"{b.study} #{b.number}" if b.study else f"#{b.number}"),
                  ("fidelity", b.fidelity),
                  ("rho (update fraction)", _f(number(b, "rho"), ".4f")),
@@ -219,7 +226,47 @@ def best(
         t.add_row(k, v)
     out.print(t)
     if len(per) > 1:
-        out.print(_rows_table(list(per.values()), f"Best per reward system for {field_label(key)}", [key], rows))
+        out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
+                              [key], rows))
+
+
+def _recommendation(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                    mlflow_uri: Optional[str]) -> dict | None:
+    """The study's recommendation (:func:`allocopt.answer.recommendation_dict`, stored by a RACE
+    study): the Optuna study's user attribute ``recommendation``, or for one ``--from-mlflow``
+    experiment its parent run's ``allocopt.recommended.*`` tags and ``recommended_*`` metrics.
+    ``None`` when there is none (plain BO, several experiments, nothing recorded yet)."""
+    if study:
+        import optuna
+
+        return optuna.load_study(study_name=study, storage=storage).user_attrs.get("recommendation")
+    if not from_mlflow or len(from_mlflow) != 1:
+        return None
+    from mlflow import MlflowClient
+
+    from allocopt.cli_common import short_mlflow_requests
+    from allocopt.tracking import _resolve_uri
+
+    name = from_mlflow[0] if from_mlflow[0].startswith("allocopt/") else f"allocopt/{from_mlflow[0]}"
+    with short_mlflow_requests():
+        client = MlflowClient(_resolve_uri(mlflow_uri))
+        exp = client.get_experiment_by_name(name)
+        runs = [] if exp is None else client.search_runs(
+            [exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'", max_results=5)
+    for run in runs:
+        tags, metrics = run.data.tags, run.data.metrics
+        a = {k[len("allocopt.recommended."):]: v for k, v in tags.items() if k.startswith("allocopt.recommended.")}
+        if {"rho", "group_size", "reward"} <= set(a):
+            rec: dict[str, Any] = {"allocation": {"rho": float(a["rho"]), "group_size": int(a["group_size"]),
+                                                  "reward": a["reward"], **({"model": a["model"]} if a.get("model") else {})}}
+            for k in ("mean", "lower", "upper", "level", "prob_best"):
+                if f"recommended_{k}" in metrics:
+                    rec[k] = metrics[f"recommended_{k}"]
+            spec = run.data.params.get("target")
+            if spec:
+                rec["target"] = spec
+            return rec
+    return None
 
 
 # ---------------------------------------------------------------------------- report

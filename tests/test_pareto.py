@@ -252,7 +252,7 @@ def test_cli_best_from_optuna_and_across_mlflow_studies(studies, capsys):
     assert rc == 0 and (data["best"]["study"], data["best"]["number"]) == (want.study, want.number)
     rc, out, _ = cli(capsys, "best", "--from-mlflow", "a", "--from-mlflow", "b", "--mlflow-uri", studies["uri"],
                      "--target", "pass@1")
-    assert rc == 0 and "Best allocation for pass@1" in out and f"{want.study} #{want.number}" in out
+    assert rc == 0 and "Best observed trial for pass@1" in out and f"{want.study} #{want.number}" in out
 
 
 @pytest.mark.parametrize("args,needle", [

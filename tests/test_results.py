@@ -55,7 +55,7 @@ def test_infeasible_plans_are_infeasible_for_optuna_and_the_dashboard(tmp_path):
     assert optuna.load_study(study_name=s.name, storage=f"sqlite:///{tmp_path}/o.db").metric_names == ["pass@1"]
 
 
-def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path):
+def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys):
     from mlflow import MlflowClient
 
     from allocopt.tracking import EXPERIMENT_KIND, StudyTracker
@@ -89,6 +89,28 @@ def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path):
     assert run.data.tags["allocopt.recommended.reward"] == "sparse"
     doc = json.loads(open(c.download_artifacts(parent, "recommendation.json", str(tmp_path))).read())
     assert doc["allocation"] == {"rho": 0.42, "group_size": 8, "reward": "sparse"}
+    # `allocopt best` gives the recommendation first, the best observed trial as its evidence,
+    # from the Optuna study (where `allocopt race` stores it) and from MLflow's parent run
+    st.set_user_attr("recommendation", recommendation_dict(rec, s.target))
+    best_value = max(r.value for r in rs if r.state == "COMPLETE")
+    for source in (["--study", s.name, "--storage", f"sqlite:///{tmp_path}/o.db"],
+                   ["--from-mlflow", s.name, "--mlflow-uri", uri]):
+        code, out = _cli_out(capsys, "best", "--target", "pass@1", *source)
+        lines = out.splitlines()
+        assert code == 0 and lines[:2] == recommendation_lines(rec, "pass@1"), out
+        assert "Best observed trial for pass@1" in out and "(evidence)" in out and f"{best_value:.4f}" in out
+        assert "Best allocation" not in out
+    code, out = _cli_out(capsys, "best", "--target", "pass@1", "--json", *source)
+    assert json.loads(out)["recommendation"] == recommendation_dict(rec, "pass@1")
+
+
+def _cli_out(capsys, *args):
+    from allocopt.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    return done.value.code, capsys.readouterr().out
 
 
 def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
