@@ -238,6 +238,14 @@ def study(
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
         from dataclasses import replace
 
+        from allocopt.race import RaceSettings, pilot_grid
+
+        try:  # the pilot count is checked here, under the name the user gave it
+            pilot_grid(s.space, RaceSettings(max_pilots=s.pilots), s.seed)
+        except ConfigError as e:
+            name = f"--pilots {s.pilots}" if pilots is not None else f"pilots={s.pilots} (study file)"
+            raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None
+
         from allocopt.commands_race import race
         from allocopt.study import open_study
 
@@ -394,6 +402,20 @@ from allocopt.commands_race import register as _register_race
 _register_race(app)
 from allocopt.commands_asktell import register as _register_asktell
 _register_asktell(app)
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    """Each command's help from its docstring with the source's line breaks inside a paragraph
+    removed: typer's rich help keeps them, and they break lines mid-sentence at any width."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback)
+        if doc:
+            info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_reflow_help(app)
 
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:

@@ -183,7 +183,7 @@ def best(
     fidelity: str = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all."),
     as_json: bool = _JSON,
 ) -> None:
-    """The study's recommendation (a RACE study's one answer), then the best observed trial for one target as evidence, overall and per reward system."""
+    """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
     from allocopt.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
     from allocopt.pareto import number
 

@@ -139,7 +139,10 @@ class StudySpec:
         if self.pilots is not None and (isinstance(self.pilots, bool)
                                         or not isinstance(self.pilots, int) or self.pilots < 0):
             raise ConfigError(f"pilots={self.pilots!r}: must be an integer >= 0 (0: no RACE pilots)")
-        if not isinstance(self.pilot_fraction, (int, float)) or not (0 < self.pilot_fraction < 1):
+        if isinstance(self.pilot_fraction, bool) or not isinstance(self.pilot_fraction, (int, float)):
+            raise ConfigError(f"pilot_fraction={self.pilot_fraction!r}: must be a number in (0, 1) "
+                              "(unquoted in a study file)")
+        if not 0 < self.pilot_fraction < 1:
             raise ConfigError(f"pilot_fraction={self.pilot_fraction!r}: must be in (0, 1)")
         if self.sampler not in ("botorch", "gp", "random"):
             raise ConfigError(f"sampler={self.sampler!r}: allowed: botorch, gp, random")

@@ -83,6 +83,10 @@ ROWS = [
     ("study: negative pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "-1"], ["pilots=-1", ">= 0"]),
     ("study: pilot fraction 1.5", ["study", *SYN, "--budget", "1e18", "--pilot-fraction", "1.5"],
      ["pilot_fraction=1.5", "(0, 1)"]),
+    ("study: quoted pilot fraction in the file", ["study", "--spec", "{tmp}/pf.toml"],
+     ["pilot_fraction='0.25'", "must be a number"]),
+    ("study: too few pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "3"],
+     ["--pilots 3", "too few", "needs at least"]),
     ("study: unknown sampler", ["study", *SYN, "--budget", "1e18", "--sampler", "foo"], ["sampler='foo'", "allowed: botorch"]),
     ("study: budget below every allocation", ["study", *SYN, "--budget", "1e12", "--pilots", "0", "--no-mlflow",
                                               "--storage", "sqlite:///{tmp}/o.db"],
@@ -126,6 +130,7 @@ def folder(tmp_path_factory):
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
+    (tmp / "pf.toml").write_text('name = "pf"\nobjective = "synthetic"\nbudget_flops = 1e18\npilot_fraction = "0.25"\n')
     return tmp
 
 

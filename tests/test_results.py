@@ -225,6 +225,33 @@ def test_study_help_shows_defaults_within_80_columns():
                      f"else {d.name}", f"else {d.seed}", f"else {d.objective}", "[objective_settings]",
                      "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db"):
         assert expected in flat, expected
+    _paragraphs_reflowed(out, 80)
+
+
+def _paragraphs_reflowed(out, width):
+    """The description above the options box: every line of a paragraph but its last is filled
+    to within a word of ``width`` (no line broken where the docstring's source broke it)."""
+    desc = out.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[1:]
+    paragraphs = "\n".join(line.strip() for line in desc).strip().split("\n\n")
+    assert len(paragraphs) >= 2  # the summary and the exit codes
+    for para in paragraphs:
+        for line in para.splitlines()[:-1]:
+            assert len(line) > width - 16, (line, para)
+
+
+def test_help_paragraphs_reflow_at_120_columns(monkeypatch, capsys):
+    from allocopt.cli import main
+
+    monkeypatch.setenv("COLUMNS", "120")
+    for command in ("study", "race"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert max(len(line) for line in out.splitlines()) <= 120
+        if command == "study":
+            _paragraphs_reflowed(out, 120)
+        assert "\n" not in next(c for c in __import__("allocopt.cli", fromlist=["app"]).app.registered_commands
+                                if c.callback.__name__ == command).help.split("\n\n")[0]
 
 
 def _regime_rows():
