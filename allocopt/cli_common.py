@@ -293,3 +293,11 @@ def quiet_library_warnings() -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental).*")
+
+
+def fail(line: str, code: int = 2) -> None:
+    """Print one line on stderr and exit with ``code``."""
+    import sys
+
+    sys.stderr.write(line.replace("\n", " ") + "\n")
+    sys.exit(code)

@@ -43,7 +43,7 @@ def race(
     budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
     target: Optional[str] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it)."),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world) or synthetic (test function). \\[default: the spec's, else qwen]"),
-    pilot_fraction: float = typer.Option(0.1, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1)."),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1). \\[default: the spec's, else 0.1]"),
     validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
     propose_only: bool = typer.Option(False, "--propose-only", help="Run the pilots, then print the proposals as ready-to-run plans (JSON) without running them."),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the race. \\[default: the spec's, else allocopt]"),
@@ -84,7 +84,8 @@ def race(
         from allocopt.cli_common import parse_settings
 
         s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
-    f = check_pilot_fraction(pilot_fraction)
+    f = check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction)
+    s = replace(s, pilot_fraction=f)  # the study records it; the recommendation reopens it
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
     settings = replace(RaceSettings(), **{k: v for k, v in dict(
@@ -98,33 +99,40 @@ def race(
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
-    tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
+    with err.status("opening MLflow tracking..."):
+        tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
 
+    from allocopt.cli_common import close_tracker, one_interrupt
+    from allocopt.live import StudyDisplay, study_estimate
     from allocopt.race import run_race, same_regime_rate
     from allocopt.study import StudyError
 
+    live = StudyDisplay(err, s, num_full=validations, disable=as_json)
+
     def on_phase(phase: str, payload: Any) -> None:
         if phase == "pilots":
-            err.print(f"RACE {s.name}: {len(payload)} of {len(design)} pilot run(s) to do at "
-                      f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each", highlight=False)
+            live.pilots_to_run(len(payload))
+            live.note(f"RACE {s.name}: {len(payload)} of {len(design)} pilot run(s) to do at "
+                      f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
+            estimate = study_estimate(obj, s.budget_flops, 0 if propose_only else validations,
+                                      len(payload), f)
+            if estimate:
+                live.note(estimate + ("; full runs not counted" if propose_only else ""))
         elif phase == "proposals":
-            err.print(f"proposed {len(payload)} run(s): " + ", ".join(
+            live.note(f"proposed {len(payload)} run(s): " + ", ".join(
                 f"{p.fidelity} rho={p.allocation.rho:.3f} G={p.allocation.group_size} {p.allocation.reward}"
-                for p in payload), highlight=False)
-
-    def on_end(row: Any, result: Any) -> None:
-        from allocopt.answer import trial_line
-
-        err.print(trial_line(row, s), markup=False, highlight=False, soft_wrap=True)
-
-    from allocopt.cli_common import close_tracker, one_interrupt
+                for p in payload))
+        elif phase == "diagnoses":
+            live.step("proposing the full-budget runs (surrogate fit)")
 
     status = "FAILED"  # the parent run is FINISHED only when the race ends normally
     try:
-        with one_interrupt():
+        with one_interrupt(), live:
+            live.step("opening the study and the pilot design")
             res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                            pilot_fraction=f, validations=validations, propose_only=propose_only,
-                           settings=settings, on_phase=on_phase, on_trial_end=None if as_json else on_end,
+                           settings=settings, on_phase=on_phase, on_trial_start=live.on_start,
+                           on_trial_end=None if as_json else live.on_end, progress=live.progress,
                            verbose=verbose)
         _record(s, storage, tracker, res)
         status = "FINISHED"

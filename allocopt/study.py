@@ -54,6 +54,8 @@ class TrialRow:
     targets: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    fidelity: str = "full"
+    """``full`` (the study's budget) or ``pilot`` (a RACE pilot at a fraction of it)."""
 
     @property
     def value(self) -> float:
@@ -188,7 +190,7 @@ def rows(study: Any) -> list[TrialRow]:
         params = {k: v for k, v in t.params.items() if k != "fidelity"}  # the fidelity is its own field
         out.append(TrialRow(t.number, state, params, dict(ua.get("targets", {})),
                             {**ua.get("metrics", {}), "value": t.values[0] if t.values else math.nan},
-                            ua.get("error")))
+                            ua.get("error"), ua.get("fidelity", "full")))
     return out
 
 
@@ -246,7 +248,8 @@ def run_one_trial(
               "objective": spec.objective, "target": spec.target}
     run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
                                                         "allocopt.fidelity": fidelity}) if tracker else None
-    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in trial.params.items() if k != "fidelity"})
+    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in trial.params.items() if k != "fidelity"},
+                   fidelity=fidelity)
 
     def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
         """Record a plan the budget cannot buy: a violated constraint, nothing spent."""

@@ -294,3 +294,37 @@ def test_regime_table_fits_80_columns_with_its_numbers(how, monkeypatch, tmp_pat
     row = next(line for line in text.splitlines() if line.lstrip().startswith("structured"))
     assert row.split() == ["structured", "12", "0.62±0.08", "0.48-0.77", "16", "+0.05/-0.03", "12%",
                            "update-heavy", "(83%)"]
+
+
+def test_study_estimate_counts_pilots_and_full_runs():
+    from allocopt.live import study_estimate
+
+    obj = SimpleNamespace(flops_per_second=1e10, overhead_seconds=15.0)  # the tiny objective's figures
+    # by hand: 30 pilots x (15 + 0.25 x 3e11 / 1e10) + 12 full x (15 + 3e11 / 1e10) = 675 + 540 s
+    text = study_estimate(obj, 3e11, 12, 30, 0.25)
+    assert text.startswith(f"estimated wall time: about {1215 / 60:.1f} min for 30 pilot(s) of 7.5e+10 FLOPs "
+                           "and 12 full run(s) of 3e+11 FLOPs"), text
+    assert study_estimate(SimpleNamespace(), 3e11, 12) is None  # no measured throughput: no estimate
+
+
+class _Timed(SyntheticObjective):
+    flops_per_second = 1e17
+    overhead_seconds = 1.0
+
+
+def test_study_shows_its_estimate_before_the_first_trial(tmp_path, monkeypatch, capsys):
+    from allocopt import objective as registry
+    from allocopt.cli import main
+
+    monkeypatch.setitem(registry._REGISTRY, "timed", registry._Entry(_Timed, ("native_reward", "pass_at_1", "judge")))
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as done:
+        main(["study", "--objective", "timed", "--budget", "1e18", "--pilots", "0", "--trials", "1",
+              "--sampler", "random", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/t.db"])
+    err = capsys.readouterr().err
+    assert done.value.code == 0, err
+    flat = " ".join(err.split())
+    # 1 full run x (1 s + 1e18 / 1e17 FLOP/s) = 11 s
+    assert "estimated wall time: about 11 s for 1 full run(s) of 1e+18 FLOPs" in flat
+    assert flat.index("estimated wall time") < flat.index("trial 0 ")
+    assert all(len(line) <= 80 for line in err.splitlines())

@@ -235,8 +235,8 @@ def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(cr, "race", lambda **kw: seen.append(kw["max_pilots"]))
-    monkeypatch.setattr("allocopt.cli.print_study_summary", lambda *a, **k: None)
-    for extra, want in (([], None), (["--pilots", "12"], 12)):
+    monkeypatch.setattr("allocopt.commands_study.print_study_summary", lambda *a, **k: None)
+    for extra, want in (([], None), (["--pilots", "30"], 30)):  # 30: 6 for each of the 5 reward systems
         res = CliRunner().invoke(app, ["study", "--objective", "synthetic", "--budget", "1e19",
                                        "--target", "pass@1", "--no-mlflow",
                                        "--storage", f"sqlite:///{tmp_path}/w.db", *extra])
