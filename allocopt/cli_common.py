@@ -67,7 +67,7 @@ def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
     once fail with errors such as "duplicate column name"); other URIs: no lock."""
     import fcntl
 
-    from allocopt.tracking import _resolve_uri
+    from allocopt.tracking.tracker import _resolve_uri
 
     uri = _resolve_uri(mlflow_uri)
     prefix = "sqlite:///"
@@ -106,7 +106,8 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
     import sys
     import time
 
-    from allocopt.tracking import TAG_STUDY, _artifact_location, _resolve_uri
+    from allocopt.tracking.keys import TAG_STUDY
+    from allocopt.tracking.tracker import _artifact_location, _resolve_uri
 
     uri = _resolve_uri(mlflow_uri)
     try:
@@ -219,17 +220,18 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
 
 
 def close_tracker(tracker: Any, study_name: str, storage: str, status: str) -> None:
-    """End the study's MLflow records: trial runs that a killed worker left RUNNING are ended
-    FAILED where Optuna no longer has their trial RUNNING (:meth:`StudyTracker.end_stale_runs`),
-    then the parent run is closed with ``status`` (``FINISHED``; ``KILLED`` after an interrupt,
-    ``FAILED`` after a crash). Safe to call with ``tracker=None``."""
+    """End the study's MLflow records: trial runs that a stopped worker left RUNNING are ended
+    to match Optuna where it no longer has their trial RUNNING (:meth:`StudyTracker.reconcile`,
+    the path the stale-heartbeat callback takes too), then the parent run is closed with
+    ``status`` (``FINISHED``; ``KILLED`` after an interrupt, ``FAILED`` after a crash). Safe to
+    call with ``tracker=None``."""
     if tracker is None:
         return
     try:
         import optuna
 
         study = optuna.load_study(study_name=study_name, storage=storage)
-        tracker.end_stale_runs({t.number: t.state.name for t in study.get_trials(deepcopy=False)})
+        tracker.reconcile(study)
     except Exception:  # noqa: BLE001 - no study yet, storage gone: nothing to reconcile
         pass
     finally:

@@ -245,7 +245,7 @@ def _recommendation(study: Optional[str], storage: str, from_mlflow: Optional[Li
     from mlflow import MlflowClient
 
     from allocopt.cli_common import short_mlflow_requests
-    from allocopt.tracking import _resolve_uri
+    from allocopt.tracking.tracker import _resolve_uri
 
     name = from_mlflow[0] if from_mlflow[0].startswith("allocopt/") else f"allocopt/{from_mlflow[0]}"
     with short_mlflow_requests():

@@ -165,23 +165,38 @@ def test_nan_and_raising_trials_fail_everywhere(tmp_path):
     assert "2 complete full-budget trials, 0 infeasible (never run), 2 failed" in out
 
 
-def test_end_stale_runs_ends_only_runs_whose_trial_stopped(tmp_path):
-    """A killed worker's trial runs: ended FAILED where Optuna no longer runs the trial; a live
-    worker's (still RUNNING in Optuna) and this tracker's own open runs are left alone."""
+def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
+    """A killed worker's trial runs, reconciled when a tracker closes (the same path as the
+    stale-heartbeat callback): ended to match Optuna where it no longer runs the trial (FAIL ->
+    FAILED, COMPLETE -> FINISHED with its targets); a live worker's (still RUNNING in Optuna)
+    and the closing tracker's own open runs are left alone."""
+    import optuna
     from mlflow import MlflowClient
 
+    from allocopt.cli_common import close_tracker
     from allocopt.tracking import StudyTracker
 
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri, storage = f"sqlite:///{tmp_path}/m.db", f"sqlite:///{tmp_path}/o.db"
+    study = optuna.create_study(study_name="s", storage=storage)
+    trials = [study.ask() for _ in range(4)]
+    study.tell(trials[0], state=optuna.trial.TrialState.FAIL)  # failed by another worker
+    study.tell(trials[2], state=optuna.trial.TrialState.FAIL)
+    trials[3].set_user_attr("targets", {"pass@1": 0.5})  # told, then the worker died before MLflow
+    study.tell(trials[3], 0.5)
     dead = StudyTracker("s", tracking_uri=uri)
     stale = dead.start_trial(0, {"rho": 0.5})
     live = dead.start_trial(1, {"rho": 0.6})  # another worker's, still running
+    told = dead.start_trial(3, {"rho": 0.8})
     fresh = StudyTracker("s", tracking_uri=uri)  # the resumed worker
     mine = fresh.start_trial(2, {"rho": 0.7})
-    assert fresh.end_stale_runs({0: "FAIL", 1: "RUNNING", 2: "FAIL"}) == [0]
+    assert fresh.reconcile(study) == [0, 3]
     c = MlflowClient(uri)
-    assert [c.get_run(r).info.status for r in (stale, live, mine)] == ["FAILED", "RUNNING", "RUNNING"]
+    assert [c.get_run(r).info.status for r in (stale, live, mine, told)] == ["FAILED", "RUNNING", "RUNNING", "FINISHED"]
     assert c.get_run(stale).data.tags["allocopt.state"] == "FAIL"
+    assert "worker lost" in c.get_run(stale).data.tags["allocopt.error"]
+    assert c.get_run(told).data.metrics["pass_at_1"] == 0.5
+    close_tracker(fresh, "s", storage, "FINISHED")  # its own open run ends KILLED, the live one stays
+    assert [c.get_run(r).info.status for r in (live, mine)] == ["RUNNING", "KILLED"]
 
 
 def test_nan_target_fails_the_trial_in_optuna_attrs_and_row(tmp_path):

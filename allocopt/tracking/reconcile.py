@@ -1,0 +1,58 @@
+"""Reconciling MLflow with Optuna: trial runs left RUNNING by a worker that stopped mid-trial
+(killed, or a second Ctrl-C cut its clean-up short) are ended to match the trial's state in
+Optuna. One path for both moments it is needed: when another worker fails a dead worker's
+trial (the stale-heartbeat callback, :func:`allocopt.storage.on_stale`) and when a study's
+tracker closes (:func:`allocopt.cli_common.close_tracker`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from allocopt.tracking.keys import STATES, TAG_ROLE, TAG_STUDY, TAG_TRIAL, mlflow_key
+
+
+def reconcile(tracker: Any, study: Any) -> list[int]:
+    """End the open MLflow runs of trials that Optuna has finished: a worker killed
+    mid-trial leaves its run RUNNING while another worker fails the trial (stale
+    heartbeat, :mod:`allocopt.storage`). ``FAIL`` -> FAILED with an ``allocopt.error`` naming
+    the retry; ``COMPLETE``/``INFEASIBLE`` (a worker killed between Optuna's tell and
+    MLflow) -> FINISHED with the targets and metrics Optuna kept. Runs of trials still
+    RUNNING (or WAITING) in Optuna, another live worker's, are left alone, and so are the runs
+    ``tracker`` has open itself (:meth:`allocopt.tracking.StudyTracker.finish_trial` ends those).
+
+    Args:
+        tracker: a :class:`allocopt.tracking.StudyTracker`.
+        study: the Optuna study (a loaded one will do).
+
+    Returns:
+        the trial numbers whose runs were ended, ascending.
+    """
+    from optuna.trial import TrialState
+
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    retried = {t.system_attrs.get("failed_trial"): t.number for t in trials.values()
+               if t.system_attrs.get("failed_trial") is not None}
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id], max_results=5000,
+        filter_string=f"tags.`{TAG_ROLE}` = 'trial' and attributes.status = 'RUNNING'")
+    ended = []
+    for r in runs:
+        if r.info.run_id in tracker._open or r.data.tags.get(TAG_STUDY) != tracker.study_name:
+            continue
+        t = trials.get(int(r.data.tags.get(TAG_TRIAL, -1)))
+        if t is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        ua = t.user_attrs
+        state = ua.get("state") if ua.get("state") in STATES else (
+            "COMPLETE" if t.state == TrialState.COMPLETE else "FAIL")
+        error = ua.get("error")
+        if state == "FAIL" and not error:
+            again = retried.get(t.number)
+            error = ("worker lost: no heartbeat within the grace period; failed by another "
+                     "worker" + (f", retried as trial {again}" if again is not None else ""))
+        metrics = {**{mlflow_key(k): v for k, v in (ua.get("targets") or {}).items()},
+                   **(ua.get("metrics") or {})}
+        tracker.finish_trial(r.info.run_id, state=state, metrics=metrics, error=error)
+        ended.append(t.number)
+    return sorted(ended)
