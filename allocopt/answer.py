@@ -145,7 +145,7 @@ def trial_line(row: Any, spec: Any, width: int = WIDTH) -> str:
     """One line per finished trial, at most ``width`` columns, numbers kept.
 
     Args:
-        row: a :class:`allocopt.study.TrialRow`.
+        row: a :class:`allocopt.trial_record.TrialRow`.
         spec: the :class:`allocopt.spec.StudySpec` (defaults for a fixed dimension).
     """
     p = row.params

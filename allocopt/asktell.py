@@ -151,7 +151,7 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         ua = trial.user_attrs
         budget = float(ua.get("budget_flops", spec.budget_flops))
         fidelity = str(ua.get("fidelity", "full"))
-        from allocopt.study import allocation_of
+        from allocopt.spec import allocation_of
 
         alloc: Allocation = allocation_of(spec, trial.params)
         try:
@@ -314,7 +314,7 @@ def check_tellable(study: Any, number: int) -> Any:
 
 def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float],
            spent: FlopAccount, *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Record a reserved trial as COMPLETE, as :func:`allocopt.study.run_one_trial` records one
+    """Record a reserved trial as COMPLETE, as :func:`allocopt.trial_record.run_one_trial` records one
     (user attributes ``state``, ``targets``, ``metrics``, the ``budget`` constraint), plus
     ``over_budget`` and ``source=tell``.
 
@@ -338,7 +338,7 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     tid = handle[1]
     trial = optuna.trial.Trial(study, tid)
     over = used > budget
-    from allocopt.study import set_dashboard_constraint
+    from allocopt.trial_record import set_dashboard_constraint
 
     constraint = math.log10(used / budget) if over else -1.0
     trial.set_constraint("budget", constraint)

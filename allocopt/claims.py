@@ -13,7 +13,7 @@ Uses only the storage's public methods (``get_study_id_from_name``,
 ``get_trial_id_from_study_id_trial_number``, ``set_trial_system_attr``, ``record_heartbeat``:
 the claim starts the trial's heartbeat, so a worker killed after claiming leaves a trial the
 others fail and retry after the grace period, not a point claimed for ever). A study that
-:func:`allocopt.study.open_study` did not open (plain Optuna code, one process) makes no
+:func:`allocopt.study_open.open_study` did not open (plain Optuna code, one process) makes no
 claims. Standard library and Optuna only.
 """
 
@@ -81,7 +81,7 @@ def clashes(trials: Iterable[Any], number: int, claim: dict[str, Any]) -> bool:
 
 def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
     """Write ``claim`` on trial ``number``; ``False`` when the study keeps no claims (not
-    opened by :func:`allocopt.study.open_study`)."""
+    opened by :func:`allocopt.study_open.open_study`)."""
     from allocopt.storage import trial_handle
 
     handle = trial_handle(study, number)

@@ -35,7 +35,7 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
 
     from allocopt.asktell import TellError, spec_of
     from allocopt.storage import make_storage, redact_url
-    from allocopt.study import StudyError, open_study
+    from allocopt.study_open import StudyError, open_study
 
     warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental|Heartbeat of storage).*")
@@ -80,7 +80,7 @@ def ask(
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
     from allocopt.asktell import FORMATS, reserve, trl_command, trl_config, verl_overrides
     from allocopt.storage import redact_url
-    from allocopt.study import distributions
+    from allocopt.study_open import distributions
 
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r}: allowed: {', '.join(FORMATS)}")
@@ -111,7 +111,7 @@ def ask(
     lr = learning_rate or getattr(settings, "learning_rate", base.learning_rate)
     max_len = int(getattr(settings, "max_completion_length", base.max_completion_length))
     workload = obj.workload()
-    from allocopt.study import make_sampler
+    from allocopt.study_open import make_sampler
 
     st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
     race = hasattr(st.sampler, "suggest")

@@ -105,7 +105,7 @@ def race(
     from allocopt.cli_common import close_tracker, one_interrupt
     from allocopt.live import StudyDisplay, study_estimate
     from allocopt.race import run_race, same_regime_rate
-    from allocopt.study import StudyError
+    from allocopt.study_open import StudyError
 
     live = StudyDisplay(err, s, num_full=validations, disable=as_json)
 
@@ -167,7 +167,7 @@ def race(
         out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
     if res.recommendation is not None and not propose_only:
         from allocopt.answer import recommendation_dict, recommendation_lines
-        from allocopt.study import open_study
+        from allocopt.study_open import open_study
 
         rec = recommendation_dict(res.recommendation, s.target)
         from dataclasses import replace as _replace

@@ -53,7 +53,9 @@ def study(
 
     quiet_library_warnings()
     from allocopt.spec import StudySpec
-    from allocopt.study import StudyError, dry_run as plans_over_space, rows, run_study
+    from allocopt.study import dry_run as plans_over_space, run_study
+    from allocopt.study_open import StudyError
+    from allocopt.trial_record import rows
 
     from allocopt.allocation import check_budget
 
@@ -119,7 +121,7 @@ def study(
             raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None
 
         from allocopt.commands_race import race
-        from allocopt.study import open_study
+        from allocopt.study_open import open_study
 
         race(spec=spec, budget=repr(s.budget_flops) if b is None and spec is None else (None if b is None else repr(b)),
              target=tgt if tgt is not None or spec is not None else s.target, objective=objective,
@@ -133,7 +135,7 @@ def study(
                             show_answer=not st.user_attrs.get("recommendation"))
         return
     from allocopt.cli_common import check_space_feasible
-    from allocopt.study import open_study
+    from allocopt.study_open import open_study
 
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
@@ -184,7 +186,7 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
     """Final table: the top trials (the Pareto front when the study has several targets), the
     one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
     observed trial as evidence."""
-    from allocopt.study import rows
+    from allocopt.trial_record import rows
 
     if s.multi_objective:
         from allocopt.commands_query import pareto

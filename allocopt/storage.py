@@ -166,7 +166,7 @@ def register(study: Any, storage: Any) -> None:
 
 
 def storage_of(study: Any) -> Any:
-    """The storage object a study was opened with by :func:`allocopt.study.open_study`.
+    """The storage object a study was opened with by :func:`allocopt.study_open.open_study`.
 
     Raises:
         KeyError: the study was not opened that way.
@@ -178,7 +178,7 @@ def trial_handle(study: Any, number: int) -> tuple[Any, int] | None:
     """``(storage, trial_id)`` of trial ``number`` through the storage object the study was
     opened with (public storage methods ``get_study_id_from_name``,
     ``get_trial_id_from_study_id_trial_number``); ``None`` for a study without one (in memory,
-    or not opened by :func:`allocopt.study.open_study`)."""
+    or not opened by :func:`allocopt.study_open.open_study`)."""
     storage = _STORAGES.get(study)
     if storage is None or isinstance(storage, str):
         return None

@@ -195,7 +195,7 @@ def test_ask_reserved_trials_are_left_to_tell(tmp_path, monkeypatch, cli):
     import time
 
     from allocopt.storage import fail_stale
-    from allocopt.study import open_study
+    from allocopt.study_open import open_study
 
     time.sleep(3.5)
     st = open_study(StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,

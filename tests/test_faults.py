@@ -88,7 +88,7 @@ def check_consistent(tmp: Path, trials: int, kept: dict[int, tuple]) -> list:
     by_trial, parents = mlflow_runs(tmp)
     want = {"COMPLETE": {"FINISHED"}, "FAIL": {"FAILED", "KILLED"}}
     for t in ts:
-        attr = t.user_attrs.get("state", t.state.name)  # as allocopt.study.rows reads it
+        attr = t.user_attrs.get("state", t.state.name)  # as allocopt.trial_record.rows reads it
         assert t.state.name in want, (t.number, t.state)  # nothing left RUNNING
         assert (attr == "FAIL") == (t.state.name == "FAIL"), (t.number, t.state, attr)
         assert len(by_trial.get(t.number, [])) == 1 and by_trial[t.number][0] in want[t.state.name], \
@@ -201,7 +201,8 @@ def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
 
 def test_nan_target_fails_the_trial_in_optuna_attrs_and_row(tmp_path):
     from allocopt.spec import StudySpec
-    from allocopt.study import rows, run_study
+    from allocopt.study import run_study
+    from allocopt.trial_record import rows
     from fault_objective import FaultyObjective
 
     obj = FaultyObjective(nan_at=[1], noise=0.0)

@@ -272,7 +272,7 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     def on_phase(phase, payload):  # after the pilots, another worker runs the next proposal first
         if phase == "diagnoses" and not stolen:
             from allocopt.sampler import RaceSampler
-            from allocopt.study import distributions
+            from allocopt.study_open import distributions
 
             other = optuna.load_study(study_name="tagged", storage=url)
             mine = RaceSampler(space, budget_flops=BUDGET, workload=w, settings=settings, seed=s.seed)

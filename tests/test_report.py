@@ -16,7 +16,8 @@ from allocopt.query_sources import load_rows_from_study, rows_of_study
 from allocopt.report import write_report
 from allocopt.report_data import best_table, default_pareto_pair, estimates, rho_estimate, study_context
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import open_study, run_study
+from allocopt.study import run_study
+from allocopt.study_open import open_study
 from objectives.synthetic import SyntheticObjective
 
 DATA_URI = "data:image/png;base64,"

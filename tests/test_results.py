@@ -8,7 +8,8 @@ import pytest
 from allocopt.allocation import Allocation, min_budget
 from allocopt.answer import recommendation_dict, recommendation_lines, short_error, trial_line
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import TrialRow, rows, run_study
+from allocopt.study import run_study
+from allocopt.trial_record import TrialRow, rows
 from objectives.synthetic import SyntheticObjective
 
 

@@ -13,7 +13,8 @@ from allocopt.allocation import Allocation, make_plan
 from allocopt.race import RaceSettings, propose, runs_of
 from allocopt.sampler import FIDELITY_PARAM, RaceSampler
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import best_row, rows, run_study
+from allocopt.study import run_study
+from allocopt.trial_record import best_row, rows
 from objectives.synthetic import SyntheticObjective
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -210,7 +211,7 @@ def test_a_worker_killed_after_its_claim_leaves_a_stale_trial_not_a_claim(tmp_pa
     started the trial's heartbeat, so after the grace period the next worker fails that trial
     and Optuna's retry of it (the next trial asked) runs the same point."""
     from allocopt.storage import fail_stale
-    from allocopt.study import open_study
+    from allocopt.study_open import open_study
 
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")

@@ -10,7 +10,9 @@ import optuna
 import pytest
 
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import StudyError, open_study, rows, run_study
+from allocopt.study import run_study
+from allocopt.study_open import StudyError, open_study
+from allocopt.trial_record import rows
 from objectives.synthetic import SyntheticObjective, response, rho_star
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.storage import StorageError, heartbeat, heartbeat_settings, redact_url
-from allocopt.study import StudyError, open_study
+from allocopt.study_open import StudyError, open_study
 
 ROOT = Path(__file__).resolve().parents[1]
 

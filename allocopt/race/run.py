@@ -65,7 +65,8 @@ def run_race(
         StudyError: the storage cannot be opened, or the objective lacks the target.
     """
     from allocopt.sampler import RaceSampler
-    from allocopt.study import open_study, run_study
+    from allocopt.study import run_study
+    from allocopt.study_open import open_study
 
     f = check_pilot_fraction(pilot_fraction)
     if isinstance(validations, bool) or not isinstance(validations, int) or validations < 0:

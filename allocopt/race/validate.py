@@ -23,7 +23,7 @@ from allocopt.race.propose import Proposal, fit_surrogate
 from allocopt.spec import StudySpec
 
 if TYPE_CHECKING:
-    from allocopt.study import TrialRow
+    from allocopt.trial_record import TrialRow
 
 @dataclass
 class ValidationRow:
