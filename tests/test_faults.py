@@ -162,7 +162,7 @@ def test_nan_and_raising_trials_fail_everywhere(tmp_path):
     by_trial, parents = mlflow_runs(tmp_path)
     assert by_trial == {0: ["FINISHED"], 1: ["FAILED"], 2: ["FAILED"], 3: ["FINISHED"]}
     assert "trial 1 FAIL" in err and "trial 2 FAIL" in err
-    assert "2 complete full-budget trials, 0 infeasible (never run), 2 failed" in out
+    assert "full-budget trials: 2 complete, 0 infeasible (never run), 2 failed" in out
 
 
 def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
