@@ -117,7 +117,7 @@ def race(
             estimate = study_estimate(obj, s.budget_flops, 0 if propose_only else validations,
                                       len(payload), f)
             if estimate:
-                live.note(estimate + ("; full runs not counted" if propose_only else ""))
+                live.note(estimate)
         elif phase == "proposals":
             live.note(f"proposed {len(payload)} run(s): " + ", ".join(
                 f"{p.fidelity} rho={p.allocation.rho:.3f} G={p.allocation.group_size} {p.allocation.reward}"

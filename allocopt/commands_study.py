@@ -154,9 +154,9 @@ def study(
     from allocopt.cli_common import close_tracker, one_interrupt
     from allocopt.live import StudyDisplay, study_estimate
 
-    full_done = sum(1 for r in rows(opened) if r.fidelity == "full" and r.state == "COMPLETE")
-    with StudyDisplay(err, s, num_full=s.trials) as live:
-        estimate = study_estimate(obj, s.budget_flops, max(0, s.trials - full_done))
+    to_do = max(0, s.trials - sum(1 for r in rows(opened) if r.fidelity == "full" and r.state == "COMPLETE"))
+    with StudyDisplay(err, s, num_full=to_do) as live:  # a resumed study counts the runs it has left
+        estimate = study_estimate(obj, s.budget_flops, to_do)
         if estimate:
             live.note(estimate)
         live.step("opening the study and its sampler")

@@ -39,18 +39,19 @@ def study_estimate(obj: Any, budget_flops: float, num_full: int, num_pilots: int
     """The study's wall-time estimate as one sentence: ``num_pilots`` trials at
     ``pilot_fraction × budget_flops`` and ``num_full`` at ``budget_flops``, each spending its
     whole budget (:func:`estimated_seconds` per trial: the objective's overhead plus FLOPs over
-    its measured FLOP/s). ``None`` when the objective has no measured throughput."""
+    its measured FLOP/s). ``None`` when the objective has no measured throughput or nothing is
+    left to run."""
     full = estimated_seconds(obj, budget_flops)
-    if full is None:
+    if full is None or num_full + num_pilots == 0:
         return None
     pilot = estimated_seconds(obj, pilot_fraction * budget_flops) if num_pilots else 0.0
     total = num_pilots * (pilot or 0.0) + num_full * full
     parts = ([f"{num_pilots} pilot(s) of {pilot_fraction * budget_flops:.3g} FLOPs"] if num_pilots else []) \
-        + [f"{num_full} full run(s) of {budget_flops:.3g} FLOPs"]
+        + ([f"{num_full} full run(s) of {budget_flops:.3g} FLOPs"] if num_full else [])
     return (f"estimated wall time: about {duration(total)} for {' and '.join(parts)} (at "
-            f"{obj.flops_per_second:.2g} FLOP/s plus {getattr(obj, 'overhead_seconds', 0.0):.0f} s "
-            "per trial for loading and evaluation, measured on a lightly loaded core; more on a busy "
-            "machine)")
+            f"{obj.flops_per_second:.2g} FLOP/s, the objective's measured rate, plus "
+            f"{getattr(obj, 'overhead_seconds', 0.0):.0f} s per trial for loading and evaluation; "
+            "more on a busy machine)")
 
 
 class StudyDisplay:
@@ -68,17 +69,19 @@ class StudyDisplay:
     """
 
     def __init__(self, console: Any, spec: Any, num_full: int, disable: bool = False):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.spec = spec
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=16), TextColumn("{task.fields[count]}"),
                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                             disable=disable, transient=False)
         self.disable = disable
-        self.pilots = self.bar.add_task("pilots", total=0, info="", visible=False)
-        self.full = self.bar.add_task("starting", total=num_full, info="")
-        self.trial = self.bar.add_task("trial", total=spec.budget_flops, info="", visible=False)
+        self.pilots = self.bar.add_task("pilots", total=0, info="", count="", visible=False)
+        self.full = self.bar.add_task("starting", total=num_full, info="", count=f"0/{num_full}")
+        self.trial = self.bar.add_task("trial", total=spec.budget_flops, info="", count="", visible=False)
         self._fidelity: dict[int, str] = {}
+        self._done = {"pilot": 0, "full": 0}
+        self._total = {"pilot": 0, "full": num_full}
         self.best: Any = None
 
     def __enter__(self) -> "StudyDisplay":
@@ -99,15 +102,14 @@ class StudyDisplay:
 
     def pilots_to_run(self, n: int) -> None:
         """Show the pilot counter (``n`` pilots to run)."""
-        self.bar.update(self.pilots, total=n, visible=n > 0, description="pilots")
+        self._total["pilot"] = n
+        self.bar.update(self.pilots, total=n, visible=n > 0, description="pilots", count=f"0/{n}")
 
     def on_start(self, number: int, alloc: Any, plan: Any) -> None:
         pilot = plan is not None and plan.budget_flops < self.spec.budget_flops * (1 - 1e-9)
         self._fidelity[number] = "pilot" if pilot else "full"
-        task = self.pilots if pilot else self.full
-        done = int(self.bar.tasks[task].completed) + 1
-        total = self.bar.tasks[task].total
-        what = f"pilot {done}/{total:.0f}" if pilot else f"full run {done}/{total:.0f}"
+        kind = "pilot" if pilot else "full"
+        what = f"{'pilot' if pilot else 'full run'} {self._done[kind] + 1}/{self._total[kind]}"
         self.bar.update(self.full, description="full runs")
         self.bar.update(self.trial, completed=0, total=plan.budget_flops if plan else self.spec.budget_flops,
                         visible=True, info="loading models…",
@@ -121,7 +123,10 @@ class StudyDisplay:
         from allocopt.answer import trial_line
 
         fidelity = self._fidelity.get(row.number) or getattr(row, "fidelity", "full")
-        self.bar.advance(self.pilots if fidelity == "pilot" else self.full)
+        kind = "pilot" if fidelity == "pilot" else "full"
+        self._done[kind] += 1
+        self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
+                        count=f"{self._done[kind]}/{self._total[kind]}")
         if fidelity == "full" and row.state == "COMPLETE" and (self.best is None or row.value > self.best.value):
             self.best = row
         if self.best is not None:

@@ -28,7 +28,7 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study_open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.trial_record import TrialRow, best_row, log_final, rows, run_one_trial  # noqa: F401 (rows, best_row: allocopt.pareto reads them here)
+from allocopt.trial_record import TrialRow, log_final, rows, run_one_trial  # noqa: F401 (rows: allocopt.query_sources reads it here, TrialRow allocopt.pareto)
 
 
 def run_study(
