@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -72,3 +73,26 @@ def test_one_trial_stays_within_its_budget(objective):
     assert all(0.0 <= v <= 1.0 for v in result.targets.values())
     walls = result.wall_seconds
     assert walls["learning"] > 0 and walls["search+reward"] > 0 and walls["eval"] > 0
+
+
+def test_a_world_build_is_announced_before_it_starts(tmp_path, monkeypatch, capsys):
+    """The shipped world matches the recipe: no notice. A world that must be built (the
+    shipped one no build of the recipe, an empty cache) is announced on stderr, with the
+    shipped build's own time, before the build starts."""
+    from objectives.tiny import build_notice
+
+    assert build_notice() is None  # the shipped world is a build of the recipe
+    cache = tmp_path / "cache"
+    note = build_notice(cache)
+    manifest = json.loads((tb.SHIPPED_DIR / tb.MANIFEST).read_text())
+    minutes = round(manifest["timings_s"]["total"] / 60)
+    assert note is not None and str(cache) in note and f"about {minutes} min" in note
+    monkeypatch.setattr(tb, "SHIPPED_DIR", tmp_path / "not-shipped")  # a recipe the shipped world misses
+    monkeypatch.setenv(tb.CACHE_ENV, str(cache))
+    note = build_notice()
+    assert note is not None and "neither the shipped world" in note and str(cache) in note
+    assert "several minutes" in note  # the moved shipped manifest has no timings to quote
+    seen: list[str] = []
+    monkeypatch.setattr(tb, "build_world", lambda c: seen.append(capsys.readouterr().err) or "paths")
+    assert TinyObjective().world() == "paths"
+    assert seen == [note + "\n"]  # said once, on stderr, before the build was called
