@@ -4,7 +4,8 @@ Standard library only. Admission has two stages (charge-then-check per batch):
 
 1. before the rollouts, :meth:`FlopMeter.admit` with the most the iteration's generation and
    learning can cost (worst case: every completion at the generation limit) — plus the reward
-   model's worst case when the reward cannot price a batch before scoring it;
+   model's worst case when the reward cannot price a batch before scoring it (the driver adds
+   the cheapest reward of the run's earlier batches otherwise, so that stage 2 rarely refuses);
 2. once the completions exist (before the reward model and the update run),
    :meth:`FlopMeter.admit_exact` with the iteration's exact cost: search and learning from the
    actual token counts (:func:`allocopt.grpo_flops.grpo_step_flops`) and the reward model's

@@ -1,10 +1,12 @@
 """The GRPO driver: one real trial (TRL ``GRPOTrainer`` + peft LoRA) under a hard FLOP budget.
 
-It drives TRL rather than rewriting it: a thin subclass adds three hooks around TRL's own loop,
+It drives TRL rather than rewriting it: a thin subclass adds hooks around TRL's own loop,
 
 * before each rollout batch, the :class:`~allocopt.meter.FlopMeter` admits the iteration only if
   the worst case of its generation and learning (every completion at ``max_completion_length``)
-  fits the budget, else the run stops (:class:`~allocopt.meter.BudgetExhausted`);
+  fits the budget (plus the cheapest reward of the run's earlier batches, so that the second
+  stage rarely refuses a generated batch), else the run stops
+  (:class:`~allocopt.meter.BudgetExhausted`);
 * once the batch is generated (before the reward model and the update run), the meter admits it
   again at its exact cost: search and learning from the actual token counts, and the reward
   model's FLOPs for the actual texts (the reward's ``usage_of``); refused, the generation is

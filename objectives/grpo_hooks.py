@@ -60,6 +60,8 @@ class _Hooks:
     """The dataset rows of the iteration in progress (the reward's extra columns)."""
     awaiting_rollouts: bool = False
     """Between :meth:`before_iteration` and :meth:`after_rollouts` (its second admission)."""
+    reward_floor: int | None = None
+    """Least executed reward FLOPs of the run's batches so far (``None`` before the first)."""
     micro: int = 0
     rows: int = 0
     t_iter: float = 0.0
@@ -102,6 +104,10 @@ class _Hooks:
         worst = self._step(p_tok, [C] * len(inputs), self.rows).executed.total_flops
         if not hasattr(self.reward, "usage_of") and hasattr(self.reward, "worst_case_flops"):
             worst += self.reward.worst_case_flops(max(p_tok), C, len(inputs))
+        elif self.reward_floor:
+            # not a bound (stage 2 is): the cheapest reward seen, so that stage 2 rarely refuses
+            # a batch already generated (its generation would be spent on nothing)
+            worst += self.reward_floor
         self.meter.admit(worst)
         self.inputs, self.awaiting_rollouts = inputs, True
 
@@ -138,6 +144,9 @@ class _Hooks:
         if self.on_batch:
             self.on_batch(p_tok, c_tok)
         usage = self.reward.consume_usage() if hasattr(self.reward, "consume_usage") else None
+        if usage is not None:
+            floor = self.reward_floor
+            self.reward_floor = usage.executed_flops if floor is None else min(floor, usage.executed_flops)
         if usage is not None and (usage.useful_flops or usage.executed_flops):
             acct = acct + usage.account()
         if usage is not None:
