@@ -58,13 +58,14 @@ class TinySettings:
 
 def build_notice(cache_dir: Path | None = None) -> str | None:
     """One line saying that loading the world will build it from scratch, with the time it
-    takes (the shipped build's own ``timings_s.total`` in its manifest, one core), or ``None``
-    when a build of the recipe (:class:`objectives.tiny_build.BuildSettings` defaults) is there:
+    takes (the sum of the shipped build's per-part ``timings_s`` in its manifest, one core: its
+    ``total`` is shorter when parts were reused from an earlier build), or ``None``
+    when a build of the recipe (:class:`objectives.tiny_manifest.BuildSettings` defaults) is there:
     the shipped world (no ``cache_dir``), or ``cache_dir`` (default
-    :func:`objectives.tiny_build.default_cache_dir`). Reads checksums only; trains nothing."""
+    :func:`objectives.tiny_manifest.default_cache_dir`). Reads checksums only; trains nothing."""
     import json
 
-    from objectives.tiny_build import MANIFEST, SHIPPED_DIR, BuildSettings, check_cache, default_cache_dir
+    from objectives.tiny_manifest import MANIFEST, SHIPPED_DIR, BuildSettings, check_cache, default_cache_dir
 
     recipe = BuildSettings()
     if cache_dir is None and check_cache(SHIPPED_DIR, recipe) is not None:
@@ -73,12 +74,13 @@ def build_notice(cache_dir: Path | None = None) -> str | None:
     if check_cache(root, recipe) is not None:
         return None
     try:
-        minutes = f"about {json.loads((SHIPPED_DIR / MANIFEST).read_text())['timings_s']['total'] / 60:.0f} min"
+        parts = json.loads((SHIPPED_DIR / MANIFEST).read_text())["timings_s"]
+        minutes = f"about {sum(v for k, v in parts.items() if k != 'total') / 60:.0f} min"
     except (OSError, ValueError, KeyError, TypeError):
         minutes = "several minutes"
-    where = f"{root} holds" if cache_dir is not None else \
-        f"neither the shipped world ({SHIPPED_DIR}) nor {root} holds"
-    return (f"tiny world: {where} a build of the current recipe; building it into {root} now "
+    where = f"{root} holds no" if cache_dir is not None else \
+        f"neither the shipped world ({SHIPPED_DIR}) nor {root} holds a"
+    return (f"tiny world: {where} build of the current recipe; building it into {root} now "
             f"({minutes} on one core, once; `python -m objectives.tiny_build` builds it ahead)")
 
 
