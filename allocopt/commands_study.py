@@ -100,6 +100,12 @@ def study(
         t.caption = ("got: realized rho; mu: update passes; search/learn/rwd: shares of the "
                      "executed FLOPs")
         out.print(t)
+        if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
+            from allocopt.commands_race import pilot_table
+
+            table, line = pilot_table(s, workload)
+            out.print(table)
+            out.print(line, highlight=False)
         if hasattr(obj, "length_sources"):
             out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
         return

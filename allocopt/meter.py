@@ -1,11 +1,20 @@
 """Runtime FLOP ledger of one trial: charges each iteration, never lets the run pass its budget.
 
-Standard library only. The driver asks :meth:`FlopMeter.admit` before every iteration with the
-most that iteration can cost (worst case: longest prompt of the batch, every completion at
-the generation limit); the meter admits it only if the spent total plus that bound stays
-within the budget. After the iteration the driver charges what was really executed, computed
-by :func:`allocopt.grpo_flops.grpo_step_flops` from the actual token counts. So the realized
-total is never above the budget, by construction.
+Standard library only. Admission has two stages (charge-then-check per batch):
+
+1. before the rollouts, :meth:`FlopMeter.admit` with the most the iteration's generation and
+   learning can cost (worst case: every completion at the generation limit) — plus the reward
+   model's worst case when the reward cannot price a batch before scoring it (the driver adds
+   the cheapest reward of the run's earlier batches otherwise, so that stage 2 rarely refuses);
+2. once the completions exist (before the reward model and the update run),
+   :meth:`FlopMeter.admit_exact` with the iteration's exact cost: search and learning from the
+   actual token counts (:func:`allocopt.grpo_flops.grpo_step_flops`) and the reward model's
+   FLOPs for the actual texts. Refused: the generation already done is charged
+   (``discarded_flops``) and the run stops.
+
+After the iteration the driver charges what was really executed, which is never more than
+what was admitted last. So the realized total is never above the budget, by construction,
+and the reward model's share is bounded exactly, not by its worst case.
 """
 
 from __future__ import annotations
@@ -48,7 +57,14 @@ class FlopMeter:
     """Wall time per phase (``search``, ``reward``, ``learning``), seconds."""
     stopped_reason: str | None = None
     refused_flops: int | None = None
-    """The worst-case bound of the iteration :meth:`admit` refused (``None``: none refused)."""
+    """The bound of the iteration :meth:`admit` or :meth:`admit_exact` refused (``None``: none
+    refused)."""
+    admitted_flops: int | None = None
+    """The bound the iteration in progress was last admitted with (executed FLOPs; ``None``
+    before the first admission): what its charge may be at most."""
+    discarded_flops: int = 0
+    """Executed FLOPs of work charged without an iteration record: the generation of a batch
+    that :meth:`admit_exact` refused (spent, trained on nothing)."""
 
     @property
     def executed_flops(self) -> int:
@@ -63,7 +79,7 @@ class FlopMeter:
         return self.executed_flops / self.budget_flops
 
     def admit(self, worst_case_flops: int) -> None:
-        """Allow an iteration that costs at most ``worst_case_flops`` (executed).
+        """Allow an iteration that costs at most ``worst_case_flops`` (executed) — stage 1.
 
         Raises:
             BudgetExhausted: the spent total plus the bound would pass the budget.
@@ -74,6 +90,31 @@ class FlopMeter:
                 f"budget: {self.executed_flops:.3e} spent + up to {worst_case_flops:.3e} for the "
                 f"next iteration > {self.budget_flops:.3e}")
             raise BudgetExhausted(self.stopped_reason)
+        self.admitted_flops = worst_case_flops
+
+    def admit_exact(self, exact_flops: int, *, done: FlopAccount | None = None) -> None:
+        """Stage 2: allow the admitted iteration at its exact cost ``exact_flops`` (executed:
+        the whole iteration, generation included), known once its completions exist; it
+        replaces the stage-1 bound (it may exceed it when stage 1 left the reward model out).
+
+        Args:
+            exact_flops: the iteration's executed FLOPs (search + learning + reward).
+            done: the work already executed (the generation); charged when refused.
+
+        Raises:
+            BudgetExhausted: the spent total plus ``exact_flops`` would pass the budget; ``done``
+                is then charged (``discarded_flops``, no iteration record).
+        """
+        if self.executed_flops + exact_flops > self.budget_flops:
+            self.refused_flops = exact_flops
+            self.stopped_reason = (
+                f"budget: {self.executed_flops:.3e} spent + {exact_flops:.3e} for the generated "
+                f"batch (exact, reward included) > {self.budget_flops:.3e}")
+            if done is not None:
+                self.spent = self.spent + done
+                self.discarded_flops += done.executed.total_flops
+            raise BudgetExhausted(self.stopped_reason)
+        self.admitted_flops = exact_flops
 
     def charge(self, acct: FlopAccount, *, rows_trained: int = 0, reward_mean: float = float("nan"),
                wall_seconds: float = 0.0) -> IterationRecord:
@@ -97,6 +138,8 @@ class FlopMeter:
         out["budget_flops"] = self.budget_flops
         out["budget_utilization"] = self.utilization
         out["iterations"] = len(self.records)
+        if self.discarded_flops:
+            out["discarded_flops"] = self.discarded_flops
         for phase, s in self.wall_seconds.items():
             out[f"{phase}_wall_seconds"] = s
         return out

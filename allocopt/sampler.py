@@ -149,6 +149,10 @@ class RaceSampler(optuna.samplers.BaseSampler):
         self.seed = seed if self.settings.seed is None else self.settings.seed
         self.workload = workload
         self.design: list[PilotPoint] = pilot_grid(space, self.settings, self.seed)
+        if workload is not None and self.settings.fit_pilots:  # every pilot usable where it can be
+            from allocopt.race.pilot_plans import fit_pilots
+
+            self.design = fit_pilots(self.design, space.rho, self.budget_of("pilot"), workload)
         self.distributions = space_distributions(space, fidelity=True)
         self._spec = StudySpec(name="race", budget_flops=self.budget_flops, space=space,
                                seed=self.seed, pilot_fraction=self.pilot_fraction)

@@ -1,11 +1,18 @@
 """The GRPO driver: one real trial (TRL ``GRPOTrainer`` + peft LoRA) under a hard FLOP budget.
 
-It drives TRL rather than rewriting it: a thin subclass adds three hooks around TRL's own loop,
+It drives TRL rather than rewriting it: a thin subclass adds hooks around TRL's own loop,
 
 * before each rollout batch, the :class:`~allocopt.meter.FlopMeter` admits the iteration only if
-  its worst case (every completion at ``max_completion_length``) fits the budget, else the run
-  stops (:class:`~allocopt.meter.BudgetExhausted`);
-* after the batch is generated and scored, the meter is charged the iteration's FLOPs computed
+  the worst case of its generation and learning (every completion at ``max_completion_length``)
+  fits the budget (plus the cheapest reward of the run's earlier batches, so that the second
+  stage rarely refuses a generated batch), else the run stops
+  (:class:`~allocopt.meter.BudgetExhausted`);
+* once the batch is generated (before the reward model and the update run), the meter admits it
+  again at its exact cost: search and learning from the actual token counts, and the reward
+  model's FLOPs for the actual texts (the reward's ``usage_of``); refused, the generation is
+  charged and the run stops. A reward without ``usage_of`` is admitted by its
+  ``worst_case_flops`` in the first stage instead;
+* after the batch is scored, the meter is charged the iteration's FLOPs computed
   by :func:`allocopt.grpo_flops.grpo_step_flops` from the *actual* token counts (and the reward
   system's own FLOP report);
 * the loss of rows beyond the plan's schedule is skipped (``compute_loss`` returns a zero that
@@ -24,17 +31,17 @@ torch, transformers, TRL and peft are imported inside functions only.
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from allocopt.allocation import InfeasiblePlan, TrialPlan, rows_schedule, setup_fingerprint
-from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount, LoRASpec, ModelShape
-from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops, old_logprobs_pass
+from allocopt.allocation import InfeasiblePlan, TrialPlan, setup_fingerprint
+from allocopt.flops import ConfigError, LoRASpec, ModelShape
+from allocopt.grpo_flops import engine
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
 from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
+from objectives.grpo_hooks import _Hooks, _train_log_callback
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,12 @@ def _trainer_class():
             self._hooks = hooks
             self._old_site = False
 
+        def _generate(self, prompts):  # type: ignore[override]
+            out = super()._generate(prompts)
+            # (prompt_ids, completion_ids, tool_mask, completions, ...): TRL 1.16
+            self._hooks.after_rollouts(prompts, out[0], out[1], out[3])
+            return out
+
         def _generate_and_score_completions(self, inputs):  # type: ignore[override]
             self._hooks.before_iteration(self, inputs)
             self._old_site = self.num_iterations > 1
@@ -157,131 +170,6 @@ def _trainer_class():
             return loss * scale
 
     return BudgetedGRPOTrainer
-
-
-TRAIN_LOG_KEYS = ("loss", "kl", "entropy", "completions/mean_length", "completions/clipped_ratio",
-                  "reward", "reward_std", "frac_reward_zero_std", "clip_ratio/region_mean",
-                  "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm")
-"""Keys of the trainer's ``log`` records kept per iteration (TRL 1.16 names: the Trainer's
-``loss`` and ``grad_norm``, GRPOTrainer's ``_metrics`` averaged by ``GRPOTrainer.log``)."""
-
-
-def _train_log_callback(hooks: "_Hooks") -> Any:
-    """A ``transformers.TrainerCallback`` whose ``on_log`` (public Trainer API) passes each log
-    record to :meth:`_Hooks.on_train_log`."""
-    from transformers import TrainerCallback
-
-    class _TrainLog(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
-            hooks.on_train_log(logs or {})
-
-    return _TrainLog()
-
-
-@dataclass
-class _Hooks:
-    """State shared between the trainer hooks and the driver."""
-
-    plan: TrialPlan
-    meter: FlopMeter
-    policy: ModelShape
-    lora: LoRASpec | None
-    settings: GRPOSettings
-    reward: Any
-    tokenizer: Any
-    progress: Callable[[IterationRecord, FlopMeter], None] | None = None
-    on_batch: Callable[[list[int], list[int]], None] | None = None
-    """Called with each rollout batch's prompt and completion token counts."""
-    engine: Any = None
-    """The :class:`~allocopt.grpo_flops.Engine` whose executed FLOPs are charged."""
-    iteration: int = -1
-    micro: int = 0
-    rows: int = 0
-    t_iter: float = 0.0
-    train_log_counts: dict = field(default_factory=dict)
-    """(iteration, key) -> number of log records averaged into ``records[iteration].train``."""
-
-    @property
-    def N(self) -> int:
-        return self.plan.rollouts_per_iteration
-
-    def needs_old_logprobs(self) -> bool:
-        """Whether the old-policy pass must run: a second pass over the batch, or TRL's vLLM
-        importance-sampling correction (which reads it on every iteration)."""
-        return self.rows > self.N or self.settings.old_logprobs_every_iteration
-
-    def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
-        # as the engine decides (allocopt.grpo_flops.old_logprobs_pass): a reused batch, or on
-        # every iteration with TRL + vLLM and its importance-sampling correction
-        eng = self.engine or self.settings.engine
-        old = old_logprobs_pass(eng, rows / self.N,
-                                importance_sampling_correction=self.settings.vllm_importance_sampling)
-        step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
-                        group_size=self.plan.group_size, update_passes=rows / self.N,
-                        reference=self.settings.beta > 0, old_logprobs=old)
-        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=eng,
-                               gradient_checkpointing=self.settings.gradient_checkpointing)
-
-    def before_iteration(self, trainer: Any, inputs: list[dict]) -> None:
-        self.iteration += 1
-        self.micro = 0
-        self.t_iter = time.perf_counter()
-        if self.iteration >= self.settings.max_iterations:
-            self.meter.stopped_reason = f"max_iterations={self.settings.max_iterations}"
-            raise BudgetExhausted(self.meter.stopped_reason)
-        self.rows = rows_schedule(self.plan.rows_trained_per_iteration, self.iteration)
-        G = self.plan.group_size
-        prompts = [x["prompt"] for x in inputs][::G]
-        p_tok = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-        C = self.settings.max_completion_length
-        worst = self._step(p_tok, [C] * len(inputs), self.rows).executed.total_flops
-        worst += self.reward.worst_case_flops(max(p_tok), C, len(inputs)) \
-            if hasattr(self.reward, "worst_case_flops") else 0
-        self.meter.admit(worst)
-
-    def after_generation(self, trainer: Any, out: dict, seconds: float) -> None:
-        G = self.plan.group_size
-        p_tok = out["prompt_mask"].sum(1).tolist()[::G]
-        c_tok = [max(1, int(c)) for c in out["completion_mask"].sum(1).tolist()]
-        acct = self._step(p_tok, c_tok, self.rows)
-        if self.on_batch:
-            self.on_batch(p_tok, c_tok)
-        usage = self.reward.consume_usage() if hasattr(self.reward, "consume_usage") else None
-        if usage is not None and (usage.useful_flops or usage.executed_flops):
-            acct = acct + usage.account()
-        if usage is not None:
-            self.meter.add_wall("reward", usage.wall_seconds)
-        self.meter.add_wall("search+reward", seconds)
-        metrics = getattr(trainer, "_metrics", {}).get("train", {})
-        reward_mean = float(metrics["reward"][-1]) if metrics.get("reward") else math.nan
-        rec = self.meter.charge(acct, rows_trained=self.rows, reward_mean=reward_mean,
-                                wall_seconds=time.perf_counter() - self.t_iter)
-        if self.progress:
-            self.progress(rec, self.meter)
-
-    def on_train_log(self, logs: dict) -> None:
-        """Average the trainer's logged :data:`TRAIN_LOG_KEYS` into the current iteration's
-        record (one log per optimizer step; an iteration has ``update_passes`` of them)."""
-        if not self.meter.records:
-            return
-        rec = self.meter.records[-1]
-        for key in TRAIN_LOG_KEYS:
-            v = logs.get(key)
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                k = self.train_log_counts.setdefault((rec.iteration, key), 0)
-                rec.train[key] = (rec.train.get(key, 0.0) * k + float(v)) / (k + 1)
-                self.train_log_counts[(rec.iteration, key)] = k + 1
-
-    def next_micro_batch(self) -> float:
-        """Loss scale of the next micro-batch (one row each): 0 beyond the schedule, else
-        N / rows trained in this pass, so a partly trained pass is a mean over its rows."""
-        idx = self.micro
-        self.micro += 1
-        if idx >= self.rows:
-            return 0.0
-        p = idx // self.N
-        in_pass = min(self.N, self.rows - p * self.N)
-        return self.N / in_pass
 
 
 def run_grpo(
@@ -314,8 +202,9 @@ def run_grpo(
 
     Raises:
         TrialFailed: the run crashed; ``.result`` holds what was spent until then.
-        InfeasiblePlan: the meter refused the first iteration (its worst case does not fit the
-            budget although the plan's expected cost does); nothing was spent.
+        InfeasiblePlan: the meter refused the first iteration (its worst case, or its exact
+            cost once generated, does not fit the budget although the plan's expected cost
+            does); nothing was trained.
         SetupMismatch: the plan's ``setup_fingerprint`` is not that of ``model`` and
             ``settings`` (the plan priced another set-up); nothing was spent.
     """
@@ -387,12 +276,15 @@ def run_grpo(
         raise TrialFailed(error or "trial failed", result)
     if not meter.records and meter.refused_flops is not None:
         # the plan buys one iteration at its expected lengths, but the meter's worst case
-        # (every completion at max_completion_length, the reward model's bound) does not fit:
-        # nothing was run, so this is an infeasible plan, not a trial of the untrained policy
+        # (every completion at max_completion_length) or the generated batch's exact cost does
+        # not fit: nothing was trained (at most one generation was spent), so this is an
+        # infeasible plan, not a trial of the untrained policy
+        what = (f"exact cost once generated ({meter.refused_flops:.3e} FLOPs, reward model "
+                "included)" if meter.discarded_flops else
+                f"worst case ({meter.refused_flops:.3e} FLOPs: every completion at "
+                f"max_completion_length={settings.max_completion_length})")
         raise InfeasiblePlan(
-            f"budget_flops={plan.budget_flops:.3e}: the first iteration's worst case "
-            f"({meter.refused_flops:.3e} FLOPs: every completion at max_completion_length="
-            f"{settings.max_completion_length}, plus the reward model's bound) does not fit; "
+            f"budget_flops={plan.budget_flops:.3e}: the first iteration's {what} does not fit; "
             f"the smallest budget that runs one iteration is {meter.refused_flops:.3e}",
             min_budget_flops=meter.refused_flops)
     if evaluate is not None:

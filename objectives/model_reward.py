@@ -124,12 +124,9 @@ class ModelReward(_Base):
         prompts, completions = self._paired(prompts, completions)
         encoded = [self.encode(p, c) for p, c in zip(prompts, completions)]
         rewards = [0.0] * len(encoded)
-        todo = sorted((i for i, (_, pos, _) in enumerate(encoded) if pos),
-                      key=lambda i: -len(encoded[i][0]))
-        useful = executed = num_tokens = 0
         device = _device(self.model)
-        for b in range(0, len(todo), self.batch_size):
-            rows = todo[b: b + self.batch_size]
+        batches = self._batches(encoded)
+        for rows in batches:
             width = max(len(encoded[i][0]) for i in rows)
             ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -145,14 +142,39 @@ class ModelReward(_Base):
                 scores = probs[r, encoded[i][1]]
                 rewards[i] = float(scores.mean() if self.aggregate == "mean" else
                                    scores.min() if self.aggregate == "min" else scores.prod())
+        usage = self._batch_usage(encoded, batches)
+        self._add_usage(dataclasses.replace(usage, wall_seconds=time.perf_counter() - start))
+        return rewards
+
+    def usage_of(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
+                 answer: list[Any] | None = None, **kwargs: Any) -> RewardUsage:
+        """The usage a call on the same arguments reports (:meth:`consume_usage`: FLOPs, tokens,
+        completions; ``wall_seconds`` 0), computed without running the model, for the budget
+        meter's exact admission of a generated batch (:meth:`allocopt.meter.FlopMeter.admit_exact`).
+        Tokenizes the texts (no model call); raises as a call does on mismatched counts."""
+        prompts, completions = self._paired(prompts, completions)
+        encoded = [self.encode(p, c) for p, c in zip(prompts, completions)]
+        return self._batch_usage(encoded, self._batches(encoded))
+
+    def _batches(self, encoded: list[tuple[list[int], list[int], int]]) -> list[list[int]]:
+        """Indices of the sequences with a scored marker, longest first, in ``batch_size`` chunks."""
+        todo = sorted((i for i, (_, pos, _) in enumerate(encoded) if pos),
+                      key=lambda i: -len(encoded[i][0]))
+        return [todo[b: b + self.batch_size] for b in range(0, len(todo), self.batch_size)]
+
+    def _batch_usage(self, encoded: list[tuple[list[int], list[int], int]],
+                     batches: list[list[int]]) -> RewardUsage:
+        """FLOPs of running ``batches``: executed per batch at its padded width, useful per
+        sequence at its real length (class docstring)."""
+        useful = executed = num_tokens = 0
+        for rows in batches:
+            width = max(len(encoded[i][0]) for i in rows)
             executed += len(rows) * self._flops(width, self.executed_attention)
             for i in rows:
                 useful += self._flops(len(encoded[i][0]), "causal", executed=False)
                 num_tokens += len(encoded[i][0])
-        self._add_usage(RewardUsage(useful_flops=useful, executed_flops=executed,
-                                    wall_seconds=time.perf_counter() - start,
-                                    num_completions=len(completions), num_tokens=num_tokens))
-        return rewards
+        return RewardUsage(useful_flops=useful, executed_flops=executed,
+                           num_completions=len(encoded), num_tokens=num_tokens)
 
     def step_probabilities(self, logits: Any) -> Any:
         """``b x t`` score of every position from the model's ``b x t x 2`` logits:

@@ -79,6 +79,11 @@ class CardPRM(ModelReward):
                  answer: list[Any] | None = None, problem: list[Any] | None = None, **kwargs: Any) -> list[float]:
         return super().__call__(problem if problem is not None else prompts, completions, answer, **kwargs)
 
+    def usage_of(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
+                 answer: list[Any] | None = None, problem: list[Any] | None = None, **kwargs: Any) -> Any:
+        """As :meth:`ModelReward.usage_of`, reading ``problem`` as a call does."""
+        return super().usage_of(problem if problem is not None else prompts, completions, answer, **kwargs)
+
     def steps(self, completion: str) -> list[str]:
         """The steps the card splits a solution into (marker text removed from them)."""
         text = completion.replace(QWEN_PRM_MARKER, "")

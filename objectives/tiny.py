@@ -56,6 +56,34 @@ class TinySettings:
                 raise ValueError(f"{f}={getattr(self, f)!r}: must be >= 1")
 
 
+def build_notice(cache_dir: Path | None = None) -> str | None:
+    """One line saying that loading the world will build it from scratch, with the time it
+    takes (the sum of the shipped build's per-part ``timings_s`` in its manifest, one core: its
+    ``total`` is shorter when parts were reused from an earlier build), or ``None``
+    when a build of the recipe (:class:`objectives.tiny_manifest.BuildSettings` defaults) is there:
+    the shipped world (no ``cache_dir``), or ``cache_dir`` (default
+    :func:`objectives.tiny_manifest.default_cache_dir`). Reads checksums only; trains nothing."""
+    import json
+
+    from objectives.tiny_manifest import MANIFEST, SHIPPED_DIR, BuildSettings, check_cache, default_cache_dir
+
+    recipe = BuildSettings()
+    if cache_dir is None and check_cache(SHIPPED_DIR, recipe) is not None:
+        return None
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if check_cache(root, recipe) is not None:
+        return None
+    try:
+        parts = json.loads((SHIPPED_DIR / MANIFEST).read_text())["timings_s"]
+        minutes = f"about {sum(v for k, v in parts.items() if k != 'total') / 60:.0f} min"
+    except (OSError, ValueError, KeyError, TypeError):
+        minutes = "several minutes"
+    where = f"{root} holds no" if cache_dir is not None else \
+        f"neither the shipped world ({SHIPPED_DIR}) nor {root} holds a"
+    return (f"tiny world: {where} build of the current recipe; building it into {root} now "
+            f"({minutes} on one core, once; `python -m objectives.tiny_build` builds it ahead)")
+
+
 @dataclass
 class TinyObjective:
     """The CPU-scale objective: builds (or loads) the world once, then runs trials."""
@@ -72,10 +100,17 @@ class TinyObjective:
     """Seconds a trial spends outside training: loading, evaluation of 2 × 1000 problems."""
 
     def world(self) -> Any:
+        """The world's paths (:func:`objectives.tiny_build.build_world`): the shipped build, a
+        cached one, else a build from scratch, announced first on stderr (:func:`build_notice`)."""
         if self._world is None:
+            import sys
+
             from objectives.tiny_build import build_world
 
             cache = Path(self.settings.cache_dir) if self.settings.cache_dir else None
+            notice = build_notice(cache)
+            if notice:
+                print(notice, file=sys.stderr, flush=True)
             self._world = build_world(cache)
         return self._world
 

@@ -188,6 +188,30 @@ class LikelihoodVerifier(_Base):
                                     num_completions=len(completions), num_tokens=num_tokens))
         return scored
 
+    def usage_of(self, prompts: list[Any] | None = None, completions: list[Any] | None = None,
+                 answer: list[Any] | None = None, **kwargs: Any) -> RewardUsage:
+        """The usage a call on the same arguments reports (FLOPs, tokens, completions;
+        ``wall_seconds`` 0), computed as :meth:`step_scores` does without running the model:
+        for the budget meter's exact admission of a generated batch
+        (:meth:`allocopt.meter.FlopMeter.admit_exact`)."""
+        prompts, completions = self._paired(prompts, completions)
+        encoded = [self.encode(p, c) for p, c in zip(prompts, completions)]
+        todo = sorted((i for i, (_, spans) in enumerate(encoded) if spans),
+                      key=lambda i: -len(encoded[i][0]))
+        useful = executed = num_tokens = 0
+        for b in range(0, len(todo), self.batch_size):
+            rows = todo[b: b + self.batch_size]
+            width = max(len(encoded[i][0]) for i in rows)
+            picked = sum(z - a for i in rows for a, z in encoded[i][1])
+            executed += len(rows) * self._flops(width, 0, self.executed_attention) \
+                + self._flops(0, picked, self.executed_attention)
+            for i in rows:
+                seq, spans = encoded[i]
+                useful += self._flops(len(seq), sum(z - a for a, z in spans), "causal")
+                num_tokens += len(seq)
+        return RewardUsage(useful_flops=useful, executed_flops=executed,
+                           num_completions=len(completions), num_tokens=num_tokens)
+
     def worst_case_flops(self, prompt_tokens: int, completion_tokens: int, num_completions: int) -> int:
         """Most FLOPs one call on ``num_completions`` completions can execute, for the budget
         meter's admission of an iteration: every row at the longest length it can reach

@@ -160,3 +160,42 @@ def test_timer_adds_wall_time_to_its_phase(monkeypatch):
         with meter.timer("reward"):  # time spent in a block that raises counts too
             raise ValueError("boom")
     assert meter.wall_seconds == {"reward": 2.75}
+
+
+# ------------------------------------------------------------------ two-stage admission
+def test_two_stage_admission_bounds_the_reward_exactly():
+    """Stage 1 admits generation + learning on their worst case; stage 2 admits the batch at
+    its exact cost (reward included) once generated, replacing the bound; refused, the
+    generation already executed is charged (no record) and nothing else."""
+    meter = FlopMeter(budget_flops=1000)
+    meter.admit(500)  # worst case of search + learning, no reward
+    assert meter.admitted_flops == 500
+    meter.admit_exact(560)  # exact: more than stage 1 (the reward), within the budget
+    assert meter.admitted_flops == 560 and meter.executed_flops == 0
+    meter.charge(account(search=100, learning=360, reward=100))  # 560 == what was admitted
+    # second iteration: 440 left; stage 1 fits (400), the exact cost (450) does not
+    meter.admit(400)
+    generation = account(search=90)
+    with pytest.raises(BudgetExhausted) as exc:
+        meter.admit_exact(450, done=generation)
+    assert meter.stopped_reason == str(exc.value) and meter.refused_flops == 450
+    assert "5.600e+02 spent + 4.500e+02" in str(exc.value) and "1.000e+03" in str(exc.value)
+    assert meter.executed_flops == 560 + 90 <= meter.budget_flops  # the generation is on the ledger
+    assert meter.spent.executed.search_flops == 100 + 90 and meter.spent.useful.search_flops == 50 + 45
+    assert meter.discarded_flops == 90 and len(meter.records) == 1  # trained on nothing
+    assert meter.to_dict()["discarded_flops"] == 90 and meter.to_dict()["iterations"] == 1
+    assert meter.admitted_flops == 400  # a refused bound is not admitted
+
+
+@pytest.mark.parametrize("exact", [0, 1, 439, 440, 441])
+def test_admit_exact_raises_iff_spent_plus_exact_exceeds_budget(exact):
+    meter = FlopMeter(budget_flops=1000)
+    meter.charge(account(learning=560))
+    meter.admit(0)
+    if 560 + exact > 1000:
+        with pytest.raises(BudgetExhausted):
+            meter.admit_exact(exact)  # no generation given: nothing charged
+        assert meter.executed_flops == 560 and meter.discarded_flops == 0
+    else:
+        meter.admit_exact(exact)
+        assert meter.admitted_flops == exact

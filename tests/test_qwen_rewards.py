@@ -104,10 +104,12 @@ def test_prm_flops_equal_measured(prm):
     each sequence's real tokens, causal. Both from what the PRM really read."""
     register_cpu_sdpa_flops()
     solutions = [SOLUTION, "x", "a\n\nb\n\nc", "ünïcödé 1+1=2\n\n" * 5]
+    priced = prm.usage_of([""] * 4, solutions, problem=[PROBLEM] * 4)  # reads problem as a call
     with FlopCounterMode(display=False) as counter:
         prm(prompts=[""] * 4, completions=solutions, problem=[PROBLEM] * 4)
     usage = prm.consume_usage()
     assert usage.executed_flops == counter.get_total_flops() > 0
+    assert priced == dataclasses.replace(usage, wall_seconds=0.0)
     shape = reward_shape(prm.model)
     assert shape.head == "score" and shape.num_labels == 2
     useful = sum(reward_model_flops(shape, len(prm.encode(PROBLEM, s)[0])) for s in solutions)

@@ -244,9 +244,12 @@ def test_model_reward_flops_equal_measured(tiny_prm):
     model, tokenizer = tiny_prm
     reward = make_reward("proxy_prm", model=model, tokenizer=tokenizer, marker=MARKER, batch_size=2)
     with FlopCounterMode(display=False) as counter:
+        priced = reward.usage_of(PROMPTS, COMPLETIONS)  # before the call, no model run
+        assert counter.get_total_flops() == 0
         reward(prompts=PROMPTS, completions=COMPLETIONS)
     usage = reward.consume_usage()
     assert usage.executed_flops == counter.get_total_flops() > 0
+    assert priced == dataclasses.replace(usage, wall_seconds=0.0)  # the meter's exact admission
     # useful: each sequence's real tokens (prompt + steps) + one marker per step, causal
     shape = reward_shape(model)
     expected = 0

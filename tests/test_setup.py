@@ -97,7 +97,8 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
     pass while its importance-sampling correction is on (and not otherwise)."""
     from allocopt.allocation import iteration_flops
-    from objectives.grpo import GRPOSettings, _Hooks
+    from objectives.grpo import GRPOSettings
+    from objectives.grpo_hooks import _Hooks
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
                           completion_tokens=300, prompt_tokens=100)

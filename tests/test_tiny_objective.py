@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -72,3 +73,31 @@ def test_one_trial_stays_within_its_budget(objective):
     assert all(0.0 <= v <= 1.0 for v in result.targets.values())
     walls = result.wall_seconds
     assert walls["learning"] > 0 and walls["search+reward"] > 0 and walls["eval"] > 0
+
+
+def test_a_world_build_is_announced_before_it_starts(tmp_path, monkeypatch, capsys):
+    """The shipped world matches the recipe: no notice. A world that must be built (the
+    shipped one no build of the recipe, an empty cache) is announced on stderr, with the
+    shipped build's own time, before the build starts."""
+    from objectives.tiny import build_notice
+
+    assert build_notice() is None  # the shipped world is a build of the recipe
+    cache = tmp_path / "cache"
+    note = build_notice(cache)
+    parts = json.loads((tm.SHIPPED_DIR / tm.MANIFEST).read_text())["timings_s"]
+    minutes = round((parts["sft"] + parts["prm"] + parts["proxy_prm"] + parts["data"] + parts["prm_data"]
+                     + parts["policy_eval"] + parts["prm_eval"] + parts["proxy_prm_eval"]) / 60)
+    assert note == (f"tiny world: {cache} holds no build of the current recipe; building it into "
+                    f"{cache} now (about {minutes} min on one core, once; `python -m "
+                    "objectives.tiny_build` builds it ahead)")
+    monkeypatch.setattr(tm, "SHIPPED_DIR", tmp_path / "not-shipped")  # a recipe the shipped world misses
+    monkeypatch.setenv(tm.CACHE_ENV, str(cache))
+    note = build_notice()
+    assert note is not None and note.startswith(
+        f"tiny world: neither the shipped world ({tmp_path / 'not-shipped'}) nor {cache} holds a build")
+    assert "several minutes" in note  # the moved shipped manifest has no timings to quote
+    seen: list[str] = []
+    monkeypatch.setattr("objectives.tiny_build.build_world",
+                        lambda c: seen.append(capsys.readouterr().err) or "paths")
+    assert TinyObjective().world() == "paths"
+    assert seen == [note + "\n"]  # said once, on stderr, before the build was called

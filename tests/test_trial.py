@@ -96,23 +96,32 @@ class Trial:
     plan: TrialPlan
     result: TrialResult
     admitted: list[int]
-    """The worst-case bound of every iteration the meter admitted, in order."""
+    """The bound every iteration the meter admitted was last admitted with (its exact cost
+    once generated, :meth:`FlopMeter.admit_exact`), in order."""
+    stages: list[tuple[str, int]]
+    """Every admission that passed, in order: ``("worst", bound)`` or ``("exact", bound)``."""
 
 
 def run_trial(world: World, plan: TrialPlan, reward: Any) -> Trial:
     """``run_grpo`` of ``plan`` on a fresh policy, recording what the meter admitted."""
-    admitted: list[int] = []
-    admit = FlopMeter.admit
+    stages: list[tuple[str, int]] = []
+    admit, admit_exact = FlopMeter.admit, FlopMeter.admit_exact
 
     def recording_admit(self: FlopMeter, worst_case_flops: int) -> None:
         admit(self, worst_case_flops)  # raises when refused: not recorded
-        admitted.append(worst_case_flops)
+        stages.append(("worst", worst_case_flops))
+
+    def recording_admit_exact(self: FlopMeter, exact_flops: int, **kw: Any) -> None:
+        admit_exact(self, exact_flops, **kw)
+        stages.append(("exact", exact_flops))
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FlopMeter, "admit", recording_admit)
+        mp.setattr(FlopMeter, "admit_exact", recording_admit_exact)
         result = run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
                           train_rows=world.rows, reward=reward, settings=SETTINGS)
-    return Trial(plan, result, admitted)
+    admitted = [b for kind, b in stages if kind == "exact"]
+    return Trial(plan, result, admitted, stages)
 
 
 # ------------------------------------------------------------- measured FLOPs by phase
@@ -246,7 +255,9 @@ def test_realized_total_never_exceeds_the_budget(trials, reward, rho):
     assert abs(spent.rho - plan.realized_rho) <= RHO_AGREEMENT, (spent.rho, plan.realized_rho)
     assert (spent.reward_flops > 0) == (reward in ("proxy_prm", "prm"))
     assert spent.learning_flops > 0 and spent.search_flops > 0
-    assert result.curves[-1].cumulative_flops == spent.total_flops
+    # the curves hold every iteration; a generation refused at stage 2 is on the ledger only
+    discarded = spent.total_flops - result.curves[-1].cumulative_flops
+    assert discarded == 0 or 0 < discarded < spent.search_flops
 
 
 @pytest.mark.parametrize("reward, rho", [(r, rho) for r in REWARDS for rho in RHOS])
@@ -255,9 +266,18 @@ def test_each_iteration_costs_at_most_what_was_admitted(trials, reward, rho):
     the executed FLOPs charged for an iteration never exceed the bound it was admitted with."""
     trial = trials(reward, rho)
     charged = [r.executed_flops for r in trial.result.curves]
+    # every iteration passed both stages, the worst case first (one more may have passed
+    # stage 1 and been refused at stage 2: its generation is charged, no record)
+    kinds = [k for k, _ in trial.stages]
+    assert kinds[: 2 * len(charged)] == ["worst", "exact"] * len(charged), kinds
     assert len(trial.admitted) == len(charged)
     over = [(i, c, b) for i, (c, b) in enumerate(zip(charged, trial.admitted)) if c > b]
     assert not over, f"(iteration, charged, admitted bound): {over}"
+    # the exact bound is exact: the reward model's FLOPs are priced before it runs
+    assert charged == trial.admitted
+    # a generation refused at stage 2 (a trailing "worst" without its "exact") is charged as search
+    extra = trial.result.spent.executed.total_flops - sum(charged)
+    assert extra == 0 or (kinds[-1] == "worst" and 0 < extra <= trial.stages[-1][1]), (extra, kinds)
 
 
 # ---------------------------------------------------------------------- bad input
@@ -343,17 +363,69 @@ def test_each_pass_steps_at_the_learning_rate_trl_runs(world, divide, monkeypatc
     assert seen[0][0] == pytest.approx(2e-3 / passes if divide else 2e-3, rel=0.02)  # ≤ 1 scheduler step
 
 
+def short_workload(world: World) -> Workload:
+    """The test workload priced at a third of the generation limit: its plans buy iterations
+    the meter's worst case (every completion at the limit) may not fit."""
+    from dataclasses import replace
+
+    return replace(world.workload(), completion_tokens=C // 3, padded_completion_tokens=C // 3)
+
+
 def test_a_budget_below_the_first_worst_case_is_infeasible_not_an_untrained_trial(world):
-    # the plan buys one iteration at the expected lengths; the meter's worst case for a PRM
-    # (prompt + 2 x completion tokens) is larger, so it refuses the first iteration: nothing is
-    # run, and the trial must not report the untrained policy's scores as its result
-    plan = plan_for(world, "prm", 0.5, factor=1.0)
+    # the plan buys one iteration at short expected lengths; the meter's worst case (every
+    # completion at C) is larger, so it refuses the first iteration before generating: nothing
+    # is run, and the trial must not report the untrained policy's scores as its result
+    w = short_workload(world)
+    alloc = Allocation(rho=0.5, group_size=G, reward="prm")
+    plan = make_plan(1.0 * min_budget(alloc, w), alloc, w)
     assert plan.iterations == 1
-    reward = world.reward("prm")
-    worst = reward.worst_case_flops(max(len(r["prompt"]) for r in world.rows), C, N)
     with pytest.raises(InfeasiblePlan, match="worst case") as exc:
         run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
-                 train_rows=world.rows, reward=reward, settings=SETTINGS,
+                 train_rows=world.rows, reward=world.reward("prm"), settings=SETTINGS,
                  evaluate=lambda m: pytest.fail("evaluated a policy that was never trained"))
     assert exc.value.min_budget_flops > plan.budget_flops
-    assert exc.value.min_budget_flops >= worst  # the refused bound includes the reward's
+    # the refused worst case (generation + learning, completions at C) is above the short
+    # plan's own generation + learning (completions at C // 3)
+    assert exc.value.min_budget_flops > plan.per_iteration.executed.search_flops \
+        + plan.per_iteration.executed.learning_flops
+
+
+def test_stage_two_prices_the_reward_exactly_and_refuses_a_batch_that_does_not_fit(world):
+    """First iteration of one plan, run twice with the same seed: with room to spare it is
+    admitted at its exact cost (= its charge, the PRM's FLOPs included, more than stage 1's
+    worst case of generation + learning); with a budget between the two it passes stage 1,
+    is refused once generated — before the PRM runs — and the trial is infeasible."""
+    from dataclasses import replace
+
+    w = short_workload(world)
+    alloc = Allocation(rho=0.2, group_size=G, reward="prm")
+    one = replace(SETTINGS, max_iterations=1)
+    calls = {"n": 0}
+    reward = world.reward("prm")
+    call = type(reward).__call__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        return call(self, *args, **kwargs)
+
+    stages: list[tuple[str, int]] = []
+    admit, admit_exact = FlopMeter.admit, FlopMeter.admit_exact
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FlopMeter, "admit", lambda self, b: (admit(self, b), stages.append(("worst", b)))[0])
+        mp.setattr(FlopMeter, "admit_exact",
+                   lambda self, b, **kw: (admit_exact(self, b, **kw), stages.append(("exact", b)))[0])
+        mp.setattr(type(reward), "__call__", counting)
+        roomy = run_grpo(make_plan(10 * min_budget(alloc, w), alloc, w), model=build_policy("tiny", seed=0),
+                         tokenizer=world.tokenizer, train_rows=world.rows, reward=reward, settings=one)
+        assert [k for k, _ in stages] == ["worst", "exact"] and calls["n"] == 1
+        (_, worst), (_, exact) = stages
+        assert roomy.curves[0].executed_flops == exact == roomy.spent.executed.total_flops
+        assert exact > worst  # stage 1 left the reward model out
+        generation = roomy.spent.executed.search_flops
+        tight = make_plan((worst + exact) // 2, alloc, w)
+        with pytest.raises(InfeasiblePlan, match="exact cost once generated") as exc:
+            run_grpo(tight, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
+                     train_rows=world.rows, reward=reward, settings=one,
+                     evaluate=lambda m: pytest.fail("evaluated a policy that was never trained"))
+    assert calls["n"] == 1  # the reward model never ran on the refused batch
+    assert exc.value.min_budget_flops == exact and generation > 0

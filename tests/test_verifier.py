@@ -2,6 +2,7 @@
 probabilities (or its per-token geometric mean) read from a plain full forward, batching changes nothing, and the FLOPs it
 reports equal what FlopCounterMode measures (executed) and the per-sequence formula (useful)."""
 
+import dataclasses
 import itertools
 import math
 
@@ -75,9 +76,12 @@ def test_flops_equal_measured(lm):
     model, tokenizer = lm
     verifier = LikelihoodVerifier(model, tokenizer, name="proxy_prm", batch_size=2)
     with FlopCounterMode(display=False) as counter:
+        priced = verifier.usage_of(PROMPTS, COMPLETIONS)  # before the call, no model run
+        assert counter.get_total_flops() == 0
         verifier(prompts=PROMPTS, completions=COMPLETIONS)
     usage = verifier.consume_usage()
     assert usage.executed_flops == counter.get_total_flops() > 0
+    assert priced == dataclasses.replace(usage, wall_seconds=0.0)  # the meter's exact admission
     expected = 0
     for p, c in zip(PROMPTS, COMPLETIONS):
         ids, spans = verifier.encode(p, c)

@@ -87,6 +87,10 @@ class RaceSettings:
     """Posterior samples for the full-budget regime probability."""
     seed: int | None = None
     """Seed of the pilot design, bootstrap and surrogate; ``None``: the study's seed."""
+    fit_pilots: bool = True
+    """Given a workload, move each pilot whose plan at the pilot budget is not usable (not
+    realizable, or spending under 85 % of it) to the nearest usable ρ within half a stratum
+    (:func:`allocopt.race.pilot_plans.fit_pilots`)."""
 
     def __post_init__(self) -> None:
         e = self.explore_cells_after

@@ -1,0 +1,176 @@
+"""The pilot grid's plans: which pilots are usable at the pilot budget, and the move of the
+others to the nearest usable ρ.
+
+A pilot is *usable* when its plan (:func:`allocopt.allocation.make_plan` at
+``pilot_fraction × budget_flops``)
+
+* exists (the budget buys one iteration),
+* is realizable over the iterations the budget meter is expected to admit: the meter admits
+  an iteration only when the spent total plus the worst case of its generation and learning
+  (every completion at ``max_completion_length``) fits (:mod:`allocopt.meter`, stage 1), so a
+  plan's last iterations may never run; the realized ρ of the admitted ones must be within
+  :data:`allocopt.allocation.RHO_TOLERANCE` of the asked ρ (a plan of 1–2 iterations often
+  cannot realize a fractional rows schedule),
+* spends at least :data:`MIN_PILOT_USE` of the pilot budget over those iterations, at the
+  workload's expected lengths.
+
+A grid of IsoFLOP pilots at one budget cannot make every ρ usable: an iteration's cost grows
+as ``1 / (1 - ρ)``, so at high ρ a pilot buys one or two iterations and its use is a sawtooth
+in ρ. :func:`fit_pilots` moves each unusable pilot to the nearest ρ within half the grid's ρ
+spacing (its Latin-hypercube stratum) where it is usable, so the pilots still cover the ρ range
+and every one of them measures what it says.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+from allocopt.allocation import (RHO_TOLERANCE, Allocation, InfeasiblePlan, TrialPlan, Workload,
+                                 expected_flops, iteration_flops, make_plan, rows_schedule)
+from allocopt.flops import ConfigError
+from allocopt.race.design import PilotPoint, pilot_grid  # noqa: F401  (docs)
+
+MIN_PILOT_USE = 0.85
+"""Least share of the pilot budget a usable pilot's plan spends (issue 17: high-ρ pilots spent
+~55 % of theirs)."""
+RHO_STEP = 0.0025
+"""Resolution (ρ units) of the search for a usable ρ near an unusable pilot."""
+
+
+@dataclass(frozen=True)
+class PilotPlan:
+    """A pilot's plan at the pilot budget and what the meter is expected to let it run."""
+
+    point: PilotPoint
+    plan: TrialPlan | None
+    """``None``: the pilot budget buys no iteration."""
+    admitted_iterations: int
+    """Iterations of the plan whose stage-1 admission (worst case of generation + learning on
+    top of the expected spend so far) fits the budget."""
+    realized_rho: float
+    """ρ of the admitted iterations' expected executed FLOPs (NaN when none)."""
+    budget_use: float
+    """Expected executed FLOPs of the admitted iterations / pilot budget."""
+    note: str = ""
+    """Why it is not usable ("" when it is)."""
+
+    @property
+    def realizable(self) -> bool:
+        return self.admitted_iterations > 0 and abs(self.realized_rho - self.point.allocation.rho) <= RHO_TOLERANCE
+
+    @property
+    def usable(self) -> bool:
+        return self.realizable and self.budget_use >= MIN_PILOT_USE
+
+
+def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int) -> int:
+    """Stage-1 bound of one iteration: search + learning with every completion at
+    ``workload.max_completion_length`` (the expected lengths when the workload has no limit)."""
+    c = workload.max_completion_length
+    w = workload if c is None else dataclasses.replace(workload, completion_tokens=c,
+                                                       padded_completion_tokens=c)
+    e = iteration_flops(w, allocation, rows).executed
+    return e.search_flops + e.learning_flops
+
+
+def plan_pilot(point: PilotPoint, budget_flops: float, workload: Workload) -> PilotPlan:
+    """:class:`PilotPlan` of ``point`` at ``budget_flops`` (the pilot budget). Raises
+    :class:`allocopt.flops.ConfigError` for an allocation the workload cannot price."""
+    a = point.allocation
+    try:
+        plan = make_plan(budget_flops, a, workload)
+    except InfeasiblePlan as e:
+        return PilotPlan(point, None, 0, float("nan"), 0.0,
+                         f"needs {e.min_budget_flops:.3e} FLOPs for one iteration")
+    k = plan.rows_trained_per_iteration
+
+    def spent(n: int) -> int:
+        return expected_flops(workload, a, k, n).executed.total_flops
+
+    # iterations whose admission fits whatever their rows (k0 or k0 + 1): all those before
+    # the last n with spent(n) + the larger bound <= budget (spent grows with n; bisection)
+    k0 = int(k + 1e-9)
+    most = max(_worst_search_learning(workload, a, k0), _worst_search_learning(workload, a, k0 + 1))
+    lo, hi = 0, plan.iterations  # invariant: iterations < lo are admitted
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if spent(mid - 1) + most <= budget_flops:
+            lo = mid
+        else:
+            hi = mid - 1
+    n = lo
+    while n < plan.iterations:  # the meter stops at its first refusal
+        if spent(n) + _worst_search_learning(workload, a, rows_schedule(k, n)) > budget_flops:
+            break
+        n += 1
+    if n == 0:
+        return PilotPlan(point, plan, 0, float("nan"), 0.0,
+                         "the meter's worst case refuses the first iteration")
+    spent = expected_flops(workload, a, k, n).executed
+    out = PilotPlan(point, plan, n, spent.rho, spent.total_flops / budget_flops)
+    note = ("" if out.usable else
+            f"realizes rho {out.realized_rho:.3f} in {n} iteration(s)" if not out.realizable else
+            f"spends {out.budget_use:.0%} of its budget ({n} iteration(s))")
+    return dataclasses.replace(out, note=note)
+
+
+def rho_spacing(points: Sequence[PilotPoint], lo: float, hi: float) -> float:
+    """ρ spacing of the design: the ρ range over the most distinct points any cell (reward
+    system × model) has, the width of a Latin-hypercube stratum of :func:`pilot_grid`."""
+    per: dict[tuple, int] = {}
+    for p in points:
+        if p.repeat == 0:
+            key = (p.allocation.reward, p.allocation.model)
+            per[key] = per.get(key, 0) + 1
+    return (hi - lo) / max(1, max(per.values(), default=1))
+
+
+def fit_pilots(points: Sequence[PilotPoint], rho_range: tuple[float, float], budget_flops: float,
+               workload: Workload) -> list[PilotPoint]:
+    """``points`` with each unusable pilot moved to the nearest usable ρ at most half the
+    design's ρ spacing away (:func:`rho_spacing`) and inside ``rho_range``, searched in steps of
+    :data:`RHO_STEP`; a pilot with no usable ρ there, or one the workload cannot price (a
+    :class:`~allocopt.flops.ConfigError`), stays where it is. Repeats of one point move
+    together. Deterministic."""
+    lo, hi = rho_range
+    radius = rho_spacing(points, lo, hi) / 2
+    moved: dict[Allocation, Allocation] = {}
+    out = []
+    for p in points:
+        a = p.allocation
+        if a not in moved:
+            moved[a] = a
+            if not _usable(a, budget_flops, workload):
+                steps = int(radius / RHO_STEP + 1e-9)
+                for i in range(1, steps + 1):
+                    hit = None
+                    for rho in (a.rho - i * RHO_STEP, a.rho + i * RHO_STEP):
+                        rho = round(rho, 4)
+                        if lo <= rho <= hi and _usable(dataclasses.replace(a, rho=rho), budget_flops,
+                                                       workload):
+                            hit = dataclasses.replace(a, rho=rho)
+                            break
+                    if hit is not None:
+                        moved[a] = hit
+                        break
+        out.append(PilotPoint(moved[a], p.repeat))
+    return out
+
+
+def _usable(a: Allocation, budget_flops: float, workload: Workload) -> bool:
+    try:
+        return plan_pilot(PilotPoint(a), budget_flops, workload).usable
+    except ConfigError:
+        return True  # not priceable here: leave it where it is
+
+
+def usable_share(plans: Sequence[PilotPlan]) -> float:
+    """Share of ``plans`` that are usable (1.0 for none)."""
+    return sum(p.usable for p in plans) / len(plans) if plans else 1.0
+
+
+__all__ = ["MIN_PILOT_USE", "PilotPlan", "fit_pilots", "plan_pilot", "rho_spacing", "usable_share"]

@@ -1,0 +1,111 @@
+"""allocopt.race.pilot_plans on the tiny study (studies/tiny.toml): plans only, no training.
+
+The bar (issue 17): at the study's pilot fraction, >= 95 % of the pilot grid is usable: its plan
+realizes the pilot's ρ over the iterations the meter's worst case admits, and spends >= 85 % of
+the pilot budget. Usable pilots are re-checked here with ``make_plan`` directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from allocopt.allocation import RHO_TOLERANCE, make_plan
+from allocopt.race import RaceSettings, pilot_grid
+from allocopt.race.pilot_plans import (MIN_PILOT_USE, fit_pilots, plan_pilot, rho_spacing,
+                                       usable_share)
+from allocopt.spec import StudySpec
+
+SPEC = Path(__file__).resolve().parents[1] / "studies" / "tiny.toml"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from objectives.tiny import TinyObjective
+
+    spec = StudySpec.from_toml(SPEC)
+    return spec, TinyObjective().workload()
+
+
+def test_the_tiny_study_pilots_are_usable(tiny):
+    spec, workload = tiny
+    budget = spec.pilot_fraction * spec.budget_flops
+    grid = pilot_grid(spec.space, RaceSettings(max_pilots=spec.pilots), spec.seed)
+    fitted = fit_pilots(grid, spec.space.rho, budget, workload)
+    plans = [plan_pilot(p, budget, workload) for p in fitted]
+    assert len(plans) == spec.pilots == 30
+    assert usable_share(plans) >= 0.95, [p.note for p in plans if not p.usable]
+    lo, hi = spec.space.rho
+    radius = rho_spacing(grid, lo, hi) / 2
+    for g, pp in zip(grid, plans):
+        a, b = g.allocation, pp.point.allocation
+        # a move keeps the cell and G, stays in range and within half a stratum
+        assert (a.reward, a.group_size, a.model) == (b.reward, b.group_size, b.model)
+        assert lo <= b.rho <= hi and abs(a.rho - b.rho) <= radius + 1e-9
+        if not pp.usable:
+            continue
+        plan = make_plan(budget, b, workload)  # independently of plan_pilot's admission loop
+        assert pp.admitted_iterations == plan.iterations
+        assert abs(plan.realized_rho - b.rho) <= RHO_TOLERANCE and plan.realizable
+        assert plan.budget_utilization >= MIN_PILOT_USE
+        assert plan.budget_utilization == pytest.approx(pp.budget_use)
+
+
+def test_the_sampler_runs_the_fitted_design(tiny):
+    from allocopt.sampler import RaceSampler
+
+    spec, workload = tiny
+    settings = RaceSettings(max_pilots=spec.pilots)
+    kw = dict(budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction, seed=spec.seed)
+    sampler = RaceSampler(spec.space, workload=workload, settings=settings, **kw)
+    grid = pilot_grid(spec.space, settings, spec.seed)
+    assert sampler.design == fit_pilots(grid, spec.space.rho, sampler.budget_of("pilot"), workload)
+    assert sampler.design != grid  # some pilots were not usable on the grid
+    off = RaceSampler(spec.space, workload=workload, settings=RaceSettings(max_pilots=spec.pilots,
+                                                                           fit_pilots=False), **kw)
+    assert off.design == grid
+
+
+def test_the_meters_worst_case_can_refuse_a_planned_iteration(tiny):
+    """A budget of exactly one iteration at the expected lengths: the plan buys it, but the
+    meter's stage-1 worst case (every completion at the generation limit) does not fit. (The
+    tiny workload's padded length is the limit already, so its plans price the worst case;
+    priced unpadded here.)"""
+    import dataclasses
+
+    from allocopt.allocation import Allocation, min_budget
+    from allocopt.race.design import PilotPoint
+
+    _, tiny_workload = tiny
+    workload = dataclasses.replace(tiny_workload, padded_completion_tokens=tiny_workload.completion_tokens)
+    a = Allocation(rho=0.5, group_size=4, reward="sparse")
+    budget = min_budget(a, workload)
+    pp = plan_pilot(PilotPoint(a), budget, workload)
+    assert pp.plan is not None and pp.plan.iterations == 1
+    assert pp.admitted_iterations == 0 and not pp.usable and "worst case" in pp.note
+    assert workload.max_completion_length > workload.completion_tokens  # why it refuses
+    none = plan_pilot(PilotPoint(a), budget - 1, workload)
+    assert none.plan is None and "needs" in none.note
+
+
+def test_dry_run_lists_the_pilot_plans(tiny):
+    """``allocopt study --dry-run``'s pilot table (the function the command prints)."""
+    import io
+
+    from rich.console import Console
+
+    from allocopt.commands_race import pilot_table
+
+    spec, workload = tiny
+    table, line = pilot_table(spec, workload)
+    budget = spec.pilot_fraction * spec.budget_flops
+    grid = pilot_grid(spec.space, RaceSettings(max_pilots=spec.pilots), spec.seed)
+    fitted = fit_pilots(grid, spec.space.rho, budget, workload)
+    usable = sum(plan_pilot(p, budget, workload).usable for p in fitted)
+    moved = sum(a != b for a, b in zip(grid, fitted))
+    assert table.row_count == 30
+    assert line.startswith(f"{usable} of 30 pilots usable") and f"{moved} moved" in line
+    text = io.StringIO()
+    Console(file=text, width=120).print(table)
+    assert "7.5e+10 FLOPs" in text.getvalue() and text.getvalue().count(" yes ") == usable
