@@ -93,6 +93,14 @@ def fidelity_of(budget_fraction: float) -> float:
     return min(1.0, max(0.0, 1.0 + math.log10(budget_fraction) / FIDELITY_DECADES))
 
 
+def drift_support(drifts: Sequence[float], pad: int = 1) -> tuple[float, ...]:
+    """The ``DRIFT_GRID`` values within ``pad`` grid steps of any of ``drifts`` (a mixture's kept
+    δ values): the δ grid a refit-free update of that mixture evaluates."""
+    idx = {DRIFT_GRID.index(min(DRIFT_GRID, key=lambda g: abs(g - float(d)))) for d in drifts}
+    return tuple(DRIFT_GRID[j] for j in sorted({min(max(i + k, 0), len(DRIFT_GRID) - 1)
+                                                for i in idx for k in range(-pad, pad + 1)}))
+
+
 def budget_fraction_of(s: Tensor) -> Tensor:
     """Inverse of :func:`fidelity_of`: the cost of a run in full-budget runs, elementwise."""
     return torch.pow(10.0, (s - 1.0) * FIDELITY_DECADES)
@@ -342,6 +350,11 @@ class MultiFidelitySurrogate:
         seed: seeds the posterior samples (a private generator; torch's global one is untouched).
         init: raw hyperparameters of an earlier fit (:attr:`raw`) to start from as well.
         fit: ``False``: take ``init`` as the hyperparameters, unfitted (tests compare at fixed ones).
+        drift_grid: the δ values whose marginal likelihood is computed for the mixture (a subset
+            of ``DRIFT_GRID``; default all of it). A caller that keeps the hyperparameters of an
+            earlier fit passes the δ values that fit kept and their neighbours
+            (:func:`drift_support`): the others had weight below ``MIN_WEIGHT`` and are left out
+            (the 31 batched likelihoods are most of a proposal's cost at 200 trials).
 
     Attributes:
         fit_seconds: wall time of the fit (hyperparameters and the δ mixture).
@@ -356,7 +369,7 @@ class MultiFidelitySurrogate:
     """
 
     def __init__(self, encoding: Encoding, X: Tensor, Y: Tensor, *, seed: int = 0,
-                 init: Tensor | None = None, fit: bool = True):
+                 init: Tensor | None = None, fit: bool = True, drift_grid: Sequence[float] | None = None):
         if X.dim() != 2 or X.shape[-1] != encoding.dim or Y.shape != (X.shape[0], 1):
             raise ValueError(f"X must be n x {encoding.dim} and Y n x 1; got {tuple(X.shape)} and "
                              f"{tuple(Y.shape)}")
@@ -364,7 +377,11 @@ class MultiFidelitySurrogate:
             raise ValueError(f"{X.shape[0]} observation(s): the surrogate needs at least 2")
         if not fit and (init is None or init.shape != (len(_NAMES),)):
             raise ValueError(f"fit=False needs init, a vector of {len(_NAMES)} raw hyperparameters")
+        grid = DRIFT_GRID if drift_grid is None else tuple(sorted({float(d) for d in drift_grid}))
+        if not grid or any(d not in DRIFT_GRID for d in grid):
+            raise ValueError(f"drift_grid={drift_grid!r}: must be a non-empty subset of DRIFT_GRID")
         t0 = time.perf_counter()
+        self.grid = torch.tensor(grid, dtype=torch.double)
         self.encoding, self.seed = encoding, seed
         self.X, self.Y = X.to(torch.double), Y.to(torch.double)
         y = self.Y[:, 0]
@@ -429,9 +446,9 @@ class MultiFidelitySurrogate:
         return m
 
     def _log_weights(self) -> Tensor:
-        """Normalized log mixture weights over ``DRIFT_GRID`` at :attr:`raw` (marginal
-        likelihood from GPyTorch × the δ prior)."""
-        drifts = torch.tensor(DRIFT_GRID, dtype=torch.double)
+        """Normalized log mixture weights over :attr:`grid` (``DRIFT_GRID`` or the subset asked
+        for) at :attr:`raw` (marginal likelihood from GPyTorch × the δ prior)."""
+        drifts = self.grid
         with torch.no_grad(), _settings():
             try:
                 nlp = self._neg_log_post(self._batch(drifts))
@@ -452,7 +469,9 @@ class MultiFidelitySurrogate:
         return _get_raw(self.model)
 
     def _mixture(self, refit: bool) -> None:
-        drifts = torch.tensor(DRIFT_GRID, dtype=torch.double)
+        if not self.drift_identifiable:  # the likelihood does not depend on δ: the whole grid's prior
+            self.grid = torch.tensor(DRIFT_GRID, dtype=torch.double)
+        drifts = self.grid
         if self.drift_identifiable:
             lw = self._log_weights()
             top = float(drifts[int(lw.argmax())])
@@ -542,4 +561,4 @@ class MultiFidelitySurrogate:
 
 
 __all__ = ["DRIFT_GRID", "DRIFT_PRIOR_SD", "Encoding", "FIDELITY_DECADES", "MultiFidelityKernel",
-           "MultiFidelitySurrogate", "budget_fraction_of", "fidelity_of"]
+           "MultiFidelitySurrogate", "budget_fraction_of", "drift_support", "fidelity_of"]

@@ -23,7 +23,7 @@ Methods (each searches the variant's space, :func:`objectives.synthetic.space_of
   budget, ``RaceSettings()``: a pilot grid sized to the space, no extra pilots), then full-budget
   runs proposed by its multi-fidelity surrogate (:func:`allocopt.race.propose`, ``q = 2`` per
   round, ``Config.allocopt_batch``) until ``Config.allocopt_compute`` runs of compute are spent
-  (40: the bar's level), through the real planner and the synthetic objective. Shown as "allocopt (not available)" when
+  (80: the last level of the bar), through the real planner and the synthetic objective. Shown as "allocopt (not available)" when
   ``allocopt.race.run_race`` cannot be imported.
 
 The Optuna samplers and the grid call the synthetic response directly
@@ -99,9 +99,11 @@ class Config:
     """``rotate``, ``all`` or one target (``pass@1``, ``pass_at_1``, ``native_reward``, ``judge``)."""
     methods: tuple[str, ...] = METHODS
     caps: dict[str, float] = field(default_factory=lambda: {
-        "grid": math.inf, "random": math.inf, "tpe": 160, "gp": 16, "botorch": 16})
-    """Most compute per method (``inf``: the grid's size)."""
-    allocopt_compute: float = 40.0
+        "grid": math.inf, "random": math.inf, "tpe": 160, "gp": 80, "botorch": 16})
+    """Most compute per method (``inf``: the grid's size). BoTorchSampler stops at 16: its ask
+    costs seconds and grows with the trials (over 4 min for one 80-trial study at load 10 on the
+    2-core machine), beyond what ten seeds of seven variants can spend."""
+    allocopt_compute: float = 80.0
     """Compute (full-budget runs, pilots included) allocopt's race spends before it stops."""
     allocopt_batch: int = 2
     """Proposals per round of allocopt's race (``q``: a study with this many workers)."""
@@ -678,8 +680,18 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
 
 
 def run_timings(cfg: Config) -> dict[str, dict[int, dict[str, float]]]:
-    return {v: {n: time_proposals(v, n, cfg.timing_repeats, cfg.methods) for n in cfg.timing_trials}
-            for v in cfg.timing_variants}
+    """:func:`time_proposals` per timing variant and trial count; each row also carries ``load``,
+    the machine's 1-minute load average (``os.getloadavg``) averaged over its start and end
+    (the timings are wall clock: on a shared machine they scale with the load)."""
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for v in cfg.timing_variants:
+        out[v] = {}
+        for n in cfg.timing_trials:
+            load0 = os.getloadavg()[0]
+            row = time_proposals(v, n, cfg.timing_repeats, cfg.methods)
+            row["load"] = (load0 + os.getloadavg()[0]) / 2
+            out[v][n] = row
+    return out
 
 
 def format_timings(t: dict[str, dict[int, dict[str, float]]], cfg: Config) -> str:
@@ -689,11 +701,13 @@ def format_timings(t: dict[str, dict[int, dict[str, float]]], cfg: Config) -> st
     methods = [m for m in cfg.methods if m != "grid"]
     if "allocopt" in methods:
         methods += ["allocopt (refit)", "allocopt (reuse)"]
-    lines.append(f"{'space':12s}{'trials':>7s}" + "".join(f"{method_label(m)[:16]:>18s}" for m in methods))
+    lines.append(f"{'space':12s}{'trials':>7s}" + "".join(f"{method_label(m)[:16]:>18s}" for m in methods)
+                 + f"{'load (1 min)':>14s}")
     for v, by_n in t.items():
         for n, row in by_n.items():
             lines.append(f"{v:12s}{n:7d}" + "".join(f"{row[m]:18.3f}" if m in row else f"{'—':>18s}"
-                                                      for m in methods))
+                                                      for m in methods)
+                         + (f"{row['load']:14.1f}" if "load" in row else f"{'—':>14s}"))
     return "\n".join(lines)
 
 
@@ -720,6 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--workers", type=int, help="processes (default: min(2, cores))")
     ap.add_argument("--no-timings", action="store_true", help="skip the per-proposal timings")
+    ap.add_argument("--timings-only", action="store_true", help="only the per-proposal timings (of --methods)")
     ap.add_argument("--from-csv", help="print the tables and redraw the figure from earlier results.csv "
                     "file(s), comma-separated (e.g. allocopt and the other methods run apart)")
     a = ap.parse_args(argv)
@@ -757,6 +772,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(bar_verdict(records, cfg)[0])
         plot(records, cfg, out / "regret.png")
         print(f"\nwrote {out / 'regret.png'}")
+        return 0
+    if a.timings_only:
+        timings = run_timings(cfg)
+        print(format_timings(timings, cfg))
+        (out / "timings.json").write_text(json.dumps(timings, indent=1))
         return 0
     t0 = time.perf_counter()
     print(f"allocopt benchmark on the synthetic family ({'quick' if a.quick else 'full'}): variants "
