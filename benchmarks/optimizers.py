@@ -387,12 +387,28 @@ def jobs(cfg: Config) -> list[tuple[str, str, str, int, Config]]:
     return sorted(out, key=lambda j: -weight[j[0]] * (4 if j[1] == "model-size" else 1))
 
 
-def run_benchmark(cfg: Config, *, progress: bool = False) -> list[dict[str, Any]]:
-    """Every job of ``cfg`` (in ``cfg.workers`` processes); records as :func:`run_job` makes."""
+def _job_key(r: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (r["method"], r["variant"], r["target"], int(r["seed"]))
+
+
+def run_benchmark(cfg: Config, *, progress: bool = False, partial: Path | None = None) -> list[dict[str, Any]]:
+    """Every job of ``cfg`` (in ``cfg.workers`` processes); records as :func:`run_job` makes.
+
+    ``partial``: a CSV each finished job's records are appended to as they come (a run stopped
+    early keeps what it finished; ``--from-csv`` reads it); jobs already in it are not run again,
+    their records are read back."""
     for v in cfg.variants:
         check_feasible(v)
     todo = jobs(cfg)
     records: list[dict[str, Any]] = []
+    if partial is not None and partial.exists():
+        wanted = {j[:4] for j in todo}
+        done = [r for r in read_csv(partial) if _job_key(r) in wanted]
+        keys = {_job_key(r) for r in done}
+        records += done
+        todo = [j for j in todo if j[:4] not in keys]
+        if progress:
+            print(f"  {len(keys)} job(s) read back from {partial}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     if cfg.workers <= 1:
         results = map(run_job, todo)
@@ -403,6 +419,8 @@ def run_benchmark(cfg: Config, *, progress: bool = False) -> list[dict[str, Any]
         results = pool.imap_unordered(run_job, todo)
     for k, rec in enumerate(results, 1):
         records += rec
+        if partial is not None:
+            _append_csv(partial, rec)
         if progress and (k % max(1, len(todo) // 20) == 0 or k == len(todo)):
             print(f"  {k}/{len(todo)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     if cfg.workers > 1:
@@ -711,6 +729,21 @@ def format_timings(t: dict[str, dict[int, dict[str, float]]], cfg: Config) -> st
     return "\n".join(lines)
 
 
+CSV_KEYS: tuple[str, ...] = ("variant", "target", "method", "seed", "level", "regret", "regret_pct",
+                             "compute_used", "rho", "group_size", "reward", "model", "seconds", "ask_seconds",
+                             "fit_seconds", "proposal_seconds", "proposal_trials", "num_pilots", "num_full",
+                             "refits", "compute", "note", "error")
+
+
+def _append_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_KEYS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
     """Records of an earlier run's ``results.csv`` (numbers parsed back)."""
     out = []
@@ -784,7 +817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     if not allocopt_available():
         print("allocopt.race.run_race is not importable: allocopt is shown as 'allocopt (not available)'")
-    records = run_benchmark(cfg, progress=True)
+    records = run_benchmark(cfg, progress=True, partial=out / "partial.csv")
     bench_s = time.perf_counter() - t0
     print()
     print(format_tables(records, cfg))
