@@ -652,7 +652,7 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
         if m == "allocopt":
             if not allocopt_available():
                 continue
-            from allocopt.race import Observation, fit_surrogate, propose
+            from allocopt.race import Observation, propose
 
             n_pilot = int(0.6 * n_trials)
             obs = []
@@ -766,6 +766,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variants", help=f"comma-separated, from {', '.join(VARIANTS)}")
     ap.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--workers", type=int, help="processes (default: min(2, cores))")
+    ap.add_argument("--caps", help="most compute per method, e.g. gp=40,botorch=16 (default tpe=160, gp=80, botorch=16)")
+    ap.add_argument("--allocopt-compute", type=float, help="compute (full-budget runs) allocopt's races spend (default 80)")
     ap.add_argument("--no-timings", action="store_true", help="skip the per-proposal timings")
     ap.add_argument("--timings-only", action="store_true", help="only the per-proposal timings (of --methods)")
     ap.add_argument("--from-csv", help="print the tables and redraw the figure from earlier results.csv "
@@ -793,6 +795,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"--{name}={val!r}: allowed: {', '.join(allowed)}", file=sys.stderr)
                 return 2
             kw[name] = items
+    if a.caps:
+        caps = dict(cfg.caps)
+        for item in a.caps.split(","):
+            m, _, n = item.partition("=")
+            try:
+                v = float(n)
+            except ValueError:
+                v = math.nan
+            if m.strip() not in caps or not v > 0:
+                print(f"--caps={a.caps!r}: each item METHOD=N with N > 0, METHOD one of {', '.join(caps)}",
+                      file=sys.stderr)
+                return 2
+            caps[m.strip()] = v
+        kw["caps"] = caps
+    if a.allocopt_compute is not None:
+        if not a.allocopt_compute > 0:
+            print(f"--allocopt-compute={a.allocopt_compute}: must be > 0", file=sys.stderr)
+            return 2
+        kw["allocopt_compute"] = a.allocopt_compute
     cfg = replace(cfg, **kw)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
