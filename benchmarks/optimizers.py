@@ -622,13 +622,24 @@ def _random_allocations(space: SearchSpace, n: int, rng: random.Random) -> list[
                        rng.choice(space.models) if space.models else None) for _ in range(n)]
 
 
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t0: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since ``t0`` (:func:`_clocks`)."""
+    return time.perf_counter() - t0[0], time.process_time() - t0[1]
+
+
 def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[str]) -> dict[str, float]:
     """Median seconds of one proposal with ``n_trials`` finished trials: ``study.ask`` for the
     Optuna samplers; for allocopt (``n_trials`` observations, 60 % of them pilots at 0.1 of the
     budget) the surrogate plus one proposal (``q = 1``) averaged over a refit cycle of
     :class:`allocopt.race.SurrogateCache`: one call with a hyperparameter fit and
     ``ceil(0.2 n) - 1`` calls that keep the hyperparameters (both are reported too, as
-    ``allocopt (refit)`` and ``allocopt (reuse)``)."""
+    ``allocopt (refit)`` and ``allocopt (reuse)``). Wall-clock seconds under each name, and the
+    process's CPU seconds (``time.process_time``, one thread: what the load does not inflate)
+    under the name with `` cpu`` appended."""
     import torch
 
     torch.set_num_threads(1)
@@ -668,19 +679,21 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
             fit_ts, reuse_ts = [], []
             for k in range(repeats + 1):  # the first, untimed, warms up imports and caches
                 cache = SurrogateCache(p.space, seed=k)
-                t0 = time.perf_counter()
+                t0 = _clocks()
                 sur = cache(obs)  # a hyperparameter fit (what a refit costs)
                 propose(obs, spec, wl, existing=existing, q=1, surrogate=sur)
-                fit_ts.append(time.perf_counter() - t0)
+                fit_ts.append(_since(t0))
                 extra = obs + [replace(obs[-1], number=len(obs), value=obs[-1].value + 0.001)]
-                t0 = time.perf_counter()
+                t0 = _clocks()
                 sur = cache(extra)  # one more trial: hyperparameters kept, posterior recomputed
                 propose(extra, spec, wl, existing=existing, q=1, surrogate=sur)
-                reuse_ts.append(time.perf_counter() - t0)
-            fit_s, reuse_s = statistics.median(fit_ts[1:]), statistics.median(reuse_ts[1:])
+                reuse_ts.append(_since(t0))
             cycle = max(1, math.ceil(cache.refit_growth * n_trials))  # proposals per refit (q = 1)
-            out["allocopt (refit)"], out["allocopt (reuse)"] = fit_s, reuse_s
-            out[m] = (fit_s + (cycle - 1) * reuse_s) / cycle
+            for k, suffix in ((0, ""), (1, " cpu")):
+                fit_s = statistics.median(t[k] for t in fit_ts[1:])
+                reuse_s = statistics.median(t[k] for t in reuse_ts[1:])
+                out["allocopt (refit)" + suffix], out["allocopt (reuse)" + suffix] = fit_s, reuse_s
+                out[m + suffix] = (fit_s + (cycle - 1) * reuse_s) / cycle
             continue
         study = optuna.create_study(direction="maximize", sampler=make_optuna_sampler(m, 0))
         study.add_trials([create_trial(params={k: {"rho": a.rho, "group_size": a.group_size, "reward": a.reward,
@@ -689,11 +702,12 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
                           for a in allocs[:n_trials]])
         ts = []
         for _ in range(repeats + 1):  # the first, untimed, warms up imports and caches
-            t0 = time.perf_counter()
+            t0 = _clocks()
             trial = study.ask(dists)
-            ts.append(time.perf_counter() - t0)
+            ts.append(_since(t0))
             study.tell(trial, p.value(allocation_of(spec, trial.params)))
-        out[m] = statistics.median(ts[1:])
+        out[m] = statistics.median(t[0] for t in ts[1:])
+        out[m + " cpu"] = statistics.median(t[1] for t in ts[1:])
     return out
 
 
@@ -715,17 +729,20 @@ def run_timings(cfg: Config) -> dict[str, dict[int, dict[str, float]]]:
 def format_timings(t: dict[str, dict[int, dict[str, float]]], cfg: Config) -> str:
     lines = ["Seconds per proposal (sampler only: study.ask; allocopt: surrogate + one proposal, averaged "
              "over a refit cycle of 20 % growth; its refit and reuse calls alone in the last two columns), "
-             f"median of {cfg.timing_repeats}:"]
+             f"median of {cfg.timing_repeats}; wall clock, then the process's CPU time (one thread), "
+             "with the machine's 1-minute load average:"]
     methods = [m for m in cfg.methods if m != "grid"]
     if "allocopt" in methods:
         methods += ["allocopt (refit)", "allocopt (reuse)"]
-    lines.append(f"{'space':12s}{'trials':>7s}" + "".join(f"{method_label(m)[:16]:>18s}" for m in methods)
+    lines.append(f"{'space':12s}{'trials':>7s}{'clock':>6s}" + "".join(f"{method_label(m)[:16]:>18s}" for m in methods)
                  + f"{'load (1 min)':>14s}")
     for v, by_n in t.items():
         for n, row in by_n.items():
-            lines.append(f"{v:12s}{n:7d}" + "".join(f"{row[m]:18.3f}" if m in row else f"{'—':>18s}"
-                                                      for m in methods)
-                         + (f"{row['load']:14.1f}" if "load" in row else f"{'—':>14s}"))
+            for suffix, name in (("", "wall"), (" cpu", "cpu")):
+                lines.append(f"{v:12s}{n:7d}{name:>6s}"
+                             + "".join(f"{row[m + suffix]:18.3f}" if m + suffix in row else f"{'—':>18s}"
+                                       for m in methods)
+                             + (f"{row['load']:14.1f}" if "load" in row else f"{'—':>14s}"))
     return "\n".join(lines)
 
 

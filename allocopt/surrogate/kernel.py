@@ -101,8 +101,20 @@ class MultiFidelityKernel(gpytorch.kernels.Kernel):
         raw = f"raw_{name}"
         return getattr(self, f"{raw}_constraint").transform(getattr(self, raw))
 
+    def _common(self, x: Tensor) -> Tensor:
+        """``x`` without its δ batch dimension when it is one ``n x d`` tensor expanded over the
+        batch (how the batched model's inputs are built): the δ-free terms are then computed
+        once, not once per δ."""
+        if x.dim() == 3 and self.drift.dim() == 1 and x.shape[0] == self.drift.shape[0] and \
+                (x.shape[0] == 1 or x.stride(0) == 0):
+            return x[0]
+        return x
+
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
-        """``... x n x m`` covariance (``... x n`` with ``diag``) of ``... x n x d`` and ``... x m x d``."""
+        """``... x n x m`` covariance (``... x n`` with ``diag``) of ``... x n x d`` and ``... x m x d``.
+
+        Computed as the δ-free terms plus the two that depend on δ (through ``ρw - ρw' = ρ - ρ'
+        + δ · scale · (s' - s)``), so that a batch over δ evaluates only those per member."""
         p = {k: self.value(k) for k in _KERNEL_NAMES}
         if diag:
             def pair_diff(a, b):
@@ -116,37 +128,39 @@ class MultiFidelityKernel(gpytorch.kernels.Kernel):
 
             def same(a, b):
                 return a @ b.transpose(-1, -2)
-        fa, fb = x1[..., self.f_col], x2[..., self.f_col]
-        shift = self.drift[..., None] * self.drift_scale
-        wa = x1[..., 0] + shift * (1.0 - fa)
-        wb = x2[..., 0] + shift * (1.0 - fb)
-        k_rho = _matern52(pair_diff(wa, wb), p["rho_ls"])
+        a, b = self._common(x1), self._common(x2)
+        fa, fb = a[..., self.f_col], b[..., self.f_col]
+        d_rho = pair_diff(a[..., 0], b[..., 0])
+        d_low = pair_diff(1.0 - fa, 1.0 - fb)
         same_r = same_m = None
-        cat = torch.ones_like(k_rho)
+        cat = torch.ones_like(d_rho)
         if self.r_span is not None:
-            same_r = same(x1[..., self.r_span], x2[..., self.r_span])
+            same_r = same(a[..., self.r_span], b[..., self.r_span])
             cat = cat * (p["zeta_reward"] + (1 - p["zeta_reward"]) * same_r)
         if self.m_span is not None:
-            same_m = same(x1[..., self.m_span], x2[..., self.m_span])
+            same_m = same(a[..., self.m_span], b[..., self.m_span])
             cat = cat * (p["zeta_model"] + (1 - p["zeta_model"]) * same_m)
-        joint = k_rho * cat
-        K = p["const"] * torch.ones_like(k_rho)
+        K = p["const"] * torch.ones_like(d_rho)
+        joint = p["joint"] * cat
         if self.g_col is not None:
-            du = pair_diff(x1[..., self.g_col], x2[..., self.g_col])
+            du = pair_diff(a[..., self.g_col], b[..., self.g_col])
             joint = joint * _matern52(du, p["joint_g_ls"])
             K = K + p["g_var"] * _matern52(du, p["g_ls"])
         if same_r is not None:
             K = K + p["reward"] * same_r
         if same_m is not None:
             K = K + p["model"] * same_m
-        K = K + p["joint"] * joint
         low = (1.0 - fa) * (1.0 - fb) if diag else (1.0 - fa)[..., :, None] * (1.0 - fb)[..., None, :]
         cell = 1.0
         if same_r is not None:
             cell = same_r
         if same_m is not None:
             cell = cell * same_m
-        return K + low * (p["bias0"] + p["bias1"] * k_rho * cat + p["bias_cell"] * cell)
+        K = K + low * (p["bias0"] + p["bias_cell"] * cell)
+        # the δ terms: k_rho of the shifted ρ distance, in the interaction and the pilots' bias
+        shift = (self.drift * self.drift_scale).reshape(*self.drift.shape, *([1] * (1 if diag else 2)))
+        k_rho = _matern52(d_rho + shift * d_low, p["rho_ls"])
+        return K + k_rho * (joint + low * p["bias1"] * cat)
 
 
 class _ExactGP(gpytorch.models.ExactGP, GPyTorchModel):
