@@ -1,7 +1,8 @@
 """Benchmark the tuner: allocopt against a grid, random search and Optuna's samplers.
 
     python benchmarks/optimizers.py [--quick] [--seeds N] [--out DIR] [--targets rotate|all|T]
-                                    [--variants V,...] [--workers N]
+                                    [--variants V,...] [--methods M,...] [--workers N]
+                                    [--caps M=N,...] [--allocopt-compute N] [--no-timings | --timings-only]
 
 On the synthetic family (:mod:`objectives.synthetic`, a documented test function with known
 optima, not a prediction), at equal compute, every method searches the allocation (ρ, G, reward
@@ -47,8 +48,10 @@ runs every target with every seed (3× the time).
 
 Output: tables on stdout (regret per method and compute level; the bar allocopt is held to;
 each sampler's own time per proposal at 50 and 200 trials, timing only ``study.ask``, and for
-allocopt one surrogate fit + one proposal), and in ``--out``: ``regret.png`` (regret vs compute,
-one panel per variant), ``results.csv`` (one row per run and compute level), ``summary.json``.
+allocopt one surrogate fit + one proposal; wall clock and CPU seconds, with the load average), and in ``--out``: ``regret.png`` (regret vs compute,
+one panel per variant), ``results.csv`` (one row per run and compute level), ``summary.json``,
+and ``partial.csv`` (the same rows, appended as each run finishes; a rerun into the same folder
+runs only what is not in it).
 """
 
 from __future__ import annotations
