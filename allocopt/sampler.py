@@ -60,8 +60,9 @@ from allocopt.allocation import Allocation, Workload, check_budget
 from allocopt.claims import CLAIM_ATTR, clashes, with_claims, write_claim
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
 from allocopt.race.diagnose import Observation, observed_params, trial_fidelity, trial_params
-from allocopt.race.propose import (PlanCache, Proposal, SurrogateCache, fit_surrogate, propose, recommend,
-                                   runs_of)
+from allocopt.race.fit import SurrogateCache, fit_surrogate
+from allocopt.race.propose import PlanCache, Proposal, propose, runs_of
+from allocopt.race.recommend import recommend
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
 
 FIDELITY_PARAM = "fidelity"
@@ -318,7 +319,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     def _surrogate(self, obs: list[Observation]) -> Any:
         """The surrogate on ``obs``: conditioned anew when they changed, its hyperparameters
-        refitted only when the study has grown enough (:class:`~allocopt.race.propose.SurrogateCache`)."""
+        refitted only when the study has grown enough (:class:`~allocopt.race.fit.SurrogateCache`)."""
         key = tuple(sorted(o.number for o in obs))
         if self._fit is None or self._fit[0] != key:
             sur = self._cache(obs)

@@ -1,7 +1,8 @@
 """Benchmark the tuner: allocopt against a grid, random search and Optuna's samplers.
 
     python benchmarks/optimizers.py [--quick] [--seeds N] [--out DIR] [--targets rotate|all|T]
-                                    [--variants V,...] [--workers N]
+                                    [--variants V,...] [--methods M,...] [--workers N]
+                                    [--caps M=N,...] [--allocopt-compute N] [--no-timings | --timings-only]
 
 On the synthetic family (:mod:`objectives.synthetic`, a documented test function with known
 optima, not a prediction), at equal compute, every method searches the allocation (ρ, G, reward
@@ -23,7 +24,7 @@ Methods (each searches the variant's space, :func:`objectives.synthetic.space_of
   budget, ``RaceSettings()``: a pilot grid sized to the space, no extra pilots), then full-budget
   runs proposed by its multi-fidelity surrogate (:func:`allocopt.race.propose`, ``q = 2`` per
   round, ``Config.allocopt_batch``) until ``Config.allocopt_compute`` runs of compute are spent
-  (40: the bar's level), through the real planner and the synthetic objective. Shown as "allocopt (not available)" when
+  (80: the last level of the bar), through the real planner and the synthetic objective. Shown as "allocopt (not available)" when
   ``allocopt.race.run_race`` cannot be imported.
 
 The Optuna samplers and the grid call the synthetic response directly
@@ -47,8 +48,10 @@ runs every target with every seed (3× the time).
 
 Output: tables on stdout (regret per method and compute level; the bar allocopt is held to;
 each sampler's own time per proposal at 50 and 200 trials, timing only ``study.ask``, and for
-allocopt one surrogate fit + one proposal), and in ``--out``: ``regret.png`` (regret vs compute,
-one panel per variant), ``results.csv`` (one row per run and compute level), ``summary.json``.
+allocopt one surrogate fit + one proposal; wall clock and CPU seconds, with the load average), and in ``--out``: ``regret.png`` (regret vs compute,
+one panel per variant), ``results.csv`` (one row per run and compute level), ``summary.json``,
+and ``partial.csv`` (the same rows, appended as each run finishes; a rerun into the same folder
+runs only what is not in it).
 """
 
 from __future__ import annotations
@@ -99,9 +102,11 @@ class Config:
     """``rotate``, ``all`` or one target (``pass@1``, ``pass_at_1``, ``native_reward``, ``judge``)."""
     methods: tuple[str, ...] = METHODS
     caps: dict[str, float] = field(default_factory=lambda: {
-        "grid": math.inf, "random": math.inf, "tpe": 160, "gp": 16, "botorch": 16})
-    """Most compute per method (``inf``: the grid's size)."""
-    allocopt_compute: float = 40.0
+        "grid": math.inf, "random": math.inf, "tpe": 160, "gp": 80, "botorch": 16})
+    """Most compute per method (``inf``: the grid's size). BoTorchSampler stops at 16: its ask
+    costs seconds and grows with the trials (over 4 min for one 80-trial study at load 10 on the
+    2-core machine), beyond what ten seeds of seven variants can spend."""
+    allocopt_compute: float = 80.0
     """Compute (full-budget runs, pilots included) allocopt's race spends before it stops."""
     allocopt_batch: int = 2
     """Proposals per round of allocopt's race (``q``: a study with this many workers)."""
@@ -385,12 +390,28 @@ def jobs(cfg: Config) -> list[tuple[str, str, str, int, Config]]:
     return sorted(out, key=lambda j: -weight[j[0]] * (4 if j[1] == "model-size" else 1))
 
 
-def run_benchmark(cfg: Config, *, progress: bool = False) -> list[dict[str, Any]]:
-    """Every job of ``cfg`` (in ``cfg.workers`` processes); records as :func:`run_job` makes."""
+def _job_key(r: dict[str, Any]) -> tuple[str, str, str, int]:
+    return (r["method"], r["variant"], r["target"], int(r["seed"]))
+
+
+def run_benchmark(cfg: Config, *, progress: bool = False, partial: Path | None = None) -> list[dict[str, Any]]:
+    """Every job of ``cfg`` (in ``cfg.workers`` processes); records as :func:`run_job` makes.
+
+    ``partial``: a CSV each finished job's records are appended to as they come (a run stopped
+    early keeps what it finished; ``--from-csv`` reads it); jobs already in it are not run again,
+    their records are read back."""
     for v in cfg.variants:
         check_feasible(v)
     todo = jobs(cfg)
     records: list[dict[str, Any]] = []
+    if partial is not None and partial.exists():
+        wanted = {j[:4] for j in todo}
+        done = [r for r in read_csv(partial) if _job_key(r) in wanted]
+        keys = {_job_key(r) for r in done}
+        records += done
+        todo = [j for j in todo if j[:4] not in keys]
+        if progress:
+            print(f"  {len(keys)} job(s) read back from {partial}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     if cfg.workers <= 1:
         results = map(run_job, todo)
@@ -401,6 +422,8 @@ def run_benchmark(cfg: Config, *, progress: bool = False) -> list[dict[str, Any]
         results = pool.imap_unordered(run_job, todo)
     for k, rec in enumerate(results, 1):
         records += rec
+        if partial is not None:
+            _append_csv(partial, rec)
         if progress and (k % max(1, len(todo) // 20) == 0 or k == len(todo)):
             print(f"  {k}/{len(todo)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     if cfg.workers > 1:
@@ -602,13 +625,24 @@ def _random_allocations(space: SearchSpace, n: int, rng: random.Random) -> list[
                        rng.choice(space.models) if space.models else None) for _ in range(n)]
 
 
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t0: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since ``t0`` (:func:`_clocks`)."""
+    return time.perf_counter() - t0[0], time.process_time() - t0[1]
+
+
 def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[str]) -> dict[str, float]:
     """Median seconds of one proposal with ``n_trials`` finished trials: ``study.ask`` for the
     Optuna samplers; for allocopt (``n_trials`` observations, 60 % of them pilots at 0.1 of the
     budget) the surrogate plus one proposal (``q = 1``) averaged over a refit cycle of
     :class:`allocopt.race.SurrogateCache`: one call with a hyperparameter fit and
     ``ceil(0.2 n) - 1`` calls that keep the hyperparameters (both are reported too, as
-    ``allocopt (refit)`` and ``allocopt (reuse)``)."""
+    ``allocopt (refit)`` and ``allocopt (reuse)``). Wall-clock seconds under each name, and the
+    process's CPU seconds (``time.process_time``, one thread: what the load does not inflate)
+    under the name with `` cpu`` appended."""
     import torch
 
     torch.set_num_threads(1)
@@ -632,7 +666,7 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
         if m == "allocopt":
             if not allocopt_available():
                 continue
-            from allocopt.race import Observation, fit_surrogate, propose
+            from allocopt.race import Observation, propose
 
             n_pilot = int(0.6 * n_trials)
             obs = []
@@ -648,19 +682,21 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
             fit_ts, reuse_ts = [], []
             for k in range(repeats + 1):  # the first, untimed, warms up imports and caches
                 cache = SurrogateCache(p.space, seed=k)
-                t0 = time.perf_counter()
+                t0 = _clocks()
                 sur = cache(obs)  # a hyperparameter fit (what a refit costs)
                 propose(obs, spec, wl, existing=existing, q=1, surrogate=sur)
-                fit_ts.append(time.perf_counter() - t0)
+                fit_ts.append(_since(t0))
                 extra = obs + [replace(obs[-1], number=len(obs), value=obs[-1].value + 0.001)]
-                t0 = time.perf_counter()
+                t0 = _clocks()
                 sur = cache(extra)  # one more trial: hyperparameters kept, posterior recomputed
                 propose(extra, spec, wl, existing=existing, q=1, surrogate=sur)
-                reuse_ts.append(time.perf_counter() - t0)
-            fit_s, reuse_s = statistics.median(fit_ts[1:]), statistics.median(reuse_ts[1:])
+                reuse_ts.append(_since(t0))
             cycle = max(1, math.ceil(cache.refit_growth * n_trials))  # proposals per refit (q = 1)
-            out["allocopt (refit)"], out["allocopt (reuse)"] = fit_s, reuse_s
-            out[m] = (fit_s + (cycle - 1) * reuse_s) / cycle
+            for k, suffix in ((0, ""), (1, " cpu")):
+                fit_s = statistics.median(t[k] for t in fit_ts[1:])
+                reuse_s = statistics.median(t[k] for t in reuse_ts[1:])
+                out["allocopt (refit)" + suffix], out["allocopt (reuse)" + suffix] = fit_s, reuse_s
+                out[m + suffix] = (fit_s + (cycle - 1) * reuse_s) / cycle
             continue
         study = optuna.create_study(direction="maximize", sampler=make_optuna_sampler(m, 0))
         study.add_trials([create_trial(params={k: {"rho": a.rho, "group_size": a.group_size, "reward": a.reward,
@@ -669,32 +705,63 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
                           for a in allocs[:n_trials]])
         ts = []
         for _ in range(repeats + 1):  # the first, untimed, warms up imports and caches
-            t0 = time.perf_counter()
+            t0 = _clocks()
             trial = study.ask(dists)
-            ts.append(time.perf_counter() - t0)
+            ts.append(_since(t0))
             study.tell(trial, p.value(allocation_of(spec, trial.params)))
-        out[m] = statistics.median(ts[1:])
+        out[m] = statistics.median(t[0] for t in ts[1:])
+        out[m + " cpu"] = statistics.median(t[1] for t in ts[1:])
     return out
 
 
 def run_timings(cfg: Config) -> dict[str, dict[int, dict[str, float]]]:
-    return {v: {n: time_proposals(v, n, cfg.timing_repeats, cfg.methods) for n in cfg.timing_trials}
-            for v in cfg.timing_variants}
+    """:func:`time_proposals` per timing variant and trial count; each row also carries ``load``,
+    the machine's 1-minute load average (``os.getloadavg``) averaged over its start and end
+    (the timings are wall clock: on a shared machine they scale with the load)."""
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for v in cfg.timing_variants:
+        out[v] = {}
+        for n in cfg.timing_trials:
+            load0 = os.getloadavg()[0]
+            row = time_proposals(v, n, cfg.timing_repeats, cfg.methods)
+            row["load"] = (load0 + os.getloadavg()[0]) / 2
+            out[v][n] = row
+    return out
 
 
 def format_timings(t: dict[str, dict[int, dict[str, float]]], cfg: Config) -> str:
     lines = ["Seconds per proposal (sampler only: study.ask; allocopt: surrogate + one proposal, averaged "
              "over a refit cycle of 20 % growth; its refit and reuse calls alone in the last two columns), "
-             f"median of {cfg.timing_repeats}:"]
+             f"median of {cfg.timing_repeats}; wall clock, then the process's CPU time (one thread), "
+             "with the machine's 1-minute load average:"]
     methods = [m for m in cfg.methods if m != "grid"]
     if "allocopt" in methods:
         methods += ["allocopt (refit)", "allocopt (reuse)"]
-    lines.append(f"{'space':12s}{'trials':>7s}" + "".join(f"{method_label(m)[:16]:>18s}" for m in methods))
+    lines.append(f"{'space':12s}{'trials':>7s}{'clock':>6s}" + "".join(f"{method_label(m)[:16]:>18s}" for m in methods)
+                 + f"{'load (1 min)':>14s}")
     for v, by_n in t.items():
         for n, row in by_n.items():
-            lines.append(f"{v:12s}{n:7d}" + "".join(f"{row[m]:18.3f}" if m in row else f"{'—':>18s}"
-                                                      for m in methods))
+            for suffix, name in (("", "wall"), (" cpu", "cpu")):
+                lines.append(f"{v:12s}{n:7d}{name:>6s}"
+                             + "".join(f"{row[m + suffix]:18.3f}" if m + suffix in row else f"{'—':>18s}"
+                                       for m in methods)
+                             + (f"{row['load']:14.1f}" if "load" in row else f"{'—':>14s}"))
     return "\n".join(lines)
+
+
+CSV_KEYS: tuple[str, ...] = ("variant", "target", "method", "seed", "level", "regret", "regret_pct",
+                             "compute_used", "rho", "group_size", "reward", "model", "seconds", "ask_seconds",
+                             "fit_seconds", "proposal_seconds", "proposal_trials", "num_pilots", "num_full",
+                             "refits", "compute", "note", "error")
+
+
+def _append_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_KEYS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerows(rows)
 
 
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
@@ -719,7 +786,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variants", help=f"comma-separated, from {', '.join(VARIANTS)}")
     ap.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--workers", type=int, help="processes (default: min(2, cores))")
+    ap.add_argument("--caps", help="most compute per method, e.g. gp=40,botorch=16 (default tpe=160, gp=80, botorch=16)")
+    ap.add_argument("--allocopt-compute", type=float, help="compute (full-budget runs) allocopt's races spend (default 80)")
     ap.add_argument("--no-timings", action="store_true", help="skip the per-proposal timings")
+    ap.add_argument("--timings-only", action="store_true", help="only the per-proposal timings (of --methods)")
     ap.add_argument("--from-csv", help="print the tables and redraw the figure from earlier results.csv "
                     "file(s), comma-separated (e.g. allocopt and the other methods run apart)")
     a = ap.parse_args(argv)
@@ -745,6 +815,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"--{name}={val!r}: allowed: {', '.join(allowed)}", file=sys.stderr)
                 return 2
             kw[name] = items
+    if a.caps:
+        caps = dict(cfg.caps)
+        for item in a.caps.split(","):
+            m, _, n = item.partition("=")
+            try:
+                v = float(n)
+            except ValueError:
+                v = math.nan
+            if m.strip() not in caps or not v > 0:
+                print(f"--caps={a.caps!r}: each item METHOD=N with N > 0, METHOD one of {', '.join(caps)}",
+                      file=sys.stderr)
+                return 2
+            caps[m.strip()] = v
+        kw["caps"] = caps
+    if a.allocopt_compute is not None:
+        if not a.allocopt_compute > 0:
+            print(f"--allocopt-compute={a.allocopt_compute}: must be > 0", file=sys.stderr)
+            return 2
+        kw["allocopt_compute"] = a.allocopt_compute
     cfg = replace(cfg, **kw)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -758,13 +847,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(records, cfg, out / "regret.png")
         print(f"\nwrote {out / 'regret.png'}")
         return 0
+    if a.timings_only:
+        timings = run_timings(cfg)
+        print(format_timings(timings, cfg))
+        (out / "timings.json").write_text(json.dumps(timings, indent=1))
+        return 0
     t0 = time.perf_counter()
     print(f"allocopt benchmark on the synthetic family ({'quick' if a.quick else 'full'}): variants "
           f"{', '.join(cfg.variants)}; targets {cfg.targets}; {cfg.seeds} seeds; {cfg.workers} worker(s)",
           flush=True)
     if not allocopt_available():
         print("allocopt.race.run_race is not importable: allocopt is shown as 'allocopt (not available)'")
-    records = run_benchmark(cfg, progress=True)
+    records = run_benchmark(cfg, progress=True, partial=out / "partial.csv")
     bench_s = time.perf_counter() - t0
     print()
     print(format_tables(records, cfg))

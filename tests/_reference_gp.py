@@ -23,7 +23,8 @@ from torch import Tensor
 torch.set_num_threads(1)
 
 from allocopt.surrogate import (DRIFT_GRID, DRIFT_PRIOR_SD, FIDELITY_DECADES, MIN_WEIGHT,  # noqa: F401
-                                 _HYPERS, Encoding, budget_fraction_of, fidelity_of)
+                                Encoding, budget_fraction_of, fidelity_of)
+from allocopt.surrogate.kernel import _HYPERS
 
 _NAMES = tuple(_HYPERS)
 _SQRT5 = math.sqrt(5.0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from allocopt.surrogate import (DRIFT_GRID, DRIFT_PRIOR_SD, Encoding, MultiFidelitySurrogate,
-                                fidelity_of)
+                                drift_support, fidelity_of)
 
 ENC = Encoding((0.2, 0.9), (4, 8), ("sparse", "prm"))
 SHIFT = 0.05  # the true optimum moves +0.05 in rho per decade of budget
@@ -131,3 +131,14 @@ def test_gpytorch_port_matches_the_closed_form_reference(full_rhos):
     c1, v1 = port.covariance_with(Z[:1], Z[1:20])
     c0, v0 = ref.covariance_with(Z[:1], Z[1:20])
     assert rel(c1, c0) < 1e-6 and rel(v1, v0) < 1e-6
+    # the refit-free update's δ grid (the kept δ and their neighbours): the same kept components
+    # (and perhaps a neighbour that the smaller normalization lifts over MIN_WEIGHT), and the
+    # same posterior to a hundredth of its sd
+    assert drift_support([0.0]) == (-0.01, 0.0, 0.01) and drift_support([-0.15, -0.14]) == (-0.15, -0.14, -0.13)
+    grid = drift_support(port.drifts.tolist())
+    part = MultiFidelitySurrogate(ENC, X, Y, init=ref.raw, fit=False, drift_grid=grid)
+    assert set(port.drifts.tolist()) <= set(part.drifts.tolist()) <= set(grid)
+    m2, s2 = part.predict(Z)
+    assert float(((m2 - m1).abs() / s1).max()) < 0.01 and float(((s2 - s1).abs() / s1).max()) < 0.01
+    with pytest.raises(ValueError, match="subset of DRIFT_GRID"):
+        MultiFidelitySurrogate(ENC, X, Y, init=ref.raw, fit=False, drift_grid=[0.005])

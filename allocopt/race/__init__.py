@@ -47,8 +47,9 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
    of that reward system minus at the recommended one).
 
 One job a module: :mod:`~allocopt.race.design` (settings, pilot grid),
-:mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.propose`
-(surrogate, proposals, recommendation), :mod:`~allocopt.race.validate` (pilot against full
+:mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.fit`
+(the surrogate of a study, refitted when worth it), :mod:`~allocopt.race.propose` (proposals),
+:mod:`~allocopt.race.recommend` (the recommendation and its uncertainty), :mod:`~allocopt.race.validate` (pilot against full
 regimes, :class:`RaceResult`), :mod:`~allocopt.race.run` (the whole race in one call, a view
 over the study loop). The trials are asked of :class:`allocopt.sampler.RaceSampler`.
 Every name is re-exported here.
@@ -62,9 +63,9 @@ from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings,
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
                                     observations, observed_params, regime_of, share_fit, trial_fidelity,
                                     trial_params)
-from allocopt.race.propose import (PlanCache, Proposal, Recommendation, SurrogateCache, existing_runs,
-                                   fit_surrogate, interrupted, propose, recommend, recommendation, runs_of,
-                                   same_run)
+from allocopt.race.fit import SurrogateCache, fit_surrogate
+from allocopt.race.propose import PlanCache, Proposal, existing_runs, interrupted, propose, runs_of, same_run
+from allocopt.race.recommend import Recommendation, recommend, recommendation
 from allocopt.race.run import run_race
 from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
 

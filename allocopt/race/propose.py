@@ -1,11 +1,12 @@
-"""RACE proposals: the multi-fidelity surrogate, the recommendation, and the next runs.
+"""RACE proposals: the next runs, by Thompson sampling of the surrogate's full-budget maximizer.
 
-The surrogate (:mod:`allocopt.surrogate`) is fitted on pilots and full runs together (the budget
+The surrogate (:mod:`allocopt.surrogate`, fitted by :mod:`allocopt.race.fit`) is fitted on pilots and full runs together (the budget
 fraction is its fidelity; it learns how far the optimal ρ drifts with the budget, so the pilots'
 bias is corrected once a few full runs exist). :func:`propose` picks full runs by Thompson
 sampling of the full-budget maximizer (or extra pilots, when their variance reduction per FLOP
 is worth it); infeasible plans and repeats of existing trials are never proposed.
-:func:`recommend` gives the allocation to run at the full budget. See :mod:`allocopt.race`.
+:func:`allocopt.race.recommend.recommend` gives the allocation to run at the full budget. See
+:mod:`allocopt.race`.
 
 The loop (a study's sampler) calls, whenever a worker is free and the pilots are done::
 
@@ -32,207 +33,9 @@ from allocopt.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload,
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation, trial_fidelity, trial_params
+from allocopt.race.fit import fit_surrogate
+from allocopt.race.recommend import _full_candidates
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
-
-def _encoding(space: SearchSpace):
-    from allocopt.surrogate import Encoding
-
-    return Encoding(space.rho, space.group_sizes, space.rewards, tuple(space.models) or (None,))
-
-
-def fit_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int = 0, init: Any = None,
-                  fit: bool = True):
-    """The :class:`allocopt.surrogate.MultiFidelitySurrogate` over all observations (pilots and
-    full runs; the budget fraction is the fidelity); ``init``: an earlier fit's ``raw``
-    hyperparameters to start from as well (``fit=False``: taken as they are; only the data
-    change — new runs, or pending trials conditioned on — and the posterior and the drift
-    mixture's weights are recomputed). Raises ``ValueError`` with < 2 observations."""
-    import torch
-
-    from allocopt.surrogate import MultiFidelitySurrogate
-
-    enc = _encoding(space)
-    X = enc.tensor([enc.row(o.allocation.rho, o.allocation.group_size, o.allocation.reward,
-                            o.allocation.model, o.budget_fraction) for o in obs])
-    Y = torch.tensor([[o.value] for o in obs], dtype=torch.double)
-    return MultiFidelitySurrogate(enc, X, Y, seed=seed, init=init, fit=fit or init is None)
-
-
-class SurrogateCache:
-    """The surrogate of a growing study, refitted only when worth it: the loop calls it once per
-    proposal (``cache(obs)``) and gets a surrogate conditioned on every observation.
-
-    The hyperparameters are refitted (L-BFGS-B from the defaults and from the last fit, the
-    better kept) when the number of observations has grown by ``refit_growth`` (a share) since
-    the last fit, or when the first full-budget run arrives; in between they are kept and only
-    the posterior and the drift mixture's weights are recomputed (a few hundredths of the fit's
-    cost at 200 trials). Attributes ``fits`` and ``reuses`` count both kinds.
-    """
-
-    def __init__(self, space: SearchSpace, seed: int = 0, refit_growth: float = 0.2):
-        if not refit_growth >= 0:
-            raise ConfigError(f"refit_growth={refit_growth!r}: must be a number >= 0")
-        self.space, self.seed, self.refit_growth = space, seed, refit_growth
-        self.raw, self.n_fit, self.full_fit, self.fits, self.reuses = None, 0, False, 0, 0
-
-    def __call__(self, obs: Sequence[Observation]):
-        has_full = any(o.budget_fraction >= 1 - 1e-9 for o in obs)
-        refit = (self.raw is None or len(obs) >= (1 + self.refit_growth) * self.n_fit
-                 or has_full != self.full_fit)
-        sur = fit_surrogate(obs, self.space, seed=self.seed + len(obs), init=self.raw, fit=refit)
-        if refit:
-            self.raw, self.n_fit, self.full_fit = sur.raw, len(obs), has_full
-            self.fits += 1
-        else:
-            self.reuses += 1
-        return sur
-
-
-def _rho_grid(space: SearchSpace, settings: RaceSettings) -> list[float]:
-    lo, hi = space.rho
-    return sorted({round(lo + (hi - lo) * i / (settings.rho_grid - 1), 4) for i in range(settings.rho_grid)})
-
-
-def _full_candidates(space: SearchSpace, settings: RaceSettings) -> list[Allocation]:
-    return [Allocation(r, g, w, m) for m in (space.models or (None,)) for w in space.rewards
-            for g in space.group_sizes for r in _rho_grid(space, settings)]
-
-
-def _is_full(o: Observation) -> bool:
-    return o.fidelity == "full" or o.budget_fraction >= 1 - 1e-9
-
-
-def _supported(cands: list[Allocation], full: Sequence[Allocation], settings: RaceSettings) -> list[Allocation]:
-    """Candidates that full runs support: same cell (reward system × model) and G as a full run,
-    ρ within ``rho_trust`` of it; failing that, same cell only; failing that, all."""
-    near = [a for a in cands if any(b.reward == a.reward and b.model == a.model and b.group_size == a.group_size
-                                    and abs(b.rho - a.rho) <= settings.rho_trust + 1e-9 for b in full)]
-    if not near:
-        near = [a for a in cands if any(b.reward == a.reward and b.model == a.model
-                                        and abs(b.rho - a.rho) <= settings.rho_trust + 1e-9 for b in full)]
-    return near or cands
-
-
-def recommend(surrogate: Any, obs: Sequence[Observation], space: SearchSpace,
-              settings: RaceSettings = RaceSettings()) -> tuple[Allocation, float, float]:
-    """The allocation to run at the full budget: the argmax of the surrogate's posterior mean at
-    fidelity 1 over the candidate grid (``rho_grid`` ρ × G × reward × model), restricted, once
-    there are full-budget runs, to what they support: a cell (reward system × model) and G with
-    a full run, and ρ within ``rho_trust`` of one (the mean is not trusted far from full-budget
-    data; :func:`recommendation` gives the same allocation with its uncertainty).
-
-    Returns:
-        ``(allocation, posterior mean, posterior sd)`` at the full budget (target units).
-    """
-    enc = surrogate.encoding
-    full = [o.allocation for o in obs if _is_full(o)]
-    cands = _full_candidates(space, settings)
-    if full:
-        cands = _supported(cands, full, settings)
-    mean, sd = surrogate.predict(enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0)
-                                             for a in cands]))
-    i = int(mean.argmax())
-    return cands[i], float(mean[i]), float(sd[i])
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """RACE's answer at the full budget, with its uncertainty (:func:`recommendation`)."""
-
-    allocation: Allocation
-    """The allocation to run: the best posterior mean among those full runs support."""
-    mean: float
-    """Posterior mean of the target there at the full budget (target units, noise-free)."""
-    interval: tuple[float, float]
-    """Central credible interval of that mean at ``level`` (posterior sample quantiles)."""
-    prob_best: float
-    """Posterior probability that the allocation's cell (reward system × model) holds the best
-    full-budget allocation of the space (share of joint posterior samples)."""
-    within_noise: tuple[Allocation, ...]
-    """The best allocation of each (cell, G) that full runs support whose mean is within one
-    evaluation's noise (``noise_sd``) of the recommendation's, best first, the recommendation
-    included: more than one means the top allocations cannot be told apart by one run."""
-    noise_sd: float
-    """Measured noise of one evaluation (the surrogate's fitted noise, target units)."""
-    cell_prob_best: tuple[tuple[str, str | None, float], ...] = ()
-    """``(reward, model, probability)`` per cell: the posterior probability it holds the best
-    full-budget allocation (a cell below ``rule_out`` is ruled out with that confidence)."""
-    full_runs: int = 0
-    """Full-budget runs the recommendation rests on."""
-    level: float = 0.9
-
-    def __post_init__(self) -> None:
-        if not 0 < self.level < 1:
-            raise ConfigError(f"level={self.level!r}: must be strictly between 0 and 1")
-        if not 0 <= self.prob_best <= 1:
-            raise ConfigError(f"prob_best={self.prob_best!r}: must be in [0, 1]")
-
-    def to_dict(self) -> dict[str, Any]:
-        def alloc(a: Allocation) -> dict[str, Any]:
-            return {"rho": a.rho, "group_size": a.group_size, "reward": a.reward, "model": a.model}
-
-        return {"allocation": alloc(self.allocation), "mean": self.mean, "interval": list(self.interval),
-                "level": self.level, "prob_best": self.prob_best, "noise_sd": self.noise_sd,
-                "within_noise": [alloc(a) for a in self.within_noise], "full_runs": self.full_runs,
-                "cell_prob_best": [{"reward": r, "model": m, "prob_best": p} for r, m, p in self.cell_prob_best]}
-
-
-def _cell_win_shares(surrogate: Any, space: SearchSpace, settings: RaceSettings, num_samples: int):
-    """Per cell, the share of joint posterior samples (full budget) whose maximizer lies in it;
-    candidates pruned to those whose upper bound (mean + 3 sd) reaches the best lower bound."""
-    import torch
-
-    enc = surrogate.encoding
-    cands = _full_candidates(space, settings)
-    X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
-    mean, sd = surrogate.predict(X)
-    keep = torch.nonzero(mean + 3 * sd >= float((mean - 3 * sd).max()))[:, 0]
-    keep = keep[torch.argsort((mean + 3 * sd)[keep], descending=True)[:400]]
-    draws = surrogate.sample(X[keep].unsqueeze(0), num_samples)[:, 0, :]
-    wins = draws.argmax(-1)
-    out: dict[tuple[str, str | None], float] = {(w, m): 0.0 for m in (space.models or (None,)) for w in space.rewards}
-    for j in wins.tolist():
-        a = cands[int(keep[j])]
-        out[(a.reward, a.model)] += 1.0 / num_samples
-    return out
-
-
-def recommendation(surrogate: Any, obs: Sequence[Observation], space: SearchSpace,
-                   settings: RaceSettings = RaceSettings(), level: float = 0.9) -> Recommendation:
-    """:func:`recommend`'s allocation with its uncertainty (:class:`Recommendation`): the
-    credible interval from ``posterior_samples`` posterior samples of its full-budget value,
-    the probability per cell that it holds the best allocation (joint posterior samples over
-    the whole space), and the set of supported allocations within one evaluation's noise of it.
-    """
-    import torch
-
-    enc = surrogate.encoding
-    full = [o.allocation for o in obs if _is_full(o)]
-    cands = _full_candidates(space, settings)
-    if full:
-        cands = _supported(cands, full, settings)
-    X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
-    mean, _ = surrogate.predict(X)
-    i = int(mean.argmax())
-    best = cands[i]
-    draws = surrogate.sample(X[i:i + 1].unsqueeze(0), settings.posterior_samples)[:, 0, 0]
-    q = torch.quantile(draws, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=draws.dtype))
-    noise = surrogate.noise_sd
-    per: dict[tuple, int] = {}
-    for k, a in enumerate(cands):
-        key = (a.reward, a.model, a.group_size)
-        if key not in per or mean[k] > mean[per[key]]:
-            per[key] = k
-    close = sorted((k for k in per.values() if float(mean[k]) >= float(mean[i]) - noise),
-                   key=lambda k: -float(mean[k]))
-    shares = _cell_win_shares(surrogate, space, settings, settings.posterior_samples)
-    return Recommendation(
-        allocation=best, mean=float(mean[i]), interval=(float(q[0]), float(q[1])),
-        prob_best=min(1.0, shares[(best.reward, best.model)]),
-        within_noise=tuple(cands[k] for k in close) or (best,), noise_sd=noise,
-        cell_prob_best=tuple((w, m, p) for (w, m), p in sorted(shares.items(), key=lambda t: -t[1])),
-        full_runs=len(full), level=level)
-
 
 _PLAN_KEYS = ("budget_flops", "model", "reward_model", "prompts_per_iteration", "rollouts_per_iteration",
               "rows_trained_per_iteration", "update_passes", "num_iterations_trl", "iterations",
@@ -511,4 +314,3 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
                 tried.add(i)
                 offer(i, 0.0)
     return out
-

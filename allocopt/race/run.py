@@ -17,7 +17,7 @@ from allocopt.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
 from allocopt.race.diagnose import diagnose, observations
-from allocopt.race.propose import recommendation
+from allocopt.race.recommend import recommendation
 from allocopt.race.validate import RaceResult, validate
 from allocopt.spec import StudySpec
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 from allocopt.allocation import Allocation
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation, RegimeDiagnosis, regime_of, share_fit
-from allocopt.race.propose import Proposal, fit_surrogate
+from allocopt.race.fit import fit_surrogate
+from allocopt.race.propose import Proposal
 from allocopt.spec import StudySpec
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class RaceResult:
     """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal round."""
     recommendation: Any = None
     """RACE's answer for the full budget at the end: a
-    :class:`~allocopt.race.propose.Recommendation` (allocation, credible interval, probability
+    :class:`~allocopt.race.recommend.Recommendation` (allocation, credible interval, probability
     it is the best) once the study has a full-budget run; before that (``validations = 0``,
     ``propose_only``) a bare :class:`~allocopt.allocation.Allocation` (the pilots' best
     diagnosis or the surrogate's maximizer). :attr:`recommended` is its allocation either way."""
