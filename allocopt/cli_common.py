@@ -117,8 +117,16 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
             client = MlflowClient(tracking_uri=uri)
             name = f"allocopt/{study_name}"
             exp = client.get_experiment_by_name(name)
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(
-                name, artifact_location=_artifact_location(uri, study_name), tags={TAG_STUDY: study_name})
+            if exp is None:
+                try:
+                    exp_id = client.create_experiment(
+                        name, artifact_location=_artifact_location(uri, study_name), tags={TAG_STUDY: study_name})
+                except Exception:  # another worker created it in between (unique name)
+                    exp = client.get_experiment_by_name(name)
+                    if exp is None:
+                        raise
+            if exp is not None:
+                exp_id = exp.experiment_id
             client.set_experiment_tag(exp_id, "allocopt.checked_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     except KeyboardInterrupt:
         sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
