@@ -61,7 +61,7 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     from allocopt.allocation import Allocation, make_plan
     from allocopt.flops import ModelShape
     from allocopt.setup import TrainingSetup
-    from objectives.grpo import GRPOSettings, run_grpo
+    from objectives.grpo import run_grpo
     from objectives.polaris import SAMPLE_PATH, load_polaris, render_prompt
     from objectives.rewards import make_reward
     from objectives.standins import build_policy, build_tokenizer
@@ -105,7 +105,7 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     kept: dict = {}
     with counter:
         result = run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=make_reward("sparse"),
-                          settings=GRPOSettings.from_setup(setup, seed=0),
+                          setup=setup, seed=0,
                           on_batch=lambda p, c: completion_tokens.extend(c),
                           evaluate=lambda m: (kept.update(model=m), ({}, 0))[1])
     wall = time.perf_counter() - t0
