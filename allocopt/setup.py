@@ -6,10 +6,10 @@ data. From it come
 
 * the :class:`~allocopt.allocation.Workload` a plan is priced on (:meth:`TrainingSetup.workload`),
   whose plans carry :func:`~allocopt.allocation.setup_fingerprint`;
-* the driver's settings (``objectives.grpo.GRPOSettings.from_setup``), and with them the meter's
-  per-iteration charge; the driver recomputes the fingerprint from the model it loaded and the
-  settings it runs and refuses a plan priced for another set-up (one line).
-
+* the driver's run (:func:`objectives.grpo.run_grpo` takes the set-up itself, and the seed:
+  nothing else configures it), and with it the meter's per-iteration charge; the driver
+  recomputes the fingerprint from the model it loaded (:func:`objectives.grpo.check_setup`)
+  and refuses a plan priced for another set-up (one line);
 * what ``allocopt account`` and ``allocopt plan`` price: :func:`allocopt.recipe.read_recipe`
   reads the same fields (flags or TOML) into a :class:`TrainingSetup` plus what an account
   adds (steps, G, passes, a reward model, a length spread), so the same TOML gives the same
