@@ -179,11 +179,13 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
 def trl_config(run: AskedRun, *, learning_rate: float, max_completion_length: int,
                temperature: float = 1.0, beta: float = 0.0, micro_batch: int = 8,
                num_processes: int = 1, seed: int = 0,
-               importance_sampling_correction: bool = False) -> dict[str, Any]:
+               importance_sampling_correction: bool = False,
+               gradient_checkpointing: bool = False) -> dict[str, Any]:
     """``GRPOConfig`` fields that realize ``run`` (see the module table).
 
-    ``vllm_importance_sampling_correction`` is written as the plan priced it (the study's
-    workload; off by default: with vLLM it adds an old-policy pass to every step).
+    ``vllm_importance_sampling_correction`` and ``gradient_checkpointing`` are written as the
+    plan priced them (the study's set-up; allocopt's runner: both off, where TRL's own
+    defaults are on, :data:`allocopt.setup.RUNNERS`).
 
     ``per_device_train_batch_size`` is the largest divisor of ``N / num_processes`` that is at
     most ``micro_batch``; ``gradient_accumulation_steps`` makes one optimizer step per pass.
@@ -202,6 +204,7 @@ def trl_config(run: AskedRun, *, learning_rate: float, max_completion_length: in
             "learning_rate": learning_rate, "max_completion_length": max_completion_length,
             "temperature": temperature, "beta": beta, "seed": seed,
             "vllm_importance_sampling_correction": bool(importance_sampling_correction),
+            "gradient_checkpointing": bool(gradient_checkpointing),
             "save_strategy": "no", "logging_steps": 1}
 
 
@@ -213,7 +216,8 @@ def trl_command(cfg: Mapping[str, Any], config_path: str) -> str:
 
 
 def verl_overrides(run: AskedRun, *, learning_rate: float, max_completion_length: int,
-                   temperature: float = 1.0, beta: float = 0.0) -> list[str]:
+                   temperature: float = 1.0, beta: float = 0.0,
+                   gradient_checkpointing: bool = False) -> list[str]:
     """Hydra overrides for verl's ``main_ppo`` with ``algorithm.adv_estimator=grpo`` that realize
     ``run`` (see the module table). A model-based reward names its reward model; a rule-based
     one expects the user's ``custom_reward_function``."""
@@ -229,6 +233,7 @@ def verl_overrides(run: AskedRun, *, learning_rate: float, max_completion_length
            f"actor_rollout_ref.actor.use_kl_loss={'True' if beta > 0 else 'False'}",
            f"actor_rollout_ref.actor.kl_loss_coef={beta!r}",
            "algorithm.use_kl_in_reward=False",
+           f"actor_rollout_ref.model.enable_gradient_checkpointing={bool(gradient_checkpointing)}",
            f"actor_rollout_ref.model.path={p.policy}",
            f"trainer.total_training_steps={run.iterations}"]
     if p.reward_model:

@@ -7,7 +7,7 @@ run (from its logs), and the plan a budget buys. Thin: parsing, printing; the ma
 from __future__ import annotations
 
 import json
-import math
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,6 +16,14 @@ from rich.console import Console
 from rich.table import Table
 
 from allocopt.flops import PHASES, ConfigError, FlopAccount, ModelShape
+from allocopt.setup import TrainingSetup
+
+D = {f.name: f.default for f in fields(TrainingSetup)}
+"""The set-up's defaults: the one default of each field, shown in the help of both commands."""
+RUNNER_HELP = ("Who runs the training, which decides the defaults of --gradient-checkpointing and "
+               "--importance-sampling-correction: allocopt (allocopt's driver and the runs a study "
+               "plans: both off) or trl (a plain TRL GRPOTrainer job, GRPOConfig's defaults: both "
+               f"on). \\[default: {D['runner']}]")
 
 # This module does not import allocopt.cli (``python -m allocopt.cli`` runs that file as
 # ``__main__``): bad input is raised as ConfigError, which allocopt.cli.main turns into one line.
@@ -67,9 +75,9 @@ ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM roll
 
 def account(
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="TOML file with the recipe (keys as the long flags, with _); flags override it."),
-    model: Optional[str] = typer.Option(None, help="Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: Qwen/Qwen2.5-1.5B]"),
-    prompt_tokens: Optional[float] = typer.Option(None, help="Mean prompt length in tokens. \\[default: 103]"),
-    completion_tokens: Optional[float] = typer.Option(None, help="Mean completion length in tokens (EOS included). \\[default: 304]"),
+    model: Optional[str] = typer.Option(None, help=f"Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: {D['model']}]"),
+    prompt_tokens: Optional[float] = typer.Option(None, help=f"Mean prompt length in tokens. \\[default: {D['prompt_tokens']:g}]"),
+    completion_tokens: Optional[float] = typer.Option(None, help=f"Mean completion length in tokens (EOS included). \\[default: {D['completion_tokens']:g}]"),
     completion_max: Optional[float] = typer.Option(None, help="Longest completion of a step in tokens, with --length-distribution. \\[default: the mean]"),
     length_distribution: Optional[str] = typer.Option(None, help="Spread of completion lengths between the mean and --completion-max: constant (all at the mean), uniform (evenly from 2*mean-max to max), one-long (one row at max, the rest equal). \\[default: constant]"),
     lengths: Optional[Path] = typer.Option(None, "--lengths", help="Per-completion lengths instead of means: CSV with header prompt_tokens,completion_tokens[,count] or JSON lines {\"prompt_tokens\": 103, \"completion_tokens\": 304[, \"count\": 5]}; count makes a row a histogram bin. Rows in run order, group_size consecutive rows per prompt, a whole number of steps of prompts x G rows; the account is the file's mean step times --steps."),
@@ -79,15 +87,16 @@ def account(
     update_passes: Optional[float] = typer.Option(None, help="Passes over each rollout batch, each a forward + backward of every row: these cost FLOPs (mu; TRL num_iterations, verl ppo_epochs). \\[default: 1]"),
     minibatches: Optional[int] = typer.Option(None, help="Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size; TRL steps_per_generation / gradient_accumulation_steps). FLOP-free: they split a pass; > 1 makes the old-policy log-prob pass run. \\[default: 1]"),
     beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
-    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction/--no-importance-sampling-correction", help="TRL vllm_importance_sampling_correction: with trl-vllm it runs the old-policy log-prob pass every step. \\[default: on, as TRL]"),
-    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank; 0 = full fine-tuning. \\[default: 32]"),
-    lora_targets: Optional[str] = typer.Option(None, help="LoRA target modules (comma separated) or all-linear. \\[default: all-linear]"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction/--no-importance-sampling-correction", help="TRL vllm_importance_sampling_correction: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho). \\[default: the runner's: allocopt off, trl on]"),
+    lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
+    lora_targets: Optional[str] = typer.Option(None, help=f"LoRA target modules (comma separated) or all-linear. \\[default: {D['lora_targets']}]"),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                                          help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful). \\[default: on, as TRL's GRPOConfig]"),
+                                                          help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful). \\[default: the runner's: allocopt off, trl on]"),
     reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
-    reward_steps: Optional[float] = typer.Option(None, help="Steps per completion for a step-level PRM (one marker token each). \\[default: 0]"),
-    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + " \\[default: trl-vllm]"),
-    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens); part of the set-up's fingerprint. \\[default: the longest completion priced]"),
+    reward_steps: Optional[float] = typer.Option(None, help=f"Steps per completion for a step-level PRM (one marker token each); used with --reward-model. \\[default: {D['steps_per_completion']:g}]"),
+    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
+    runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
+    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens); part of the set-up's fingerprint. \\[default: 1024, or the longest completion priced when longer]"),
     from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
     from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
@@ -102,7 +111,8 @@ def account(
                  importance_sampling_correction=importance_sampling_correction,
                  lora_rank=lora_rank, lora_targets=lora_targets,
                  gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
-                 reward_steps=reward_steps, engine=engine, max_completion_length=max_completion_length)
+                 reward_steps=reward_steps, engine=engine, runner=runner,
+                 max_completion_length=max_completion_length)
     if peak_tflops is not None and not peak_tflops > 0:
         raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
     if from_trl is not None or from_verl is not None:
@@ -125,7 +135,7 @@ def account(
              f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={setup.beta:g}, "
              f"{'LoRA r=' + str(setup.lora_rank) if setup.lora_rank else 'full fine-tuning'}, "
              f"checkpointing {'on' if setup.gradient_checkpointing else 'off'}, "
-             f"reward: {r.reward_model or 'rule-based'}, engine {setup.engine}")
+             f"reward: {r.reward_model or 'rule-based'}, engine {setup.engine}, runner {setup.runner}")
     out.print(breakdown_table(acct, title))
 
 
@@ -167,37 +177,37 @@ def plan(
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
     group_size: int = typer.Option(8, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
     reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
-    model: str = typer.Option("Qwen/Qwen2.5-1.5B", help="Policy model: preset, folder with config.json, or hub id."),
-    rollouts: int = typer.Option(64, help="Completions per iteration (prompts x G)."),
-    prompt_tokens: float = typer.Option(103.0, help="Expected prompt length in tokens."),
-    completion_tokens: float = typer.Option(304.0, help="Expected completion length in tokens."),
-    steps_per_completion: float = typer.Option(8.0, help="Expected reasoning steps per completion (PRM markers)."),
-    lora_rank: int = typer.Option(32, help="LoRA rank; 0 = full fine-tuning."),
-    beta: float = typer.Option(0.0, help="KL coefficient; > 0 adds a reference pass."),
-    gradient_checkpointing: bool = typer.Option(True, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                                help="Recompute activations in backward (non-reentrant), as account; TRL's GRPOConfig default: on."),
-    importance_sampling_correction: bool = typer.Option(False, "--importance-sampling-correction/--no-importance-sampling-correction",
-                                                        help="TRL vllm_importance_sampling_correction: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho). Off in the runs allocopt plans; TRL's own default is on."),
+    model: Optional[str] = typer.Option(None, help=f"Policy model: preset, folder with config.json, or hub id. \\[default: {D['model']}]"),
+    rollouts: Optional[int] = typer.Option(None, help=f"Completions per iteration (prompts x G). \\[default: {D['rollouts_per_iteration']}]"),
+    prompt_tokens: Optional[float] = typer.Option(None, help=f"Expected prompt length in tokens. \\[default: {D['prompt_tokens']:g}]"),
+    completion_tokens: Optional[float] = typer.Option(None, help=f"Expected completion length in tokens. \\[default: {D['completion_tokens']:g}]"),
+    steps_per_completion: Optional[float] = typer.Option(None, help=f"Expected reasoning steps per completion (PRM markers). \\[default: {D['steps_per_completion']:g}]"),
+    lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
+    beta: Optional[float] = typer.Option(None, help=f"KL coefficient; > 0 adds a reference pass. \\[default: {D['beta']:g}]"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
+                                                          help="Recompute activations in backward (non-reentrant); executed FLOPs only. \\[default: the runner's: allocopt off, trl on]"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction/--no-importance-sampling-correction",
+                                                                  help="TRL vllm_importance_sampling_correction: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho). \\[default: the runner's: allocopt off, trl on]"),
     prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
-    engine: str = typer.Option("trl-vllm", help=ENGINE_HELP),
-    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: --completion-tokens rounded up]"),
+    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
+    runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
+    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: 1024, or --completion-tokens rounded up when longer]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
     from allocopt.allocation import Allocation, _default_reward_models, make_plan
-    from allocopt.setup import TrainingSetup
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
-    if not beta >= 0:
-        raise ConfigError(f"beta={beta!r}: must be a number >= 0")
+    given = dict(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
+                 completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
+                 lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
+                 importance_sampling_correction=importance_sampling_correction, engine=engine,
+                 runner=runner, max_completion_length=max_completion_length)
+    # the set-up's own defaults (the ones account, the meter and the driver take) for the rest
+    setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None})
     reward_models = {**_default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
-    policy = ModelShape.from_pretrained(model)
-    policy.check_length(round(prompt_tokens + completion_tokens))
-    setup = TrainingSetup(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
-                          lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
-                          importance_sampling_correction=importance_sampling_correction, engine=engine,
-                          max_completion_length=max_completion_length or max(1, math.ceil(completion_tokens)))
+    policy = ModelShape.from_pretrained(setup.model)
+    policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
     w = setup.workload(policy, reward_models)
     p = make_plan(budget, alloc, w)
     if as_json:
@@ -205,6 +215,10 @@ def plan(
         return
     t = Table(title=f"Plan for {fmt_flops(p.budget_flops)} FLOPs", show_header=False)
     for k, v in (("model", p.policy), ("reward", f"{alloc.reward} ({p.reward_model or 'rule-based, 0 FLOPs'})"),
+                 ("set-up", f"runner {setup.runner}, engine {setup.engine}, checkpointing "
+                            f"{'on' if setup.gradient_checkpointing else 'off'}, IS correction "
+                            f"{'on' if setup.importance_sampling_correction else 'off'}, limit "
+                            f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"),
                  ("asked rho", f"{alloc.rho:g}"),
                  ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
                  ("group size G", p.group_size), ("prompts / iteration", p.prompts_per_iteration),

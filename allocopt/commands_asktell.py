@@ -100,17 +100,22 @@ def ask(
                                   target=target, objective=objective)
     st, spec = _load(study, storage, new)
     from objectives import get_objective
-    from objectives.grpo import GRPOSettings
+    from allocopt.setup import TrainingSetup
 
     try:  # plans need the workload only, not a machine that can train
         obj = get_objective(spec.objective, **spec.objective_settings)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"objective={spec.objective!r}: {str(e).splitlines()[0]}") from None
-    settings = getattr(obj, "settings", None)
-    base = GRPOSettings()
-    lr = learning_rate or getattr(settings, "learning_rate", base.learning_rate)
-    max_len = int(getattr(settings, "max_completion_length", base.max_completion_length))
     workload = obj.workload()
+    # the objective's training set-up (the one its plans price and its driver runs); an
+    # objective without one (synthetic) takes the set-up's defaults and the workload's limit
+    setup = obj.setup() if hasattr(obj, "setup") else TrainingSetup(
+        completion_tokens=workload.completion_tokens, max_completion_length=workload.max_completion_length,
+        padded_completion_tokens=workload.padded_completion_tokens)
+    lr = learning_rate or setup.learning_rate
+    max_len = setup.max_completion_length
+    run_kw = dict(max_completion_length=max_len, temperature=setup.temperature, beta=setup.beta,
+                  gradient_checkpointing=workload.gradient_checkpointing)
     from allocopt.study_open import make_sampler
 
     st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
@@ -126,13 +131,13 @@ def ask(
         info: dict[str, Any] = {"study": study, "storage": redact_url(storage), **run.to_dict(),
                                 "format": fmt, "learning_rate": lr, "tell": tell}
         if fmt == "trl":
-            cfg = trl_config(run, learning_rate=lr, max_completion_length=max_len, micro_batch=micro_batch,
+            cfg = trl_config(run, learning_rate=lr, **run_kw, micro_batch=micro_batch,
                              num_processes=num_processes, seed=spec.seed + run.trial_number,
                              importance_sampling_correction=workload.importance_sampling_correction)
             (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
             info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
         else:
-            ov = verl_overrides(run, learning_rate=lr, max_completion_length=max_len)
+            ov = verl_overrides(run, learning_rate=lr, **run_kw)
             (folder / "verl_overrides.txt").write_text("\n".join(ov) + "\n")
             info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
         (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")

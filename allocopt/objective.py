@@ -185,6 +185,13 @@ def get_objective(name: str, **settings: Any) -> Objective:
     return _entry(name).factory(**settings)
 
 
+def _optional_type(annotation: Any) -> type | None:
+    """``bool`` for ``"bool | None"`` (an annotation string, as under ``from __future__ import
+    annotations``); ``None`` when it names none of bool, int, float, str first."""
+    first = str(annotation).split("|")[0].strip()
+    return {"bool": bool, "int": int, "float": float, "str": str}.get(first)
+
+
 def check_settings(cls: type, settings: Mapping[str, Any], objective: str) -> None:
     """Check an objective's ``settings`` (a study's ``[objective_settings]``, ``--set``) against
     the dataclass ``cls`` that takes them, before it is built: every key is one of its fields,
@@ -203,9 +210,14 @@ def check_settings(cls: type, settings: Mapping[str, Any], objective: str) -> No
             raise ValueError(f"setting {key!r}: unknown for objective {objective}; allowed: "
                              f"{', '.join(sorted(fs))}")
         default = f.default
-        if default is dataclasses.MISSING or default is None:
+        if default is dataclasses.MISSING:
             continue
-        want = type(default)
+        if default is None:  # ``T | None``: None, or what the annotation names first
+            want = _optional_type(f.type)
+            if want is None or value is None:
+                continue
+        else:
+            want = type(default)
         ok = (isinstance(value, bool) if want is bool
               else isinstance(value, int) and not isinstance(value, bool) if want is int
               else isinstance(value, (int, float)) and not isinstance(value, bool) if want is float

@@ -11,8 +11,12 @@ Standard library only. :func:`read_recipe` splits the keys (the long flags with 
 * :class:`AccountedRun`: what an account adds to a set-up (steps, G, passes, minibatches, a
   reward model, a lengths file or spread).
 
-Keys neither file nor flags give take :data:`ACCOUNT_DEFAULTS` (TRL's ``GRPOConfig`` defaults,
-since ``account`` prices TRL-style runs), then the set-up's own defaults.
+Keys neither file nor flags give take the set-up's own defaults (:class:`TrainingSetup`, the
+same ones the plan and the driver take); to price a plain TRL job, say so: ``runner = "trl"``
+(``--runner trl``) takes ``GRPOConfig``'s defaults for gradient checkpointing and the vLLM
+importance-sampling correction (:data:`allocopt.setup.RUNNERS`). The generation limit
+defaults as the set-up's (:func:`allocopt.setup.default_max_completion_length`), of the
+longest completion the account prices.
 """
 
 from __future__ import annotations
@@ -25,16 +29,9 @@ from typing import Any, Mapping
 from allocopt.flops import ConfigError, FlopAccount, ModelShape
 from allocopt.grpo_flops import GRPOStep, grpo_step_flops
 from allocopt.lengths import DISTRIBUTIONS, read_lengths, steps_from_rows, synthetic_completions
-from allocopt.setup import TrainingSetup
+from allocopt.setup import TrainingSetup, default_max_completion_length
 from allocopt.tomlio import read_toml
 
-ACCOUNT_DEFAULTS: dict[str, Any] = {
-    "model": "Qwen/Qwen2.5-1.5B", "prompts": 64, "gradient_checkpointing": True,
-    "importance_sampling_correction": True, "steps_per_completion": 0.0}
-"""Account's defaults where they differ from :class:`TrainingSetup`'s: TRL's ``GRPOConfig``
-defaults (gradient checkpointing on, ``vllm_importance_sampling_correction`` on), 64 prompts a
-step, no PRM steps (a rule-based reward). ``max_completion_length`` defaults to the longest
-completion priced (rounded up)."""
 ALIASES = {"reward_steps": "steps_per_completion"}
 """Flag names of set-up fields (``--reward-steps`` is :attr:`TrainingSetup.steps_per_completion`)."""
 
@@ -100,6 +97,7 @@ SETUP_KEYS = frozenset(f.name for f in fields(TrainingSetup)) - {"rollouts_per_i
 RUN_KEYS = frozenset(f.name for f in fields(AccountedRun))
 RECIPE_KEYS = SETUP_KEYS | RUN_KEYS | set(ALIASES)
 """Every key a recipe (TOML or flags) may give."""
+_SETUP_DEFAULTS = {f.name: f.default for f in fields(TrainingSetup)}
 
 
 def read_recipe(path: str | Path | None = None, **given: Any) -> tuple[TrainingSetup, AccountedRun]:
@@ -123,11 +121,10 @@ def read_recipe(path: str | Path | None = None, **given: Any) -> tuple[TrainingS
             raise ConfigError(f"{alias}, {name}: the same setting given twice; give one")
         if alias in data:
             data[name] = data.pop(alias)
-    data = {**ACCOUNT_DEFAULTS, **data}
     run = AccountedRun(**{k: v for k, v in data.items() if k in RUN_KEYS})
     kw = {k: v for k, v in data.items() if k in SETUP_KEYS}
-    if "max_completion_length" not in kw:
-        kw["max_completion_length"] = _longest_completion(run, kw.get("completion_tokens", 304.0))
+    if "max_completion_length" not in kw:  # the set-up's rule, of the longest completion priced
+        kw["max_completion_length"] = default_max_completion_length(*_priced_completions(run, kw))
     setup = TrainingSetup(**kw, rollouts_per_iteration=run.prompts * run.group_size)
     if run.completion_max and run.completion_max < setup.completion_tokens:
         raise ConfigError(f"completion_max={run.completion_max:g}: must be >= "
@@ -135,14 +132,14 @@ def read_recipe(path: str | Path | None = None, **given: Any) -> tuple[TrainingS
     return setup, run
 
 
-def _longest_completion(run: AccountedRun, mean: Any) -> int:
-    """The default generation limit: the longest completion priced, rounded up."""
-    if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not math.isfinite(mean):
-        return 1  # the set-up refuses the mean itself, naming completion_tokens
-    longest = max(mean, run.completion_max)
+def _priced_completions(run: AccountedRun, kw: Mapping[str, Any]) -> list[Any]:
+    """The completion lengths (tokens) that decide the default generation limit: the mean
+    (given or the set-up's default), the padded and longest ones, a lengths file's rows."""
+    mean = kw.get("completion_tokens", _SETUP_DEFAULTS["completion_tokens"])
+    out = [mean, kw.get("padded_completion_tokens"), run.completion_max]
     if run.lengths:  # the file's lengths are priced; the mean must still be within the limit
-        longest = max([longest] + [c for _, c in read_lengths(run.lengths)])
-    return max(1, math.ceil(longest))
+        out += [c for _, c in read_lengths(run.lengths)]
+    return out
 
 
 def grpo_steps(setup: TrainingSetup, run: AccountedRun) -> list[GRPOStep]:
@@ -202,5 +199,5 @@ def recipe_dict(setup: TrainingSetup, run: AccountedRun) -> dict[str, Any]:
     return {**setup.to_dict(), **run.to_dict()}
 
 
-__all__ = ["ACCOUNT_DEFAULTS", "AccountedRun", "RECIPE_KEYS", "account", "grpo_steps", "price",
+__all__ = ["AccountedRun", "RECIPE_KEYS", "account", "grpo_steps", "price",
            "read_recipe", "recipe_dict", "reward_shape"]

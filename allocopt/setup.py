@@ -6,14 +6,19 @@ data. From it come
 
 * the :class:`~allocopt.allocation.Workload` a plan is priced on (:meth:`TrainingSetup.workload`),
   whose plans carry :func:`~allocopt.allocation.setup_fingerprint`;
-* the driver's settings (``objectives.grpo.GRPOSettings.from_setup``), and with them the meter's
-  per-iteration charge; the driver recomputes the fingerprint from the model it loaded and the
-  settings it runs and refuses a plan priced for another set-up (one line).
-
+* the driver's run (:func:`objectives.grpo.run_grpo` takes the set-up itself, and the seed:
+  nothing else configures it), and with it the meter's per-iteration charge; the driver
+  recomputes the fingerprint from the model it loaded (:func:`objectives.grpo.check_setup`)
+  and refuses a plan priced for another set-up (one line);
 * what ``allocopt account`` and ``allocopt plan`` price: :func:`allocopt.recipe.read_recipe`
   reads the same fields (flags or TOML) into a :class:`TrainingSetup` plus what an account
   adds (steps, G, passes, a reward model, a length spread), so the same TOML gives the same
   :meth:`TrainingSetup.fingerprint` in ``account --json`` and in the driver.
+
+Every field has one default, here. Two of them depend on who runs the training, named by
+:attr:`TrainingSetup.runner` (:data:`RUNNERS`): allocopt's own driver (the default) runs
+without gradient checkpointing and without TRL's vLLM importance-sampling correction; a plain
+TRL ``GRPOTrainer`` job (``runner = "trl"``) takes ``GRPOConfig``'s defaults, both on.
 """
 
 from __future__ import annotations
@@ -25,6 +30,35 @@ from typing import Any, Mapping
 from allocopt.allocation import MAX_ROLLOUTS_PER_ITERATION, Workload, setup_fingerprint
 from allocopt.flops import ConfigError, LoRASpec, ModelShape
 from allocopt.grpo_flops import ENGINES
+
+RUNNERS: dict[str, dict[str, bool]] = {
+    "allocopt": {"gradient_checkpointing": False, "importance_sampling_correction": False},
+    "trl": {"gradient_checkpointing": True, "importance_sampling_correction": True},
+}
+"""Defaults of the fields that depend on who runs the training (:attr:`TrainingSetup.runner`).
+
+* ``allocopt``: allocopt's driver (:func:`objectives.grpo.run_grpo`) and the plans a study
+  makes. No importance-sampling correction: with vLLM rollouts it runs an old-policy log-prob
+  pass on every iteration, a floor of about 0.55 under ρ for Qwen2.5-1.5B at 103 + 304 tokens
+  (:func:`allocopt.grpo_flops.old_logprobs_pass`), which would cut most of the paper's range
+  [0.1, 0.95]. No gradient checkpointing: the driver trains LoRA one row per micro-batch, and
+  the recomputation is executed FLOPs that buy nothing (about one more forward).
+* ``trl``: a plain TRL ``GRPOTrainer`` job with ``GRPOConfig``'s defaults (TRL 1.16:
+  ``gradient_checkpointing=True``, ``vllm_importance_sampling_correction=True``), for
+  pricing a TRL run with ``allocopt account``.
+"""
+
+DEFAULT_MAX_COMPLETION_LENGTH = 1024
+"""Generation limit (tokens) of a set-up that gives none and expects no longer completion."""
+
+
+def default_max_completion_length(*longest: float | None) -> int:
+    """The generation limit of a set-up that gives none: :data:`DEFAULT_MAX_COMPLETION_LENGTH`
+    tokens, or the longest completion expected (``longest``, tokens; ``None`` ignored) rounded
+    up when that is longer. Non-numbers are ignored (the set-up refuses them by name)."""
+    ok = [math.ceil(v) for v in longest if isinstance(v, (int, float)) and not isinstance(v, bool)
+          and math.isfinite(v)]
+    return max([DEFAULT_MAX_COMPLETION_LENGTH] + ok)
 
 
 @dataclass(frozen=True)
@@ -42,10 +76,18 @@ class TrainingSetup:
     engine: str = "trl-vllm"
     """Executed-FLOP model of the engine that runs the trial (:data:`allocopt.grpo_flops.ENGINES`):
     ``trl-vllm`` (GPU, vLLM rollouts), ``trl-gpu``, ``trl-cpu``."""
-    gradient_checkpointing: bool = False
-    """Recompute decoder layers in backward (non-reentrant; costs about one more forward)."""
-    max_completion_length: int = 1024
-    """Generation limit per completion (tokens); the meter's worst case per completion."""
+    runner: str = "allocopt"
+    """Who runs the training (:data:`RUNNERS`): ``allocopt`` (allocopt's driver and the plans
+    a study makes) or ``trl`` (a plain TRL job with ``GRPOConfig``'s defaults). It decides the
+    defaults of :attr:`gradient_checkpointing` and :attr:`importance_sampling_correction`
+    only; given values win, and the fingerprint holds the values, not the runner."""
+    gradient_checkpointing: bool | None = None
+    """Recompute decoder layers in backward (non-reentrant; costs about one more forward,
+    executed, never useful). ``None``: the runner's default (allocopt off, TRL on)."""
+    max_completion_length: int | None = None
+    """Generation limit per completion (tokens); the meter's worst case per completion.
+    ``None``: :func:`default_max_completion_length` of ``completion_tokens`` and
+    ``padded_completion_tokens`` (1024, or the longest expected completion when longer)."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts."""
     beta: float = 0.0
@@ -66,16 +108,25 @@ class TrainingSetup:
     """Expected longest completion of a batch, for engines that pad (default: the mean)."""
     steps_per_completion: float = 8.0
     """Expected reasoning steps per completion (one PRM marker token each)."""
-    importance_sampling_correction: bool = False
+    importance_sampling_correction: bool | None = None
     """TRL's vLLM importance-sampling correction (``vllm_importance_sampling_correction``):
     with vLLM rollouts it runs an old-policy log-prob pass on every iteration, even at one
-    update pass; the meter charges it. Off by default in allocopt's runs (TRL's default is
-    on): the extra full forward puts a floor of about 0.55 under ρ for Qwen2.5-1.5B at the
-    paper's lengths, which would cut most of the paper's ρ range [0.1, 0.95] away."""
+    update pass; the meter charges it. ``None``: the runner's default (allocopt off: the ρ
+    floor it sets, :data:`RUNNERS`; TRL on)."""
     max_iterations: int = 100_000
     """Safety cap; the budget normally ends the run."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of GPU memory vLLM may take in colocate mode (TRL's default); no FLOPs."""
 
     def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ConfigError(f"runner={self.runner!r}: unknown; allowed: {', '.join(RUNNERS)}")
+        for f, default in RUNNERS[self.runner].items():  # the runner's defaults, once
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, default)
+        if self.max_completion_length is None:
+            object.__setattr__(self, "max_completion_length", default_max_completion_length(
+                self.completion_tokens, self.padded_completion_tokens))
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(f"model={self.model!r}: must be a hub id, preset name or local folder")
         for f, lo in (("lora_rank", 0), ("lora_alpha", 1), ("max_completion_length", 1),
@@ -96,6 +147,9 @@ class TrainingSetup:
                     or v < (0 if f == "steps_per_completion" else 1):
                 raise ConfigError(f"{f}={v!r}: must be a finite number"
                                   + (" >= 0" if f == "steps_per_completion" else " of tokens >= 1"))
+        v = self.vllm_gpu_memory_utilization
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise ConfigError(f"vllm_gpu_memory_utilization={v!r}: must be a share in (0, 1]")
         for f in ("learning_rate", "temperature"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0) or not math.isfinite(v):
@@ -128,7 +182,8 @@ class TrainingSetup:
         return cls(**dict(data))
 
     def with_lengths(self, **kw: Any) -> "TrainingSetup":
-        """A copy with measured lengths (``prompt_tokens``, ``completion_tokens``, …)."""
+        """A copy with measured lengths (``prompt_tokens``, ``completion_tokens``, …); the
+        generation limit and the runner's defaults stay as they were resolved."""
         return replace(self, **kw)
 
     @property
@@ -170,4 +225,4 @@ class TrainingSetup:
         return asdict(self)
 
 
-__all__ = ["TrainingSetup"]
+__all__ = ["DEFAULT_MAX_COMPLETION_LENGTH", "RUNNERS", "TrainingSetup", "default_max_completion_length"]

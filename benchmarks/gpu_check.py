@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py              # 0.5B and 1.5B, 3 GRPO iterations each
     python benchmarks/gpu_check.py --models 0.5b --iterations 2
+    python benchmarks/gpu_check.py --dry-run    # any machine: the set-ups, plans and driver check only
 
 For each shipped config (``benchmarks/configs/qwen2.5-{0.5b,1.5b}-instruct.json``, the hub
 models' ``config.json``) a random-weight policy is saved with the local stand-in tokenizer
@@ -20,8 +21,13 @@ of that many iterations. It prints one table:
   and served by a new ``vllm.LLM(enable_lora=True)`` through a ``LoRARequest``, greedy, on 64
   prompts: its wall time, completion tokens/s and eval FLOPs (outside the budget).
 
-Not needed by the tests (``tests/test_gpu_check.py`` only checks that it imports and refuses
-cleanly without CUDA). Expected to take 5-8 minutes on one H200 (mostly vLLM start-up; not yet run on one).
+``--dry-run`` runs the CPU side only, on any machine: each size's
+:class:`~allocopt.setup.TrainingSetup`, the plan made from it, and the driver's own check
+(:func:`objectives.grpo.check_setup`) against the shape transformers reads from the config; it
+prints one row per size (fingerprint, plan) and exits 0, or 2 on a mismatch.
+
+Not needed by the tests (``tests/test_gpu_check.py`` checks that it refuses cleanly without
+CUDA and that ``--dry-run`` passes). Expected to take 5-8 minutes on one H200 (mostly vLLM start-up; not yet run on one).
 """
 
 from __future__ import annotations
@@ -53,15 +59,48 @@ def refuse_reason() -> str | None:
     return None
 
 
+def planned(size: str, iterations: int, model: str, prompt_tokens: float | None = None):
+    """The :class:`~allocopt.setup.TrainingSetup` the check runs for ``size`` (LoRA r 32, all
+    linear, trl-vllm, allocopt's runner defaults, a 256-token limit) and the plan made from it:
+    ρ 0.6, G 8, sparse, a budget of ``iterations + 0.5`` iterations. ``prompt_tokens``:
+    measured, else the set-up's stated estimate."""
+    from allocopt.allocation import Allocation, make_plan
+    from allocopt.flops import ModelShape
+    from allocopt.setup import TrainingSetup
+
+    setup = TrainingSetup(model=model, engine="trl-vllm", max_completion_length=256,
+                          completion_tokens=200, rollouts_per_iteration=64, lora_rank=32, lora_alpha=64)
+    if prompt_tokens is not None:
+        setup = setup.with_lengths(prompt_tokens=prompt_tokens)
+    w = setup.workload(ModelShape.from_config(json.loads(CONFIGS[size].read_text()), name=model))
+    alloc = Allocation(0.6, 8, "sparse")
+    one = make_plan(1e30, alloc, w)
+    return setup, make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
+
+
+def dry_run(size: str, iterations: int) -> dict:
+    """The CPU side of one size: set-up, plan, and the driver's check of the plan against the
+    shape transformers reads from the shipped config (no weights). Raises ``SetupMismatch``."""
+    from transformers import AutoConfig
+
+    from allocopt.flops import ModelShape
+    from objectives.grpo import check_setup
+
+    setup, plan = planned(size, iterations, str(CONFIGS[size]))
+    loaded = ModelShape.from_config(AutoConfig.from_pretrained(str(CONFIGS[size])).to_dict())
+    check_setup(plan, setup, loaded)
+    return {"model": size, "setup fingerprint": plan.setup_fingerprint, "iterations": plan.iterations,
+            "rollouts/iteration": plan.rollouts_per_iteration, "budget FLOPs": plan.budget_flops,
+            "rho planned": plan.realized_rho, "checkpointing": setup.gradient_checkpointing,
+            "IS correction": setup.importance_sampling_correction, "driver check": "ok"}
+
+
 def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
-    from allocopt.allocation import Allocation, make_plan
-    from allocopt.flops import ModelShape
-    from allocopt.setup import TrainingSetup
-    from objectives.grpo import GRPOSettings, run_grpo
+    from objectives.grpo import run_grpo
     from objectives.polaris import SAMPLE_PATH, load_polaris, render_prompt
     from objectives.rewards import make_reward
     from objectives.standins import build_policy, build_tokenizer
@@ -69,15 +108,10 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     config = json.loads(CONFIGS[size].read_text())
     tok = build_tokenizer(workdir / f"tok-{size}")
     folder = build_policy(workdir / f"policy-{size}", tok, config={**config, "initializer_range": 0.02})
-    setup = TrainingSetup(model=str(folder), engine="trl-vllm", max_completion_length=256,
-                          completion_tokens=200, rollouts_per_iteration=64, lora_rank=32, lora_alpha=64)
     rows = [{"prompt": render_prompt(tok, r.problem), "answer": r.answer, "problem": r.problem}
             for r in load_polaris(str(SAMPLE_PATH))]
     prompt_tokens = sum(len(tok(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows) / len(rows)
-    w = setup.with_lengths(prompt_tokens=prompt_tokens).workload(ModelShape.from_pretrained(str(folder)))
-    alloc = Allocation(0.6, 8, "sparse")
-    one = make_plan(1e30, alloc, w)
-    plan = make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
+    setup, plan = planned(size, iterations, str(folder), prompt_tokens)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
 
     # FlopCounterMode over the trial, minus what runs inside vLLM or the weight sync
@@ -105,7 +139,7 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     kept: dict = {}
     with counter:
         result = run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=make_reward("sparse"),
-                          settings=GRPOSettings.from_setup(setup, seed=0),
+                          setup=setup, seed=0,
                           on_batch=lambda p, c: completion_tokens.extend(c),
                           evaluate=lambda m: (kept.update(model=m), ({}, 0))[1])
     wall = time.perf_counter() - t0
@@ -143,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="0.5b,1.5b", help="comma separated: 0.5b, 1.5b")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU side only (any machine): set-ups, plans and the driver's set-up check")
     args = ap.parse_args(argv)
     sizes = [s.strip() for s in args.models.split(",") if s.strip()]
     bad = [s for s in sizes if s not in CONFIGS]
@@ -150,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: --models {args.models!r} / --iterations {args.iterations}: allowed models "
               f"{', '.join(CONFIGS)}, iterations >= 1", file=sys.stderr)
         return 2
+    if args.dry_run:
+        from allocopt.flops import ConfigError
+
+        try:
+            rows = [dry_run(size, args.iterations) for size in sizes]
+        except ConfigError as e:  # SetupMismatch: what runs is not what was planned
+            print(f"gpu_check: {e}", file=sys.stderr)
+            return 2
+        _print(rows)
+        return 0
     reason = refuse_reason()
     if reason:
         print(reason, file=sys.stderr)
@@ -158,11 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="allocopt-gpu-check-") as tmp:
         for size in sizes:
             rows.append(check_one(size, args.iterations, args.peak_tflops, Path(tmp)))
+    _print(rows)
+    return 0
+
+
+def _print(rows: list[dict]) -> None:
     keys = list(rows[0])
     print(" | ".join(keys))
     for r in rows:
         print(" | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,8 +23,12 @@ Each pass over a rollout batch is one optimizer step at the learning rate, as TR
 (``num_iterations``) and verl (``ppo_epochs``) run it: more passes reuse the same samples for
 more updates, which is the trade-off ρ buys. The loss of a partly trained pass is a mean over
 the rows trained (a smaller minibatch, the same step size).
-``GRPOSettings.divide_lr_by_passes`` divides the learning rate by the passes instead, so that
+``TrainingSetup.divide_lr_by_passes`` divides the learning rate by the passes instead, so that
 every batch moves the weights about as far whatever μ (extra passes then buy little).
+
+What the driver runs is one :class:`~allocopt.setup.TrainingSetup`, the same object the plan was
+priced on; before anything runs, :func:`check_setup` recomputes the set-up's fingerprint from
+the model actually loaded and refuses a plan priced for another (:class:`SetupMismatch`).
 
 torch, transformers, TRL and peft are imported inside functions only.
 """
@@ -33,94 +37,49 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from allocopt.allocation import InfeasiblePlan, TrialPlan, setup_fingerprint
-from allocopt.flops import ConfigError, LoRASpec, ModelShape
+from allocopt.allocation import InfeasiblePlan, TrialPlan
+from allocopt.flops import ConfigError, ModelShape
 from allocopt.grpo_flops import engine
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
 from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
+from allocopt.setup import TrainingSetup
 from objectives.grpo_hooks import _Hooks, _train_log_callback
-
-
-@dataclass(frozen=True)
-class GRPOSettings:
-    """Hyperparameters of the GRPO run that are not search variables."""
-
-    learning_rate: float = 1e-3
-    """Learning rate of every optimizer step (one step per pass over a rollout batch)."""
-    divide_lr_by_passes: bool = False
-    """Divide the learning rate by TRL's ``num_iterations`` (the passes of an iteration)."""
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    lora_targets: str = "all-linear"
-    max_completion_length: int = 48
-    """Generation limit per completion (tokens)."""
-    temperature: float = 1.0
-    beta: float = 0.0
-    """KL coefficient (β); > 0 adds the reference pass."""
-    engine: str = "trl-cpu"
-    """Executed-FLOP model of the hardware in use (trl-cpu, trl-gpu, trl-vllm)."""
-    gradient_checkpointing: bool = False
-    """Recompute decoder layers in backward (TRL's default is on; off here: tiny models do not
-    need the memory, and it costs about one more forward)."""
-    max_iterations: int = 100_000
-    """Safety cap; the budget normally ends the run."""
-    seed: int = 0
-    vllm_importance_sampling: bool = False
-    """With ``engine="trl-vllm"``: TRL's ``vllm_importance_sampling_correction``, which runs an
-    old-policy log-prob pass on every iteration (the meter charges it). Off by default, as
-    :attr:`allocopt.setup.TrainingSetup.importance_sampling_correction` (why: the ρ floor it sets)."""
-    vllm_gpu_memory_utilization: float = 0.3
-    """Share of GPU memory vLLM may take in colocate mode (TRL's default)."""
-
-    def __post_init__(self) -> None:
-        if not (self.learning_rate > 0):
-            raise ValueError(f"learning_rate={self.learning_rate!r}: must be > 0")
-        if self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length={self.max_completion_length!r}: must be >= 1")
-        if self.lora_rank < 1:
-            raise ValueError(f"lora_rank={self.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
-        engine(self.engine)
-
-    @classmethod
-    def from_setup(cls, setup: Any, *, seed: int = 0) -> "GRPOSettings":
-        """The driver's settings of an :class:`allocopt.setup.TrainingSetup` (one set-up for
-        the plan, the meter and the driver)."""
-        return cls(learning_rate=setup.learning_rate, divide_lr_by_passes=setup.divide_lr_by_passes,
-                   lora_rank=setup.lora_rank, lora_alpha=setup.lora_alpha,
-                   lora_targets=setup.lora_targets, max_completion_length=setup.max_completion_length,
-                   temperature=setup.temperature, beta=setup.beta, engine=setup.engine,
-                   gradient_checkpointing=setup.gradient_checkpointing,
-                   max_iterations=setup.max_iterations, seed=seed,
-                   vllm_importance_sampling=setup.importance_sampling_correction)
-
-    @property
-    def old_logprobs_every_iteration(self) -> bool:
-        """Whether the engine runs the old-policy pass even at one update pass (TRL with vLLM
-        and its importance-sampling correction)."""
-        return engine(self.engine).old_logprobs == "is_correction" and self.vllm_importance_sampling
-
-    def fingerprint(self, policy: ModelShape) -> str:
-        """:func:`allocopt.allocation.setup_fingerprint` of what these settings run on ``policy``."""
-        return setup_fingerprint(policy, lora=LoRASpec(self.lora_rank, self.lora_targets),
-                                 engine_name=self.engine,
-                                 gradient_checkpointing=self.gradient_checkpointing,
-                                 reference=self.beta > 0,
-                                 max_completion_length=self.max_completion_length,
-                                 importance_sampling_correction=self.vllm_importance_sampling)
 
 
 class SetupMismatch(ConfigError):
     """The plan was priced for another training set-up than the one the driver would run."""
 
 
-def step_learning_rate(settings: GRPOSettings, passes: int) -> float:
+def step_learning_rate(setup: TrainingSetup, passes: int) -> float:
     """Learning rate of each optimizer step when an iteration makes ``passes`` passes over
-    its rollout batch: ``settings.learning_rate``, divided by ``passes`` when
-    ``settings.divide_lr_by_passes``."""
-    return settings.learning_rate / (passes if settings.divide_lr_by_passes else 1)
+    its rollout batch: ``setup.learning_rate``, divided by ``passes`` when
+    ``setup.divide_lr_by_passes``."""
+    return setup.learning_rate / (passes if setup.divide_lr_by_passes else 1)
+
+
+def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> None:
+    """Refuse to run ``plan`` with ``setup`` on ``policy`` (the shape of the model the driver
+    loaded) unless it is what the plan priced: the plan's ``setup_fingerprint`` must be
+    ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked).
+
+    Raises:
+        SetupMismatch: one line naming what the driver would run and the plan's fingerprint.
+        ConfigError: ``setup.lora_rank`` is 0 (the driver trains LoRA adapters only).
+    """
+    if setup.lora_rank < 1:
+        raise ConfigError(f"lora_rank={setup.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
+    got = setup.fingerprint(policy)
+    if plan.setup_fingerprint and got != plan.setup_fingerprint:
+        raise SetupMismatch(
+            f"setup_fingerprint={got!r}: the driver would run {policy.num_layers} layers x "
+            f"d={policy.hidden_size}, LoRA r={setup.lora_rank} ({setup.lora_targets}), "
+            f"engine={setup.engine}, runner={setup.runner}, gradient_checkpointing="
+            f"{setup.gradient_checkpointing}, importance_sampling_correction="
+            f"{setup.importance_sampling_correction}, beta={setup.beta}, max_completion_length="
+            f"{setup.max_completion_length}, but the plan was priced for set-up "
+            f"{plan.setup_fingerprint!r}; make the plan from the same TrainingSetup")
 
 
 def _trainer_class():
@@ -179,7 +138,8 @@ def run_grpo(
     tokenizer: Any,
     train_rows: Sequence[dict],
     reward: Any,
-    settings: GRPOSettings = GRPOSettings(),
+    setup: TrainingSetup,
+    seed: int = 0,
     evaluate: Callable[[Any], tuple[dict[str, float], int]] | None = None,
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None,
     on_batch: Callable[[list[int], list[int]], None] | None = None,
@@ -192,7 +152,9 @@ def run_grpo(
         tokenizer: its tokenizer (``PreTrainedTokenizerFast``), left padding.
         train_rows: dicts with ``prompt`` and ``answer`` (and any column the reward reads).
         reward: a reward system (TRL reward-function signature; ``consume_usage()`` for FLOPs).
-        settings: :class:`GRPOSettings`.
+        setup: the :class:`~allocopt.setup.TrainingSetup` the plan was priced on (LoRA,
+            engine, generation limit, learning rate, …); nothing else configures the run.
+        seed: TRL's ``seed`` and ``data_seed``.
         evaluate: ``model -> (targets, eval_flops)`` after training.
         progress: called after every iteration with its record and the meter.
         on_batch: called with every rollout batch's prompt and completion token counts.
@@ -206,44 +168,36 @@ def run_grpo(
             cost once generated, does not fit the budget although the plan's expected cost
             does); nothing was trained.
         SetupMismatch: the plan's ``setup_fingerprint`` is not that of ``model`` and
-            ``settings`` (the plan priced another set-up); nothing was spent.
+            ``setup`` (:func:`check_setup`: the plan priced another set-up); nothing was spent.
     """
-    lora = LoRASpec(settings.lora_rank, settings.lora_targets)
     policy = ModelShape.from_config(model.config.to_dict())
-    if plan.setup_fingerprint and settings.fingerprint(policy) != plan.setup_fingerprint:
-        raise SetupMismatch(
-            f"setup_fingerprint={settings.fingerprint(policy)!r}: the driver would run "
-            f"{policy.num_layers} layers x d={policy.hidden_size}, LoRA r={settings.lora_rank} "
-            f"({settings.lora_targets}), engine={settings.engine}, gradient_checkpointing="
-            f"{settings.gradient_checkpointing}, beta={settings.beta}, max_completion_length="
-            f"{settings.max_completion_length}, but the plan was priced for set-up "
-            f"{plan.setup_fingerprint!r}; make the plan from the same TrainingSetup")
+    check_setup(plan, setup, policy)
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from trl import GRPOConfig
 
     meter = FlopMeter(plan.budget_flops)
-    hooks = _Hooks(plan=plan, meter=meter, policy=policy, lora=lora, settings=settings,
+    hooks = _Hooks(plan=plan, meter=meter, policy=policy, setup=setup,
                    reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
-                   engine=engine_for(settings.engine, model))
+                   engine=engine_for(setup.engine, model))
     N = plan.rollouts_per_iteration
     passes = max(1, plan.num_iterations_trl)
-    on_gpu = torch.cuda.is_available() and settings.engine != "trl-cpu"
+    on_gpu = torch.cuda.is_available() and setup.engine != "trl-cpu"
     with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
         args = GRPOConfig(
             output_dir=tmp, use_cpu=not on_gpu, bf16=on_gpu, report_to=[],
-            learning_rate=step_learning_rate(settings, passes),
+            learning_rate=step_learning_rate(setup, passes),
             per_device_train_batch_size=1, gradient_accumulation_steps=N, steps_per_generation=N,
             num_generations=plan.group_size, num_iterations=passes,
-            max_completion_length=settings.max_completion_length, temperature=settings.temperature,
-            beta=settings.beta, max_steps=settings.max_iterations * passes,
-            gradient_checkpointing=settings.gradient_checkpointing,
-            save_strategy="no", logging_steps=1, disable_tqdm=True, seed=settings.seed,
-            data_seed=settings.seed, **_vllm_args(settings),
+            max_completion_length=setup.max_completion_length, temperature=setup.temperature,
+            beta=setup.beta, max_steps=setup.max_iterations * passes,
+            gradient_checkpointing=setup.gradient_checkpointing,
+            save_strategy="no", logging_steps=1, disable_tqdm=True, seed=seed,
+            data_seed=seed, **_vllm_args(setup),
         )
-        peft_config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
-                                 target_modules=_peft_targets(settings.lora_targets),
+        peft_config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha,
+                                 target_modules=_peft_targets(setup.lora_targets),
                                  lora_dropout=0.0, task_type="CAUSAL_LM")
         reward_fn = reward
         if not hasattr(reward_fn, "__name__"):
@@ -282,7 +236,7 @@ def run_grpo(
         what = (f"exact cost once generated ({meter.refused_flops:.3e} FLOPs, reward model "
                 "included)" if meter.discarded_flops else
                 f"worst case ({meter.refused_flops:.3e} FLOPs: every completion at "
-                f"max_completion_length={settings.max_completion_length})")
+                f"max_completion_length={setup.max_completion_length})")
         raise InfeasiblePlan(
             f"budget_flops={plan.budget_flops:.3e}: the first iteration's {what} does not fit; "
             f"the smallest budget that runs one iteration is {meter.refused_flops:.3e}",
@@ -294,15 +248,15 @@ def run_grpo(
     return result
 
 
-def _vllm_args(settings: GRPOSettings) -> dict[str, Any]:
+def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
     """GRPOConfig arguments of the rollout engine: vLLM in colocate mode (same process and GPU
     as training; TRL merges the LoRA adapters into vLLM's weights before each generation) for
     ``trl-vllm``, transformers ``generate`` otherwise."""
-    if settings.engine != "trl-vllm":
+    if setup.engine != "trl-vllm":
         return {"use_vllm": False}
     return {"use_vllm": True, "vllm_mode": "colocate",
-            "vllm_importance_sampling_correction": settings.vllm_importance_sampling,
-            "vllm_gpu_memory_utilization": settings.vllm_gpu_memory_utilization}
+            "vllm_importance_sampling_correction": setup.importance_sampling_correction,
+            "vllm_gpu_memory_utilization": setup.vllm_gpu_memory_utilization}
 
 
 def engine_for(name: str, model: Any) -> Any:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from allocopt.allocation import TrialPlan, rows_schedule
-from allocopt.flops import ComputeBreakdown, FlopAccount, LoRASpec, ModelShape
+from allocopt.flops import ComputeBreakdown, FlopAccount, ModelShape
 from allocopt.grpo_flops import GRPOStep, grpo_step_flops, old_logprobs_pass
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
+from allocopt.setup import TrainingSetup
 
 
 TRAIN_LOG_KEYS = ("loss", "kl", "entropy", "completions/mean_length", "completions/clipped_ratio",
@@ -45,9 +46,8 @@ class _Hooks:
     plan: TrialPlan
     meter: FlopMeter
     policy: ModelShape
-    lora: LoRASpec | None
-    settings: Any
-    """The driver's :class:`objectives.grpo.GRPOSettings`."""
+    setup: TrainingSetup
+    """The set-up the driver runs and the plan priced (LoRA, engine, limit, β, …)."""
     reward: Any
     tokenizer: Any
     progress: Callable[[IterationRecord, FlopMeter], None] | None = None
@@ -75,32 +75,34 @@ class _Hooks:
     def needs_old_logprobs(self) -> bool:
         """Whether the old-policy pass must run: a second pass over the batch, or TRL's vLLM
         importance-sampling correction (which reads it on every iteration)."""
-        return self.rows > self.N or self.settings.old_logprobs_every_iteration
+        return self._old_logprobs(self.rows)
 
-    def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
+    def _old_logprobs(self, rows: int) -> bool:
         # as the engine decides (allocopt.grpo_flops.old_logprobs_pass): a reused batch, or on
         # every iteration with TRL + vLLM and its importance-sampling correction
-        eng = self.engine or self.settings.engine
-        old = old_logprobs_pass(eng, rows / self.N,
-                                importance_sampling_correction=self.settings.vllm_importance_sampling)
+        return old_logprobs_pass(self.engine or self.setup.engine, rows / self.N,
+                                 importance_sampling_correction=self.setup.importance_sampling_correction)
+
+    def _step(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int], rows: int) -> FlopAccount:
         step = GRPOStep(prompt_tokens=tuple(prompt_tokens), completion_tokens=tuple(completion_tokens),
                         group_size=self.plan.group_size, update_passes=rows / self.N,
-                        reference=self.settings.beta > 0, old_logprobs=old)
-        return grpo_step_flops(self.policy, step, lora=self.lora, engine_name=eng,
-                               gradient_checkpointing=self.settings.gradient_checkpointing)
+                        reference=self.setup.reference, old_logprobs=self._old_logprobs(rows))
+        return grpo_step_flops(self.policy, step, lora=self.setup.lora,
+                               engine_name=self.engine or self.setup.engine,
+                               gradient_checkpointing=self.setup.gradient_checkpointing)
 
     def before_iteration(self, trainer: Any, inputs: list[dict]) -> None:
         self.iteration += 1
         self.micro = 0
         self.t_iter = time.perf_counter()
-        if self.iteration >= self.settings.max_iterations:
-            self.meter.stopped_reason = f"max_iterations={self.settings.max_iterations}"
+        if self.iteration >= self.setup.max_iterations:
+            self.meter.stopped_reason = f"max_iterations={self.setup.max_iterations}"
             raise BudgetExhausted(self.meter.stopped_reason)
         self.rows = rows_schedule(self.plan.rows_trained_per_iteration, self.iteration)
         G = self.plan.group_size
         prompts = [x["prompt"] for x in inputs][::G]
         p_tok = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-        C = self.settings.max_completion_length
+        C = self.setup.max_completion_length
         worst = self._step(p_tok, [C] * len(inputs), self.rows).executed.total_flops
         if not hasattr(self.reward, "usage_of") and hasattr(self.reward, "worst_case_flops"):
             worst += self.reward.worst_case_flops(max(p_tok), C, len(inputs))
@@ -130,7 +132,7 @@ class _Hooks:
             columns = {k: [row[k] for row in self.inputs] for k in self.inputs[0] if k not in skip}
             exact += self.reward.usage_of(prompts, completions, **columns).executed_flops
         elif hasattr(self.reward, "worst_case_flops"):
-            exact += self.reward.worst_case_flops(max(p_tok), self.settings.max_completion_length,
+            exact += self.reward.worst_case_flops(max(p_tok), self.setup.max_completion_length,
                                                   len(c_tok))
         search = FlopAccount(ComputeBreakdown(search=dict(acct.useful.search)),
                              ComputeBreakdown(search=dict(acct.executed.search)))

@@ -297,7 +297,7 @@ class QwenObjective:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from objectives.grpo import GRPOSettings, run_grpo
+        from objectives.grpo import run_grpo
         from objectives.hub import resolve
         from objectives.polaris import load_polaris, render_prompt, split_heldout
         from objectives.qwen_eval import evaluate
@@ -320,7 +320,7 @@ class QwenObjective:
         reward = self.reward(plan.allocation.reward)
         lengths: list[int] = []
         result = run_grpo(plan, model=model, tokenizer=tok, train_rows=train_rows, reward=reward,
-                          settings=GRPOSettings.from_setup(setup, seed=seed), progress=progress,
+                          setup=setup, seed=seed, progress=progress,
                           on_batch=lambda p, c: lengths.extend(c),
                           evaluate=lambda m: evaluate(self, m, tok, reward, held))
         self.record_lengths(setup.fingerprint(self._policy_shape()), lengths)

@@ -42,7 +42,7 @@ class TinySettings:
     max_completion_length: int = 48
     learning_rate: float = 1e-3
     divide_lr_by_passes: bool = False
-    """See :class:`objectives.grpo.GRPOSettings`."""
+    """See :attr:`allocopt.setup.TrainingSetup.divide_lr_by_passes`."""
     lora_rank: int = 8
     train_problems: int = 5000
     eval_batch_size: int = 100
@@ -188,7 +188,7 @@ class TinyObjective:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from objectives.grpo import GRPOSettings, run_grpo
+        from objectives.grpo import run_grpo
         from objectives.tiny_tasks import make_split
 
         # Tiny models gain nothing from a second thread, and two torch processes with two
@@ -204,9 +204,8 @@ class TinyObjective:
         rows = [{"prompt": x.prompt, "answer": x.answer}
                 for x in make_split("train", self.settings.train_problems, seed)]
         reward = self.reward(plan.allocation.reward)
-        settings = GRPOSettings.from_setup(self.setup(), seed=seed)
         return run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=reward,
-                        settings=settings, progress=progress,
+                        setup=self.setup(), seed=seed, progress=progress,
                         evaluate=lambda m: self.evaluate(m, tok, reward))
 
     def evaluate(self, model: Any, tokenizer: Any, reward: Any) -> tuple[dict[str, float], int]:

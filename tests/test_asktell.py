@@ -78,6 +78,10 @@ def test_trl_config_realizes_the_plan(tmp_path):
     assert args.num_iterations == run.passes and args.max_steps == run.iterations * run.passes
     assert args.learning_rate == 2e-5
     assert args.vllm_importance_sampling_correction is w.importance_sampling_correction is False
+    # checkpointing as the plan priced it (TRL's own default, on, would run recompute unpriced)
+    assert args.gradient_checkpointing is w.gradient_checkpointing is False
+    assert trl_config(run, learning_rate=2e-5, max_completion_length=512,
+                      gradient_checkpointing=True)["gradient_checkpointing"] is True
     on = trl_config(run, learning_rate=2e-5, max_completion_length=512, importance_sampling_correction=True)
     assert on["vllm_importance_sampling_correction"] is True
     two = trl_config(run, learning_rate=2e-5, max_completion_length=512, micro_batch=8, num_processes=2)
@@ -95,6 +99,7 @@ def test_verl_overrides_realize_the_plan():
     assert ov["trainer.total_training_steps"] == str(run.iterations)
     assert ov["actor_rollout_ref.actor.optim.lr"] == "1e-06"
     assert ov["reward_model.enable"] == "True" and ov["reward_model.model.path"] == plan.reward_model
+    assert ov["actor_rollout_ref.model.enable_gradient_checkpointing"] == str(w.gradient_checkpointing)
 
 
 def _study(tmp_path):
@@ -118,7 +123,7 @@ def test_ask_then_tell_round_trip(tmp_path, cli):
         info = json.loads((tmp_path / "asked" / f"trial-{t.number}" / "ask.json").read_text())
         cfg = json.loads((tmp_path / "asked" / f"trial-{t.number}" / "grpo_config.json").read_text())
         assert info["trial"] == t.number and info["budget_flops"] == 1e18 and info["rho"] == t.params["rho"]
-        assert cfg["num_generations"] == t.params["group_size"] and cfg["learning_rate"] == 1e-3
+        assert cfg["num_generations"] == t.params["group_size"] and cfg["learning_rate"] == 1e-5  # TrainingSetup's
         assert cfg["num_iterations"] == info["update_passes"]
     told = running[0]
     (tmp_path / "m.json").write_text(json.dumps(

@@ -43,10 +43,15 @@ def test_plan_json_matches_library():
             "--group-size", "8", "--rho", "0.5", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
+    # plan's defaults are the set-up's (runner allocopt: no checkpointing, no IS correction),
+    # written out here by hand
     p = make_plan(1e19, Allocation(0.5, 8, "prm"),
                   Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), lora=LoRASpec(32),
-                           gradient_checkpointing=True))  # plan's default, as TRL's
-    assert data["iterations"] == p.iterations
+                           gradient_checkpointing=False, importance_sampling_correction=False,
+                           engine="trl-vllm", rollouts_per_iteration=64, prompt_tokens=103,
+                           completion_tokens=304, max_completion_length=1024))
+    assert data["iterations"] == p.iterations and data["setup_fingerprint"] == p.setup_fingerprint
+
     assert data["expected_total_flops"] <= 1e19
     assert abs(data["realized_rho"] - 0.5) <= 0.01
 

@@ -42,6 +42,16 @@ def test_trl_source_still_has_the_old_logprobs_condition():
     assert re.search(r"generate_every = self\.args\.steps_per_generation \* self\.num_iterations", src)
     assert re.search(r"if self\.args\.gradient_accumulation_steps % generate_every != 0 or \(\s*"
                      r"self\.use_vllm and self\.vllm_importance_sampling_correction", src)
+    # and the set-up's runner "trl" takes GRPOConfig's own defaults (read from TRL, not copied)
+    import dataclasses
+
+    from allocopt.setup import RUNNERS
+    from trl import GRPOConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    assert RUNNERS["trl"] == {"gradient_checkpointing": defaults["gradient_checkpointing"],
+                              "importance_sampling_correction":
+                                  defaults["vllm_importance_sampling_correction"]}
 
 
 @pytest.mark.parametrize("mu", [1, 2, 3])

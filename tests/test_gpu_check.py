@@ -35,3 +35,38 @@ def test_refuses_without_cuda_in_one_line():
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--models", "7b"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "--models '7b'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_dry_run_checks_the_setups_and_plans_on_cpu(capsys, monkeypatch):
+    """``--dry-run`` (any machine): each size's set-up and plan pass the driver's own check
+    against the shape transformers reads; a plan priced for another set-up (here: TRL's
+    defaults, checkpointing and the IS correction on) is refused in one line, exit 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main(["--dry-run", "--iterations", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and out[0].startswith("model | setup fingerprint")
+    assert [r.split(" | ")[0] for r in out[1:]] == ["0.5b", "1.5b"]
+    assert all(r.split(" | ")[2] == "2" and r.endswith("| ok") for r in out[1:])
+
+    planned = gpu_check.planned
+
+    def trl_priced(size, iterations, model, prompt_tokens=None):
+        from dataclasses import replace
+
+        from allocopt.allocation import make_plan
+        from allocopt.flops import ModelShape
+
+        setup, plan = planned(size, iterations, model, prompt_tokens)
+        trl = replace(setup, gradient_checkpointing=True, importance_sampling_correction=True)
+        w = trl.workload(ModelShape.from_config(json.loads(gpu_check.CONFIGS[size].read_text())))
+        return setup, make_plan(plan.budget_flops, plan.allocation, w)
+
+    monkeypatch.setattr(gpu_check, "planned", trl_priced)
+    assert gpu_check.main(["--dry-run", "--models", "0.5b"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "setup_fingerprint=" in captured.err and "make the plan from the same TrainingSetup" in captured.err

@@ -358,10 +358,11 @@ def test_cli_race_end_to_end(tmp_path):
         assert set(p["trl"]) >= {"num_generations", "num_iterations", "rows_trained_per_iteration",
                                  "iterations", "learning_rate_scale"}
         # the driver runs each pass at the full learning rate (it no longer divides by the passes)
-        from objectives.grpo import GRPOSettings, step_learning_rate
+        from allocopt.setup import TrainingSetup
+        from objectives.grpo import step_learning_rate
 
-        lr = GRPOSettings().learning_rate
-        assert p["trl"]["learning_rate_scale"] == step_learning_rate(GRPOSettings(), p["trl"]["num_iterations"]) / lr
+        lr = TrainingSetup().learning_rate
+        assert p["trl"]["learning_rate_scale"] == step_learning_rate(TrainingSetup(), p["trl"]["num_iterations"]) / lr
     assert len(optuna.load_study(study_name="cli", storage=f"sqlite:///{tmp_path}/c.db").trials) == n
 
 

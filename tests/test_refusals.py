@@ -60,7 +60,7 @@ def test_sliding_window_exact_below_refused_above(tmp_path):
              "--completion-tokens", "400", "--json")
     assert ok.returncode == 0, ok.stderr
     plain = ModelShape.from_config(BASE)
-    # the same count as the model without a window (recipe defaults: 64 x 8, LoRA r=32)
+    # the same count as the model without a window (recipe defaults: 64 x 8, LoRA r=32, ...)
     assert json.loads(ok.stdout)["total_flops"] == _account(plain, 100, 400)
     one_line(run("account", "--model", str(tmp_path), "--prompt-tokens", "100",
                  "--completion-tokens", "413"), "sliding window")
@@ -72,8 +72,11 @@ def _account(shape: ModelShape, p: int, c: int) -> int:
     from allocopt.flops import LoRASpec
     from allocopt.grpo_flops import GRPOStep, grpo_step_flops
 
-    step = GRPOStep(prompt_tokens=(p,) * 64, completion_tokens=(c,) * 512, group_size=8)
-    return grpo_step_flops(shape, step, lora=LoRASpec(32), gradient_checkpointing=True).executed.total_flops
+    # the set-up's defaults (runner allocopt): no checkpointing, no vLLM IS correction
+    step = GRPOStep(prompt_tokens=(p,) * 64, completion_tokens=(c,) * 512, group_size=8,
+                    importance_sampling_correction=False)
+    return grpo_step_flops(shape, step, lora=LoRASpec(32), gradient_checkpointing=False,
+                           engine_name="trl-vllm").executed.total_flops
 
 
 def test_longer_than_context_refused():

@@ -139,7 +139,7 @@ def test_driver_averages_trainer_logs_into_the_iteration_record():
     from allocopt.meter import FlopMeter, IterationRecord
 
     meter = FlopMeter(1e9)
-    hooks = _Hooks(plan=None, meter=meter, policy=None, lora=None, settings=None, reward=None,
+    hooks = _Hooks(plan=None, meter=meter, policy=None, setup=None, reward=None,
                    tokenizer=None)
     hooks.on_train_log({"loss": 1.0})  # before any iteration: nothing to attach to
     meter.records.append(IterationRecord(0, 4, 1, 1, 0.0, 0.0))

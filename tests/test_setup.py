@@ -5,6 +5,7 @@ settings it runs, every FLOP-relevant field changes it, and the driver refuses a
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -13,26 +14,44 @@ from allocopt.flops import ConfigError, ModelShape
 from allocopt.setup import TrainingSetup
 
 POLICY = ModelShape.preset("Qwen/Qwen2.5-0.5B")
+SAMPLE = str(Path(__file__).resolve().parents[1] / "objectives" / "data" / "polaris_sample" / "train.jsonl")
 
 
 def test_plan_fingerprint_is_the_drivers():
-    from objectives.grpo import GRPOSettings
+    from objectives.grpo import check_setup
 
     setup = TrainingSetup(lora_rank=16, engine="trl-gpu", gradient_checkpointing=True, beta=0.04,
                           max_completion_length=512, completion_tokens=300)
     w = setup.workload(POLICY)
     alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
     plan = make_plan(10 * min_budget(alloc, w), alloc, w)
-    driver = GRPOSettings.from_setup(setup, seed=3)
-    # the driver's own computation, from a shape read another way (config dict, other name)
+    # the driver's own check, on a shape read another way (config dict, other name): passes
     other_name = dataclasses.replace(POLICY, name="/some/local/copy")
-    assert plan.setup_fingerprint == driver.fingerprint(other_name) == setup.fingerprint(POLICY)
+    check_setup(plan, setup, other_name)
+    assert plan.setup_fingerprint == setup.fingerprint(other_name) == setup.fingerprint(POLICY)
     assert len(plan.setup_fingerprint) == 12
     # the workload carries every set-up field the plan prices
     assert (w.lora.rank, w.engine, w.gradient_checkpointing, w.reference, w.max_completion_length,
             w.rollouts_per_iteration) == (16, "trl-gpu", True, True, 512, 64)
-    assert (driver.lora_rank, driver.lora_alpha, driver.engine, driver.beta, driver.seed) == \
-        (16, 64, "trl-gpu", 0.04, 3)
+
+
+def test_one_default_per_field_the_runner_named():
+    """Fields not given take one default, in TrainingSetup; the two that depend on who runs
+    the training follow ``runner`` (allocopt's driver: off; a plain TRL job: GRPOConfig's
+    defaults, on), and given values win. The generation limit is 1024 tokens, or the longest
+    expected completion when longer."""
+    mine, theirs = TrainingSetup(), TrainingSetup(runner="trl")  # TRL's: tests/test_engines.py
+    assert (mine.gradient_checkpointing, mine.importance_sampling_correction) == (False, False)
+    assert (theirs.gradient_checkpointing, theirs.importance_sampling_correction) == (True, True)
+    assert mine.fingerprint(POLICY) != theirs.fingerprint(POLICY)
+    same = TrainingSetup(runner="trl", gradient_checkpointing=False, importance_sampling_correction=False)
+    assert same.fingerprint(POLICY) == mine.fingerprint(POLICY)  # the values count, not the name
+    assert (mine.max_completion_length, TrainingSetup(completion_tokens=1500.5).max_completion_length,
+            TrainingSetup(padded_completion_tokens=2000).max_completion_length) == (1024, 1501, 2000)
+    # replace() keeps what was resolved (measured lengths do not move the limit)
+    assert mine.with_lengths(completion_tokens=900.0).max_completion_length == 1024
+    with pytest.raises(ConfigError, match="runner='verl': unknown; allowed: allocopt, trl"):
+        TrainingSetup(runner="verl")
 
 
 @pytest.mark.parametrize("change", [
@@ -75,7 +94,7 @@ def test_from_mapping_names_an_unknown_key():
 
 def test_driver_refuses_a_plan_priced_for_another_setup():
     """The plan prices LoRA r 8; the driver is asked to run r 4: one line, nothing run."""
-    from objectives.grpo import GRPOSettings, SetupMismatch, run_grpo
+    from objectives.grpo import SetupMismatch, run_grpo
     from objectives.tiny_models import build_policy, policy_config
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
@@ -83,11 +102,18 @@ def test_driver_refuses_a_plan_priced_for_another_setup():
     w = setup.workload(ModelShape.from_config(policy_config("tiny").to_dict()))
     alloc = Allocation(rho=0.5, group_size=4, reward="sparse")
     plan = make_plan(3 * min_budget(alloc, w), alloc, w)
-    wrong = dataclasses.replace(GRPOSettings.from_setup(setup), lora_rank=4)
-    with pytest.raises(SetupMismatch) as e:
-        run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=None, train_rows=[],
-                 reward=None, settings=wrong)
-    assert "\n" not in str(e.value) and "LoRA r=4" in str(e.value) and plan.setup_fingerprint in str(e.value)
+    model = build_policy("tiny", seed=0)
+    for wrong, shown in ((dataclasses.replace(setup, lora_rank=4), "LoRA r=4"),
+                         # a plain TRL job's defaults (checkpointing, IS correction): not planned
+                         (TrainingSetup(**{**setup.to_dict(), "runner": "trl",
+                                           "gradient_checkpointing": None,
+                                           "importance_sampling_correction": None}),
+                          "gradient_checkpointing=True, importance_sampling_correction=True")):
+        with pytest.raises(SetupMismatch) as e:  # before TRL is touched: no tokenizer, no rows
+            run_grpo(plan, model=model, tokenizer=None, train_rows=[], reward=None, setup=wrong)
+        msg = str(e.value)
+        assert "\n" not in msg and shown in msg and plan.setup_fingerprint in msg
+        assert wrong.fingerprint(w.policy) in msg
 
 
 @pytest.mark.parametrize("engine_name,correction", [("trl-vllm", True), ("trl-vllm", False),
@@ -97,7 +123,6 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
     pass while its importance-sampling correction is on (and not otherwise)."""
     from allocopt.allocation import iteration_flops
-    from objectives.grpo import GRPOSettings
     from objectives.grpo_hooks import _Hooks
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
@@ -106,8 +131,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     alloc = Allocation(rho=0.3, group_size=8, reward="sparse")
     plan = make_plan(50 * min_budget(alloc, w), alloc, w)
     N = plan.rollouts_per_iteration
-    hooks = _Hooks(plan=plan, meter=None, policy=POLICY, lora=setup.lora,
-                   settings=GRPOSettings.from_setup(setup), reward=None, tokenizer=None)
+    hooks = _Hooks(plan=plan, meter=None, policy=POLICY, setup=setup, reward=None, tokenizer=None)
     for rows in (N // 2, N):
         charged = hooks._step([100] * (N // 8), [300] * N, rows).executed
         assert charged == iteration_flops(w, alloc, rows).executed
@@ -125,7 +149,6 @@ def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
 
     from transformers import Qwen2Config
 
-    from objectives.grpo import GRPOSettings
     from objectives.qwen import QwenObjective
     from allocopt.tomlio import read_toml
 
@@ -145,9 +168,63 @@ def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
     printed = json.loads(r.stdout)["setup_fingerprint"]
     setup = QwenObjective.from_settings(**read_toml(f, "recipe")["recipe"]).settings.setup
     loaded = ModelShape.from_config(Qwen2Config(**cfg).to_dict())
-    assert GRPOSettings.from_setup(setup).fingerprint(loaded) == printed
+    assert setup.fingerprint(loaded) == printed
     # the flags win over the file, and the fingerprint follows them
     from allocopt.recipe import read_recipe
 
     assert read_recipe(f)[0].fingerprint(loaded) == printed
     assert read_recipe(f, lora_rank=8)[0].fingerprint(loaded) != printed
+
+
+def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world, tmp_path, monkeypatch):
+    """A recipe that gives neither gradient checkpointing, the importance-sampling correction,
+    the generation limit nor the engine: ``allocopt account --recipe`` and the ``qwen`` driver's
+    set-up take the same defaults (TrainingSetup's, runner ``allocopt``; the driver's engine
+    ``auto`` on the machine it is meant for, CUDA + vLLM), so the same fingerprint, which is the
+    one of those values written out here. ``runner = "trl"`` prices a plain TRL job instead
+    (GRPOConfig's defaults: both on): another fingerprint, and the driver refuses its plan."""
+    import json
+
+    from transformers import AutoConfig
+    from typer.testing import CliRunner
+
+    import objectives.qwen as qwen_mod
+    from allocopt.allocation import setup_fingerprint
+    from allocopt.cli import app
+    from allocopt.flops import LoRASpec
+    from allocopt.recipe import read_recipe
+    from allocopt.tomlio import read_toml
+    from objectives.grpo import SetupMismatch, check_setup
+    from objectives.qwen import QwenObjective
+
+    policy = str(qwen_world["policy"])
+    f = tmp_path / "setup.toml"
+    f.write_text(f'[recipe]\nmodel = "{policy}"\nlora_rank = 8\nlora_alpha = 16\n')
+    res = CliRunner().invoke(app, ["account", "--recipe", str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)
+    assert {k: printed["recipe"][k] for k in ("runner", "gradient_checkpointing",
+                                              "importance_sampling_correction", "max_completion_length",
+                                              "engine")} == \
+        {"runner": "allocopt", "gradient_checkpointing": False,
+         "importance_sampling_correction": False, "max_completion_length": 1024, "engine": "trl-vllm"}
+    monkeypatch.setattr(qwen_mod, "_cuda", lambda: True)
+    monkeypatch.setattr(qwen_mod, "_vllm", lambda: True)
+    obj = QwenObjective.from_settings(**read_toml(f, "recipe")["recipe"], dataset=SAMPLE,
+                                      lengths_file=str(tmp_path / "lengths.json"))
+    setup = obj.setup()  # what run_here hands the driver
+    loaded = ModelShape.from_config(AutoConfig.from_pretrained(policy).to_dict())
+    by_hand = setup_fingerprint(loaded, lora=LoRASpec(8), engine_name="trl-vllm",
+                                gradient_checkpointing=False, reference=False,
+                                max_completion_length=1024, importance_sampling_correction=False)
+    assert setup.fingerprint(loaded) == printed["setup_fingerprint"] == by_hand
+    alloc = Allocation(rho=0.5, group_size=4, reward="sparse")
+    w = obj.workload()
+    check_setup(make_plan(3 * min_budget(alloc, w), alloc, w), setup, loaded)  # runs
+    # a plain TRL job, said so: GRPOConfig's defaults priced; the driver will not run that plan
+    trl_setup, _ = read_recipe(f, runner="trl")
+    assert (trl_setup.gradient_checkpointing, trl_setup.importance_sampling_correction) == (True, True)
+    assert trl_setup.fingerprint(loaded) != by_hand
+    trl_w = trl_setup.with_lengths(rollouts_per_iteration=w.rollouts_per_iteration).workload(loaded)
+    with pytest.raises(SetupMismatch, match="gradient_checkpointing=False, importance_sampling_correction=False"):
+        check_setup(make_plan(3 * min_budget(alloc, trl_w), alloc, trl_w), setup, loaded)

@@ -14,7 +14,7 @@ iterations) and deterministic (fixed seeds, one thread).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -25,7 +25,8 @@ from allocopt.allocation import (REWARDS, Allocation, InfeasiblePlan, TrialPlan,
                                  make_plan, min_budget)
 from allocopt.flops import ConfigError, LoRASpec, ModelShape
 from allocopt.meter import FlopMeter
-from objectives.grpo import GRPOSettings, TrialFailed, TrialResult, run_grpo
+from allocopt.setup import TrainingSetup
+from objectives.grpo import TrialFailed, TrialResult, run_grpo
 from objectives.model_reward import ModelReward, reward_shape
 from objectives.rewards import make_reward
 from objectives.tiny_models import build_policy, build_prm, build_tokenizer, policy_config
@@ -41,7 +42,10 @@ C = 12
 G = 4
 N = 8
 """Rollouts per iteration: 2 prompts x G."""
-SETTINGS = GRPOSettings(max_completion_length=C, lora_rank=8, engine="trl-cpu", seed=0)
+SETUP = TrainingSetup(model="tiny", max_completion_length=C, completion_tokens=C, lora_rank=8,
+                      lora_alpha=16, engine="trl-cpu", learning_rate=1e-3, rollouts_per_iteration=N)
+"""The set-up the driver runs; the plans below are priced on a :class:`Workload` built apart
+(:meth:`World.workload`), so the driver's fingerprint check compares two constructions."""
 BUDGET_FACTOR = 2.5
 """Budgets in units of the smallest feasible one (one iteration): two planned iterations and
 half an iteration to spare, so the last admission decision is a close one."""
@@ -66,8 +70,8 @@ class World:
             # the longest training prompt (1 char = 1 token): the meter admits an iteration on
             # the batch's longest prompt, so planning on it keeps 2 planned iterations runnable
             prompt_tokens=max(len(r["prompt"]) for r in self.rows), completion_tokens=C,
-            padded_completion_tokens=C, steps_per_completion=1, lora=LoRASpec(SETTINGS.lora_rank),
-            engine=SETTINGS.engine, max_completion_length=C)
+            padded_completion_tokens=C, steps_per_completion=1, lora=LoRASpec(SETUP.lora_rank),
+            engine=SETUP.engine, max_completion_length=C)
 
     def reward(self, name: str, models: dict[str, Any] | None = None) -> Any:
         models = self.reward_models if models is None else models
@@ -119,7 +123,7 @@ def run_trial(world: World, plan: TrialPlan, reward: Any) -> Trial:
         mp.setattr(FlopMeter, "admit", recording_admit)
         mp.setattr(FlopMeter, "admit_exact", recording_admit_exact)
         result = run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
-                          train_rows=world.rows, reward=reward, settings=SETTINGS)
+                          train_rows=world.rows, reward=reward, setup=SETUP)
     admitted = [b for kind, b in stages if kind == "exact"]
     return Trial(plan, result, admitted, stages)
 
@@ -356,9 +360,9 @@ def test_each_pass_steps_at_the_learning_rate_trl_runs(world, divide, monkeypatc
     plan = plan_for(world, "sparse", 0.85, factor=1.2)
     passes = plan.num_iterations_trl
     assert passes >= 3
-    settings = GRPOSettings(**{**SETTINGS.__dict__, "learning_rate": 2e-3, "divide_lr_by_passes": divide})
+    setup = replace(SETUP, learning_rate=2e-3, divide_lr_by_passes=divide)
     run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
-             train_rows=world.rows, reward=make_reward("sparse"), settings=settings)
+             train_rows=world.rows, reward=make_reward("sparse"), setup=setup)
     assert seen and seen[0][1] == passes
     assert seen[0][0] == pytest.approx(2e-3 / passes if divide else 2e-3, rel=0.02)  # ≤ 1 scheduler step
 
@@ -381,7 +385,7 @@ def test_a_budget_below_the_first_worst_case_is_infeasible_not_an_untrained_tria
     assert plan.iterations == 1
     with pytest.raises(InfeasiblePlan, match="worst case") as exc:
         run_grpo(plan, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
-                 train_rows=world.rows, reward=world.reward("prm"), settings=SETTINGS,
+                 train_rows=world.rows, reward=world.reward("prm"), setup=SETUP,
                  evaluate=lambda m: pytest.fail("evaluated a policy that was never trained"))
     assert exc.value.min_budget_flops > plan.budget_flops
     # the refused worst case (generation + learning, completions at C) is above the short
@@ -399,7 +403,7 @@ def test_stage_two_prices_the_reward_exactly_and_refuses_a_batch_that_does_not_f
 
     w = short_workload(world)
     alloc = Allocation(rho=0.2, group_size=G, reward="prm")
-    one = replace(SETTINGS, max_iterations=1)
+    one = replace(SETUP, max_iterations=1)
     calls = {"n": 0}
     reward = world.reward("prm")
     call = type(reward).__call__
@@ -416,7 +420,7 @@ def test_stage_two_prices_the_reward_exactly_and_refuses_a_batch_that_does_not_f
                    lambda self, b, **kw: (admit_exact(self, b, **kw), stages.append(("exact", b)))[0])
         mp.setattr(type(reward), "__call__", counting)
         roomy = run_grpo(make_plan(10 * min_budget(alloc, w), alloc, w), model=build_policy("tiny", seed=0),
-                         tokenizer=world.tokenizer, train_rows=world.rows, reward=reward, settings=one)
+                         tokenizer=world.tokenizer, train_rows=world.rows, reward=reward, setup=one)
         assert [k for k, _ in stages] == ["worst", "exact"] and calls["n"] == 1
         (_, worst), (_, exact) = stages
         assert roomy.curves[0].executed_flops == exact == roomy.spent.executed.total_flops
@@ -425,7 +429,7 @@ def test_stage_two_prices_the_reward_exactly_and_refuses_a_batch_that_does_not_f
         tight = make_plan((worst + exact) // 2, alloc, w)
         with pytest.raises(InfeasiblePlan, match="exact cost once generated") as exc:
             run_grpo(tight, model=build_policy("tiny", seed=0), tokenizer=world.tokenizer,
-                     train_rows=world.rows, reward=reward, settings=one,
+                     train_rows=world.rows, reward=reward, setup=one,
                      evaluate=lambda m: pytest.fail("evaluated a policy that was never trained"))
     assert calls["n"] == 1  # the reward model never ran on the refused batch
     assert exc.value.min_budget_flops == exact and generation > 0

@@ -30,6 +30,7 @@ from allocopt.grpo_flops import ENGINES
 from allocopt.runlogs.argsfile import read_training_args
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
                                      as_number, check_overrides)
+from allocopt.setup import RUNNERS
 
 MODULE_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -98,14 +99,16 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     G = int(arg("num_generations", 8, "GRPOConfig default"))
     mu = float(arg("num_iterations", 1, "GRPOConfig default"))
     beta = float(arg("beta", 0.0, "GRPOConfig default"))
-    gc = bool(arg("gradient_checkpointing", True, "GRPOConfig default"))
+    trl = RUNNERS["trl"]  # GRPOConfig's defaults, where training_args.bin does not say
+    gc = bool(arg("gradient_checkpointing", trl["gradient_checkpointing"], "GRPOConfig default"))
     per_device = int(arg("per_device_train_batch_size", 8, "TrainingArguments default"))
     ga = int(arg("gradient_accumulation_steps", 1, "TrainingArguments default"))
     spg = int(arg("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps") or ga)
     use_vllm = bool(arg("use_vllm", False, "GRPOConfig default"))
-    isc = bool(arg("vllm_importance_sampling_correction", True, "GRPOConfig default"))
+    isc = bool(arg("vllm_importance_sampling_correction", trl["importance_sampling_correction"],
+                   "GRPOConfig default"))
     use_cpu = bool(arg("use_cpu", False, "TrainingArguments default"))
-    settings.update(group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
+    settings.update(runner="trl", group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
                     minibatches=max(1, spg // max(1, ga)), importance_sampling_correction=isc,
                     engine="trl-vllm" if use_vllm else ("trl-cpu" if use_cpu else "trl-gpu"))
     read["engine"] = "use_vllm / use_cpu" if args else "assumed"
