@@ -50,7 +50,9 @@ def _interval(rec: Any) -> tuple[float, float] | None:
 
 
 def recommendation_lines(rec: Any, target: str) -> list[str]:
-    """The answer as at most two lines of at most :data:`WIDTH` columns.
+    """The answer as lines of at most :data:`WIDTH` columns: the allocation, its mean, interval
+    and P(best), then (RACE) the allocations within noise of it and the likeliest best reward
+    system when that differs.
 
     >>> from allocopt.allocation import Allocation
     >>> recommendation_lines(Allocation(0.5, 4, "sparse"), "pass@1")[0]
@@ -73,7 +75,43 @@ def recommendation_lines(rec: Any, target: str) -> list[str]:
         # allocation's reward system (x model), not that this exact rho and G is best
         text += f"; P({a.reward} is best) = {float(pb):.0%}"
     lines.append(text)
+    lines += _noise_lines(rec, a)
     return lines
+
+
+def _field(x: Any, name: str) -> Any:
+    return x.get(name) if isinstance(x, dict) else getattr(x, name, None)
+
+
+def _noise_lines(rec: Any, a: Any) -> list[str]:
+    """The allocations within one evaluation's noise of the answer, and the reward system most
+    likely to hold the best allocation when that is not the answer's (RACE's ``within_noise``
+    and ``cell_prob_best``; nothing for a bare allocation). Each line within :data:`WIDTH`."""
+    import textwrap
+
+    out: list[str] = []
+    close = list(getattr(rec, "within_noise", None) or ())
+    others = [b for b in close if (_field(b, "rho"), _field(b, "group_size"), _field(b, "reward"))
+              != (a.rho, a.group_size, a.reward)]
+    if others:
+        rewards = list(dict.fromkeys(str(_field(b, "reward")) for b in close))
+        rhos = [float(_field(b, "rho")) for b in close]
+        sd = getattr(rec, "noise_sd", None)
+        sd_text = f" (sd {float(sd):.3f})" if sd is not None and math.isfinite(float(sd)) else ""
+        span = f"{min(rhos):.2f}" if max(rhos) - min(rhos) < 5e-3 else f"{min(rhos):.2f}-{max(rhos):.2f}"
+        text = (f"within one evaluation's noise{sd_text}: {len(close)} allocations at rho {span}, "
+                f"{len(rewards)} reward system{'s' if len(rewards) > 1 else ''} ({', '.join(rewards)}): "
+                "not one winner; `allocopt report` lists them")
+        out += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+    cells = [(str(_field(c, "reward") if not isinstance(c, tuple) else c[0]),
+              float(_field(c, "prob_best") if not isinstance(c, tuple) else c[2]))
+             for c in (getattr(rec, "cell_prob_best", None) or ())]
+    if cells:
+        top, p = max(cells, key=lambda t: t[1])
+        if top != a.reward:
+            out.append(f"  the reward system most likely to hold the best allocation: {top} "
+                       f"(P = {p:.0%})"[:WIDTH])
+    return out
 
 
 def evidence_line(number: int, value: float, allocation: Any, target: str) -> str:

@@ -211,6 +211,27 @@ def test_recommendation_lines():
     assert (d["lower"], d["upper"], d["prob_best"]) == (0.3601, 0.4655, 0.58)
 
 
+def test_recommendation_lines_name_the_set_within_noise():
+    """A tiny-study answer (issue 16: name the set, not one winner): 3 allocations within one
+    evaluation's noise over 2 reward systems, and another reward system likelier to be best."""
+    from allocopt.answer import from_dict
+
+    rec = {"target": "pass@1", "allocation": {"rho": 0.55, "group_size": 8, "reward": "dense"},
+           "mean": 0.5045, "level": 0.9, "prob_best": 0.31, "lower": 0.4936, "upper": 0.5151,
+           "noise_sd": 0.012, "within_noise": [{"rho": 0.55, "group_size": 8, "reward": "dense"},
+                                               {"rho": 0.55, "group_size": 4, "reward": "prm"},
+                                               {"rho": 0.56, "group_size": 8, "reward": "prm"}],
+           "cell_prob_best": [{"reward": "prm", "prob_best": 0.39}, {"reward": "dense", "prob_best": 0.31}]}
+    lines = recommendation_lines(from_dict(rec), "pass@1")
+    text = " ".join(x.strip() for x in lines[2:])
+    assert "(sd 0.012): 3 allocations at rho 0.55-0.56, 2 reward systems (dense, prm)" in text
+    assert lines[-1] == "  the reward system most likely to hold the best allocation: prm (P = 39%)"
+    assert all(len(x) <= 80 for x in lines)
+    rec["within_noise"] = rec["within_noise"][:1]  # alone within noise, and the likeliest best
+    rec["cell_prob_best"] = [{"reward": "dense", "prob_best": 0.6}]
+    assert len(recommendation_lines(from_dict(rec), "pass@1")) == 2
+
+
 def test_study_help_shows_defaults_within_80_columns():
     import os
     import subprocess
