@@ -127,7 +127,14 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
                         raise
             if exp is not None:
                 exp_id = exp.experiment_id
-            client.set_experiment_tag(exp_id, "allocopt.checked_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            try:
+                client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
+            except Exception as e:  # two workers inserted the same new tag at once (its primary key):
+                if not _unique_race(e):  # the second write finds the row and updates it
+                    raise
+                time.sleep(0.2)
+                client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
     except KeyboardInterrupt:
         sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
         sys.exit(130)
@@ -136,6 +143,13 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(_reason(e))}); "
                           "check the server or path, or give --no-mlflow") from None
+
+
+def _unique_race(e: BaseException) -> bool:
+    """An insert that lost a race with another worker's insert of the same key (PostgreSQL
+    ``UniqueViolation``, SQLite ``UNIQUE constraint failed``, MySQL ``Duplicate entry``)."""
+    text = str(e).lower()
+    return any(k in text for k in ("uniqueviolation", "duplicate key", "unique constraint", "duplicate entry"))
 
 
 class short_mlflow_requests:

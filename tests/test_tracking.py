@@ -430,3 +430,38 @@ def test_server_rest_api_reads_back_the_study(mlflow_server, record_property):
     assert parent["info"]["status"] == "FINISHED"
     assert {t["key"]: t["value"] for t in parent["data"]["tags"]}["allocopt.role"] == "study"
     assert runs["fail"] in {r["info"]["run_id"] for r in by_state["FAIL"]}
+
+
+def test_probe_retries_a_tag_insert_that_lost_a_race(tmp_path, monkeypatch):
+    """Two workers probing one fresh MLflow store insert the same ``allocopt.checked_at`` tag at
+    once; PostgreSQL refuses the second insert (UniqueViolation on ``experiment_tag_pk``, seen in
+    CI). The probe writes again (now an update) instead of refusing the study; any other error
+    still refuses it."""
+    from mlflow import MlflowClient
+
+    from allocopt.cli_common import probe_tracking
+    from allocopt.flops import ConfigError
+
+    real = MlflowClient.set_experiment_tag
+    calls = []
+
+    def lose_once(self, exp_id, key, value):
+        calls.append(key)
+        if len(calls) == 1:
+            raise RuntimeError('(psycopg.errors.UniqueViolation) duplicate key value violates unique '
+                               'constraint "experiment_tag_pk"')
+        return real(self, exp_id, key, value)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setattr(MlflowClient, "set_experiment_tag", lose_once)
+    probe_tracking("race", uri)
+    assert calls == ["allocopt.checked_at", "allocopt.checked_at"]
+    tags = MlflowClient(tracking_uri=uri).get_experiment_by_name("allocopt/race").tags
+    assert "allocopt.checked_at" in tags
+
+    def read_only(self, exp_id, key, value):
+        raise RuntimeError("attempt to write a readonly database")
+
+    monkeypatch.setattr(MlflowClient, "set_experiment_tag", read_only)
+    with pytest.raises(ConfigError, match="readonly"):
+        probe_tracking("race", uri)
