@@ -1,9 +1,10 @@
 """From an allocation and a FLOP budget to a runnable GRPO training plan.
 
 Standard library only. An :class:`Allocation` says *how* to split compute (update fraction
-ρ, group size G, reward system); a :class:`Workload` says *what* is trained (policy, reward
-models, rollout batch, expected token lengths, engine); :func:`make_plan` returns the
-:class:`TrialPlan` that the budget buys.
+ρ, group size G, reward system); a :class:`Workload` says *what* is trained: the policy's
+shape, the :class:`~allocopt.setup.TrainingSetup` (rollout batch, expected token lengths,
+LoRA, engine, …: every set-up field and its one default live there) and the reward models'
+shapes; :func:`make_plan` returns the :class:`TrialPlan` that the budget buys.
 
 How ρ is realized. Per iteration, search ``S`` and reward ``R`` FLOPs are fixed by the rollout
 batch; learning is ``L(k) = ref + old·[k > N] + (k / N)·T`` where ``N`` is the rollouts per
@@ -22,14 +23,13 @@ budget that works.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from allocopt.flops import ConfigError, FlopAccount, LoRASpec, ModelShape
-from allocopt.grpo_flops import Engine, GRPOStep, engine, grpo_step_flops
+from allocopt.flops import ConfigError, FlopAccount, ModelShape
+from allocopt.grpo_flops import GRPOStep, engine, grpo_step_flops
+from allocopt.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup
 
 REWARDS: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
 """Reward systems: three rule-based (0 FLOPs), two model-based."""
@@ -38,13 +38,6 @@ MODEL_BASED: frozenset[str] = frozenset({"proxy_prm", "prm"})
 
 RHO_TOLERANCE = 0.01
 """A plan is *realizable* when its ρ is within this of the asked ρ."""
-
-MAX_ROLLOUTS_PER_ITERATION = 65_536
-"""Most completions one iteration (prompts × G) may sample, and so the largest G. The FLOP
-accounting prices every row of a rollout batch (about 50 µs and a few tuple entries a row, so
-this bound keeps one pricing under ~4 s and a few MB); the largest published GRPO batches are
-this size (DeepSeekMath: 1,024 prompts × G = 64)."""
-
 
 class FrozenMap(dict):
     """A dict that is hashable (by its sorted items), so frozen configs holding one are too.
@@ -105,62 +98,55 @@ class Allocation:
                               f"{', '.join(REWARDS)}")
 
 
-def _default_reward_models() -> dict[str, ModelShape]:
+def default_reward_models() -> dict[str, ModelShape]:
+    """Reward-model shape per model-based reward system when a workload names none: the
+    ``prm`` Qwen2.5-Math-PRM-7B, the ``proxy_prm`` a 1.5B-size step scorer with a score head."""
     return {"prm": ModelShape.preset("Qwen/Qwen2.5-Math-PRM-7B"),
-            # A proxy PRM: a cheaper step scorer of 1.5B size with a score head.
             "proxy_prm": ModelShape(**{**asdict(ModelShape.preset("Qwen/Qwen2.5-1.5B")),
                                        "name": "proxy-prm-1.5b", "head": "score"})}
 
 
+_READ_THROUGH = frozenset(f.name for f in fields(TrainingSetup)) | {"lora", "reference"}
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What one trial trains and how: everything but the allocation."""
+    """What one trial trains and how: everything but the allocation.
+
+    The set-up's fields read through: ``workload.completion_tokens`` is
+    ``workload.setup.completion_tokens`` (and so on for every :class:`TrainingSetup` field,
+    ``lora`` and ``reference``); none is repeated here, so a default ``Workload(policy)``
+    prices the default ``TrainingSetup()``. Derived workloads: :meth:`with_setup`.
+    """
 
     policy: ModelShape
-    """The policy model."""
-    reward_models: Mapping[str, ModelShape] = field(default_factory=_default_reward_models)
-    """Reward-model shape per model-based reward system."""
-    rollouts_per_iteration: int = 64
-    """Completions sampled per iteration (prompts × G); prompts = this // G."""
-    prompt_tokens: float = 103.0
-    """Expected prompt length (tokens)."""
-    completion_tokens: float = 304.0
-    """Expected completion length (tokens, EOS included)."""
-    padded_completion_tokens: float | None = None
-    """Expected longest completion of a batch, for engines that pad (default: the mean)."""
-    steps_per_completion: float = 8.0
-    """Expected reasoning steps per completion (one PRM marker token each)."""
-    lora: LoRASpec | None = field(default_factory=lambda: LoRASpec(rank=32))
-    """LoRA adapters on the policy; ``None``: full fine-tuning."""
-    reference: bool = False
-    """A reference pass runs (KL penalty β > 0). Off by default, as in DAPO-style GRPO: with
-    β > 0 the reference forward is a fixed learning cost that puts a floor under ρ."""
-    gradient_checkpointing: bool = False
-    engine: str | Engine = "trl-vllm"
-    """Executed-FLOP model (:data:`allocopt.grpo_flops.ENGINES`)."""
-    max_completion_length: int | None = None
-    """Generation limit per completion (tokens) the driver runs with; part of the plan's
-    :attr:`TrialPlan.setup_fingerprint` (``None``: not pinned, the driver's own limit counts
-    as a mismatch unless it is also ``None``)."""
-    importance_sampling_correction: bool = False
-    """TRL's ``vllm_importance_sampling_correction``. On a ``trl-vllm`` engine it makes the
-    old-policy log-prob pass run on every iteration, which puts a floor under ρ (about 0.55
-    for Qwen2.5-1.5B at 103 + 304 tokens; :func:`allocopt.grpo_flops.old_logprobs_pass`).
-    Off by default for the runs allocopt plans (TRL's own default is on: ``allocopt account``
-    follows TRL, and ``ask`` writes the setting into the config it hands out)."""
+    """The policy model's shape."""
+    setup: TrainingSetup = field(default_factory=TrainingSetup)
+    """The training set-up plans are priced on and the driver runs."""
+    reward_models: Mapping[str, ModelShape] = field(default_factory=default_reward_models)
+    """Reward-model shape per model-based reward system (:func:`default_reward_models`)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.setup, TrainingSetup):
+            raise ConfigError(f"setup={self.setup!r}: must be a TrainingSetup")
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
-        n = self.rollouts_per_iteration
-        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= MAX_ROLLOUTS_PER_ITERATION:
-            raise ConfigError(f"rollouts_per_iteration={n!r}: must be an integer from 2 to "
-                              f"{MAX_ROLLOUTS_PER_ITERATION} (completions per iteration are priced "
-                              "row by row)")
-        for f in ("prompt_tokens", "completion_tokens"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
-                raise ConfigError(f"{f}={v!r}: must be a number of tokens >= 1")
-        engine(self.engine)  # raises for an unknown engine
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found on the workload itself
+        if name in _READ_THROUGH:
+            return getattr(self.setup, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def with_setup(self, **changes: Any) -> "Workload":
+        """This workload with set-up fields changed (``dataclasses.replace`` on the set-up:
+        the generation limit and the runner's defaults stay as they were resolved unless
+        given). Raises :class:`ConfigError` for a bad value, naming the field."""
+        return replace(self, setup=replace(self.setup, **changes))
+
+    def fingerprint(self, allocation: "Allocation | None" = None) -> str:
+        """:func:`~allocopt.setup.setup_fingerprint` of what :func:`make_plan` prices for
+        ``allocation`` (its own policy when it names one)."""
+        policy = self.policy if allocation is None else _policy(self, allocation)
+        return self.setup.fingerprint(policy)
 
 
 @dataclass(frozen=True)
@@ -192,9 +178,12 @@ class TrialPlan:
     realizable: bool
     """Whether ``|realized_rho - allocation.rho| <= RHO_TOLERANCE``."""
     setup_fingerprint: str = ""
-    """:func:`setup_fingerprint` of what the plan priced (policy shape, LoRA, engine,
-    checkpointing, reference pass, generation limit); the driver refuses to run a plan whose
-    fingerprint differs from what it is about to run."""
+    """:func:`~allocopt.setup.setup_fingerprint` of what the plan priced (policy shape, LoRA,
+    engine, checkpointing, reference pass, generation limit); the driver refuses to run a plan
+    whose fingerprint differs from what it is about to run."""
+    setup: TrainingSetup | None = None
+    """The set-up the plan priced (``model``: the allocation's when it names one), so that the
+    driver can name the fields where what it would run differs (``None``: not recorded)."""
 
     @property
     def budget_utilization(self) -> float:
@@ -217,34 +206,6 @@ class TrialPlan:
         out.update({f"expected_{k}": v for k, v in self.expected.to_dict().items()})
         out.update({f"per_iteration_{k}": v for k, v in self.per_iteration.executed.to_dict().items()})
         return out
-
-
-def setup_fingerprint(policy: ModelShape, *, lora: LoRASpec | None, engine_name: str,
-                      gradient_checkpointing: bool, reference: bool,
-                      max_completion_length: int | None,
-                      importance_sampling_correction: bool = True) -> str:
-    """A short hash (12 hex digits) of everything that decides a trial's FLOPs besides the
-    allocation and the token counts: the policy's widths (not its name: a hub id and its local
-    copy agree), LoRA rank and targets, engine name, gradient checkpointing, the reference
-    pass (β > 0), the generation limit and vLLM's importance-sampling correction (an old-policy
-    pass on every ``trl-vllm`` iteration). The plan stores it; the driver recomputes it from
-    the model it loaded and the settings it runs, and refuses a mismatch."""
-    shape = {k: v for k, v in asdict(policy).items() if k != "name"}
-    data = {"policy": shape, "lora": None if lora is None else [lora.rank, list(lora.target_modules)],
-            "engine": engine_name.split("+")[0], "gradient_checkpointing": bool(gradient_checkpointing),
-            "reference": bool(reference), "max_completion_length": max_completion_length,
-            "importance_sampling_correction": bool(importance_sampling_correction)}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def workload_fingerprint(workload: Workload, allocation: Allocation | None = None) -> str:
-    """:func:`setup_fingerprint` of what ``make_plan`` prices for ``allocation``'s policy."""
-    policy = workload.policy if allocation is None else _policy(workload, allocation)
-    return setup_fingerprint(policy, lora=workload.lora, engine_name=engine(workload.engine).name,
-                             gradient_checkpointing=workload.gradient_checkpointing,
-                             reference=workload.reference,
-                             max_completion_length=workload.max_completion_length,
-                             importance_sampling_correction=workload.importance_sampling_correction)
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
@@ -394,7 +355,8 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
         num_iterations_trl=max(1, math.ceil(k / N - 1e-9)), iterations=iterations,
         per_iteration=expected * (1 / iterations), expected=expected, realized_rho=realized,
         realizable=abs(realized - allocation.rho) <= RHO_TOLERANCE,
-        setup_fingerprint=workload_fingerprint(workload, allocation))
+        setup_fingerprint=workload.fingerprint(allocation),
+        setup=workload.setup if allocation.model is None else replace(workload.setup, model=allocation.model))
 
 
 def min_budget(allocation: Allocation, workload: Workload) -> int:
@@ -403,8 +365,6 @@ def min_budget(allocation: Allocation, workload: Workload) -> int:
     return iteration_flops(workload, allocation, rows_schedule(k, 0)).executed.total_flops
 
 
-__all__ = ["Allocation", "InfeasiblePlan", "MAX_ROLLOUTS_PER_ITERATION", "MODEL_BASED", "REWARDS",
-           "RHO_TOLERANCE",
-           "RULE_BASED", "TrialPlan", "Workload", "check_budget", "iteration_flops",
-           "expected_flops", "make_plan", "max_iterations", "min_budget", "rows_for_rho", "rows_schedule",
-           "setup_fingerprint", "workload_fingerprint"]
+__all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE", "RULE_BASED",
+           "TrialPlan", "Workload", "check_budget", "default_reward_models", "iteration_flops",
+           "expected_flops", "make_plan", "max_iterations", "min_budget", "rows_for_rho", "rows_schedule"]

@@ -195,7 +195,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
-    from allocopt.allocation import Allocation, _default_reward_models, make_plan
+    from allocopt.allocation import Allocation, Workload, default_reward_models, make_plan
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     given = dict(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
@@ -205,10 +205,10 @@ def plan(
                  runner=runner, max_completion_length=max_completion_length)
     # the set-up's own defaults (the ones account, the meter and the driver take) for the rest
     setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None})
-    reward_models = {**_default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
+    reward_models = {**default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
     policy = ModelShape.from_pretrained(setup.model)
     policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
-    w = setup.workload(policy, reward_models)
+    w = Workload(policy, setup, reward_models)
     p = make_plan(budget, alloc, w)
     if as_json:
         out.print_json(json.dumps(p.to_dict()))

@@ -100,22 +100,17 @@ def ask(
                                   target=target, objective=objective)
     st, spec = _load(study, storage, new)
     from objectives import get_objective
-    from allocopt.setup import TrainingSetup
 
     try:  # plans need the workload only, not a machine that can train
         obj = get_objective(spec.objective, **spec.objective_settings)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"objective={spec.objective!r}: {str(e).splitlines()[0]}") from None
     workload = obj.workload()
-    # the objective's training set-up (the one its plans price and its driver runs); an
-    # objective without one (synthetic) takes the set-up's defaults and the workload's limit
-    setup = obj.setup() if hasattr(obj, "setup") else TrainingSetup(
-        completion_tokens=workload.completion_tokens, max_completion_length=workload.max_completion_length,
-        padded_completion_tokens=workload.padded_completion_tokens)
+    setup = workload.setup  # the objective's training set-up: its plans price it, its driver runs it
     lr = learning_rate or setup.learning_rate
     max_len = setup.max_completion_length
     run_kw = dict(max_completion_length=max_len, temperature=setup.temperature, beta=setup.beta,
-                  gradient_checkpointing=workload.gradient_checkpointing)
+                  gradient_checkpointing=setup.gradient_checkpointing)
     from allocopt.study_open import make_sampler
 
     st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
@@ -133,7 +128,7 @@ def ask(
         if fmt == "trl":
             cfg = trl_config(run, learning_rate=lr, **run_kw, micro_batch=micro_batch,
                              num_processes=num_processes, seed=spec.seed + run.trial_number,
-                             importance_sampling_correction=workload.importance_sampling_correction)
+                             importance_sampling_correction=setup.importance_sampling_correction)
             (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
             info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
         else:

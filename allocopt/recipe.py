@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from allocopt.flops import ConfigError, FlopAccount, ModelShape
 from allocopt.grpo_flops import GRPOStep, grpo_step_flops
 from allocopt.lengths import DISTRIBUTIONS, read_lengths, steps_from_rows, synthetic_completions
-from allocopt.setup import TrainingSetup, default_max_completion_length
+from allocopt.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup, default_max_completion_length
 from allocopt.tomlio import read_toml
 
 ALIASES = {"reward_steps": "steps_per_completion"}
@@ -74,11 +74,9 @@ class AccountedRun:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
-        from allocopt.allocation import MAX_ROLLOUTS_PER_ITERATION as most
-
-        if self.prompts * self.group_size > most:  # every row is priced: bound time and memory
+        if self.prompts * self.group_size > MAX_ROLLOUTS_PER_ITERATION:  # every row is priced
             raise ConfigError(f"prompts x group_size={self.prompts} x {self.group_size}: must be "
-                              f"at most {most} completions per step (each row is priced)")
+                              f"at most {MAX_ROLLOUTS_PER_ITERATION} completions per step (each row is priced)")
         for f in ("update_passes", "completion_max"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

@@ -1,15 +1,19 @@
 """One training set-up: what a GRPO trial trains and how, read by the plan, the meter and the driver.
 
 Standard library only. A :class:`TrainingSetup` holds every setting of a run that is not a
-search variable (the allocation ρ, G, reward system) and not a token count measured from the
-data. From it come
+search variable (the allocation ρ, G, reward system): the policy, LoRA, engine, generation
+limit, optimizer settings, and the expected token lengths a plan is priced at (stated
+estimates; an objective replaces them with measured ones through
+:meth:`TrainingSetup.with_lengths`; they price a plan but do not change what runs). From it come
 
-* the :class:`~allocopt.allocation.Workload` a plan is priced on (:meth:`TrainingSetup.workload`),
-  whose plans carry :func:`~allocopt.allocation.setup_fingerprint`;
+* the :class:`~allocopt.allocation.Workload` a plan is priced on: the policy's shape, this
+  set-up and the reward models' shapes, nothing else (``Workload(policy, setup)``); its plans
+  carry the set-up and its :func:`setup_fingerprint`;
 * the driver's run (:func:`objectives.grpo.run_grpo` takes the set-up itself, and the seed:
   nothing else configures it), and with it the meter's per-iteration charge; the driver
   recomputes the fingerprint from the model it loaded (:func:`objectives.grpo.check_setup`)
-  and refuses a plan priced for another set-up (one line);
+  and refuses a plan priced for another set-up, in one line naming the fields that differ
+  (:meth:`TrainingSetup.priced_differences`);
 * what ``allocopt account`` and ``allocopt plan`` price: :func:`allocopt.recipe.read_recipe`
   reads the same fields (flags or TOML) into a :class:`TrainingSetup` plus what an account
   adds (steps, G, passes, a reward model, a length spread), so the same TOML gives the same
@@ -23,13 +27,25 @@ TRL ``GRPOTrainer`` job (``runner = "trl"``) takes ``GRPOConfig``'s defaults, bo
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
-from allocopt.allocation import MAX_ROLLOUTS_PER_ITERATION, Workload, setup_fingerprint
 from allocopt.flops import ConfigError, LoRASpec, ModelShape
 from allocopt.grpo_flops import ENGINES
+
+MAX_ROLLOUTS_PER_ITERATION = 65_536
+"""Most completions one iteration (prompts × G) may sample, and so the largest G. The FLOP
+accounting prices every row of a rollout batch (about 50 µs and a few tuple entries a row, so
+this bound keeps one pricing under ~4 s and a few MB); the largest published GRPO batches are
+this size (DeepSeekMath: 1,024 prompts × G = 64)."""
+
+PRICED_FIELDS: tuple[str, ...] = ("lora_rank", "lora_targets", "engine", "gradient_checkpointing",
+                                  "beta", "max_completion_length", "importance_sampling_correction")
+"""The set-up fields that decide a plan's FLOPs besides the policy's shape and the expected
+lengths: what :func:`setup_fingerprint` holds (``beta`` as whether a reference pass runs)."""
 
 RUNNERS: dict[str, dict[str, bool]] = {
     "allocopt": {"gradient_checkpointing": False, "importance_sampling_correction": False},
@@ -63,7 +79,10 @@ def default_max_completion_length(*longest: float | None) -> int:
 
 @dataclass(frozen=True)
 class TrainingSetup:
-    """Everything about a GRPO training run but the allocation and the measured lengths."""
+    """Everything about a GRPO training run but the allocation (ρ, G, reward system) and the
+    models' shapes; the expected lengths are stated estimates an objective may replace with
+    measured ones (:meth:`with_lengths`). Invalid values raise :class:`ConfigError`, one line
+    naming the field."""
 
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     """Policy: hub id, preset name or local folder (HF format)."""
@@ -196,33 +215,48 @@ class TrainingSetup:
         """Whether a reference log-prob pass runs (β > 0)."""
         return self.beta > 0
 
-    def workload(self, policy: ModelShape, reward_models: Mapping[str, ModelShape] | None = None) -> Workload:
-        """The :class:`~allocopt.allocation.Workload` plans are priced on.
-
-        Args:
-            policy: the policy's shape (from its ``config.json``).
-            reward_models: shape per model-based reward system (``proxy_prm``, ``prm``);
-                ``None``: the workload's defaults.
-        """
-        kw: dict[str, Any] = {} if reward_models is None else {"reward_models": dict(reward_models)}
-        return Workload(policy=policy, rollouts_per_iteration=self.rollouts_per_iteration,
-                        prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                        padded_completion_tokens=self.padded_completion_tokens,
-                        steps_per_completion=self.steps_per_completion, lora=self.lora,
-                        reference=self.reference, gradient_checkpointing=self.gradient_checkpointing,
-                        engine=self.engine, max_completion_length=self.max_completion_length,
-                        importance_sampling_correction=self.importance_sampling_correction, **kw)
-
     def fingerprint(self, policy: ModelShape) -> str:
-        """:func:`~allocopt.allocation.setup_fingerprint` of this set-up on ``policy``."""
+        """:func:`setup_fingerprint` of this set-up on ``policy`` (12 hex digits)."""
         return setup_fingerprint(policy, lora=self.lora, engine_name=self.engine,
                                  gradient_checkpointing=self.gradient_checkpointing,
                                  reference=self.reference,
                                  max_completion_length=self.max_completion_length,
                                  importance_sampling_correction=self.importance_sampling_correction)
 
+    def priced_differences(self, planned: "TrainingSetup") -> list[str]:
+        """Each of :data:`PRICED_FIELDS` where this set-up (the one about to run) differs from
+        ``planned`` (the one a plan priced), as ``"field=value (the plan priced other)"``, in
+        field order; ``[]`` when they price alike. Compared as they decide FLOPs: LoRA targets
+        as the modules they name (``all-linear`` is all seven), ``beta`` as whether it is > 0."""
+        def priced(s: TrainingSetup, f: str) -> Any:
+            if f == "lora_targets":
+                return s.lora.target_modules if s.lora else None
+            return s.reference if f == "beta" else getattr(s, f)
+
+        return [f"{f}={getattr(self, f)!r} (the plan priced {getattr(planned, f)!r})"
+                for f in PRICED_FIELDS if priced(self, f) != priced(planned, f)]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-__all__ = ["DEFAULT_MAX_COMPLETION_LENGTH", "RUNNERS", "TrainingSetup", "default_max_completion_length"]
+def setup_fingerprint(policy: ModelShape, *, lora: LoRASpec | None, engine_name: str,
+                      gradient_checkpointing: bool, reference: bool,
+                      max_completion_length: int | None,
+                      importance_sampling_correction: bool = True) -> str:
+    """A short hash (12 hex digits) of everything that decides a trial's FLOPs besides the
+    allocation and the token counts: the policy's widths (not its name: a hub id and its local
+    copy agree), LoRA rank and targets, engine name, gradient checkpointing, the reference
+    pass (β > 0), the generation limit and vLLM's importance-sampling correction (an old-policy
+    pass on every ``trl-vllm`` iteration). The plan stores it; the driver recomputes it from
+    the model it loaded and the settings it runs, and refuses a mismatch."""
+    shape = {k: v for k, v in asdict(policy).items() if k != "name"}
+    data = {"policy": shape, "lora": None if lora is None else [lora.rank, list(lora.target_modules)],
+            "engine": engine_name.split("+")[0], "gradient_checkpointing": bool(gradient_checkpointing),
+            "reference": bool(reference), "max_completion_length": max_completion_length,
+            "importance_sampling_correction": bool(importance_sampling_correction)}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+__all__ = ["DEFAULT_MAX_COMPLETION_LENGTH", "MAX_ROLLOUTS_PER_ITERATION", "PRICED_FIELDS", "RUNNERS",
+           "TrainingSetup", "default_max_completion_length", "setup_fingerprint"]

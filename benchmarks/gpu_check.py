@@ -64,7 +64,7 @@ def planned(size: str, iterations: int, model: str, prompt_tokens: float | None 
     linear, trl-vllm, allocopt's runner defaults, a 256-token limit) and the plan made from it:
     ρ 0.6, G 8, sparse, a budget of ``iterations + 0.5`` iterations. ``prompt_tokens``:
     measured, else the set-up's stated estimate."""
-    from allocopt.allocation import Allocation, make_plan
+    from allocopt.allocation import Allocation, Workload, make_plan
     from allocopt.flops import ModelShape
     from allocopt.setup import TrainingSetup
 
@@ -72,7 +72,7 @@ def planned(size: str, iterations: int, model: str, prompt_tokens: float | None 
                           completion_tokens=200, rollouts_per_iteration=64, lora_rank=32, lora_alpha=64)
     if prompt_tokens is not None:
         setup = setup.with_lengths(prompt_tokens=prompt_tokens)
-    w = setup.workload(ModelShape.from_config(json.loads(CONFIGS[size].read_text()), name=model))
+    w = Workload(ModelShape.from_config(json.loads(CONFIGS[size].read_text()), name=model), setup)
     alloc = Allocation(0.6, 8, "sparse")
     one = make_plan(1e30, alloc, w)
     return setup, make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)

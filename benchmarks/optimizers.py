@@ -126,7 +126,7 @@ def bench_workload(variant: str):
     """The workload trials are planned for: the synthetic objective's policy with 16 rollouts per
     iteration (the response does not depend on the workload; a small batch keeps ``make_plan``,
     about 0.06 s a call at 64 rollouts, out of the timings)."""
-    return replace(SyntheticObjective(variant=variant).workload(), rollouts_per_iteration=16)
+    return SyntheticObjective(variant=variant).workload().with_setup(rollouts_per_iteration=16)
 
 
 @dataclass(frozen=True)

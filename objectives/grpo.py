@@ -62,24 +62,30 @@ def step_learning_rate(setup: TrainingSetup, passes: int) -> float:
 def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> None:
     """Refuse to run ``plan`` with ``setup`` on ``policy`` (the shape of the model the driver
     loaded) unless it is what the plan priced: the plan's ``setup_fingerprint`` must be
-    ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked).
+    ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked). A mismatch
+    names the priced fields where ``setup`` differs from the plan's own set-up
+    (:meth:`~allocopt.setup.TrainingSetup.priced_differences`), else the model's shape.
 
     Raises:
-        SetupMismatch: one line naming what the driver would run and the plan's fingerprint.
+        SetupMismatch: one line naming each field that differs (or the model's shape when
+            only the shape does) and both fingerprints.
         ConfigError: ``setup.lora_rank`` is 0 (the driver trains LoRA adapters only).
     """
     if setup.lora_rank < 1:
         raise ConfigError(f"lora_rank={setup.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
     got = setup.fingerprint(policy)
-    if plan.setup_fingerprint and got != plan.setup_fingerprint:
-        raise SetupMismatch(
-            f"setup_fingerprint={got!r}: the driver would run {policy.num_layers} layers x "
-            f"d={policy.hidden_size}, LoRA r={setup.lora_rank} ({setup.lora_targets}), "
-            f"engine={setup.engine}, runner={setup.runner}, gradient_checkpointing="
-            f"{setup.gradient_checkpointing}, importance_sampling_correction="
-            f"{setup.importance_sampling_correction}, beta={setup.beta}, max_completion_length="
-            f"{setup.max_completion_length}, but the plan was priced for set-up "
-            f"{plan.setup_fingerprint!r}; make the plan from the same TrainingSetup")
+    if not plan.setup_fingerprint or got == plan.setup_fingerprint:
+        return
+    if plan.setup is None:
+        what = "a set-up the plan does not record"
+    else:  # the fields that differ; none: the model's shape does
+        what = ", ".join(setup.priced_differences(plan.setup)) or (
+            f"model={setup.model!r} ({policy.num_layers} layers x d={policy.hidden_size}, "
+            f"{policy.num_params() / 1e6:.1f}M parameters as loaded): not the shape the plan priced")
+    raise SetupMismatch(
+        f"{what}: the driver would run set-up {got!r} (runner={setup.runner}), the plan was "
+        f"priced for setup_fingerprint={plan.setup_fingerprint!r}; make the plan from the same "
+        "TrainingSetup")
 
 
 def _trainer_class():

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from allocopt.allocation import InfeasiblePlan, TrialPlan, Workload, _default_reward_models
+from allocopt.allocation import InfeasiblePlan, TrialPlan, Workload, default_reward_models
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.objective import ObjectiveUnavailable, TrialFailed, TrialResult  # noqa: F401  (re-exported)
 from allocopt.setup import TrainingSetup
@@ -239,14 +239,14 @@ class QwenObjective:
         with head ``value`` (its ``PRM_MODEL`` runs the LM head at every position too)."""
         from objectives.prm import PRM_FORMATS
 
-        reward_models = dict(_default_reward_models())
+        reward_models = default_reward_models()
         for key, name in (("prm", self.settings.reward_model_prm),
                           ("proxy_prm", self.settings.reward_model_proxy_prm)):
             if os.path.isdir(name):
                 reward_models[key] = ModelShape.from_pretrained(name)
             if (PRM_FORMATS.get(name) or _named_format(name)) == "skywork-o1-prm":
                 reward_models[key] = replace(reward_models[key], head="value", num_labels=1)
-        return self.setup().workload(self._policy_shape(), reward_models)
+        return Workload(self._policy_shape(), self.setup(), reward_models)
 
     def check_available(self) -> None:
         """Return if trials can run here, else raise.

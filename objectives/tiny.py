@@ -138,9 +138,8 @@ class TinyObjective:
     def workload(self) -> Workload:
         """The workload a plan is made for (:meth:`setup` on the world's models)."""
         w = self.world()
-        return self.setup().workload(
-            self._shape(w.policy),
-            reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)})
+        return Workload(self._shape(w.policy), self.setup(),
+                        reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)})
 
     def reward(self, name: str) -> Any:
         from objectives.rewards import make_reward

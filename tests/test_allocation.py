@@ -19,6 +19,7 @@ from allocopt.allocation import (
     rows_schedule,
 )
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.setup import TrainingSetup
 
 MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B"]
 ENGINES = ["trl-vllm", "trl-gpu", "trl-cpu"]
@@ -28,10 +29,10 @@ ENGINES = ["trl-vllm", "trl-gpu", "trl-cpu"]
 def cases(draw):
     alloc = Allocation(rho=draw(st.floats(0.02, 0.98)), group_size=draw(st.integers(2, 32)),
                        reward=draw(st.sampled_from(REWARDS)))
-    w = Workload(policy=ModelShape.preset(draw(st.sampled_from(MODELS))),
-                 rollouts_per_iteration=draw(st.integers(16, 256)),
-                 prompt_tokens=draw(st.floats(8, 600)), completion_tokens=draw(st.floats(8, 2000)),
-                 reference=draw(st.booleans()), engine=draw(st.sampled_from(ENGINES)))
+    w = Workload(ModelShape.preset(draw(st.sampled_from(MODELS))), TrainingSetup(
+        rollouts_per_iteration=draw(st.integers(16, 256)),
+        prompt_tokens=draw(st.floats(8, 600)), completion_tokens=draw(st.floats(8, 2000)),
+        beta=draw(st.sampled_from([0.0, 0.04])), engine=draw(st.sampled_from(ENGINES))))
     budget = 10 ** draw(st.floats(13, 22))
     return alloc, w, budget
 
@@ -76,7 +77,7 @@ def test_rho_realizable_in_paper_range_at_real_size(rho, G, reward):
     also across the jump where a second pass adds an old-policy log-prob pass (vLLM's
     importance-sampling correction off: with it on, that pass runs on every iteration and
     puts a floor under rho, tests/test_engines.py)."""
-    w = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), importance_sampling_correction=False)
+    w = Workload(ModelShape.preset("Qwen/Qwen2.5-1.5B"), TrainingSetup(importance_sampling_correction=False))
     p = make_plan(1e19, Allocation(rho, G, reward), w)
     assert p.realizable and abs(p.realized_rho - rho) <= RHO_TOLERANCE
 
@@ -127,8 +128,8 @@ def test_rows_for_rho_by_hand():
     """With rule-based reward and no reference pass, rho(k) = k*T / (S + k*T) for k <= N
     (T: learning FLOPs per row trained): solve for k by hand and compare. (No old-policy
     pass: vLLM's importance-sampling correction off.)"""
-    w = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), engine="trl-vllm",
-                 importance_sampling_correction=False)
+    w = Workload(ModelShape.preset("Qwen/Qwen2.5-1.5B"),
+                 TrainingSetup(engine="trl-vllm", importance_sampling_correction=False))
     a = Allocation(0.4, 8, "sparse")
     N = 64
     one = iteration_flops(w, a, N).executed  # mu = 1

@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from allocopt.allocation import Allocation, Workload, make_plan
-from allocopt.flops import LoRASpec, ModelShape
+from allocopt.flops import ModelShape
 from allocopt.recipe import price
+from allocopt.setup import TrainingSetup
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -46,10 +47,11 @@ def test_plan_json_matches_library():
     # plan's defaults are the set-up's (runner allocopt: no checkpointing, no IS correction),
     # written out here by hand
     p = make_plan(1e19, Allocation(0.5, 8, "prm"),
-                  Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), lora=LoRASpec(32),
-                           gradient_checkpointing=False, importance_sampling_correction=False,
-                           engine="trl-vllm", rollouts_per_iteration=64, prompt_tokens=103,
-                           completion_tokens=304, max_completion_length=1024))
+                  Workload(ModelShape.preset("Qwen/Qwen2.5-1.5B"), TrainingSetup(
+                      lora_rank=32, lora_targets="all-linear", gradient_checkpointing=False,
+                      importance_sampling_correction=False, engine="trl-vllm",
+                      rollouts_per_iteration=64, prompt_tokens=103, completion_tokens=304,
+                      max_completion_length=1024)))
     assert data["iterations"] == p.iterations and data["setup_fingerprint"] == p.setup_fingerprint
 
     assert data["expected_total_flops"] <= 1e19

@@ -55,18 +55,18 @@ def test_dry_run_checks_the_setups_and_plans_on_cpu(capsys, monkeypatch):
     planned = gpu_check.planned
 
     def trl_priced(size, iterations, model, prompt_tokens=None):
-        from dataclasses import replace
-
-        from allocopt.allocation import make_plan
+        from allocopt.allocation import Workload, make_plan
         from allocopt.flops import ModelShape
 
         setup, plan = planned(size, iterations, model, prompt_tokens)
-        trl = replace(setup, gradient_checkpointing=True, importance_sampling_correction=True)
-        w = trl.workload(ModelShape.from_config(json.loads(gpu_check.CONFIGS[size].read_text())))
+        w = Workload(ModelShape.from_config(json.loads(gpu_check.CONFIGS[size].read_text())),
+                     setup).with_setup(gradient_checkpointing=True, importance_sampling_correction=True)
         return setup, make_plan(plan.budget_flops, plan.allocation, w)
 
     monkeypatch.setattr(gpu_check, "planned", trl_priced)
     assert gpu_check.main(["--dry-run", "--models", "0.5b"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "gradient_checkpointing=False (the plan priced True), importance_sampling_correction=" \
+        "False (the plan priced True)" in captured.err
     assert "setup_fingerprint=" in captured.err and "make the plan from the same TrainingSetup" in captured.err

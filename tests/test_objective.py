@@ -120,7 +120,7 @@ class _Counting:
         self.runs = 0
 
     def workload(self) -> Workload:
-        return Workload(policy=ModelShape.from_pretrained("Qwen/Qwen2.5-1.5B"))
+        return Workload(ModelShape.from_pretrained("Qwen/Qwen2.5-1.5B"))
 
     def check_available(self) -> None:
         return None

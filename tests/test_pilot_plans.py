@@ -72,13 +72,11 @@ def test_the_meters_worst_case_can_refuse_a_planned_iteration(tiny):
     meter's stage-1 worst case (every completion at the generation limit) does not fit. (The
     tiny workload's padded length is the limit already, so its plans price the worst case;
     priced unpadded here.)"""
-    import dataclasses
-
     from allocopt.allocation import Allocation, min_budget
     from allocopt.race.design import PilotPoint
 
     _, tiny_workload = tiny
-    workload = dataclasses.replace(tiny_workload, padded_completion_tokens=tiny_workload.completion_tokens)
+    workload = tiny_workload.with_setup(padded_completion_tokens=tiny_workload.completion_tokens)
     a = Allocation(rho=0.5, group_size=4, reward="sparse")
     budget = min_budget(a, workload)
     pp = plan_pilot(PilotPoint(a), budget, workload)

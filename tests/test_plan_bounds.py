@@ -7,7 +7,6 @@ import time
 import pytest
 
 from allocopt.allocation import (
-    MAX_ROLLOUTS_PER_ITERATION,
     Allocation,
     Workload,
     expected_flops,
@@ -17,6 +16,7 @@ from allocopt.allocation import (
     rows_schedule,
 )
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.setup import MAX_ROLLOUTS_PER_ITERATION
 
 W = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"))
 ALLOCS = [Allocation(rho=0.3, group_size=4, reward="sparse"),
@@ -78,4 +78,4 @@ def test_group_size_above_the_bound_is_refused(g):
 @pytest.mark.parametrize("n", [1, MAX_ROLLOUTS_PER_ITERATION + 1, 2.5, True])
 def test_rollouts_outside_the_bounds_are_refused(n):
     with pytest.raises(ConfigError, match=r"rollouts_per_iteration=.*: must be an integer from 2 to"):
-        Workload(policy=W.policy, rollouts_per_iteration=n)
+        W.with_setup(rollouts_per_iteration=n)

@@ -104,9 +104,7 @@ def test_trial_in_its_own_process(qwen_world, tmp_path):
     assert result.targets["pass_at_1"] >= 0 and result.eval_flops > 0
     # a plan priced on 5-token prompts (the real ones are ~165): the meter's worst case of the
     # first batch does not fit, so the child reports an infeasible plan, nothing spent
-    import dataclasses
-
-    short = dataclasses.replace(w, prompt_tokens=5)
+    short = w.with_setup(prompt_tokens=5)
     tight = make_plan(min_budget(alloc, short), alloc, short)
     with pytest.raises(InfeasiblePlan):
         obj.run(tight, seed=1)

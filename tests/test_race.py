@@ -12,6 +12,7 @@ import pytest
 
 from allocopt.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.setup import TrainingSetup
 from allocopt.race import (Observation, RaceSettings, diagnose_group, pilot_grid, propose,
                            regime_of, run_race)
 from allocopt.spec import SearchSpace, StudySpec
@@ -62,7 +63,7 @@ class FakeTracker:
 
 def workload(**kw):
     """A light workload: 16 rollouts per iteration keeps make_plan fast."""
-    return Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"), rollouts_per_iteration=16, **kw)
+    return Workload(ModelShape.preset("Qwen/Qwen2.5-1.5B"), TrainingSetup(rollouts_per_iteration=16), **kw)
 
 
 def spec(**kw):
@@ -186,7 +187,7 @@ def test_proposals_never_exceed_the_budget():
     """A reward model so large that no prm plan fits the budget: the surrogate prefers prm
     (its pilots score best), yet every proposal is a feasible sparse plan within budget."""
     huge = replace(ModelShape.preset("Qwen/Qwen2.5-Math-PRM-7B"), num_layers=28 * 12, name="huge-prm")
-    w = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"), rollouts_per_iteration=16,
+    w = Workload(ModelShape.preset("Qwen/Qwen2.5-0.5B"), TrainingSetup(rollouts_per_iteration=16),
                  reward_models={"prm": huge})
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
     settings = RaceSettings(rho_grid=8)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.allocation import Allocation, make_plan, min_budget
+from allocopt.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.setup import TrainingSetup
+from allocopt.setup import PRICED_FIELDS, TrainingSetup
 
 POLICY = ModelShape.preset("Qwen/Qwen2.5-0.5B")
 SAMPLE = str(Path(__file__).resolve().parents[1] / "objectives" / "data" / "polaris_sample" / "train.jsonl")
@@ -22,7 +22,7 @@ def test_plan_fingerprint_is_the_drivers():
 
     setup = TrainingSetup(lora_rank=16, engine="trl-gpu", gradient_checkpointing=True, beta=0.04,
                           max_completion_length=512, completion_tokens=300)
-    w = setup.workload(POLICY)
+    w = Workload(POLICY, setup)
     alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
     plan = make_plan(10 * min_budget(alloc, w), alloc, w)
     # the driver's own check, on a shape read another way (config dict, other name): passes
@@ -33,6 +33,86 @@ def test_plan_fingerprint_is_the_drivers():
     # the workload carries every set-up field the plan prices
     assert (w.lora.rank, w.engine, w.gradient_checkpointing, w.reference, w.max_completion_length,
             w.rollouts_per_iteration) == (16, "trl-gpu", True, True, 512, 64)
+
+
+def test_a_default_workload_prices_the_default_setup():
+    """``Workload(policy)`` holds no set-up field of its own: it prices ``TrainingSetup()``,
+    field for field (the generation limit 1024 tokens, not unset), with the same fingerprint
+    and the same plan; it survives pickling (plans go to a trial's own process)."""
+    import pickle
+
+    w, setup = Workload(POLICY), TrainingSetup()
+    assert [f.name for f in dataclasses.fields(Workload)] == ["policy", "setup", "reward_models"]
+    assert w.setup == setup
+    for f in dataclasses.fields(TrainingSetup):  # every field reads through, one default
+        assert getattr(w, f.name) == getattr(setup, f.name), f.name
+    assert (w.max_completion_length, w.gradient_checkpointing, w.importance_sampling_correction,
+            w.rollouts_per_iteration, w.engine) == (1024, False, False, 64, "trl-vllm")
+    assert (w.lora.rank, w.reference) == (32, False)
+    assert w.fingerprint() == setup.fingerprint(POLICY)
+    alloc = Allocation(rho=0.5, group_size=8, reward="prm")
+    plan = make_plan(1e19, alloc, w)
+    assert plan == make_plan(1e19, alloc, Workload(POLICY, setup))
+    assert plan.setup_fingerprint == setup.fingerprint(POLICY) and plan.setup == setup
+    assert pickle.loads(pickle.dumps(w)) == w and pickle.loads(pickle.dumps(plan)) == plan
+    with pytest.raises(AttributeError, match="no attribute 'lora_rnak'"):
+        w.lora_rnak  # noqa: B018
+
+
+def test_with_setup_derives_a_workload():
+    w = Workload(POLICY, TrainingSetup(completion_tokens=300))
+    short = w.with_setup(completion_tokens=100.0, prompt_tokens=50.0)
+    assert (short.completion_tokens, short.prompt_tokens, short.policy, short.reward_models) == \
+        (100.0, 50.0, w.policy, w.reward_models)
+    assert short.max_completion_length == w.max_completion_length == 1024  # resolved once
+    assert short.fingerprint() == w.fingerprint()  # lengths price a plan, they are not the set-up
+    assert w.with_setup(lora_rank=8).fingerprint() != w.fingerprint()
+    with pytest.raises(ConfigError, match=r"^rollouts_per_iteration=1: must be an integer from 2"):
+        w.with_setup(rollouts_per_iteration=1)
+
+
+CHANGED = {"lora_rank": 8, "lora_targets": "q_proj,v_proj", "engine": "trl-cpu",
+           "gradient_checkpointing": True, "beta": 0.04, "max_completion_length": 2048,
+           "importance_sampling_correction": True}
+
+
+def test_every_priced_field_has_a_change_below():
+    assert set(CHANGED) == set(PRICED_FIELDS)
+
+
+@pytest.mark.parametrize("field", sorted(CHANGED))
+def test_the_driver_names_the_field_a_changed_setup_differs_in(field):
+    """A plan made from a set-up passes the driver's check with that set-up (and with one
+    whose unpriced fields or expected lengths differ); a set-up with one priced field
+    changed is refused in one line that starts with that field, its value and the plan's."""
+    from objectives.grpo import SetupMismatch, check_setup
+
+    setup = TrainingSetup(completion_tokens=300)
+    w = Workload(POLICY, setup)
+    alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
+    plan = make_plan(10 * min_budget(alloc, w), alloc, w)
+    check_setup(plan, setup, POLICY)
+    check_setup(plan, dataclasses.replace(setup, learning_rate=3e-4, temperature=0.7, lora_alpha=8,
+                                          completion_tokens=500.0, prompt_tokens=160.0), POLICY)
+    changed = dataclasses.replace(setup, **{field: CHANGED[field]})
+    with pytest.raises(SetupMismatch) as e:
+        check_setup(plan, changed, POLICY)
+    msg = str(e.value)
+    planned = {"beta": 0.0}.get(field, getattr(setup, field))
+    assert "\n" not in msg and msg.startswith(f"{field}={CHANGED[field]!r} (the plan priced {planned!r}):")
+    assert plan.setup_fingerprint in msg and changed.fingerprint(POLICY) in msg
+
+
+def test_the_driver_names_the_model_when_only_its_shape_differs():
+    from objectives.grpo import SetupMismatch, check_setup
+
+    w = Workload(POLICY)
+    alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
+    plan = make_plan(1e19, alloc, w)
+    deeper = dataclasses.replace(POLICY, num_layers=POLICY.num_layers + 4)
+    with pytest.raises(SetupMismatch, match=rf"^model='Qwen/Qwen2.5-1.5B-Instruct' \({POLICY.num_layers + 4} "
+                                            "layers x d=896, .*: not the shape the plan priced"):
+        check_setup(plan, TrainingSetup(), deeper)
 
 
 def test_one_default_per_field_the_runner_named():
@@ -99,20 +179,21 @@ def test_driver_refuses_a_plan_priced_for_another_setup():
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
                           completion_tokens=12, rollouts_per_iteration=8, prompt_tokens=10)
-    w = setup.workload(ModelShape.from_config(policy_config("tiny").to_dict()))
+    w = Workload(ModelShape.from_config(policy_config("tiny").to_dict()), setup)
     alloc = Allocation(rho=0.5, group_size=4, reward="sparse")
     plan = make_plan(3 * min_budget(alloc, w), alloc, w)
     model = build_policy("tiny", seed=0)
-    for wrong, shown in ((dataclasses.replace(setup, lora_rank=4), "LoRA r=4"),
+    for wrong, shown in ((dataclasses.replace(setup, lora_rank=4), "lora_rank=4 (the plan priced 8):"),
                          # a plain TRL job's defaults (checkpointing, IS correction): not planned
                          (TrainingSetup(**{**setup.to_dict(), "runner": "trl",
                                            "gradient_checkpointing": None,
                                            "importance_sampling_correction": None}),
-                          "gradient_checkpointing=True, importance_sampling_correction=True")):
+                          "gradient_checkpointing=True (the plan priced False), "
+                          "importance_sampling_correction=True (the plan priced False):")):
         with pytest.raises(SetupMismatch) as e:  # before TRL is touched: no tokenizer, no rows
             run_grpo(plan, model=model, tokenizer=None, train_rows=[], reward=None, setup=wrong)
         msg = str(e.value)
-        assert "\n" not in msg and shown in msg and plan.setup_fingerprint in msg
+        assert "\n" not in msg and msg.startswith(shown) and plan.setup_fingerprint in msg
         assert wrong.fingerprint(w.policy) in msg
 
 
@@ -127,7 +208,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
                           completion_tokens=300, prompt_tokens=100)
-    w = setup.workload(POLICY)
+    w = Workload(POLICY, setup)
     alloc = Allocation(rho=0.3, group_size=8, reward="sparse")
     plan = make_plan(50 * min_budget(alloc, w), alloc, w)
     N = plan.rollouts_per_iteration
@@ -189,7 +270,7 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
     from typer.testing import CliRunner
 
     import objectives.qwen as qwen_mod
-    from allocopt.allocation import setup_fingerprint
+    from allocopt.setup import setup_fingerprint
     from allocopt.cli import app
     from allocopt.flops import LoRASpec
     from allocopt.recipe import read_recipe
@@ -225,6 +306,7 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
     trl_setup, _ = read_recipe(f, runner="trl")
     assert (trl_setup.gradient_checkpointing, trl_setup.importance_sampling_correction) == (True, True)
     assert trl_setup.fingerprint(loaded) != by_hand
-    trl_w = trl_setup.with_lengths(rollouts_per_iteration=w.rollouts_per_iteration).workload(loaded)
-    with pytest.raises(SetupMismatch, match="gradient_checkpointing=False, importance_sampling_correction=False"):
+    trl_w = Workload(loaded, trl_setup.with_lengths(rollouts_per_iteration=w.rollouts_per_iteration))
+    with pytest.raises(SetupMismatch, match=r"^gradient_checkpointing=False \(the plan priced True\), "
+                                            r"importance_sampling_correction=False \(the plan priced True\):"):
         check_setup(make_plan(3 * min_budget(alloc, trl_w), alloc, trl_w), setup, loaded)

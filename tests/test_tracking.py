@@ -57,7 +57,7 @@ def store(tmp_path, template_db) -> str:
 
 
 def _plan(rho: float, reward: str, budget: int = BUDGET, group_size: int = 8):
-    workload = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-1.5B"))
+    workload = Workload(ModelShape.preset("Qwen/Qwen2.5-1.5B"))
     return make_plan(budget, Allocation(rho, group_size, reward), workload)
 
 

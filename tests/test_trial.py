@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from allocopt.allocation import (REWARDS, Allocation, InfeasiblePlan, TrialPlan, Workload,
                                  make_plan, min_budget)
-from allocopt.flops import ConfigError, LoRASpec, ModelShape
+from allocopt.flops import ConfigError, ModelShape
 from allocopt.meter import FlopMeter
 from allocopt.setup import TrainingSetup
 from objectives.grpo import TrialFailed, TrialResult, run_grpo
@@ -44,8 +44,8 @@ N = 8
 """Rollouts per iteration: 2 prompts x G."""
 SETUP = TrainingSetup(model="tiny", max_completion_length=C, completion_tokens=C, lora_rank=8,
                       lora_alpha=16, engine="trl-cpu", learning_rate=1e-3, rollouts_per_iteration=N)
-"""The set-up the driver runs; the plans below are priced on a :class:`Workload` built apart
-(:meth:`World.workload`), so the driver's fingerprint check compares two constructions."""
+"""The set-up the driver runs; the plans below are priced on it (:meth:`World.workload`: the
+world's shapes and measured prompt length), and the driver checks the plan's fingerprint."""
 BUDGET_FACTOR = 2.5
 """Budgets in units of the smallest feasible one (one iteration): two planned iterations and
 half an iteration to spare, so the last admission decision is a close one."""
@@ -64,14 +64,12 @@ class World:
     def workload(self, reward_models: dict[str, Any] | None = None) -> Workload:
         models = self.reward_models if reward_models is None else reward_models
         return Workload(
-            policy=ModelShape.from_config(policy_config("tiny").to_dict()),
-            reward_models={name: reward_shape(m) for name, m in models.items()},
-            rollouts_per_iteration=N,
+            ModelShape.from_config(policy_config("tiny").to_dict()),
             # the longest training prompt (1 char = 1 token): the meter admits an iteration on
             # the batch's longest prompt, so planning on it keeps 2 planned iterations runnable
-            prompt_tokens=max(len(r["prompt"]) for r in self.rows), completion_tokens=C,
-            padded_completion_tokens=C, steps_per_completion=1, lora=LoRASpec(SETUP.lora_rank),
-            engine=SETUP.engine, max_completion_length=C)
+            SETUP.with_lengths(prompt_tokens=max(len(r["prompt"]) for r in self.rows),
+                               padded_completion_tokens=C, steps_per_completion=1),
+            reward_models={name: reward_shape(m) for name, m in models.items()})
 
     def reward(self, name: str, models: dict[str, Any] | None = None) -> Any:
         models = self.reward_models if models is None else models
@@ -370,9 +368,7 @@ def test_each_pass_steps_at_the_learning_rate_trl_runs(world, divide, monkeypatc
 def short_workload(world: World) -> Workload:
     """The test workload priced at a third of the generation limit: its plans buy iterations
     the meter's worst case (every completion at the limit) may not fit."""
-    from dataclasses import replace
-
-    return replace(world.workload(), completion_tokens=C // 3, padded_completion_tokens=C // 3)
+    return world.workload().with_setup(completion_tokens=C // 3, padded_completion_tokens=C // 3)
 
 
 def test_a_budget_below_the_first_worst_case_is_infeasible_not_an_untrained_trial(world):

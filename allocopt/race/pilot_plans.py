@@ -69,11 +69,10 @@ class PilotPlan:
 
 def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int) -> int:
     """Stage-1 bound of one iteration: search + learning with every completion at
-    ``workload.max_completion_length`` (the expected lengths when the workload has no limit)."""
+    ``workload.max_completion_length``."""
     c = workload.max_completion_length
-    w = workload if c is None else dataclasses.replace(workload, completion_tokens=c,
-                                                       padded_completion_tokens=c)
-    e = iteration_flops(w, allocation, rows).executed
+    e = iteration_flops(workload.with_setup(completion_tokens=c, padded_completion_tokens=c),
+                        allocation, rows).executed
     return e.search_flops + e.learning_flops
 
 
