@@ -96,8 +96,9 @@ class Objective(Protocol):
     """The registered name (``tiny``, ``synthetic``, ``qwen``); MLflow tag ``allocopt.objective``."""
 
     def workload(self) -> Workload:
-        """What plans are made for: policy shape, reward models, rollout batch, lengths, engine.
-        Needs no accelerator (``--dry-run`` and planning use it on any machine)."""
+        """What plans are made for: the policy's shape, the :class:`~allocopt.setup.TrainingSetup`
+        the objective's driver runs (rollout batch, lengths, engine, …) and the reward models'
+        shapes. Needs no accelerator (``--dry-run`` and planning use it on any machine)."""
         ...
 
     def check_available(self) -> None:
