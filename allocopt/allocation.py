@@ -137,10 +137,10 @@ class Workload:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def with_setup(self, **changes: Any) -> "Workload":
-        """This workload with set-up fields changed (``dataclasses.replace`` on the set-up:
-        the generation limit and the runner's defaults stay as they were resolved unless
-        given). Raises :class:`ConfigError` for a bad value, naming the field."""
-        return replace(self, setup=replace(self.setup, **changes))
+        """This workload with set-up fields changed (the generation limit and the runner's
+        defaults stay as they were resolved unless given). Raises :class:`ConfigError` for an
+        unknown field or a bad value, naming it."""
+        return replace(self, setup=TrainingSetup.from_mapping({**self.setup.to_dict(), **changes}))
 
     def fingerprint(self, allocation: "Allocation | None" = None) -> str:
         """:func:`~allocopt.setup.setup_fingerprint` of what :func:`make_plan` prices for

@@ -69,6 +69,8 @@ def test_with_setup_derives_a_workload():
     assert w.with_setup(lora_rank=8).fingerprint() != w.fingerprint()
     with pytest.raises(ConfigError, match=r"^rollouts_per_iteration=1: must be an integer from 2"):
         w.with_setup(rollouts_per_iteration=1)
+    with pytest.raises(ConfigError, match=r"^setting 'lora_rnak': unknown; allowed: "):
+        w.with_setup(lora_rnak=8)
 
 
 CHANGED = {"lora_rank": 8, "lora_targets": "q_proj,v_proj", "engine": "trl-cpu",

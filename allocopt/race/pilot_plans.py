@@ -26,6 +26,7 @@ Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -67,12 +68,17 @@ class PilotPlan:
         return self.realizable and self.budget_use >= MIN_PILOT_USE
 
 
+@functools.lru_cache(maxsize=64)
+def _at_limit(workload: Workload) -> Workload:
+    """``workload`` with every completion at its generation limit."""
+    c = workload.max_completion_length
+    return workload.with_setup(completion_tokens=c, padded_completion_tokens=c)
+
+
 def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int) -> int:
     """Stage-1 bound of one iteration: search + learning with every completion at
     ``workload.max_completion_length``."""
-    c = workload.max_completion_length
-    e = iteration_flops(workload.with_setup(completion_tokens=c, padded_completion_tokens=c),
-                        allocation, rows).executed
+    e = iteration_flops(_at_limit(workload), allocation, rows).executed
     return e.search_flops + e.learning_flops
 
 
