@@ -139,7 +139,7 @@ def _spec(key: str) -> str:
 
 # ---------------------------------------------------------------------------- pareto
 def pareto(
-    objectives: str = typer.Option(..., "--objectives", help="Comma-separated targets or fields, e.g. pass@1,judge or judge,total_flops."),
+    objectives: Optional[str] = typer.Option(None, "--objectives", help="Comma-separated targets or fields, e.g. pass@1,judge or judge,total_flops \\[default: the study's targets, when it has two or more]."),
     study: Optional[str] = _STUDY,
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
@@ -152,8 +152,8 @@ def pareto(
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
     from allocopt.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
 
-    names = _split(objectives, "objectives")
     rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
+    names = _split(objectives, "objectives") if objectives else _stored_objectives(study, storage, from_mlflow, mlflow_uri)
     keys = check_fields(rows, names)
     dirs = _split(directions, "directions") if directions else [default_direction(k) for k in keys]
     front = pareto_front(rows, keys, dirs)
@@ -173,7 +173,7 @@ def pareto(
 
 # ------------------------------------------------------------------------------ best
 def best(
-    target: str = typer.Option(..., "--target", help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (or a field such as total_flops)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (or a field such as total_flops) \\[default: the study's target, when it has one]."),
     study: Optional[str] = _STUDY,
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
@@ -188,6 +188,8 @@ def best(
     from allocopt.pareto import number
 
     rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
+    if target is None:
+        target = _stored_target(study, storage, from_mlflow, mlflow_uri)
     (key,) = check_fields(rows, [target], "target")
     d = direction or default_direction(key)
     b = best_of(rows, key, d)
@@ -230,18 +232,71 @@ def best(
                               [key], rows))
 
 
-def _recommendation(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
-                    mlflow_uri: Optional[str]) -> dict | None:
-    """The study's recommendation (:func:`allocopt.answer.recommendation_dict`, stored by a RACE
-    study): the Optuna study's user attribute ``recommendation``, or for one ``--from-mlflow``
-    experiment its parent run's ``allocopt.recommended.*`` tags and ``recommended_*`` metrics.
-    ``None`` when there is none (plain BO, several experiments, nothing recorded yet)."""
-    if study:
-        import optuna
+def _stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                    mlflow_uri: Optional[str]) -> list[str]:
+    """The targets the study was run for, as spelled for people (``pass@1``): the stored spec
+    (user attribute ``spec``, as ``report`` reads it), else the objectives' names
+    (``study.metric_names``, set by ``allocopt study``); for one ``--from-mlflow`` experiment its
+    parent run's ``target`` param. ``[]`` when nothing is stored."""
+    from allocopt.spec import TARGETS
 
-        return optuna.load_study(study_name=study, storage=storage).user_attrs.get("recommendation")
+    if study:
+        from allocopt.query_sources import open_study_for_query
+
+        st = open_study_for_query(storage, study)
+        stored = (st.user_attrs.get("spec") or {}).get("target")
+        names = [stored] if isinstance(stored, str) else list(stored or []) or list(st.metric_names or [])
+    else:
+        raw = next((r.data.params["target"] for r in _parent_runs(from_mlflow, mlflow_uri)
+                    if r.data.params.get("target")), "")
+        try:
+            names = json.loads(raw) if raw.startswith("[") else [raw] if raw else []
+        except ValueError:
+            names = []
+    return [str(n) for n in names if n in TARGETS]
+
+
+def _stored_target(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                   mlflow_uri: Optional[str]) -> str:
+    """``best``'s target when ``--target`` is not given: the study's one stored target.
+
+    Raises:
+        QueryError: none stored (several ``--from-mlflow`` experiments, a study run elsewhere) or
+            several (a multi-objective study: ``best`` of which one is a choice, ``pareto`` shows
+            the trade-off).
+    """
+    names = _stored_targets(study, storage, from_mlflow, mlflow_uri)
+    if len(names) == 1:
+        return names[0]
+    where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
+    if names:
+        raise _problem(f"target=None: {where} has {len(names)} targets ({', '.join(names)}); give "
+                       "--target one of them, or see them together with `allocopt pareto`")
+    raise _problem(f"target=None: {where} stores no target; give --target (native_reward, pass@1, "
+                   "pass@1:gsm8k, pass@1:math500, judge or a field such as total_flops)")
+
+
+def _stored_objectives(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                       mlflow_uri: Optional[str]) -> list[str]:
+    """``pareto``'s objectives when ``--objectives`` is not given: the study's stored targets.
+
+    Raises:
+        QueryError: fewer than two stored.
+    """
+    names = _stored_targets(study, storage, from_mlflow, mlflow_uri)
+    if len(names) >= 2:
+        return names
+    where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
+    has = f"one target ({names[0]})" if names else "no target"
+    raise _problem(f"objectives=None: {where} stores {has}; give --objectives with two or more, "
+                   "e.g. pass@1,judge or judge,total_flops")
+
+
+def _parent_runs(from_mlflow: Optional[List[str]], mlflow_uri: Optional[str]) -> list[Any]:
+    """The study's parent runs (tag ``allocopt.role=study``, at most 5) of the one
+    ``--from-mlflow`` experiment; ``[]`` for several experiments or none found."""
     if not from_mlflow or len(from_mlflow) != 1:
-        return None
+        return []
     from mlflow import MlflowClient
 
     from allocopt.cli_common import short_mlflow_requests
@@ -253,7 +308,20 @@ def _recommendation(study: Optional[str], storage: str, from_mlflow: Optional[Li
         exp = client.get_experiment_by_name(name)
         runs = [] if exp is None else client.search_runs(
             [exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'", max_results=5)
-    for run in runs:
+    return list(runs)
+
+
+def _recommendation(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                    mlflow_uri: Optional[str]) -> dict | None:
+    """The study's recommendation (:func:`allocopt.answer.recommendation_dict`, stored by a RACE
+    study): the Optuna study's user attribute ``recommendation``, or for one ``--from-mlflow``
+    experiment its parent run's ``allocopt.recommended.*`` tags and ``recommended_*`` metrics.
+    ``None`` when there is none (plain BO, several experiments, nothing recorded yet)."""
+    if study:
+        import optuna
+
+        return optuna.load_study(study_name=study, storage=storage).user_attrs.get("recommendation")
+    for run in _parent_runs(from_mlflow, mlflow_uri):
         tags, metrics = run.data.tags, run.data.metrics
         a = {k[len("allocopt.recommended."):]: v for k, v in tags.items() if k.startswith("allocopt.recommended.")}
         if {"rho", "group_size", "reward"} <= set(a):

@@ -48,17 +48,18 @@ def regime_table(diagnoses: list[Any], pilot_budget: float, target: str, show_mo
             if show_model and d.model != m:
                 continue
             lo, hi = d.rho_interval
-            t.add_row(d.reward, str(d.num_trials), f"{_f(d.rho, '.2f')}±{_f(d.rho_sd, '.2f')}",
-                      f"{_f(lo, '.2f')}-{_f(hi, '.2f')}", str(d.group_size),
+            known = not math.isnan(d.rho)
+            t.add_row(d.reward, str(d.num_trials), f"{_f(d.rho, '.2f')}±{_f(d.rho_sd, '.2f')}" if known else "unknown",
+                      f"{_f(lo, '.2f')}-{_f(hi, '.2f')}", str(d.group_size) if known else "-",
                       f"{_f(d.slope_low, '+.2f')}/{_f(d.slope_high, '+.2f')}", _f(d.reward_share, ".0%"),
-                      f"{d.regime} ({_f(d.probability, '.0%')})")
+                      f"{d.regime} ({_f(d.probability, '.0%')})" if d.probability > 0 else d.regime)
             if d.note:
                 notes.append(f"{d.reward}" + (f" ({_short_model(d.model)})" if show_model else "")
                              + f": {d.note}")
         parts.append(t)
     parts += [Text(f"note: {n}") for n in notes]
-    parts.append(Text("rho*: maximizer of a local quadratic fit of the target in rho (wild "
-                      "bootstrap: sd, CI, P); slopes: d target/d rho at the ends of the range; "
+    parts.append(Text("rho*: maximizer of a local quadratic fit of the target in rho (sd, 90% "
+                      "CI and P from its approximate posterior); slopes: d target/d rho at the ends of the range; "
                       "rwd: reward FLOPs / total at rho*", style="dim"))
     return Group(*parts)
 

@@ -155,9 +155,11 @@ def regime_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[str]:
                                                         "the optimum may lie beyond")
             body.append([e(d.reward) + (" (recommended)" if d.reward == rec_reward else ""),
                          *([e(d.model or "–")] if models else []), str(d.num_trials),
-                         f"{_fmt(d.rho, '.2f')} ± {_fmt(d.rho_sd, '.2f')}", f"{_fmt(lo, '.2f')}–{_fmt(hi, '.2f')}",
-                         e(str(d.group_size)), f"{_fmt(d.slope_low, '+.2f')} / {_fmt(d.slope_high, '+.2f')}",
-                         _fmt(d.reward_share, '.0%'), e(f"{d.regime} ({_fmt(d.probability, '.0%')})"), e(note)])
+                         f"{_fmt(d.rho, '.2f')} ± {_fmt(d.rho_sd, '.2f')}" if math.isfinite(d.rho) else "unknown",
+                         f"{_fmt(lo, '.2f')}–{_fmt(hi, '.2f')}",
+                         e(str(d.group_size)) if math.isfinite(d.rho) else "–",
+                         f"{_fmt(d.slope_low, '+.2f')} / {_fmt(d.slope_high, '+.2f')}", _fmt(d.reward_share, '.0%'),
+                         e(f"{d.regime} ({_fmt(d.probability, '.0%')})" if d.probability > 0 else d.regime), e(note)])
         head = ["reward", *(["model"] if models else []), "pilots", "ρ* ± sd", "90% CI of ρ*", "G",
                 "slope low / high", "reward share", "regime (P)", "note"]
         parts.append(_table(head, body, left=(0, 1, len(head) - 2, len(head) - 1) if models else (0, len(head) - 2, len(head) - 1)))
@@ -235,7 +237,7 @@ def _html(rows: Sequence[Any], title: str, keys: Sequence[str], pair: Sequence[s
                              for k in ("search_share", "learning_share", "reward_share")) if b else "–")
         trial = (f"{b['study']}#{b['number']}" if len(studies) > 1 else f"#{b['number']}") if b else "–"
         s = row["rho_star"]
-        star, ci, how = "–", "–", ""
+        star, ci, how = "–", "–", "too few trials to fit" if b else ""
         if s is not None:
             star = _fmt(s.rho, ".2f")
             ci = f"{_fmt(s.interval[0], '.2f')}–{_fmt(s.interval[1], '.2f')}" if s.source != "recommendation" else "–"

@@ -156,7 +156,8 @@ def rho_estimate(rows: Sequence[Any], reward: str, target: str, *, settings: Any
     """ρ* of ``reward`` for ``target`` (module docstring): the recommendation's ρ when it is for
     this reward system and target, else RACE's local quadratic (:func:`allocopt.race.diagnose_group`)
     over the complete full-budget trials of one budget, over the ρ range they span; with fewer
-    than 3 distinct ρ there, over the pilots of one budget; else ``None``.
+    than 3 distinct ρ there (or too few near the optimum for the fit), over the pilots of one
+    budget; else ``None``.
     """
     from allocopt.race import RaceSettings, diagnose_group
 
@@ -183,6 +184,8 @@ def rho_estimate(rows: Sequence[Any], reward: str, target: str, *, settings: Any
         obs = observations_of(use, key)
         lo, hi = min(rhos), max(rhos)
         d = diagnose_group(obs, (lo, hi), settings or RaceSettings(), seed=seed)
+        if not math.isfinite(d.rho):
+            continue  # too few trials near the optimum to fit (d.note)
         return RhoEstimate(reward, key, d.rho, d.rho_interval, d.value, source, len(obs), (lo, hi),
                            at_edge=min(d.rho - lo, hi - d.rho) <= EDGE_TOL)
     return None

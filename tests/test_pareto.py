@@ -256,12 +256,75 @@ def test_cli_best_from_optuna_and_across_mlflow_studies(studies, capsys):
     assert rc == 0 and "Best observed trial for pass@1" in out and f"{want.study} #{want.number}" in out
 
 
+def test_cli_best_defaults_to_the_studys_target(studies, capsys):
+    """Study a stores one target (pass@1): `best` without --target answers for it, from Optuna
+    and from its one MLflow experiment (the parent run's target param), as with --target pass@1."""
+    rc, out, _ = cli(capsys, "best", "--study", "a", "--storage", studies["storage"], "--json")
+    assert rc == 0
+    got = json.loads(out)
+    want = best([r for r in load_rows_from_study(studies["storage"], "a") if r.fidelity == "full"], "pass@1")
+    assert got["target"] == "pass@1" and got["best"]["number"] == want.number
+    rc, out, _ = cli(capsys, "best", "--study", "a", "--storage", studies["storage"], "--target", "pass@1", "--json")
+    assert rc == 0 and json.loads(out) == got
+    rc, out, _ = cli(capsys, "best", "--from-mlflow", "a", "--mlflow-uri", studies["uri"], "--json")
+    assert rc == 0 and json.loads(out)["target"] == "pass@1"
+    assert json.loads(out)["best"]["number"] == want.number
+
+
+@pytest.fixture(scope="module")
+def two_targets(tmp_path_factory):
+    """Study ``mo`` run for pass@1 and judge (4 synthetic trials), and ``bare``: an Optuna study
+    made elsewhere, one trial, no stored spec or objective names."""
+    d = tmp_path_factory.mktemp("mo")
+    storage = f"sqlite:///{d}/optuna.db"
+    s = StudySpec(name="mo", objective="synthetic", budget_flops=1e18, target=("pass@1", "judge"), trials=4,
+                  sampler="random", seed=0, pilots=0,
+                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "prm")))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=storage)
+    bare = optuna.create_study(study_name="bare", storage=storage)
+    bare.add_trial(optuna.trial.create_trial(params={"rho": 0.5}, distributions={
+        "rho": optuna.distributions.FloatDistribution(0.2, 0.9)}, value=0.4))
+    return storage
+
+
+def test_cli_pareto_defaults_to_the_studys_targets(two_targets, capsys):
+    rc, out, _ = cli(capsys, "pareto", "--study", "mo", "--storage", two_targets, "--json")
+    assert rc == 0
+    got = json.loads(out)
+    rc, out, _ = cli(capsys, "pareto", "--study", "mo", "--storage", two_targets, "--objectives", "pass@1,judge", "--json")
+    assert rc == 0 and got == json.loads(out) and got["objectives"] == ["pass@1", "judge"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["best", "--study", "mo"], "target=None: study mo has 2 targets (pass@1, judge); give --target"),
+    (["best", "--study", "bare"], "target=None: study bare stores no target; give --target"),
+    (["pareto", "--study", "bare"], "objectives=None: study bare stores no target; give --objectives"),
+])
+def test_cli_no_single_stored_target_exits_2_with_one_line(two_targets, capsys, args, needle):
+    rc, out, err = cli(capsys, *args, "--storage", two_targets)
+    assert rc == 2 and err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_best_without_target_in_a_subprocess(studies):
+    """The installed command line: `allocopt best --study a` answers for pass@1; across two
+    MLflow experiments nothing names one target: one line, exit 2."""
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "best", "--study", "a", "--storage",
+                        studies["storage"]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Best observed trial for pass@1 (maximize) in study a" in " ".join(r.stdout.split())
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "best", "--from-mlflow", "a", "--from-mlflow", "b",
+                        "--mlflow-uri", studies["uri"]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "target=None: MLflow a, b stores no target; give --target" in r.stderr
+
+
 @pytest.mark.parametrize("args,needle", [
     (["pareto", "--study", "nope", "--objectives", "pass@1,judge"], "study='nope': not found"),
     (["best", "--study", "a", "--target", "bleu"], "target='bleu': unknown"),
     (["best", "--study", "a", "--target", "pass@1:gsm8k"], "no complete trial measured it"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--where", "rho>>0.5"], "where='rho>>0.5'"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--where", "reward"], "allowed forms"),
+    (["pareto", "--study", "a"], "objectives=None: study a stores one target (pass@1); give --objectives"),
     (["best", "--study", "a", "--target", "judge", "--where", "reward=dnse"], "matches no complete trial"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--directions", "up,down"], "direction='up'"),
     (["best", "--study", "a", "--target", "judge", "--fidelity", "half"], "fidelity='half'"),

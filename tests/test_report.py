@@ -2,6 +2,7 @@
 regimes and the recommendation, ρ* by RACE's estimator, the study's Pareto pair and budgets,
 MLflow artifacts."""
 
+import math
 import os
 import re
 import shutil
@@ -145,10 +146,14 @@ def test_race_report_shows_regimes_and_the_recommendation(race_study, tmp_path):
     # the regime rows are RACE's diagnosis of the same pilots (as run_race computes it)
     pilots = [o for o in observations(st, spec) if o.fidelity == "pilot"]
     assert len(pilots) == 10
-    for d in diagnose(pilots, spec.space, RaceSettings(), 0):
-        lo, hi = d.rho_interval
-        assert f"{d.rho:.2f} ± {d.rho_sd:.2f}</td><td>{lo:.2f}–{hi:.2f}</td>" in page
-        assert f"{d.regime} ({d.probability:.0%})" in page
+    diags = {d.reward: d for d in diagnose(pilots, spec.space, RaceSettings(), 0)}
+    d = diags["prm"]
+    lo, hi = d.rho_interval
+    assert f"{d.rho:.2f} ± {d.rho_sd:.2f}</td><td>{lo:.2f}–{hi:.2f}</td>" in page
+    assert f"{d.regime} ({d.probability:.0%})" in page
+    # sparse's 5 pilots leave its fit (vertex ~0.65) 3.8 effective pilots for 3 coefficients
+    assert "<td>unknown</td><td>0.20–0.80</td><td>–</td>" in page and "too few pilots: rho* unknown" in page
+    assert math.isnan(diags["sparse"].rho) and diags["sparse"].regime == "unknown"
     # the recommendation: the line the study prints, its interval, P(best) per reward system
     assert "recommended: rho=0.450 G=8 prm" in page
     assert "pass@1 = 0.551, 90% CI 0.523-0.580; P(prm is best) = 83%" in page
@@ -167,23 +172,36 @@ def test_rho_star_is_races_estimate_or_the_recommendation(race_study):
     for reward, rhos in FULL_RHOS.items():
         obs = [o for o in observations(st, spec, "judge") if o.fidelity == "full" and o.allocation.reward == reward]
         assert sorted(o.allocation.rho for o in obs) == list(rhos)
-        want = diagnose_group(obs, (min(rhos), max(rhos)), RaceSettings(), seed=0)
-        got = stars[(reward, "judge")]
-        assert got.source == "full-budget trials" and got.num_trials == 3
-        assert got.rho == pytest.approx(want.rho, abs=1e-12) and got.interval == pytest.approx(want.rho_interval)
-        assert min(rhos) <= got.rho <= max(rhos)
+        # 3 full-budget trials cannot fit a quadratic with anything left for its noise: unknown
+        assert math.isnan(diagnose_group(obs, (min(rhos), max(rhos)), RaceSettings(), seed=0).rho)
+        pilots = [o for o in observations(st, spec, "judge") if o.fidelity == "pilot" and o.allocation.reward == reward]
+        want = diagnose_group(pilots, (min(PILOT_RHOS), max(PILOT_RHOS)), RaceSettings(), seed=0)
+        got = stars.get((reward, "judge"))
+        if math.isnan(want.rho):  # the pilots too few as well: no estimate
+            assert got is None
+        else:
+            assert got.source == "pilots" and got.num_trials == 5
+            assert got.rho == pytest.approx(want.rho, abs=1e-12) and got.interval == pytest.approx(want.rho_interval)
+            assert got.interval[0] <= got.rho <= got.interval[1]
+    assert ("sparse", "judge") in stars and ("prm", "judge") not in stars  # both branches above ran
     # for the study's target, the recommended reward system's rho is the recommendation's
     assert stars[("prm", "pass_at_1")].source == "recommendation" and stars[("prm", "pass_at_1")].rho == 0.45
-    assert stars[("sparse", "pass_at_1")].source == "full-budget trials"
+    assert ("sparse", "pass_at_1") not in stars
 
 
 def test_rho_star_at_the_edge_of_the_data_is_said(tmp_path):
-    """A target rising over the whole range: rho* sits at the highest rho tried, and says so."""
-    rows = [Row(i, "COMPLETE", {"rho": r, "group_size": 8, "reward": "dense", "model": None},
-                {"judge": 0.2 + 0.5 * r}, {"total_flops": 1e18, "reward_flops": 0.0}, None, plan={"budget_flops": 1e18})
-            for i, r in enumerate((0.3, 0.4, 0.5, 0.6))]
+    """A target rising over the whole range: rho* sits at the highest rho tried, and says so
+    (7 trials: 4 would leave the kernel-weighted quadratic at rho 0.6 under 1 degree of freedom)."""
+    def rows_at(rhos):
+        return [Row(i, "COMPLETE", {"rho": r, "group_size": 8, "reward": "dense", "model": None},
+                    {"judge": 0.2 + 0.5 * r}, {"total_flops": 1e18, "reward_flops": 0.0}, None,
+                    plan={"budget_flops": 1e18}) for i, r in enumerate(rhos)]
+
+    assert rho_estimate(rows_at((0.3, 0.4, 0.5, 0.6)), "dense", "judge") is None
+    rows = rows_at((0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6))
     e = rho_estimate(rows, "dense", "judge")
     assert e.rho == pytest.approx(0.6) and e.at_edge and e.data_range == (0.3, 0.6)
+    assert e.interval[0] <= e.rho <= e.interval[1]
     assert "at the edge of the data" in e.edge_note()
     _, page = check_page(write_report(rows, tmp_path, title="edge", targets=["judge"]))
     assert "at the edge of the data (ρ 0.30-0.60)" in page

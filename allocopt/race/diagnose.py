@@ -13,7 +13,10 @@ local fit's approximate posterior (:func:`_posterior_optima`: a multivariate t o
 whose noise variance is read from a global quartic's residuals, so the quadratic's misfit away from
 the optimum is not taken for noise); the 90 % interval is checked for calibration over seeds of a
 known function in tests/test_race.py (the wild bootstrap it replaces printed ±0.00 on 4-6 noisy
-pilots). See :mod:`allocopt.race`. This local quadratic is the project's one ρ* estimator: the
+pilots), and always holds the point estimate (:func:`credible_interval`). With too few pilots
+near the optimum for the fit (fewer than one degree of freedom on Kish's effective sample size,
+e.g. 6 pilots over 3 G), ρ* is reported unknown: NaN, the whole ρ range as interval, regime
+``unknown`` at probability 0. See :mod:`allocopt.race`. This local quadratic is the project's one ρ* estimator: the
 report applies it too (:mod:`allocopt.report_data` says why).
 
 numpy and Optuna are imported inside functions.
@@ -115,12 +118,15 @@ class RegimeDiagnosis:
     model: str | None
     num_trials: int
     rho: float
-    """ρ* that maximizes the local fit (point estimate from all pilots)."""
+    """ρ* that maximizes the local fit (point estimate from all pilots); NaN when unknown (too
+    few pilots to fit, see :attr:`note`)."""
     rho_sd: float
     """Posterior standard deviation of ρ* (draws of :func:`_posterior_optima`)."""
     rho_interval: tuple[float, float]
-    """5 % and 95 % quantiles of the ρ* draws: a 90 % credible interval (calibration checked in
-    tests/test_race.py: it holds the true ρ* in 85-95 % of seeds of a known function)."""
+    """A 90 % credible interval of the ρ* draws that holds :attr:`rho` (:func:`credible_interval`:
+    the 5 % and 95 % quantiles unless ``rho`` lies outside them; calibration checked in
+    tests/test_race.py: it holds the true ρ* in 85-95 % of seeds of a known function). The whole
+    ρ range when ρ* is unknown (too few pilots)."""
     group_size: int
     """G with the best fitted offset (the recommended G)."""
     value: float
@@ -203,8 +209,8 @@ def _posterior_optima(rho, gidx, y, n_g, star, b, lo, hi, h, num: int, rng):
     weighted residual variance on ``ν = n_eff − p`` degrees of freedom (``n_eff = (Σw)²/Σw²``,
     Kish's effective sample size; ``p`` the fit's parameters), ν degrees of freedom; each draw's
     ρ* is its vertex (or the better end). Unlike resampling the residuals (whose size shrinks to 0
-    when few pilots nearly fit the quadratic exactly), σ² is inflated by ``n_eff / ν``, and with
-    ``ν < 1`` nothing is known: ρ* is drawn uniformly over [lo, hi].
+    when few pilots nearly fit the quadratic exactly), σ² is inflated by ``n_eff / ν``. With
+    ``ν < 1`` (:func:`_too_few`) nothing is known and the caller must not call this.
     """
     import numpy as np
 
@@ -214,7 +220,8 @@ def _posterior_optima(rho, gidx, y, n_g, star, b, lo, hi, h, num: int, rng):
     n_eff = w.sum() ** 2 / (w ** 2).sum()
     dof = n_eff - p
     if dof < 1:
-        return rng.uniform(lo, hi, num)
+        raise ValueError(f"effective number of pilots {n_eff:.2f} leaves {dof:.2f} < 1 degree of freedom "
+                         f"for the {p} coefficients")
     # noise variance from the residuals of a global quartic (+ G offsets): the quadratic's own
     # residuals also hold its misfit away from the optimum and overstate the noise ~4x
     Xq = _design(rho, gidx, n_g, star, 4)
@@ -231,6 +238,41 @@ def _posterior_optima(rho, gidx, y, n_g, star, b, lo, hi, h, num: int, rng):
     root = vecs * np.sqrt(np.clip(vals, 0.0, None))
     z = rng.standard_normal((num, p)) * np.sqrt(dof / rng.chisquare(dof, (num, 1)))  # t on ν dof
     return np.array([_argmax(b + root @ zi, star, lo, hi) for zi in z])
+
+
+def _too_few(rho, n_g, star, h) -> tuple[bool, float, int]:
+    """``(too_few, n_eff, p)``: whether the kernel-weighted quadratic at ``star`` (``p`` = 3 + G
+    offsets coefficients) has fewer than one degree of freedom left on its Kish effective sample
+    size ``n_eff = (Σw)²/Σw²`` — then its vertex is an interpolation, not an estimate."""
+    import numpy as np
+
+    w = np.exp(-0.5 * ((rho - star) / h) ** 2)
+    n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+    p = 3 + n_g - 1
+    return n_eff - p < 1, n_eff, p
+
+
+def credible_interval(samples, point: float, level: float = 0.9) -> tuple[float, float]:
+    """A ``level`` credible interval of the draws ``samples`` that holds ``point``.
+
+    The central interval (quantiles ``(1 - level)/2`` and ``(1 + level)/2``) when it holds
+    ``point``; otherwise the interval of the same posterior mass with ``point`` at its end: when
+    ``point`` lies below the central interval (its share of draws below ``F < (1 - level)/2``),
+    ``[point, q(F + level)]``; above it, ``[q(F - level), point]``. A vertex clamped at an end
+    of the ρ range (F = 0 or 1) gets the one-sided ``level`` interval from that end. Units of
+    ``samples``; ``point`` must be finite.
+    """
+    import numpy as np
+
+    x = np.sort(np.asarray(samples, dtype=float))
+    a = 0.5 * (1 - level)
+    lo, hi = float(np.quantile(x, a)), float(np.quantile(x, 1 - a))
+    if lo <= point <= hi:
+        return lo, hi
+    below = float(np.mean(x < point)) if point < lo else float(np.mean(x <= point))
+    if point < lo:
+        return point, float(np.quantile(x, min(below + level, 1.0)))
+    return float(np.quantile(x, max(below - level, 0.0))), point
 
 
 def _slope_at(rho, gidx, y, n_g, at, h) -> float:
@@ -278,6 +320,14 @@ def diagnose_group(obs: Sequence[Observation], rho_range: tuple[float, float],
     h = settings.bandwidth
     share = share_fit(share_obs if share_obs is not None else obs)
     star, b = _local_optimum(rho, gidx, y, len(gs), lo, hi, h)
+    few, n_eff, p = _too_few(rho, len(gs), star, h)
+    if few:
+        # the quadratic (3 coefficients + one offset per further G) interpolates these pilots:
+        # its vertex is no estimate, and uniform draws would put the point outside its interval
+        return RegimeDiagnosis(reward, model, len(obs), math.nan, math.nan, (float(lo), float(hi)),
+                               gs[0], math.nan, math.nan, math.nan, math.nan, "unknown", 0.0, {},
+                               note=f"too few pilots: rho* unknown ({len(obs)} pilots, {n_eff:.1f} "
+                               f"effective near the optimum; a fit over {len(gs)} G needs {p + 1})")
     offsets = [0.0] + [float(v) for v in b[3:]]
     best_g = int(np.argmax(offsets))
     value = float(b[0] + offsets[best_g])
@@ -289,7 +339,7 @@ def diagnose_group(obs: Sequence[Observation], rho_range: tuple[float, float],
     regime, count = max(labels.items(), key=lambda kv: (kv[1], kv[0] == regime_of(star, float(share(star)), settings)))
     return RegimeDiagnosis(
         reward=reward, model=model, num_trials=n, rho=float(star), rho_sd=float(samples.std()),
-        rho_interval=(float(np.quantile(samples, 0.05)), float(np.quantile(samples, 0.95))),
+        rho_interval=credible_interval(samples, float(star), 0.9),
         group_size=gs[best_g], value=value,
         slope_low=_slope_at(rho, gidx, y, len(gs), lo, h),
         slope_high=_slope_at(rho, gidx, y, len(gs), hi, h),
