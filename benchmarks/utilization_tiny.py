@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="utilization.json")
+    ap.add_argument("--append", action="store_true",
+                    help="add the trials to those already in --out (several runs, one table)")
     ap.add_argument("--summarize", metavar="JSON", help="run nothing: print the table of an --out file")
     a = ap.parse_args()
     if a.summarize:
@@ -124,7 +126,8 @@ def main() -> None:
                                 text=True, cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
-    rows: list[dict] = []
+    rows: list[dict] = json.loads(Path(a.out).read_text())["trials"] \
+        if a.append and Path(a.out).exists() else []
     t0 = time.perf_counter()
     for budget in budgets:
         for reward in a.rewards.split(","):
@@ -135,7 +138,7 @@ def main() -> None:
                       f"(plan {r.get('plan_use', float('nan')):.3f})", flush=True)
                 Path(a.out).write_text(json.dumps({"commit": commit, "group_size": a.group_size,
                                                    "seed": a.seed, "trials": rows}, indent=1))
-    print(table(rows))
+    print(table(rows))  # the budgets in turn, the trials in the order they ran
     print(f"{time.perf_counter() - t0:.0f} s in all")
 
 

@@ -55,7 +55,11 @@ def test_the_tiny_study_pilots_are_usable(tiny):
 def test_the_sampler_runs_the_fitted_design(tiny):
     from allocopt.sampler import RaceSampler
 
-    spec, workload = tiny
+    import dataclasses
+
+    spec, tiny_workload = tiny
+    # always the full batch: then some pilots are not usable on the grid and move
+    workload = dataclasses.replace(tiny_workload, min_batch_share=1.0)
     settings = RaceSettings(max_pilots=spec.pilots)
     kw = dict(budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction, seed=spec.seed)
     sampler = RaceSampler(spec.space, workload=workload, settings=settings, **kw)

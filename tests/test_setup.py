@@ -122,7 +122,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     """The driver's per-iteration charge (``_Hooks._step``) at the plan's token counts equals
     the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
     pass while its importance-sampling correction is on (and not otherwise)."""
-    from allocopt.allocation import iteration_flops
+    from allocopt.allocation import iteration_flops, plan_workload
     from objectives.grpo_hooks import _Hooks
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
@@ -134,7 +134,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     hooks = _Hooks(plan=plan, meter=None, policy=POLICY, setup=setup, reward=None, tokenizer=None)
     for rows in (N // 2, N):
         charged = hooks._step([100] * (N // 8), [300] * N, rows).executed
-        assert charged == iteration_flops(w, alloc, rows).executed
+        assert charged == iteration_flops(plan_workload(w, plan), alloc, rows).executed  # its batch
         old = charged.learning.get("old_logprobs", 0)
         assert (old > 0) is (engine_name == "trl-vllm" and correction)
 
