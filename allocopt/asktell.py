@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from allocopt.allocation import (Allocation, InfeasiblePlan, TrialPlan, Workload,
-                                 iteration_flops, make_plan)
+                                 iteration_flops, make_plan, plan_workload)
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
 from allocopt.spec import SearchSpace, StudySpec
 
@@ -111,6 +111,7 @@ def whole_pass_run(plan: TrialPlan, workload: Workload, trial_number: int = -1,
         InfeasiblePlan: not one iteration fits.
     """
     a, N = plan.allocation, plan.rollouts_per_iteration
+    workload = plan_workload(workload, plan)  # the plan's batch (it may be smaller than the workload's)
     best = None
     for passes in sorted({max(1, math.floor(plan.update_passes)), max(1, math.ceil(plan.update_passes))}):
         per = iteration_flops(workload, a, passes * N)

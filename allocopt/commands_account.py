@@ -221,10 +221,16 @@ def plan(
                             f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"),
                  ("asked rho", f"{alloc.rho:g}"),
                  ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
-                 ("group size G", p.group_size), ("prompts / iteration", p.prompts_per_iteration),
+                 ("group size G", p.group_size),
+                 ("prompts / iteration", f"{p.prompts_per_iteration}" + (
+                     "" if p.prompts_per_iteration == max(1, setup.rollouts_per_iteration // p.group_size)
+                     else f" (of the set-up's {max(1, setup.rollouts_per_iteration // p.group_size)}: "
+                          "a smaller batch spends more of the budget)")),
                  ("rollouts / iteration", p.rollouts_per_iteration),
                  ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration:.2f} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
-                 ("iterations", p.iterations),
+                 ("iterations", f"{p.iterations}" + ("" if p.last_iteration_rows is None else
+                                                      f" (the last trains {p.last_iteration_rows} rows: "
+                                                      "cut to what fits)")),
                  ("FLOPs / iteration", fmt_flops(p.per_iteration.executed.total_flops)),
                  ("expected total", f"{fmt_flops(p.expected.executed.total_flops)} ({p.budget_utilization:.2%} of budget)")):
         t.add_row(k, str(v))

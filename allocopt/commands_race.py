@@ -41,7 +41,8 @@ def _json(obj: Any) -> str:
 
 def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, str]:
     """The pilot plans a RACE study runs (``--dry-run``): each pilot's ρ (moved from the grid's
-    when it was not usable there, :func:`allocopt.race.pilot_plans.fit_pilots`), the iterations
+    when it was not usable there, :func:`allocopt.race.pilot_plans.fit_pilots`), the rollouts
+    per iteration its plan runs, the iterations
     the meter is expected to admit of the plan's, the realized ρ, the expected use of the pilot
     budget and whether it is usable; with one summary line."""
     from allocopt.race import RaceSettings, pilot_grid
@@ -52,18 +53,19 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
     grid = pilot_grid(spec.space, settings, spec.seed)
     fitted = fit_pilots(grid, spec.space.rho, budget, workload) if settings.fit_pilots else grid
     t = Table(title=f"RACE pilots at {spec.pilot_fraction:g} x {spec.budget_flops:.3g} = {budget:.3g} FLOPs; nothing is run")
-    for c in ("reward", "G", "rho", "grid rho", "iters", "got", "use", "usable"):
+    for c in ("reward", "G", "rho", "grid rho", "batch", "iters", "got", "use", "usable"):
         t.add_column(c, justify="left" if c in ("reward", "usable") else "right")
     plans = [plan_pilot(p, budget, workload) for p in fitted]
     for g, pp in zip(grid, plans):
         a = pp.point.allocation
         iters = "-" if pp.plan is None else f"{pp.admitted_iterations}/{pp.plan.iterations}"
         got = "-" if pp.admitted_iterations == 0 else f"{pp.realized_rho:.3f}"
+        batch = "-" if pp.plan is None else str(pp.plan.rollouts_per_iteration)
         t.add_row(a.reward, str(a.group_size), f"{a.rho:.3f}",
-                  "" if g.allocation == a else f"{g.allocation.rho:.3f}", iters, got,
+                  "" if g.allocation == a else f"{g.allocation.rho:.3f}", batch, iters, got,
                   f"{pp.budget_use:.0%}", "yes" if pp.usable else f"[red]{pp.note}[/]")
-    t.caption = ("iters: admitted by the meter's worst case / planned; got: realized rho; use: "
-                 "expected share of the pilot budget spent")
+    t.caption = ("batch: rollouts per iteration the plan runs; iters: admitted by the meter's worst "
+                 "case / planned; got: realized rho; use: expected share of the pilot budget spent")
     moved = sum(g.allocation != p.allocation for g, p in zip(grid, fitted))
     line = (f"{sum(p.usable for p in plans)} of {len(plans)} pilots usable ({usable_share(plans):.0%}: "
             f"realizable and spending >= {MIN_PILOT_USE:.0%} of the pilot budget); {moved} moved to "

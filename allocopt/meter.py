@@ -12,6 +12,12 @@ Standard library only. Admission has two stages (charge-then-check per batch):
    FLOPs for the actual texts. Refused: the generation already done is charged
    (``discarded_flops``) and the run stops.
 
+When the exact cost of an iteration after the first does not fit, the driver may cut the rows
+it trains to the most that still fit (:meth:`FlopMeter.largest_fitting`), down to
+:data:`allocopt.allocation.LAST_ROWS_SHARE` of its scheduled rows; stage 1 of such an
+iteration bounds that least row count (the cut makes it the run's last). Refused even then:
+as above.
+
 After the iteration the driver charges what was really executed, which is never more than
 what was admitted last. So the realized total is never above the budget, by construction,
 and the reward model's share is bounded exactly, not by its worst case.
@@ -21,8 +27,42 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from allocopt.flops import ComputeBreakdown, FlopAccount
+
+
+def largest_fitting(cost: Callable[[int], int], lo: int, hi: int, room: float) -> int | None:
+    """The largest ``r`` in ``[lo, hi]`` with ``cost(r) <= room``; ``None`` when not even
+    ``cost(lo)`` fits.
+
+    ``cost`` must not decrease with ``r`` (an iteration's FLOPs over the rows it trains). The
+    search alternates a secant step (exact in one step for a cost affine in ``r``, which an
+    iteration's learning is between jumps) with a bisection step, so it takes at most about
+    ``2 log2(hi - lo)`` calls and 3–5 for an affine cost.
+
+    Raises:
+        ValueError: ``lo > hi``.
+    """
+    if lo > hi:
+        raise ValueError(f"lo={lo!r} > hi={hi!r}: need lo <= hi")
+    c_lo = cost(lo)
+    if c_lo > room:
+        return None
+    c_hi = cost(hi)
+    if c_hi <= room:
+        return hi
+    secant = True  # invariant: cost(lo) = c_lo <= room < cost(hi) = c_hi
+    while hi - lo > 1:
+        mid = lo + int((room - c_lo) * (hi - lo) // (c_hi - c_lo)) if secant else (lo + hi) // 2
+        mid = min(hi - 1, max(lo + 1, mid))
+        c = cost(mid)
+        if c <= room:
+            lo, c_lo = mid, c
+        else:
+            hi, c_hi = mid, c
+        secant = not secant
+    return lo
 
 
 class BudgetExhausted(RuntimeError):
@@ -115,6 +155,13 @@ class FlopMeter:
                 self.discarded_flops += done.executed.total_flops
             raise BudgetExhausted(self.stopped_reason)
         self.admitted_flops = exact_flops
+
+    def largest_fitting(self, cost: Callable[[int], int], lo: int, hi: int) -> int | None:
+        """The most rows ``r`` in ``[lo, hi]`` whose exact cost ``cost(r)`` (executed FLOPs of
+        the whole iteration, non-decreasing in ``r``) an :meth:`admit_exact` would still admit
+        on top of what is spent; ``None`` when not even ``lo`` rows fit. Admits nothing
+        (:func:`largest_fitting`)."""
+        return largest_fitting(cost, lo, hi, self.budget_flops - self.executed_flops)
 
     def charge(self, acct: FlopAccount, *, rows_trained: int = 0, reward_mean: float = float("nan"),
                wall_seconds: float = 0.0) -> IterationRecord:

@@ -117,6 +117,11 @@ class TrainingSetup:
     """Divide the learning rate by the passes of an iteration (TRL ``num_iterations``)."""
     rollouts_per_iteration: int = 64
     """Completions per GRPO iteration (prompts × G; prompts = this // G)."""
+    min_batch_share: float = 0.5
+    """Least share of those prompts a plan may run per iteration, in (0, 1]: a plan whose whole
+    iterations leave budget unspent may take a smaller batch (at least ``ceil(share ×
+    prompts)``; :attr:`allocopt.allocation.Workload.min_batch_share`). 1: always the full
+    batch."""
     prompt_tokens: float = 103.0
     """Expected prompt length (tokens) when nothing was measured (objectives measure it on a
     seeded sample of the training prompts with the policy's tokenizer)."""
@@ -166,6 +171,10 @@ class TrainingSetup:
                     or v < (0 if f == "steps_per_completion" else 1):
                 raise ConfigError(f"{f}={v!r}: must be a finite number"
                                   + (" >= 0" if f == "steps_per_completion" else " of tokens >= 1"))
+        v = self.min_batch_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise ConfigError(f"min_batch_share={v!r}: must be a share in (0, 1] of the prompts "
+                              "per iteration (1: never a smaller batch)")
         v = self.vllm_gpu_memory_utilization
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
             raise ConfigError(f"vllm_gpu_memory_utilization={v!r}: must be a share in (0, 1]")

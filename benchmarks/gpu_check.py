@@ -61,15 +61,17 @@ def refuse_reason() -> str | None:
 
 def planned(size: str, iterations: int, model: str, prompt_tokens: float | None = None):
     """The :class:`~allocopt.setup.TrainingSetup` the check runs for ``size`` (LoRA r 32, all
-    linear, trl-vllm, allocopt's runner defaults, a 256-token limit) and the plan made from it:
-    ρ 0.6, G 8, sparse, a budget of ``iterations + 0.5`` iterations. ``prompt_tokens``:
-    measured, else the set-up's stated estimate."""
+    linear, trl-vllm, allocopt's runner defaults, a 256-token limit, always the full batch of
+    64 rollouts) and the plan made from it: ρ 0.6, G 8, sparse, a budget of ``iterations + 0.5``
+    iterations (a last iteration cut to half its rows would cost 0.7 of one: none is cut).
+    ``prompt_tokens``: measured, else the set-up's stated estimate."""
     from allocopt.allocation import Allocation, Workload, make_plan
     from allocopt.flops import ModelShape
     from allocopt.setup import TrainingSetup
 
     setup = TrainingSetup(model=model, engine="trl-vllm", max_completion_length=256,
-                          completion_tokens=200, rollouts_per_iteration=64, lora_rank=32, lora_alpha=64)
+                          completion_tokens=200, rollouts_per_iteration=64, min_batch_share=1.0,
+                          lora_rank=32, lora_alpha=64)
     if prompt_tokens is not None:
         setup = setup.with_lengths(prompt_tokens=prompt_tokens)
     w = Workload(ModelShape.from_config(json.loads(CONFIGS[size].read_text()), name=model), setup)

@@ -6,12 +6,15 @@ It drives TRL rather than rewriting it: a thin subclass adds hooks around TRL's 
   the worst case of its generation and learning (every completion at ``max_completion_length``)
   fits the budget (plus the cheapest reward of the run's earlier batches, so that the second
   stage rarely refuses a generated batch), else the run stops
-  (:class:`~allocopt.meter.BudgetExhausted`);
+  (:class:`~allocopt.meter.BudgetExhausted`); after the first iteration the learning is bounded
+  at the fewest rows the iteration may be cut to (below);
 * once the batch is generated (before the reward model and the update run), the meter admits it
   again at its exact cost: search and learning from the actual token counts, and the reward
-  model's FLOPs for the actual texts (the reward's ``usage_of``); refused, the generation is
-  charged and the run stops. A reward without ``usage_of`` is admitted by its
-  ``worst_case_flops`` in the first stage instead;
+  model's FLOPs for the actual texts (the reward's ``usage_of``). When that does not fit, an
+  iteration after the first trains the most rows that do, down to
+  :func:`~allocopt.allocation.min_last_rows` of its schedule (the run's last iteration, as the
+  plan cuts its own); refused even then, the generation is charged and the run stops. A reward
+  without ``usage_of`` is admitted by its ``worst_case_flops`` in the first stage instead;
 * after the batch is scored, the meter is charged the iteration's FLOPs computed
   by :func:`allocopt.grpo_flops.grpo_step_flops` from the *actual* token counts (and the reward
   system's own FLOP report);
@@ -27,14 +30,17 @@ the rows trained (a smaller minibatch, the same step size).
 every batch moves the weights about as far whatever μ (extra passes then buy little).
 
 What the driver runs is one :class:`~allocopt.setup.TrainingSetup`, the same object the plan was
-priced on; before anything runs, :func:`check_setup` recomputes the set-up's fingerprint from
-the model actually loaded and refuses a plan priced for another (:class:`SetupMismatch`).
+priced on, at the plan's batch (``plan.rollouts_per_iteration``: the plan may take fewer prompts
+per iteration than the set-up's, :func:`allocopt.allocation.make_plan`); before anything runs,
+:func:`check_setup` recomputes the set-up's fingerprint from the model actually loaded and
+refuses a plan priced for another, or for a batch the set-up does not allow (:class:`SetupMismatch`).
 
 torch, transformers, TRL and peft are imported inside functions only.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from typing import Any, Callable, Sequence
@@ -62,17 +68,29 @@ def step_learning_rate(setup: TrainingSetup, passes: int) -> float:
 def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> None:
     """Refuse to run ``plan`` with ``setup`` on ``policy`` (the shape of the model the driver
     loaded) unless it is what the plan priced: the plan's ``setup_fingerprint`` must be
-    ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked). A mismatch
-    names the priced fields where ``setup`` differs from the plan's own set-up
+    ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked), and its batch
+    (the driver runs :attr:`TrialPlan.prompts_per_iteration`) one the set-up allows: from
+    ``ceil(min_batch_share × prompts)`` to its ``rollouts_per_iteration // G`` prompts
+    (:func:`allocopt.allocation.min_prompts`). A mismatch names the priced fields where
+    ``setup`` differs from the plan's own set-up
     (:meth:`~allocopt.setup.TrainingSetup.priced_differences`), else the model's shape.
 
     Raises:
         SetupMismatch: one line naming each field that differs (or the model's shape when
-            only the shape does) and both fingerprints.
+            only the shape does, or the batch) and both fingerprints.
         ConfigError: ``setup.lora_rank`` is 0 (the driver trains LoRA adapters only).
     """
     if setup.lora_rank < 1:
         raise ConfigError(f"lora_rank={setup.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
+    G = plan.group_size
+    most = max(1, setup.rollouts_per_iteration // G)
+    least = max(1, math.ceil(setup.min_batch_share * most - 1e-9))
+    if not least <= plan.prompts_per_iteration <= most:
+        raise SetupMismatch(
+            f"prompts_per_iteration={plan.prompts_per_iteration!r}: the set-up runs {least} to "
+            f"{most} prompts of G={G} per iteration (rollouts_per_iteration="
+            f"{setup.rollouts_per_iteration}, min_batch_share={setup.min_batch_share}); make the "
+            "plan from the same TrainingSetup")
     got = setup.fingerprint(policy)
     if not plan.setup_fingerprint or got == plan.setup_fingerprint:
         return

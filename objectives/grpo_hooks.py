@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from allocopt.allocation import TrialPlan, rows_schedule
+from allocopt.allocation import TrialPlan, min_last_rows, rows_schedule
 from allocopt.flops import ComputeBreakdown, FlopAccount, ModelShape
 from allocopt.grpo_flops import GRPOStep, grpo_step_flops, old_logprobs_pass
 from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
@@ -103,7 +103,9 @@ class _Hooks:
         prompts = [x["prompt"] for x in inputs][::G]
         p_tok = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
         C = self.setup.max_completion_length
-        worst = self._step(p_tok, [C] * len(inputs), self.rows).executed.total_flops
+        # after the first iteration, stage 2 may cut the rows to what fits (the run's last
+        # iteration), so stage 1 bounds the fewest rows it may train
+        worst = self._step(p_tok, [C] * len(inputs), self._fewest_rows()).executed.total_flops
         if not hasattr(self.reward, "usage_of") and hasattr(self.reward, "worst_case_flops"):
             worst += self.reward.worst_case_flops(max(p_tok), C, len(inputs))
         elif self.reward_floor:
@@ -113,12 +115,20 @@ class _Hooks:
         self.meter.admit(worst)
         self.inputs, self.awaiting_rollouts = inputs, True
 
+    def _fewest_rows(self) -> int:
+        """Fewest rows the iteration in progress may train: its schedule's in the first
+        iteration, else :func:`allocopt.allocation.min_last_rows` of them (a cut last one)."""
+        return self.rows if self.iteration == 0 else min_last_rows(self.rows)
+
     def after_rollouts(self, prompts: list, prompt_ids: Sequence[Sequence[int]],
                        completion_ids: Sequence[Sequence[int]], completions: list) -> None:
         """Second admission of the iteration, once its completions exist: its exact cost
         (search and learning from the token counts, as :meth:`after_generation` charges them,
-        plus the reward's ``usage_of`` the texts when it has one). Refused: the generation is
-        charged and :class:`BudgetExhausted` stops the run before the reward model runs."""
+        plus the reward's ``usage_of`` the texts when it has one). When that does not fit,
+        an iteration after the first trains the most rows that do, down to
+        :func:`~allocopt.allocation.min_last_rows` of its schedule (the plan's last-iteration
+        rule, :meth:`FlopMeter.largest_fitting`). Refused even then: the generation is charged
+        and :class:`BudgetExhausted` stops the run before the reward model runs."""
         if not self.awaiting_rollouts:  # a generation outside the training loop
             return
         self.awaiting_rollouts = False
@@ -126,14 +136,23 @@ class _Hooks:
         p_tok = [len(ids) for ids in prompt_ids][::G]
         c_tok = [max(1, len(ids)) for ids in completion_ids]
         acct = self._step(p_tok, c_tok, self.rows)
-        exact = acct.executed.total_flops
+        reward = 0
         if hasattr(self.reward, "usage_of"):
             skip = ("prompt", "completion", "completion_ids")  # as TRL passes the columns
             columns = {k: [row[k] for row in self.inputs] for k in self.inputs[0] if k not in skip}
-            exact += self.reward.usage_of(prompts, completions, **columns).executed_flops
+            reward = self.reward.usage_of(prompts, completions, **columns).executed_flops
         elif hasattr(self.reward, "worst_case_flops"):
-            exact += self.reward.worst_case_flops(max(p_tok), self.setup.max_completion_length,
+            reward = self.reward.worst_case_flops(max(p_tok), self.setup.max_completion_length,
                                                   len(c_tok))
+        exact = acct.executed.total_flops + reward
+        if exact > self.meter.remaining_flops and self._fewest_rows() < self.rows:
+            rows = self.meter.largest_fitting(
+                lambda r: self._step(p_tok, c_tok, r).executed.total_flops + reward,
+                self._fewest_rows(), self.rows)
+            if rows is not None:  # the run's last iteration, cut to fit
+                self.rows = rows
+                acct = self._step(p_tok, c_tok, rows)
+                exact = acct.executed.total_flops + reward
         search = FlopAccount(ComputeBreakdown(search=dict(acct.useful.search)),
                              ComputeBreakdown(search=dict(acct.executed.search)))
         self.meter.admit_exact(exact, done=search)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from allocopt.flops import ComputeBreakdown, FlopAccount
-from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord
+from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord, largest_fitting
 
 
 def account(search: int = 0, learning: int = 0, reward: int = 0) -> FlopAccount:
@@ -199,3 +199,44 @@ def test_admit_exact_raises_iff_spent_plus_exact_exceeds_budget(exact):
     else:
         meter.admit_exact(exact)
         assert meter.admitted_flops == exact
+
+
+# ------------------------------------------------------------------- largest_fitting
+def test_largest_fitting_by_hand():
+    """An iteration of 1000 FLOPs of search + 7 per row trained, with room 1100: 14 rows cost
+    1098 (fit), 15 cost 1105 (do not). A second pass adds a 50-FLOP old-policy pass from row
+    11 on: 10 rows cost 1070, 11 cost 1127, so 10. Not even ``lo`` fits: None; ``hi`` fits: hi."""
+    affine = lambda r: 1000 + 7 * r  # noqa: E731
+    jump = lambda r: 1000 + 7 * r + (50 if r > 10 else 0)  # noqa: E731
+    assert largest_fitting(affine, 5, 40, 1100) == 14
+    assert largest_fitting(jump, 5, 40, 1100) == 10
+    assert largest_fitting(affine, 15, 40, 1100) is None
+    assert largest_fitting(affine, 5, 14, 1100) == 14 and largest_fitting(affine, 14, 14, 1100) == 14
+    assert largest_fitting(affine, 0, 0, 999) is None
+    with pytest.raises(ValueError, match="lo=3 > hi=2"):
+        largest_fitting(affine, 3, 2, 1e9)
+
+
+@pytest.mark.parametrize("room", [999, 1000, 1003, 1500, 4000, 8000, 10**6])
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_largest_fitting_agrees_with_a_scan_in_few_calls(room, step):
+    """Against a linear scan, for a cost with a jump; at most ~2 log2(range) + 2 calls."""
+    calls = []
+
+    def cost(r: int) -> int:
+        calls.append(r)
+        return 1000 + step * r + (500 if r > 600 else 0) + (r * r) // 997
+
+    lo, hi = 0, 1000
+    fits = [r for r in range(lo, hi + 1) if cost(r) <= room]
+    calls.clear()
+    assert largest_fitting(cost, lo, hi, room) == (max(fits) if fits else None)
+    assert len(calls) <= 2 * math.ceil(math.log2(hi - lo)) + 2
+
+
+def test_meter_largest_fitting_uses_the_room_left():
+    meter = FlopMeter(budget_flops=1000)
+    meter.charge(account(search=300, learning=200))  # 500 spent, 500 left
+    assert meter.largest_fitting(lambda r: 400 + 10 * r, 0, 64) == 10  # 500 fits, 510 does not
+    assert meter.largest_fitting(lambda r: 400 + 10 * r, 11, 64) is None
+    assert meter.executed_flops == 500 and meter.admitted_flops is None  # admits nothing

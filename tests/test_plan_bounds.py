@@ -12,6 +12,7 @@ from allocopt.allocation import (
     expected_flops,
     iteration_flops,
     make_plan,
+    max_iterations,
     rows_for_rho,
     rows_schedule,
 )
@@ -49,10 +50,14 @@ def brute_force(budget, alloc, w):
 @pytest.mark.parametrize("alloc", ALLOCS, ids=lambda a: f"{a.reward}-G{a.group_size}")
 def test_iterations_match_walk_down_and_brute_force_on_a_grid(alloc):
     first = iteration_flops(W, alloc, rows_schedule(rows_for_rho(W, alloc), 0)).executed.total_flops
+    full_batch = W.with_setup(min_batch_share=1.0)  # no smaller batch: whole iterations at W's
+    k = rows_for_rho(W, alloc)
     for mult in (1, 1.5, 2, 3.7, 10, 33.3, 100.01, 257, 999.9):
         budget = first * mult
-        got = make_plan(budget, alloc, W).iterations
+        got = max_iterations(budget, W, alloc, k)
         assert got == walk_down(budget, alloc, W) == brute_force(budget, alloc, W), mult
+        plan = make_plan(budget, alloc, full_batch)  # its whole iterations, then maybe a cut one
+        assert plan.iterations - (plan.last_iteration_rows is not None) == got
 
 
 @pytest.mark.parametrize("budget", [1e22, 1e25, 1e30, 1e100, 1e300])
@@ -62,8 +67,11 @@ def test_huge_budget_answers_at_once_and_is_the_largest_that_fits(budget):
     p = make_plan(budget, alloc, W)
     assert time.perf_counter() - t < 5
     k = p.rows_trained_per_iteration
-    assert expected_flops(W, alloc, k, p.iterations).executed.total_flops <= budget
-    assert expected_flops(W, alloc, k, p.iterations + 1).executed.total_flops > budget
+    assert p.rollouts_per_iteration == W.rollouts_per_iteration  # the budget is spent: no smaller batch
+    whole = p.iterations - (p.last_iteration_rows is not None)
+    assert expected_flops(W, alloc, k, whole).executed.total_flops <= budget
+    assert expected_flops(W, alloc, k, whole + 1).executed.total_flops > budget
+    assert p.expected.executed.total_flops <= budget
     # the mean cost per iteration, times the iterations, is the budget to within one iteration
     mean = p.per_iteration.executed.total_flops
     assert math.isclose(p.iterations * mean, budget, rel_tol=2 / p.iterations + 1e-9)

@@ -199,13 +199,41 @@ def test_driver_refuses_a_plan_priced_for_another_setup():
         assert wrong.fingerprint(w.policy) in msg
 
 
+def test_driver_refuses_a_batch_the_setup_does_not_allow():
+    """A set-up of 64 rollouts at G 4 (16 prompts) and min_batch_share 0.5 runs 8 to 16
+    prompts: plans priced at 7 or 32 prompts are refused with one line, 8 and 16 pass (the
+    fingerprint does not depend on the batch), and so does what make_plan gives."""
+    from allocopt.allocation import _plan_at, batch_workload
+    from objectives.grpo import SetupMismatch, check_setup
+
+    setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
+                          completion_tokens=12, prompt_tokens=10, rollouts_per_iteration=64)
+    policy = ModelShape.preset("qwen2.5-0.5b")
+    w = Workload(policy, setup)
+    alloc = Allocation(rho=0.5, group_size=4, reward="sparse")
+    for prompts in (7, 8, 16, 32):
+        plan = _plan_at(1e15, alloc, batch_workload(w, prompts * 4))  # a plan at this batch
+        assert plan.prompts_per_iteration == prompts
+        if 8 <= prompts <= 16:
+            check_setup(plan, setup, policy)
+            continue
+        with pytest.raises(SetupMismatch) as e:
+            check_setup(plan, setup, policy)
+        msg = str(e.value)
+        assert "\n" not in msg and f"prompts_per_iteration={prompts}" in msg
+        assert "runs 8 to 16 prompts of G=4" in msg
+    one = min_budget(alloc, w)
+    for factor in (1.0, 1.5, 2.7, 10.3):
+        check_setup(make_plan(factor * one, alloc, w), setup, policy)
+
+
 @pytest.mark.parametrize("engine_name,correction", [("trl-vllm", True), ("trl-vllm", False),
                                                     ("trl-gpu", True)])
 def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     """The driver's per-iteration charge (``_Hooks._step``) at the plan's token counts equals
     the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
     pass while its importance-sampling correction is on (and not otherwise)."""
-    from allocopt.allocation import iteration_flops
+    from allocopt.allocation import iteration_flops, plan_workload
     from objectives.grpo_hooks import _Hooks
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
@@ -217,7 +245,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     hooks = _Hooks(plan=plan, meter=None, policy=POLICY, setup=setup, reward=None, tokenizer=None)
     for rows in (N // 2, N):
         charged = hooks._step([100] * (N // 8), [300] * N, rows).executed
-        assert charged == iteration_flops(w, alloc, rows).executed
+        assert charged == iteration_flops(plan_workload(w, plan), alloc, rows).executed  # its batch
         old = charged.learning.get("old_logprobs", 0)
         assert (old > 0) is (engine_name == "trl-vllm" and correction)
 

@@ -22,7 +22,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from allocopt.allocation import (REWARDS, Allocation, InfeasiblePlan, TrialPlan, Workload,
-                                 make_plan, min_budget)
+                                 make_plan, min_budget, min_last_rows, rows_schedule)
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.meter import FlopMeter
 from allocopt.setup import TrainingSetup
@@ -61,14 +61,18 @@ class World:
     reward_models: dict[str, Any]
     """Random-init step verifiers (causal LMs): ``proxy_prm`` the proxy size, ``prm`` the full size."""
 
-    def workload(self, reward_models: dict[str, Any] | None = None) -> Workload:
+    def workload(self, reward_models: dict[str, Any] | None = None,
+                 min_batch_share: float = 1.0) -> Workload:
+        """Plans at the set-up's batch (8 rollouts) unless ``min_batch_share`` allows fewer
+        prompts (:func:`allocopt.allocation.make_plan`)."""
         models = self.reward_models if reward_models is None else reward_models
         return Workload(
             ModelShape.from_config(policy_config("tiny").to_dict()),
             # the longest training prompt (1 char = 1 token): the meter admits an iteration on
             # the batch's longest prompt, so planning on it keeps 2 planned iterations runnable
-            SETUP.with_lengths(prompt_tokens=max(len(r["prompt"]) for r in self.rows),
-                               padded_completion_tokens=C, steps_per_completion=1),
+            replace(SETUP.with_lengths(prompt_tokens=max(len(r["prompt"]) for r in self.rows),
+                                       padded_completion_tokens=C, steps_per_completion=1),
+                    min_batch_share=min_batch_share),
             reward_models={name: reward_shape(m) for name, m in models.items()})
 
     def reward(self, name: str, models: dict[str, Any] | None = None) -> Any:
@@ -429,3 +433,38 @@ def test_stage_two_prices_the_reward_exactly_and_refuses_a_batch_that_does_not_f
                      evaluate=lambda m: pytest.fail("evaluated a policy that was never trained"))
     assert calls["n"] == 1  # the reward model never ran on the refused batch
     assert exc.value.min_budget_flops == exact and generation > 0
+
+
+# ------------------------------------------------------------------------- budget use
+@pytest.mark.parametrize("share, rho, factor", [
+    (0.5, 0.5, 2.5),  # whole iterations at 8 rollouts spend 80%: the plan takes 4 a batch
+    (1.0, 0.9, 2.8),  # 8 rollouts only: 2 whole iterations and a third cut to the rows that fit
+])
+def test_a_prm_trial_spends_its_budget(world, share, rho, factor):
+    """Issue 17: a prm trial left 10-30% of its budget unspent. Budgets of 2.5 and 2.8
+    iterations at the set-up's batch (whole iterations: 2, 80% and 71%): the plan takes a
+    smaller batch or cuts its last iteration, the driver runs that batch and cuts its own
+    last iteration to what fits once the batch's exact cost is known, and the trial spends
+    at least 90% of its budget, never more."""
+    w = world.workload(min_batch_share=share)
+    alloc = Allocation(rho=rho, group_size=G, reward="prm")
+    one = min_budget(alloc, world.workload())  # one iteration at 8 rollouts
+    plan = make_plan(factor * one, alloc, w)
+    assert plan.budget_utilization >= 0.97
+    trial = run_trial(world, plan, world.reward("prm"))
+    result = trial.result
+    spent = result.spent.executed.total_flops
+    print(f"share {share} rho {rho}: plan {plan.iterations} x {plan.rollouts_per_iteration} rollouts "
+          f"(last {plan.last_iteration_rows}), use {plan.budget_utilization:.3f}; ran "
+          f"{[r.rows_trained for r in result.curves]} rows, use {spent / plan.budget_flops:.3f}")
+    assert 0.9 * plan.budget_flops <= spent <= plan.budget_flops
+    assert result.status == "complete" and result.stopped_reason.startswith("budget")
+    assert trial.stages[:2] == [("worst", trial.stages[0][1]), ("exact", trial.admitted[0])]
+    assert [r.executed_flops for r in result.curves] == trial.admitted  # charged as admitted
+    scheduled = [rows_schedule(plan.rows_trained_per_iteration, i) for i in range(len(result.curves))]
+    rows = [r.rows_trained for r in result.curves]
+    # every iteration trains its schedule's rows but the last, which may be cut, not below half
+    assert rows[:-1] == scheduled[:-1]
+    assert min_last_rows(scheduled[-1]) <= rows[-1] <= scheduled[-1]
+    if plan.last_iteration_rows is not None:
+        assert rows[-1] < scheduled[-1]  # the run's last iteration was cut, as the plan's

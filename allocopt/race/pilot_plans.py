@@ -7,16 +7,21 @@ A pilot is *usable* when its plan (:func:`allocopt.allocation.make_plan` at
 * exists (the budget buys one iteration),
 * is realizable over the iterations the budget meter is expected to admit: the meter admits
   an iteration only when the spent total plus the worst case of its generation and learning
-  (every completion at ``max_completion_length``) fits (:mod:`allocopt.meter`, stage 1), so a
-  plan's last iterations may never run; the realized ρ of the admitted ones must be within
-  :data:`allocopt.allocation.RHO_TOLERANCE` of the asked ρ (a plan of 1–2 iterations often
-  cannot realize a fractional rows schedule),
+  (every completion at ``max_completion_length``; after the first iteration, at the fewest
+  rows it may be cut to, plus the reward of an earlier batch) fits (:mod:`allocopt.meter`,
+  stage 1), so a plan's last iterations may never run; the realized ρ of the admitted ones
+  must be within :data:`allocopt.allocation.RHO_TOLERANCE` of the asked ρ (a plan of 1–2
+  iterations often cannot realize a fractional rows schedule),
 * spends at least :data:`MIN_PILOT_USE` of the pilot budget over those iterations, at the
   workload's expected lengths.
 
-A grid of IsoFLOP pilots at one budget cannot make every ρ usable: an iteration's cost grows
-as ``1 / (1 - ρ)``, so at high ρ a pilot buys one or two iterations and its use is a sawtooth
-in ρ. :func:`fit_pilots` moves each unusable pilot to the nearest ρ within half the grid's ρ
+Each pilot is priced at the batch its plan runs (:func:`allocopt.allocation.plan_workload`:
+``make_plan`` may take fewer prompts per iteration than the workload's so that the iterations
+fill the pilot budget), with its last iteration cut as the plan cuts it.
+
+A grid of IsoFLOP pilots at one budget cannot always make every ρ usable: an iteration's cost
+grows as ``1 / (1 - ρ)``, so at high ρ a pilot buys one or two iterations, and a smaller batch
+or a cut last iteration do not always realize ρ over so few. :func:`fit_pilots` moves each unusable pilot to the nearest ρ within half the grid's ρ
 spacing (its Latin-hypercube stratum) where it is usable, so the pilots still cover the ρ range
 and every one of them measures what it says.
 
@@ -31,8 +36,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from allocopt.allocation import (RHO_TOLERANCE, Allocation, InfeasiblePlan, TrialPlan, Workload,
-                                 expected_flops, iteration_flops, make_plan, rows_schedule)
-from allocopt.flops import ConfigError
+                                 expected_flops, iteration_flops, make_plan, min_last_rows,
+                                 plan_workload, rows_schedule)
+from allocopt.flops import ConfigError, FlopAccount
 from allocopt.race.design import PilotPoint, pilot_grid  # noqa: F401  (docs)
 
 MIN_PILOT_USE = 0.85
@@ -82,6 +88,17 @@ def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int
     return e.search_flops + e.learning_flops
 
 
+def _stage_one(workload: Workload, allocation: Allocation, rows: int, first: bool) -> int:
+    """What the driver's stage 1 admits an iteration scheduled to train ``rows`` with
+    (:meth:`objectives.grpo_hooks._Hooks.before_iteration`): the worst case of its search and
+    learning, at the fewest rows it may be cut to after the first iteration, plus (after the
+    first) the reward of an earlier batch, at the expected lengths its plan's reward."""
+    if first:
+        return _worst_search_learning(workload, allocation, rows)
+    reward = iteration_flops(workload, allocation, 0).executed.reward_flops
+    return _worst_search_learning(workload, allocation, min_last_rows(rows)) + reward
+
+
 def plan_pilot(point: PilotPoint, budget_flops: float, workload: Workload) -> PilotPlan:
     """:class:`PilotPlan` of ``point`` at ``budget_flops`` (the pilot budget). Raises
     :class:`allocopt.flops.ConfigError` for an allocation the workload cannot price."""
@@ -91,32 +108,37 @@ def plan_pilot(point: PilotPoint, budget_flops: float, workload: Workload) -> Pi
     except InfeasiblePlan as e:
         return PilotPlan(point, None, 0, float("nan"), 0.0,
                          f"needs {e.min_budget_flops:.3e} FLOPs for one iteration")
+    w = plan_workload(workload, plan)  # the batch the plan runs
     k = plan.rows_trained_per_iteration
+    cut = plan.last_iteration_rows
 
-    def spent(n: int) -> int:
-        return expected_flops(workload, a, k, n).executed.total_flops
+    def spent(n: int) -> FlopAccount:
+        """The plan's first ``n`` iterations (its cut last one included when n is all)."""
+        return expected_flops(w, a, k, n, cut if n == plan.iterations else None)
 
     # iterations whose admission fits whatever their rows (k0 or k0 + 1): all those before
     # the last n with spent(n) + the larger bound <= budget (spent grows with n; bisection)
     k0 = int(k + 1e-9)
-    most = max(_worst_search_learning(workload, a, k0), _worst_search_learning(workload, a, k0 + 1))
+    most = max(_stage_one(w, a, k0, False), _stage_one(w, a, k0 + 1, False))
     lo, hi = 0, plan.iterations  # invariant: iterations < lo are admitted
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if spent(mid - 1) + most <= budget_flops:
-            lo = mid
-        else:
-            hi = mid - 1
+    if _stage_one(w, a, rows_schedule(k, 0), True) <= budget_flops:
+        lo = 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if spent(mid - 1).executed.total_flops + most <= budget_flops:
+                lo = mid
+            else:
+                hi = mid - 1
     n = lo
-    while n < plan.iterations:  # the meter stops at its first refusal
-        if spent(n) + _worst_search_learning(workload, a, rows_schedule(k, n)) > budget_flops:
+    while 0 < n < plan.iterations:  # the meter stops at its first refusal
+        if spent(n).executed.total_flops + _stage_one(w, a, rows_schedule(k, n), False) > budget_flops:
             break
         n += 1
     if n == 0:
         return PilotPlan(point, plan, 0, float("nan"), 0.0,
                          "the meter's worst case refuses the first iteration")
-    spent = expected_flops(workload, a, k, n).executed
-    out = PilotPlan(point, plan, n, spent.rho, spent.total_flops / budget_flops)
+    done = spent(n).executed
+    out = PilotPlan(point, plan, n, done.rho, done.total_flops / budget_flops)
     note = ("" if out.usable else
             f"realizes rho {out.realized_rho:.3f} in {n} iteration(s)" if not out.realizable else
             f"spends {out.budget_use:.0%} of its budget ({n} iteration(s))")
