@@ -4,7 +4,7 @@ config, and record what came back (tell).
 ``ask`` reserves trials with Optuna's ``study.ask()`` (the study's own sampler, so pilots and
 proposals are what a worker would run) and leaves them RUNNING *without* a heartbeat, which
 :mod:`allocopt.storage` reads as "reserved for a run launched elsewhere": no worker fails them.
-Each gets a plan (:func:`allocopt.allocation.make_plan`) realized with whole update passes,
+Each gets a plan (:func:`allocopt.planning.make_plan`) realized with whole update passes,
 as TRL (``num_iterations``) and verl (``ppo_epochs``) run them: the whole-pass count nearest the
 plan's ρ, and the iterations that count buys within the budget (:class:`AskedRun`). Neither
 engine can train part of a batch, so ρ moves in steps of one pass: the run's ``expected_rho``

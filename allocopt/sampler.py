@@ -124,7 +124,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
         budget_flops: the full budget of a run (FLOPs).
         pilot_fraction: pilots run at this fraction of ``budget_flops``, in (0, 1).
         workload: what plans are made for; given, proposals are feasible plans within their
-            budget (:func:`allocopt.allocation.make_plan`); ``None``: feasibility unchecked.
+            budget (:func:`allocopt.planning.make_plan`); ``None``: feasibility unchecked.
         settings: :class:`allocopt.race.RaceSettings` (grid size, repeats, thresholds,
             extra-pilot budget, proposal grid).
         seed: seed of the pilot design, the surrogate and the random fallback

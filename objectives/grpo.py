@@ -12,7 +12,7 @@ It drives TRL rather than rewriting it: a thin subclass adds hooks around TRL's 
   again at its exact cost: search and learning from the actual token counts, and the reward
   model's FLOPs for the actual texts (the reward's ``usage_of``). When that does not fit, an
   iteration after the first trains the most rows that do, down to
-  :func:`~allocopt.allocation.min_last_rows` of its schedule (the run's last iteration, as the
+  :func:`~allocopt.planning.min_last_rows` of its schedule (the run's last iteration, as the
   plan cuts its own); refused even then, the generation is charged and the run stops. A reward
   without ``usage_of`` is admitted by its ``worst_case_flops`` in the first stage instead;
 * after the batch is scored, the meter is charged the iteration's FLOPs computed
@@ -31,7 +31,7 @@ every batch moves the weights about as far whatever μ (extra passes then buy li
 
 What the driver runs is one :class:`~allocopt.setup.TrainingSetup`, the same object the plan was
 priced on, at the plan's batch (``plan.rollouts_per_iteration``: the plan may take fewer prompts
-per iteration than the set-up's, :func:`allocopt.allocation.make_plan`); before anything runs,
+per iteration than the set-up's, :func:`allocopt.planning.make_plan`); before anything runs,
 :func:`check_setup` recomputes the set-up's fingerprint from the model actually loaded and
 refuses a plan priced for another, or for a batch the set-up does not allow (:class:`SetupMismatch`).
 
@@ -71,7 +71,7 @@ def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> No
     ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked), and its batch
     (the driver runs :attr:`TrialPlan.prompts_per_iteration`) one the set-up allows: from
     ``ceil(min_batch_share × prompts)`` to its ``rollouts_per_iteration // G`` prompts
-    (:func:`allocopt.allocation.min_prompts`). A mismatch names the priced fields where
+    (:func:`allocopt.planning.min_prompts`). A mismatch names the priced fields where
     ``setup`` differs from the plan's own set-up
     (:meth:`~allocopt.setup.TrainingSetup.priced_differences`), else the model's shape.
 

@@ -117,7 +117,7 @@ class _Hooks:
 
     def _fewest_rows(self) -> int:
         """Fewest rows the iteration in progress may train: its schedule's in the first
-        iteration, else :func:`allocopt.allocation.min_last_rows` of them (a cut last one)."""
+        iteration, else :func:`allocopt.planning.min_last_rows` of them (a cut last one)."""
         return self.rows if self.iteration == 0 else min_last_rows(self.rows)
 
     def after_rollouts(self, prompts: list, prompt_ids: Sequence[Sequence[int]],
@@ -126,7 +126,7 @@ class _Hooks:
         (search and learning from the token counts, as :meth:`after_generation` charges them,
         plus the reward's ``usage_of`` the texts when it has one). When that does not fit,
         an iteration after the first trains the most rows that do, down to
-        :func:`~allocopt.allocation.min_last_rows` of its schedule (the plan's last-iteration
+        :func:`~allocopt.planning.min_last_rows` of its schedule (the plan's last-iteration
         rule, :meth:`FlopMeter.largest_fitting`). Refused even then: the generation is charged
         and :class:`BudgetExhausted` stops the run before the reward model runs."""
         if not self.awaiting_rollouts:  # a generation outside the training loop

@@ -203,7 +203,7 @@ def test_driver_refuses_a_batch_the_setup_does_not_allow():
     """A set-up of 64 rollouts at G 4 (16 prompts) and min_batch_share 0.5 runs 8 to 16
     prompts: plans priced at 7 or 32 prompts are refused with one line, 8 and 16 pass (the
     fingerprint does not depend on the batch), and so does what make_plan gives."""
-    from allocopt.allocation import _plan_at, batch_workload
+    from allocopt.planning import _plan_at, batch_workload
     from objectives.grpo import SetupMismatch, check_setup
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,

@@ -64,7 +64,7 @@ class World:
     def workload(self, reward_models: dict[str, Any] | None = None,
                  min_batch_share: float = 1.0) -> Workload:
         """Plans at the set-up's batch (8 rollouts) unless ``min_batch_share`` allows fewer
-        prompts (:func:`allocopt.allocation.make_plan`)."""
+        prompts (:func:`allocopt.planning.make_plan`)."""
         models = self.reward_models if reward_models is None else reward_models
         return Workload(
             ModelShape.from_config(policy_config("tiny").to_dict()),

@@ -6,7 +6,7 @@ per reward system (and per model), where the budget should go, then on a few **v
 runs at the full budget proposed by a multi-fidelity surrogate (:mod:`allocopt.surrogate`).
 Pilots and validations are ordinary Optuna trials of one study, tagged with the user attribute
 ``fidelity`` (``pilot`` or ``full``) and ``budget_flops``; every one goes through
-:func:`allocopt.allocation.make_plan`, so none can exceed its budget.
+:func:`allocopt.planning.make_plan`, so none can exceed its budget.
 
 1. **Pilot grid** (:func:`pilot_grid`): ``rho_levels`` evenly spaced ρ × every G × every
    reward system (× model). When that grid has more than ``max_pilots`` points, each reward

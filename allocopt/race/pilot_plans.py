@@ -1,7 +1,7 @@
 """The pilot grid's plans: which pilots are usable at the pilot budget, and the move of the
 others to the nearest usable ρ.
 
-A pilot is *usable* when its plan (:func:`allocopt.allocation.make_plan` at
+A pilot is *usable* when its plan (:func:`allocopt.planning.make_plan` at
 ``pilot_fraction × budget_flops``)
 
 * exists (the budget buys one iteration),
