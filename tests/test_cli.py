@@ -18,7 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_import_and_help_load_no_torch():
-    code = ("import sys, allocopt, allocopt.flops, allocopt.allocation, allocopt.cli, allocopt.meter;"
+    code = ("import sys, allocopt, allocopt.flops, allocopt.allocation, allocopt.planning, allocopt.cli, allocopt.meter;"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'optuna', 'mlflow', 'botorch')"
             " if m in sys.modules]; print(heavy)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
