@@ -350,3 +350,22 @@ def test_study_shows_its_estimate_before_the_first_trial(tmp_path, monkeypatch, 
     assert "estimated wall time: about 11 s for 1 full run(s) of 1e+18 FLOPs" in flat
     assert flat.index("estimated wall time") < flat.index("trial 0 ")
     assert all(len(line) <= 80 for line in err.splitlines())
+
+
+def test_study_ends_with_the_mlflow_runs_link(tmp_path, monkeypatch):
+    """The study's last lines open MLflow on the runs table (MLflow 3.17 otherwise opens on its
+    GenAI overview): the command for the local store, relative when under the working folder."""
+    from types import SimpleNamespace
+
+    from allocopt.commands_study import mlflow_lines
+
+    monkeypatch.chdir(tmp_path)
+    local = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment_id="3")
+    assert mlflow_lines(local) == ["MLflow: mlflow ui --backend-store-uri sqlite:///mlflow.db",
+                                   "  then open http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning"]
+    assert all(len(line) <= 80 for line in mlflow_lines(local))
+    elsewhere = SimpleNamespace(tracking_uri="sqlite:////srv/runs/mlflow.db", experiment_id="3")
+    assert mlflow_lines(elsewhere)[0] == "MLflow: mlflow ui --backend-store-uri sqlite:////srv/runs/mlflow.db"
+    server = SimpleNamespace(tracking_uri="http://mlflow.lab:5000/", experiment_id="7")
+    assert mlflow_lines(server) == ["MLflow runs: http://mlflow.lab:5000/#/experiments/7?workflowType=machine_learning"]
+    assert mlflow_lines(None) == []
