@@ -138,14 +138,8 @@ EXPAND_PARENT = ("document.querySelectorAll('[data-component-id*=\"runnamecellre
 
 
 def _has_text(text: str) -> str:
-    """JavaScript: true once some element's own text is ``text``."""
-    return f"[...document.querySelectorAll('*')].some(e => e.textContent.trim() === {text!r})"
-
-
-def _click_text(text: str) -> str:
-    """JavaScript: click the innermost element whose text is ``text`` (an artifact's name)."""
-    return (f"(() => {{ const es = [...document.querySelectorAll('*')].filter(e => e.textContent.trim() === {text!r});"
-            " if (es.length) es[es.length - 1].click(); }})();")
+    """JavaScript: true once the page shows ``text``."""
+    return f"document.body && document.body.innerText.includes({text!r})"
 
 
 def main() -> None:
@@ -201,9 +195,9 @@ def main() -> None:
             b.shot(f"{base}{q}", OUT / f"{pre}mlflow_experiment.png", ready="document.querySelector('.ag-row')",
                    script=CLOSE_ASSISTANT + EXPAND_PARENT)
             b.shot(f"{base}/runs/{parent.info.run_id}{q}", OUT / f"{pre}mlflow_parent_run.png", height=1500,
-                   ready=_has_text("Metrics"), script=CLOSE_ASSISTANT)
-            b.shot(f"{base}/runs/{parent.info.run_id}/artifacts{q}", OUT / f"{pre}mlflow_parent_artifacts.png",
-                   ready=_has_text("regime_table.txt"), script=CLOSE_ASSISTANT + _click_text("regime_table.txt"))
+                   ready=_has_text("Metrics ("), script=CLOSE_ASSISTANT)
+            b.shot(f"{base}/runs/{parent.info.run_id}/artifacts/regime_table.txt{q}",
+                   OUT / f"{pre}mlflow_parent_artifacts.png", ready=_has_text("RACE regimes"), script=CLOSE_ASSISTANT)
             if trial is not None:
                 b.shot(f"{base}/runs/{trial.info.run_id}/model-metrics{q}", OUT / f"{pre}mlflow_trial_metrics.png",
                        height=1600, wait_s=25, ready=_has_text("Model metrics"), script=CLOSE_ASSISTANT)

@@ -369,3 +369,47 @@ def test_study_ends_with_the_mlflow_runs_link(tmp_path, monkeypatch):
     server = SimpleNamespace(tracking_uri="http://mlflow.lab:5000/", experiment_id="7")
     assert mlflow_lines(server) == ["MLflow runs: http://mlflow.lab:5000/#/experiments/7?workflowType=machine_learning"]
     assert mlflow_lines(None) == []
+
+
+@pytest.mark.parametrize("command", ["study", "race", "trial", "plan", "account", "best", "pareto", "report",
+                                     "ask", "tell"])
+def test_help_at_80_columns_cuts_no_help_text(command):
+    """At COLUMNS=80 no option's help is cut short with rich's ellipsis (typer's --X/--no-X form
+    used to squeeze plan's and account's help to a sliver: 'use_remove_paddin…'). Left: the
+    32-character option name --importance-sampling-correction beside plan's/account's longest
+    defaults (Qwen/Qwen2.5-Math-PRM-7B)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-m", "allocopt.cli", command, "--help"], env=env,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert all(len(line) <= 80 for line in out.splitlines())
+    for line in out.splitlines():
+        # the help column is what follows the type column (<int>, <str>, ...); "sqlite:///…" is
+        # the help's own text
+        help_part = line.split(">", 1)[1] if ">" in line else line
+        cut = [w for w in help_part.replace("│", " ").split() if w.endswith("…") and w not in ("sqlite:///…,", "postgresql://…).")]
+        assert not cut or "--importance-sampling-co" in line.split(">")[0], line
+
+
+def test_no_forms_still_switch_off(capsys):
+    """--no-gradient-checkpointing (hidden twin of --gradient-checkpointing) still turns it off
+    (the runner trl's default is on); both at once: one line, exit 2."""
+    from allocopt.cli import main
+
+    base = ["plan", "--budget", "1e19", "--rho", "0.5", "--runner", "trl"]
+    for extra, want in (([], "on"), (["--no-gradient-checkpointing"], "off"), (["--gradient-checkpointing"], "on"),
+                        (["--no-importance-sampling-correction"], "on")):
+        with pytest.raises(SystemExit) as e:
+            main(base + extra)
+        flat = " ".join(w for w in capsys.readouterr().out.split() if w != "│")
+        assert e.value.code in (0, None) and f"checkpointing {want}," in flat, (extra, flat[:400])
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--no-importance-sampling-correction"])
+    assert "IS correction off" in " ".join(w for w in capsys.readouterr().out.split() if w != "│")
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--gradient-checkpointing", "--no-gradient-checkpointing"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "both given" in err and len(err.strip().splitlines()) == 1
