@@ -90,6 +90,9 @@ def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys):
     assert run.data.tags["allocopt.recommended.reward"] == "sparse"
     doc = json.loads(open(c.download_artifacts(parent, "recommendation.json", str(tmp_path))).read())
     assert doc["allocation"] == {"rho": 0.42, "group_size": 8, "reward": "sparse"}
+    # the run's description (its page's first block) is the answer as the study prints it
+    assert run.data.tags["mlflow.note.content"] == "\n\n".join(recommendation_lines(rec, s.target))
+    assert run.data.tags["mlflow.note.content"].startswith("recommended: rho=0.420 G=8 sparse")
     # `allocopt best` gives the recommendation first, the best observed trial as its evidence,
     # from the Optuna study (where `allocopt race` stores it) and from MLflow's parent run
     st.set_user_attr("recommendation", recommendation_dict(rec, s.target))

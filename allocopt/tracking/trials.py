@@ -154,7 +154,7 @@ class TrialRuns:
         if st == "INFEASIBLE":  # ends FINISHED like a complete run: the name says it never ran
             name = (self._open.get(run_id) or {}).get("name")
             attempt("name", lambda: self.client.update_run(
-                run_id, name=f"{name or self.client.get_run(run_id).info.run_name} infeasible"))
+                run_id, name=f"infeasible {name or self.client.get_run(run_id).info.run_name}"))
         attempt("metrics", lambda: self._log_batch(
             run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items() if v is not None]))
         params = dict(self._open[run_id]["params"]) if run_id in self._open else None
