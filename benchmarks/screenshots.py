@@ -165,7 +165,10 @@ def main() -> None:
     trial = next((r for r in full if r.data.tags.get("allocopt.trial_number") == best), (full or done or [None])[0])
     import optuna
 
-    study_id = optuna.load_study(study_name=a.study, storage=f"sqlite:///{folder / 'allocopt.db'}")._study_id
+    st = optuna.load_study(study_name=a.study, storage=f"sqlite:///{folder / 'allocopt.db'}")
+    study_id = st._study_id
+    infeasible = [t.number for t in st.get_trials(deepcopy=False) if t.user_attrs.get("state") == "INFEASIBLE"]
+    best_number = int(best) if best is not None and str(best).isdigit() else None
 
     p_ml, p_od = _free_port(), _free_port()
     env = {**os.environ, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
@@ -203,8 +206,10 @@ def main() -> None:
                        height=1600, wait_s=25, ready=_has_text("Model metrics"), script=CLOSE_ASSISTANT)
             b.shot(f"{od}/dashboard/studies/{study_id}", OUT / f"{pre}optuna_dashboard_study.png", height=1500,
                    ready=_has_text("History"))
-            b.shot(f"{od}/dashboard/studies/{study_id}/trials", OUT / f"{pre}optuna_dashboard_trials.png",
-                   ready=_has_text("Trial 0"))
+            # the trials page on an infeasible plan when there is one, else on the best trial
+            shown = infeasible[0] if infeasible else best_number
+            b.shot(f"{od}/dashboard/studies/{study_id}/trials" + (f"?numbers={shown}" if shown is not None else ""),
+                   OUT / f"{pre}optuna_dashboard_trials.png", ready=_has_text("Trial 0"))
         finally:
             b.close()
     finally:

@@ -53,6 +53,16 @@ def test_infeasible_plans_are_infeasible_for_optuna_and_the_dashboard(tmp_path):
     for t in st.get_trials():
         con = dash.serialize_frozen_trial(st._study_id, t, {})["constraints"]
         assert len(con) == 1 and (con[0] > 0) == (states[t.number] == "INFEASIBLE")
+    # and its trial page (which marks every told trial Complete) carries a note saying so
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    attrs = st._storage.get_study_system_attrs(st._study_id)
+    for t in st.get_trials():
+        body = get_note_from_system_attrs(attrs, t._trial_id)["body"]
+        if states[t.number] == "INFEASIBLE":
+            assert body.startswith("**Infeasible, never run**") and t.user_attrs["error"] in body
+        else:
+            assert body == ""
     assert optuna.load_study(study_name=s.name, storage=f"sqlite:///{tmp_path}/o.db").metric_names == ["pass@1"]
 
 
