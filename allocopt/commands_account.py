@@ -20,8 +20,8 @@ from allocopt.setup import TrainingSetup
 
 D = {f.name: f.default for f in fields(TrainingSetup)}
 """The set-up's defaults: the one default of each field, shown in the help of both commands."""
-RUNNER_HELP = ("Who runs the training, which decides the defaults of --gradient-checkpointing and "
-               "--importance-sampling-correction: allocopt (allocopt's driver and the runs a study "
+RUNNER_HELP = ("Who runs the training, which decides the defaults of gradient checkpointing and "
+               "the importance-sampling correction: allocopt (allocopt's driver and the runs a study "
                "plans: both off) or trl (a plain TRL GRPOTrainer job, GRPOConfig's defaults: both "
                f"on). \\[default: {D['runner']}]")
 
@@ -69,6 +69,25 @@ def breakdown_table(acct: FlopAccount, title: str) -> Table:
                  f"{acct.useful.rho:.4f} useful")
     return t
 
+def _OFF(flag: str) -> Any:  # noqa: N802 - an Option factory, read like a constant
+    """The hidden ``--no-X`` twin of an on/off option ``--X``: typer's ``--X/--no-X`` form puts
+    both names in columns of their own, and at 80 columns they squeeze the help (and the names)
+    to a cut-off sliver. The help of ``--X`` names its twin."""
+    return typer.Option(False, flag, hidden=True)
+
+
+def _switch(name: str, on: Optional[bool], off: bool) -> Optional[bool]:
+    """``--X`` / ``--no-X`` as one value: True, False or ``None`` (not given).
+
+    Raises:
+        ConfigError: both given.
+    """
+    if on and off:
+        flag = name.replace("_", "-")
+        raise ConfigError(f"{name}: --{flag} and --no-{flag} both given; give one")
+    return False if off else on
+
+
 ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM rollouts) or verl "
                "(FSDP actor with use_remove_padding, vLLM/SGLang rollouts).")
 
@@ -80,18 +99,20 @@ def account(
     completion_tokens: Optional[float] = typer.Option(None, help=f"Mean completion length in tokens (EOS included). \\[default: {D['completion_tokens']:g}]"),
     completion_max: Optional[float] = typer.Option(None, help="Longest completion of a step in tokens, with --length-distribution. \\[default: the mean]"),
     length_distribution: Optional[str] = typer.Option(None, help="Spread of completion lengths between the mean and --completion-max: constant (all at the mean), uniform (evenly from 2*mean-max to max), one-long (one row at max, the rest equal). \\[default: constant]"),
-    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Per-completion lengths instead of means: CSV with header prompt_tokens,completion_tokens[,count] or JSON lines {\"prompt_tokens\": 103, \"completion_tokens\": 304[, \"count\": 5]}; count makes a row a histogram bin. Rows in run order, group_size consecutive rows per prompt, a whole number of steps of prompts x G rows; the account is the file's mean step times --steps."),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Per-completion lengths instead of means: CSV with the columns prompt_tokens, completion_tokens and (optional) count, or JSON lines {\"prompt_tokens\": 103, \"completion_tokens\": 304[, \"count\": 5]}; count makes a row a histogram bin. Rows in run order, group_size consecutive rows per prompt, a whole number of steps of prompts x G rows; the account is the file's mean step times --steps."),
     prompts: Optional[int] = typer.Option(None, help="Prompts per GRPO step. \\[default: 64]"),
     group_size: Optional[int] = typer.Option(None, "--group-size", "-G", help="Completions per prompt (G). \\[default: 8]"),
     steps: Optional[int] = typer.Option(None, help="GRPO steps (rollout batches). \\[default: 1]"),
     update_passes: Optional[float] = typer.Option(None, help="Passes over each rollout batch, each a forward + backward of every row: these cost FLOPs (mu; TRL num_iterations, verl ppo_epochs). \\[default: 1]"),
     minibatches: Optional[int] = typer.Option(None, help="Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size; TRL steps_per_generation / gradient_accumulation_steps). FLOP-free: they split a pass; > 1 makes the old-policy log-prob pass run. \\[default: 1]"),
     beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
-    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction/--no-importance-sampling-correction", help="TRL vllm_importance_sampling_correction: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho). \\[default: the runner's: allocopt off, trl on]"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
     lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
     lora_targets: Optional[str] = typer.Option(None, help=f"LoRA target modules (comma separated) or all-linear. \\[default: {D['lora_targets']}]"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                                          help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful). \\[default: the runner's: allocopt off, trl on]"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),
     reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
     reward_steps: Optional[float] = typer.Option(None, help=f"Steps per completion for a step-level PRM (one marker token each); used with --reward-model. \\[default: {D['steps_per_completion']:g}]"),
     engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
@@ -103,6 +124,9 @@ def account(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase and its rho."""
+    gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
+    importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
+                                             no_importance_sampling_correction)
     given = dict(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                  completion_max=completion_max, length_distribution=length_distribution,
                  lengths=None if lengths is None else str(lengths),
@@ -184,10 +208,12 @@ def plan(
     steps_per_completion: Optional[float] = typer.Option(None, help=f"Expected reasoning steps per completion (PRM markers). \\[default: {D['steps_per_completion']:g}]"),
     lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
     beta: Optional[float] = typer.Option(None, help=f"KL coefficient; > 0 adds a reference pass. \\[default: {D['beta']:g}]"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                                          help="Recompute activations in backward (non-reentrant); executed FLOPs only. \\[default: the runner's: allocopt off, trl on]"),
-    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction/--no-importance-sampling-correction",
-                                                                  help="TRL vllm_importance_sampling_correction: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho). \\[default: the runner's: allocopt off, trl on]"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in backward (non-reentrant); executed FLOPs only; the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction",
+                                                                  help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
     prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
     engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
     runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
@@ -196,6 +222,10 @@ def plan(
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
     from allocopt.allocation import Allocation, Workload, default_reward_models, make_plan
+
+    gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
+    importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
+                                             no_importance_sampling_correction)
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     given = dict(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,

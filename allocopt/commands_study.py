@@ -139,6 +139,9 @@ def study(
         st = open_study(replace(s, pilots=0), storage)
         print_study_summary(st, s, storage,  # race printed its answer, if it made one
                             show_answer=not st.user_attrs.get("recommendation"))
+        if not no_mlflow:
+            for line in mlflow_lines(_experiment_of(s.name, mlflow_uri)):
+                out.print(line, highlight=False, markup=False, soft_wrap=True)
         return
     from allocopt.cli_common import check_space_feasible
     from allocopt.study_open import open_study
@@ -185,6 +188,48 @@ def study(
             with one_interrupt(raise_first=False):
                 close_tracker(tracker, s.name, storage, status)
     print_study_summary(st, s, storage)
+    for line in mlflow_lines(tracker):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _experiment_of(study_name: str, mlflow_uri: Optional[str]) -> Any:
+    """``tracking_uri`` and ``experiment_id`` of the study's MLflow experiment (what
+    :func:`mlflow_lines` reads off a tracker), or ``None`` when it cannot be found."""
+    try:
+        from types import SimpleNamespace
+
+        from mlflow import MlflowClient
+
+        from allocopt.tracking.tracker import _resolve_uri
+
+        uri = _resolve_uri(mlflow_uri)
+        exp = MlflowClient(uri).get_experiment_by_name(f"allocopt/{study_name}")
+        return SimpleNamespace(tracking_uri=uri, experiment_id=exp.experiment_id) if exp else None
+    except Exception:  # noqa: BLE001 - a hint only: never fail a finished study over it
+        return None
+
+
+def mlflow_lines(tracker: Any) -> list[str]:
+    """How to open the study's runs in the MLflow UI: the command for a local SQLite store (its
+    path relative to the working folder when under it), then the link to the runs table
+    (:func:`allocopt.tracking.runs_view_url`; MLflow 3.17 otherwise opens on its GenAI
+    overview, "No data available"). ``[]`` without a tracker or for a ``file:`` store."""
+    if tracker is None:
+        return []
+    from allocopt.tracking import runs_view_url
+
+    uri, exp = str(tracker.tracking_uri), str(tracker.experiment_id)
+    if uri.startswith(("http://", "https://")):
+        return [f"MLflow runs: {runs_view_url(uri, exp)}"]
+    if not uri.startswith("sqlite:///"):
+        return []
+    path = Path(uri[len("sqlite:///"):])
+    try:
+        path = path.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return [f"MLflow: mlflow ui --backend-store-uri sqlite:///{path}",
+            f"  then open {runs_view_url('http://127.0.0.1:5000', exp)}"]
 
 
 def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",

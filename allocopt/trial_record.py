@@ -119,6 +119,8 @@ def run_one_trial(
         excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
         trial.set_constraint("budget", max(excess, 1e-6))
         set_dashboard_constraint(study, trial, max(excess, 1e-6))
+        dashboard_note(trial, f"**Infeasible, never run** (a violated `budget` constraint; the value 0 "
+                              f"is a placeholder): {e}")
         trial.set_user_attr("state", "INFEASIBLE")
         trial.set_user_attr("error", str(e))
         study.tell(trial, [0.0] * len(keys))
@@ -208,6 +210,21 @@ def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:
         return
     storage, tid = handle
     storage.set_trial_system_attr(tid, "constraints", [float(value)])
+
+
+def dashboard_note(trial: Any, body: str) -> None:
+    """optuna-dashboard's note of ``trial`` (Markdown, shown above its values): its trial page
+    marks every told trial ``Complete`` and shows no constraint, so an infeasible plan says so
+    here. Nothing when optuna-dashboard is not installed (the ``dev`` extra has it) or the note
+    cannot be written."""
+    try:
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    try:
+        save_note(trial, body)
+    except Exception:  # noqa: BLE001 - a note is a courtesy; the constraint is the record
+        pass
 
 
 def counts(study: Any) -> dict[str, int]:

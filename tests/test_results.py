@@ -53,6 +53,16 @@ def test_infeasible_plans_are_infeasible_for_optuna_and_the_dashboard(tmp_path):
     for t in st.get_trials():
         con = dash.serialize_frozen_trial(st._study_id, t, {})["constraints"]
         assert len(con) == 1 and (con[0] > 0) == (states[t.number] == "INFEASIBLE")
+    # and its trial page (which marks every told trial Complete) carries a note saying so
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    attrs = st._storage.get_study_system_attrs(st._study_id)
+    for t in st.get_trials():
+        body = get_note_from_system_attrs(attrs, t._trial_id)["body"]
+        if states[t.number] == "INFEASIBLE":
+            assert body.startswith("**Infeasible, never run**") and t.user_attrs["error"] in body
+        else:
+            assert body == ""
     assert optuna.load_study(study_name=s.name, storage=f"sqlite:///{tmp_path}/o.db").metric_names == ["pass@1"]
 
 
@@ -90,6 +100,9 @@ def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys):
     assert run.data.tags["allocopt.recommended.reward"] == "sparse"
     doc = json.loads(open(c.download_artifacts(parent, "recommendation.json", str(tmp_path))).read())
     assert doc["allocation"] == {"rho": 0.42, "group_size": 8, "reward": "sparse"}
+    # the run's description (its page's first block) is the answer as the study prints it
+    assert run.data.tags["mlflow.note.content"] == "\n\n".join(recommendation_lines(rec, s.target))
+    assert run.data.tags["mlflow.note.content"].startswith("recommended: rho=0.420 G=8 sparse")
     # `allocopt best` gives the recommendation first, the best observed trial as its evidence,
     # from the Optuna study (where `allocopt race` stores it) and from MLflow's parent run
     st.set_user_attr("recommendation", recommendation_dict(rec, s.target))
@@ -350,3 +363,66 @@ def test_study_shows_its_estimate_before_the_first_trial(tmp_path, monkeypatch, 
     assert "estimated wall time: about 11 s for 1 full run(s) of 1e+18 FLOPs" in flat
     assert flat.index("estimated wall time") < flat.index("trial 0 ")
     assert all(len(line) <= 80 for line in err.splitlines())
+
+
+def test_study_ends_with_the_mlflow_runs_link(tmp_path, monkeypatch):
+    """The study's last lines open MLflow on the runs table (MLflow 3.17 otherwise opens on its
+    GenAI overview): the command for the local store, relative when under the working folder."""
+    from types import SimpleNamespace
+
+    from allocopt.commands_study import mlflow_lines
+
+    monkeypatch.chdir(tmp_path)
+    local = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment_id="3")
+    assert mlflow_lines(local) == ["MLflow: mlflow ui --backend-store-uri sqlite:///mlflow.db",
+                                   "  then open http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning"]
+    assert all(len(line) <= 80 for line in mlflow_lines(local))
+    elsewhere = SimpleNamespace(tracking_uri="sqlite:////srv/runs/mlflow.db", experiment_id="3")
+    assert mlflow_lines(elsewhere)[0] == "MLflow: mlflow ui --backend-store-uri sqlite:////srv/runs/mlflow.db"
+    server = SimpleNamespace(tracking_uri="http://mlflow.lab:5000/", experiment_id="7")
+    assert mlflow_lines(server) == ["MLflow runs: http://mlflow.lab:5000/#/experiments/7?workflowType=machine_learning"]
+    assert mlflow_lines(None) == []
+
+
+@pytest.mark.parametrize("command", ["study", "race", "trial", "plan", "account", "best", "pareto", "report",
+                                     "ask", "tell"])
+def test_help_at_80_columns_cuts_no_help_text(command):
+    """At COLUMNS=80 no option's help is cut short with rich's ellipsis (typer's --X/--no-X form
+    used to squeeze plan's and account's help to a sliver: 'use_remove_paddin…'). Left: the
+    32-character option name --importance-sampling-correction beside plan's/account's longest
+    defaults (Qwen/Qwen2.5-Math-PRM-7B)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-m", "allocopt.cli", command, "--help"], env=env,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert all(len(line) <= 80 for line in out.splitlines())
+    for line in out.splitlines():
+        # the help column is what follows the type column (<int>, <str>, ...); "sqlite:///…" is
+        # the help's own text
+        help_part = line.split(">", 1)[1] if ">" in line else line
+        cut = [w for w in help_part.replace("│", " ").split() if w.endswith("…") and w not in ("sqlite:///…,", "postgresql://…).")]
+        assert not cut or "--importance-sampling-co" in line.split(">")[0], line
+
+
+def test_no_forms_still_switch_off(capsys):
+    """--no-gradient-checkpointing (hidden twin of --gradient-checkpointing) still turns it off
+    (the runner trl's default is on); both at once: one line, exit 2."""
+    from allocopt.cli import main
+
+    base = ["plan", "--budget", "1e19", "--rho", "0.5", "--runner", "trl"]
+    for extra, want in (([], "on"), (["--no-gradient-checkpointing"], "off"), (["--gradient-checkpointing"], "on"),
+                        (["--no-importance-sampling-correction"], "on")):
+        with pytest.raises(SystemExit) as e:
+            main(base + extra)
+        flat = " ".join(w for w in capsys.readouterr().out.split() if w != "│")
+        assert e.value.code in (0, None) and f"checkpointing {want}," in flat, (extra, flat[:400])
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--no-importance-sampling-correction"])
+    assert "IS correction off" in " ".join(w for w in capsys.readouterr().out.split() if w != "│")
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--gradient-checkpointing", "--no-gradient-checkpointing"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "both given" in err and len(err.strip().splitlines()) == 1

@@ -32,7 +32,9 @@ Layout in MLflow
   metrics and ``recommendation.json``), text artifacts such as the regime table and the report
   (:meth:`StudyTracker.log_text`, :meth:`StudyTracker.log_file`) and the study's final metrics
   (:meth:`StudyTracker.log_study_summary`).
-* **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>``, tags
+* **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>`` (``trial-<number>
+  pilot`` for a pilot, ``infeasible`` put first for a plan the budget cannot buy: MLflow's runs
+  table shows every ended run with the same check, and cuts long names), tags
   ``allocopt.study``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
   (``RUNNING``, then ``COMPLETE``, ``FAIL`` or ``INFEASIBLE``), ``allocopt.objective``,
   ``allocopt.fidelity`` (``full`` or ``pilot``) and any caller tag (a key without a dot gets the

@@ -158,7 +158,9 @@ class StudyTracker(TrialRuns):
                 units), ``level`` (e.g. 0.9), ``prob_best`` (in [0, 1]) and optionally
                 ``best_trial`` (the best observed trial as evidence). Scalars become metrics
                 ``recommended_<key>``, the allocation tags ``allocopt.recommended.<key>``, the
-                whole dict the ``recommendation.json`` artifact.
+                whole dict the ``recommendation.json`` artifact, and the lines the study prints
+                (:func:`allocopt.answer.recommendation_lines`) the run's description (tag
+                ``mlflow.note.content``).
         """
         from mlflow.entities import Metric
 
@@ -171,6 +173,14 @@ class StudyTracker(TrialRuns):
         self._log_batch(self.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()
                                                      if v is not None])
         self.client.log_dict(self.parent_run_id, rec, "recommendation.json")
+        try:  # the run's description, the first thing its page shows: the answer as the study prints it
+            from allocopt.answer import from_dict, recommendation_lines
+
+            lines = recommendation_lines(from_dict(rec), str(rec.get("target") or ""))
+        except Exception:  # noqa: BLE001 - a partial dict: the tags, metrics and JSON above hold it
+            lines = []
+        if lines:
+            self._tags(self.parent_run_id, {"mlflow.note.content": "\n\n".join(lines)})
 
     def log_text(self, text: str, name: str) -> None:
         """Write ``text`` as the parent run's artifact ``name`` (e.g. ``regime_table.txt``)."""

@@ -80,9 +80,11 @@ class TrialRuns:
             all_tags[k if "." in k else f"allocopt.{k}"] = v
         all_tags = {mlflow_key(k): _cut(str(v)) for k, v in all_tags.items()}
         first = dict(list(all_tags.items())[:_BATCH_PARAMS_TAGS])
-        run = self.client.create_run(self.experiment_id, run_name=f"trial-{int(number)}", tags=first)
+        # the runs table shows names and a green check for every ended run: the name says pilot
+        name = f"trial-{int(number)}" + (" pilot" if fidelity == "pilot" else "")
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=first)
         run_id = run.info.run_id
-        self._open[run_id] = {"params": {}, "number": int(number)}
+        self._open[run_id] = {"params": {}, "number": int(number), "name": name}
         try:
             self._tags(run_id, dict(list(all_tags.items())[_BATCH_PARAMS_TAGS:]))
             self._open[run_id]["params"] = self._params(run_id, params, set())
@@ -149,6 +151,10 @@ class TrialRuns:
         if skipped:
             tags[TAG_SKIPPED] = ",".join(skipped)
         attempt("tags", lambda: self._tags(run_id, tags))
+        if st == "INFEASIBLE":  # ends FINISHED like a complete run: the name says it never ran
+            name = (self._open.get(run_id) or {}).get("name")
+            attempt("name", lambda: self.client.update_run(
+                run_id, name=f"infeasible {name or self.client.get_run(run_id).info.run_name}"))
         attempt("metrics", lambda: self._log_batch(
             run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items() if v is not None]))
         params = dict(self._open[run_id]["params"]) if run_id in self._open else None
