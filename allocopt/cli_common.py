@@ -261,33 +261,46 @@ def close_tracker(tracker: Any, study_name: str, storage: str, status: str) -> N
 
 
 class one_interrupt:
-    """Within the block, the first Ctrl-C raises KeyboardInterrupt as usual; further ones only
-    print a line, so the interrupted trial's record (Optuna and MLflow) is written in full
-    (a second Ctrl-C used to cut it short and leave the MLflow run RUNNING). With
-    ``raise_first=False`` every Ctrl-C only prints (for the closing records)."""
+    """Within the block, the first Ctrl-C (SIGINT) or SIGTERM (what ``kill``, ``timeout`` and
+    a batch scheduler's preemption send) raises KeyboardInterrupt as usual; further ones only
+    print a line, so the interrupted trial's record (Optuna and MLflow) is written in full (a
+    second Ctrl-C used to cut it short and leave the MLflow run RUNNING; a SIGTERM used to end
+    the process at once and leave the trial and both MLflow runs RUNNING). With
+    ``raise_first=False`` every such signal only prints (for the closing records).
+    :attr:`exit_code` is the shell's for the signal received: 130 (SIGINT), 143 (SIGTERM)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self, raise_first: bool = True):
         self.raise_first = raise_first
+        self.exit_code = 130
+        self.received = False
 
     def __enter__(self) -> "one_interrupt":
         import signal
         import sys
 
         def first(signum: int, frame: Any) -> None:
-            signal.signal(signal.SIGINT, again)
+            self.exit_code, self.received = 128 + signum, True
+            for name in self.SIGNALS:
+                signal.signal(getattr(signal, name), again)
             raise KeyboardInterrupt
 
         def again(signum: int, frame: Any) -> None:
             sys.stderr.write("interrupting: saving the interrupted trial's record, one moment\n")
 
-        self.previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, first if self.raise_first else again)
+        self.previous = {name: signal.getsignal(getattr(signal, name)) for name in self.SIGNALS}
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), first if self.raise_first else again)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import signal
 
-        signal.signal(signal.SIGINT, self.previous)
+        if self.received:  # the process is on its way out: a second signal between this block
+            return  # and the closing records' block must not kill it (it only prints)
+        for name, handler in self.previous.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 def parse_settings(items: list[str] | None) -> dict:

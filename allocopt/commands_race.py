@@ -161,8 +161,9 @@ def race(
             live.step("proposing the full-budget runs (surrogate fit)")
 
     status = "FAILED"  # the parent run is FINISHED only when the race ends normally
+    guard = one_interrupt()
     try:
-        with one_interrupt(), live:
+        with guard, live:
             live.step("opening the study and the pilot design")
             res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                            pilot_fraction=f, validations=validations, propose_only=propose_only,
@@ -179,7 +180,7 @@ def race(
 
         sys.stderr.write(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
                          "to resume\n")
-        sys.exit(130)
+        sys.exit(guard.exit_code)
     finally:
         with one_interrupt(raise_first=False):
             close_tracker(tracker, s.name, storage, status)

@@ -171,7 +171,7 @@ def study(
         live.step("opening the study and its sampler")
         status = "FAILED"  # the parent run is FINISHED only when the loop ends normally
         try:
-            with one_interrupt():
+            with one_interrupt() as guard:
                 st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                                on_trial_start=live.on_start, on_trial_end=live.on_end,
                                progress=live.progress, verbose=verbose)
@@ -183,7 +183,7 @@ def study(
             from allocopt.storage import redact_url
 
             fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
-                 "to resume", 130)
+                 "to resume", guard.exit_code)
         finally:
             with one_interrupt(raise_first=False):
                 close_tracker(tracker, s.name, storage, status)

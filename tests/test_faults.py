@@ -110,19 +110,29 @@ def completed(tmp: Path) -> dict[int, tuple]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signals", [1, 2], ids=["sigint-once", "sigint-twice"])
-def test_ctrl_c_mid_trial_then_resume(tmp_path, signals):
+@pytest.mark.parametrize("sig,signals,code", [("SIGINT", 1, 130), ("SIGINT", 2, 130), ("SIGTERM", 1, 143),
+                                              ("SIGTERM", 2, 143)],
+                         ids=["sigint-once", "sigint-twice", "sigterm-once", "sigterm-twice"])
+def test_ctrl_c_mid_trial_then_resume(tmp_path, sig, signals, code):
+    """Ctrl-C, or SIGTERM (kill, timeout, a scheduler's preemption), once or twice mid-trial:
+    the trial is failed in Optuna and MLflow, the parent run is not FINISHED, the exit code is
+    the shell's for the signal, and a resume runs the failed trial's allocation again."""
     f = spec(tmp_path, trials=3, sleep_s=2.0)
     p = start(tmp_path, f)
     wait_for_start(tmp_path, 2, p)  # trial 0 finished, trial 1 mid-run
     for _ in range(signals):
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, sig))
         time.sleep(0.2)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    # A second signal that lands after the records are written, while the interpreter shuts
+    # down (CPython has put back the default handlers by then), ends the process by that
+    # signal: allowed only once the closing line is out; the records are checked below.
+    assert p.returncode == code or (signals == 2 and p.returncode == -getattr(signal, sig)
+                                    and "interrupted: finished trials are kept" in err), (p.returncode, err)
     assert "Traceback" not in err
     by_trial, parents = mlflow_runs(tmp_path)
-    assert "FINISHED" not in parents, parents  # an interrupted study is not finished
+    assert "FINISHED" not in parents and "RUNNING" not in parents, parents  # interrupted, ended
+    assert by_trial[1] in (["FAILED"], ["KILLED"]), by_trial  # the interrupted trial, ended before exit
     kept = completed(tmp_path)
     assert list(kept) == [0]
     f = spec(tmp_path, trials=3)  # resume, no more sleeping
