@@ -65,6 +65,33 @@ def best_row(study: Any) -> TrialRow | None:
     return max(done, key=lambda r: r.value) if done else None
 
 
+def interrupted_by(error: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in ``error``'s chain (``__cause__`` / ``__context__``):
+    a Ctrl-C or SIGTERM that a library caught and re-raised as another error (Python 3.11 turns
+    one raised while a class is created into ``RuntimeError: Error calling __set_name__``). Such
+    a trial is interrupted, not failed, and the study stops."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _record_interrupt(study: Any, trial: Any, tracker: Any, run_id: Any, plan: Any) -> None:
+    """The interrupted trial failed in Optuna and MLflow (it runs again on resume)."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("error", "interrupted")
+    trial.set_user_attr("state", "FAIL")
+    study.tell(trial, state=TrialState.FAIL)
+    if tracker:
+        tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
+                             error="interrupted (KeyboardInterrupt)")
+
+
 def run_one_trial(
     study: Any,
     trial: Any,
@@ -154,14 +181,12 @@ def run_one_trial(
     except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
         return _infeasible(e, plan)
     except KeyboardInterrupt:
-        trial.set_user_attr("error", "interrupted")
-        trial.set_user_attr("state", "FAIL")
-        study.tell(trial, state=TrialState.FAIL)
-        if tracker:
-            tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
-                                 error="interrupted (KeyboardInterrupt)")
+        _record_interrupt(study, trial, tracker, run_id, plan)
         raise
     except Exception as e:  # the objective failed: record it and go on
+        if interrupted_by(e):  # a Ctrl-C that a library wrapped (e.g. Python 3.11's __set_name__)
+            _record_interrupt(study, trial, tracker, run_id, plan)
+            raise KeyboardInterrupt from e
         spent = getattr(getattr(e, "result", None), "spent", None)
         err = f"{type(e).__name__}: {e}"
         metrics = spent.to_dict() if spent is not None else {}

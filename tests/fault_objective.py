@@ -2,7 +2,9 @@
 
 Settings (``[objective_settings]`` of a study file): ``sleep_s`` (wall seconds per trial, so a
 signal lands mid-trial), ``nan_at`` / ``raise_at`` (trial seeds, i.e. trial numbers with seed
-0, whose result is NaN / which raise), ``log`` (a file that gets one JSON line when a trial
+0, whose result is NaN / which raise), ``wrapped_interrupt_at`` (trials that raise a
+``RuntimeError`` caused by a ``KeyboardInterrupt``, as Python 3.11 wraps a Ctrl-C landing in a
+class's ``__set_name__``), ``log`` (a file that gets one JSON line when a trial
 starts and one when it ends: what ran, to check that no allocation runs twice).
 """
 
@@ -23,6 +25,7 @@ class FaultyObjective(SyntheticObjective):
     sleep_s: float = 0.0
     nan_at: list = field(default_factory=list)
     raise_at: list = field(default_factory=list)
+    wrapped_interrupt_at: list = field(default_factory=list)
     log: str = ""
 
     def _log(self, event: str, plan, seed: int) -> None:
@@ -37,6 +40,8 @@ class FaultyObjective(SyntheticObjective):
         time.sleep(self.sleep_s)
         if seed in self.raise_at:
             raise RuntimeError(f"injected failure at trial seed {seed}")
+        if seed in self.wrapped_interrupt_at:  # a Ctrl-C a library re-raised as another error
+            raise RuntimeError("Error calling __set_name__ (injected)") from KeyboardInterrupt()
         result = super().run(plan, seed=seed, progress=progress)
         if seed in self.nan_at:
             result.targets = {k: math.nan for k in result.targets}

@@ -143,6 +143,23 @@ def test_ctrl_c_mid_trial_then_resume(tmp_path, sig, signals, code):
     assert [t.number for t in ts if t.state.name == "FAIL"] == [1]  # the interrupted one, not counted
 
 
+def test_a_wrapped_ctrl_c_stops_the_study(tmp_path):
+    """A Ctrl-C that a library re-raised as another error (the chain holds the
+    KeyboardInterrupt; seen when a Ctrl-C landed while peft's config classes were created) is an
+    interrupt, not a failed trial: the study stops with 130 at that trial (it used to record a
+    failure, go on, and ignore every later Ctrl-C)."""
+    p = start(tmp_path, spec(tmp_path, trials=4, wrapped_interrupt_at=[1]))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted: finished trials are kept" in err and "Traceback" not in err
+    ts = optuna_trials(tmp_path)
+    assert [(t.number, t.state.name) for t in ts] == [(0, "COMPLETE"), (1, "FAIL")]
+    assert ts[1].user_attrs["error"] == "interrupted"
+    assert [r["seed"] for r in ran(tmp_path) if r["event"] == "start"] == [0, 1]  # nothing after it
+    by_trial, parents = mlflow_runs(tmp_path)
+    assert by_trial == {0: ["FINISHED"], 1: ["FAILED"]} and parents == ["KILLED"], (by_trial, parents)
+
+
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume(tmp_path):
     f = spec(tmp_path, trials=3, sleep_s=2.0)
