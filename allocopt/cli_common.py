@@ -36,6 +36,16 @@ def load_objective(name: str, settings: dict | None = None) -> Any:
     return obj
 
 
+def check_storage(storage: str) -> None:
+    """:func:`allocopt.storage.check_storage_url` as a :class:`ConfigError` (one line, exit 2)."""
+    from allocopt.storage import StorageError, check_storage_url
+
+    try:
+        check_storage_url(storage)
+    except StorageError as e:
+        raise ConfigError(str(e)) from None
+
+
 def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) -> Any:
     """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off.
 

@@ -128,12 +128,13 @@ def race(
         extra_pilot_budget=extra_pilot_budget).items() if v is not None})
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
 
-    from allocopt.cli_common import check_space_feasible, load_objective, make_tracker
+    from allocopt.cli_common import check_space_feasible, check_storage, load_objective, make_tracker
 
     obj = load_objective(s.objective, s.objective_settings)
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
+    check_storage(storage)  # a storage URL typo: refused before MLflow records anything
     with err.status("opening MLflow tracking..."):
         tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
 

@@ -27,7 +27,7 @@ err = Console(stderr=True)
 
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
-    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's, else 1e19]"),
+    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
     target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world) or synthetic (test function). \\[default: the spec's, else qwen]"),
     trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
@@ -143,12 +143,13 @@ def study(
             for line in mlflow_lines(_experiment_of(s.name, mlflow_uri)):
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
         return
-    from allocopt.cli_common import check_space_feasible
+    from allocopt.cli_common import check_space_feasible, check_storage
     from allocopt.study_open import open_study
 
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     check_space_feasible(s, workload)  # a budget no allocation can use: refused, nothing recorded
+    check_storage(storage)  # a storage URL typo: refused before MLflow records anything
     if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
         from allocopt.cli_common import probe_tracking
 

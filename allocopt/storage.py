@@ -135,6 +135,23 @@ class StaleTrialCallback:
             fn(study, trial)
 
 
+def check_storage_url(url: str) -> None:
+    """Refuse a storage URL SQLAlchemy cannot read or has no dialect for, without connecting
+    (so a typo fails before anything is recorded, in MLflow either).
+
+    Raises:
+        StorageError: one line naming the URL (password redacted) and what is allowed.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(str(url)).get_dialect()
+    except Exception as e:  # ArgumentError (not a URL), NoSuchModuleError (unknown dialect)
+        raise StorageError(f"storage={redact_url(url)!r}: not a database URL SQLAlchemy can use "
+                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); allowed: "
+                           "sqlite:///FILE, postgresql://USER:PASS@HOST/DB, mysql://...") from None
+
+
 def make_storage(url: str) -> Any:
     """An Optuna storage for ``url`` with heartbeats on (RDB URLs: ``sqlite://``,
     ``postgresql://``, ``mysql://``); other URLs are returned for Optuna to handle.

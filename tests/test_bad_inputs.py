@@ -91,6 +91,12 @@ ROWS = [
     ("study: budget below every allocation", ["study", *SYN, "--budget", "1e12", "--pilots", "0", "--no-mlflow",
                                               "--storage", "sqlite:///{tmp}/o.db"],
      ["budget_flops=1e+12", "any allocation", "smallest feasible plan", "needs"]),
+    ("study: storage URL typo", ["study", *SYN, "--budget", "1e18", "--storage", "bogus://x",
+                                 "--mlflow-uri", "sqlite:///{tmp}/m.db"],
+     ["storage='bogus://x'", "not a database URL", "allowed: sqlite"]),  # m.db not made either
+    ("study: storage URL typo, no pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "0", "--storage",
+                                            "postgresq://u@h/db", "--mlflow-uri", "sqlite:///{tmp}/m.db"],
+     ["storage='postgresq://u@h/db'", "allowed: sqlite"]),
     ("study: negative seed", ["study", *SYN, "--budget", "1e18", "--seed", "-1"], ["seed=-1", "from 0"]),
     ("study: unknown objective", ["study", "--objective", "nope", "--budget", "1e18", "--target", "pass@1"],
      ["objective='nope'", "allowed: "]),
