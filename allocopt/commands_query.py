@@ -24,7 +24,7 @@ from rich.table import Table
 
 FIDELITY_CHOICES = ("full", "pilot", "all")
 
-_STUDY = typer.Option(None, "--study", help="Optuna study name (in --storage).")
+_STUDY = typer.Option(None, "--study", help="Optuna study name (in --storage) \\[default: the one study the storage holds].")
 _STORAGE = typer.Option("sqlite:///allocopt.db", "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
 _FROM_MLFLOW = typer.Option(None, "--from-mlflow", help="MLflow experiment (allocopt/<study> or the study name) to read trials from instead of --study; repeat for several studies.")
 _MLFLOW_URI = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db].")
@@ -51,6 +51,24 @@ def _split(text: str, what: str) -> list[str]:
     if not items:
         raise _problem(f"{what}={text!r}: give one or more names separated by commas")
     return items
+
+
+def _study_or_only(study: Optional[str], storage: str, from_mlflow: Optional[List[str]]) -> Optional[str]:
+    """``study``; without ``--study`` and ``--from-mlflow``, the one study ``storage`` holds.
+
+    Raises:
+        QueryError: the storage holds none or several studies (the line lists them).
+    """
+    if study or from_mlflow:
+        return study
+    from allocopt.query_sources import study_names
+    from allocopt.storage import redact_url
+
+    names = study_names(storage)
+    if len(names) == 1:
+        return names[0]
+    raise _problem(f"study=None: give --study NAME ({redact_url(storage)} holds "
+                   f"{', '.join(names) if names else 'no study'}) or --from-mlflow EXPERIMENT (MLflow)")
 
 
 def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], mlflow_uri: Optional[str],
@@ -152,6 +170,7 @@ def pareto(
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
     from allocopt.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
 
+    study = _study_or_only(study, storage, from_mlflow)
     rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     names = _split(objectives, "objectives") if objectives else _stored_objectives(study, storage, from_mlflow, mlflow_uri)
     keys = check_fields(rows, names)
@@ -187,6 +206,7 @@ def best(
     from allocopt.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
     from allocopt.pareto import number
 
+    study = _study_or_only(study, storage, from_mlflow)
     rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     if target is None:
         target = _stored_target(study, storage, from_mlflow, mlflow_uri)
@@ -355,6 +375,7 @@ def report(
     from allocopt.pareto import check_fields, measured_targets
     from allocopt.report import write_report
 
+    study = _study_or_only(study, storage, from_mlflow)
     rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     context = None
     if study:  # the study's targets, budget, RACE regimes and recommendation

@@ -24,6 +24,26 @@ def _check_sqlite(url: str, what: str) -> None:
             raise QueryError(f"{what}={url!r}: no such database file ({os.path.abspath(path)})")
 
 
+def study_names(storage: str) -> list[str]:
+    """The names of the Optuna studies in ``storage``, sorted (nothing is created).
+
+    Raises:
+        QueryError: the storage cannot be opened (a missing SQLite file, a bad URL, an
+            unreachable server, a missing driver).
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _check_sqlite(storage, "storage")
+    try:
+        return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+    except Exception as e:  # bad URL, unreachable server, missing driver
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        from allocopt.storage import redact_url
+
+        raise QueryError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
+
+
 def open_study_for_query(storage: str, study_name: str) -> Any:
     """The Optuna study ``study_name`` in ``storage``, loaded (never created).
 
@@ -33,15 +53,7 @@ def open_study_for_query(storage: str, study_name: str) -> Any:
     """
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    _check_sqlite(storage, "storage")
-    try:
-        names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
-    except Exception as e:  # bad URL, unreachable server, missing driver
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        from allocopt.storage import redact_url
-
-        raise QueryError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
+    names = study_names(storage)
     if study_name not in names:
         from allocopt.storage import redact_url
 

@@ -271,6 +271,22 @@ def test_cli_best_defaults_to_the_studys_target(studies, capsys):
     assert json.loads(out)["best"]["number"] == want.number
 
 
+def test_cli_best_and_pareto_default_to_the_one_study_the_storage_holds(tmp_path, capsys):
+    """A storage with one study: `best` / `pareto` without --study read it (as the README's
+    first study leaves `allocopt.db` with the study `allocopt`), the same answer as with it."""
+    storage = f"sqlite:///{tmp_path}/one.db"
+    s = StudySpec(name="only", objective="synthetic", budget_flops=1e18, target=("pass@1", "judge"), trials=3,
+                  sampler="random", seed=0, pilots=0,
+                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "prm")))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=storage)
+    for cmd in (["best", "--target", "judge"], ["pareto"]):
+        rc, out, err = cli(capsys, *cmd, "--storage", storage, "--json")
+        assert rc == 0, err
+        rc2, named, _ = cli(capsys, *cmd, "--study", "only", "--storage", storage, "--json")
+        assert rc2 == 0 and json.loads(out) == json.loads(named)
+
+
 @pytest.fixture(scope="module")
 def two_targets(tmp_path_factory):
     """Study ``mo`` run for pass@1 and judge (4 synthetic trials), and ``bare``: an Optuna study
@@ -328,7 +344,7 @@ def test_cli_best_without_target_in_a_subprocess(studies):
     (["best", "--study", "a", "--target", "judge", "--where", "reward=dnse"], "matches no complete trial"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--directions", "up,down"], "direction='up'"),
     (["best", "--study", "a", "--target", "judge", "--fidelity", "half"], "fidelity='half'"),
-    (["best", "--target", "judge"], "--from-mlflow"),
+    (["best", "--target", "judge"], "holds a, b) or --from-mlflow"),
     (["report", "--study", "a", "--out", "x", "--pareto", "judge"], "exactly two"),
 ])
 def test_cli_bad_queries_exit_2_with_one_line(studies, capsys, args, needle):
