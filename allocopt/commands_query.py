@@ -369,7 +369,7 @@ def report(
     where: Optional[List[str]] = _WHERE,
     fidelity: str = typer.Option("all", "--fidelity", help="Trials of this fidelity: all (pilots marked), full, or pilot."),
     title: Optional[str] = typer.Option(None, "--title", help="Title of the page and figures \\[default: the source]."),
-    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="Also log the files as artifacts (report/) of this MLflow run id (at --mlflow-uri)."),
+    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="Also log the files as artifacts (report/) of this MLflow run id (at --mlflow-uri); 'parent': the study's parent run."),
 ) -> None:
     """A visual report: allocation frontier per reward system, compute breakdown, Pareto front, regime table (PNG + one HTML page)."""
     from allocopt.pareto import check_fields, measured_targets
@@ -391,6 +391,8 @@ def report(
     pair = check_fields(rows, _split(pareto_of, "pareto"), "target") if pareto_of else None
     if pair is not None and len(pair) != 2:
         raise _problem(f"pareto={pareto_of!r}: give exactly two targets, e.g. pass@1,judge")
+    if mlflow_run == "parent":
+        mlflow_run = _parent_run_id(study, mlflow_uri)
     files = write_report(rows, out_dir, title=title or source.capitalize(), targets=keys, context=context,
                          pareto_targets=pair, run_id=mlflow_run, tracking_uri=mlflow_uri)
     out = _out()
@@ -398,6 +400,32 @@ def report(
         out.print(str(f), markup=False, highlight=False)
     if mlflow_run:
         out.print(f"logged {len(files)} files to MLflow run {mlflow_run} (artifacts report/)")
+
+
+def _parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
+    """The run id of ``study``'s parent run in its MLflow experiment ``allocopt/<study>`` (the
+    latest, when workers made several). Raises :class:`QueryError` (one line) when there is none."""
+    if not study:
+        raise _problem("mlflow_run='parent': needs --study (the study whose parent run gets the report)")
+    from allocopt.cli_common import short_mlflow_requests
+    from allocopt.tracking.keys import TAG_ROLE, TAG_STUDY
+    from allocopt.tracking.tracker import _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    try:
+        from mlflow import MlflowClient
+
+        with short_mlflow_requests():
+            client = MlflowClient(tracking_uri=uri)
+            exp = client.get_experiment_by_name(f"allocopt/{study}")
+            runs = [] if exp is None else client.search_runs(
+                [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'study'", max_results=100)
+    except Exception as e:  # noqa: BLE001 - unreachable server, unreadable store
+        raise _problem(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    runs = [r for r in runs if r.data.tags.get(TAG_STUDY) == study]
+    if not runs:
+        raise _problem(f"mlflow_run='parent': study {study!r} has no parent run in {uri} (run it with MLflow on, or give --mlflow-uri)")
+    return max(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
 
 
 def register(app: typer.Typer) -> None:

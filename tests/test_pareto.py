@@ -271,6 +271,29 @@ def test_cli_best_defaults_to_the_studys_target(studies, capsys):
     assert json.loads(out)["best"]["number"] == want.number
 
 
+def test_cli_report_into_the_studys_parent_run(studies, capsys, tmp_path):
+    """`report --mlflow-run parent` logs the page and figures into the study's parent run (the
+    run tagged role=study of experiment allocopt/a), not into another study's."""
+    from mlflow import MlflowClient
+
+    rc, out, err = cli(capsys, "report", "--study", "a", "--storage", studies["storage"], "--out",
+                       str(tmp_path / "r"), "--mlflow-uri", studies["uri"], "--mlflow-run", "parent")
+    assert rc == 0, err
+    c = MlflowClient(studies["uri"])
+    parents = {}
+    for name in ("a", "b"):
+        exp = c.get_experiment_by_name(f"allocopt/{name}")
+        (run,) = c.search_runs([exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'")
+        parents[name] = run.info.run_id
+    assert "logged " in out and parents["a"] in out
+    logged = {f.path for f in c.list_artifacts(parents["a"], "report")}
+    assert "report/report.html" in logged
+    assert not c.list_artifacts(parents["b"], "report")
+    rc, out, err = cli(capsys, "report", "--from-mlflow", "a", "--mlflow-uri", studies["uri"], "--out",
+                       str(tmp_path / "r2"), "--mlflow-run", "parent")
+    assert rc == 2 and "needs --study" in err
+
+
 def test_cli_best_and_pareto_default_to_the_one_study_the_storage_holds(tmp_path, capsys):
     """A storage with one study: `best` / `pareto` without --study read it (as the README's
     first study leaves `allocopt.db` with the study `allocopt`), the same answer as with it."""
