@@ -64,7 +64,12 @@ def _study_or_only(study: Optional[str], storage: str, from_mlflow: Optional[Lis
     from allocopt.query_sources import study_names
     from allocopt.storage import redact_url
 
-    names = study_names(storage)
+    from allocopt.pareto import QueryError
+
+    try:
+        names = study_names(storage)
+    except QueryError as e:  # e.g. no allocopt.db here: say what to give first
+        raise _problem(f"study=None: give --study NAME (Optuna) or --from-mlflow EXPERIMENT (MLflow); {e}") from None
     if len(names) == 1:
         return names[0]
     raise _problem(f"study=None: give --study NAME ({redact_url(storage)} holds "
@@ -72,8 +77,9 @@ def _study_or_only(study: Optional[str], storage: str, from_mlflow: Optional[Lis
 
 
 def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], mlflow_uri: Optional[str],
-          where: Optional[List[str]], fidelity: str) -> tuple[list[Any], str]:
-    """Rows of the source, filtered; and a short description of the source."""
+          where: Optional[List[str]], fidelity: str) -> tuple[list[Any], str, Optional[str]]:
+    """Rows of the source, filtered; a short description of the source; and the study read
+    (``study``, else the one the storage holds: :func:`_study_or_only`; ``None`` for MLflow)."""
     from allocopt.pareto import filter_rows, parse_where
     from allocopt.query_sources import load_rows_from_mlflow, load_rows_from_study
 
@@ -83,8 +89,7 @@ def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], 
         parse_where(clause)  # malformed clauses fail before anything is opened
     if study and from_mlflow:
         raise _problem(f"study={study!r}: give --study or --from-mlflow, not both")
-    if not study and not from_mlflow:
-        raise _problem("study=None: give --study NAME (Optuna) or --from-mlflow EXPERIMENT (MLflow)")
+    study = _study_or_only(study, storage, from_mlflow)
     if study:
         rows, source = load_rows_from_study(storage, study), f"study {study}"
     else:
@@ -100,7 +105,7 @@ def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], 
             and not any(r.state == "COMPLETE" for r in kept):
         raise _problem(f"where={' and '.join(where)!r}: matches no complete trial of the "
                        f"{len(rows)} in {source} (fidelity {fidelity})")
-    return kept, source
+    return kept, source, study
 
 
 def _clean(obj: Any) -> Any:
@@ -170,8 +175,7 @@ def pareto(
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
     from allocopt.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
 
-    study = _study_or_only(study, storage, from_mlflow)
-    rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
+    rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     names = _split(objectives, "objectives") if objectives else _stored_objectives(study, storage, from_mlflow, mlflow_uri)
     keys = check_fields(rows, names)
     dirs = _split(directions, "directions") if directions else [default_direction(k) for k in keys]
@@ -206,8 +210,7 @@ def best(
     from allocopt.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
     from allocopt.pareto import number
 
-    study = _study_or_only(study, storage, from_mlflow)
-    rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
+    rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     if target is None:
         target = _stored_target(study, storage, from_mlflow, mlflow_uri)
     (key,) = check_fields(rows, [target], "target")
@@ -375,8 +378,7 @@ def report(
     from allocopt.pareto import check_fields, measured_targets
     from allocopt.report import write_report
 
-    study = _study_or_only(study, storage, from_mlflow)
-    rows, source = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
+    rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     context = None
     if study:  # the study's targets, budget, RACE regimes and recommendation
         from allocopt.query_sources import open_study_for_query
