@@ -294,15 +294,20 @@ def test_cli_report_into_the_studys_parent_run(studies, capsys, tmp_path):
     assert rc == 2 and "needs --study" in err
 
 
+def _two_target_study(storage: str, name: str, trials: int) -> None:
+    """A synthetic study run for pass@1 and judge (random sampler, no pilots) in ``storage``."""
+    s = StudySpec(name=name, objective="synthetic", budget_flops=1e18, target=("pass@1", "judge"),
+                  trials=trials, sampler="random", seed=0, pilots=0,
+                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "prm")))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=storage)
+
+
 def test_cli_best_and_pareto_default_to_the_one_study_the_storage_holds(tmp_path, capsys):
     """A storage with one study: `best` / `pareto` without --study read it (as the README's
     first study leaves `allocopt.db` with the study `allocopt`), the same answer as with it."""
     storage = f"sqlite:///{tmp_path}/one.db"
-    s = StudySpec(name="only", objective="synthetic", budget_flops=1e18, target=("pass@1", "judge"), trials=3,
-                  sampler="random", seed=0, pilots=0,
-                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "prm")))
-    obj = SyntheticObjective()
-    run_study(s, objective=obj, workload=obj.workload(), storage=storage)
+    _two_target_study(storage, "only", 3)
     for cmd in (["best", "--target", "judge"], ["pareto"]):
         rc, out, err = cli(capsys, *cmd, "--storage", storage, "--json")
         assert rc == 0, err
@@ -316,11 +321,7 @@ def two_targets(tmp_path_factory):
     made elsewhere, one trial, no stored spec or objective names."""
     d = tmp_path_factory.mktemp("mo")
     storage = f"sqlite:///{d}/optuna.db"
-    s = StudySpec(name="mo", objective="synthetic", budget_flops=1e18, target=("pass@1", "judge"), trials=4,
-                  sampler="random", seed=0, pilots=0,
-                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "prm")))
-    obj = SyntheticObjective()
-    run_study(s, objective=obj, workload=obj.workload(), storage=storage)
+    _two_target_study(storage, "mo", 4)
     bare = optuna.create_study(study_name="bare", storage=storage)
     bare.add_trial(optuna.trial.create_trial(params={"rho": 0.5}, distributions={
         "rho": optuna.distributions.FloatDistribution(0.2, 0.9)}, value=0.4))
