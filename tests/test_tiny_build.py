@@ -175,6 +175,7 @@ def test_same_settings_give_identical_weights(quick, tmp_path):
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.slow  # ~15 s: a second quick build from scratch
 def test_reusing_the_policy_gives_the_files_of_a_build_from_scratch(quick, tmp_path, monkeypatch):
     # only PRM settings change: the reused build copies the policy instead of training it and
     # must end with exactly the files (and policy measurements) a build from scratch writes
