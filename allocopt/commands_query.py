@@ -20,6 +20,7 @@ from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
+from rich import box
 from rich.table import Table
 
 FIDELITY_CHOICES = ("full", "pilot", "all")
@@ -135,10 +136,12 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
     fidelities = len({r.fidelity for r in rows}) > 1
     models = len({value(r, "model") for r in rows}) > 1
     others = [k for k in measured_targets(all_rows) if k not in first]
-    t = Table(title=title)
+    # one space between columns, a rule under the header: the usual three targets and the
+    # breakdown fit 80 columns (a study or model column can make it wider; pipes get 160)
+    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
     cols = (["study"] if several else []) + ["trial"] + (["fidelity"] if fidelities else []) + ["rho", "G", "reward"] \
         + (["model"] if models else []) + [f"[bold]{field_label(k)}[/]" for k in first] \
-        + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd", "total FLOPs"]
+        + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd", "FLOPs"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("study", "fidelity", "reward", "model") else "right")
     for r in rows:
@@ -151,8 +154,8 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
             + [f"[bold]{_f(number(r, k), _spec(k))}[/]" for k in first] \
             + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, ".3e")]
         t.add_row(*cells)
-    t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the executed "
-                 "FLOPs (learn = realized rho)")
+    t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the "
+                 "executed FLOPs (learn = realized rho); FLOPs: the total executed")
     return t
 
 

@@ -398,3 +398,22 @@ def test_optuna_study_untouched_by_queries(studies):
     before = len(optuna.load_study(study_name="a", storage=studies["storage"]).trials)
     load_rows_from_study(studies["storage"], "a")
     assert len(optuna.load_study(study_name="a", storage=studies["storage"]).trials) == before
+
+
+def test_cli_tables_fit_80_columns_with_their_numbers(two_targets, capsys):
+    """`best`'s per-reward table and `pareto`'s front (three targets and the breakdown) fit 80
+    columns even when piped (a file gets 160), and every row keeps its numbers whole."""
+    rows = [r for r in load_rows_from_study(two_targets, "mo") if r.fidelity == "full"]
+    for cmd in (["best", "--target", "pass@1"], ["pareto"]):
+        rc, out, _ = cli(capsys, *cmd, "--study", "mo", "--storage", two_targets)
+        assert rc == 0
+        lines = out.splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= 80, out
+        shown = [r for r in rows if any(line.split()[:1] == [str(r.number)] for line in lines)]
+        assert shown, out
+        for r in shown:
+            line = next(line for line in lines if line.split()[:1] == [str(r.number)])
+            cells = line.split()
+            assert f"{r.metrics['rho']:.3f}" in cells  # the realized rho
+            assert f"{r.targets['pass_at_1']:.4f}" in cells and f"{r.targets['judge']:.4f}" in cells
+            assert f"{r.metrics['total_flops']:.3e}" in cells
