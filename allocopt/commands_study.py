@@ -301,6 +301,12 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
               highlight=False)
     if n_pilots:
         out.print(f"RACE pilots: {n_pilots}, {p_inf} infeasible (never run)", highlight=False)
+    running = sum(r.state == "RUNNING" for r in rows(st))
+    if running:  # this worker is done; another's trials are not: its answer may still change
+        out.print(f"note: {running} trial(s) still running (other workers, or a dead one's until its "
+                  f"heartbeat expires): this answer covers the finished ones; the last worker to "
+                  f"finish prints and stores the final answer (`allocopt best --study {s.name}` "
+                  "reads it)", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -287,3 +287,22 @@ def test_a_run_that_cannot_start_is_recorded_infeasible(tmp_path):
         if t.params["reward"] == "prm":
             assert t.system_attrs["constraints:budget"] == pytest.approx(1.0)  # log10(10x budget)
             assert "metrics" not in t.user_attrs
+
+
+def test_summary_says_when_other_workers_still_run_trials(tmp_path, capsys):
+    """A worker that finishes while another worker's trial runs says its answer covers only the
+    finished trials (two workers once printed two different final answers without a word)."""
+    from allocopt.commands_study import print_study_summary
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    s = spec(trials=2)
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    print_study_summary(st, s, url)
+    assert "still running" not in capsys.readouterr().out
+    st.ask()  # another worker's trial, running
+    st.ask()
+    print_study_summary(st, s, url)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "note: 2 trial(s) still running" in out and f"allocopt best --study {s.name}" in out
+    assert "full-budget trials: 2 complete" in out  # the running ones are not counted as done
