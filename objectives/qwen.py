@@ -227,10 +227,11 @@ class QwenObjective:
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(path)
 
-    def _tokenizer(self) -> Any:
+    def _tokenizer(self, model: str | None = None) -> Any:
+        """The tokenizer of ``model`` (default: the set-up's policy)."""
         from objectives.hub import load_tokenizer, resolve
 
-        return load_tokenizer(resolve(self.settings.setup.model, "model"))
+        return load_tokenizer(resolve(model or self.settings.setup.model, "model"))
 
     # ------------------------------------------------------------------ contract
     def workload(self) -> Workload:
@@ -310,9 +311,12 @@ class QwenObjective:
 
         hf_logging.disable_progress_bar()
         setup = self.setup()
-        tok = self._tokenizer()
+        name = plan.allocation.model or setup.model  # a model-size study: the allocation's model
+        if name != setup.model:
+            setup = replace(setup, model=name)
+        tok = self._tokenizer(name)
         model = AutoModelForCausalLM.from_pretrained(
-            resolve(setup.model, "model"), dtype=torch.bfloat16 if cuda else torch.float32)
+            resolve(name, "model"), dtype=torch.bfloat16 if cuda else torch.float32)
         rows = load_polaris(self.settings.dataset, limit=self.settings.train_problems)
         train, held = split_heldout(rows, self.settings.heldout_problems, seed=0)
         train_rows = [{"prompt": render_prompt(tok, r.problem), "answer": r.answer, "problem": r.problem}
@@ -323,7 +327,8 @@ class QwenObjective:
                           setup=setup, seed=seed, progress=progress,
                           on_batch=lambda p, c: lengths.extend(c),
                           evaluate=lambda m: evaluate(self, m, tok, reward, held))
-        self.record_lengths(setup.fingerprint(self._policy_shape()), lengths)
+        shape = ModelShape.from_config(model.config.to_dict())
+        self.record_lengths(setup.fingerprint(shape), lengths)
         return result
 
     def reward(self, name: str, *, aggregate: str | None = None) -> Any:

@@ -93,6 +93,29 @@ def test_one_cpu_trial_agrees_with_flopcounter(qwen_world, tmp_path, reward):
     assert "finished trial" in again.length_sources()["completion_tokens"]
 
 
+def test_a_trial_trains_the_allocations_model(qwen_world, tmp_path):
+    """A model-size study's allocation names another policy than the set-up's: the trial loads
+    and trains that one (it used to load the set-up's model, and the set-up check refused the
+    plan because the shapes differ)."""
+    from objectives.standins import TINY_POLICY, build_policy
+
+    other = build_policy(tmp_path / "wider", qwen_world["tokenizer"],
+                         config={**TINY_POLICY, "num_hidden_layers": 3}, seed=3)
+    obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path, isolate=False))
+    w = obj.workload()
+    alloc = Allocation(0.5, 4, "sparse", model=str(other))
+    plan = make_plan(3 * min_budget(alloc, w), alloc, w)
+    default = make_plan(3 * min_budget(Allocation(0.5, 4, "sparse"), w), Allocation(0.5, 4, "sparse"), w)
+    assert plan.setup_fingerprint != default.setup_fingerprint  # priced on the wider model
+    result = obj.run(plan, seed=0)
+    spent = result.spent.executed
+    assert result.status == "complete" and 0 < spent.total_flops <= plan.budget_flops
+    assert spent.rho == pytest.approx(plan.realized_rho, abs=0.03)
+    # the completion lengths went into the ledger under the wider model's set-up
+    ledger = json.loads((tmp_path / "lengths.json").read_text())
+    assert set(ledger) == {plan.setup_fingerprint}
+
+
 def test_trial_in_its_own_process(qwen_world, tmp_path):
     obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path))
     w = obj.workload()
