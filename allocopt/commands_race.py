@@ -46,6 +46,7 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
     the meter is expected to admit of the plan's, the realized ρ, the expected use of the pilot
     budget and whether it is usable; with one summary line."""
     from allocopt.race import RaceSettings, pilot_grid
+    from allocopt.allocation import RHO_TOLERANCE
     from allocopt.race.pilot_plans import MIN_PILOT_USE, fit_pilots, plan_pilot, usable_share
 
     settings = settings or RaceSettings(max_pilots=spec.pilots)
@@ -53,7 +54,8 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
     grid = pilot_grid(spec.space, settings, spec.seed)
     fitted = fit_pilots(grid, spec.space.rho, budget, workload) if settings.fit_pilots else grid
     t = Table(title=f"RACE pilots at {spec.pilot_fraction:g} x {spec.budget_flops:.3g} = {budget:.3g} FLOPs; nothing is run")
-    for c in ("reward", "G", "rho", "grid rho", "batch", "iters", "got", "use", "usable"):
+    moved = sum(g.allocation != p.allocation for g, p in zip(grid, fitted))
+    for c in ("reward", "G", "rho", *(("grid rho",) if moved else ()), "batch", "iters", "got", "use", "usable"):
         t.add_column(c, justify="left" if c in ("reward", "usable") else "right")
     plans = [plan_pilot(p, budget, workload) for p in fitted]
     for g, pp in zip(grid, plans):
@@ -61,12 +63,16 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
         iters = "-" if pp.plan is None else f"{pp.admitted_iterations}/{pp.plan.iterations}"
         got = "-" if pp.admitted_iterations == 0 else f"{pp.realized_rho:.3f}"
         batch = "-" if pp.plan is None else str(pp.plan.rollouts_per_iteration)
-        t.add_row(a.reward, str(a.group_size), f"{a.rho:.3f}",
-                  "" if g.allocation == a else f"{g.allocation.rho:.3f}", batch, iters, got,
-                  f"{pp.budget_use:.0%}", "yes" if pp.usable else f"[red]{pp.note}[/]")
-    t.caption = ("batch: rollouts per iteration the plan runs; iters: admitted by the meter's worst "
-                 "case / planned; got: realized rho; use: expected share of the pilot budget spent")
-    moved = sum(g.allocation != p.allocation for g, p in zip(grid, fitted))
+        grid_rho = ("=" if g.allocation == a else f"{g.allocation.rho:.3f}",) if moved else ()
+        t.add_row(a.reward, str(a.group_size), f"{a.rho:.3f}", *grid_rho, batch, iters, got,
+                  f"{pp.budget_use:.0%}", "yes" if pp.usable else "[red]no[/]")
+    t.caption = (("grid rho: the grid's rho of a pilot moved to the nearest usable one ('=': not "
+                  "moved); " if moved else "")
+                 + "batch: rollouts per iteration the plan runs; iters: admitted by the meter's worst "
+                 "case / planned (0/n: the first iteration is refused; -: one costs more than the "
+                 "pilot budget); got: realized rho; use: expected "
+                 f"share of the pilot budget spent; usable: got within {RHO_TOLERANCE:g} of rho and "
+                 f"use >= {MIN_PILOT_USE:.0%}")
     line = (f"{sum(p.usable for p in plans)} of {len(plans)} pilots usable ({usable_share(plans):.0%}: "
             f"realizable and spending >= {MIN_PILOT_USE:.0%} of the pilot budget); {moved} moved to "
             "the nearest usable rho")

@@ -86,19 +86,23 @@ def study(
         with err.status("loading the objective's models..."):
             workload = obj.workload()
         t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run")
-        for c in ("reward", "G", "rho", "got", "mu", "iters", "search", "learn", "rwd", "note"):
+        plans = plans_over_space(s, workload)
+        notes = any(note for _, _, note in plans)  # a note column only when a plan has one
+        for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
+                  *(("note",) if notes else ())):
             t.add_column(c, justify="left" if c in ("reward", "note") else "right")
-        for a, p, note in plans_over_space(s, workload):
+        for a, p, note in plans:
             if p is None:
-                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", "-", "-", "-", "-", "-", "-", f"[red]{note}[/]")
+                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * 7, f"[red]{note}[/]")
             else:
                 e = p.expected.executed
                 share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
                 t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
-                          f"{p.update_passes:.2f}", str(p.iterations), share(e.search_flops),
-                          share(e.learning_flops), share(e.reward_flops), note)
-        t.caption = ("got: realized rho; mu: update passes; search/learn/rwd: shares of the "
-                     "executed FLOPs")
+                          f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
+                          share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
+                          *((note,) if notes else ()))
+        t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
+                     "search/learn/rwd: shares of the executed FLOPs")
         out.print(t)
         if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
             from allocopt.commands_race import pilot_table

@@ -298,11 +298,13 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     gen_lora = None if eng.merged_lora_generation else lora
     search = {"prefill": 0, "decode": 0}
     if useful or not eng.padded_generation:
-        for i, (p, c) in enumerate(rows):
+        # identical rows are counted once, times their number (FLOPs are ints: exact)
+        gens = Counter((p, c, not useful and eng.prefix_caching and i % step.group_size != 0)
+                       for i, (p, c) in enumerate(rows))
+        for (p, c, shared), m in gens.items():
             g = generation_flops(policy, p, c, attention=attn, lora=gen_lora)
-            shared = not useful and eng.prefix_caching and i % step.group_size != 0
-            search["prefill"] += 0 if shared else g["prefill"]
-            search["decode"] += g["decode"]
+            search["prefill"] += 0 if shared else m * g["prefill"]
+            search["decode"] += m * g["decode"]
     else:  # every row is as long as the longest prompt and the longest completion
         g = generation_flops(policy, P_max, C_max, attention=attn, lora=gen_lora)
         search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
@@ -316,8 +318,8 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     if reward_model is not None:
         steps = step.reward_steps or (0,) * len(rows)
         reward["reward_model"] = sum(
-            reward_model_flops(reward_model, p + c, num_steps=s, attention=attn)
-            for (p, c), s in zip(rows, steps))
+            m * reward_model_flops(reward_model, n, num_steps=s, attention=attn)
+            for (n, s), m in Counter((p + c, s) for (p, c), s in zip(rows, steps)).items())
 
     # --- learning: log-prob passes and μ × (forward + backward) over prompt + completion
     def shapes() -> list[tuple[int, int]]:

@@ -112,3 +112,39 @@ def test_dry_run_lists_the_pilot_plans(tiny):
     text = io.StringIO()
     Console(file=text, width=120).print(table)
     assert "7.5e+10 FLOPs" in text.getvalue() and text.getvalue().count(" yes ") == usable
+
+
+def test_dry_run_tables_show_batch_and_moved_pilots(tmp_path):
+    """`allocopt study --dry-run`: the plans table has each plan's batch (rollouts per
+    iteration) and no empty note column; the pilot table shows the grid's rho only when a pilot
+    was moved, and a moved pilot's row names the rho it was moved from."""
+    from typer.testing import CliRunner
+
+    from allocopt.cli import app
+    from allocopt.study import dry_run
+    from objectives.synthetic import SyntheticObjective
+
+    args = ["study", "--objective", "synthetic", "--target", "pass@1", "--dry-run"]
+    workload = SyntheticObjective().workload()
+    for budget in ("1e19", "1e17"):  # none moved; one moved
+        res = CliRunner().invoke(app, [*args, "--budget", budget], env={"COLUMNS": "100"})
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        head = next(line for line in lines if "┃ reward" in line and " mu ┃" in line)
+        spec = StudySpec(name="x", objective="synthetic", budget_flops=float(budget))
+        plans = dry_run(spec, workload)
+        assert "batch" in head and ("note" in head) == any(note for _, _, note in plans)
+        rows = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+        for a, plan, _ in plans[:5]:  # the first rows: sparse, G 2
+            row = next(r for r in rows if [c.strip() for c in r[:3]] == [a.reward, str(a.group_size), f"{a.rho:.2f}"])
+            assert row[5].strip() == ("-" if plan is None else str(plan.rollouts_per_iteration))
+        pilot_head = next(line for line in lines if "┃ reward" in line and " usable " in line)
+        budget_p = spec.pilot_fraction * spec.budget_flops
+        grid = pilot_grid(spec.space, RaceSettings(max_pilots=60), spec.seed)
+        fitted = fit_pilots(grid, spec.space.rho, budget_p, workload)
+        moved = [(g, f) for g, f in zip(grid, fitted) if g.allocation != f.allocation]
+        assert ("grid rho" in pilot_head) == bool(moved), (budget, pilot_head)
+        for g, f in moved:
+            a = f.allocation
+            assert any([c.strip() for c in r[:4]] == [a.reward, str(a.group_size), f"{a.rho:.3f}",
+                                                       f"{g.allocation.rho:.3f}"] for r in rows)

@@ -115,9 +115,10 @@ def backward_flops(
         return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
 
     targets, r = set(lora.target_modules), lora.rank
-    layers = 0
-    grad_in = input_requires_grad  # does the residual stream entering this layer need a gradient?
-    for _ in range(shape.num_layers):
+
+    def layer(grad_in: bool) -> tuple[int, bool]:
+        """Backward FLOPs of one decoder layer whose input needs a gradient iff ``grad_in``,
+        and whether the residual stream entering the next layer needs one."""
         cost = 0
 
         def module(name: str, input_grad: bool) -> bool:
@@ -143,7 +144,15 @@ def backward_flops(
         h1 = grad_in or o
         gate, up = module("gate_proj", h1), module("up_proj", h1)
         down = module("down_proj", gate or up)
-        grad_in = h1 or down
+        return cost, h1 or down
+
+    layers = 0
+    grad_in = input_requires_grad  # does the residual stream entering this layer need a gradient?
+    seen: dict[bool, tuple[int, bool]] = {}  # layers are alike: one depends only on grad_in
+    for _ in range(shape.num_layers):
+        if grad_in not in seen:
+            seen[grad_in] = layer(grad_in)
+        cost, grad_in = seen[grad_in]
         layers += cost
     head = head_fwd if grad_in else 0  # frozen head: input gradient only
     return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
