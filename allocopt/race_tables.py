@@ -92,10 +92,11 @@ def validation_table(rows: list[Any], rate: float, rate_all: float) -> Group:
                 continue
             t.add_row(r.reward, r.pilot_regime, _f(r.pilot_rho, ".2f"),
                       f"{r.full_regime} ({_f(r.full_probability, '.0%')})", _f(r.full_rho, ".2f"),
-                      "yes" if r.same_regime else "NO", _f(r.regret, ".4f"), str(r.num_full))
+                      "-" if r.same_regime is None else "yes" if r.same_regime else "NO", _f(r.regret, ".4f"), str(r.num_full))
         parts.append(t)
     parts.append(Text(f"same-regime rate {_f(rate, '.2f')} over reward systems with a full-budget "
-                      f"run ({_f(rate_all, '.2f')} over all); full regime and regret from the "
+                      f"run ({_f(rate_all, '.2f')} over all; a pilot regime left unknown, '-', is "
+                      "in neither); full regime and regret from the "
                       "multi-fidelity surrogate's posterior at the full budget; runs: full-budget "
                       "runs of the reward system", style="dim"))
     return Group(*parts)

@@ -603,3 +603,33 @@ def test_replicates_repeat_the_leader_when_the_leaders_are_within_noise():
     twice = propose(obs, s, w, q=1, existing=existing + [(lead, "full")], surrogate=sur, allow_pilots=False,
                     settings=RaceSettings(rho_grid=15, replicates=1))
     assert not twice[0].replicate
+
+
+def test_an_unknown_pilot_regime_is_neither_a_match_nor_a_miss():
+    """The tiny study printed same-regime rate 0.00 and 'NO' for five reward systems whose
+    pilot regime was `unknown` (too few pilots): nothing was compared. Such a row is '-' and
+    stays out of the rate; a diagnosed row counts as before."""
+    from rich.console import Console
+
+    from allocopt.race import same_regime_rate, validate
+    from allocopt.race_tables import validation_table
+
+    pilots = _six_pilots_three_g()
+    full = Observation(6, Allocation(0.6, 4, "structured"), 0.25, 1e16, 1.0, "full", 0.1)
+    d = diagnose_group(pilots, (0.2, 0.9), RaceSettings(), seed=0)
+    assert d.regime == "unknown"
+    s = StudySpec(name="v", objective="synthetic", budget_flops=1e16,
+                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8), rewards=("structured",)))
+    (row,) = validate([d], [*pilots, full], s)
+    assert row.same_regime is None and row.num_full == 1 and row.full_regime != "unknown"
+    assert math.isnan(same_regime_rate([row])) and math.isnan(same_regime_rate([row], validated_only=False))
+    hit = replace(row, reward="dense", pilot_regime=row.full_regime, same_regime=True)
+    miss = replace(row, reward="sparse", pilot_regime="other", same_regime=False)
+    assert same_regime_rate([row, hit, miss]) == 0.5
+    con = Console(record=True, width=80, file=__import__("io").StringIO())
+    con.print(validation_table([row, hit, miss], same_regime_rate([row, hit, miss]), 0.5))
+    lines = con.export_text().splitlines()
+    cells = {line.split()[0]: line.split() for line in lines if line.split()[:1] in (["structured"], ["dense"], ["sparse"])}
+    # reward, pilot, rho*, full (two words: regime and P), rho*, same, regret, runs
+    assert [cells[r][6] for r in ("structured", "dense", "sparse")] == ["-", "yes", "NO"]
+    assert "same-regime rate 0.50" in " ".join(" ".join(lines).split())

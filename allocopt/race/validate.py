@@ -39,7 +39,9 @@ class ValidationRow:
     """Share of posterior samples (at the full budget) with ``full_regime``."""
     full_rho: float
     """Argmax over ρ of the surrogate mean at the full budget (at its best G)."""
-    same_regime: bool
+    same_regime: bool | None
+    """Whether the pilot regime is the full-budget one; ``None`` when the pilots left it
+    ``unknown`` (too few for a fit): nothing to compare, neither a match nor a miss."""
     regret: float
     """Surrogate mean at the full budget: best allocation of this reward system minus the
     pilot-recommended one (>= 0; target units)."""
@@ -82,16 +84,17 @@ def validate(diagnoses: Sequence[RegimeDiagnosis], obs: Sequence[Observation], s
         out.append(ValidationRow(
             reward=d.reward, model=d.model, pilot_regime=d.regime, pilot_rho=d.rho,
             full_regime=full_regime, full_probability=count / len(rho_s), full_rho=full_rho,
-            same_regime=d.regime == full_regime, regret=regret,
+            same_regime=None if d.regime == "unknown" else d.regime == full_regime, regret=regret,
             num_full=sum(o.fidelity == "full" for o in mine)))
     return out
 
 
 def same_regime_rate(rows: Sequence[ValidationRow], validated_only: bool = True) -> float:
-    """Share of reward systems whose pilot regime matches the full-budget one; with
-    ``validated_only``, over those with at least one full-budget run (NaN when none)."""
-    use = [r for r in rows if r.num_full > 0 or not validated_only]
-    return sum(r.same_regime for r in use) / len(use) if use else math.nan
+    """Share of reward systems whose pilot regime matches the full-budget one, over those the
+    pilots diagnosed (regime not ``unknown``); with ``validated_only``, also only those with at
+    least one full-budget run. NaN when none is left."""
+    use = [r for r in rows if r.same_regime is not None and (r.num_full > 0 or not validated_only)]
+    return sum(bool(r.same_regime) for r in use) / len(use) if use else math.nan
 
 
 @dataclass
