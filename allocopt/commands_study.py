@@ -42,6 +42,7 @@ def study(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
+    no_report: bool = typer.Option(False, "--no-report", help="Do not log the report (allocopt report: page and figures) into the study's MLflow parent run at the end."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
 
@@ -143,6 +144,8 @@ def study(
         st = open_study(replace(s, pilots=0), storage)
         print_study_summary(st, s, storage,  # race printed its answer, if it made one
                             show_answer=not st.user_attrs.get("recommendation"))
+        if not no_mlflow and not no_report:
+            report_into_parent(s.name, storage, mlflow_uri)
         if not no_mlflow:
             for line in mlflow_lines(_experiment_of(s.name, mlflow_uri)):
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -193,8 +196,36 @@ def study(
             with one_interrupt(raise_first=False):
                 close_tracker(tracker, s.name, storage, status)
     print_study_summary(st, s, storage)
+    if tracker is not None and not no_report:
+        report_into_parent(s.name, storage, mlflow_uri)
     for line in mlflow_lines(tracker):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str]) -> None:
+    """Log the study's report (``allocopt report``: ``report.html`` and its PNGs) into its
+    MLflow parent run, artifacts ``report/``, and say so in one line. Never fails a finished
+    study: an error becomes one line saying how to make the report by hand."""
+    import contextlib
+    import io
+    import tempfile
+
+    from allocopt.commands_query import report
+
+    try:
+        with err.status("writing the report into the MLflow parent run..."), \
+                tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+            report(out_dir=Path(tmp), study=study_name, storage=storage, from_mlflow=None,
+                   mlflow_uri=mlflow_uri, targets=None, pareto_of=None, where=None, fidelity="all",
+                   title=None, mlflow_run="parent")
+    except Exception as e:  # noqa: BLE001 - the study is done: never lose it over its report
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        err.print(f"note: the report was not logged to MLflow ({reason}); make it with `allocopt "
+                  f"report --study {study_name} --out DIR --mlflow-run parent`", highlight=False,
+                  markup=False)
+        return
+    out.print("MLflow: the report (report.html and its figures) is in the study's parent run, "
+              "artifacts report/", highlight=False, markup=False)
 
 
 def _experiment_of(study_name: str, mlflow_uri: Optional[str]) -> Any:

@@ -428,3 +428,46 @@ def test_no_forms_still_switch_off(capsys):
         main(base + ["--gradient-checkpointing", "--no-gradient-checkpointing"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "both given" in err and len(err.strip().splitlines()) == 1
+
+
+def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys):
+    """At its end a study logs `allocopt report`'s page and figures into its MLflow parent run
+    (artifacts report/); a report that fails costs one line, never the finished study."""
+    from mlflow import MlflowClient
+
+    from allocopt import objective as registry
+    from allocopt.cli import main
+
+    monkeypatch.setitem(registry._REGISTRY, "timed", registry._Entry(_Timed, ("native_reward", "pass_at_1", "judge")))
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["study", "--objective", "timed", "--budget", "1e18", "--pilots", "0", "--trials", "2",
+            "--sampler", "random", "--mlflow-uri", uri, "--storage", f"sqlite:///{tmp_path}/t.db"]
+
+    def parent_artifacts(name: str) -> list[str]:
+        c = MlflowClient(uri)
+        exp = c.get_experiment_by_name(f"allocopt/{name}")
+        (run,) = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("allocopt.role") == "study"]
+        return sorted(a.path for a in c.list_artifacts(run.info.run_id, "report")), run
+
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--study-name", "a"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "the report (report.html and its figures) is in the study's parent run" in " ".join(out.split())
+    files, run = parent_artifacts("a")
+    assert "report/report.html" in files and "report/frontier_pass_at_1.png" in files
+    page = open(MlflowClient(uri).download_artifacts(run.info.run_id, "report/report.html", str(tmp_path))).read()
+    assert f"{run.data.metrics['best_pass_at_1']:.3f}" in page  # the best trial's value, on the page
+
+    def broken(*a, **k):
+        raise RuntimeError("no figure backend")
+    monkeypatch.setattr("allocopt.report.write_report", broken)
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--study-name", "b"])
+    captured = capsys.readouterr()
+    assert done.value.code == 0
+    assert "note: the report was not logged to MLflow (no figure backend)" in " ".join(captured.err.split())
+    assert parent_artifacts("b")[0] == []
+    with pytest.raises(SystemExit) as done:  # --no-report: not even tried
+        main([*args, "--study-name", "c", "--no-report"])
+    assert done.value.code == 0 and "report" not in capsys.readouterr().err
