@@ -94,6 +94,7 @@ def race(
     seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate. \\[default: the spec's, else 0]"),
     max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). \\[default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes]"),
     repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). \\[default: 1]"),
+    replicates: Optional[int] = typer.Option(None, help="Extra seeds of the leading full run when it is within one evaluation's noise of another cell's best (noise measured, not assumed); each counts as a full run. \\[default: 0]"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots. \\[default: 0]"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
@@ -130,7 +131,7 @@ def race(
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
     settings = replace(RaceSettings(), **{k: v for k, v in dict(
-        max_pilots=max_pilots, repeats=repeats, batch_size=batch_size,
+        max_pilots=max_pilots, repeats=repeats, replicates=replicates, batch_size=batch_size,
         extra_pilot_budget=extra_pilot_budget).items() if v is not None})
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
 

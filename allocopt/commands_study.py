@@ -42,6 +42,7 @@ def study(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
+    replicates: Optional[int] = typer.Option(None, help="RACE: extra seeds of the leading full run when it is within one evaluation's noise of another cell's best; each counts as a full trial. \\[default: 0]"),
     no_report: bool = typer.Option(False, "--no-report", help="Do not log the report (allocopt report: page and figures) into the study's MLflow parent run at the end."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
@@ -114,6 +115,9 @@ def study(
         if hasattr(obj, "length_sources"):
             out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
         return
+    if replicates is not None and (s.pilots == 0 or s.multi_objective):
+        raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
+                          "plain BO (--pilots 0, or several targets) has no leader to repeat")
     if s.multi_objective and s.pilots != 0:
         err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
                   "pilots (as --pilots 0)", highlight=False)
@@ -138,7 +142,8 @@ def study(
              target=tgt if tgt is not None or spec is not None else s.target, objective=objective,
              pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
              study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
-             seed=seed, max_pilots=s.pilots, repeats=None, batch_size=None, extra_pilot_budget=None,
+             seed=seed, max_pilots=s.pilots, repeats=None, replicates=replicates, batch_size=None,
+             extra_pilot_budget=None,
              as_json=False, set_=set_, verbose=verbose)
         # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
         st = open_study(replace(s, pilots=0), storage)

@@ -376,6 +376,7 @@ def test_cli_race_end_to_end(tmp_path):
     (["--budget", "1e19"], "target"),
     (["--budget", "1e19", "--target", "pass@1", "--max-pilots", "2"], "max_pilots"),
     (["--budget", "-3", "--target", "pass@1"], "budget_flops"),
+    (["--budget", "1e19", "--target", "pass@1", "--replicates", "-1"], "replicates=-1: must be an integer >= 0"),
 ])
 def test_cli_race_bad_input_exit_2(tmp_path, args, needle):
     r = _cli(*args, "--objective", "synthetic", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db",
@@ -633,3 +634,24 @@ def test_an_unknown_pilot_regime_is_neither_a_match_nor_a_miss():
     # reward, pilot, rho*, full (two words: regime and P), rho*, same, regret, runs
     assert [cells[r][6] for r in ("structured", "dense", "sparse")] == ["-", "yes", "NO"]
     assert "same-regime rate 0.50" in " ".join(" ".join(lines).split())
+
+
+def test_cli_replicates_reach_the_sampler(tmp_path):
+    """`--replicates N` on race and study sets RaceSettings.replicates, which the study
+    records with its RACE settings (what its proposals use); plain BO refuses it in one line."""
+    storage = f"sqlite:///{tmp_path}/r.db"
+    (tmp_path / "one.toml").write_text('name = "rep"\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4]\n'
+                                       'rewards = ["sparse"]\n')
+    r = _cli("--spec", "one.toml", "--budget", "1e19", "--target", "pass@1", "--objective", "synthetic",
+             "--no-mlflow", "--validations", "0", "--max-pilots", "6", "--replicates", "2",
+             "--storage", storage, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (summary,) = optuna.get_all_study_summaries(storage)
+    st = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert st.user_attrs["race"]["settings"]["replicates"] == 2
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic",
+                        "--budget", "1e19", "--pilots", "0", "--replicates", "1", "--no-mlflow",
+                        "--storage", f"sqlite:///{tmp_path}/bo.db"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "replicates=1: RACE only" in r.stderr and not (tmp_path / "bo.db").exists()
