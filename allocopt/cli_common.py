@@ -36,14 +36,24 @@ def load_objective(name: str, settings: dict | None = None) -> Any:
     return obj
 
 
-def check_storage(storage: str) -> None:
-    """:func:`allocopt.storage.check_storage_url` as a :class:`ConfigError` (one line, exit 2)."""
+def check_storage(storage: str, spec: Any = None) -> None:
+    """:func:`allocopt.storage.check_storage_url` and, given the study's ``spec``,
+    :func:`allocopt.study_open.preflight_study` (the storage opens; a study of that name was run
+    under the same terms), as a :class:`ConfigError` (one line, exit 2). Writes nothing: run
+    before MLflow records anything."""
     from allocopt.storage import StorageError, check_storage_url
 
     try:
         check_storage_url(storage)
     except StorageError as e:
         raise ConfigError(str(e)) from None
+    if spec is not None:
+        from allocopt.study_open import StudyError, preflight_study
+
+        try:
+            preflight_study(spec, storage)
+        except StudyError as e:
+            raise ConfigError(str(e)) from None
 
 
 def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) -> Any:

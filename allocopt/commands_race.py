@@ -141,7 +141,7 @@ def race(
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
-    check_storage(storage)  # a storage URL typo: refused before MLflow records anything
+    check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
     with err.status("opening MLflow tracking..."):
         tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
 

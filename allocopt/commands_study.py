@@ -161,7 +161,7 @@ def study(
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     check_space_feasible(s, workload)  # a budget no allocation can use: refused, nothing recorded
-    check_storage(storage)  # a storage URL typo: refused before MLflow records anything
+    check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
     if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
         from allocopt.cli_common import probe_tracking
 

@@ -128,6 +128,70 @@ def open_study(spec: StudySpec, storage: str) -> Any:
     return study
 
 
+def preflight_study(spec: StudySpec, storage: str) -> None:
+    """Check, writing nothing, that ``storage`` can be opened and that a study named
+    ``spec.name`` in it, if there is one, was run under ``spec``'s terms (what
+    :func:`open_study` checks), so a bad storage or a refused resume fails before MLflow
+    records anything. A SQLite file that does not exist yet needs only a writable folder; a
+    server must answer a ``SELECT 1``. Non-RDB URLs are left to :func:`open_study`.
+
+    Raises:
+        StudyError: one line, as :func:`open_study` words it.
+    """
+    import os
+    from pathlib import Path
+
+    import optuna
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from allocopt.storage import redact_url
+
+    shown = redact_url(storage)
+    scheme = str(storage).split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme not in ("sqlite", "postgresql", "postgres", "mysql"):
+        return
+    try:
+        if scheme == "sqlite":
+            db = make_url(storage).database
+            if not db or db == ":memory:":
+                return
+            if not Path(db).exists():
+                folder = Path(db).parent
+                if not folder.is_dir():
+                    raise StudyError(f"storage={shown!r}: cannot be opened (folder {folder} does not exist)")
+                if not os.access(folder, os.W_OK):
+                    raise StudyError(f"storage={shown!r}: cannot be opened (folder {folder} is not writable)")
+                return  # a new file: nothing to check against
+        else:
+            engine = create_engine(storage, pool_pre_ping=True)
+            try:
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+            finally:
+                engine.dispose()
+    except StudyError:
+        raise
+    except ImportError as e:
+        raise StudyError(f"storage={shown!r}: its database driver is not installed ({e})") from None
+    except Exception as e:  # unreachable server, bad credentials, unreadable file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
+    try:  # read only: no table creation, no migration
+        store = optuna.storages.RDBStorage(storage, skip_table_creation=True,
+                                           skip_compatibility_check=True)
+        known = {s.study_name for s in store.get_all_studies()}
+    except Exception:  # noqa: BLE001 - no Optuna tables yet: a new database, nothing to check
+        return
+    if spec.name not in known:
+        return
+    study = optuna.load_study(study_name=spec.name, storage=store)
+    if len(study.directions) != len(spec.targets):
+        raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
+                         f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
+    check_same_study(study, spec)
+
+
 def _creation_race(e: BaseException) -> bool:
     """An error of two processes creating the same database schema at once (SQLAlchemy
     IntegrityError on ``alembic_version``, a table or index that already exists, a locked

@@ -97,6 +97,12 @@ ROWS = [
     ("study: storage URL typo, no pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "0", "--storage",
                                             "postgresq://u@h/db", "--mlflow-uri", "sqlite:///{tmp}/m.db"],
      ["storage='postgresq://u@h/db'", "allowed: sqlite"]),
+    ("study: SQLite file in a missing folder", ["study", *SYN, "--budget", "1e18", "--storage",
+                                                "sqlite:///{tmp}/no/such/x.db", "--mlflow-uri", "sqlite:///{tmp}/m.db"],
+     ["storage=", "cannot be opened", "does not exist"]),  # m.db not made either
+    ("race: PostgreSQL server not there", ["race", *SYN, "--budget", "1e18", "--storage",
+                                           "postgresql://u:pw@127.0.0.1:1/x", "--mlflow-uri", "sqlite:///{tmp}/m.db"],
+     ["storage='postgresql://u:***@127.0.0.1:1/x'", "cannot be opened", "Connection refused"]),
     ("study: negative seed", ["study", *SYN, "--budget", "1e18", "--seed", "-1"], ["seed=-1", "from 0"]),
     ("study: unknown objective", ["study", "--objective", "nope", "--budget", "1e18", "--target", "pass@1"],
      ["objective='nope'", "allowed: "]),
@@ -163,3 +169,32 @@ def test_bad_input_is_one_line_exit_2(folder, kind, args, needles):
     for needle in needles:
         assert needle in lines[0], (kind, needle, lines[0])
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
+
+
+def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_path):
+    """Resuming a finished study under another budget or target is refused in one line before
+    MLflow is touched: its parent run stays FINISHED with the same end time (it was turned
+    FAILED), and neither store changes by a byte."""
+    from mlflow import MlflowClient
+
+    base = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--pilots", "0",
+            "--trials", "1", "--sampler", "random", "--no-report", "--storage", f"sqlite:///{tmp_path}/o.db",
+            "--mlflow-uri", f"sqlite:///{tmp_path}/m.db"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([*base, "--budget", "1e18", "--target", "pass@1"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def parent():
+        c = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+        exp = c.get_experiment_by_name("allocopt/allocopt")
+        (run,) = [x for x in c.search_runs([exp.experiment_id]) if x.data.tags.get("allocopt.role") == "study"]
+        return run.info.status, run.info.end_time
+    before = parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "m.db").read_bytes()
+    assert before[0][0] == "FINISHED"
+    for args, needle in ((["--budget", "2e18", "--target", "pass@1"], "it was run with budget 1e+18, not 2e+18"),
+                         (["--budget", "1e18", "--target", "judge"], "it was run with target 'pass@1', not 'judge'")):
+        r = subprocess.run([*base, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+        lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], lines[:5]
+        assert (parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "m.db").read_bytes()) == before
