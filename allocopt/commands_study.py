@@ -287,9 +287,13 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
                mlflow_uri=None, directions=None, where=None, fidelity="full", as_json=False)
         return
 
-    full = {t.number for t in st.get_trials(deepcopy=False) if t.user_attrs.get("fidelity", "full") == "full"}
+    from allocopt.trial_record import was_interrupted
+
+    trials = st.get_trials(deepcopy=False)
+    stopped = {t.number for t in trials if was_interrupted(t)}  # Ctrl-C: run again, not failed
+    full = {t.number for t in trials if t.user_attrs.get("fidelity", "full") == "full"} - stopped
     all_rows = [r for r in rows(st) if r.number in full]
-    n_pilots = len(rows(st)) - len(all_rows)
+    n_pilots = len(rows(st)) - len(all_rows) - len(stopped)
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
     best = done[0] if done else None
     if best is None:
@@ -335,12 +339,14 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
               highlight=False, markup=False)
     n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
     n_fail = sum(r.state == "FAIL" for r in all_rows)
-    pilots = [r for r in rows(st) if r.number not in full]
+    pilots = [r for r in rows(st) if r.number not in full and r.number not in stopped]
     p_inf = sum(r.state == "INFEASIBLE" for r in pilots)
     out.print(f"full-budget trials: {len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed",
               highlight=False)
     if n_pilots:
         out.print(f"RACE pilots: {n_pilots}, {p_inf} infeasible (never run)", highlight=False)
+    if stopped:
+        out.print(f"interrupted (Ctrl-C; each run again): {len(stopped)} trial(s)", highlight=False)
     running = sum(r.state == "RUNNING" for r in rows(st))
     if running:  # this worker is done; another's trials are not: its answer may still change
         out.print(f"note: {running} trial(s) still running (other workers, or a dead one's until its "

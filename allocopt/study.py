@@ -28,7 +28,7 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study_open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.trial_record import TrialRow, log_final, rows, run_one_trial  # noqa: F401 (rows: allocopt.query_sources reads it here, TrialRow allocopt.pareto)
+from allocopt.trial_record import TrialRow, log_final, rows, run_one_trial, was_interrupted  # noqa: F401 (rows: allocopt.query_sources reads it here, TrialRow allocopt.pareto)
 
 
 def run_study(
@@ -121,7 +121,7 @@ def run_study(
         return sum(1 for t in trials
                    if trial_fidelity(t) == "full" and (t.state == TrialState.COMPLETE or (
                        t.state == TrialState.FAIL and t.number not in retried
-                       and not str(t.user_attrs.get("error", "")).startswith("interrupted"))))
+                       and not was_interrupted(t))))
 
     # every ask runs a trial (the queue's first); the cap only guards against a sampler that
     # never proposes a full run

@@ -252,13 +252,25 @@ def dashboard_note(trial: Any, body: str) -> None:
         pass
 
 
+def was_interrupted(t: Any) -> bool:
+    """Whether a failed trial was stopped by Ctrl-C / SIGTERM rather than failing (it runs again
+    on resume): its error says ``interrupted``, or it failed before the sampler gave it a
+    fidelity or parameters (a second Ctrl-C right after it was asked for)."""
+    if t.state.name != "FAIL":
+        return False
+    ua = t.user_attrs
+    return str(ua.get("error", "")).startswith("interrupted") or ("fidelity" not in ua and not t.params)
+
+
 def counts(study: Any) -> dict[str, int]:
     """Trials by fidelity and state: ``{"full_complete": 3, "pilot_infeasible": 5, ...}``
-    (fidelity ``full`` or ``pilot``; state ``complete``, ``infeasible``, ``fail``, ``running``)."""
+    (fidelity ``full`` or ``pilot``; state ``complete``, ``infeasible``, ``fail``, ``running``),
+    plus ``interrupted`` (:func:`was_interrupted`, of any fidelity: not failures)."""
     out: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
-        key = f"{ua.get('fidelity', 'full')}_{str(ua.get('state', t.state.name)).lower()}"
+        key = "interrupted" if was_interrupted(t) else \
+            f"{ua.get('fidelity', 'full')}_{str(ua.get('state', t.state.name)).lower()}"
         out[key] = out.get(key, 0) + 1
     return out
 

@@ -306,3 +306,37 @@ def test_summary_says_when_other_workers_still_run_trials(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "note: 2 trial(s) still running" in out and f"allocopt best --study {s.name}" in out
     assert "full-budget trials: 2 complete" in out  # the running ones are not counted as done
+
+
+def test_interrupted_trials_are_not_failures(tmp_path, capsys):
+    """A Ctrl-C'd trial (error 'interrupted', or failed before the sampler gave it a fidelity)
+    is run again on resume: the summary and the MLflow counts list it as interrupted, not as a
+    failed full-budget trial (a fresh user's resumed study said '1 failed' for a pilot), and it
+    does not count towards --trials."""
+    from optuna.trial import TrialState
+
+    from allocopt.commands_study import print_study_summary
+    from allocopt.trial_record import counts, was_interrupted
+
+    url = f"sqlite:///{tmp_path}/i.db"
+    s = spec(trials=2)
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    bare = st.ask()  # failed before it got a fidelity: a second Ctrl-C right after the ask
+    st.tell(bare, state=TrialState.FAIL)
+    stopped = st.ask()
+    stopped.set_user_attr("fidelity", "full")
+    stopped.set_user_attr("error", "interrupted")
+    st.tell(stopped, state=TrialState.FAIL)
+    broken = st.ask()  # a real failure stays one
+    broken.set_user_attr("fidelity", "full")
+    broken.set_user_attr("error", "RuntimeError: boom")
+    st.tell(broken, state=TrialState.FAIL)
+    trials = st.get_trials(deepcopy=False)
+    assert [was_interrupted(t) for t in trials[-3:]] == [True, True, False]
+    c = counts(st)
+    assert c["interrupted"] == 2 and c["full_fail"] == 1 and c["full_complete"] == 2
+    print_study_summary(st, s, url)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "full-budget trials: 2 complete, 0 infeasible (never run), 1 failed" in out
+    assert "interrupted (Ctrl-C; each run again): 2 trial(s)" in out
