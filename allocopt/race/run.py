@@ -17,6 +17,7 @@ from allocopt.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
 from allocopt.race.diagnose import diagnose, observations
+from allocopt.race.fit import fit_surrogate
 from allocopt.race.recommend import recommendation
 from allocopt.race.validate import RaceResult, validate
 from allocopt.spec import StudySpec
@@ -117,9 +118,13 @@ def run_race(
             result.recommendation = sampler.recommendations[-1][1]
         return result
     run_study(s, **kw)
-    sur, obs = sampler.surrogate(study)
-    if sur is not None and any(o.fidelity == "full" for o in obs):
-        # the one answer: the allocation with its credible interval and probability of being best
+    obs = sampler.observations(study)
+    if len(obs) >= 2 and any(o.fidelity == "full" for o in obs):
+        # the one answer: the allocation with its credible interval and probability of being
+        # best, from a fresh fit seeded by the study's seed and its data only (the sampler's
+        # cached fit depends on when its hyperparameters were last refitted: two workers that
+        # saw the same trials printed different intervals); as `allocopt report` computes it
+        sur = fit_surrogate(obs, s.space, seed=sampler.seed + len(obs))
         result.recommendation = recommendation(sur, obs, s.space, settings)
         obs = observations(study, s)
         result.validation = validate(result.diagnoses, obs, s, settings, surrogate=sur)
