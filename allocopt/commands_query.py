@@ -227,6 +227,12 @@ def best(
                      "per_reward": {str(w): row_dict(r) for w, r in per.items()}})
         return
     out = _out()
+    # the study's answer is for its target over full runs: shown (with the trials below as its
+    # evidence) only when this query asks the same; a filtered, pilot or other-target query
+    # gets its best trial alone (it once labelled a pilot or another target's trial evidence)
+    if rec and not (field_label(key) == str(rec.get("target", field_label(key)))
+                    and not where and fidelity == "full"):
+        rec = None
     if rec:  # the study's one answer first; the trials below are its evidence
         from allocopt.answer import from_dict, recommendation_lines
 

@@ -471,3 +471,22 @@ def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as done:  # --no-report: not even tried
         main([*args, "--study-name", "c", "--no-report"])
     assert done.value.code == 0 and "report" not in capsys.readouterr().err
+
+
+def test_best_shows_the_answer_only_for_the_query_it_answers(tmp_path, capsys):
+    """The study's answer (its target, full runs) heads `best` with the best trial as its
+    evidence only when the query is the same; another target, a filter or pilots get their
+    best trial alone (a fresh user saw a pilot labelled evidence for the full-budget answer)."""
+    s, w = _tight_spec()
+    url = f"sqlite:///{tmp_path}/o.db"
+    st = run_study(s, objective=SyntheticObjective(), workload=w, storage=url)
+    rec = SimpleNamespace(allocation=Allocation(0.62, 8, "sparse"), mean=0.61,
+                          interval=(0.55, 0.66), level=0.9, prob_best=0.7)
+    st.set_user_attr("recommendation", recommendation_dict(rec, s.target))
+    src = ["--study", s.name, "--storage", url]
+    code, out = _cli_out(capsys, "best", *src)
+    assert code == 0 and out.startswith("recommended: rho=0.620 G=8 sparse") and "(evidence)" in " ".join(out.split())
+    for extra in (["--target", "judge"], ["--where", "reward=sparse"], ["--fidelity", "all"]):
+        code, out = _cli_out(capsys, "best", *src, *extra)
+        assert code == 0 and "recommended:" not in out and "(evidence)" not in out, (extra, out)
+        assert "Best observed trial for" in out
