@@ -87,7 +87,10 @@ def study(
     if dry_run:
         with err.status("loading the objective's models..."):
             workload = obj.workload()
-        t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run")
+        from rich import box
+
+        t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
         plans = plans_over_space(s, workload)
         notes = any(note for _, _, note in plans)  # a note column only when a plan has one
         for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",

@@ -127,17 +127,19 @@ def test_dry_run_tables_show_batch_and_moved_pilots(tmp_path):
     args = ["study", "--objective", "synthetic", "--target", "pass@1", "--dry-run"]
     workload = SyntheticObjective().workload()
     for budget in ("1e19", "1e17"):  # none moved; one moved
-        res = CliRunner().invoke(app, [*args, "--budget", budget], env={"COLUMNS": "100"})
+        res = CliRunner().invoke(app, [*args, "--budget", budget], env={"COLUMNS": "80"})
         assert res.exit_code == 0, res.output
         lines = res.output.splitlines()
-        head = next(line for line in lines if "┃ reward" in line and " mu ┃" in line)
+        assert "…" not in res.output and max(len(line) for line in lines) <= 80  # nothing cut
+        head = next(line for line in lines if line.split()[:3] == ["reward", "G", "rho"] and " mu " in line)
         spec = StudySpec(name="x", objective="synthetic", budget_flops=float(budget))
         plans = dry_run(spec, workload)
         assert "batch" in head and ("note" in head) == any(note for _, _, note in plans)
-        rows = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+        plan_rows = [line.split() for line in lines[lines.index(head):] if line.split()[:1] == ["sparse"]]
         for a, plan, _ in plans[:5]:  # the first rows: sparse, G 2
-            row = next(r for r in rows if [c.strip() for c in r[:3]] == [a.reward, str(a.group_size), f"{a.rho:.2f}"])
-            assert row[5].strip() == ("-" if plan is None else str(plan.rollouts_per_iteration))
+            row = next(r for r in plan_rows if r[:3] == [a.reward, str(a.group_size), f"{a.rho:.2f}"])
+            assert row[5] == ("-" if plan is None else str(plan.rollouts_per_iteration))
+        rows = [line.split("│")[1:-1] for line in lines if line.startswith("│")]  # the pilot table
         pilot_head = next(line for line in lines if "┃ reward" in line and " usable " in line)
         budget_p = spec.pilot_fraction * spec.budget_flops
         grid = pilot_grid(spec.space, RaceSettings(max_pilots=60), spec.seed)
