@@ -182,8 +182,15 @@ def recommendation_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[s
     a = rec["allocation"]
     target = str(rec.get("target", ""))
     level = float(rec.get("level", 0.9))
+    paras: list[str] = []  # the study's lines, rejoined where they were wrapped at 80 columns
+    for line in recommendation_lines(from_dict(rec), target):
+        if line.startswith("    ") and paras:
+            paras[-1] += " " + line.strip()
+        else:
+            paras.append(line.strip())
+    paras = [x.replace("`allocopt report` lists them", "listed below") for x in paras]
     parts = [f"<h3>Recommendation ({e(ctx.recommendation_source)})</h3>",
-             "<p class='answer'>" + "<br>".join(e(x.strip()) for x in recommendation_lines(from_dict(rec), target)) + "</p>"]
+             "<p class='answer'>" + "<br>".join(e(x) for x in paras) + "</p>"]
     body = [["allocation to run", e(_alloc_text(a))],
             [f"{e(target)} at the full budget (posterior mean)", _fmt(rec.get("mean"), ".4f")],
             [f"{level:.0%} credible interval", f"{_fmt(rec.get('lower'), '.4f')} – {_fmt(rec.get('upper'), '.4f')}"],

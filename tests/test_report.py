@@ -249,3 +249,24 @@ def test_cli_report_and_mlflow_artifacts(study, tmp_path, tmp_path_factory, caps
     logged = {os.path.basename(a.path) for a in client.list_artifacts(run_id, "report")}
     assert logged == {p.name for p in files} and "report.html" in out
     assert (tmp_path / "artifacts" / run_id / "artifacts" / "report" / "report.html").exists()
+
+
+def test_the_answer_paragraph_reads_as_one_sentence():
+    """The page's answer is the study's lines with their 80-column wraps undone (no break
+    mid-sentence) and no pointer to `allocopt report` on the report itself."""
+    from types import SimpleNamespace
+
+    from allocopt.allocation import Allocation
+    from allocopt.answer import recommendation_dict, recommendation_lines
+    from allocopt.report import recommendation_html
+
+    close = [Allocation(0.58, 4, "dense"), Allocation(0.57, 4, "dense"), Allocation(0.62, 4, "structured")]
+    rec = SimpleNamespace(allocation=close[0], mean=0.526, interval=(0.511, 0.543), level=0.9,
+                          prob_best=0.8, within_noise=close, noise_sd=0.013)
+    lines = recommendation_lines(rec, "pass@1")
+    assert any(line.startswith("    ") for line in lines)  # the study wraps the noise line
+    ctx = SimpleNamespace(recommendation=recommendation_dict(rec, "pass@1"), recommendation_source="stored by the study")
+    page = "".join(recommendation_html([], ctx))
+    answer = page[page.index("<p class='answer'>"):page.index("</p>", page.index("<p class='answer'>"))]
+    assert answer.count("<br>") == 2 and "`" not in answer  # three sentences, no backticks
+    assert "3 allocations at rho 0.57-0.62, 2 reward systems (dense, structured): not one winner; listed below" in answer
