@@ -23,6 +23,8 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
+from allocopt.query_stored import parent_run_id, stored_objectives, stored_recommendation, stored_target
+
 FIDELITY_CHOICES = ("full", "pilot", "all")
 
 _STUDY = typer.Option(None, "--study", help="Optuna study name (in --storage) \\[default: the one study the storage holds].")
@@ -179,7 +181,7 @@ def pareto(
     from allocopt.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
 
     rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
-    names = _split(objectives, "objectives") if objectives else _stored_objectives(study, storage, from_mlflow, mlflow_uri)
+    names = _split(objectives, "objectives") if objectives else stored_objectives(study, storage, from_mlflow, mlflow_uri)
     keys = check_fields(rows, names)
     dirs = _split(directions, "directions") if directions else [default_direction(k) for k in keys]
     front = pareto_front(rows, keys, dirs)
@@ -215,12 +217,12 @@ def best(
 
     rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     if target is None:
-        target = _stored_target(study, storage, from_mlflow, mlflow_uri)
+        target = stored_target(study, storage, from_mlflow, mlflow_uri)
     (key,) = check_fields(rows, [target], "target")
     d = direction or default_direction(key)
     b = best_of(rows, key, d)
     per = best_per(rows, key, "reward", d)
-    rec = _recommendation(study, storage, from_mlflow, mlflow_uri)
+    rec = stored_recommendation(study, storage, from_mlflow, mlflow_uri)
     if as_json:
         _print_json({"source": source, "target": field_label(key), "direction": d, "recommendation": rec,
                      "best": row_dict(b) if b else None,
@@ -264,111 +266,6 @@ def best(
                               [key], rows))
 
 
-def _stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
-                    mlflow_uri: Optional[str]) -> list[str]:
-    """The targets the study was run for, as spelled for people (``pass@1``): the stored spec
-    (user attribute ``spec``, as ``report`` reads it), else the objectives' names
-    (``study.metric_names``, set by ``allocopt study``); for one ``--from-mlflow`` experiment its
-    parent run's ``target`` param. ``[]`` when nothing is stored."""
-    from allocopt.spec import TARGETS
-
-    if study:
-        from allocopt.query_sources import open_study_for_query
-
-        st = open_study_for_query(storage, study)
-        stored = (st.user_attrs.get("spec") or {}).get("target")
-        names = [stored] if isinstance(stored, str) else list(stored or []) or list(st.metric_names or [])
-    else:
-        raw = next((r.data.params["target"] for r in _parent_runs(from_mlflow, mlflow_uri)
-                    if r.data.params.get("target")), "")
-        try:
-            names = json.loads(raw) if raw.startswith("[") else [raw] if raw else []
-        except ValueError:
-            names = []
-    return [str(n) for n in names if n in TARGETS]
-
-
-def _stored_target(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
-                   mlflow_uri: Optional[str]) -> str:
-    """``best``'s target when ``--target`` is not given: the study's one stored target.
-
-    Raises:
-        QueryError: none stored (several ``--from-mlflow`` experiments, a study run elsewhere) or
-            several (a multi-objective study: ``best`` of which one is a choice, ``pareto`` shows
-            the trade-off).
-    """
-    names = _stored_targets(study, storage, from_mlflow, mlflow_uri)
-    if len(names) == 1:
-        return names[0]
-    where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
-    if names:
-        raise _problem(f"target=None: {where} has {len(names)} targets ({', '.join(names)}); give "
-                       "--target one of them, or see them together with `allocopt pareto`")
-    raise _problem(f"target=None: {where} stores no target; give --target (native_reward, pass@1, "
-                   "pass@1:gsm8k, pass@1:math500, judge or a field such as total_flops)")
-
-
-def _stored_objectives(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
-                       mlflow_uri: Optional[str]) -> list[str]:
-    """``pareto``'s objectives when ``--objectives`` is not given: the study's stored targets.
-
-    Raises:
-        QueryError: fewer than two stored.
-    """
-    names = _stored_targets(study, storage, from_mlflow, mlflow_uri)
-    if len(names) >= 2:
-        return names
-    where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
-    has = f"one target ({names[0]})" if names else "no target"
-    raise _problem(f"objectives=None: {where} stores {has}; give --objectives with two or more, "
-                   "e.g. pass@1,judge or judge,total_flops")
-
-
-def _parent_runs(from_mlflow: Optional[List[str]], mlflow_uri: Optional[str]) -> list[Any]:
-    """The study's parent runs (tag ``allocopt.role=study``, at most 5) of the one
-    ``--from-mlflow`` experiment; ``[]`` for several experiments or none found."""
-    if not from_mlflow or len(from_mlflow) != 1:
-        return []
-    from mlflow import MlflowClient
-
-    from allocopt.cli_common import short_mlflow_requests
-    from allocopt.tracking.tracker import _resolve_uri
-
-    name = from_mlflow[0] if from_mlflow[0].startswith("allocopt/") else f"allocopt/{from_mlflow[0]}"
-    with short_mlflow_requests():
-        client = MlflowClient(_resolve_uri(mlflow_uri))
-        exp = client.get_experiment_by_name(name)
-        runs = [] if exp is None else client.search_runs(
-            [exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'", max_results=5)
-    return list(runs)
-
-
-def _recommendation(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
-                    mlflow_uri: Optional[str]) -> dict | None:
-    """The study's recommendation (:func:`allocopt.answer.recommendation_dict`, stored by a RACE
-    study): the Optuna study's user attribute ``recommendation``, or for one ``--from-mlflow``
-    experiment its parent run's ``allocopt.recommended.*`` tags and ``recommended_*`` metrics.
-    ``None`` when there is none (plain BO, several experiments, nothing recorded yet)."""
-    if study:
-        import optuna
-
-        return optuna.load_study(study_name=study, storage=storage).user_attrs.get("recommendation")
-    for run in _parent_runs(from_mlflow, mlflow_uri):
-        tags, metrics = run.data.tags, run.data.metrics
-        a = {k[len("allocopt.recommended."):]: v for k, v in tags.items() if k.startswith("allocopt.recommended.")}
-        if {"rho", "group_size", "reward"} <= set(a):
-            rec: dict[str, Any] = {"allocation": {"rho": float(a["rho"]), "group_size": int(a["group_size"]),
-                                                  "reward": a["reward"], **({"model": a["model"]} if a.get("model") else {})}}
-            for k in ("mean", "lower", "upper", "level", "prob_best"):
-                if f"recommended_{k}" in metrics:
-                    rec[k] = metrics[f"recommended_{k}"]
-            spec = run.data.params.get("target")
-            if spec:
-                rec["target"] = spec
-            return rec
-    return None
-
-
 # ---------------------------------------------------------------------------- report
 def report(
     out_dir: Path = typer.Option(..., "--out", help="Folder for the PNGs and report.html (created)."),
@@ -403,7 +300,7 @@ def report(
     if pair is not None and len(pair) != 2:
         raise _problem(f"pareto={pareto_of!r}: give exactly two targets, e.g. pass@1,judge")
     if mlflow_run == "parent":
-        mlflow_run = _parent_run_id(study, mlflow_uri)
+        mlflow_run = parent_run_id(study, mlflow_uri)
     files = write_report(rows, out_dir, title=title or source.capitalize(), targets=keys, context=context,
                          pareto_targets=pair, run_id=mlflow_run, tracking_uri=mlflow_uri)
     out = _out()
@@ -411,32 +308,6 @@ def report(
         out.print(str(f), markup=False, highlight=False)
     if mlflow_run:
         out.print(f"logged {len(files)} files to MLflow run {mlflow_run} (artifacts report/)")
-
-
-def _parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
-    """The run id of ``study``'s parent run in its MLflow experiment ``allocopt/<study>`` (the
-    latest, when workers made several). Raises :class:`QueryError` (one line) when there is none."""
-    if not study:
-        raise _problem("mlflow_run='parent': needs --study (the study whose parent run gets the report)")
-    from allocopt.cli_common import short_mlflow_requests
-    from allocopt.tracking.keys import TAG_ROLE, TAG_STUDY
-    from allocopt.tracking.tracker import _resolve_uri
-
-    uri = _resolve_uri(mlflow_uri)
-    try:
-        from mlflow import MlflowClient
-
-        with short_mlflow_requests():
-            client = MlflowClient(tracking_uri=uri)
-            exp = client.get_experiment_by_name(f"allocopt/{study}")
-            runs = [] if exp is None else client.search_runs(
-                [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'study'", max_results=100)
-    except Exception as e:  # noqa: BLE001 - unreachable server, unreadable store
-        raise _problem(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    runs = [r for r in runs if r.data.tags.get(TAG_STUDY) == study]
-    if not runs:
-        raise _problem(f"mlflow_run='parent': study {study!r} has no parent run in {uri} (run it with MLflow on, or give --mlflow-uri)")
-    return max(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
 
 
 def register(app: typer.Typer) -> None:
