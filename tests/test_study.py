@@ -191,7 +191,8 @@ def test_cli_sigint_then_resume(tmp_path):
     assert math.isfinite(max(t.value for t in after if t.state.name == "COMPLETE"))
 
 
-def test_multi_objective_study_pareto(tmp_path):
+@pytest.mark.slow  # 64-74 s on 2 idle cores (BoTorch's multi-objective fits); two-target studies
+def test_multi_objective_study_pareto(tmp_path):  # with the random sampler stay in tests/test_pareto.py
     """Two targets: Optuna keeps both values; its Pareto set equals a brute-force filter."""
     s = spec(target=("pass@1", "judge"), trials=5, sampler="botorch", startup_trials=3)
     assert s.multi_objective and s.target_keys == ("pass_at_1", "judge")
