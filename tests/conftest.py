@@ -21,27 +21,45 @@ def shipped_data() -> Path:
     return SHIPPED_DATA
 
 
+def postgres_lack() -> str | None:
+    """What this machine lacks to start a throwaway PostgreSQL server (binaries, driver), or
+    ``None``."""
+    if pgserver.find_bin_dir() is None:
+        return "PostgreSQL binaries (initdb, pg_ctl, postgres) not found; apt-get install postgresql"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg (the PostgreSQL driver) is not installed; pip install 'psycopg[binary]'"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that need PostgreSQL are marked skipped, with the reason, on a machine that cannot
+    start a server and was given none (decided at collection); with
+    ``$ALLOCOPT_REQUIRE_POSTGRES=1`` (CI) they run, and fail without a server."""
+    if os.environ.get("ALLOCOPT_TEST_POSTGRES_URL") or os.environ.get("ALLOCOPT_REQUIRE_POSTGRES") == "1":
+        return
+    why = postgres_lack()
+    if why:
+        mark = pytest.mark.skipif(True, reason=why)
+        for item in items:
+            if "postgres_url" in getattr(item, "fixturenames", ()):
+                item.add_marker(mark)
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     """URL of a PostgreSQL server for the session (``tests/pgserver.py``): CI's
-    (``$ALLOCOPT_TEST_POSTGRES_URL``), else a throwaway one started here, else the test is
-    skipped (no PostgreSQL binaries) -- or fails, when ``$ALLOCOPT_REQUIRE_POSTGRES=1`` (CI)."""
+    (``$ALLOCOPT_TEST_POSTGRES_URL``), else a throwaway one started here. Where none can be
+    started its tests are skipped at collection (:func:`pytest_collection_modifyitems`); a
+    server that cannot start here fails them."""
     url = os.environ.get("ALLOCOPT_TEST_POSTGRES_URL")
     if url:
         yield url
         return
-    why = None
-    if pgserver.find_bin_dir() is None:
-        why = "PostgreSQL binaries (initdb, pg_ctl, postgres) not found; apt-get install postgresql"
-    else:
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            why = "psycopg (the PostgreSQL driver) is not installed; pip install 'psycopg[binary]'"
-    if why:
-        if os.environ.get("ALLOCOPT_REQUIRE_POSTGRES") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    why = postgres_lack()
+    if why:  # reached only with ALLOCOPT_REQUIRE_POSTGRES=1: the tests were not skipped
+        pytest.fail(why)
     import shutil
     import tempfile
 
@@ -49,10 +67,8 @@ def postgres_url() -> str:
     # the server runs as the postgres OS user when we are root
     try:
         url = pgserver.start(folder)
-    except Exception as e:  # noqa: BLE001 - a server that cannot start here is a skip, not a crash
-        if os.environ.get("ALLOCOPT_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"PostgreSQL did not start: {e}")
-        pytest.skip(f"PostgreSQL did not start: {str(e).splitlines()[0] if str(e) else e}")
+    except Exception as e:  # noqa: BLE001 - binaries and driver are here: a failure, not a skip
+        pytest.fail(f"PostgreSQL did not start: {str(e).splitlines()[0] if str(e) else e}")
     try:
         yield url
     finally:

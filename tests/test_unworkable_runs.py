@@ -107,14 +107,28 @@ def test_unreachable_mlflow_is_one_line_in_seconds_and_leaves_no_study(tmp_path)
     silent.close()
 
 
+def _chattr_works() -> bool:
+    """Whether ``chattr +i`` (immutable file) works here: root and a filesystem with attributes."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir=tempfile.gettempdir()) as f:
+        try:
+            ok = subprocess.run(["chattr", "+i", f.name], capture_output=True).returncode == 0
+        except OSError:  # no chattr at all
+            return False
+        subprocess.run(["chattr", "-i", f.name], capture_output=True)
+        return ok
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not _chattr_works(), reason="chattr +i is not available here (needs root and a "
+                    "filesystem with attributes)")
 def test_read_only_mlflow_store_is_one_line_and_leaves_no_study(tmp_path):
     """A store MLflow can read but not write (``chattr +i``: read-only even for root)."""
     db = tmp_path / "m.db"
     subprocess.run([sys.executable, "-c", f"import mlflow; mlflow.MlflowClient('sqlite:///{db}').search_experiments()"],
                    check=True, capture_output=True, timeout=120)
-    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
-        pytest.skip("chattr +i is not available here (needs root and a filesystem with attributes)")
+    assert subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode == 0
     try:
         r = cli("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0",
                 "--storage", f"sqlite:///{tmp_path}/o.db", "--mlflow-uri", f"sqlite:///{db}", cwd=tmp_path)
