@@ -288,10 +288,9 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
     if (ctx.recommendation is None and compute_recommendation and race_attr and pilots
             and any(o.fidelity == "full" for o in obs) and not spec.multi_objective):
         from allocopt.answer import recommendation_dict
-        from allocopt.race import fit_surrogate, recommendation
+        from allocopt.race.recommend import final_recommendation
 
-        sur = fit_surrogate(obs, spec.space, seed=seed + len(obs))
-        rec = recommendation(sur, obs, spec.space, settings, level=LEVEL)
+        rec = final_recommendation(obs, spec.space, settings, seed, level=LEVEL)
         ctx.recommendation = recommendation_dict(rec, spec.targets[0])
         ctx.recommendation_source = "computed by the report (the study stored none)"
     return ctx

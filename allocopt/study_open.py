@@ -121,11 +121,17 @@ def open_study(spec: StudySpec, storage: str) -> Any:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
     register(study, store)
+    _check_terms(study, spec)
+    return study
+
+
+def _check_terms(study: Any, spec: StudySpec) -> None:
+    """An existing study resumed under ``spec``: as many targets, then :func:`check_same_study`.
+    Raises :class:`StudyError` (one line)."""
     if len(study.directions) != len(spec.targets):
         raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
     check_same_study(study, spec)
-    return study
 
 
 def preflight_study(spec: StudySpec, storage: str) -> None:
@@ -185,11 +191,7 @@ def preflight_study(spec: StudySpec, storage: str) -> None:
         return
     if spec.name not in known:
         return
-    study = optuna.load_study(study_name=spec.name, storage=store)
-    if len(study.directions) != len(spec.targets):
-        raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
-                         f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
-    check_same_study(study, spec)
+    _check_terms(optuna.load_study(study_name=spec.name, storage=store), spec)
 
 
 def _creation_race(e: BaseException) -> bool:

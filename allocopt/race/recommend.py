@@ -159,3 +159,22 @@ def recommendation(surrogate: Any, obs: Sequence[Observation], space: SearchSpac
         within_noise=tuple(cands[k] for k in close) or (best,), noise_sd=noise,
         cell_prob_best=tuple((w, m, p) for (w, m), p in sorted(shares.items(), key=lambda t: -t[1])),
         full_runs=len(full), level=level)
+
+
+def final_surrogate(obs: Sequence[Observation], space: SearchSpace, seed: int) -> Any:
+    """The surrogate the study's one answer comes from: a fresh fit on its trials ``obs``
+    alone (:func:`allocopt.race.fit.fit_surrogate`), seeded ``seed + len(obs)``. The same
+    trials give the same answer whatever fits came before (a sampler's cached fit depends on
+    when its hyperparameters were last refitted: two workers that saw the same trials printed
+    different intervals). Raises ``ValueError`` with fewer than 2 observations."""
+    from allocopt.race.fit import fit_surrogate
+
+    return fit_surrogate(obs, space, seed=seed + len(obs))
+
+
+def final_recommendation(obs: Sequence[Observation], space: SearchSpace, settings: RaceSettings,
+                         seed: int, level: float = 0.9) -> Recommendation:
+    """The study's one answer: :func:`recommendation` on :func:`final_surrogate` (what
+    ``allocopt race`` / ``study`` store at their end, and the report computes when a study
+    stored none)."""
+    return recommendation(final_surrogate(obs, space, seed), obs, space, settings, level=level)

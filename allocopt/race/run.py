@@ -17,8 +17,7 @@ from allocopt.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
 from allocopt.race.diagnose import diagnose, observations
-from allocopt.race.fit import fit_surrogate
-from allocopt.race.recommend import recommendation
+from allocopt.race.recommend import final_surrogate, recommendation
 from allocopt.race.validate import RaceResult, validate
 from allocopt.spec import StudySpec
 
@@ -121,10 +120,8 @@ def run_race(
     obs = sampler.observations(study)
     if len(obs) >= 2 and any(o.fidelity == "full" for o in obs):
         # the one answer: the allocation with its credible interval and probability of being
-        # best, from a fresh fit seeded by the study's seed and its data only (the sampler's
-        # cached fit depends on when its hyperparameters were last refitted: two workers that
-        # saw the same trials printed different intervals); as `allocopt report` computes it
-        sur = fit_surrogate(obs, s.space, seed=sampler.seed + len(obs))
+        # best, from the trials alone (as `allocopt report` computes it)
+        sur = final_surrogate(obs, s.space, sampler.seed)
         result.recommendation = recommendation(sur, obs, s.space, settings)
         obs = observations(study, s)
         result.validation = validate(result.diagnoses, obs, s, settings, surrogate=sur)
