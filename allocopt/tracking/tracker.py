@@ -145,8 +145,14 @@ class StudyTracker(TrialRuns):
         ``space.rho``, ``budget_flops``, ...; a resumed study with the same spec logs the same
         values, which MLflow accepts) and the ``spec.json`` artifact."""
         spec = json.loads(json.dumps(dict(spec), default=str))
-        run = self.client.get_run(self.parent_run_id)
-        self._params(self.parent_run_id, spec, set(run.data.params))
+        for attempt in range(3):  # workers starting at once log the same params to one run:
+            run = self.client.get_run(self.parent_run_id)  # the loser of an insert race reads
+            try:  # them back and logs only what is still missing
+                self._params(self.parent_run_id, spec, set(run.data.params))
+                break
+            except Exception as e:  # noqa: BLE001 - only a duplicate key is retried
+                if attempt == 2 or not any(k in str(e).lower() for k in ("uniqueviolation", "unique constraint", "duplicate")):
+                    raise
         self.client.log_dict(self.parent_run_id, spec, "spec.json")
 
     def log_recommendation(self, recommendation: Mapping[str, Any]) -> None:
