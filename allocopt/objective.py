@@ -1,7 +1,7 @@
 """The objective contract: what one trial takes, returns and raises, and objectives by name.
 
-An *objective* turns a :class:`~allocopt.allocation.TrialPlan` (an allocation made runnable under
-a FLOP budget) into scores. The study loop (:mod:`allocopt.study`), the CLI and anyone's own
+An *objective* turns a :class:`~allocopt.plan.allocation.TrialPlan` (an allocation made runnable under
+a FLOP budget) into scores. The study loop (:mod:`allocopt.study.loop`), the CLI and anyone's own
 Optuna code drive every objective the same way::
 
     obj = get_objective("synthetic", noise=0.0)   # by registered name, with its settings
@@ -13,8 +13,8 @@ Optuna code drive every objective the same way::
 Built-in objectives (``tiny``, ``synthetic``, ``qwen``) are registered by :mod:`objectives`
 (imported on the first look-up); others join with :func:`register_objective`.
 
-Standard library and the pure core (:mod:`allocopt.flops`, :mod:`allocopt.allocation`,
-:mod:`allocopt.meter`) only: no torch, TRL or Optuna.
+Standard library and the pure core (:mod:`allocopt.flops`, :mod:`allocopt.plan.allocation`,
+:mod:`allocopt.plan.meter`) only: no torch, TRL or Optuna.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from allocopt.allocation import InfeasiblePlan, TrialPlan, Workload
+from allocopt.plan.allocation import InfeasiblePlan, TrialPlan, Workload
 from allocopt.flops import ComputeBreakdown, FlopAccount
-from allocopt.meter import FlopMeter, IterationRecord
+from allocopt.plan.meter import FlopMeter, IterationRecord
 
 __all__ = ["InfeasiblePlan", "Objective", "ObjectiveUnavailable", "Progress", "TrialFailed",
            "TrialResult", "get_objective", "objective_names", "objective_targets",
@@ -84,8 +84,8 @@ class TrialFailed(RuntimeError):
 
 @runtime_checkable
 class Objective(Protocol):
-    """What a study runs. The built-in ones: :class:`objectives.tiny.TinyObjective`,
-    :class:`objectives.synthetic.SyntheticObjective`, :class:`objectives.qwen.QwenObjective`.
+    """What a study runs. The built-in ones: :class:`objectives.tiny.objective.TinyObjective`,
+    :class:`objectives.synthetic.SyntheticObjective`, :class:`objectives.qwen.objective.QwenObjective`.
 
     Optional attributes: ``flops_per_second`` (executed training FLOPs per wall second,
     measured on the machine the objective targets) and ``overhead_seconds`` (loading and
@@ -96,7 +96,7 @@ class Objective(Protocol):
     """The registered name (``tiny``, ``synthetic``, ``qwen``); MLflow tag ``allocopt.objective``."""
 
     def workload(self) -> Workload:
-        """What plans are made for: the policy's shape, the :class:`~allocopt.setup.TrainingSetup`
+        """What plans are made for: the policy's shape, the :class:`~allocopt.plan.setup.TrainingSetup`
         the objective's driver runs (rollout batch, lengths, engine, …) and the reward models'
         shapes. Needs no accelerator (``--dry-run`` and planning use it on any machine)."""
         ...

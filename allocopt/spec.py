@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.allocation import REWARDS, Allocation, check_budget
+from allocopt.plan.allocation import REWARDS, Allocation, check_budget
 from allocopt.flops import ConfigError
 from allocopt.tomlio import check_keys, read_toml
 

@@ -23,7 +23,7 @@ from typing import Sequence
 
 
 def _objective(settings: dict):
-    from objectives.tiny import TinyObjective, TinySettings
+    from objectives.tiny.objective import TinyObjective, TinySettings
 
     return TinyObjective(TinySettings(**settings))
 
@@ -33,7 +33,7 @@ def _trial(args: tuple[float, str, int, float, int, dict]) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from allocopt.allocation import Allocation, make_plan
+    from allocopt.plan.allocation import Allocation, make_plan
     obj = _objective(settings)
     plan = make_plan(budget, Allocation(rho, group_size, reward), obj.workload())
     t0 = time.perf_counter()
@@ -154,7 +154,7 @@ def rho_star_table(rows: Sequence[dict], targets: Sequence[str]) -> str:
     project's one rho* estimator (RACE's local quadratic, :func:`allocopt.race.diagnose_group`,
     fitted on every seed of every point: the seeds are its replicates), with the reward share
     of compute at rho* and the regime it implies."""
-    from allocopt.allocation import Allocation
+    from allocopt.plan.allocation import Allocation
     from allocopt.race.diagnose import Observation, diagnose_group
 
     rhos = [r["rho"] for r in rows]

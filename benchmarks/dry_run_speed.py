@@ -3,7 +3,7 @@
 At small budgets most RACE pilots are not usable where the grid put them, and
 :func:`allocopt.race.pilot_plans.fit_pilots` searches each one's neighbourhood for a usable ρ:
 hundreds of plans, each pricing thousands of GRPO iterations
-(:func:`allocopt.allocation.iteration_flops`). This prints, per budget of the synthetic
+(:func:`allocopt.plan.allocation.iteration_flops`). This prints, per budget of the synthetic
 objective's workload (Qwen2.5-1.5B shape, LoRA r 32, the default space: 5 reward systems x
 3 G, 60 pilots at 0.1 of the budget), the seconds (wall and CPU) of the full-budget plans over
 the space (``study.dry_run``) and of fitting the pilots, the pilots moved, and the iteration
@@ -30,11 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="1e19,1e17,1e16,3e15",
                     help="comma-separated FLOP budgets (default: %(default)s)")
     args = ap.parse_args(argv)
-    from allocopt.allocation import iteration_flops
+    from allocopt.plan.allocation import iteration_flops
     from allocopt.race import RaceSettings, pilot_grid
     from allocopt.race.pilot_plans import fit_pilots, plan_pilot
     from allocopt.spec import StudySpec
-    from allocopt.study import dry_run
+    from allocopt.study.loop import dry_run
     from objectives.synthetic import SyntheticObjective
 
     workload = SyntheticObjective().workload()

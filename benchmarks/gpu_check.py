@@ -6,8 +6,8 @@
 
 For each shipped config (``benchmarks/configs/qwen2.5-{0.5b,1.5b}-instruct.json``, the hub
 models' ``config.json``) a random-weight policy is saved with the local stand-in tokenizer
-(:mod:`objectives.standins`; the vocabulary rows beyond it are never sampled), and
-:func:`objectives.grpo.run_grpo` runs ``--iterations`` GRPO iterations (LoRA r 32, all linear,
+(:mod:`objectives.qwen.standins`; the vocabulary rows beyond it are never sampled), and
+:func:`objectives.grpo.driver.run_grpo` runs ``--iterations`` GRPO iterations (LoRA r 32, all linear,
 bf16, vLLM colocate rollouts, sparse reward on the shipped Polaris-shaped slice) under a budget
 of that many iterations. It prints one table:
 
@@ -17,13 +17,13 @@ of that many iterations. It prints one table:
 * rollout tokens/s (completion tokens / rollout wall time), update MFU (learning FLOPs /
   learning wall time / the GPU's dense bf16 peak, ``--peak-tflops``, default H200 989),
   peak GPU memory, realized ρ against the plan's;
-* the evaluation path (:func:`objectives.qwen_eval.generate_vllm`): the trained adapter saved
+* the evaluation path (:func:`objectives.qwen.eval.generate_vllm`): the trained adapter saved
   and served by a new ``vllm.LLM(enable_lora=True)`` through a ``LoRARequest``, greedy, on 64
   prompts: its wall time, completion tokens/s and eval FLOPs (outside the budget).
 
 ``--dry-run`` runs the CPU side only, on any machine: each size's
-:class:`~allocopt.setup.TrainingSetup`, the plan made from it, and the driver's own check
-(:func:`objectives.grpo.check_setup`) against the shape transformers reads from the config; it
+:class:`~allocopt.plan.setup.TrainingSetup`, the plan made from it, and the driver's own check
+(:func:`objectives.grpo.driver.check_setup`) against the shape transformers reads from the config; it
 prints one row per size (fingerprint, plan) and exits 0, or 2 on a mismatch.
 
 Not needed by the tests (``tests/test_gpu_check.py`` checks that it refuses cleanly without
@@ -60,14 +60,14 @@ def refuse_reason() -> str | None:
 
 
 def planned(size: str, iterations: int, model: str, prompt_tokens: float | None = None):
-    """The :class:`~allocopt.setup.TrainingSetup` the check runs for ``size`` (LoRA r 32, all
+    """The :class:`~allocopt.plan.setup.TrainingSetup` the check runs for ``size`` (LoRA r 32, all
     linear, trl-vllm, allocopt's runner defaults, a 256-token limit, always the full batch of
     64 rollouts) and the plan made from it: ρ 0.6, G 8, sparse, a budget of ``iterations + 0.5``
     iterations (a last iteration cut to half its rows would cost 0.7 of one: none is cut).
     ``prompt_tokens``: measured, else the set-up's stated estimate."""
-    from allocopt.allocation import Allocation, Workload, make_plan
+    from allocopt.plan.allocation import Allocation, Workload, make_plan
     from allocopt.flops import ModelShape
-    from allocopt.setup import TrainingSetup
+    from allocopt.plan.setup import TrainingSetup
 
     setup = TrainingSetup(model=model, engine="trl-vllm", max_completion_length=256,
                           completion_tokens=200, rollouts_per_iteration=64, min_batch_share=1.0,
@@ -86,7 +86,7 @@ def dry_run(size: str, iterations: int) -> dict:
     from transformers import AutoConfig
 
     from allocopt.flops import ModelShape
-    from objectives.grpo import check_setup
+    from objectives.grpo.driver import check_setup
 
     setup, plan = planned(size, iterations, str(CONFIGS[size]))
     loaded = ModelShape.from_config(AutoConfig.from_pretrained(str(CONFIGS[size])).to_dict())
@@ -102,10 +102,10 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
-    from objectives.grpo import run_grpo
-    from objectives.polaris import SAMPLE_PATH, load_polaris, render_prompt
-    from objectives.rewards import make_reward
-    from objectives.standins import build_policy, build_tokenizer
+    from objectives.grpo.driver import run_grpo
+    from objectives.data.polaris import SAMPLE_PATH, load_polaris, render_prompt
+    from objectives.rewards.systems import make_reward
+    from objectives.qwen.standins import build_policy, build_tokenizer
 
     config = json.loads(CONFIGS[size].read_text())
     tok = build_tokenizer(workdir / f"tok-{size}")
@@ -148,7 +148,7 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     # evaluation as a qwen trial runs it on a GPU, outside the counter (and the budget)
     import gc
 
-    from objectives.qwen_eval import Greedy, generate_vllm, save_adapter
+    from objectives.qwen.eval import Greedy, generate_vllm, save_adapter
 
     gc.collect()
     torch.cuda.empty_cache()

@@ -18,7 +18,7 @@ Methods (each searches the variant's space, :func:`objectives.synthetic.space_of
 * ``random``: Optuna's ``RandomSampler``;
 * ``tpe``, ``gp``, ``botorch``: Optuna's ``TPESampler``, ``GPSampler`` and
   ``optuna_integration.BoTorchSampler``, each after 4 random start-up trials (allocopt's
-  ``StudySpec.startup_trials``; ``gp`` and ``botorch`` built by :func:`allocopt.study_open.make_sampler`,
+  ``StudySpec.startup_trials``; ``gp`` and ``botorch`` built by :func:`allocopt.study.open.make_sampler`,
   as ``allocopt study`` builds them);
 * ``allocopt``: RACE's loop (:func:`run_allocopt`) with its default settings (pilots at 0.1 × the
   budget, ``RaceSettings()``: a pilot grid sized to the space, no extra pilots), then full-budget
@@ -72,7 +72,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from allocopt.allocation import Allocation, make_plan  # noqa: E402
+from allocopt.plan.allocation import Allocation, make_plan  # noqa: E402
 from allocopt.spec import SearchSpace, StudySpec, target_label  # noqa: E402
 from objectives.synthetic import (B_REF, SHIFT, VARIANTS, SyntheticObjective, observe,  # noqa: E402
                                   optimum, response, space_of)
@@ -216,7 +216,7 @@ def run_grid(problem: Problem, seed: int, cap: float) -> Trajectory:
 def make_optuna_sampler(method: str, seed: int) -> Any:
     import optuna
 
-    from allocopt.study_open import make_sampler
+    from allocopt.study.open import make_sampler
 
     if method == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -230,7 +230,7 @@ def run_optuna(problem: Problem, method: str, seed: int, cap: float) -> tuple[Tr
     import optuna
 
     from allocopt.spec import allocation_of
-    from allocopt.study_open import distributions
+    from allocopt.study.open import distributions
 
     spec = problem.spec(seed)
     dists = distributions(spec)
@@ -651,7 +651,7 @@ def time_proposals(variant: str, n_trials: int, repeats: int, methods: Sequence[
     from optuna.trial import create_trial
 
     from allocopt.spec import allocation_of
-    from allocopt.study_open import distributions
+    from allocopt.study.open import distributions
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     p = Problem(variant, "pass_at_1")

@@ -41,7 +41,7 @@ def study_budgets(spec: Path = SPEC) -> list[float]:
 
 def run_one(obj: Any, budget: float, reward: str, rho: float, group_size: int, seed: int) -> dict:
     """One trial without its evaluation; the plan's and the meter's numbers."""
-    from allocopt.allocation import Allocation, InfeasiblePlan, make_plan
+    from allocopt.plan.allocation import Allocation, InfeasiblePlan, make_plan
 
     row: dict[str, Any] = {"budget_flops": budget, "reward": reward, "rho": rho,
                            "group_size": group_size, "seed": seed}
@@ -116,7 +116,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from objectives.tiny import TinyObjective
+    from objectives.tiny.objective import TinyObjective
 
     obj = TinyObjective()
     obj.evaluate = lambda model, tokenizer, reward: ({}, 0)  # type: ignore[method-assign]

@@ -45,8 +45,8 @@ def main() -> None:
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     from allocopt.spec import SearchSpace, StudySpec
-    from allocopt.study_open import distributions, make_sampler, open_study
-    from allocopt.trial_record import run_one_trial
+    from allocopt.study.open import distributions, make_sampler, open_study
+    from allocopt.study.trial import run_one_trial
     from objectives.synthetic import SyntheticObjective
 
     storage = a.storage or f"sqlite:///{tempfile.mkdtemp(prefix='allocopt-bench-')}/b.db"

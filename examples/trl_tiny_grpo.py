@@ -6,7 +6,7 @@
 
 This script is what a user's own training job would be: it reads ``grpo_config.json`` (the
 GRPOConfig fields ``allocopt ask`` wrote) and ``ask.json`` (the reward system), trains the tiny
-world's shipped policy (``objectives/tiny_world/``) with TRL + LoRA on the CPU, with no
+world's shipped policy (``objectives/tiny/world/``) with TRL + LoRA on the CPU, with no
 allocopt budget meter, saves TRL's own output (``trainer_state.json``, ``training_args.bin``,
 the adapter), scores the result on the tiny world's held-out problems and writes
 ``metrics.json`` with the targets. ``allocopt tell --from-trl`` then accounts the compute from
@@ -44,8 +44,8 @@ def main() -> None:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from objectives.tiny import TinyObjective, TinySettings
-    from objectives.tiny_tasks import make_split
+    from objectives.tiny.objective import TinyObjective, TinySettings
+    from objectives.tiny.tasks import make_split
 
     world = TinyObjective(TinySettings(eval_problems=a.eval_problems, lora_rank=a.lora_rank))
     tok = world._tokenizer()

@@ -4,9 +4,9 @@ Each objective follows the contract of :mod:`allocopt.objective` (``workload()``
 ``check_available()``, ``run(plan, seed=, progress=) -> TrialResult``). Importing this package
 registers the built-in ones by name, lazily (a factory imports its module when called):
 
-* ``tiny``: the CPU arithmetic world (:mod:`objectives.tiny`);
+* ``tiny``: the CPU arithmetic world (:mod:`objectives.tiny.objective`);
 * ``synthetic``: a closed-form test function (:mod:`objectives.synthetic`);
-* ``qwen``: GRPO of LoRA Qwen2.5 (:mod:`objectives.qwen`).
+* ``qwen``: GRPO of LoRA Qwen2.5 (:mod:`objectives.qwen.objective`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ OBJECTIVES = ("tiny", "qwen", "synthetic")
 
 
 def _tiny(**settings: Any) -> Any:
-    from objectives.tiny import TinyObjective, TinySettings
+    from objectives.tiny.objective import TinyObjective, TinySettings
 
     check_settings(TinySettings, settings, "tiny")
     return TinyObjective(TinySettings(**settings))
 
 
 def _qwen(**settings: Any) -> Any:
-    from objectives.qwen import QwenObjective
+    from objectives.qwen.objective import QwenObjective
 
     return QwenObjective.from_settings(**settings)
 

@@ -5,7 +5,7 @@ paper's reported optima (Wilhelm & Kao 2026: ρ ≈ 0.72 for rule-based rewards,
 PRM-style rewards) but says nothing about real training: the variants below are made-up
 shapes that exercise a tuner (easy, hard, sharp, one more dimension), not claims about how
 model size, reward systems or budgets behave. Feasibility and compute breakdowns are the real
-ones: every trial goes through :func:`allocopt.planning.make_plan`, and the "spent" FLOPs are
+ones: every trial goes through :func:`allocopt.plan.allocation.make_plan`, and the "spent" FLOPs are
 the plan's expected FLOPs.
 
 Response of the default variant ``paper``, for target ``t`` at allocation (ρ, G, reward) and
@@ -99,7 +99,7 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from allocopt.allocation import REWARDS, Allocation, TrialPlan, Workload
+from allocopt.plan.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.objective import TrialResult
 from allocopt.spec import SearchSpace

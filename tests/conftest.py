@@ -98,12 +98,12 @@ _hypothesis_settings.load_profile("deterministic")
 
 @pytest.fixture(scope="session")
 def qwen_world(tmp_path_factory):
-    """Local stand-ins of the ``qwen`` objective's parts (``objectives.standins``): a byte-level
+    """Local stand-ins of the ``qwen`` objective's parts (``objectives.qwen.standins``): a byte-level
     BPE tokenizer with a chat template and an ``<extra_0>`` marker, a tiny random
     ``Qwen2ForCausalLM`` policy and a tiny 2-label PRM, each saved in HF format. Built once."""
     import torch
 
-    from objectives.standins import build_policy, build_prm, build_tokenizer
+    from objectives.qwen.standins import build_policy, build_prm, build_tokenizer
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("qwen_world")

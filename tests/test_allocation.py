@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocopt.allocation import (
+from allocopt.plan.allocation import (
     LAST_ROWS_SHARE,
     MAX_UNUSED_SHARE,
     REWARDS,
@@ -27,7 +27,7 @@ from allocopt.allocation import (
     rows_schedule,
 )
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.setup import TrainingSetup
+from allocopt.plan.setup import TrainingSetup
 
 MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B"]
 ENGINES = ["trl-vllm", "trl-gpu", "trl-cpu"]

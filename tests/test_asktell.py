@@ -8,10 +8,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from allocopt.allocation import Allocation, iteration_flops, make_plan
-from allocopt.asktell import trl_config, verl_overrides, whole_pass_run
+from allocopt.plan.allocation import Allocation, iteration_flops, make_plan
+from allocopt.study.asktell import trl_config, verl_overrides, whole_pass_run
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import run_study
+from allocopt.study.loop import run_study
 from objectives.synthetic import SyntheticObjective
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def test_ask_then_tell_round_trip(tmp_path, cli):
     assert t.user_attrs["metrics"]["learning_flops"] == 5e17 and t.user_attrs["metrics"]["rho"] == 0.625
     assert t.user_attrs["over_budget"] is False
     # the surrogate learns from where the run was: the spent rho (5/8), not the asked one
-    from allocopt.asktell import spec_of
+    from allocopt.study.asktell import spec_of
     from allocopt.race import observations
 
     obs = {o.number: o for o in observations(st, spec_of(st))}
@@ -199,8 +199,8 @@ def test_ask_reserved_trials_are_left_to_tell(tmp_path, monkeypatch, cli):
     assert cli("ask", "--study", "at", "--storage", url, "--out", "asked", cwd=tmp_path).returncode == 0
     import time
 
-    from allocopt.storage import fail_stale
-    from allocopt.study_open import open_study
+    from allocopt.study.storage import fail_stale
+    from allocopt.study.open import open_study
 
     time.sleep(3.5)
     st = open_study(StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,

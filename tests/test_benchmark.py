@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.allocation import REWARDS, Allocation
+from allocopt.plan.allocation import REWARDS, Allocation
 from allocopt.flops import ConfigError
 from objectives.synthetic import (B_REF, SIZE_MODELS, VARIANTS, SyntheticObjective, get_variant,
                                   observe, optimum, response, space_of)

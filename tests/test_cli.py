@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from allocopt.allocation import Allocation, Workload, make_plan
+from allocopt.plan.allocation import Allocation, Workload, make_plan
 from allocopt.flops import ModelShape
-from allocopt.recipe import price
-from allocopt.setup import TrainingSetup
+from allocopt.plan.recipe import price
+from allocopt.plan.setup import TrainingSetup
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -18,7 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_import_and_help_load_no_torch():
-    code = ("import sys, allocopt, allocopt.flops, allocopt.allocation, allocopt.planning, allocopt.cli, allocopt.meter;"
+    code = ("import sys, allocopt, allocopt.flops, allocopt.plan.allocation, allocopt.plan.allocation, allocopt.cli, allocopt.plan.meter;"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'optuna', 'mlflow', 'botorch')"
             " if m in sys.modules]; print(heavy)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

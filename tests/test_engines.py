@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from allocopt.flops import MODULES, LoRASpec, ModelShape, forward_flops, generation_flops
-from allocopt.grpo_flops import ENGINES, GRPOStep, engine, grpo_step_flops, old_logprobs_pass
-from allocopt.recipe import price
+from allocopt.flops.grpo import ENGINES, GRPOStep, engine, grpo_step_flops, old_logprobs_pass
+from allocopt.plan.recipe import price
 from flop_utils import count_flops, lora, shape_of, tiny_causal_lm
 
 torch.set_num_threads(1)
@@ -45,7 +45,7 @@ def test_trl_source_still_has_the_old_logprobs_condition():
     # and the set-up's runner "trl" takes GRPOConfig's own defaults (read from TRL, not copied)
     import dataclasses
 
-    from allocopt.setup import RUNNERS
+    from allocopt.plan.setup import RUNNERS
     from trl import GRPOConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}

@@ -40,7 +40,7 @@ def start(tmp: Path, f: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", RUN, "study", "--spec", str(f),
                              "--storage", f"sqlite:///{tmp}/o.db", "--mlflow-uri", f"sqlite:///{tmp}/m.db"],
                             cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # heartbeats every 1 s, a worker silent for 3 s is dead (allocopt.storage)
+                            # heartbeats every 1 s, a worker silent for 3 s is dead (allocopt.study.storage)
                             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200",
                                  "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "3"})
 
@@ -88,7 +88,7 @@ def check_consistent(tmp: Path, trials: int, kept: dict[int, tuple]) -> list:
     by_trial, parents = mlflow_runs(tmp)
     want = {"COMPLETE": {"FINISHED"}, "FAIL": {"FAILED", "KILLED"}}
     for t in ts:
-        attr = t.user_attrs.get("state", t.state.name)  # as allocopt.trial_record.rows reads it
+        attr = t.user_attrs.get("state", t.state.name)  # as allocopt.study.trial.rows reads it
         assert t.state.name in want, (t.number, t.state)  # nothing left RUNNING
         assert (attr == "FAIL") == (t.state.name == "FAIL"), (t.number, t.state, attr)
         assert len(by_trial.get(t.number, [])) == 1 and by_trial[t.number][0] in want[t.state.name], \
@@ -200,7 +200,7 @@ def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
     import optuna
     from mlflow import MlflowClient
 
-    from allocopt.cli_common import close_tracker
+    from allocopt.cli.common import close_tracker
     from allocopt.tracking import StudyTracker
 
     uri, storage = f"sqlite:///{tmp_path}/m.db", f"sqlite:///{tmp_path}/o.db"
@@ -228,8 +228,8 @@ def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
 
 def test_nan_target_fails_the_trial_in_optuna_attrs_and_row(tmp_path):
     from allocopt.spec import StudySpec
-    from allocopt.study import run_study
-    from allocopt.trial_record import rows
+    from allocopt.study.loop import run_study
+    from allocopt.study.trial import rows
     from fault_objective import FaultyObjective
 
     obj = FaultyObjective(nan_at=[1], noise=0.0)

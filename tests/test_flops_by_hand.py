@@ -1,7 +1,7 @@
 """GRPO step FLOPs of a toy shape, computed by hand line by line (an independent check)."""
 
 from allocopt.flops import ModelShape
-from allocopt.grpo_flops import GRPOStep, grpo_step_flops
+from allocopt.flops.grpo import GRPOStep, grpo_step_flops
 
 # d=4, L=1, h=2, h_kv=1, d_h=2, f=8, V=10
 TOY = ModelShape("toy", hidden_size=4, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2,

@@ -55,7 +55,7 @@ def test_dry_run_checks_the_setups_and_plans_on_cpu(capsys, monkeypatch):
     planned = gpu_check.planned
 
     def trl_priced(size, iterations, model, prompt_tokens=None):
-        from allocopt.allocation import Workload, make_plan
+        from allocopt.plan.allocation import Workload, make_plan
         from allocopt.flops import ModelShape
 
         setup, plan = planned(size, iterations, model, prompt_tokens)

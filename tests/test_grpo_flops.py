@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from allocopt.flops import ConfigError, LoRASpec
-from allocopt.grpo_flops import ENGINES, Engine, GRPOStep, engine, grpo_step_flops
+from allocopt.flops.grpo import ENGINES, Engine, GRPOStep, engine, grpo_step_flops
 from flop_utils import FlopMeter, char_tokenizer, shape_of, tiny_causal_lm
 
 torch.set_num_threads(1)

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.grpo_flops import GRPOStep, grpo_step_flops
-from allocopt.lengths import read_lengths, steps_from_rows, synthetic_completions
-from allocopt.recipe import price
+from allocopt.flops.grpo import GRPOStep, grpo_step_flops
+from allocopt.flops.lengths import read_lengths, steps_from_rows, synthetic_completions
+from allocopt.plan.recipe import price
 
 # d=4, L=1, h=2, h_kv=1, d_h=2, f=8, V=10: layer weights 144, LM head 40, 16 FLOPs per key
 TOY = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 4, "num_hidden_layers": 1,

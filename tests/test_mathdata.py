@@ -1,4 +1,4 @@
-"""objectives.mathdata: loaders, final-answer extraction, math_verify answer checking."""
+"""objectives.data.mathdata: loaders, final-answer extraction, math_verify answer checking."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from objectives.mathdata import (
+from objectives.data.mathdata import (
     MathProblem,
     answers_match,
     extract_final_answer,
@@ -167,7 +167,7 @@ def test_math500_does_not_match_other_rows_answers(math500):
 
 
 def test_import_is_cheap():
-    code = ("import sys, objectives.mathdata, objectives.rewards; "
+    code = ("import sys, objectives.data.mathdata, objectives.rewards.systems; "
             "print(sorted(m for m in ('torch', 'transformers', 'math_verify', 'sympy', 'datasets') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""allocopt.meter: the runtime FLOP ledger that never lets a run pass its budget (pure, no torch)."""
+"""allocopt.plan.meter: the runtime FLOP ledger that never lets a run pass its budget (pure, no torch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from allocopt.flops import ComputeBreakdown, FlopAccount
-from allocopt.meter import BudgetExhausted, FlopMeter, IterationRecord, largest_fitting
+from allocopt.plan.meter import BudgetExhausted, FlopMeter, IterationRecord, largest_fitting
 
 
 def account(search: int = 0, learning: int = 0, reward: int = 0) -> FlopAccount:
@@ -152,7 +152,7 @@ def test_empty_meter():
 
 def test_timer_adds_wall_time_to_its_phase(monkeypatch):
     clock = iter([10.0, 12.5, 20.0, 20.25])
-    monkeypatch.setattr("allocopt.meter.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("allocopt.plan.meter.time.perf_counter", lambda: next(clock))
     meter = FlopMeter(budget_flops=1)
     with meter.timer("reward"):
         pass

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from allocopt.allocation import Allocation, TrialPlan, Workload, make_plan
+from allocopt.plan.allocation import Allocation, TrialPlan, Workload, make_plan
 from allocopt.flops import ModelShape
 from allocopt.objective import (InfeasiblePlan, Objective, ObjectiveUnavailable, TrialFailed, TrialResult,
                                 get_objective, objective_names, objective_targets, register_objective)
@@ -167,12 +167,12 @@ def test_an_object_without_run_is_not_an_objective():
 
 
 def test_old_import_paths_are_the_same_classes():
-    import objectives.grpo as grpo
-    import objectives.qwen as qwen
+    import objectives.grpo.driver as grpo
+    import objectives.qwen.objective as qwen
 
     assert grpo.TrialResult is TrialResult and grpo.TrialFailed is TrialFailed
     assert qwen.ObjectiveUnavailable is ObjectiveUnavailable
-    from allocopt.allocation import InfeasiblePlan as IP
+    from allocopt.plan.allocation import InfeasiblePlan as IP
 
     assert InfeasiblePlan is IP
 

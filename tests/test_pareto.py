@@ -12,11 +12,11 @@ import optuna
 import pytest
 
 from allocopt.cli import main
-from allocopt.pareto import QueryError, Row, best, best_per, filter_rows, pareto_front, to_dataframe
-from allocopt.query_sources import load_rows_from_mlflow, load_rows_from_study
+from allocopt.query.pareto import QueryError, Row, best, best_per, filter_rows, pareto_front, to_dataframe
+from allocopt.query.sources import load_rows_from_mlflow, load_rows_from_study
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import run_study
-from allocopt.study_open import open_study
+from allocopt.study.loop import run_study
+from allocopt.study.open import open_study
 from objectives.synthetic import SyntheticObjective
 
 TARGETS = ("native_reward", "pass_at_1", "judge")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.allocation import RHO_TOLERANCE, make_plan
+from allocopt.plan.allocation import RHO_TOLERANCE, make_plan
 from allocopt.race import RaceSettings, pilot_grid
 from allocopt.race.pilot_plans import (MIN_PILOT_USE, fit_pilots, plan_pilot, rho_spacing,
                                        usable_share)
@@ -22,7 +22,7 @@ SPEC = Path(__file__).resolve().parents[1] / "studies" / "tiny.toml"
 
 @pytest.fixture(scope="module")
 def tiny():
-    from objectives.tiny import TinyObjective
+    from objectives.tiny.objective import TinyObjective
 
     spec = StudySpec.from_toml(SPEC)
     return spec, TinyObjective().workload()
@@ -56,7 +56,7 @@ def test_the_tiny_study_pilots_are_usable(tiny):
 
 
 def test_the_sampler_runs_the_fitted_design(tiny):
-    from allocopt.sampler import RaceSampler
+    from allocopt.study.sampler import RaceSampler
 
     spec, tiny_workload = tiny
     # always the full batch: then some pilots are not usable on the grid and move
@@ -77,7 +77,7 @@ def test_the_meters_worst_case_can_refuse_a_planned_iteration(tiny):
     meter's stage-1 worst case (every completion at the generation limit) does not fit. (The
     tiny workload's padded length is the limit already, so its plans price the worst case;
     priced unpadded here.)"""
-    from allocopt.allocation import Allocation, min_budget
+    from allocopt.plan.allocation import Allocation, min_budget
     from allocopt.race.design import PilotPoint
 
     _, tiny_workload = tiny
@@ -98,7 +98,7 @@ def test_dry_run_lists_the_pilot_plans(tiny):
 
     from rich.console import Console
 
-    from allocopt.commands_race import pilot_table
+    from allocopt.cli.race import pilot_table
 
     spec, workload = tiny
     table, line = pilot_table(spec, workload)
@@ -121,7 +121,7 @@ def test_dry_run_tables_show_batch_and_moved_pilots(tmp_path):
     from typer.testing import CliRunner
 
     from allocopt.cli import app
-    from allocopt.study import dry_run
+    from allocopt.study.loop import dry_run
     from objectives.synthetic import SyntheticObjective
 
     args = ["study", "--objective", "synthetic", "--target", "pass@1", "--dry-run"]

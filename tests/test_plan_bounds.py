@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from allocopt.allocation import (
+from allocopt.plan.allocation import (
     Allocation,
     Workload,
     expected_flops,
@@ -17,7 +17,7 @@ from allocopt.allocation import (
     rows_schedule,
 )
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.setup import MAX_ROLLOUTS_PER_ITERATION
+from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION
 
 W = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"))
 ALLOCS = [Allocation(rho=0.3, group_size=4, reward="sparse"),

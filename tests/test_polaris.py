@@ -1,4 +1,4 @@
-"""Training prompts (``objectives.polaris``) and finding models/datasets (``objectives.hub``)."""
+"""Training prompts (``objectives.data.polaris``) and finding models/datasets (``objectives.data.hub``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from allocopt.flops import ConfigError
-from objectives.hub import MissingResource, resolve
-from objectives.polaris import (INSTRUCTION, SAMPLE_PATH, PromptRow, load_polaris,
+from objectives.data.hub import MissingResource, resolve
+from objectives.data.polaris import (INSTRUCTION, SAMPLE_PATH, PromptRow, load_polaris,
                                 measure_prompt_tokens, render_prompt, split_heldout)
 
 
@@ -66,7 +66,7 @@ def test_prompt_uses_the_chat_template_and_the_instruction(qwen_world):
 
 
 def test_missing_chat_template_is_one_line(tmp_path):
-    from objectives.standins import build_tokenizer
+    from objectives.qwen.standins import build_tokenizer
 
     tok = build_tokenizer(tmp_path / "t", vocab_size=300, chat_template=None)
     with pytest.raises(ConfigError, match="no chat template"):
@@ -88,7 +88,7 @@ def test_missing_ids_fail_fast_when_the_hub_is_asked():
     the name does not resolve; with the network the id does not exist. Either way one line
     within 5 s, in a fresh process (imports included)."""
     code = ("import os; os.environ.pop('HF_HUB_OFFLINE', None)\n"
-            "from objectives.hub import resolve, MissingResource\n"
+            "from objectives.data.hub import resolve, MissingResource\n"
             "try:\n    resolve('allocopt-test/no-such-dataset-3141', 'dataset')\n"
             "except MissingResource as e:\n    print('ONE LINE:', e)\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != "HF_HUB_OFFLINE"}

@@ -1,4 +1,4 @@
-"""allocopt.quiet: the libraries' warnings and log lines are hidden inside the block, shown
+"""allocopt.study.quiet: the libraries' warnings and log lines are hidden inside the block, shown
 with verbose=True, and every setting is restored afterwards."""
 
 import logging
@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from allocopt.quiet import quiet
+from allocopt.study.quiet import quiet
 
 
 def _emit() -> None:
@@ -109,10 +109,10 @@ def test_study_trials_run_quiet_unless_verbose(verbose, tmp_path, monkeypatch, c
 
 def test_qwen_child_process_quiets_itself_when_its_parent_does(monkeypatch):
     """The qwen objective's trial runs in a spawned child: it inherits ALLOCOPT_QUIET=1 from a
-    quiet parent and quiets itself (objectives.qwen_process._child, run here in process)."""
+    quiet parent and quiets itself (objectives.qwen.process._child, run here in process)."""
     import multiprocessing
 
-    from objectives import qwen, qwen_process
+    from objectives.qwen import objective as qwen, process as qwen_process
 
     monkeypatch.setattr(qwen.QwenObjective, "run_here", lambda self, plan, seed=0, progress=None: (_emit(), "ok")[1])
     for parent_quiet, expected in ((True, []), (False, [FutureWarning])):

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from allocopt.allocation import Allocation, InfeasiblePlan, make_plan, min_budget
+from allocopt.plan.allocation import Allocation, InfeasiblePlan, make_plan, min_budget
 from allocopt.flops import ConfigError
-from objectives.qwen import QwenObjective
+from objectives.qwen.objective import QwenObjective
 
 from test_trial import PhaseCounter
 
@@ -53,7 +53,7 @@ def test_one_cpu_trial_agrees_with_flopcounter(qwen_world, tmp_path, reward):
     alloc = Allocation(0.5, 4, reward)
     plan = make_plan(4 * min_budget(alloc, w), alloc, w)
     assert plan.iterations >= 2
-    import objectives.qwen_eval as qe
+    import objectives.qwen.eval as qe
 
     seen: dict = {}
     real_eval = qe.evaluate
@@ -97,7 +97,7 @@ def test_a_trial_trains_the_allocations_model(qwen_world, tmp_path):
     """A model-size study's allocation names another policy than the set-up's: the trial loads
     and trains that one (it used to load the set-up's model, and the set-up check refused the
     plan because the shapes differ)."""
-    from objectives.standins import TINY_POLICY, build_policy
+    from objectives.qwen.standins import TINY_POLICY, build_policy
 
     other = build_policy(tmp_path / "wider", qwen_world["tokenizer"],
                          config={**TINY_POLICY, "num_hidden_layers": 3}, seed=3)
@@ -135,7 +135,7 @@ def test_trial_in_its_own_process(qwen_world, tmp_path):
 
 def test_a_dying_trial_process_fails_the_trial(qwen_world, tmp_path, monkeypatch):
     from allocopt.objective import TrialFailed
-    import objectives.qwen_process as qp
+    import objectives.qwen.process as qp
 
     obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path))
     w = obj.workload()
@@ -200,7 +200,7 @@ def test_bad_input_is_one_line_exit_2(qwen_world, tmp_path, over, needle):
 
 
 def test_unknown_prm_format_and_missing_template_exit_2(qwen_world, tmp_path):
-    from objectives.standins import build_policy, build_tokenizer
+    from objectives.qwen.standins import build_policy, build_tokenizer
 
     bare = build_tokenizer(tmp_path / "bare_tok", vocab_size=300, chat_template=None)
     no_template = build_policy(tmp_path / "no_template", bare)
@@ -246,11 +246,11 @@ def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_a
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    import objectives.qwen as qwen_mod
-    import objectives.qwen_eval as qe
+    import objectives.qwen.objective as qwen_mod
+    import objectives.qwen.eval as qe
     from allocopt.flops import LoRASpec, ModelShape, generation_flops
-    from objectives.polaris import load_polaris, split_heldout
-    from objectives.rewards import make_reward
+    from objectives.data.polaris import load_polaris, split_heldout
+    from objectives.rewards.systems import make_reward
 
     assert qe.eval_backend(True, True) == "vllm"
     assert qe.eval_backend(True, False) == qe.eval_backend(False, True) == qe.eval_backend(False, False) == "transformers"
@@ -288,7 +288,7 @@ def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_a
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(qwen_mod, "_cuda", lambda: True)
     monkeypatch.setattr(qwen_mod, "_vllm", lambda: True)
-    import objectives.prm as prm_mod
+    import objectives.rewards.prm as prm_mod
 
     judges = []
     real_load = prm_mod.load_prm

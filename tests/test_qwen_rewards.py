@@ -1,5 +1,5 @@
 """The five reward systems on boxed / LaTeX completions (the ``qwen`` objective's text), and
-the PRM card formats (``objectives.prm``) on a local stand-in PRM.
+the PRM card formats (``objectives.rewards.prm``) on a local stand-in PRM.
 
 Expected rewards are worked out by hand in the table; the PRM's inputs are compared with the
 card's layout written out as a string here; its FLOPs with ``FlopCounterMode``.
@@ -15,10 +15,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from allocopt.flops import ConfigError, reward_model_flops
-from objectives.prm import QWEN_PRM_SYSTEM, CardPRM, load_prm, prm_format_of
-from objectives.model_reward import reward_shape
-from objectives.rewards import make_reward
-from objectives.step_parsing import find_equations, normalize_latex
+from objectives.rewards.prm import QWEN_PRM_SYSTEM, CardPRM, load_prm, prm_format_of
+from objectives.rewards.model_reward import reward_shape
+from objectives.rewards.systems import make_reward
+from objectives.rewards.step_parsing import find_equations, normalize_latex
 
 from flop_utils import register_cpu_sdpa_flops
 
@@ -127,7 +127,7 @@ def test_worst_case_bounds_what_one_call_executes(prm, qwen_world):
 
 def test_skywork_card_layout(qwen_world, tmp_path):
     """Skywork's prepare_input: bos + problem + newline, then each line and a newline token."""
-    from objectives.standins import TINY_POLICY
+    from objectives.qwen.standins import TINY_POLICY
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 
     tok = qwen_world["tokenizer"]
@@ -142,7 +142,7 @@ def test_skywork_card_layout(qwen_world, tmp_path):
 
 
 def test_unknown_card_format_and_missing_prm_are_one_line(qwen_world, tmp_path):
-    from objectives.standins import build_policy
+    from objectives.qwen.standins import build_policy
 
     plain = build_policy(tmp_path / "not_a_prm", qwen_world["tokenizer"])
     with pytest.raises(ConfigError, match="card format is not known") as e:
@@ -176,7 +176,7 @@ def test_skywork_stand_in_loads_scores_and_counts_its_flops(qwen_world, tmp_path
     score is sigmoid(value head) at the step's newline, recomputed here from the backbone's
     last hidden states; executed FLOPs equal FlopCounterMode and the formula by hand (the LM
     head over the vocabulary runs at every position too)."""
-    from objectives.standins import build_skywork_prm
+    from objectives.qwen.standins import build_skywork_prm
 
     register_cpu_sdpa_flops()
     folder = build_skywork_prm(tmp_path / "skywork", qwen_world["tokenizer"])
@@ -209,7 +209,7 @@ def test_skywork_stand_in_loads_scores_and_counts_its_flops(qwen_world, tmp_path
     assert usage.useful_flops == sum(reward_model_flops(score, n) for n in lengths)  # no LM head
     # plans price it as it runs: the qwen objective's workload gives proxy_prm the same shape,
     # for this folder and for the Skywork hub id (whose default shape is a 1.5B one)
-    from objectives.qwen import QwenObjective
+    from objectives.qwen.objective import QwenObjective
 
     sample = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "objectives" / "data"
                  / "polaris_sample" / "train.jsonl")
@@ -227,7 +227,7 @@ def test_skywork_stand_in_loads_scores_and_counts_its_flops(qwen_world, tmp_path
 
 def test_skywork_without_its_package_is_one_line_naming_it(qwen_world, tmp_path, monkeypatch):
     """Skywork's PRM_MODEL is not on PyPI: without it, loading says what to install."""
-    from objectives.standins import build_skywork_prm
+    from objectives.qwen.standins import build_skywork_prm
 
     for m in ("model_utils", "model_utils.prm_model"):  # the import fails, as without the package
         monkeypatch.setitem(__import__("sys").modules, m, None)

@@ -10,9 +10,9 @@ from dataclasses import asdict, replace
 import optuna
 import pytest
 
-from allocopt.allocation import Allocation, Workload, make_plan, min_budget
+from allocopt.plan.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.setup import TrainingSetup
+from allocopt.plan.setup import TrainingSetup
 from allocopt.race import (Observation, RaceSettings, diagnose_group, pilot_grid, propose,
                            regime_of, run_race)
 from allocopt.spec import SearchSpace, StudySpec
@@ -272,8 +272,8 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
 
     def on_phase(phase, payload):  # after the pilots, another worker runs the next proposal first
         if phase == "diagnoses" and not stolen:
-            from allocopt.sampler import RaceSampler
-            from allocopt.study_open import distributions
+            from allocopt.study.sampler import RaceSampler
+            from allocopt.study.open import distributions
 
             other = optuna.load_study(study_name="tagged", storage=url)
             mine = RaceSampler(space, budget_flops=BUDGET, workload=w, settings=settings, seed=s.seed)
@@ -368,8 +368,8 @@ def test_cli_race_end_to_end(tmp_path):
         assert set(p["trl"]) >= {"num_generations", "num_iterations", "rows_trained_per_iteration",
                                  "iterations", "learning_rate_scale"}
         # the driver runs each pass at the full learning rate (it no longer divides by the passes)
-        from allocopt.setup import TrainingSetup
-        from objectives.grpo import step_learning_rate
+        from allocopt.plan.setup import TrainingSetup
+        from objectives.grpo.driver import step_learning_rate
 
         lr = TrainingSetup().learning_rate
         assert p["trl"]["learning_rate_scale"] == step_learning_rate(TrainingSetup(), p["trl"]["num_iterations"]) / lr
@@ -392,7 +392,7 @@ def test_cli_race_bad_input_exit_2(tmp_path, args, needle):
 
 
 def test_race_imports_no_torch():
-    code = ("import sys, allocopt.race, allocopt.commands_race, allocopt.cli; "
+    code = ("import sys, allocopt.race, allocopt.cli.race, allocopt.cli; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -482,7 +482,7 @@ def test_too_few_pilots_say_rho_star_is_unknown():
     regime claimed, and the printed row says so."""
     from rich.console import Console
 
-    from allocopt.race_tables import regime_table
+    from allocopt.cli.race_tables import regime_table
 
     d = diagnose_group(_six_pilots_three_g(), (0.2, 0.9), RaceSettings(), seed=0)
     assert math.isnan(d.rho) and math.isnan(d.value) and d.rho_interval == (0.2, 0.9)
@@ -619,7 +619,7 @@ def test_an_unknown_pilot_regime_is_neither_a_match_nor_a_miss():
     from rich.console import Console
 
     from allocopt.race import same_regime_rate, validate
-    from allocopt.race_tables import validation_table
+    from allocopt.cli.race_tables import validation_table
 
     pilots = _six_pilots_three_g()
     full = Observation(6, Allocation(0.6, 4, "structured"), 0.25, 1e16, 1.0, "full", 0.1)

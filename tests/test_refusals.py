@@ -70,7 +70,7 @@ def test_sliding_window_exact_below_refused_above(tmp_path):
 
 def _account(shape: ModelShape, p: int, c: int) -> int:
     from allocopt.flops import LoRASpec
-    from allocopt.grpo_flops import GRPOStep, grpo_step_flops
+    from allocopt.flops.grpo import GRPOStep, grpo_step_flops
 
     # the set-up's defaults (runner allocopt): no checkpointing, no vLLM IS correction
     step = GRPOStep(prompt_tokens=(p,) * 64, completion_tokens=(c,) * 512, group_size=8,

@@ -12,13 +12,13 @@ import pytest
 from PIL import Image
 
 from allocopt.cli import main
-from allocopt.pareto import Row, best
-from allocopt.query_sources import load_rows_from_study, rows_of_study
-from allocopt.report import write_report
-from allocopt.report_data import best_table, default_pareto_pair, estimates, rho_estimate, study_context
+from allocopt.query.pareto import Row, best
+from allocopt.query.sources import load_rows_from_study, rows_of_study
+from allocopt.query.report import write_report
+from allocopt.query.report_data import best_table, default_pareto_pair, estimates, rho_estimate, study_context
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import run_study
-from allocopt.study_open import open_study
+from allocopt.study.loop import run_study
+from allocopt.study.open import open_study
 from objectives.synthetic import SyntheticObjective
 
 DATA_URI = "data:image/png;base64,"
@@ -78,15 +78,15 @@ FULL_RHOS = {"sparse": (0.5, 0.6, 0.7), "prm": (0.3, 0.4, 0.5)}
 @pytest.fixture(scope="module")
 def race_study():
     """In memory (fast): 10 pilots at 0.1 x budget, 6 full-budget trials, and the answer RACE
-    stores (allocopt.answer.recommendation_dict of a Recommendation)."""
+    stores (allocopt.race.answer.recommendation_dict of a Recommendation)."""
     return _race_study(store_answer=True)
 
 
 def _race_study(store_answer):
     from dataclasses import asdict
 
-    from allocopt.allocation import Allocation
-    from allocopt.answer import recommendation_dict
+    from allocopt.plan.allocation import Allocation
+    from allocopt.race.answer import recommendation_dict
     from allocopt.race import RaceSettings, Recommendation
 
     spec = StudySpec(name="rr", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
@@ -256,9 +256,9 @@ def test_the_answer_paragraph_reads_as_one_sentence():
     mid-sentence) and no pointer to `allocopt report` on the report itself."""
     from types import SimpleNamespace
 
-    from allocopt.allocation import Allocation
-    from allocopt.answer import recommendation_dict, recommendation_lines
-    from allocopt.report import recommendation_html
+    from allocopt.plan.allocation import Allocation
+    from allocopt.race.answer import recommendation_dict, recommendation_lines
+    from allocopt.query.report import recommendation_html
 
     close = [Allocation(0.58, 4, "dense"), Allocation(0.57, 4, "dense"), Allocation(0.62, 4, "structured")]
     rec = SimpleNamespace(allocation=close[0], mean=0.526, interval=(0.511, 0.543), level=0.9,

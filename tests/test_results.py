@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from allocopt.allocation import Allocation, min_budget
-from allocopt.answer import recommendation_dict, recommendation_lines, short_error, trial_line
+from allocopt.plan.allocation import Allocation, min_budget
+from allocopt.race.answer import recommendation_dict, recommendation_lines, short_error, trial_line
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import run_study
-from allocopt.trial_record import TrialRow, rows
+from allocopt.study.loop import run_study
+from allocopt.study.trial import TrialRow, rows
 from objectives.synthetic import SyntheticObjective
 
 
@@ -23,7 +23,7 @@ def _spec(**kw):
 def _tight_spec():
     """rho in [0.6, 0.9]: a budget just below every prm plan's first iteration, in which most
     sparse plans are realizable (checked here with make_plan)."""
-    from allocopt.allocation import make_plan
+    from allocopt.plan.allocation import make_plan
 
     w = SyntheticObjective().workload()
     grid = [(0.6 + 0.03 * i, g) for i in range(11) for g in (2, 8)]
@@ -130,7 +130,7 @@ def _cli_out(capsys, *args):
 def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
     from mlflow import MlflowClient
 
-    from allocopt.meter import IterationRecord
+    from allocopt.plan.meter import IterationRecord
     from allocopt.tracking import StudyTracker
 
     recs = [IterationRecord(i, 8, 100, 100 * (i + 1), 0.1 * i, 1.0,
@@ -148,8 +148,8 @@ def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
 
 
 def test_driver_averages_trainer_logs_into_the_iteration_record():
-    from objectives.grpo_hooks import TRAIN_LOG_KEYS, _Hooks
-    from allocopt.meter import FlopMeter, IterationRecord
+    from objectives.grpo.hooks import TRAIN_LOG_KEYS, _Hooks
+    from allocopt.plan.meter import FlopMeter, IterationRecord
 
     meter = FlopMeter(1e9)
     hooks = _Hooks(plan=None, meter=meter, policy=None, setup=None, reward=None,
@@ -168,7 +168,7 @@ def test_trl_logs_the_keys_the_driver_keeps():
 
     from trl import GRPOTrainer
 
-    from objectives.grpo_hooks import TRAIN_LOG_KEYS
+    from objectives.grpo.hooks import TRAIN_LOG_KEYS
 
     src = inspect.getsource(GRPOTrainer)
     for key in TRAIN_LOG_KEYS:
@@ -227,7 +227,7 @@ def test_recommendation_lines():
 def test_recommendation_lines_name_the_set_within_noise():
     """A tiny-study answer (issue 16: name the set, not one winner): 3 allocations within one
     evaluation's noise over 2 reward systems, and another reward system likelier to be best."""
-    from allocopt.answer import from_dict
+    from allocopt.race.answer import from_dict
 
     rec = {"target": "pass@1", "allocation": {"rho": 0.55, "group_size": 8, "reward": "dense"},
            "mean": 0.5045, "level": 0.9, "prob_best": 0.31, "lower": 0.4936, "upper": 0.5151,
@@ -309,7 +309,7 @@ def test_regime_table_fits_80_columns_with_its_numbers(how, monkeypatch, tmp_pat
     (rich's default width there is 80), every line <= 80 with rho*, sd, interval and regime."""
     from rich.console import Console
 
-    from allocopt.race_tables import regime_table
+    from allocopt.cli.race_tables import regime_table
 
     if how == "COLUMNS=80":
         monkeypatch.setenv("COLUMNS", "80")
@@ -334,7 +334,7 @@ def test_regime_table_fits_80_columns_with_its_numbers(how, monkeypatch, tmp_pat
 
 
 def test_study_estimate_counts_pilots_and_full_runs():
-    from allocopt.live import study_estimate
+    from allocopt.cli.live import study_estimate
 
     obj = SimpleNamespace(flops_per_second=1e10, overhead_seconds=15.0)  # the tiny objective's figures
     # by hand: 30 pilots x (15 + 0.25 x 3e11 / 1e10) + 12 full x (15 + 3e11 / 1e10) = 675 + 540 s
@@ -372,7 +372,7 @@ def test_study_ends_with_the_mlflow_runs_link(tmp_path, monkeypatch):
     GenAI overview): the command for the local store, relative when under the working folder."""
     from types import SimpleNamespace
 
-    from allocopt.commands_study import mlflow_lines
+    from allocopt.cli.study import mlflow_lines
 
     monkeypatch.chdir(tmp_path)
     local = SimpleNamespace(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment_id="3")
@@ -461,7 +461,7 @@ def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys
 
     def broken(*a, **k):
         raise RuntimeError("no figure backend")
-    monkeypatch.setattr("allocopt.report.write_report", broken)
+    monkeypatch.setattr("allocopt.query.report.write_report", broken)
     with pytest.raises(SystemExit) as done:
         main([*args, "--study-name", "b"])
     captured = capsys.readouterr()

@@ -1,4 +1,4 @@
-"""objectives.rewards: the five reward systems, their step parsing and FLOP accounting."""
+"""objectives.rewards.systems: the five reward systems, their step parsing and FLOP accounting."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from allocopt.flops import ModelShape, reward_model_flops
-from objectives.mathdata import load_gsm8k
-from objectives.model_reward import ModelReward, reward_shape
-from objectives.reward_base import REWARD_NAMES, RewardSystem, RewardUsage
-from objectives.rewards import DenseReward, StructuredReward, make_reward
-from objectives.step_parsing import find_equations, is_well_formed, step_accuracy
+from objectives.data.mathdata import load_gsm8k
+from objectives.rewards.model_reward import ModelReward, reward_shape
+from objectives.rewards.base import REWARD_NAMES, RewardSystem, RewardUsage
+from objectives.rewards.systems import DenseReward, StructuredReward, make_reward
+from objectives.rewards.step_parsing import find_equations, is_well_formed, step_accuracy
 
 torch.set_num_threads(1)
 
@@ -202,8 +202,8 @@ def test_model_reward_input_is_the_step_marker_layout():
     # tokenizer and its "<step>" marker, exactly the ids of tiny_tasks.mark_steps' layout.
     from transformers import Qwen2ForTokenClassification
 
-    from objectives.tiny_models import build_tokenizer, prm_config
-    from objectives.tiny_tasks import STEP_TOKEN, mark_steps
+    from objectives.tiny.models import build_tokenizer, prm_config
+    from objectives.tiny.tasks import STEP_TOKEN, mark_steps
 
     tokenizer = build_tokenizer()
     config = prm_config("proxy", architectures=["Qwen2ForTokenClassification"], num_labels=2)
@@ -225,9 +225,9 @@ def test_model_reward_refuses_the_tiny_worlds_causal_lm_prms():
     # vocabulary, so "P(label 1)" would be the probability of token 1 (<eos>). ModelReward
     # refuses them (config.num_labels is 2 by default, so the label check alone passes);
     # LikelihoodVerifier is what scores them.
-    from objectives.tiny_models import build_prm, build_tokenizer
-    from objectives.tiny_tasks import STEP_TOKEN
-    from objectives.verifier import LikelihoodVerifier
+    from objectives.tiny.models import build_prm, build_tokenizer
+    from objectives.tiny.tasks import STEP_TOKEN
+    from objectives.rewards.verifier import LikelihoodVerifier
 
     model, tokenizer = build_prm("proxy"), build_tokenizer()
     assert model.config.num_labels == 2

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from allocopt.flops import LoRASpec, ModelShape
-from allocopt.grpo_flops import GRPOStep, grpo_step_flops
-from allocopt.lengths import synthetic_completions
+from allocopt.flops.grpo import GRPOStep, grpo_step_flops
+from allocopt.flops.lengths import synthetic_completions
 from allocopt.runlogs import ImportedRun, RunLogError, import_trl, import_verl
 from allocopt.runlogs.argsfile import read_training_args
 from allocopt.runlogs.verl import parse_verl_log
@@ -146,7 +146,7 @@ def test_cli_from_verl_json_and_table():
 
 
 def test_runlogs_load_no_torch():
-    code = ("import sys, allocopt.runlogs, allocopt.commands_account; "
+    code = ("import sys, allocopt.runlogs, allocopt.cli.account; "
             "print([m for m in ('torch', 'transformers', 'trl') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stderr

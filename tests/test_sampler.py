@@ -9,12 +9,12 @@ import time
 import optuna
 import pytest
 
-from allocopt.allocation import Allocation, make_plan
+from allocopt.plan.allocation import Allocation, make_plan
 from allocopt.race import RaceSettings, propose, runs_of
-from allocopt.sampler import FIDELITY_PARAM, RaceSampler
+from allocopt.study.sampler import FIDELITY_PARAM, RaceSampler
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import run_study
-from allocopt.trial_record import best_row, rows
+from allocopt.study.loop import run_study
+from allocopt.study.trial import best_row, rows
 from objectives.synthetic import SyntheticObjective
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -182,7 +182,7 @@ def test_workers_deciding_at_once_claim_different_proposals(tmp_path, monkeypatc
     first's claim (one write, before the parameters) and proposes another point. Control: with
     claims off, both propose the same point (the first full run of the best cell is
     deterministic)."""
-    import allocopt.sampler as sampler_mod
+    import allocopt.study.sampler as sampler_mod
 
     s = StudySpec(name="claims", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=1,
                   pilots=24, space=SPACE)
@@ -210,8 +210,8 @@ def test_a_worker_killed_after_its_claim_leaves_a_stale_trial_not_a_claim(tmp_pa
     """A worker that dies after claiming a pilot point but before its trial started: the claim
     started the trial's heartbeat, so after the grace period the next worker fails that trial
     and Optuna's retry of it (the next trial asked) runs the same point."""
-    from allocopt.storage import fail_stale
-    from allocopt.study_open import open_study
+    from allocopt.study.storage import fail_stale
+    from allocopt.study.open import open_study
 
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")

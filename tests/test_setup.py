@@ -1,4 +1,4 @@
-"""One training set-up (``allocopt.setup.TrainingSetup``) read by the plan, the meter and the
+"""One training set-up (``allocopt.plan.setup.TrainingSetup``) read by the plan, the meter and the
 driver: the plan's fingerprint is what the driver computes from the model it loads and the
 settings it runs, every FLOP-relevant field changes it, and the driver refuses a mismatch."""
 
@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.allocation import Allocation, Workload, make_plan, min_budget
+from allocopt.plan.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.setup import PRICED_FIELDS, TrainingSetup
+from allocopt.plan.setup import PRICED_FIELDS, TrainingSetup
 
 POLICY = ModelShape.preset("Qwen/Qwen2.5-0.5B")
 SAMPLE = str(Path(__file__).resolve().parents[1] / "objectives" / "data" / "polaris_sample" / "train.jsonl")
 
 
 def test_plan_fingerprint_is_the_drivers():
-    from objectives.grpo import check_setup
+    from objectives.grpo.driver import check_setup
 
     setup = TrainingSetup(lora_rank=16, engine="trl-gpu", gradient_checkpointing=True, beta=0.04,
                           max_completion_length=512, completion_tokens=300)
@@ -87,7 +87,7 @@ def test_the_driver_names_the_field_a_changed_setup_differs_in(field):
     """A plan made from a set-up passes the driver's check with that set-up (and with one
     whose unpriced fields or expected lengths differ); a set-up with one priced field
     changed is refused in one line that starts with that field, its value and the plan's."""
-    from objectives.grpo import SetupMismatch, check_setup
+    from objectives.grpo.driver import SetupMismatch, check_setup
 
     setup = TrainingSetup(completion_tokens=300)
     w = Workload(POLICY, setup)
@@ -106,7 +106,7 @@ def test_the_driver_names_the_field_a_changed_setup_differs_in(field):
 
 
 def test_the_driver_names_the_model_when_only_its_shape_differs():
-    from objectives.grpo import SetupMismatch, check_setup
+    from objectives.grpo.driver import SetupMismatch, check_setup
 
     w = Workload(POLICY)
     alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
@@ -176,8 +176,8 @@ def test_from_mapping_names_an_unknown_key():
 
 def test_driver_refuses_a_plan_priced_for_another_setup():
     """The plan prices LoRA r 8; the driver is asked to run r 4: one line, nothing run."""
-    from objectives.grpo import SetupMismatch, run_grpo
-    from objectives.tiny_models import build_policy, policy_config
+    from objectives.grpo.driver import SetupMismatch, run_grpo
+    from objectives.tiny.models import build_policy, policy_config
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
                           completion_tokens=12, rollouts_per_iteration=8, prompt_tokens=10)
@@ -203,8 +203,8 @@ def test_driver_refuses_a_batch_the_setup_does_not_allow():
     """A set-up of 64 rollouts at G 4 (16 prompts) and min_batch_share 0.5 runs 8 to 16
     prompts: plans priced at 7 or 32 prompts are refused with one line, 8 and 16 pass (the
     fingerprint does not depend on the batch), and so does what make_plan gives."""
-    from allocopt.planning import _plan_at, batch_workload
-    from objectives.grpo import SetupMismatch, check_setup
+    from allocopt.plan.allocation import _plan_at, batch_workload
+    from objectives.grpo.driver import SetupMismatch, check_setup
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
                           completion_tokens=12, prompt_tokens=10, rollouts_per_iteration=64)
@@ -233,8 +233,8 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     """The driver's per-iteration charge (``_Hooks._step``) at the plan's token counts equals
     the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
     pass while its importance-sampling correction is on (and not otherwise)."""
-    from allocopt.allocation import iteration_flops, plan_workload
-    from objectives.grpo_hooks import _Hooks
+    from allocopt.plan.allocation import iteration_flops, plan_workload
+    from objectives.grpo.hooks import _Hooks
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
                           completion_tokens=300, prompt_tokens=100)
@@ -260,7 +260,7 @@ def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
 
     from transformers import Qwen2Config
 
-    from objectives.qwen import QwenObjective
+    from objectives.qwen.objective import QwenObjective
     from allocopt.tomlio import read_toml
 
     cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
@@ -281,7 +281,7 @@ def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
     loaded = ModelShape.from_config(Qwen2Config(**cfg).to_dict())
     assert setup.fingerprint(loaded) == printed
     # the flags win over the file, and the fingerprint follows them
-    from allocopt.recipe import read_recipe
+    from allocopt.plan.recipe import read_recipe
 
     assert read_recipe(f)[0].fingerprint(loaded) == printed
     assert read_recipe(f, lora_rank=8)[0].fingerprint(loaded) != printed
@@ -299,14 +299,14 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
     from transformers import AutoConfig
     from typer.testing import CliRunner
 
-    import objectives.qwen as qwen_mod
-    from allocopt.setup import setup_fingerprint
+    import objectives.qwen.objective as qwen_mod
+    from allocopt.plan.setup import setup_fingerprint
     from allocopt.cli import app
     from allocopt.flops import LoRASpec
-    from allocopt.recipe import read_recipe
+    from allocopt.plan.recipe import read_recipe
     from allocopt.tomlio import read_toml
-    from objectives.grpo import SetupMismatch, check_setup
-    from objectives.qwen import QwenObjective
+    from objectives.grpo.driver import SetupMismatch, check_setup
+    from objectives.qwen.objective import QwenObjective
 
     policy = str(qwen_world["policy"])
     f = tmp_path / "setup.toml"

@@ -10,9 +10,9 @@ import optuna
 import pytest
 
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study import run_study
-from allocopt.study_open import StudyError, open_study
-from allocopt.trial_record import rows
+from allocopt.study.loop import run_study
+from allocopt.study.open import StudyError, open_study
+from allocopt.study.trial import rows
 from objectives.synthetic import SyntheticObjective, response, rho_star
 
 
@@ -62,7 +62,7 @@ def test_infeasible_proposals_are_never_run(tmp_path):
     # budget that buys one iteration at G=2 but not the PRM's reward pass on 64 rollouts
     obj = Counting()
     w = obj.workload()
-    from allocopt.allocation import Allocation, min_budget
+    from allocopt.plan.allocation import Allocation, min_budget
 
     grid = [(r / 20, g) for r in range(4, 11) for g in (2, 8)]  # rho in [0.2, 0.5]
     cheap = max(min_budget(Allocation(r, g, "sparse"), w) for r, g in grid)
@@ -98,7 +98,7 @@ def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
     same allocation; a trial reserved by `allocopt ask` (RUNNING, no heartbeat) is left alone."""
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
-    from allocopt.storage import heartbeat
+    from allocopt.study.storage import heartbeat
 
     url = f"sqlite:///{tmp_path}/d.db"
     obj = Counting()
@@ -233,12 +233,12 @@ def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
     # the grid to the space; --pilots N is passed on as it is
     from typer.testing import CliRunner
 
-    import allocopt.commands_race as cr
+    import allocopt.cli.race as cr
     from allocopt.cli import app
 
     seen = []
     monkeypatch.setattr(cr, "race", lambda **kw: seen.append(kw["max_pilots"]))
-    monkeypatch.setattr("allocopt.commands_study.print_study_summary", lambda *a, **k: None)
+    monkeypatch.setattr("allocopt.cli.study.print_study_summary", lambda *a, **k: None)
     for extra, want in (([], None), (["--pilots", "30"], 30)):  # 30: 6 for each of the 5 reward systems
         res = CliRunner().invoke(app, ["study", "--objective", "synthetic", "--budget", "1e19",
                                        "--target", "pass@1", "--no-mlflow",
@@ -269,7 +269,7 @@ def test_cli_study_sizes_its_pilots_to_a_large_space(tmp_path):
 
 
 def test_a_run_that_cannot_start_is_recorded_infeasible(tmp_path):
-    from allocopt.allocation import InfeasiblePlan
+    from allocopt.plan.allocation import InfeasiblePlan
 
     class Refusing(Counting):
         def run(self, plan, *, seed=0, progress=None):
@@ -293,7 +293,7 @@ def test_a_run_that_cannot_start_is_recorded_infeasible(tmp_path):
 def test_summary_says_when_other_workers_still_run_trials(tmp_path, capsys):
     """A worker that finishes while another worker's trial runs says its answer covers only the
     finished trials (two workers once printed two different final answers without a word)."""
-    from allocopt.commands_study import print_study_summary
+    from allocopt.cli.study import print_study_summary
 
     url = f"sqlite:///{tmp_path}/w.db"
     s = spec(trials=2)
@@ -316,8 +316,8 @@ def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     does not count towards --trials."""
     from optuna.trial import TrialState
 
-    from allocopt.commands_study import print_study_summary
-    from allocopt.trial_record import counts, was_interrupted
+    from allocopt.cli.study import print_study_summary
+    from allocopt.study.trial import counts, was_interrupted
 
     url = f"sqlite:///{tmp_path}/i.db"
     s = spec(trials=2)

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from objectives import tiny_build as tb
-from objectives import tiny_manifest as tm
-from objectives import tiny_prm_eval as tpe
-from objectives import tiny_tasks as tt
-from objectives import tiny_train as ttr
-from objectives.tiny_build import build_world
-from objectives.tiny_manifest import BuildSettings, WorldPaths, check_cache
+from objectives.tiny import build as tb
+from objectives.tiny import manifest as tm
+from objectives.tiny import prm_eval as tpe
+from objectives.tiny import tasks as tt
+from objectives.tiny import train as ttr
+from objectives.tiny.build import build_world
+from objectives.tiny.manifest import BuildSettings, WorldPaths, check_cache
 
 torch.set_num_threads(1)
 
@@ -60,7 +60,7 @@ class _Counter:
 
 # ------------------------------------------------------------------ pieces, no training
 def test_encode_matches_the_tokenizer():
-    from objectives.tiny_models import build_tokenizer
+    from objectives.tiny.models import build_tokenizer
 
     tok = build_tokenizer()
     rng = random.Random(0)
@@ -298,7 +298,7 @@ def test_cli_rejects_bad_settings_in_one_line(bad, capsys):
 
 # ----------------------------------------------------------------------- shipped world
 def test_shipped_world_is_the_default_build(monkeypatch, tmp_path):
-    # the files shipped in objectives/tiny_world are a whole build of today's default recipe
+    # the files shipped in objectives/tiny/world are a whole build of today's default recipe
     # (settings, task fingerprint, every file's sha256); a change to the recipe without a
     # rebuild of the shipped files fails here
     manifest = check_cache(tm.SHIPPED_DIR, BuildSettings())
@@ -351,8 +351,8 @@ def test_shipped_prms_judge_the_policys_own_steps():
     # the right ones; the proxy is cheaper and weaker.
     from transformers import Qwen2ForCausalLM
 
-    from objectives.tiny_models import build_tokenizer
-    from objectives.verifier import LikelihoodVerifier
+    from objectives.tiny.models import build_tokenizer
+    from objectives.rewards.verifier import LikelihoodVerifier
 
     torch.set_num_threads(1)
     paths = WorldPaths.at(tm.SHIPPED_DIR)

@@ -8,12 +8,12 @@ import re
 import pytest
 import torch
 
-from allocopt.allocation import Allocation, make_plan
+from allocopt.plan.allocation import Allocation, make_plan
 from allocopt.objective import objective_targets
-from objectives import tiny_manifest as tm
-from objectives import tiny_tasks as tt
-from objectives import tiny_train as ttr
-from objectives.tiny import TinyObjective, TinySettings
+from objectives.tiny import manifest as tm
+from objectives.tiny import tasks as tt
+from objectives.tiny import train as ttr
+from objectives.tiny.objective import TinyObjective, TinySettings
 
 torch.set_num_threads(1)
 
@@ -79,7 +79,7 @@ def test_a_world_build_is_announced_before_it_starts(tmp_path, monkeypatch, caps
     """The shipped world matches the recipe: no notice. A world that must be built (the
     shipped one no build of the recipe, an empty cache) is announced on stderr, with the
     shipped build's own time, before the build starts."""
-    from objectives.tiny import build_notice
+    from objectives.tiny.objective import build_notice
 
     assert build_notice() is None  # the shipped world is a build of the recipe
     cache = tmp_path / "cache"
@@ -89,7 +89,7 @@ def test_a_world_build_is_announced_before_it_starts(tmp_path, monkeypatch, caps
                      + parts["policy_eval"] + parts["prm_eval"] + parts["proxy_prm_eval"]) / 60)
     assert note == (f"tiny world: {cache} holds no build of the current recipe; building it into "
                     f"{cache} now (about {minutes} min on one core, once; `python -m "
-                    "objectives.tiny_build` builds it ahead)")
+                    "objectives.tiny.build` builds it ahead)")
     monkeypatch.setattr(tm, "SHIPPED_DIR", tmp_path / "not-shipped")  # a recipe the shipped world misses
     monkeypatch.setenv(tm.CACHE_ENV, str(cache))
     note = build_notice()
@@ -97,7 +97,7 @@ def test_a_world_build_is_announced_before_it_starts(tmp_path, monkeypatch, caps
         f"tiny world: neither the shipped world ({tmp_path / 'not-shipped'}) nor {cache} holds a build")
     assert "several minutes" in note  # the moved shipped manifest has no timings to quote
     seen: list[str] = []
-    monkeypatch.setattr("objectives.tiny_build.build_world",
+    monkeypatch.setattr("objectives.tiny.build.build_world",
                         lambda c: seen.append(capsys.readouterr().err) or "paths")
     assert TinyObjective().world() == "paths"
     assert seen == [note + "\n"]  # said once, on stderr, before the build was called

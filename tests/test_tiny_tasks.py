@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from objectives import tiny_tasks as tt
-from objectives.tiny_tasks import (Problem, Step, TaskSpec, checksum, final_answer, is_correct,
+from objectives.tiny import tasks as tt
+from objectives.tiny.tasks import (Problem, Step, TaskSpec, checksum, final_answer, is_correct,
                                    judge, make_split, parse_steps, step_labels)
 
 torch.set_num_threads(1)
@@ -34,7 +34,7 @@ def test_splits_are_deterministic_per_seed(splits):
 
 
 def test_checksums_do_not_depend_on_the_process():
-    code = ("from objectives.tiny_tasks import make_split, checksum; "
+    code = ("from objectives.tiny.tasks import make_split, checksum; "
             "print(*(checksum(make_split(s, 300)) for s in ('train', 'native', 'downstream')))")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
@@ -180,7 +180,7 @@ def test_parsing_and_final_answer():
 def test_tokenizer_round_trip(tmp_path, splits):
     from transformers import PreTrainedTokenizerFast
 
-    from objectives.tiny_models import build_tokenizer
+    from objectives.tiny.models import build_tokenizer
 
     build_tokenizer(tmp_path / "tok")
     tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "tok")
@@ -223,11 +223,11 @@ def _independent_counts(d: int, layers: int, heads: int, kv: int, f: int, vocab:
 ])
 def test_model_builders_have_documented_sizes(kind, size, shape):
     from allocopt.flops import ModelShape
-    from objectives import tiny_models as tm
+    from objectives.tiny import models as tm
 
     config = tm.policy_config(size) if kind == "policy" else tm.prm_config(size)
     model = tm.build_policy(config, seed=0) if kind == "policy" else tm.build_prm(config, seed=0)
-    # the PRMs are causal LMs too (generative step verifiers, objectives.verifier)
+    # the PRMs are causal LMs too (generative step verifiers, objectives.rewards.verifier)
     params, flops = _independent_counts(*shape, vocab=22, head="lm")
     assert sum(p.numel() for p in model.parameters()) == params
     ms = ModelShape.from_config(config.to_dict())
@@ -240,7 +240,7 @@ def test_model_builders_have_documented_sizes(kind, size, shape):
 
 
 def test_model_builders_are_deterministic_and_leave_global_rng_alone():
-    from objectives import tiny_models as tm
+    from objectives.tiny import models as tm
 
     state = torch.get_rng_state()
     a, b, c = tm.build_policy("tiny", seed=0), tm.build_policy("tiny", seed=0), tm.build_policy("tiny", seed=1)
@@ -259,7 +259,7 @@ def test_model_builders_are_deterministic_and_leave_global_rng_alone():
 
 
 def test_importing_the_tiny_world_loads_no_torch():
-    code = ("import sys, objectives.tiny_tasks, objectives.tiny_models; "
+    code = ("import sys, objectives.tiny.tasks, objectives.tiny.models; "
             "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.allocation import Allocation, min_budget
+from allocopt.plan.allocation import Allocation, min_budget
 from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 
@@ -24,7 +24,7 @@ def cli(*args, cwd, timeout=120):
 
 
 def test_space_feasibility_names_the_smallest_plan():
-    from allocopt.cli_common import check_space_feasible
+    from allocopt.cli.common import check_space_feasible
     from objectives.synthetic import SyntheticObjective
 
     w = SyntheticObjective().workload()
@@ -58,7 +58,7 @@ def test_budget_below_one_iteration_is_refused_before_storage(tmp_path, cmd):
 
 
 def test_trial_estimates_wall_time_and_refuses_years(tmp_path):
-    from objectives.tiny import TinyObjective
+    from objectives.tiny.objective import TinyObjective
 
     r = cli("trial", "--objective", "tiny", "--budget", "1e19", "--rho", "0.5", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
@@ -83,7 +83,7 @@ def test_study_where_every_trial_failed_exits_1(tmp_path, monkeypatch, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     import optuna
 
-    from allocopt.trial_record import rows
+    from allocopt.study.trial import rows
 
     states = [r.state for r in rows(optuna.load_study(study_name="allocopt", storage=f"sqlite:///{tmp_path}/o.db"))]
     assert len(states) == 2 and "COMPLETE" not in states and "FAIL" in states

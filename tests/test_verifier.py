@@ -1,4 +1,4 @@
-"""objectives.verifier.LikelihoodVerifier: step scores equal the product of the step tokens'
+"""objectives.rewards.verifier.LikelihoodVerifier: step scores equal the product of the step tokens'
 probabilities (or its per-token geometric mean) read from a plain full forward, batching changes nothing, and the FLOPs it
 reports equal what FlopCounterMode measures (executed) and the per-sequence formula (useful)."""
 
@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from allocopt.flops import forward_flops  # noqa: E402
-from objectives.reward_base import RewardUsage  # noqa: E402
-from objectives.verifier import LikelihoodVerifier  # noqa: E402
+from objectives.rewards.base import RewardUsage  # noqa: E402
+from objectives.rewards.verifier import LikelihoodVerifier  # noqa: E402
 
 PROMPTS = ["23+45-12\n", "7+8-6\n", "1+1\n", "9+9\n", "40-2+3\n"]
 COMPLETIONS = ["23+45=68\n68-12=56\n#### 56", "7+8=15\n15-6=9\n#### 9", "#### 2", "",
@@ -21,7 +21,7 @@ COMPLETIONS = ["23+45=68\n68-12=56\n#### 56", "7+8=15\n15-6=9\n#### 9", "#### 2"
 
 @pytest.fixture(scope="module")
 def lm():
-    from objectives.tiny_models import build_policy, build_tokenizer, policy_config
+    from objectives.tiny.models import build_policy, build_tokenizer, policy_config
 
     # a small random causal LM over the tiny world's character vocabulary, eager attention
     model = build_policy(policy_config("tiny", hidden_size=32, intermediate_size=64,

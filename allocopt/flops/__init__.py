@@ -17,7 +17,7 @@ Language Models", §2.1 for the 2·N FLOPs per token of a forward matmul):
 
 Every function returns an exact integer count of FLOPs.  Which tokens are counted is the
 caller's choice: *useful* FLOPs use the real token counts, *executed* FLOPs the padded shapes
-an engine really computes (see :class:`Engine` and :mod:`allocopt.grpo_flops`).
+an engine really computes (see :class:`Engine` and :mod:`allocopt.flops.grpo`).
 
 The package's modules, one job each: :mod:`allocopt.flops.shapes` (model shapes, presets,
 LoRA), :mod:`allocopt.flops.formulas` (FLOPs of each pass), :mod:`allocopt.flops.account`

@@ -6,7 +6,7 @@ per reward system (and per model), where the budget should go, then on a few **v
 runs at the full budget proposed by a multi-fidelity surrogate (:mod:`allocopt.surrogate`).
 Pilots and validations are ordinary Optuna trials of one study, tagged with the user attribute
 ``fidelity`` (``pilot`` or ``full``) and ``budget_flops``; every one goes through
-:func:`allocopt.planning.make_plan`, so none can exceed its budget.
+:func:`allocopt.plan.allocation.make_plan`, so none can exceed its budget.
 
 1. **Pilot grid** (:func:`pilot_grid`): ``rho_levels`` evenly spaced ρ × every G × every
    reward system (× model). When that grid has more than ``max_pilots`` points, each reward
@@ -50,8 +50,8 @@ One job a module: :mod:`~allocopt.race.design` (settings, pilot grid),
 :mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.fit`
 (the surrogate of a study, refitted when worth it), :mod:`~allocopt.race.propose` (proposals),
 :mod:`~allocopt.race.recommend` (the recommendation and its uncertainty), :mod:`~allocopt.race.validate` (pilot against full
-regimes, :class:`RaceResult`), :mod:`~allocopt.race.run` (the whole race in one call, a view
-over the study loop). The trials are asked of :class:`allocopt.sampler.RaceSampler`.
+regimes, :class:`RaceResult`), :mod:`~allocopt.study.race` (the whole race in one call, a view
+over the study loop). The trials are asked of :class:`allocopt.study.sampler.RaceSampler`.
 Every name is re-exported here.
 
 numpy, Optuna and (through the surrogate) torch are imported inside functions.
@@ -66,7 +66,7 @@ from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diag
 from allocopt.race.fit import SurrogateCache, fit_surrogate
 from allocopt.race.propose import PlanCache, Proposal, existing_runs, interrupted, propose, runs_of, same_run
 from allocopt.race.recommend import Recommendation, recommend, recommendation
-from allocopt.race.run import run_race
+from allocopt.study.race import run_race
 from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",

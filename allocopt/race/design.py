@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from allocopt.allocation import Allocation
+from allocopt.plan.allocation import Allocation
 from allocopt.flops import ConfigError
 from allocopt.spec import SearchSpace
 
@@ -56,7 +56,7 @@ class RaceSettings:
     """Posterior draws of the local fit for the uncertainty of ρ* and the regime probability
     (:func:`allocopt.race.diagnose._posterior_optima`)."""
     batch_size: int = 2
-    """Not used since RACE became a sampler (:class:`allocopt.sampler.RaceSampler`): every
+    """Not used since RACE became a sampler (:class:`allocopt.study.sampler.RaceSampler`): every
     trial gets its own proposal, and proposals for parallel workers differ because pending
     trials are conditioned on. Kept so that old settings and ``--batch-size`` still load."""
     extra_pilot_budget: float = 0.0

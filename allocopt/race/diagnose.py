@@ -17,7 +17,7 @@ pilots), and always holds the point estimate (:func:`credible_interval`). With t
 near the optimum for the fit (fewer than one degree of freedom on Kish's effective sample size,
 e.g. 6 pilots over 3 G), ρ* is reported unknown: NaN, the whole ρ range as interval, regime
 ``unknown`` at probability 0. See :mod:`allocopt.race`. This local quadratic is the project's one ρ* estimator: the
-report applies it too (:mod:`allocopt.report_data` says why).
+report applies it too (:mod:`allocopt.query.report_data` says why).
 
 numpy and Optuna are imported inside functions.
 """
@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from allocopt.allocation import Allocation
+from allocopt.plan.allocation import Allocation
 from allocopt.race.design import RaceSettings, cells
 from allocopt.spec import SearchSpace, StudySpec, allocation_of, target_key
 
@@ -84,7 +84,7 @@ def observed_params(t: Any) -> dict[str, Any]:
 
 def trial_fidelity(t: Any) -> str:
     """``pilot`` or ``full``: the trial's ``fidelity`` parameter (set by
-    :class:`allocopt.sampler.RaceSampler`), else its user attribute, else ``full``."""
+    :class:`allocopt.study.sampler.RaceSampler`), else its user attribute, else ``full``."""
     return str(trial_params(t).get("fidelity") or t.user_attrs.get("fidelity") or "full")
 
 

@@ -1,21 +1,21 @@
 """The pilot grid's plans: which pilots are usable at the pilot budget, and the move of the
 others to the nearest usable ρ.
 
-A pilot is *usable* when its plan (:func:`allocopt.planning.make_plan` at
+A pilot is *usable* when its plan (:func:`allocopt.plan.allocation.make_plan` at
 ``pilot_fraction × budget_flops``)
 
 * exists (the budget buys one iteration),
 * is realizable over the iterations the budget meter is expected to admit: the meter admits
   an iteration only when the spent total plus the worst case of its generation and learning
   (every completion at ``max_completion_length``; after the first iteration, at the fewest
-  rows it may be cut to, plus the reward of an earlier batch) fits (:mod:`allocopt.meter`,
+  rows it may be cut to, plus the reward of an earlier batch) fits (:mod:`allocopt.plan.meter`,
   stage 1), so a plan's last iterations may never run; the realized ρ of the admitted ones
-  must be within :data:`allocopt.allocation.RHO_TOLERANCE` of the asked ρ (a plan of 1–2
+  must be within :data:`allocopt.plan.allocation.RHO_TOLERANCE` of the asked ρ (a plan of 1–2
   iterations often cannot realize a fractional rows schedule),
 * spends at least :data:`MIN_PILOT_USE` of the pilot budget over those iterations, at the
   workload's expected lengths.
 
-Each pilot is priced at the batch its plan runs (:func:`allocopt.allocation.plan_workload`:
+Each pilot is priced at the batch its plan runs (:func:`allocopt.plan.allocation.plan_workload`:
 ``make_plan`` may take fewer prompts per iteration than the workload's so that the iterations
 fill the pilot budget), with its last iteration cut as the plan cuts it.
 
@@ -35,7 +35,7 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
-from allocopt.allocation import (RHO_TOLERANCE, Allocation, InfeasiblePlan, TrialPlan, Workload,
+from allocopt.plan.allocation import (RHO_TOLERANCE, Allocation, InfeasiblePlan, TrialPlan, Workload,
                                  expected_flops, iteration_flops, make_plan, min_last_rows,
                                  plan_workload, rows_schedule)
 from allocopt.flops import ConfigError, FlopAccount
@@ -90,7 +90,7 @@ def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int
 
 def _stage_one(workload: Workload, allocation: Allocation, rows: int, first: bool) -> int:
     """What the driver's stage 1 admits an iteration scheduled to train ``rows`` with
-    (:meth:`objectives.grpo_hooks._Hooks.before_iteration`): the worst case of its search and
+    (:meth:`objectives.grpo.hooks._Hooks.before_iteration`): the worst case of its search and
     learning, at the fewest rows it may be cut to after the first iteration, plus (after the
     first) the reward of an earlier batch, at the expected lengths its plan's reward."""
     if first:

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
-from allocopt.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
+from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation, trial_fidelity, trial_params
@@ -72,7 +72,7 @@ class Proposal:
 
         ``learning_rate_scale`` is 1: the learning rate is per optimizer step and not scaled
         (each pass over a rollout batch is one step at the full rate, as TRL's
-        ``num_iterations`` and verl's ``ppo_epochs`` run it; :func:`objectives.grpo.step_learning_rate`).
+        ``num_iterations`` and verl's ``ppo_epochs`` run it; :func:`objectives.grpo.driver.step_learning_rate`).
         """
         p = self.plan
         if p is None:

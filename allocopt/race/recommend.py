@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from allocopt.allocation import Allocation
+from allocopt.plan.allocation import Allocation
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from allocopt.allocation import Allocation
+from allocopt.plan.allocation import Allocation
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation, RegimeDiagnosis, regime_of, share_fit
 from allocopt.race.fit import fit_surrogate
@@ -24,7 +24,7 @@ from allocopt.race.propose import Proposal
 from allocopt.spec import StudySpec
 
 if TYPE_CHECKING:
-    from allocopt.trial_record import TrialRow
+    from allocopt.study.trial import TrialRow
 
 @dataclass
 class ValidationRow:
@@ -118,7 +118,7 @@ class RaceResult:
     """RACE's answer for the full budget at the end: a
     :class:`~allocopt.race.recommend.Recommendation` (allocation, credible interval, probability
     it is the best) once the study has a full-budget run; before that (``validations = 0``,
-    ``propose_only``) a bare :class:`~allocopt.allocation.Allocation` (the pilots' best
+    ``propose_only``) a bare :class:`~allocopt.plan.allocation.Allocation` (the pilots' best
     diagnosis or the surrogate's maximizer). :attr:`recommended` is its allocation either way."""
     recommendations: list[tuple[int, Allocation]] = field(default_factory=list)
     """``(last trial number seen, recommendation)`` after the pilots and after each round of

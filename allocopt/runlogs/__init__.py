@@ -4,7 +4,7 @@ Standard library only. ``import_trl(path, **overrides)`` and ``import_verl(path,
 read what the run wrote (lengths per step, batch sizes, passes, KL, LoRA rank, timings), fill
 the rest with stated assumptions, and return an :class:`ImportedRun` whose ``account`` holds
 the useful and executed FLOPs of the whole run per phase. ``overrides`` are
-:data:`allocopt.recipe.RECIPE_KEYS` (``model``, ``lora_rank``, ``engine``, …) and win
+:data:`allocopt.plan.recipe.RECIPE_KEYS` (``model``, ``lora_rank``, ``engine``, …) and win
 over the log. Bad or missing input raises :class:`RunLogError` with one line naming the file,
 the field and what is wrong.
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from allocopt.flops import PHASES, ConfigError, FlopAccount
-from allocopt.grpo_flops import grpo_step_flops
+from allocopt.flops.grpo import grpo_step_flops
 
 
 class RunLogError(ValueError):
@@ -24,7 +24,7 @@ class ImportedRun:
     steps: int
     """GRPO steps (rollout batches) accounted."""
     engine: str
-    """The :data:`allocopt.grpo_flops.ENGINES` model used for executed FLOPs."""
+    """The :data:`allocopt.flops.grpo.ENGINES` model used for executed FLOPs."""
     fields_read: Mapping[str, str]
     """Field -> where it came from (file and key, or ``given`` for an override)."""
     fields_assumed: Mapping[str, str]
@@ -37,7 +37,7 @@ class ImportedRun:
     source: str = ""
     """The file or folder read."""
     settings: Mapping[str, Any] = field(default_factory=dict)
-    """The recipe settings the account used (:data:`allocopt.recipe.RECIPE_KEYS`; lengths vary per step)."""
+    """The recipe settings the account used (:data:`allocopt.plan.recipe.RECIPE_KEYS`; lengths vary per step)."""
 
     def achieved(self, peak_tflops: float | None = None) -> dict[str, dict[str, float | None]]:
         """Per phase with timings: ``seconds``, executed ``flops_per_second`` (all devices),
@@ -78,8 +78,8 @@ class LoggedStep:
 
 
 def recipe_fields() -> set[str]:
-    """Keys a recipe may give (:data:`allocopt.recipe.RECIPE_KEYS`)."""
-    from allocopt.recipe import RECIPE_KEYS
+    """Keys a recipe may give (:data:`allocopt.plan.recipe.RECIPE_KEYS`)."""
+    from allocopt.plan.recipe import RECIPE_KEYS
 
     return set(RECIPE_KEYS)
 
@@ -103,7 +103,7 @@ def account_steps(source: str, settings: dict[str, Any], logged: list[LoggedStep
         RunLogError: the settings or a step's lengths are invalid (the message names which).
     """
     from allocopt.flops import ModelShape
-    from allocopt.recipe import grpo_steps, read_recipe, reward_shape
+    from allocopt.plan.recipe import grpo_steps, read_recipe, reward_shape
 
     if not logged:
         raise RunLogError(f"{source}: no training step with completion lengths in the log")

@@ -26,11 +26,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from allocopt.grpo_flops import ENGINES
+from allocopt.flops.grpo import ENGINES
 from allocopt.runlogs.argsfile import read_training_args
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
                                      as_number, check_overrides)
-from allocopt.setup import RUNNERS
+from allocopt.plan.setup import RUNNERS
 
 MODULE_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -51,7 +51,7 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
 
     Args:
         path: a TRL ``output_dir`` or one ``checkpoint-*`` folder in it.
-        overrides: :data:`~allocopt.recipe.RECIPE_KEYS` that win over the folder (``model``
+        overrides: :data:`~allocopt.plan.recipe.RECIPE_KEYS` that win over the folder (``model``
             is needed when the folder names no base model; ``world_size`` is not a field:
             pass ``prompts`` for a multi-process run).
 

@@ -117,7 +117,7 @@ def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
 
     Args:
         path: the log file.
-        overrides: :data:`~allocopt.recipe.RECIPE_KEYS` that win over the log (``model``
+        overrides: :data:`~allocopt.plan.recipe.RECIPE_KEYS` that win over the log (``model``
             when ``actor_rollout_ref.model.path`` is not a preset or a local folder).
 
     Returns:

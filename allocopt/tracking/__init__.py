@@ -17,13 +17,13 @@ Layout in MLflow
   process runs in). A server (``http://host:port``) keeps its own artifact default
   (``mlflow-artifacts:/`` when it proxies artifacts).
 * **Experiment** ``allocopt/<study_name>``, created or reused (restored if it was deleted);
-  tags ``allocopt.study`` and ``mlflow.experimentKind=custom_model_development`` (MLflow 3's
+  tags ``allocopt.study.loop`` and ``mlflow.experimentKind=custom_model_development`` (MLflow 3's
   UI reads this tag to choose an experiment's first page). MLflow 3.17's UI decides by its
   global GenAI / "Model training" switch instead (kept in the browser's local storage, GenAI
   by default); a link with ``?workflowType=machine_learning`` opens the runs table:
   ``http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning``
   (:func:`runs_view_url`).
-* **Parent run** named ``<study_name>``, tags ``allocopt.study=<name>``, ``allocopt.role=study``.
+* **Parent run** named ``<study_name>``, tags ``allocopt.study.loop=<name>``, ``allocopt.role=study``.
   A resumed study finds it by these tags and reuses it; N workers starting at once keep exactly
   one (``StudyTracker._parent_run``: the oldest wins, the others' are deleted). It is RUNNING
   while a tracker is open and ends when one closes (with several workers: by the latest of
@@ -35,7 +35,7 @@ Layout in MLflow
 * **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>`` (``trial-<number>
   pilot`` for a pilot, ``infeasible`` put first for a plan the budget cannot buy: MLflow's runs
   table shows every ended run with the same check, and cuts long names), tags
-  ``allocopt.study``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
+  ``allocopt.study.loop``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
   (``RUNNING``, then ``COMPLETE``, ``FAIL`` or ``INFEASIBLE``), ``allocopt.objective``,
   ``allocopt.fidelity`` (``full`` or ``pilot``) and any caller tag (a key without a dot gets the
   ``allocopt.`` prefix). MLflow status: FAILED for ``FAIL``, FINISHED otherwise, KILLED for a
@@ -62,13 +62,13 @@ the targets (``native_reward``, ``pass_at_1``, ``judge``, ...), the executed bre
 (``search_flops``, ``learning_flops``, ``reward_flops``, ``total_flops``, ``rho``, per-item
 ``<phase>_<item>_flops``) and its ``useful_*`` counterparts, ``budget_flops``,
 ``budget_utilization``, ``eval_flops`` and ``<phase>_wall_seconds``, all at step 0.
-:func:`result_metrics` builds that dict from a :class:`objectives.grpo.TrialResult`.
+:func:`result_metrics` builds that dict from a :class:`objectives.grpo.driver.TrialResult`.
 
 Curves
 ======
 
 MLflow steps are 64-bit integers and FLOP counts reach 1e19 and more, so FLOPs are never a
-step. Each curve point (a :class:`allocopt.meter.IterationRecord` or a dict with the same
+step. Each curve point (a :class:`allocopt.plan.meter.IterationRecord` or a dict with the same
 fields) is logged at ``step = iteration`` as the metrics
 
 * ``curve/cumulative_flops``: executed FLOPs spent up to and including this iteration (raw
@@ -102,14 +102,14 @@ Against a server, MLflow prints a "View run … at: <url>" line to stdout whenev
 Modules
 =======
 
-:mod:`~allocopt.tracking.keys` (keys, values, limits, curve metrics; standard library),
+:mod:`~allocopt.tracking.layout` (keys, values, limits, curve metrics; standard library),
 :mod:`~allocopt.tracking.tracker` (:class:`StudyTracker`: store, experiment, parent run),
 :mod:`~allocopt.tracking.trials` (the trial runs), :mod:`~allocopt.tracking.reconcile` (runs a
 stopped worker left RUNNING, ended to match Optuna: on another worker's stale-heartbeat
 callback and when a tracker closes).
 """
 
-from allocopt.tracking.keys import (CURVE_FIELDS, DEFAULT_TRACKING_URI, EXPERIMENT_KIND, FIDELITIES, STATES,
+from allocopt.tracking.layout import (CURVE_FIELDS, DEFAULT_TRACKING_URI, EXPERIMENT_KIND, FIDELITIES, STATES,
                                     TrackingError, mlflow_key, result_metrics)
 from allocopt.tracking.tracker import StudyTracker, runs_view_url
 

@@ -1,21 +1,21 @@
 """Reconciling MLflow with Optuna: trial runs left RUNNING by a worker that stopped mid-trial
 (killed, or a second Ctrl-C cut its clean-up short) are ended to match the trial's state in
 Optuna. One path for both moments it is needed: when another worker fails a dead worker's
-trial (the stale-heartbeat callback, :func:`allocopt.storage.on_stale`) and when a study's
-tracker closes (:func:`allocopt.cli_common.close_tracker`).
+trial (the stale-heartbeat callback, :func:`allocopt.study.storage.on_stale`) and when a study's
+tracker closes (:func:`allocopt.cli.common.close_tracker`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from allocopt.tracking.keys import STATES, TAG_ROLE, TAG_STUDY, TAG_TRIAL, mlflow_key
+from allocopt.tracking.layout import STATES, TAG_ROLE, TAG_STUDY, TAG_TRIAL, mlflow_key
 
 
 def reconcile(tracker: Any, study: Any) -> list[int]:
     """End the open MLflow runs of trials that Optuna has finished: a worker killed
     mid-trial leaves its run RUNNING while another worker fails the trial (stale
-    heartbeat, :mod:`allocopt.storage`). ``FAIL`` -> FAILED with an ``allocopt.error`` naming
+    heartbeat, :mod:`allocopt.study.storage`). ``FAIL`` -> FAILED with an ``allocopt.error`` naming
     the retry; ``COMPLETE``/``INFEASIBLE`` (a worker killed between Optuna's tell and
     MLflow) -> FINISHED with the targets and metrics Optuna kept. Runs of trials still
     RUNNING (or WAITING) in Optuna, another live worker's, are left alone, and so are the runs

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.tracking.keys import (DEFAULT_TRACKING_URI, EXPERIMENT_KIND, TAG_ROLE, TAG_STATE, TAG_STUDY,
+from allocopt.tracking.layout import (DEFAULT_TRACKING_URI, EXPERIMENT_KIND, TAG_ROLE, TAG_STATE, TAG_STUDY,
                                     TrackingError, _flatten, _metric_value, _sanitized, mlflow_key)
 from allocopt.tracking.trials import TrialRuns
 
@@ -165,7 +165,7 @@ class StudyTracker(TrialRuns):
                 ``best_trial`` (the best observed trial as evidence). Scalars become metrics
                 ``recommended_<key>``, the allocation tags ``allocopt.recommended.<key>``, the
                 whole dict the ``recommendation.json`` artifact, and the lines the study prints
-                (:func:`allocopt.answer.recommendation_lines`) the run's description (tag
+                (:func:`allocopt.race.answer.recommendation_lines`) the run's description (tag
                 ``mlflow.note.content``).
         """
         from mlflow.entities import Metric
@@ -180,7 +180,7 @@ class StudyTracker(TrialRuns):
                                                      if v is not None])
         self.client.log_dict(self.parent_run_id, rec, "recommendation.json")
         try:  # the run's description, the first thing its page shows: the answer as the study prints it
-            from allocopt.answer import from_dict, recommendation_lines
+            from allocopt.race.answer import from_dict, recommendation_lines
 
             lines = recommendation_lines(from_dict(rec), str(rec.get("target") or ""))
         except Exception:  # noqa: BLE001 - a partial dict: the tags, metrics and JSON above hold it

@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from allocopt.tracking.keys import (_BATCH_METRICS, _BATCH_PARAMS_TAGS, FIDELITIES, STATES, TAG_ERROR,
+from allocopt.tracking.layout import (_BATCH_METRICS, _BATCH_PARAMS_TAGS, FIDELITIES, STATES, TAG_ERROR,
                                     TAG_FIDELITY, TAG_OBJECTIVE, TAG_PARENT, TAG_ROLE, TAG_SKIPPED,
                                     TAG_STATE, TAG_STUDY, TAG_TRIAL, TrackingError, _chunks,
                                     _curve_metrics, _cut, _metric_value, _param_value, _sanitized,

@@ -7,7 +7,7 @@ Qwen-2.5 PRMs) whose last hidden states feed a value head ``v_head.summary = Lin
 every position; ``forward(input_ids, attention_mask, return_probs=True)`` returns
 ``(lm_logits, loss, sigmoid(value))`` with ``value`` of shape ``b x t``. The checkpoint holds
 the LM's weights and ``v_head.summary.weight`` / ``v_head.summary.bias`` in one
-``model.safetensors`` (:func:`objectives.standins.build_skywork_prm` writes that layout).
+``model.safetensors`` (:func:`objectives.qwen.standins.build_skywork_prm` writes that layout).
 """
 
 from __future__ import annotations

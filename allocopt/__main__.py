@@ -1,0 +1,5 @@
+"""``python -m allocopt``: the ``allocopt`` command line."""
+
+from allocopt.cli import main
+
+main()

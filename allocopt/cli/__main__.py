@@ -1,0 +1,5 @@
+"""``python -m allocopt.cli``: the ``allocopt`` command line."""
+
+from allocopt.cli import main
+
+main()

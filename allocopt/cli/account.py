@@ -1,0 +1,280 @@
+"""``allocopt account`` and ``allocopt plan``: FLOPs of a recipe, of an existing TRL or verl
+run (from its logs), and the plan a budget buys. Thin: parsing, printing; the math lives in
+:mod:`allocopt.plan.recipe` (a :class:`~allocopt.plan.setup.TrainingSetup` and what an account adds),
+:mod:`allocopt.runlogs` and :mod:`allocopt.plan.allocation`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from allocopt.flops import PHASES, ConfigError, FlopAccount, ModelShape
+from allocopt.plan.setup import TrainingSetup
+
+D = {f.name: f.default for f in fields(TrainingSetup)}
+"""The set-up's defaults: the one default of each field, shown in the help of both commands."""
+RUNNER_HELP = ("Who runs the training, which decides the defaults of gradient checkpointing and "
+               "the importance-sampling correction: allocopt (allocopt's driver and the runs a study "
+               "plans: both off) or trl (a plain TRL GRPOTrainer job, GRPOConfig's defaults: both "
+               f"on). \\[default: {D['runner']}]")
+
+# This module does not import allocopt.cli (``python -m allocopt.cli`` runs that file as
+# ``__main__``): bad input is raised as ConfigError, which allocopt.cli.main turns into one line.
+out = Console()
+err = Console(stderr=True)
+UsageProblem = ConfigError
+
+
+def fmt_flops(v: float) -> str:
+    """FLOPs in scientific notation, e.g. ``1.234e+15``."""
+    return f"{v:.3e}"
+
+
+def _number(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: must be a number") from None
+
+
+def breakdown_table(acct: FlopAccount, title: str) -> Table:
+    """Rich table of a :class:`FlopAccount`: one row per phase item, executed and useful."""
+    t = Table(title=title)
+    t.add_column("phase")
+    t.add_column("item")
+    t.add_column("executed FLOPs", justify="right")
+    t.add_column("useful FLOPs", justify="right")
+    t.add_column("share", justify="right")
+    total = acct.executed.total_flops or 1
+    for p in PHASES:
+        ex, us = getattr(acct.executed, p), getattr(acct.useful, p)
+        for item in ex:
+            if ex[item] or us.get(item):
+                t.add_row(p, item, fmt_flops(ex[item]), fmt_flops(us.get(item, 0)),
+                          f"{ex[item] / total:.1%}")
+        t.add_row(f"[bold]{p}[/]", "[bold]total[/]",
+                  f"[bold]{fmt_flops(getattr(acct.executed, p + '_flops'))}[/]",
+                  fmt_flops(getattr(acct.useful, p + "_flops")),
+                  f"[bold]{getattr(acct.executed, p + '_flops') / total:.1%}[/]", end_section=True)
+    t.add_row("[bold]all[/]", "[bold]total[/]", f"[bold]{fmt_flops(acct.executed.total_flops)}[/]",
+              fmt_flops(acct.useful.total_flops), "100.0%")
+    t.caption = (f"rho (update fraction) = {acct.executed.rho:.4f} executed, "
+                 f"{acct.useful.rho:.4f} useful")
+    return t
+
+def _OFF(flag: str) -> Any:  # noqa: N802 - an Option factory, read like a constant
+    """The hidden ``--no-X`` twin of an on/off option ``--X``: typer's ``--X/--no-X`` form puts
+    both names in columns of their own, and at 80 columns they squeeze the help (and the names)
+    to a cut-off sliver. The help of ``--X`` names its twin."""
+    return typer.Option(False, flag, hidden=True)
+
+
+def _switch(name: str, on: Optional[bool], off: bool) -> Optional[bool]:
+    """``--X`` / ``--no-X`` as one value: True, False or ``None`` (not given).
+
+    Raises:
+        ConfigError: both given.
+    """
+    if on and off:
+        flag = name.replace("_", "-")
+        raise ConfigError(f"{name}: --{flag} and --no-{flag} both given; give one")
+    return False if off else on
+
+
+ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM rollouts) or verl "
+               "(FSDP actor with use_remove_padding, vLLM/SGLang rollouts).")
+
+
+def account(
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="TOML file with the recipe (keys as the long flags, with _); flags override it."),
+    model: Optional[str] = typer.Option(None, help=f"Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: {D['model']}]"),
+    prompt_tokens: Optional[float] = typer.Option(None, help=f"Mean prompt length in tokens. \\[default: {D['prompt_tokens']:g}]"),
+    completion_tokens: Optional[float] = typer.Option(None, help=f"Mean completion length in tokens (EOS included). \\[default: {D['completion_tokens']:g}]"),
+    completion_max: Optional[float] = typer.Option(None, help="Longest completion of a step in tokens, with --length-distribution. \\[default: the mean]"),
+    length_distribution: Optional[str] = typer.Option(None, help="Spread of completion lengths between the mean and --completion-max: constant (all at the mean), uniform (evenly from 2*mean-max to max), one-long (one row at max, the rest equal). \\[default: constant]"),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Per-completion lengths instead of means: CSV with the columns prompt_tokens, completion_tokens and (optional) count, or JSON lines {\"prompt_tokens\": 103, \"completion_tokens\": 304[, \"count\": 5]}; count makes a row a histogram bin. Rows in run order, group_size consecutive rows per prompt, a whole number of steps of prompts x G rows; the account is the file's mean step times --steps."),
+    prompts: Optional[int] = typer.Option(None, help="Prompts per GRPO step. \\[default: 64]"),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-G", help="Completions per prompt (G). \\[default: 8]"),
+    steps: Optional[int] = typer.Option(None, help="GRPO steps (rollout batches). \\[default: 1]"),
+    update_passes: Optional[float] = typer.Option(None, help="Passes over each rollout batch, each a forward + backward of every row: these cost FLOPs (mu; TRL num_iterations, verl ppo_epochs). \\[default: 1]"),
+    minibatches: Optional[int] = typer.Option(None, help="Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size; TRL steps_per_generation / gradient_accumulation_steps). FLOP-free: they split a pass; > 1 makes the old-policy log-prob pass run. \\[default: 1]"),
+    beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
+    lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
+    lora_targets: Optional[str] = typer.Option(None, help=f"LoRA target modules (comma separated) or all-linear. \\[default: {D['lora_targets']}]"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),
+    reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
+    reward_steps: Optional[float] = typer.Option(None, help=f"Steps per completion for a step-level PRM (one marker token each); used with --reward-model. \\[default: {D['steps_per_completion']:g}]"),
+    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
+    runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
+    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens); part of the set-up's fingerprint. \\[default: 1024, or the longest completion priced when longer]"),
+    from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
+    from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
+    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase and its rho."""
+    gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
+    importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
+                                             no_importance_sampling_correction)
+    given = dict(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 completion_max=completion_max, length_distribution=length_distribution,
+                 lengths=None if lengths is None else str(lengths),
+                 prompts=prompts, group_size=group_size, steps=steps, update_passes=update_passes,
+                 minibatches=minibatches, beta=beta,
+                 importance_sampling_correction=importance_sampling_correction,
+                 lora_rank=lora_rank, lora_targets=lora_targets,
+                 gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
+                 reward_steps=reward_steps, engine=engine, runner=runner,
+                 max_completion_length=max_completion_length)
+    if peak_tflops is not None and not peak_tflops > 0:
+        raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
+    if from_trl is not None or from_verl is not None:
+        if from_trl is not None and from_verl is not None:
+            raise UsageProblem("from_trl, from_verl: give one run, not both")
+        if recipe is not None:
+            raise UsageProblem("recipe: not used with --from-trl/--from-verl (flags override the log)")
+        return _account_run(from_trl, from_verl, {k: v for k, v in given.items() if v is not None},
+                            peak_tflops, as_json)
+    from allocopt.plan.recipe import account as price_run, read_recipe, recipe_dict
+
+    setup, r = read_recipe(recipe, **given)
+    policy = ModelShape.from_pretrained(setup.model)
+    acct = price_run(setup, r, policy)
+    if as_json:
+        out.print_json(json.dumps({"recipe": recipe_dict(setup, r),
+                                   "setup_fingerprint": setup.fingerprint(policy), **acct.to_dict()}))
+        return
+    title = (f"{setup.model}: {r.prompts} prompts x G={r.group_size}, {r.steps} step(s), "
+             f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={setup.beta:g}, "
+             f"{'LoRA r=' + str(setup.lora_rank) if setup.lora_rank else 'full fine-tuning'}, "
+             f"checkpointing {'on' if setup.gradient_checkpointing else 'off'}, "
+             f"reward: {r.reward_model or 'rule-based'}, engine {setup.engine}, runner {setup.runner}")
+    out.print(breakdown_table(acct, title))
+
+
+def _account_run(from_trl: Path | None, from_verl: Path | None, overrides: dict[str, Any],
+                 peak_tflops: float | None, as_json: bool) -> None:
+    from allocopt.runlogs import RunLogError, import_trl, import_verl
+
+    try:
+        run = import_trl(from_trl, **overrides) if from_trl else import_verl(from_verl, **overrides)
+    except RunLogError as e:
+        raise UsageProblem(str(e)) from None
+    rates = run.achieved(peak_tflops)
+    if as_json:
+        out.print_json(json.dumps({**run.to_dict(), "achieved": rates}))
+        return
+    title = f"{run.engine} run {run.source}: {run.steps} step(s)"
+    out.print(breakdown_table(run.account, title))
+    t = Table(title="Where each number came from")
+    t.add_column("field")
+    t.add_column("value / source")
+    t.add_column("how")
+    for k, v in run.fields_read.items():
+        t.add_row(k, v, "read")
+    for k, v in run.fields_assumed.items():
+        t.add_row(k, v, "[yellow]assumed[/]")
+    out.print(t)
+    if rates:
+        r = Table(title=f"Achieved FLOP/s over {run.num_devices or 1} device(s)")
+        for c in ("phase", "seconds", "executed FLOP/s per device", "MFU"):
+            r.add_column(c, justify="left" if c == "phase" else "right")
+        for phase, v in rates.items():
+            r.add_row(phase, f"{v['seconds']:.1f}", fmt_flops(v["flops_per_second_per_device"]),
+                      "-" if v.get("mfu") is None else f"{v['mfu']:.1%}")
+        out.print(r)
+
+
+def plan(
+    budget: str = typer.Option(..., help="FLOP budget of the run (search + learning + reward), e.g. 1e19."),
+    rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
+    group_size: int = typer.Option(8, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
+    reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
+    model: Optional[str] = typer.Option(None, help=f"Policy model: preset, folder with config.json, or hub id. \\[default: {D['model']}]"),
+    rollouts: Optional[int] = typer.Option(None, help=f"Completions per iteration (prompts x G). \\[default: {D['rollouts_per_iteration']}]"),
+    prompt_tokens: Optional[float] = typer.Option(None, help=f"Expected prompt length in tokens. \\[default: {D['prompt_tokens']:g}]"),
+    completion_tokens: Optional[float] = typer.Option(None, help=f"Expected completion length in tokens. \\[default: {D['completion_tokens']:g}]"),
+    steps_per_completion: Optional[float] = typer.Option(None, help=f"Expected reasoning steps per completion (PRM markers). \\[default: {D['steps_per_completion']:g}]"),
+    lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
+    beta: Optional[float] = typer.Option(None, help=f"KL coefficient; > 0 adds a reference pass. \\[default: {D['beta']:g}]"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in backward (non-reentrant); executed FLOPs only; the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction",
+                                                                  help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
+    prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
+    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
+    runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
+    max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: 1024, or --completion-tokens rounded up when longer]"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
+    from allocopt.plan.allocation import Allocation, Workload, default_reward_models, make_plan
+
+    gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
+    importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
+                                             no_importance_sampling_correction)
+
+    alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
+    given = dict(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
+                 completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
+                 lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
+                 importance_sampling_correction=importance_sampling_correction, engine=engine,
+                 runner=runner, max_completion_length=max_completion_length)
+    # the set-up's own defaults (the ones account, the meter and the driver take) for the rest
+    setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None})
+    reward_models = {**default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
+    policy = ModelShape.from_pretrained(setup.model)
+    policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
+    w = Workload(policy, setup, reward_models)
+    p = make_plan(budget, alloc, w)
+    if as_json:
+        out.print_json(json.dumps(p.to_dict()))
+        return
+    t = Table(title=f"Plan for {fmt_flops(p.budget_flops)} FLOPs", show_header=False)
+    for k, v in (("model", p.policy), ("reward", f"{alloc.reward} ({p.reward_model or 'rule-based, 0 FLOPs'})"),
+                 ("set-up", f"runner {setup.runner}, engine {setup.engine}, checkpointing "
+                            f"{'on' if setup.gradient_checkpointing else 'off'}, IS correction "
+                            f"{'on' if setup.importance_sampling_correction else 'off'}, limit "
+                            f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"),
+                 ("asked rho", f"{alloc.rho:g}"),
+                 ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
+                 ("group size G", p.group_size),
+                 ("prompts / iteration", f"{p.prompts_per_iteration}" + (
+                     "" if p.prompts_per_iteration == max(1, setup.rollouts_per_iteration // p.group_size)
+                     else f" (of the set-up's {max(1, setup.rollouts_per_iteration // p.group_size)}: "
+                          "a smaller batch spends more of the budget)")),
+                 ("rollouts / iteration", p.rollouts_per_iteration),
+                 ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration:.2f} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
+                 ("iterations", f"{p.iterations}" + ("" if p.last_iteration_rows is None else
+                                                      f" (the last trains {p.last_iteration_rows} rows: "
+                                                      "cut to what fits)")),
+                 ("FLOPs / iteration", fmt_flops(p.per_iteration.executed.total_flops)),
+                 ("expected total", f"{fmt_flops(p.expected.executed.total_flops)} ({p.budget_utilization:.2%} of budget)")):
+        t.add_row(k, str(v))
+    out.print(t)
+    out.print(breakdown_table(p.expected, "Expected FLOPs of the whole plan"))
+    if not p.realizable:
+        err.print(f"warning: rho={alloc.rho:g} is not realizable with {p.rollouts_per_iteration} "
+                  f"rollouts per iteration; the nearest is {p.realized_rho:.4f}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``account`` and ``plan`` to the ``allocopt`` app."""
+    app.command()(account)
+    app.command()(plan)
+
+
+__all__ = ["account", "plan", "register"]

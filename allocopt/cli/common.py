@@ -1,0 +1,360 @@
+"""Pieces the CLI commands share: the objective and the MLflow tracker, with one-line errors.
+
+Kept apart from :mod:`allocopt.cli` so that command modules (``commands_race``) can use them
+without importing ``allocopt.cli`` twice under ``python -m allocopt.cli``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from typing import Any, Iterator
+
+from allocopt.flops import ConfigError
+
+
+def load_objective(name: str, settings: dict | None = None) -> Any:
+    """The objective ``name`` with its settings, ready to run on this machine.
+
+    Raises:
+        ConfigError: unknown objective, bad settings, or the objective cannot run here (the
+            message says what to use instead).
+    """
+    from objectives import get_objective
+
+    try:
+        obj = get_objective(name, **(settings or {}))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"objective_settings for objective={name!r}: {str(e).splitlines()[0]}"
+                          if isinstance(e, TypeError) else str(e).splitlines()[0]) from None
+    from allocopt.objective import ObjectiveUnavailable
+
+    try:
+        obj.check_available()
+    except ObjectiveUnavailable as e:
+        raise ConfigError(str(e)) from None
+    return obj
+
+
+def check_storage(storage: str, spec: Any = None) -> None:
+    """:func:`allocopt.study.storage.check_storage_url` and, given the study's ``spec``,
+    :func:`allocopt.study.open.preflight_study` (the storage opens; a study of that name was run
+    under the same terms), as a :class:`ConfigError` (one line, exit 2). Writes nothing: run
+    before MLflow records anything."""
+    from allocopt.study.storage import StorageError, check_storage_url
+
+    try:
+        check_storage_url(storage)
+    except StorageError as e:
+        raise ConfigError(str(e)) from None
+    if spec is not None:
+        from allocopt.study.open import StudyError, preflight_study
+
+        try:
+            preflight_study(spec, storage)
+        except StudyError as e:
+            raise ConfigError(str(e)) from None
+
+
+def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) -> Any:
+    """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off.
+
+    Raises:
+        ConfigError: the tracking URI cannot be used (unsupported scheme, unreachable server).
+    """
+    if not enabled:
+        return None
+    from allocopt.tracking import StudyTracker
+
+    try:
+        with _sqlite_lock(mlflow_uri):  # workers creating one MLflow SQLite file at once
+            probe_tracking(study_name, mlflow_uri)  # would race on its schema migrations
+            with _quiet_mlflow():
+                return StudyTracker(study_name, tracking_uri=mlflow_uri)
+    except ConfigError:
+        raise
+    except Exception as e:
+        from allocopt.study.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
+                          f"({redact_url(_reason(e))})") from None
+
+
+@contextlib.contextmanager
+def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``<file>.lock`` beside an MLflow SQLite store while it is
+    opened (MLflow creates and migrates its schema on first use, and two processes doing that at
+    once fail with errors such as "duplicate column name"); other URIs: no lock."""
+    import fcntl
+
+    from allocopt.tracking.tracker import _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or ":memory:" in uri:
+        yield
+        return
+    path = uri[len(prefix):]  # absolute after _resolve_uri: sqlite:////abs/path -> /abs/path
+    try:
+        fh = open(path + ".lock", "a")
+    except OSError:  # an unwritable folder: the probe reports it
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+PROBE_TIMEOUT_S = 5
+"""Seconds the first request to an MLflow server may take (``MLFLOW_HTTP_REQUEST_TIMEOUT``
+for the probe, with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``), unless those are set already."""
+
+
+def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
+    """Check the MLflow store before anything is recorded elsewhere: one read (the study's
+    experiment) with a short timeout and no retries, then one write (the experiment, created
+    when missing, gets an ``allocopt.checked_at`` tag), so an unreachable server or a
+    read-only store fails in seconds, before an Optuna study is created.
+
+    Raises:
+        ConfigError: one line naming the URI and the reason.
+        SystemExit(130): Ctrl-C during the probe (one line says so; nothing recorded).
+    """
+    import sys
+    import time
+
+    from allocopt.tracking.layout import TAG_STUDY
+    from allocopt.tracking.tracker import _artifact_location, _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    try:
+        from mlflow import MlflowClient
+
+        with _quiet_mlflow(), short_mlflow_requests():
+            client = MlflowClient(tracking_uri=uri)
+            name = f"allocopt/{study_name}"
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                try:
+                    exp_id = client.create_experiment(
+                        name, artifact_location=_artifact_location(uri, study_name), tags={TAG_STUDY: study_name})
+                except Exception:  # another worker created it in between (unique name)
+                    exp = client.get_experiment_by_name(name)
+                    if exp is None:
+                        raise
+            if exp is not None:
+                exp_id = exp.experiment_id
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            try:
+                client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
+            except Exception as e:  # two workers inserted the same new tag at once (its primary key):
+                if not _unique_race(e):  # the second write finds the row and updates it
+                    raise
+                time.sleep(0.2)
+                client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
+        sys.exit(130)
+    except Exception as e:
+        from allocopt.study.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(_reason(e))}); "
+                          "check the server or path, or give --no-mlflow") from None
+
+
+def _unique_race(e: BaseException) -> bool:
+    """An insert that lost a race with another worker's insert of the same key (PostgreSQL
+    ``UniqueViolation``, SQLite ``UNIQUE constraint failed``, MySQL ``Duplicate entry``)."""
+    text = str(e).lower()
+    return any(k in text for k in ("uniqueviolation", "duplicate key", "unique constraint", "duplicate entry"))
+
+
+class short_mlflow_requests:
+    """Within the block, MLflow's HTTP requests time out after :data:`PROBE_TIMEOUT_S` and are
+    not retried (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), unless
+    the user set those variables: a first request to an unreachable server fails in seconds,
+    not after MLflow's default 7 retries with backoff (minutes)."""
+
+    NAMES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}
+
+    def __enter__(self) -> None:
+        import os
+
+        self.saved = {k: os.environ.get(k) for k in self.NAMES}
+        for k, v in self.NAMES.items():
+            os.environ.setdefault(k, v)
+
+    def __exit__(self, *exc: Any) -> None:
+        import os
+
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _reason(e: BaseException) -> str:
+    """The telling line of an MLflow / SQLAlchemy / requests error, at most 200 characters."""
+    import re
+
+    text = str(e)
+    for pattern in (r"\(\w+(?:\.\w+)*Error\) ([^\n]+)",  # (sqlite3.OperationalError) attempt to write...
+                    r"(Connection refused)", r"(Read timed out)", r"(Name or service not known)",
+                    r"(Failed to establish a new connection)", r"(Max retries exceeded)"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1)[:200]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+class _quiet_mlflow:
+    """Silence MLflow's and alembic's loggers (they log a whole traceback at ERROR before
+    raising) while a call whose error becomes one line runs."""
+
+    NAMES = ("mlflow", "alembic", "sqlalchemy")
+
+    def __enter__(self) -> None:
+        import logging
+
+        self.levels = {n: logging.getLogger(n).level for n in self.NAMES}
+        for n in self.NAMES:
+            logging.getLogger(n).setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc: Any) -> None:
+        import logging
+
+        for n, lvl in self.levels.items():
+            logging.getLogger(n).setLevel(lvl)
+
+
+def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None = None) -> None:
+    """Refuse a study whose budget (or pilot budget) cannot buy one iteration of any allocation
+    in its space, before anything is recorded. The cost of an iteration grows with ρ (more rows
+    trained), so each G × reward × model is checked at both ends of the ρ range.
+
+    Raises:
+        ConfigError: one line with the smallest feasible plan's budget.
+    """
+    import itertools
+
+    from allocopt.plan.allocation import Allocation, min_budget
+
+    sp = spec.space
+    allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
+        sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
+    need, a = min(((min_budget(a, workload), a) for a in allocs), key=lambda x: x[0])
+    where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
+             + (f", model={a.model}" if a.model else ""))
+    b = spec.budget_flops
+    if b < need:
+        raise ConfigError(f"budget_flops={b:.3g}: too small for one GRPO iteration of any allocation "
+                          f"in the space; the smallest feasible plan ({where}) needs {need:.3g} FLOPs")
+    if pilot_fraction is not None and pilot_fraction * b < need:
+        raise ConfigError(f"pilot_fraction={pilot_fraction:g}: pilots at {pilot_fraction:g} x "
+                          f"{b:.3g} = {pilot_fraction * b:.3g} FLOPs cannot buy one GRPO iteration of "
+                          f"any allocation; the smallest feasible plan ({where}) needs {need:.3g} "
+                          f"FLOPs (budget_flops >= {need / pilot_fraction:.3g}, or a larger pilot fraction)")
+
+
+def close_tracker(tracker: Any, study_name: str, storage: str, status: str) -> None:
+    """End the study's MLflow records: trial runs that a stopped worker left RUNNING are ended
+    to match Optuna where it no longer has their trial RUNNING (:meth:`StudyTracker.reconcile`,
+    the path the stale-heartbeat callback takes too), then the parent run is closed with
+    ``status`` (``FINISHED``; ``KILLED`` after an interrupt, ``FAILED`` after a crash). Safe to
+    call with ``tracker=None``."""
+    if tracker is None:
+        return
+    try:
+        import optuna
+
+        study = optuna.load_study(study_name=study_name, storage=storage)
+        tracker.reconcile(study)
+    except Exception:  # noqa: BLE001 - no study yet, storage gone: nothing to reconcile
+        pass
+    finally:
+        tracker.close(status)
+
+
+class one_interrupt:
+    """Within the block, the first Ctrl-C (SIGINT) or SIGTERM (what ``kill``, ``timeout`` and
+    a batch scheduler's preemption send) raises KeyboardInterrupt as usual; further ones only
+    print a line, so the interrupted trial's record (Optuna and MLflow) is written in full (a
+    second Ctrl-C used to cut it short and leave the MLflow run RUNNING; a SIGTERM used to end
+    the process at once and leave the trial and both MLflow runs RUNNING). With
+    ``raise_first=False`` every such signal only prints (for the closing records).
+    :attr:`exit_code` is the shell's for the signal received: 130 (SIGINT), 143 (SIGTERM)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, raise_first: bool = True):
+        self.raise_first = raise_first
+        self.exit_code = 130
+        self.received = False
+
+    def __enter__(self) -> "one_interrupt":
+        import signal
+        import sys
+
+        def first(signum: int, frame: Any) -> None:
+            self.exit_code, self.received = 128 + signum, True
+            for name in self.SIGNALS:
+                signal.signal(getattr(signal, name), again)
+            raise KeyboardInterrupt
+
+        def again(signum: int, frame: Any) -> None:
+            sys.stderr.write("interrupting: saving the interrupted trial's record, one moment\n")
+
+        self.previous = {name: signal.getsignal(getattr(signal, name)) for name in self.SIGNALS}
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), first if self.raise_first else again)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self.received:  # the process is on its way out: a second signal between this block
+            return  # and the closing records' block must not kill it (it only prints)
+        for name, handler in self.previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def parse_settings(items: list[str] | None) -> dict:
+    """``--set KEY=VALUE`` pairs as objective settings; values read as TOML (numbers, true,
+    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``."""
+    from allocopt.tomlio import tomllib  # tomli on Python 3.10
+
+    out: dict = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: must be KEY=VALUE (an objective setting)")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def quiet_library_warnings() -> None:
+    """Hide the optimization libraries' warnings in a study's or race's output (BoTorch's
+    "not standardized", Optuna's "is experimental" for its BoTorch sampler and heartbeats):
+    they are about the libraries' own internals, not the user's input."""
+    import os
+    import warnings
+
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
+    warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental).*")
+
+
+def fail(line: str, code: int = 2) -> None:
+    """Print one line on stderr and exit with ``code``."""
+    import sys
+
+    sys.stderr.write(line.replace("\n", " ") + "\n")
+    sys.exit(code)

@@ -1,0 +1,135 @@
+"""What a running study shows on stderr (rich): a line for each step before the first trial,
+the wall-time estimate before anything long starts, then a live line per trial (``pilot 3/30``
+or ``full run 2/12``, the trial's FLOPs against its budget, elapsed time) and one line per
+finished trial (:func:`allocopt.race.answer.trial_line`, at most 80 columns).
+
+rich only; the estimate uses the objective's measured ``flops_per_second`` and
+``overhead_seconds`` (:class:`allocopt.objective.Objective`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TRIAL_WALL_LIMIT_S = 3600.0
+"""``allocopt trial`` refuses a run estimated above this many seconds unless ``--yes``."""
+
+
+def estimated_seconds(obj: Any, flops: float) -> float | None:
+    """Wall seconds a trial spending ``flops`` executed FLOPs should take with ``obj``: its
+    ``overhead_seconds`` (loading, evaluation) plus ``flops / flops_per_second``, both measured
+    properties of the objective; ``None`` when the objective has no measured throughput."""
+    rate = getattr(obj, "flops_per_second", None)
+    if not rate:
+        return None
+    return getattr(obj, "overhead_seconds", 0.0) + flops / rate
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``2.1 h``, ``4.0 days``, ``31.7 years``."""
+    for unit, size, least in (("years", 365.25 * 86400, 1), ("days", 86400, 2), ("h", 3600, 1),
+                              ("min", 60, 2)):
+        if seconds >= least * size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def study_estimate(obj: Any, budget_flops: float, num_full: int, num_pilots: int = 0,
+                   pilot_fraction: float = 0.0) -> str | None:
+    """The study's wall-time estimate as one sentence: ``num_pilots`` trials at
+    ``pilot_fraction × budget_flops`` and ``num_full`` at ``budget_flops``, each spending its
+    whole budget (:func:`estimated_seconds` per trial: the objective's overhead plus FLOPs over
+    its measured FLOP/s). ``None`` when the objective has no measured throughput or nothing is
+    left to run."""
+    full = estimated_seconds(obj, budget_flops)
+    if full is None or num_full + num_pilots == 0:
+        return None
+    pilot = estimated_seconds(obj, pilot_fraction * budget_flops) if num_pilots else 0.0
+    total = num_pilots * (pilot or 0.0) + num_full * full
+    parts = ([f"{num_pilots} pilot(s) of {pilot_fraction * budget_flops:.3g} FLOPs"] if num_pilots else []) \
+        + ([f"{num_full} full run(s) of {budget_flops:.3g} FLOPs"] if num_full else [])
+    return (f"estimated wall time: about {duration(total)} for {' and '.join(parts)} (at "
+            f"{obj.flops_per_second:.2g} FLOP/s, the objective's measured rate, plus "
+            f"{getattr(obj, 'overhead_seconds', 0.0):.0f} s per trial for loading and evaluation; "
+            "more on a busy machine)")
+
+
+class StudyDisplay:
+    """The live lines of a running study or race on ``console`` (stderr).
+
+    Use as a context manager; pass :meth:`on_start`, :meth:`progress` and :meth:`on_end` as the
+    study's callbacks (:func:`allocopt.study.loop.run_study`). A trial whose budget is below the
+    study's is counted as a pilot.
+
+    Args:
+        console: a rich Console (stderr).
+        spec: the :class:`allocopt.spec.StudySpec`.
+        num_full: full-budget trials the study will run (the bar's total).
+        disable: show nothing (``--json``).
+    """
+
+    def __init__(self, console: Any, spec: Any, num_full: int, disable: bool = False):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.spec = spec
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=16), TextColumn("{task.fields[count]}"),
+                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                            disable=disable, transient=False)
+        self.disable = disable
+        self.pilots = self.bar.add_task("pilots", total=0, info="", count="", visible=False)
+        self.full = self.bar.add_task("starting", total=num_full, info="", count=f"0/{num_full}")
+        self.trial = self.bar.add_task("trial", total=spec.budget_flops, info="", count="", visible=False)
+        self._fidelity: dict[int, str] = {}
+        self._done = {"pilot": 0, "full": 0}
+        self._total = {"pilot": 0, "full": num_full}
+        self.best: Any = None
+
+    def __enter__(self) -> "StudyDisplay":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
+
+    def step(self, text: str) -> None:
+        """What the study is doing before its first trial (``opening the study…``)."""
+        self.bar.update(self.full, description=text)
+
+    def note(self, text: str) -> None:
+        """A line above the live ones (the estimate, the pilots to run); printed also when the
+        live lines are off (``--json``: stderr only)."""
+        self.bar.console.print(text, highlight=False, markup=False)
+
+    def pilots_to_run(self, n: int) -> None:
+        """Show the pilot counter (``n`` pilots to run)."""
+        self._total["pilot"] = n
+        self.bar.update(self.pilots, total=n, visible=n > 0, description="pilots", count=f"0/{n}")
+
+    def on_start(self, number: int, alloc: Any, plan: Any) -> None:
+        pilot = plan is not None and plan.budget_flops < self.spec.budget_flops * (1 - 1e-9)
+        self._fidelity[number] = "pilot" if pilot else "full"
+        kind = "pilot" if pilot else "full"
+        what = f"{'pilot' if pilot else 'full run'} {self._done[kind] + 1}/{self._total[kind]}"
+        self.bar.update(self.full, description="full runs")
+        self.bar.update(self.trial, completed=0, total=plan.budget_flops if plan else self.spec.budget_flops,
+                        visible=True, info="loading models…",
+                        description=f"{what}: rho={alloc.rho:.2f} G={alloc.group_size} {alloc.reward}")
+
+    def progress(self, rec: Any, meter: Any) -> None:
+        self.bar.update(self.trial, completed=meter.executed_flops,
+                        info=f"it {rec.iteration + 1}, {meter.executed_flops:.2e} FLOPs")
+
+    def on_end(self, row: Any, result: Any) -> None:
+        from allocopt.race.answer import trial_line
+
+        fidelity = self._fidelity.get(row.number) or getattr(row, "fidelity", "full")
+        kind = "pilot" if fidelity == "pilot" else "full"
+        self._done[kind] += 1
+        self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
+                        count=f"{self._done[kind]}/{self._total[kind]}")
+        if fidelity == "full" and row.state == "COMPLETE" and (self.best is None or row.value > self.best.value):
+            self.best = row
+        if self.best is not None:
+            self.bar.update(self.full, info=f"best {self.spec.targets[0]}={self.best.value:.3f}")
+        self.bar.update(self.trial, visible=False)
+        self.note(trial_line(row, self.spec))

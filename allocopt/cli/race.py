@@ -1,0 +1,243 @@
+"""``allocopt race``: RACE pilots, the regime table, and validation runs (or their plans).
+
+Registered on the app by :func:`register` (``allocopt/cli/__init__.py``). This module does not import
+``allocopt.cli`` (``python -m allocopt.cli`` runs that file as ``__main__``): bad input is raised
+as :class:`~allocopt.flops.ConfigError`, which ``main`` turns into one line and exit code 2.
+Optuna, torch and the objectives are imported inside the command.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from allocopt.flops import ConfigError
+from allocopt.cli.race_tables import proposal_table, regime_table, validation_table
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _json(obj: Any) -> str:
+    """Strict JSON (NaN and infinities as ``null``)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), indent=2, default=str, allow_nan=False)
+
+
+def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, str]:
+    """The pilot plans a RACE study runs (``--dry-run``): each pilot's ρ (moved from the grid's
+    when it was not usable there, :func:`allocopt.race.pilot_plans.fit_pilots`), the rollouts
+    per iteration its plan runs, the iterations
+    the meter is expected to admit of the plan's, the realized ρ, the expected use of the pilot
+    budget and whether it is usable; with one summary line."""
+    from allocopt.race import RaceSettings, pilot_grid
+    from allocopt.plan.allocation import RHO_TOLERANCE
+    from allocopt.race.pilot_plans import MIN_PILOT_USE, fit_pilots, plan_pilot, usable_share
+
+    settings = settings or RaceSettings(max_pilots=spec.pilots)
+    budget = spec.pilot_fraction * spec.budget_flops
+    grid = pilot_grid(spec.space, settings, spec.seed)
+    fitted = fit_pilots(grid, spec.space.rho, budget, workload) if settings.fit_pilots else grid
+    t = Table(title=f"RACE pilots at {spec.pilot_fraction:g} x {spec.budget_flops:.3g} = {budget:.3g} FLOPs; nothing is run")
+    moved = sum(g.allocation != p.allocation for g, p in zip(grid, fitted))
+    for c in ("reward", "G", "rho", *(("grid rho",) if moved else ()), "batch", "iters", "got", "use", "usable"):
+        t.add_column(c, justify="left" if c in ("reward", "usable") else "right")
+    plans = [plan_pilot(p, budget, workload) for p in fitted]
+    for g, pp in zip(grid, plans):
+        a = pp.point.allocation
+        iters = "-" if pp.plan is None else f"{pp.admitted_iterations}/{pp.plan.iterations}"
+        got = "-" if pp.admitted_iterations == 0 else f"{pp.realized_rho:.3f}"
+        batch = "-" if pp.plan is None else str(pp.plan.rollouts_per_iteration)
+        grid_rho = ("=" if g.allocation == a else f"{g.allocation.rho:.3f}",) if moved else ()
+        t.add_row(a.reward, str(a.group_size), f"{a.rho:.3f}", *grid_rho, batch, iters, got,
+                  f"{pp.budget_use:.0%}", "yes" if pp.usable else "[red]no[/]")
+    t.caption = (("grid rho: the grid's rho of a pilot moved to the nearest usable one ('=': not "
+                  "moved); " if moved else "")
+                 + "batch: rollouts per iteration the plan runs; iters: admitted by the meter's worst "
+                 "case / planned (0/n: the first iteration is refused; -: one costs more than the "
+                 "pilot budget); got: realized rho; use: expected "
+                 f"share of the pilot budget spent; usable: got within {RHO_TOLERANCE:g} of rho and "
+                 f"use >= {MIN_PILOT_USE:.0%}")
+    line = (f"{sum(p.usable for p in plans)} of {len(plans)} pilots usable ({usable_share(plans):.0%}: "
+            f"realizable and spending >= {MIN_PILOT_USE:.0%} of the pilot budget); {moved} moved to "
+            "the nearest usable rho")
+    return t, line
+
+
+def race(
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
+    budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
+    target: Optional[str] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it)."),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world) or synthetic (test function). \\[default: the spec's, else qwen]"),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1). \\[default: the spec's, else 0.1]"),
+    validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
+    propose_only: bool = typer.Option(False, "--propose-only", help="Run the pilots, then print the proposals as ready-to-run plans (JSON) without running them."),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the race. \\[default: the spec's, else allocopt]"),
+    storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate. \\[default: the spec's, else 0]"),
+    max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). \\[default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes]"),
+    repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). \\[default: 1]"),
+    replicates: Optional[int] = typer.Option(None, help="Extra seeds of the leading full run when it is within one evaluation's noise of another cell's best (noise measured, not assumed); each counts as a full run. \\[default: 0]"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
+    extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots. \\[default: 0]"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
+) -> None:
+    """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
+    (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
+    learns the pilots' budget drift proposes full-budget validation runs; the same-regime table
+    checks the pilots."""
+    from dataclasses import replace
+
+    from allocopt.plan.allocation import check_budget
+    from allocopt.cli.common import quiet_library_warnings
+    from allocopt.race import RaceSettings, check_pilot_fraction, pilot_grid
+
+    quiet_library_warnings()
+    from allocopt.spec import StudySpec
+
+    if spec is None and budget is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
+    if spec is None and target is None:
+        raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
+                          "pass@1:math500, judge) or --spec FILE")
+    b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
+    s = base.with_overrides(budget_flops=b, target=target, objective=objective, name=study_name, seed=seed)
+    if set_:
+        from allocopt.cli.common import parse_settings
+
+        s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
+    f = check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction)
+    s = replace(s, pilot_fraction=f)  # the study records it; the recommendation reopens it
+    if validations < 0:
+        raise ConfigError(f"validations={validations}: must be an integer >= 0")
+    settings = replace(RaceSettings(), **{k: v for k, v in dict(
+        max_pilots=max_pilots, repeats=repeats, replicates=replicates, batch_size=batch_size,
+        extra_pilot_budget=extra_pilot_budget).items() if v is not None})
+    design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
+
+    from allocopt.cli.common import check_space_feasible, check_storage, load_objective, make_tracker
+
+    obj = load_objective(s.objective, s.objective_settings)
+    with err.status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
+    check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
+    with err.status("opening MLflow tracking..."):
+        tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
+
+    from allocopt.cli.common import close_tracker, one_interrupt
+    from allocopt.cli.live import StudyDisplay, study_estimate
+    from allocopt.race import run_race, same_regime_rate
+    from allocopt.study.open import StudyError
+
+    live = StudyDisplay(err, s, num_full=validations, disable=as_json)
+
+    def on_phase(phase: str, payload: Any) -> None:
+        if phase == "pilots":
+            live.pilots_to_run(len(payload))
+            live.note(f"RACE {s.name}: {len(payload)} of {len(design)} pilot run(s) to do at "
+                      f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
+            estimate = study_estimate(obj, s.budget_flops, 0 if propose_only else validations,
+                                      len(payload), f)
+            if estimate:
+                live.note(estimate)
+        elif phase == "proposals":
+            live.note(f"proposed {len(payload)} run(s): " + ", ".join(
+                f"{p.fidelity} rho={p.allocation.rho:.3f} G={p.allocation.group_size} {p.allocation.reward}"
+                for p in payload))
+        elif phase == "diagnoses":
+            live.step("proposing the full-budget runs (surrogate fit)")
+
+    status = "FAILED"  # the parent run is FINISHED only when the race ends normally
+    guard = one_interrupt()
+    try:
+        with guard, live:
+            live.step("opening the study and the pilot design")
+            res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                           pilot_fraction=f, validations=validations, propose_only=propose_only,
+                           settings=settings, on_phase=on_phase, on_trial_start=live.on_start,
+                           on_trial_end=None if as_json else live.on_end, progress=live.progress,
+                           verbose=verbose)
+        _record(s, storage, tracker, res)
+        status = "FINISHED"
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
+    except KeyboardInterrupt:
+        status = "KILLED"
+        from allocopt.study.storage import redact_url
+
+        sys.stderr.write(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
+                         "to resume\n")
+        sys.exit(guard.exit_code)
+    finally:
+        with one_interrupt(raise_first=False):
+            close_tracker(tracker, s.name, storage, status)
+    rate_all = same_regime_rate(res.validation, validated_only=False)
+    if as_json:
+        doc = {"study": s.name, "budget_flops": s.budget_flops, "target": s.target,
+               "pilot_fraction": f, **res.to_dict(), "same_regime_rate_all": rate_all}
+        sys.stdout.write(_json(doc) + "\n")
+        return
+    out.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
+    if propose_only:
+        out.print(f"{len(res.proposals)} proposal(s), ready to run (allocation, plan and TRL "
+                  "hyperparameters):", highlight=False)
+        out.file.flush()
+        sys.stdout.write(_json([p.to_dict() for p in res.proposals]) + "\n")
+        sys.stdout.flush()
+    elif res.proposals:
+        out.print(proposal_table(res.proposals))
+    if res.validation:
+        out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
+    if res.recommendation is not None and not propose_only:
+        from allocopt.race.answer import recommendation_dict, recommendation_lines
+        from allocopt.study.open import open_study
+
+        rec = recommendation_dict(res.recommendation, s.target)
+        from dataclasses import replace as _replace
+
+        open_study(_replace(s, pilots=0), storage).set_user_attr("recommendation", rec)
+        if tracker:
+            tracker.log_recommendation(rec)
+        for line in recommendation_lines(res.recommendation, s.target):
+            out.print(line, highlight=False, markup=False)
+    fits = res.timings.get("fit_seconds") or []
+    if fits:
+        props = res.timings.get("proposal_seconds") or []
+        err.print(f"surrogate: {len(fits)} fit(s), mean {sum(fits) / len(fits):.2f} s; proposals "
+                  f"{sum(props) / max(1, len(props)):.2f} s each", highlight=False)
+
+
+def _record(s: Any, storage: str, tracker: Any, res: Any) -> None:
+    """Put the regime table on the MLflow parent run (``run_study`` logs the spec and counts)."""
+    if tracker:
+        from rich.console import Console
+
+        con = Console(width=80, record=True, file=io.StringIO())
+        con.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
+        tracker.log_text(con.export_text(), "regime_table.txt")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``race`` command to ``app``."""
+    app.command(name="race")(race)

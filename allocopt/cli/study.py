@@ -1,0 +1,363 @@
+"""``allocopt study``: Bayesian optimization of the allocation, with RACE pilots unless
+``--pilots 0``; and the summary it prints at the end (the one answer, the best observed trial
+as evidence, the counts).
+
+Registered on the app by :func:`register` (``allocopt/cli/__init__.py``); like ``commands_race`` it does
+not import ``allocopt.cli``: bad input is raised as :class:`~allocopt.flops.ConfigError`
+(``main`` prints one line, exit code 2). Optuna, torch and the objectives are imported inside
+the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from allocopt.cli.common import fail, parse_settings as _settings
+from allocopt.cli.account import fmt_flops
+from allocopt.flops import ConfigError
+
+out = Console()
+err = Console(stderr=True)
+
+
+def study(
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
+    budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
+    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world) or synthetic (test function). \\[default: the spec's, else qwen]"),
+    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
+    storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch, gp or random. \\[default: the spec's, else botorch]"),
+    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
+    pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
+    replicates: Optional[int] = typer.Option(None, help="RACE: extra seeds of the leading full run when it is within one evaluation's noise of another cell's best; each counts as a full trial. \\[default: 0]"),
+    no_report: bool = typer.Option(False, "--no-report", help="Do not log the report (allocopt report: page and figures) into the study's MLflow parent run at the end."),
+) -> None:
+    """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
+
+    Exit codes: 0 at least one full-budget trial finished; 1 the study ran but none did
+    (every trial failed or was infeasible: nothing to recommend); 2 bad input, refused before
+    anything is recorded; 130 interrupted (finished trials are kept; the same command resumes).
+    """
+    from allocopt.cli.common import quiet_library_warnings
+
+    quiet_library_warnings()
+    from allocopt.spec import StudySpec
+    from allocopt.study.loop import dry_run as plans_over_space, run_study
+    from allocopt.study.open import StudyError
+    from allocopt.study.trial import rows
+
+    from allocopt.plan.allocation import check_budget
+
+    if spec is None and budget is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
+    b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
+    tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
+    s = base.with_overrides(budget_flops=b, target=tgt, objective=objective, trials=trials,
+                            name=study_name, seed=seed, sampler=sampler, pilots=pilots,
+                            pilot_fraction=pilot_fraction)
+    if set_:
+        from dataclasses import replace as _replace
+
+        s = _replace(s, objective_settings={**s.objective_settings, **_settings(set_)})
+    from allocopt.cli.common import load_objective, make_tracker
+
+    if dry_run:  # plans need the workload only, not a machine that can train
+        from objectives import get_objective
+
+        try:
+            obj = get_objective(s.objective, **s.objective_settings)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"objective={s.objective!r}: {str(e).splitlines()[0]}") from None
+    else:
+        obj = load_objective(s.objective, s.objective_settings)
+    if dry_run:
+        with err.status("loading the objective's models..."):
+            workload = obj.workload()
+        from rich import box
+
+        t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
+        plans = plans_over_space(s, workload)
+        notes = any(note for _, _, note in plans)  # a note column only when a plan has one
+        for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
+                  *(("note",) if notes else ())):
+            t.add_column(c, justify="left" if c in ("reward", "note") else "right")
+        for a, p, note in plans:
+            if p is None:
+                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * 7, f"[red]{note}[/]")
+            else:
+                e = p.expected.executed
+                share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
+                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
+                          f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
+                          share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
+                          *((note,) if notes else ()))
+        t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
+                     "search/learn/rwd: shares of the executed FLOPs")
+        out.print(t)
+        if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
+            from allocopt.cli.race import pilot_table
+
+            table, line = pilot_table(s, workload)
+            out.print(table)
+            out.print(line, highlight=False)
+        if hasattr(obj, "length_sources"):
+            out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+        return
+    if replicates is not None and (s.pilots == 0 or s.multi_objective):
+        raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
+                          "plain BO (--pilots 0, or several targets) has no leader to repeat")
+    if s.multi_objective and s.pilots != 0:
+        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
+                  "pilots (as --pilots 0)", highlight=False)
+        from dataclasses import replace
+
+        s = replace(s, pilots=0)
+    if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
+        from dataclasses import replace
+
+        from allocopt.race import RaceSettings, pilot_grid
+
+        try:  # the pilot count is checked here, under the name the user gave it
+            pilot_grid(s.space, RaceSettings(max_pilots=s.pilots), s.seed)
+        except ConfigError as e:
+            name = f"--pilots {s.pilots}" if pilots is not None else f"pilots={s.pilots} (study file)"
+            raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None
+
+        from allocopt.cli.race import race
+        from allocopt.study.open import open_study
+
+        race(spec=spec, budget=repr(s.budget_flops) if b is None and spec is None else (None if b is None else repr(b)),
+             target=tgt if tgt is not None or spec is not None else s.target, objective=objective,
+             pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
+             study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
+             seed=seed, max_pilots=s.pilots, repeats=None, replicates=replicates, batch_size=None,
+             extra_pilot_budget=None,
+             as_json=False, set_=set_, verbose=verbose)
+        # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
+        st = open_study(replace(s, pilots=0), storage)
+        print_study_summary(st, s, storage,  # race printed its answer, if it made one
+                            show_answer=not st.user_attrs.get("recommendation"))
+        if not no_mlflow and not no_report:
+            report_into_parent(s.name, storage, mlflow_uri)
+        if not no_mlflow:
+            for line in mlflow_lines(_experiment_of(s.name, mlflow_uri)):
+                out.print(line, highlight=False, markup=False, soft_wrap=True)
+        return
+    from allocopt.cli.common import check_space_feasible, check_storage
+    from allocopt.study.open import open_study
+
+    with err.status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    check_space_feasible(s, workload)  # a budget no allocation can use: refused, nothing recorded
+    check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
+    if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
+        from allocopt.cli.common import probe_tracking
+
+        probe_tracking(s.name, mlflow_uri)
+    try:  # a bad storage URL or a mismatched study fails before any work
+        with err.status("opening the study..."):
+            opened = open_study(s, storage)
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
+    with err.status("opening MLflow tracking..."):
+        tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
+    from allocopt.cli.common import close_tracker, one_interrupt
+    from allocopt.cli.live import StudyDisplay, study_estimate
+
+    to_do = max(0, s.trials - sum(1 for r in rows(opened) if r.fidelity == "full" and r.state == "COMPLETE"))
+    with StudyDisplay(err, s, num_full=to_do) as live:  # a resumed study counts the runs it has left
+        estimate = study_estimate(obj, s.budget_flops, to_do)
+        if estimate:
+            live.note(estimate)
+        live.step("opening the study and its sampler")
+        status = "FAILED"  # the parent run is FINISHED only when the loop ends normally
+        try:
+            with one_interrupt() as guard:
+                st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                               on_trial_start=live.on_start, on_trial_end=live.on_end,
+                               progress=live.progress, verbose=verbose)
+            status = "FINISHED"
+        except StudyError as e:
+            raise ConfigError(str(e)) from None
+        except KeyboardInterrupt:
+            status = "KILLED"
+            from allocopt.study.storage import redact_url
+
+            fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
+                 "to resume", guard.exit_code)
+        finally:
+            with one_interrupt(raise_first=False):
+                close_tracker(tracker, s.name, storage, status)
+    print_study_summary(st, s, storage)
+    if tracker is not None and not no_report:
+        report_into_parent(s.name, storage, mlflow_uri)
+    for line in mlflow_lines(tracker):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str]) -> None:
+    """Log the study's report (``allocopt report``: ``report.html`` and its PNGs) into its
+    MLflow parent run, artifacts ``report/``, and say so in one line. Never fails a finished
+    study: an error becomes one line saying how to make the report by hand."""
+    import contextlib
+    import io
+    import tempfile
+
+    from allocopt.cli.query import report
+
+    try:
+        with err.status("writing the report into the MLflow parent run..."), \
+                tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+            report(out_dir=Path(tmp), study=study_name, storage=storage, from_mlflow=None,
+                   mlflow_uri=mlflow_uri, targets=None, pareto_of=None, where=None, fidelity="all",
+                   title=None, mlflow_run="parent")
+    except Exception as e:  # noqa: BLE001 - the study is done: never lose it over its report
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        err.print(f"note: the report was not logged to MLflow ({reason}); make it with `allocopt "
+                  f"report --study {study_name} --out DIR --mlflow-run parent`", highlight=False,
+                  markup=False)
+        return
+    out.print("MLflow: the report (report.html and its figures) is in the study's parent run, "
+              "artifacts report/", highlight=False, markup=False)
+
+
+def _experiment_of(study_name: str, mlflow_uri: Optional[str]) -> Any:
+    """``tracking_uri`` and ``experiment_id`` of the study's MLflow experiment (what
+    :func:`mlflow_lines` reads off a tracker), or ``None`` when it cannot be found."""
+    try:
+        from types import SimpleNamespace
+
+        from mlflow import MlflowClient
+
+        from allocopt.tracking.tracker import _resolve_uri
+
+        uri = _resolve_uri(mlflow_uri)
+        exp = MlflowClient(uri).get_experiment_by_name(f"allocopt/{study_name}")
+        return SimpleNamespace(tracking_uri=uri, experiment_id=exp.experiment_id) if exp else None
+    except Exception:  # noqa: BLE001 - a hint only: never fail a finished study over it
+        return None
+
+
+def mlflow_lines(tracker: Any) -> list[str]:
+    """How to open the study's runs in the MLflow UI: the command for a local SQLite store (its
+    path relative to the working folder when under it), then the link to the runs table
+    (:func:`allocopt.tracking.runs_view_url`; MLflow 3.17 otherwise opens on its GenAI
+    overview, "No data available"). ``[]`` without a tracker or for a ``file:`` store."""
+    if tracker is None:
+        return []
+    from allocopt.tracking import runs_view_url
+
+    uri, exp = str(tracker.tracking_uri), str(tracker.experiment_id)
+    if uri.startswith(("http://", "https://")):
+        return [f"MLflow runs: {runs_view_url(uri, exp)}"]
+    if not uri.startswith("sqlite:///"):
+        return []
+    path = Path(uri[len("sqlite:///"):])
+    try:
+        path = path.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return [f"MLflow: mlflow ui --backend-store-uri sqlite:///{path}",
+            f"  then open {runs_view_url('http://127.0.0.1:5000', exp)}"]
+
+
+def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
+                        show_answer: bool = True) -> None:
+    """Final table: the top trials (the Pareto front when the study has several targets), the
+    one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
+    observed trial as evidence."""
+    from allocopt.study.trial import rows
+
+    if s.multi_objective:
+        from allocopt.cli.query import pareto
+
+        pareto(objectives=",".join(s.targets), study=s.name, storage=storage, from_mlflow=None,
+               mlflow_uri=None, directions=None, where=None, fidelity="full", as_json=False)
+        return
+
+    from allocopt.study.trial import was_interrupted
+
+    trials = st.get_trials(deepcopy=False)
+    stopped = {t.number for t in trials if was_interrupted(t)}  # Ctrl-C: run again, not failed
+    full = {t.number for t in trials if t.user_attrs.get("fidelity", "full") == "full"} - stopped
+    all_rows = [r for r in rows(st) if r.number in full]
+    n_pilots = len(rows(st)) - len(all_rows) - len(stopped)
+    done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
+    best = done[0] if done else None
+    if best is None:
+        n_fail = sum(r.state == "FAIL" for r in all_rows)
+        n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
+        if n_fail + n_inf:  # the study ran, and nothing it ran finished: exit 1, not 0
+            fail(f"error: no trial of study {s.name!r} finished: {n_fail} failed, {n_inf} infeasible "
+                 "(their errors are in the trial lines above and in MLflow)", 1)
+        out.print("no complete full-budget trial yet")
+        return
+    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
+    models = bool(s.space.models)  # a column only when the space searches over policy models
+    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
+              "search", "learn", "rwd", "FLOPs"):
+        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
+    for r in done[:8]:
+        m = r.metrics
+        tot = m.get("total_flops") or 1
+        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
+                  str(r.params.get("group_size", s.space.group_sizes[0])),
+                  str(r.params.get("reward", s.space.rewards[0])),
+                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
+                  f"{r.value:.4f}",
+                  *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
+                  fmt_flops(m.get("total_flops", 0)))
+    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
+    out.print(t)
+    from allocopt.race.answer import allocation_text, evidence_line, recommendation_lines
+    from allocopt.spec import allocation_of
+
+    rec = st.user_attrs.get("recommendation")  # RACE's answer (allocopt.race.answer.recommendation_dict)
+    if not show_answer:
+        pass
+    elif rec:
+        from allocopt.race.answer import from_dict
+
+        for line in recommendation_lines(from_dict(rec), s.target):
+            out.print(line, highlight=False, markup=False)
+    else:  # plain BO: the best observed trial is the answer, with no posterior interval
+        out.print(f"recommended: {allocation_text(allocation_of(s, best.params))}  (plain BO: the best "
+                  "observed trial; no interval)", highlight=False, markup=False)
+    out.print(evidence_line(best.number, best.value, allocation_of(s, best.params), s.target),
+              highlight=False, markup=False)
+    n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
+    n_fail = sum(r.state == "FAIL" for r in all_rows)
+    pilots = [r for r in rows(st) if r.number not in full and r.number not in stopped]
+    p_inf = sum(r.state == "INFEASIBLE" for r in pilots)
+    out.print(f"full-budget trials: {len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed",
+              highlight=False)
+    if n_pilots:
+        out.print(f"RACE pilots: {n_pilots}, {p_inf} infeasible (never run)", highlight=False)
+    if stopped:
+        out.print(f"interrupted (Ctrl-C; each run again): {len(stopped)} trial(s)", highlight=False)
+    running = sum(r.state == "RUNNING" for r in rows(st))
+    if running:  # this worker is done; another's trials are not: its answer may still change
+        out.print(f"note: {running} trial(s) still running (other workers, or a dead one's until its "
+                  f"heartbeat expires): this answer covers the finished ones; the last worker to "
+                  f"finish prints and stores the final answer (`allocopt best --study {s.name}` "
+                  "reads it)", highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``study`` command to ``app``."""
+    app.command(name="study")(study)

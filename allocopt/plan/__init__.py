@@ -1,0 +1,1 @@
+"""Planning: the per-run set-up (:class:`~allocopt.plan.setup.TrainingSetup`), an allocation and a budget turned into a runnable plan, the meter that holds a run to it, and recipes priced by ``allocopt account``. Standard library only."""

@@ -1,0 +1,189 @@
+"""Where query rows come from: an Optuna study's storage, or MLflow experiments across studies.
+
+:func:`load_rows_from_study` and :func:`load_rows_from_mlflow` give :class:`allocopt.query.pareto.Row`
+(the queries of :mod:`allocopt.query.pareto` and the report read those); :func:`resolve_tracking_uri`
+is the MLflow store they and the report's artifact logging use. A store that cannot be opened,
+an unknown study or experiment raise :class:`allocopt.query.pareto.QueryError` with one line.
+
+Optuna and MLflow are imported inside the functions; no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from allocopt.query.pareto import ALLOCATION, TARGET_KEYS, QueryError, Row, _finite
+
+def _check_sqlite(url: str, what: str) -> None:
+    """A ``sqlite:///path`` URL must name an existing file (opening would create an empty one)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and ":memory:" not in url:
+        path = url[len(prefix):]
+        if not os.path.exists(path):
+            raise QueryError(f"{what}={url!r}: no such database file ({os.path.abspath(path)})")
+
+
+def study_names(storage: str) -> list[str]:
+    """The names of the Optuna studies in ``storage``, sorted (nothing is created).
+
+    Raises:
+        QueryError: the storage cannot be opened (a missing SQLite file, a bad URL, an
+            unreachable server, a missing driver).
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _check_sqlite(storage, "storage")
+    try:
+        return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+    except Exception as e:  # bad URL, unreachable server, missing driver
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        from allocopt.study.storage import redact_url
+
+        raise QueryError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
+
+
+def open_study_for_query(storage: str, study_name: str) -> Any:
+    """The Optuna study ``study_name`` in ``storage``, loaded (never created).
+
+    Raises:
+        QueryError: the storage cannot be opened or has no such study (the message lists the
+            studies it has).
+    """
+    import optuna
+
+    names = study_names(storage)
+    if study_name not in names:
+        from allocopt.study.storage import redact_url
+
+        raise QueryError(f"study={study_name!r}: not found in {redact_url(storage)}; known: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def load_rows_from_study(storage: str, study_name: str) -> list[Row]:
+    """Every trial of an Optuna study as :class:`Row` (:func:`rows_of_study`).
+
+    Raises:
+        QueryError: the storage cannot be opened or has no such study (the message lists the
+            studies it has).
+    """
+    return rows_of_study(open_study_for_query(storage, study_name))
+
+
+def rows_of_study(st: Any) -> list[Row]:
+    """Every trial of a loaded Optuna study ``st`` (any storage, in-memory too) as :class:`Row`.
+
+    Dimensions the study kept fixed are filled into ``params`` from the trial's plan or the
+    study's spec; ``fidelity`` is the trial's user attribute ``fidelity`` (default ``full``);
+    ``plan`` is its user attribute ``plan`` with ``budget_flops`` (the trial's own budget).
+    """
+    from allocopt.study.loop import rows as study_rows
+
+    study_name = st.study_name
+    space = (st.user_attrs.get("spec") or {}).get("space") or {}
+    fixed = {"rho": (space.get("rho") or [None])[0], "group_size": (space.get("group_sizes") or [None])[0],
+             "reward": (space.get("rewards") or [None])[0], "model": (space.get("models") or [None])[0]}
+    trials = st.get_trials(deepcopy=False)
+    if fixed["model"] is None:  # no models searched: every trial trains the objective's own policy
+        fixed["model"] = next((m for t in trials if (m := (t.user_attrs.get("plan") or {}).get("model"))), None)
+    out = []
+    for t, r in zip(trials, study_rows(st)):
+        plan = dict(t.user_attrs.get("plan") or {})
+        if "budget_flops" in t.user_attrs:
+            plan.setdefault("budget_flops", float(t.user_attrs["budget_flops"]))
+        params = dict(r.params)
+        for k in ALLOCATION:
+            if params.get(k) is None:
+                params[k] = plan.get(k, fixed[k])
+        metrics = {k: float(v) for k, v in r.metrics.items()
+                   if k != "value" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        out.append(Row(r.number, r.state, params, {k: float(v) for k, v in r.targets.items()}, metrics,
+                       r.error, fidelity=str(t.user_attrs.get("fidelity", "full")), study=study_name,
+                       plan=plan))
+    return out
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; SQLite paths made absolute."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/") and ":memory:" not in uri:
+        uri = prefix + os.path.abspath(uri[len(prefix):])
+    return uri
+
+
+def load_rows_from_mlflow(experiments: Sequence[str], tracking_uri: str | None = None) -> list[Row]:
+    """Every trial run of some MLflow experiments as :class:`Row` (across studies).
+
+    Layout (:mod:`allocopt.tracking`): experiment ``allocopt/<study>``, nested trial runs with
+    tags ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``,
+    ``allocopt.fidelity``, ``allocopt.study.loop``; params ``rho``, ``group_size``, ``reward``,
+    ``model`` (strings); metrics: targets (``pass_at_1``, ...) and the breakdown. Metrics with
+    target keys become ``targets``, the rest ``metrics``; params other than the allocation
+    become ``plan``.
+
+    Args:
+        experiments: experiment names; a study name ``S`` also finds ``allocopt/S``.
+        tracking_uri: see :func:`resolve_tracking_uri`.
+
+    Raises:
+        QueryError: the store cannot be opened or an experiment does not exist (the message
+            lists the experiments it has).
+    """
+    from mlflow import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    _check_sqlite(uri, "mlflow_uri")
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        all_exps = {e.name: e for e in client.search_experiments()}
+    except Exception as e:  # noqa: BLE001 - bad URI, unreachable server
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise QueryError(f"mlflow_uri={uri!r}: cannot be opened ({msg})") from None
+    out: list[Row] = []
+    for name in experiments:
+        exp = all_exps.get(name) or all_exps.get(f"allocopt/{name}")
+        if exp is None:
+            raise QueryError(f"experiment={name!r}: not found in {uri}; known: "
+                             f"{', '.join(sorted(all_exps)) or 'none'}")
+        token = None
+        runs = []
+        while True:
+            page = client.search_runs([exp.experiment_id], filter_string="tags.`allocopt.role` = 'trial'",
+                                      max_results=1000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                break
+        study = exp.name.removeprefix("allocopt/")
+        for run in runs:
+            out.append(_mlflow_row(run, study))
+    out.sort(key=lambda r: (r.study, r.number))
+    return out
+
+
+def _mlflow_row(run: Any, study: str) -> Row:
+    tags, params, metrics = run.data.tags, dict(run.data.params), dict(run.data.metrics)
+    alloc: dict[str, Any] = {k: params.pop(k, None) for k in ALLOCATION}
+    for k, cast in (("rho", float), ("group_size", int)):
+        try:
+            alloc[k] = cast(float(alloc[k])) if cast is int else cast(alloc[k])
+        except (TypeError, ValueError):
+            pass
+    targets = {k: float(v) for k, v in metrics.items() if k in TARGET_KEYS}
+    rest = {k: float(v) for k, v in metrics.items() if k not in TARGET_KEYS and not k.startswith("curve/")}
+    plan: dict[str, Any] = {}
+    for k, v in params.items():
+        plan[k] = float(v) if _finite(v) and k != "objective" else v
+    try:
+        num = int(tags.get("allocopt.trial_number", "-1"))
+    except ValueError:
+        num = -1
+    return Row(num, tags.get("allocopt.state", run.info.status), alloc, targets, rest,
+               tags.get("allocopt.error"), fidelity=tags.get("allocopt.fidelity", "full"),
+               study=tags.get("allocopt.study.loop", study), plan=plan, run_id=run.info.run_id)
+
+
+__all__ = ["load_rows_from_mlflow", "load_rows_from_study", "open_study_for_query", "resolve_tracking_uri",
+           "rows_of_study"]

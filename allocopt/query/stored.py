@@ -1,0 +1,149 @@
+"""What a study stored for its queries: its targets, its answer and its MLflow parent run.
+
+The defaults of ``allocopt best`` / ``pareto`` / ``report`` (:mod:`allocopt.cli.query`)
+read these: the Optuna study's user attributes (``spec``, ``recommendation``) and metric
+names, or, for one ``--from-mlflow`` experiment, its parent run (tag ``allocopt.role=study``).
+Errors are :class:`allocopt.query.pareto.QueryError` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List, Optional
+
+from allocopt.query.pareto import QueryError
+
+
+def stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                    mlflow_uri: Optional[str]) -> list[str]:
+    """The targets the study was run for, as spelled for people (``pass@1``): the stored spec
+    (user attribute ``spec``, as ``report`` reads it), else the objectives' names
+    (``study.metric_names``, set by ``allocopt study``); for one ``--from-mlflow`` experiment its
+    parent run's ``target`` param. ``[]`` when nothing is stored."""
+    from allocopt.spec import TARGETS
+
+    if study:
+        from allocopt.query.sources import open_study_for_query
+
+        st = open_study_for_query(storage, study)
+        stored = (st.user_attrs.get("spec") or {}).get("target")
+        names = [stored] if isinstance(stored, str) else list(stored or []) or list(st.metric_names or [])
+    else:
+        raw = next((r.data.params["target"] for r in parent_runs(from_mlflow, mlflow_uri)
+                    if r.data.params.get("target")), "")
+        try:
+            names = json.loads(raw) if raw.startswith("[") else [raw] if raw else []
+        except ValueError:
+            names = []
+    return [str(n) for n in names if n in TARGETS]
+
+
+def stored_target(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                   mlflow_uri: Optional[str]) -> str:
+    """``best``'s target when ``--target`` is not given: the study's one stored target.
+
+    Raises:
+        QueryError: none stored (several ``--from-mlflow`` experiments, a study run elsewhere) or
+            several (a multi-objective study: ``best`` of which one is a choice, ``pareto`` shows
+            the trade-off).
+    """
+    names = stored_targets(study, storage, from_mlflow, mlflow_uri)
+    if len(names) == 1:
+        return names[0]
+    where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
+    if names:
+        raise QueryError(f"target=None: {where} has {len(names)} targets ({', '.join(names)}); give "
+                       "--target one of them, or see them together with `allocopt pareto`")
+    raise QueryError(f"target=None: {where} stores no target; give --target (native_reward, pass@1, "
+                   "pass@1:gsm8k, pass@1:math500, judge or a field such as total_flops)")
+
+
+def stored_objectives(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                       mlflow_uri: Optional[str]) -> list[str]:
+    """``pareto``'s objectives when ``--objectives`` is not given: the study's stored targets.
+
+    Raises:
+        QueryError: fewer than two stored.
+    """
+    names = stored_targets(study, storage, from_mlflow, mlflow_uri)
+    if len(names) >= 2:
+        return names
+    where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
+    has = f"one target ({names[0]})" if names else "no target"
+    raise QueryError(f"objectives=None: {where} stores {has}; give --objectives with two or more, "
+                   "e.g. pass@1,judge or judge,total_flops")
+
+
+def parent_runs(from_mlflow: Optional[List[str]], mlflow_uri: Optional[str]) -> list[Any]:
+    """The study's parent runs (tag ``allocopt.role=study``, at most 5) of the one
+    ``--from-mlflow`` experiment; ``[]`` for several experiments or none found."""
+    if not from_mlflow or len(from_mlflow) != 1:
+        return []
+    from mlflow import MlflowClient
+
+    from allocopt.cli.common import short_mlflow_requests
+    from allocopt.tracking.tracker import _resolve_uri
+
+    name = from_mlflow[0] if from_mlflow[0].startswith("allocopt/") else f"allocopt/{from_mlflow[0]}"
+    with short_mlflow_requests():
+        client = MlflowClient(_resolve_uri(mlflow_uri))
+        exp = client.get_experiment_by_name(name)
+        runs = [] if exp is None else client.search_runs(
+            [exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'", max_results=5)
+    return list(runs)
+
+
+def stored_recommendation(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                    mlflow_uri: Optional[str]) -> dict | None:
+    """The study's recommendation (:func:`allocopt.race.answer.recommendation_dict`, stored by a RACE
+    study): the Optuna study's user attribute ``recommendation``, or for one ``--from-mlflow``
+    experiment its parent run's ``allocopt.recommended.*`` tags and ``recommended_*`` metrics.
+    ``None`` when there is none (plain BO, several experiments, nothing recorded yet)."""
+    if study:
+        import optuna
+
+        return optuna.load_study(study_name=study, storage=storage).user_attrs.get("recommendation")
+    for run in parent_runs(from_mlflow, mlflow_uri):
+        tags, metrics = run.data.tags, run.data.metrics
+        a = {k[len("allocopt.recommended."):]: v for k, v in tags.items() if k.startswith("allocopt.recommended.")}
+        if {"rho", "group_size", "reward"} <= set(a):
+            rec: dict[str, Any] = {"allocation": {"rho": float(a["rho"]), "group_size": int(a["group_size"]),
+                                                  "reward": a["reward"], **({"model": a["model"]} if a.get("model") else {})}}
+            for k in ("mean", "lower", "upper", "level", "prob_best"):
+                if f"recommended_{k}" in metrics:
+                    rec[k] = metrics[f"recommended_{k}"]
+            spec = run.data.params.get("target")
+            if spec:
+                rec["target"] = spec
+            return rec
+    return None
+
+
+def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
+    """The run id of ``study``'s parent run in its MLflow experiment ``allocopt/<study>`` (the
+    latest, when workers made several). Raises :class:`QueryError` (one line) when there is none."""
+    if not study:
+        raise QueryError("mlflow_run='parent': needs --study (the study whose parent run gets the report)")
+    from allocopt.cli.common import short_mlflow_requests
+    from allocopt.tracking.layout import TAG_ROLE, TAG_STUDY
+    from allocopt.tracking.tracker import _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    try:
+        from mlflow import MlflowClient
+
+        with short_mlflow_requests():
+            client = MlflowClient(tracking_uri=uri)
+            exp = client.get_experiment_by_name(f"allocopt/{study}")
+            runs = [] if exp is None else client.search_runs(
+                [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'study'", max_results=100)
+    except Exception as e:  # noqa: BLE001 - unreachable server, unreadable store
+        raise QueryError(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    runs = [r for r in runs if r.data.tags.get(TAG_STUDY) == study]
+    if not runs:
+        raise QueryError(f"mlflow_run='parent': study {study!r} has no parent run in {uri} (run it with MLflow on, or give --mlflow-uri)")
+    return max(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
+
+
+__all__ = ["parent_run_id", "parent_runs", "stored_objectives", "stored_recommendation",
+           "stored_target", "stored_targets"]

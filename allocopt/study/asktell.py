@@ -1,0 +1,358 @@
+"""Runs launched elsewhere: reserve trials of a study (ask), turn each into a ready TRL or verl
+config, and record what came back (tell).
+
+``ask`` reserves trials with Optuna's ``study.ask()`` (the study's own sampler, so pilots and
+proposals are what a worker would run) and leaves them RUNNING *without* a heartbeat, which
+:mod:`allocopt.study.storage` reads as "reserved for a run launched elsewhere": no worker fails them.
+Each gets a plan (:func:`allocopt.plan.allocation.make_plan`) realized with whole update passes,
+as TRL (``num_iterations``) and verl (``ppo_epochs``) run them: the whole-pass count nearest the
+plan's ρ, and the iterations that count buys within the budget (:class:`AskedRun`). Neither
+engine can train part of a batch, so ρ moves in steps of one pass: the run's ``expected_rho``
+can differ from the asked ρ (allocopt's own driver realizes fractional passes); the trial keeps
+the asked ρ as its parameter and ``tell`` records the ρ actually spent.
+
+``tell`` records targets and the compute a run actually spent, exactly as a trial run by
+allocopt is recorded (same user attributes, the ``budget`` constraint, ``study.tell``), so the
+surrogate learns from it like from any other trial. A run that spent more than its budget is
+recorded and flagged (``over_budget``, a violated ``budget`` constraint).
+
+Mappings (one optimizer step per pass over a rollout batch, as the allocopt driver runs it;
+the learning rate is per optimizer step and is not scaled by the passes):
+
+===================  ===========================================  =================================================
+plan                 TRL ``GRPOConfig``                            verl (Hydra overrides)
+===================  ===========================================  =================================================
+rollouts N           ``generation_batch_size = N``                 ``data.train_batch_size = N / G`` (prompts)
+group size G         ``num_generations``                           ``actor_rollout_ref.rollout.n``
+passes μ             ``num_iterations``                            ``actor_rollout_ref.actor.ppo_epochs``
+one step per pass    ``per_device_train_batch_size × processes ×   ``actor_rollout_ref.actor.ppo_mini_batch_size =
+                     gradient_accumulation_steps = N``             N / G`` (prompts; verl multiplies by n)
+iterations I         ``max_steps = I × μ`` (optimizer steps)       ``trainer.total_training_steps = I``
+===================  ===========================================  =================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from allocopt.plan.allocation import (Allocation, InfeasiblePlan, TrialPlan, Workload,
+                                 iteration_flops, make_plan, plan_workload)
+from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
+from allocopt.spec import SearchSpace, StudySpec
+
+ASKED_ATTR = "asked"
+"""User attribute of a trial reserved by ``allocopt ask`` (its format)."""
+FORMATS = ("trl", "verl")
+
+
+class TellError(ValueError):
+    """A tell that cannot be recorded (unknown or finished trial, missing targets); one line."""
+
+
+@dataclass(frozen=True)
+class AskedRun:
+    """One reserved trial and the run that realizes it with whole update passes."""
+
+    trial_number: int
+    budget_flops: float
+    fidelity: str
+    """``full`` or ``pilot``."""
+    plan: TrialPlan
+    """allocopt's own plan (may have fractional passes μ)."""
+    passes: int
+    """Whole update passes over each rollout batch (TRL ``num_iterations``, verl ``ppo_epochs``)."""
+    iterations: int
+    """Rollout batches (GRPO iterations) the budget buys at ``passes``."""
+    expected: FlopAccount
+    """Expected FLOPs of the run at ``passes`` × ``iterations`` (mean lengths of the workload)."""
+
+    @property
+    def expected_rho(self) -> float:
+        return self.expected.executed.rho
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.plan.allocation
+        return {"trial": self.trial_number, "budget_flops": self.budget_flops,
+                "fidelity": self.fidelity, "rho": a.rho, "group_size": a.group_size,
+                "reward": a.reward, "model": self.plan.policy, "reward_model": self.plan.reward_model,
+                "prompts_per_iteration": self.plan.prompts_per_iteration,
+                "rollouts_per_iteration": self.plan.rollouts_per_iteration,
+                "update_passes": self.passes, "iterations": self.iterations,
+                "expected_rho": self.expected_rho,
+                "expected_total_flops": self.expected.executed.total_flops,
+                "plan_update_passes": self.plan.update_passes, "plan_iterations": self.plan.iterations}
+
+
+def spec_of(study: Any) -> StudySpec:
+    """The :class:`StudySpec` a study was run with (its ``spec`` user attribute).
+
+    Raises:
+        TellError: the study has no spec (it was not made by ``allocopt study``/``race``).
+    """
+    d = dict(study.user_attrs.get("spec") or {})
+    if not d:
+        raise TellError(f"study={study.study_name!r}: has no allocopt spec; start it with "
+                        "`allocopt study` (e.g. --trials 0) first")
+    d["space"] = SearchSpace(**{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in (d.get("space") or {}).items()})
+    if isinstance(d.get("target"), list):
+        d["target"] = tuple(d["target"])
+    return StudySpec(**d)
+
+
+def whole_pass_run(plan: TrialPlan, workload: Workload, trial_number: int = -1,
+                   fidelity: str = "full") -> AskedRun:
+    """The plan realized with whole passes: μ in {floor, ceil} of the plan's, whichever's ρ is
+    nearer the asked one, and the most iterations whose expected FLOPs fit the budget.
+
+    Raises:
+        InfeasiblePlan: not one iteration fits.
+    """
+    a, N = plan.allocation, plan.rollouts_per_iteration
+    workload = plan_workload(workload, plan)  # the plan's batch (it may be smaller than the workload's)
+    best = None
+    for passes in sorted({max(1, math.floor(plan.update_passes)), max(1, math.ceil(plan.update_passes))}):
+        per = iteration_flops(workload, a, passes * N)
+        iters = int(plan.budget_flops // max(1, per.executed.total_flops))
+        if iters < 1:
+            continue
+        cand = (abs(per.executed.rho - a.rho), passes, iters, per * iters)
+        best = cand if best is None or cand < best else best
+    if best is None:
+        need = iteration_flops(workload, a, max(1, round(plan.update_passes)) * N).executed.total_flops
+        raise InfeasiblePlan(f"budget_flops={plan.budget_flops:.3g}: no whole-pass run fits one "
+                             f"iteration (needs {need:.3g})", min_budget_flops=need)
+    _, passes, iters, expected = best
+    return AskedRun(trial_number, plan.budget_flops, fidelity, plan, passes, iters, expected)
+
+
+def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
+            distributions: Mapping[str, Any], max_tries: int = 20) -> tuple[list[AskedRun], int]:
+    """Reserve ``n`` runnable trials with the study's sampler.
+
+    A proposal the budget cannot buy is recorded at once as INFEASIBLE with a violated
+    ``budget`` constraint, as a worker would, and another is asked (at most ``max_tries`` per
+    trial). Whole passes realize ρ in steps (one pass more is a jump in learning FLOPs): the
+    run's ``expected_rho`` may differ from the asked ρ (shown by ``ask``, and ``allocopt tell``
+    records the ρ the run really spent); the trial keeps the asked ρ as its parameter.
+
+    Returns:
+        ``(runs, infeasible)``: the reserved runs and how many proposals were infeasible.
+    """
+    runs: list[AskedRun] = []
+    infeasible = 0
+    while len(runs) < n:
+        if infeasible >= max_tries * n:
+            break
+        trial = study.ask(dict(distributions))
+        if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
+            study.sampler.suggest(trial)
+        ua = trial.user_attrs
+        budget = float(ua.get("budget_flops", spec.budget_flops))
+        fidelity = str(ua.get("fidelity", "full"))
+        from allocopt.spec import allocation_of
+
+        alloc: Allocation = allocation_of(spec, trial.params)
+        try:
+            plan = make_plan(budget, alloc, workload)
+            run = whole_pass_run(plan, workload, trial.number, fidelity)
+        except InfeasiblePlan as e:
+            excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
+            trial.set_constraint("budget", max(excess, 1e-6))
+            trial.set_user_attr("state", "INFEASIBLE")
+            trial.set_user_attr("error", str(e))
+            trial.set_user_attr("budget_flops", budget)
+            trial.set_user_attr("fidelity", fidelity)
+            study.tell(trial, [0.0] * len(spec.targets))
+            infeasible += 1
+            continue
+        trial.set_user_attr("budget_flops", budget)
+        trial.set_user_attr("fidelity", fidelity)
+        trial.set_user_attr("plan", plan.to_dict())
+        trial.set_user_attr(ASKED_ATTR, {"format": fmt, **run.to_dict()})
+        runs.append(run)
+    return runs, infeasible
+
+
+# ----------------------------------------------------------------------------- configs
+def trl_config(run: AskedRun, *, learning_rate: float, max_completion_length: int,
+               temperature: float = 1.0, beta: float = 0.0, micro_batch: int = 8,
+               num_processes: int = 1, seed: int = 0,
+               importance_sampling_correction: bool = False,
+               gradient_checkpointing: bool = False) -> dict[str, Any]:
+    """``GRPOConfig`` fields that realize ``run`` (see the module table).
+
+    ``vllm_importance_sampling_correction`` and ``gradient_checkpointing`` are written as the
+    plan priced them (the study's set-up; allocopt's runner: both off, where TRL's own
+    defaults are on, :data:`allocopt.plan.setup.RUNNERS`).
+
+    ``per_device_train_batch_size`` is the largest divisor of ``N / num_processes`` that is at
+    most ``micro_batch``; ``gradient_accumulation_steps`` makes one optimizer step per pass.
+
+    Raises:
+        ConfigError: ``N`` is not a multiple of ``num_processes``.
+    """
+    N = run.plan.rollouts_per_iteration
+    if num_processes < 1 or N % num_processes:
+        raise ConfigError(f"num_processes={num_processes!r}: must divide the {N} rollouts per iteration")
+    per_proc = N // num_processes
+    b = max(d for d in range(1, min(micro_batch, per_proc) + 1) if per_proc % d == 0)
+    return {"num_generations": run.plan.group_size, "generation_batch_size": N,
+            "per_device_train_batch_size": b, "gradient_accumulation_steps": per_proc // b,
+            "num_iterations": run.passes, "max_steps": run.iterations * run.passes,
+            "learning_rate": learning_rate, "max_completion_length": max_completion_length,
+            "temperature": temperature, "beta": beta, "seed": seed,
+            "vllm_importance_sampling_correction": bool(importance_sampling_correction),
+            "gradient_checkpointing": bool(gradient_checkpointing),
+            "save_strategy": "no", "logging_steps": 1}
+
+
+def trl_command(cfg: Mapping[str, Any], config_path: str) -> str:
+    """A ``trl grpo`` command line reading the fields from ``config_path`` (model, data and
+    reward functions are the user's: placeholders in capitals)."""
+    return (f"trl grpo --config {config_path} --model_name_or_path POLICY --dataset_name DATASET "
+            "--reward_funcs REWARD --output_dir OUT")
+
+
+def verl_overrides(run: AskedRun, *, learning_rate: float, max_completion_length: int,
+                   temperature: float = 1.0, beta: float = 0.0,
+                   gradient_checkpointing: bool = False) -> list[str]:
+    """Hydra overrides for verl's ``main_ppo`` with ``algorithm.adv_estimator=grpo`` that realize
+    ``run`` (see the module table). A model-based reward names its reward model; a rule-based
+    one expects the user's ``custom_reward_function``."""
+    p = run.plan
+    out = ["algorithm.adv_estimator=grpo",
+           f"data.train_batch_size={p.prompts_per_iteration}",
+           f"actor_rollout_ref.rollout.n={p.group_size}",
+           f"actor_rollout_ref.actor.ppo_epochs={run.passes}",
+           f"actor_rollout_ref.actor.ppo_mini_batch_size={p.prompts_per_iteration}",
+           f"actor_rollout_ref.actor.optim.lr={learning_rate!r}",
+           f"actor_rollout_ref.rollout.temperature={temperature!r}",
+           f"data.max_response_length={max_completion_length}",
+           f"actor_rollout_ref.actor.use_kl_loss={'True' if beta > 0 else 'False'}",
+           f"actor_rollout_ref.actor.kl_loss_coef={beta!r}",
+           "algorithm.use_kl_in_reward=False",
+           f"actor_rollout_ref.model.enable_gradient_checkpointing={bool(gradient_checkpointing)}",
+           f"actor_rollout_ref.model.path={p.policy}",
+           f"trainer.total_training_steps={run.iterations}"]
+    if p.reward_model:
+        out += ["reward_model.enable=True", f"reward_model.model.path={p.reward_model}"]
+    else:
+        out += ["reward_model.enable=False"]
+    return out
+
+
+# ----------------------------------------------------------------------------- tell
+def account_from_metrics(d: Mapping[str, Any]) -> FlopAccount | None:
+    """A :class:`FlopAccount` from ``search_flops``/``learning_flops``/``reward_flops`` (executed;
+    ``useful_*`` optional, else the same) at the top level or under ``breakdown``; ``None``
+    when none is given.
+
+    Raises:
+        ConfigError: a value that is not a non-negative number, or only some phases given.
+    """
+    src = d.get("breakdown") if isinstance(d.get("breakdown"), Mapping) else d
+    keys = ("search_flops", "learning_flops", "reward_flops")
+    if not any(k in src for k in keys):
+        return None
+
+    def phases(prefix: str) -> ComputeBreakdown:
+        vals = {}
+        for k in keys:
+            v = src.get(prefix + k, src.get(k) if prefix else None)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{prefix}{k}={v!r}: must be a non-negative number of FLOPs")
+            vals[k.split("_")[0]] = {"total": int(round(v))}
+        return ComputeBreakdown(**vals)
+
+    return FlopAccount(useful=phases("useful_"), executed=phases(""))
+
+
+def targets_from_metrics(d: Mapping[str, Any], spec: StudySpec) -> dict[str, float]:
+    """The study's targets (by key: ``pass_at_1``) from ``d`` or ``d["targets"]``, spelled
+    either way (``pass@1`` or ``pass_at_1``).
+
+    Raises:
+        ConfigError: a target is missing or not a finite number.
+    """
+    from allocopt.spec import TARGETS, target_key
+
+    src = d.get("targets") if isinstance(d.get("targets"), Mapping) else d
+    out: dict[str, float] = {}
+    for t in TARGETS:
+        k = target_key(t)
+        v = src.get(t, src.get(k))
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"{t}={v!r}: a target must be a finite number")
+        out[k] = float(v)
+    missing = [t for t, k in zip(spec.targets, spec.target_keys) if k not in out]
+    if missing:
+        raise ConfigError(f"metrics: target {', '.join(missing)} missing; the study maximizes "
+                          f"{', '.join(spec.targets)}")
+    return out
+
+
+def check_tellable(study: Any, number: int) -> Any:
+    """The FrozenTrial ``number`` if it is reserved by ask and still RUNNING.
+
+    Raises:
+        TellError: unknown trial, already finished, or a worker's live trial.
+    """
+    trials = study.get_trials(deepcopy=False)
+    match = [t for t in trials if t.number == number]
+    if not match:
+        raise TellError(f"trial={number}: no such trial in study {study.study_name!r} "
+                        f"({len(trials)} trials, numbers 0..{len(trials) - 1})")
+    t = match[0]
+    if t.state.name != "RUNNING":
+        state = t.user_attrs.get("state", t.state.name)
+        raise TellError(f"trial={number}: already finished ({state}); nothing changed")
+    if ASKED_ATTR not in t.user_attrs:
+        who = t.system_attrs.get("allocopt.worker", "a worker")
+        raise TellError(f"trial={number}: is being run by {who}, not reserved by allocopt ask; "
+                        "nothing changed")
+    return t
+
+
+def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float],
+           spent: FlopAccount, *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record a reserved trial as COMPLETE, as :func:`allocopt.study.trial.run_one_trial` records one
+    (user attributes ``state``, ``targets``, ``metrics``, the ``budget`` constraint), plus
+    ``over_budget`` and ``source=tell``.
+
+    Returns:
+        the metrics dict recorded.
+    """
+    import optuna
+
+    from allocopt.study.storage import trial_handle
+
+    ua = frozen.user_attrs
+    budget = float(ua.get("budget_flops", spec.budget_flops))
+    used = spent.executed.total_flops
+    plan = ua.get("plan") or {}
+    metrics = {**spent.to_dict(), "budget_utilization": used / budget, "eval_flops": 0,
+               "planned_rho": ua.get(ASKED_ATTR, {}).get("expected_rho", plan.get("realized_rho", math.nan)),
+               **dict(extra or {})}
+    handle = trial_handle(study, frozen.number)
+    if handle is None:
+        raise KeyError(f"study {study.study_name!r} was not opened by open_study")
+    tid = handle[1]
+    trial = optuna.trial.Trial(study, tid)
+    over = used > budget
+    from allocopt.study.trial import set_dashboard_constraint
+
+    constraint = math.log10(used / budget) if over else -1.0
+    trial.set_constraint("budget", constraint)
+    set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
+    trial.set_user_attr("state", "COMPLETE")
+    trial.set_user_attr("targets", dict(targets))
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("over_budget", over)
+    trial.set_user_attr("source", "tell")
+    study.tell(frozen.number, [float(targets[k]) for k in spec.target_keys])
+    return metrics

@@ -1,0 +1,168 @@
+"""Run a study: Bayesian optimization of the allocation under a hard FLOP budget.
+
+An Optuna study (any Optuna storage URL; default ``sqlite:///allocopt.db``) proposes
+allocations (ρ, G, reward system, optionally the model) with a BoTorch sampler
+(``optuna_integration.BoTorchSampler``) or Optuna's ``GPSampler``. Each proposal is turned into
+a :class:`~allocopt.plan.allocation.TrialPlan` first: an infeasible one is never run, costs no
+compute, and is told to Optuna with a violated constraint (``trial.set_constraint``) and the
+worst possible target value (0: every target is a share in [0, 1]), so the sampler learns to
+avoid it. A feasible one runs the objective; its targets and breakdown go into the trial's
+user attributes and into MLflow (:mod:`allocopt.tracking`). A trial that raises is failed in
+Optuna and MLflow with its error and the study goes on. Running the same study name again
+resumes it: finished trials are kept; Ctrl-C marks the running trial failed, a killed worker's
+trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.study.storage`).
+
+The loop is here (:func:`run_study`, and :func:`dry_run`); opening a study is
+:mod:`allocopt.study.open`, running and recording one trial :mod:`allocopt.study.trial`.
+torch (through the samplers and objectives), Optuna and MLflow are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable
+
+from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
+from allocopt.flops import ConfigError
+from allocopt.spec import StudySpec
+from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
+                                 open_study)
+from allocopt.study.trial import TrialRow, log_final, rows, run_one_trial, was_interrupted  # noqa: F401 (rows: allocopt.query.sources reads it here, TrialRow allocopt.query.pareto)
+
+
+def run_study(
+    spec: StudySpec,
+    *,
+    objective: Any,
+    workload: Workload,
+    storage: str | None = DEFAULT_STORAGE,
+    tracker: Any = None,
+    sampler: Any = None,
+    pilots_only: bool = False,
+    study: Any = None,
+    on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
+    on_trial_end: Callable[[TrialRow, Any], None] | None = None,
+    progress: Callable[..., None] | None = None,
+    verbose: bool = False,
+) -> Any:
+    """The one study loop: ask the sampler, run the trial, tell the result, until the study has
+    ``spec.trials`` finished full-budget trials (complete, infeasible or failed).
+
+    With :class:`allocopt.study.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
+    several targets) the sampler decides each trial's fidelity: RACE pilots (at
+    ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
+    then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
+
+    Args:
+        spec: the study definition.
+        objective: an :class:`allocopt.objective.Objective`.
+        workload: what plans are made for (``objective.workload()``).
+        storage: Optuna storage URL (``None``: in memory).
+        tracker: an :class:`allocopt.tracking.StudyTracker` or ``None``.
+        sampler: the Optuna sampler (default :func:`make_sampler` of ``spec`` and ``workload``).
+        pilots_only: run RACE's pilot grid (what is left of it) and stop.
+        study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
+        on_trial_start, on_trial_end, progress: callbacks for a live display.
+        verbose: show the libraries' warnings and log lines during trials (hidden by default,
+            :mod:`allocopt.study.quiet`).
+
+    Returns:
+        the Optuna study.
+
+    Raises:
+        StudyError: the storage cannot be opened, or the objective does not report the target.
+        ConfigError: RACE on a space without a ρ range.
+        KeyboardInterrupt: after marking the running trial failed (it is re-run on resume).
+    """
+    from optuna.trial import TrialState
+
+    from allocopt.objective import objective_targets
+    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.storage import on_stale, worker_trial
+
+    try:
+        declared = objective_targets(getattr(objective, "name", spec.objective))
+    except ValueError:
+        declared = None
+    missing = [t for t, k in zip(spec.targets, spec.target_keys) if declared is not None and k not in declared]
+    if missing:
+        raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
+                         f"{', '.join(declared or ())}")
+    given = sampler is not None
+    sampler = sampler if given else make_sampler(spec, workload=workload)
+    race = isinstance(sampler, RaceSampler)
+    if pilots_only and not race:
+        raise ValueError("pilots_only needs a RaceSampler")
+    study = study if study is not None else open_study(spec, storage)
+    n = len(study.get_trials(deepcopy=False))
+    if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
+        sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
+    on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
+    study.sampler = sampler
+    study.set_user_attr("spec", spec.to_dict())
+    name_objectives(study, spec)
+    if tracker:
+        tracker.log_spec(spec.to_dict())
+    if race:
+        from dataclasses import asdict
+
+        study.set_user_attr("race", {"pilot_fraction": sampler.pilot_fraction,
+                                     "settings": asdict(sampler.settings)})
+    dists = distributions(spec, fidelity=race)
+
+    def finished() -> int:
+        from allocopt.race import trial_fidelity
+
+        # an interrupted or killed (retried) trial does not count: it is run again; a failed one
+        # counts (it would fail again)
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.system_attrs.get("failed_trial") for t in trials}
+        return sum(1 for t in trials
+                   if trial_fidelity(t) == "full" and (t.state == TrialState.COMPLETE or (
+                       t.state == TrialState.FAIL and t.number not in retried
+                       and not was_interrupted(t))))
+
+    # every ask runs a trial (the queue's first); the cap only guards against a sampler that
+    # never proposes a full run
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
+                                   + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
+                                   if race else 0)
+    for _ in range(cap + 1):
+        if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
+            break
+        with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
+            if race:
+                sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
+            run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
+                          on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress,
+                          verbose=verbose)
+    if tracker:
+        tracker.reconcile(study)
+        log_final(study, spec, tracker)
+    return study
+
+
+def dry_run(spec: StudySpec, workload: Workload, rho_levels: int = 8) -> list[tuple[Allocation, TrialPlan | None, str]]:
+    """Plans the budget buys over a grid of the space; runs nothing.
+
+    Returns ``(allocation, plan or None, note)`` per grid point: ρ at ``rho_levels`` evenly
+    spaced levels × every G × reward (× model).
+    """
+    lo, hi = spec.space.rho
+    levels = [lo] if lo == hi else [lo + (hi - lo) * i / (rho_levels - 1) for i in range(rho_levels)]
+    out = []
+    for model in spec.space.models or (None,):
+        for reward in spec.space.rewards:
+            for g in spec.space.group_sizes:
+                for rho in levels:
+                    a = Allocation(round(rho, 4), g, reward, model)
+                    try:
+                        p = make_plan(spec.budget_flops, a, workload)
+                        out.append((a, p, "" if p.realizable else "rho not realizable"))
+                    except InfeasiblePlan as e:
+                        out.append((a, None, f"needs {e.min_budget_flops:.3e} FLOPs"))
+                    except ConfigError as e:
+                        out.append((a, None, str(e)))
+    return out

@@ -1,0 +1,130 @@
+"""The whole race in one call, as a view over the study loop: pilots, diagnosis, proposals and
+their runs, validation.
+
+The trials are run by :func:`allocopt.study.loop.run_study` with a
+:class:`allocopt.study.sampler.RaceSampler` (pilots first, then its proposals); this module adds
+what ``allocopt race`` shows: the regime table after the pilots, the validation table and the
+recommendation at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable
+
+from allocopt.plan.allocation import Allocation, TrialPlan, Workload
+from allocopt.flops import ConfigError
+from allocopt.race.design import RaceSettings, check_pilot_fraction
+from allocopt.race.diagnose import diagnose, observations
+from allocopt.race.recommend import final_surrogate, recommendation
+from allocopt.race.validate import RaceResult, validate
+from allocopt.spec import StudySpec
+
+DEFAULT_STORAGE = "sqlite:///allocopt.db"
+
+
+def run_race(
+    spec: StudySpec,
+    *,
+    objective: Any,
+    workload: Workload,
+    storage: str | None = DEFAULT_STORAGE,
+    tracker: Any = None,
+    pilot_fraction: float = 0.1,
+    validations: int = 4,
+    propose_only: bool = False,
+    settings: RaceSettings = RaceSettings(),
+    on_phase: Callable[[str, Any], None] | None = None,
+    on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
+    on_trial_end: Callable[[Any, Any], None] | None = None,
+    progress: Callable[..., None] | None = None,
+    verbose: bool = False,
+) -> RaceResult:
+    """Pilots, regime diagnosis, validation proposals (and runs) in one Optuna study.
+
+    Args:
+        spec: the study; ``spec.budget_flops`` is the full budget, ``spec.space`` the grid.
+        objective, workload: as for :func:`allocopt.study.loop.run_study`.
+        storage: Optuna storage URL (``None``: in memory). Running again resumes: pilots and
+            validations already in the study are not run again.
+        tracker: an :class:`allocopt.tracking.StudyTracker` (fidelity tags ``pilot``/``full``).
+        pilot_fraction: pilots run at ``pilot_fraction × spec.budget_flops``, in (0, 1).
+        validations: full-budget runs the study should have (0: pilots only).
+        propose_only: propose ``validations`` runs (pilots allowed within the extra-pilot
+            budget), run none.
+        settings: :class:`RaceSettings`.
+        on_phase: called as ``(phase, payload)`` with ``("pilots", [PilotPoint to run])``,
+            ``("diagnoses", [RegimeDiagnosis])``, ``("proposals", [Proposal])`` for each proposal
+            run (all of them with ``propose_only``), ``("validation", [ValidationRow])``.
+        on_trial_start, on_trial_end, progress: per-trial callbacks (as :func:`run_study`).
+        verbose: show the libraries' warnings during trials (as :func:`run_study`).
+
+    Raises:
+        ConfigError: bad ``pilot_fraction``, ``validations`` or space.
+        StudyError: the storage cannot be opened, or the objective lacks the target.
+    """
+    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.loop import run_study
+    from allocopt.study.open import open_study
+
+    f = check_pilot_fraction(pilot_fraction)
+    if isinstance(validations, bool) or not isinstance(validations, int) or validations < 0:
+        raise ConfigError(f"validations={validations!r}: must be an integer >= 0")
+    s = replace(spec, pilot_fraction=f, trials=max(validations, 1))
+    sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=f, workload=workload,
+                          settings=settings, seed=s.seed)
+    emit = on_phase or (lambda phase, payload: None)
+    study = open_study(s, storage)
+    result = RaceResult(study, sampler.budget_of("pilot"), [], [], [], [], [], sampler.timings)
+    emit("pilots", sampler.pilots_to_run(study))
+
+    def started(number: int, alloc: Allocation, plan: TrialPlan | None) -> None:
+        d = sampler.decisions.get(number)
+        if d is not None and d.proposal is not None:
+            emit("proposals", [d.proposal])
+        if on_trial_start:
+            on_trial_start(number, alloc, plan)
+
+    def ended(row: Any, res: Any) -> None:
+        d = sampler.decisions.get(row.number)
+        if d is not None and d.kind == "pilot":
+            result.pilots.append(row)
+        elif d is not None:
+            result.validations.append(row)
+            if d.proposal is not None:
+                result.proposals.append(d.proposal)
+        if on_trial_end:
+            on_trial_end(row, res)
+
+    kw = dict(objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
+              on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose)
+    run_study(s, pilots_only=True, **kw)
+    obs = observations(study, s)
+    pilots = [o for o in obs if o.fidelity == "pilot" and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
+    result.diagnoses = diagnose(pilots, s.space, settings, sampler.seed)
+    emit("diagnoses", result.diagnoses)
+    fitted = [d for d in result.diagnoses if not math.isnan(d.value)]
+    if fitted:
+        result.recommendation = max(fitted, key=lambda d: d.value).recommendation
+    if validations == 0:
+        return result
+    if propose_only:
+        result.proposals = sampler.proposals(study, q=validations)
+        emit("proposals", result.proposals)
+        result.recommendations = list(sampler.recommendations)
+        if sampler.recommendations:
+            result.recommendation = sampler.recommendations[-1][1]
+        return result
+    run_study(s, **kw)
+    obs = sampler.observations(study)
+    if len(obs) >= 2 and any(o.fidelity == "full" for o in obs):
+        # the one answer: the allocation with its credible interval and probability of being
+        # best, from the trials alone (as `allocopt report` computes it)
+        sur = final_surrogate(obs, s.space, sampler.seed)
+        result.recommendation = recommendation(sur, obs, s.space, settings)
+        obs = observations(study, s)
+        result.validation = validate(result.diagnoses, obs, s, settings, surrogate=sur)
+        emit("validation", result.validation)
+    result.recommendations = list(sampler.recommendations)
+    return result

@@ -1,0 +1,337 @@
+"""Optuna storage for one worker or many: heartbeats, dead workers' trials retried once, redaction.
+
+Several ``allocopt study`` processes (on one machine or many) share a study through one Optuna
+RDB storage (``postgresql://user:pass@host/db``; SQLite works on one machine). Each trial a
+worker runs carries Optuna's heartbeat (:class:`optuna.storages.RDBStorage` with
+``heartbeat_interval`` and ``grace_period``): the worker records it every
+:data:`HEARTBEAT_INTERVAL_S` seconds while the trial runs (:func:`heartbeat`). A worker that
+dies (SIGKILL, lost host) stops beating; the next worker that asks for a trial
+(:func:`fail_stale`, Optuna's public ``optuna.storages.fail_stale_trials``) finds its trial
+silent for more than :data:`GRACE_PERIOD_S`, fails it, and
+:class:`optuna.storages.RetryHeartbeatStaleTrialCallback` (``max_retry=1``) enqueues a copy
+(same parameters and user attributes, so a pilot stays a pilot) that the next ``ask`` of any
+worker runs. Opening a study never touches another worker's RUNNING trial.
+
+The same holds for one worker on SQLite: a study killed mid-trial leaves its trial RUNNING
+until the grace period has passed since the last heartbeat; the next run of the study then
+fails it and runs it again (Ctrl-C marks the trial failed at once). Trials RUNNING without any
+heartbeat are trials reserved by ``allocopt ask`` for runs launched elsewhere: they stay
+RUNNING until ``allocopt tell`` records them.
+
+``ALLOCOPT_HEARTBEAT_S`` and ``ALLOCOPT_GRACE_S`` (whole seconds) override the defaults; a
+worker's trial is taken for dead after ``grace`` seconds without a heartbeat, so keep it well
+above the interval and above the longest pause a loaded machine may show.
+
+Optuna is imported inside functions: ``import allocopt`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import warnings
+import weakref
+from typing import Any, Callable, Iterator, Mapping
+
+HEARTBEAT_INTERVAL_S = 10
+"""Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
+GRACE_PERIOD_S = 60
+"""Seconds without a heartbeat after which a trial's worker is taken for dead
+(``ALLOCOPT_GRACE_S``)."""
+MAX_RETRY = 1
+"""How often a dead worker's trial is run again (by another worker, or on resume)."""
+
+WORKER_ATTR = "allocopt.worker"
+"""System attribute of a trial: ``<host>:<pid>`` of the worker that runs it."""
+
+_STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+class StorageError(ValueError):
+    """A storage setting is wrong (one line naming the field, value and what is allowed)."""
+
+
+def redact_url(url: str | None) -> str:
+    """``url`` with its password replaced by ``***``; safe to print and to log.
+
+    ``postgresql://user:secret@host:5432/db`` -> ``postgresql://user:***@host:5432/db``; a
+    ``password=`` query parameter is redacted too. URLs without a password are returned as is.
+
+    >>> redact_url("postgresql+psycopg://al:s3cr@t@db.example:5432/optuna?password=x&sslmode=require")
+    'postgresql+psycopg://al:***@db.example:5432/optuna?password=***&sslmode=require'
+    """
+    if not url:
+        return "" if url is None else url
+    s = str(url)
+    scheme, sep, rest = s.partition("://")
+    if sep:
+        cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0] or [len(rest)])
+        netloc, tail = rest[:cut], rest[cut:]
+        # the password may itself hold an unescaped '@': the host follows the last one
+        userinfo, at, host = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        s = f"{scheme}://{userinfo}{at}{host}{tail}" if at else s
+    import re
+
+    return re.sub(r"(?i)([?&;]password=)[^&;]*", r"\1***", s)
+
+
+def worker_name() -> str:
+    """``<host>:<pid>``: who runs a trial (the trial's ``allocopt.worker`` system attribute)."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _env_seconds(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise StorageError(f"{name}={raw!r}: must be a whole number of seconds > 0")
+    return v
+
+
+def heartbeat_settings() -> tuple[int, int]:
+    """``(interval, grace)`` in seconds, from the environment or the defaults.
+
+    Raises:
+        StorageError: a value is not a positive whole number, or grace <= interval.
+    """
+    interval = _env_seconds("ALLOCOPT_HEARTBEAT_S", HEARTBEAT_INTERVAL_S)
+    grace = _env_seconds("ALLOCOPT_GRACE_S", max(GRACE_PERIOD_S, 3 * interval))
+    if grace <= interval:
+        raise StorageError(f"ALLOCOPT_GRACE_S={grace}: must be above ALLOCOPT_HEARTBEAT_S={interval} "
+                           "(a live worker would be taken for dead)")
+    return interval, grace
+
+
+class StaleTrialCallback:
+    """Optuna's ``heartbeat_stale_trial_callback``: retry the dead worker's trial once
+    (:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`), then tell the listeners (an
+    MLflow tracker ends the trial's run as FAILED: :meth:`StudyTracker.reconcile`)."""
+
+    def __init__(self, max_retry: int = MAX_RETRY):
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental-API warning
+            self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        self.listeners: dict[Any, Callable[[Any, Any], None]] = {}
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._retry(study, trial)
+        for fn in list(self.listeners.values()):
+            fn(study, trial)
+
+
+def check_storage_url(url: str) -> None:
+    """Refuse a storage URL SQLAlchemy cannot read or has no dialect for, without connecting
+    (so a typo fails before anything is recorded, in MLflow either).
+
+    Raises:
+        StorageError: one line naming the URL (password redacted) and what is allowed.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(str(url)).get_dialect()
+    except Exception as e:  # ArgumentError (not a URL), NoSuchModuleError (unknown dialect)
+        raise StorageError(f"storage={redact_url(url)!r}: not a database URL SQLAlchemy can use "
+                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); allowed: "
+                           "sqlite:///FILE, postgresql://USER:PASS@HOST/DB, mysql://...") from None
+
+
+def make_storage(url: str) -> Any:
+    """An Optuna storage for ``url`` with heartbeats on (RDB URLs: ``sqlite://``,
+    ``postgresql://``, ``mysql://``); other URLs are returned for Optuna to handle.
+
+    Raises:
+        StorageError: bad heartbeat settings in the environment.
+        ImportError: the database driver is missing (e.g. psycopg for ``postgresql://``).
+        Exception: whatever SQLAlchemy raises for an unreachable server or a bad URL.
+    """
+    import optuna
+
+    scheme = str(url).split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme not in ("sqlite", "postgresql", "postgres", "mysql"):
+        return url
+    interval, grace = heartbeat_settings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeat_interval is an experimental argument
+        storage = optuna.storages.RDBStorage(
+            url, heartbeat_interval=interval, grace_period=grace,
+            heartbeat_stale_trial_callback=StaleTrialCallback(),
+            engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+    return storage
+
+
+def register(study: Any, storage: Any) -> None:
+    """Remember the storage object a study was opened with (for :func:`heartbeat`)."""
+    if not isinstance(storage, str):
+        _STORAGES[study] = storage
+
+
+def storage_of(study: Any) -> Any:
+    """The storage object a study was opened with by :func:`allocopt.study.open.open_study`.
+
+    Raises:
+        KeyError: the study was not opened that way.
+    """
+    return _STORAGES[study]
+
+
+def trial_handle(study: Any, number: int) -> tuple[Any, int] | None:
+    """``(storage, trial_id)`` of trial ``number`` through the storage object the study was
+    opened with (public storage methods ``get_study_id_from_name``,
+    ``get_trial_id_from_study_id_trial_number``); ``None`` for a study without one (in memory,
+    or not opened by :func:`allocopt.study.open.open_study`)."""
+    storage = _STORAGES.get(study)
+    if storage is None or isinstance(storage, str):
+        return None
+    sid = storage.get_study_id_from_name(study.study_name)
+    return storage, storage.get_trial_id_from_study_id_trial_number(sid, number)
+
+
+def stale_callback(study: Any) -> StaleTrialCallback | None:
+    """The :class:`StaleTrialCallback` of the study's storage, to add listeners to."""
+    storage = _STORAGES.get(study)
+    cb = getattr(storage, "heartbeat_stale_trial_callback", None)
+    return cb if isinstance(cb, StaleTrialCallback) else None
+
+
+def on_stale(study: Any, tracker: Any) -> None:
+    """Have ``tracker`` (a :class:`~allocopt.tracking.StudyTracker`) end the MLflow runs of the
+    trials this worker fails as stale (:meth:`StudyTracker.reconcile`); once per tracker."""
+    cb = stale_callback(study)
+    if cb is not None and tracker is not None:
+        cb.listeners[id(tracker)] = lambda st, _trial: tracker.reconcile(st)
+
+
+def fail_stale(study: Any) -> None:
+    """Fail the trials of dead workers (no heartbeat for the grace period) and enqueue their
+    retries; a no-op without heartbeats. Call it before ``study.ask()``."""
+    import optuna
+
+    if study not in _STORAGES:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)
+
+
+@contextlib.contextmanager
+def worker_trial(study: Any, distributions: Mapping[str, Any]) -> Iterator[Any]:
+    """One trial of a worker: fail dead workers' trials (:func:`fail_stale`), ask a trial with
+    ``distributions``, and keep its heartbeat (:func:`heartbeat`) while the block runs it.
+
+    Ctrl-C during the ask and the heartbeat's set-up is held until the trial carries its
+    heartbeat, then raised, so the trial is failed at once rather than left RUNNING without a
+    heartbeat (which would read as reserved by ``allocopt ask``).
+
+    Yields:
+        the asked :class:`optuna.trial.Trial`.
+    """
+    with _held_interrupts() as held:
+        fail_stale(study)
+        trial = study.ask(dict(distributions))
+        beat = heartbeat(study, trial)
+        beat.__enter__()
+    try:
+        if held:
+            raise KeyboardInterrupt
+        yield trial
+    except BaseException:
+        if not beat.__exit__(*sys.exc_info()):
+            raise
+    else:
+        beat.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _held_interrupts() -> Iterator[list[int]]:
+    """SIGINT held (recorded, not raised) inside the block; main thread only."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def heartbeat(study: Any, trial: Any) -> Iterator[None]:
+    """Record the trial's heartbeat now and every interval until the block ends; the trial's
+    system attribute ``allocopt.worker`` names this worker (:func:`worker_name`).
+
+    Uses only the storage's public methods (``get_study_id_from_name``,
+    ``get_trial_id_from_study_id_trial_number``, ``record_heartbeat``). A no-op for a study
+    whose storage has no heartbeat. A heartbeat that fails (database briefly unreachable) is
+    retried at the next interval; the trial is failed by another worker only after the grace
+    period.
+    """
+    storage = _STORAGES.get(study)
+    interval = getattr(storage, "heartbeat_interval", None)
+    if storage is None or not interval:
+        yield
+        return
+    try:
+        sid = storage.get_study_id_from_name(study.study_name)
+        tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
+        storage.set_trial_system_attr(tid, WORKER_ATTR, worker_name())
+        storage.record_heartbeat(tid)
+    except KeyboardInterrupt:
+        _fail_interrupted(study, trial)
+        raise
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            try:
+                storage.record_heartbeat(tid)
+            except Exception:  # noqa: BLE001 - try again next interval
+                pass
+
+    t = threading.Thread(target=beat, name=f"allocopt-heartbeat-{trial.number}", daemon=True)
+    t.start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        _fail_interrupted(study, trial)
+        raise
+    finally:
+        stop.set()
+        t.join()
+
+
+def _fail_interrupted(study: Any, trial: Any) -> None:
+    """Ctrl-C outside the objective (which has its own handler): the trial is failed at once,
+    best effort; if the database cannot be reached, the stale heartbeat fails it later."""
+    from optuna.trial import TrialState
+
+    try:
+        if study.get_trials(deepcopy=False)[trial.number].state != TrialState.RUNNING:
+            return
+        trial.set_user_attr("error", "interrupted")
+        trial.set_user_attr("state", "FAIL")
+        study.tell(trial, state=TrialState.FAIL)
+    except Exception:  # noqa: BLE001 - Ctrl-C inside a database call can leave the session
+        pass  # unusable: the trial has a heartbeat, so it is failed after the grace period
+
+
+__all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
+           "StorageError", "fail_stale", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
+           "redact_url", "register", "stale_callback", "storage_of", "worker_name", "worker_trial"]

@@ -1,0 +1,286 @@
+"""Recording trials: one asked trial planned, run (quietly unless ``verbose``), scored and told
+to Optuna (infeasible plans as violated constraints, failures as FAIL with their error) and to
+MLflow; the study's trials read back as rows, counts and the best full-budget trial; the study's
+final metrics on MLflow's parent run. Optuna is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
+from allocopt.spec import StudySpec, allocation_of
+from allocopt.study.open import StudyError
+
+
+class TrialScoreError(RuntimeError):
+    """The objective returned a target that is not a finite number (NaN, inf, None); the trial
+    fails, with what it spent (``result``)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class TrialRow:
+    """One trial as the study reports it."""
+
+    number: int
+    state: str
+    """``COMPLETE``, ``INFEASIBLE``, ``FAIL`` or ``RUNNING``."""
+    params: dict[str, Any]
+    targets: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    fidelity: str = "full"
+    """``full`` (the study's budget) or ``pilot`` (a RACE pilot at a fraction of it)."""
+
+    @property
+    def value(self) -> float:
+        return self.metrics.get("value", math.nan)
+
+
+def rows(study: Any) -> list[TrialRow]:
+    """Every trial of a study as :class:`TrialRow`."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        state = ua.get("state", t.state.name)
+        params = {k: v for k, v in t.params.items() if k != "fidelity"}  # the fidelity is its own field
+        out.append(TrialRow(t.number, state, params, dict(ua.get("targets", {})),
+                            {**ua.get("metrics", {}), "value": t.values[0] if t.values else math.nan},
+                            ua.get("error"), ua.get("fidelity", "full")))
+    return out
+
+
+def best_row(study: Any) -> TrialRow | None:
+    """The complete full-budget trial with the best (first) target; ``None`` when there is none."""
+    full = {t.number for t in study.get_trials(deepcopy=False)
+            if (t.params.get("fidelity") or t.user_attrs.get("fidelity") or "full") == "full"}
+    done = [r for r in rows(study) if r.state == "COMPLETE" and not math.isnan(r.value) and r.number in full]
+    return max(done, key=lambda r: r.value) if done else None
+
+
+def interrupted_by(error: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in ``error``'s chain (``__cause__`` / ``__context__``):
+    a Ctrl-C or SIGTERM that a library caught and re-raised as another error (Python 3.11 turns
+    one raised while a class is created into ``RuntimeError: Error calling __set_name__``). Such
+    a trial is interrupted, not failed, and the study stops."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _record_interrupt(study: Any, trial: Any, tracker: Any, run_id: Any, plan: Any) -> None:
+    """The interrupted trial failed in Optuna and MLflow (it runs again on resume)."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("error", "interrupted")
+    trial.set_user_attr("state", "FAIL")
+    study.tell(trial, state=TrialState.FAIL)
+    if tracker:
+        tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
+                             error="interrupted (KeyboardInterrupt)")
+
+
+def run_one_trial(
+    study: Any,
+    trial: Any,
+    spec: StudySpec,
+    *,
+    objective: Any,
+    workload: Workload,
+    tracker: Any = None,
+    budget_flops: float | None = None,
+    fidelity: str | None = None,
+    on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
+    on_trial_end: Callable[[TrialRow, Any], None] | None = None,
+    progress: Callable[..., None] | None = None,
+    verbose: bool = False,
+) -> tuple[TrialRow, Any]:
+    """Plan, run, score and tell one asked trial; the piece :func:`run_study` repeats.
+
+    The trial's budget is ``budget_flops`` if given, else its user attribute ``budget_flops``
+    (set by ``study.enqueue_trial(..., user_attrs=...)``: a RACE pilot runs at a fraction of the
+    study's budget), else ``spec.budget_flops``; its fidelity likewise (``fidelity`` user
+    attribute, default ``full``). Both are written to the trial's user attributes and MLflow.
+    The objective runs inside :func:`allocopt.study.quiet.quiet` (the libraries' FutureWarnings and
+    log lines hidden) unless ``verbose``.
+
+    Returns:
+        ``(row, result)``: the :class:`TrialRow` (state ``COMPLETE``, ``INFEASIBLE`` or ``FAIL``)
+        and the objective's result (``None`` unless complete).
+
+    Raises:
+        StudyError: the objective does not report the study's target.
+        KeyboardInterrupt: after marking the trial failed.
+    """
+    from optuna.trial import TrialState
+
+    ua = trial.user_attrs
+    budget = float(budget_flops if budget_flops is not None else ua.get("budget_flops", spec.budget_flops))
+    fidelity = fidelity or ua.get("fidelity", "full")
+    trial.set_user_attr("budget_flops", budget)
+    trial.set_user_attr("fidelity", fidelity)
+    keys = spec.target_keys
+    alloc = allocation_of(spec, trial.params)
+    params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
+              "model": alloc.model or workload.policy.name, "budget_flops": budget,
+              "objective": spec.objective, "target": spec.target}
+    run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
+                                                        "allocopt.fidelity": fidelity}) if tracker else None
+    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in trial.params.items() if k != "fidelity"},
+                   fidelity=fidelity)
+
+    def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
+        """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
+        excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
+        trial.set_constraint("budget", max(excess, 1e-6))
+        set_dashboard_constraint(study, trial, max(excess, 1e-6))
+        dashboard_note(trial, f"**Infeasible, never run** (a violated `budget` constraint; the value 0 "
+                              f"is a placeholder): {e}")
+        trial.set_user_attr("state", "INFEASIBLE")
+        trial.set_user_attr("error", str(e))
+        study.tell(trial, [0.0] * len(keys))
+        row.state, row.error = "INFEASIBLE", str(e)
+        if tracker:
+            tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[],
+                                 plan=plan.to_dict() if plan is not None else None, error=str(e))
+        if on_trial_end:
+            on_trial_end(row, None)
+        return row, None
+
+    try:
+        plan = make_plan(budget, alloc, workload)
+        if not plan.realizable:
+            raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
+                                 min_budget_flops=0)
+    except InfeasiblePlan as e:
+        return _infeasible(e, None)
+    if on_trial_start:
+        on_trial_start(trial.number, alloc, plan)
+    from allocopt.study.quiet import quiet
+
+    try:
+        with quiet(verbose):
+            result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+        bad = {k: result.targets[k] for k in keys if k in result.targets
+               and not (isinstance(result.targets[k], (int, float)) and math.isfinite(result.targets[k]))}
+        if bad:  # a NaN score is a failed trial everywhere (Optuna would fail it; so do we)
+            raise TrialScoreError(f"target {', '.join(f'{k}={v!r}' for k, v in bad.items())}: "
+                                  "not a finite number", result)
+    except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
+        return _infeasible(e, plan)
+    except KeyboardInterrupt:
+        _record_interrupt(study, trial, tracker, run_id, plan)
+        raise
+    except Exception as e:  # the objective failed: record it and go on
+        if interrupted_by(e):  # a Ctrl-C that a library wrapped (e.g. Python 3.11's __set_name__)
+            _record_interrupt(study, trial, tracker, run_id, plan)
+            raise KeyboardInterrupt from e
+        spent = getattr(getattr(e, "result", None), "spent", None)
+        err = f"{type(e).__name__}: {e}"
+        metrics = spent.to_dict() if spent is not None else {}
+        trial.set_user_attr("error", err)
+        trial.set_user_attr("state", "FAIL")
+        trial.set_user_attr("metrics", metrics)
+        study.tell(trial, state=TrialState.FAIL)
+        row.state, row.error, row.metrics = "FAIL", err, metrics
+        if tracker:
+            tracker.finish_trial(run_id, state="FAIL", metrics=metrics, curves=[], plan=plan.to_dict(),
+                                 error=err + "\n" + traceback.format_exc())
+        if on_trial_end:
+            on_trial_end(row, None)
+        return row, None
+    if any(k not in result.targets for k in keys):
+        raise StudyError(f"target={spec.target!r}: the {spec.objective} objective reports "
+                         f"{', '.join(result.targets)}")
+    metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
+               "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
+               **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
+    trial.set_constraint("budget", -1.0)
+    set_dashboard_constraint(study, trial, -1.0)
+    trial.set_user_attr("state", "COMPLETE")
+    trial.set_user_attr("targets", result.targets)
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("plan", plan.to_dict())
+    study.tell(trial, [float(result.targets[k]) for k in keys])
+    row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[keys[0]]}
+    if tracker:
+        tracker.finish_trial(run_id, state="COMPLETE", metrics={**result.targets, **metrics},
+                             curves=[c.__dict__ for c in result.curves], plan=plan.to_dict(), error=None)
+    if on_trial_end:
+        on_trial_end(row, result)
+    return row, result
+
+
+def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:
+    """Also store the budget constraint in the list form (system attribute ``constraints``)
+    that optuna-dashboard 0.21 reads (``optuna_dashboard/_serializer.py``; it does not read
+    Optuna 5's ``constraints:<name>`` keys), so the dashboard shows an infeasible plan as
+    infeasible. Optuna reads both forms (``trial.constraints``: ``{"budget": v, "0": v}``)."""
+    from allocopt.study.storage import trial_handle
+
+    handle = trial_handle(study, trial.number)
+    if handle is None:  # a study in memory or opened by the caller: Optuna's own form only
+        return
+    storage, tid = handle
+    storage.set_trial_system_attr(tid, "constraints", [float(value)])
+
+
+def dashboard_note(trial: Any, body: str) -> None:
+    """optuna-dashboard's note of ``trial`` (Markdown, shown above its values): its trial page
+    marks every told trial ``Complete`` and shows no constraint, so an infeasible plan says so
+    here. Nothing when optuna-dashboard is not installed (the ``dev`` extra has it) or the note
+    cannot be written."""
+    try:
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    try:
+        save_note(trial, body)
+    except Exception:  # noqa: BLE001 - a note is a courtesy; the constraint is the record
+        pass
+
+
+def was_interrupted(t: Any) -> bool:
+    """Whether a failed trial was stopped by Ctrl-C / SIGTERM rather than failing (it runs again
+    on resume): its error says ``interrupted``, or it failed before the sampler gave it a
+    fidelity or parameters (a second Ctrl-C right after it was asked for)."""
+    if t.state.name != "FAIL":
+        return False
+    ua = t.user_attrs
+    return str(ua.get("error", "")).startswith("interrupted") or ("fidelity" not in ua and not t.params)
+
+
+def counts(study: Any) -> dict[str, int]:
+    """Trials by fidelity and state: ``{"full_complete": 3, "pilot_infeasible": 5, ...}``
+    (fidelity ``full`` or ``pilot``; state ``complete``, ``infeasible``, ``fail``, ``running``),
+    plus ``interrupted`` (:func:`was_interrupted`, of any fidelity: not failures)."""
+    out: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        key = "interrupted" if was_interrupted(t) else \
+            f"{ua.get('fidelity', 'full')}_{str(ua.get('state', t.state.name)).lower()}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def log_final(study: Any, spec: StudySpec, tracker: Any) -> None:
+    """The study's final metrics on the parent run: trial counts by fidelity and state, the best
+    full-budget value per target and the best trial's allocation (tags ``allocopt.best.*``)."""
+    metrics: dict[str, float] = {f"num_{k}": v for k, v in counts(study).items()}
+    best = best_row(study)
+    if best is not None:
+        metrics.update({f"best_{k}": best.targets.get(k, best.value) for k in spec.target_keys})
+    tracker.log_study_summary(best={**(best.params if best else {}),
+                                    **({"trial": best.number} if best else {})}, metrics=metrics)

@@ -1,0 +1,192 @@
+"""MLflow keys, values and limits of :mod:`allocopt.tracking` (its docstring: "Keys, values and
+limits", "Curves"): key sanitizing, params as strings, finite metrics, tag cutting, curve
+points as metrics, batches within MLflow's limits. Standard library only (``mlflow.entities``
+is imported inside the curve builder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+STATES = ("COMPLETE", "FAIL", "INFEASIBLE")
+"""Trial states :meth:`StudyTracker.finish_trial` accepts."""
+FIDELITIES = ("full", "pilot")
+CURVE_FIELDS = ("cumulative_flops", "executed_flops", "reward_mean", "rows_trained", "wall_seconds")
+"""Fields of one curve point (``IterationRecord``), besides ``iteration``."""
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+"""Experiment tag the MLflow 3 UI reads (``server/js`` of mlflow 3.x): a classic-ML kind opens
+the experiment on its runs table instead of the GenAI overview."""
+
+MAX_KEY_LENGTH = 250
+MAX_PARAM_LENGTH = 6000
+MAX_TAG_LENGTH = 8000
+_BATCH_METRICS = 1000
+_BATCH_PARAMS_TAGS = 100
+_BATCH_BYTES = 900_000  # MLflow rejects log_batch requests over 1 MB
+
+TAG_STUDY = "allocopt.study.loop"
+TAG_ROLE = "allocopt.role"
+TAG_TRIAL = "allocopt.trial_number"
+TAG_STATE = "allocopt.state"
+TAG_OBJECTIVE = "allocopt.objective"
+TAG_FIDELITY = "allocopt.fidelity"
+TAG_ERROR = "allocopt.error"
+TAG_SKIPPED = "allocopt.skipped_metrics"
+TAG_PARENT = "mlflow.parentRunId"
+
+_STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "INFEASIBLE": "FINISHED"}
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+class TrackingError(RuntimeError):
+    """Part of what a trial or study should log did not reach MLflow (the message says what)."""
+
+
+# ============================================================================ keys, values
+def mlflow_key(name: str) -> str:
+    """A name MLflow accepts as a param, metric or tag key, readable and stable.
+
+    ``@`` -> ``_at_``; ``:``, spaces and every other character outside ``[A-Za-z0-9_.-/]`` ->
+    ``_``; empty, ``.`` and ``..`` path segments are dropped or replaced (MLflow rejects names
+    that a file system would normalize); at most 250 characters.
+
+    >>> mlflow_key("pass@1:gsm8k")
+    'pass_at_1_gsm8k'
+    """
+    key = _BAD_CHARS.sub("_", str(name).replace("@", "_at_"))
+    parts = ["_" if p in (".", "..") else p for p in key.split("/") if p]
+    key = "/".join(parts) or "_"
+    return key[:MAX_KEY_LENGTH]
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{name}."))
+        else:
+            out[name] = v
+    return out
+
+
+def _sanitized(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten and sanitize keys; two names that clash get ``_2``, ``_3``… unless equal values."""
+    out: dict[str, Any] = {}
+    for raw, v in _flatten(d).items():
+        key = mlflow_key(raw)
+        if key in out and out[key] != v:
+            n = 2
+            while f"{key}_{n}" in out:
+                n += 1
+            key = mlflow_key(f"{key}_{n}")
+        out.setdefault(key, v)
+    return out
+
+
+def _param_value(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        s = v
+    elif isinstance(v, (bool, numbers.Integral)):
+        s = str(v) if isinstance(v, bool) else str(int(v))
+    elif isinstance(v, numbers.Real):
+        s = repr(float(v))
+    else:
+        try:
+            s = json.dumps(v, default=str)
+        except (TypeError, ValueError):
+            s = str(v)
+    return s[:MAX_PARAM_LENGTH]
+
+
+def _metric_value(v: Any) -> float | None:
+    """A finite double, or None (non-numeric, NaN, ±inf)."""
+    if isinstance(v, bool):
+        return float(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _cut(text: str, limit: int = MAX_TAG_LENGTH) -> str:
+    """``text`` within ``limit`` characters: head and tail kept around a marker."""
+    if len(text) <= limit:
+        return text
+    marker = "\n…[truncated; full text in error.txt]…\n"
+    head = min(2000, (limit - len(marker)) // 2)
+    tail = limit - len(marker) - head
+    return text[:head] + marker + text[-tail:]
+
+
+def _record_dict(rec: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(rec) and not isinstance(rec, type):
+        return dataclasses.asdict(rec)
+    return dict(rec)
+
+
+def result_metrics(result: Any) -> dict[str, float]:
+    """The flat metrics dict of one trial from a ``TrialResult`` (or its ``to_dict()``).
+
+    Targets under their MLflow keys (``pass@1`` -> ``pass_at_1``), the executed breakdown and
+    its ``useful_*`` counterparts, ``budget_flops``, ``budget_utilization``, ``eval_flops`` and
+    ``<phase>_wall_seconds``.
+    """
+    d = result if isinstance(result, Mapping) else result.to_dict()
+    out: dict[str, float] = {mlflow_key(k): v for k, v in (d.get("targets") or {}).items()}
+    out.update(d.get("breakdown") or {})
+    budget = d.get("budget_flops")
+    if budget is not None:
+        out["budget_flops"] = budget
+        total = out.get("total_flops")
+        if total is not None and budget:
+            out["budget_utilization"] = total / budget
+    out["eval_flops"] = d.get("eval_flops", 0)
+    for phase, s in (d.get("wall_seconds") or {}).items():
+        out[f"{phase}_wall_seconds"] = s
+    return out
+
+
+def _curve_metrics(curves: Iterable[Any], budget: float | None, now: int) -> list[Any]:
+    from mlflow.entities import Metric
+
+    out = []
+    for rec in curves:
+        d = _record_dict(rec)
+        step = int(d["iteration"])
+        for f in CURVE_FIELDS:
+            v = _metric_value(d.get(f))
+            if v is not None:
+                out.append(Metric(f"curve/{f}", v, now, step))
+        cum = _metric_value(d.get("cumulative_flops"))
+        if budget and cum is not None:
+            out.append(Metric("curve/budget_fraction", cum / budget, now, step))
+        for k, v in (d.get("train") or {}).items():
+            v = _metric_value(v)
+            if v is not None:
+                out.append(Metric(mlflow_key(f"train/{k}"), v, now, step))
+    return out
+
+
+def _chunks(items: Sequence[Any], n: int) -> Iterable[list[Any]]:
+    """Chunks of at most ``n`` items and about ``_BATCH_BYTES`` of keys and values."""
+    chunk: list[Any] = []
+    size = 0
+    for it in items:
+        s = len(str(getattr(it, "key", ""))) + len(str(getattr(it, "value", ""))) + 64
+        if chunk and (len(chunk) >= n or size + s > _BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(it)
+        size += s
+    if chunk:
+        yield chunk

@@ -1,0 +1,300 @@
+"""The GRPO driver: one real trial (TRL ``GRPOTrainer`` + peft LoRA) under a hard FLOP budget.
+
+It drives TRL rather than rewriting it: a thin subclass adds hooks around TRL's own loop,
+
+* before each rollout batch, the :class:`~allocopt.plan.meter.FlopMeter` admits the iteration only if
+  the worst case of its generation and learning (every completion at ``max_completion_length``)
+  fits the budget (plus the cheapest reward of the run's earlier batches, so that the second
+  stage rarely refuses a generated batch), else the run stops
+  (:class:`~allocopt.plan.meter.BudgetExhausted`); after the first iteration the learning is bounded
+  at the fewest rows the iteration may be cut to (below);
+* once the batch is generated (before the reward model and the update run), the meter admits it
+  again at its exact cost: search and learning from the actual token counts, and the reward
+  model's FLOPs for the actual texts (the reward's ``usage_of``). When that does not fit, an
+  iteration after the first trains the most rows that do, down to
+  :func:`~allocopt.plan.allocation.min_last_rows` of its schedule (the run's last iteration, as the
+  plan cuts its own); refused even then, the generation is charged and the run stops. A reward
+  without ``usage_of`` is admitted by its ``worst_case_flops`` in the first stage instead;
+* after the batch is scored, the meter is charged the iteration's FLOPs computed
+  by :func:`allocopt.flops.grpo.grpo_step_flops` from the *actual* token counts (and the reward
+  system's own FLOP report);
+* the loss of rows beyond the plan's schedule is skipped (``compute_loss`` returns a zero that
+  touches no matmul), which realizes fractional update passes μ; the old-policy log-prob pass
+  is skipped in iterations that do not pass over the batch twice.
+
+Each pass over a rollout batch is one optimizer step at the learning rate, as TRL
+(``num_iterations``) and verl (``ppo_epochs``) run it: more passes reuse the same samples for
+more updates, which is the trade-off ρ buys. The loss of a partly trained pass is a mean over
+the rows trained (a smaller minibatch, the same step size).
+``TrainingSetup.divide_lr_by_passes`` divides the learning rate by the passes instead, so that
+every batch moves the weights about as far whatever μ (extra passes then buy little).
+
+What the driver runs is one :class:`~allocopt.plan.setup.TrainingSetup`, the same object the plan was
+priced on, at the plan's batch (``plan.rollouts_per_iteration``: the plan may take fewer prompts
+per iteration than the set-up's, :func:`allocopt.plan.allocation.make_plan`); before anything runs,
+:func:`check_setup` recomputes the set-up's fingerprint from the model actually loaded and
+refuses a plan priced for another, or for a batch the set-up does not allow (:class:`SetupMismatch`).
+
+torch, transformers, TRL and peft are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+from allocopt.plan.allocation import InfeasiblePlan, TrialPlan
+from allocopt.flops import ConfigError, ModelShape
+from allocopt.flops.grpo import engine
+from allocopt.plan.meter import BudgetExhausted, FlopMeter, IterationRecord
+from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
+from allocopt.plan.setup import TrainingSetup
+from objectives.grpo.hooks import _Hooks, _train_log_callback
+
+
+class SetupMismatch(ConfigError):
+    """The plan was priced for another training set-up than the one the driver would run."""
+
+
+def step_learning_rate(setup: TrainingSetup, passes: int) -> float:
+    """Learning rate of each optimizer step when an iteration makes ``passes`` passes over
+    its rollout batch: ``setup.learning_rate``, divided by ``passes`` when
+    ``setup.divide_lr_by_passes``."""
+    return setup.learning_rate / (passes if setup.divide_lr_by_passes else 1)
+
+
+def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> None:
+    """Refuse to run ``plan`` with ``setup`` on ``policy`` (the shape of the model the driver
+    loaded) unless it is what the plan priced: the plan's ``setup_fingerprint`` must be
+    ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked), and its batch
+    (the driver runs :attr:`TrialPlan.prompts_per_iteration`) one the set-up allows: from
+    ``ceil(min_batch_share × prompts)`` to its ``rollouts_per_iteration // G`` prompts
+    (:func:`allocopt.plan.allocation.min_prompts`). A mismatch names the priced fields where
+    ``setup`` differs from the plan's own set-up
+    (:meth:`~allocopt.plan.setup.TrainingSetup.priced_differences`), else the model's shape.
+
+    Raises:
+        SetupMismatch: one line naming each field that differs (or the model's shape when
+            only the shape does, or the batch) and both fingerprints.
+        ConfigError: ``setup.lora_rank`` is 0 (the driver trains LoRA adapters only).
+    """
+    if setup.lora_rank < 1:
+        raise ConfigError(f"lora_rank={setup.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
+    G = plan.group_size
+    most = max(1, setup.rollouts_per_iteration // G)
+    least = max(1, math.ceil(setup.min_batch_share * most - 1e-9))
+    if not least <= plan.prompts_per_iteration <= most:
+        raise SetupMismatch(
+            f"prompts_per_iteration={plan.prompts_per_iteration!r}: the set-up runs {least} to "
+            f"{most} prompts of G={G} per iteration (rollouts_per_iteration="
+            f"{setup.rollouts_per_iteration}, min_batch_share={setup.min_batch_share}); make the "
+            "plan from the same TrainingSetup")
+    got = setup.fingerprint(policy)
+    if not plan.setup_fingerprint or got == plan.setup_fingerprint:
+        return
+    if plan.setup is None:
+        what = "a set-up the plan does not record"
+    else:  # the fields that differ; none: the model's shape does
+        what = ", ".join(setup.priced_differences(plan.setup)) or (
+            f"model={setup.model!r} ({policy.num_layers} layers x d={policy.hidden_size}, "
+            f"{policy.num_params() / 1e6:.1f}M parameters as loaded): not the shape the plan priced")
+    raise SetupMismatch(
+        f"{what}: the driver would run set-up {got!r} (runner={setup.runner}), the plan was "
+        f"priced for setup_fingerprint={plan.setup_fingerprint!r}; make the plan from the same "
+        "TrainingSetup")
+
+
+def _trainer_class():
+    import torch
+    from trl import GRPOTrainer
+
+    class BudgetedGRPOTrainer(GRPOTrainer):
+        """TRL's GRPOTrainer with allocopt's budget, accounting and row-schedule hooks."""
+
+        def __init__(self, *args: Any, hooks: "_Hooks", **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self._hooks = hooks
+            self._old_site = False
+
+        def _generate(self, prompts):  # type: ignore[override]
+            out = super()._generate(prompts)
+            # (prompt_ids, completion_ids, tool_mask, completions, ...): TRL 1.16
+            self._hooks.after_rollouts(prompts, out[0], out[1], out[3])
+            return out
+
+        def _generate_and_score_completions(self, inputs):  # type: ignore[override]
+            self._hooks.before_iteration(self, inputs)
+            self._old_site = self.num_iterations > 1
+            t0 = time.perf_counter()
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                self._old_site = False
+            self._hooks.after_generation(self, out, time.perf_counter() - t0)
+            return out
+
+        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):  # type: ignore[override]
+            # TRL's first no-grad call in an iteration with num_iterations > 1 is the old-policy pass
+            if self._old_site and not torch.is_grad_enabled():
+                self._old_site = False
+                if not self._hooks.needs_old_logprobs():
+                    return None, None, None  # one pass only: old = current, TRL detaches it
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[override]
+            scale = self._hooks.next_micro_batch()
+            if scale == 0.0:  # beyond the schedule: no forward, no backward, a zero with a graph
+                params = [p for p in model.parameters() if p.requires_grad]
+                return sum((p.sum() * 0.0 for p in params[:1]), torch.zeros(()))
+            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+            return loss * scale
+
+    return BudgetedGRPOTrainer
+
+
+def run_grpo(
+    plan: TrialPlan,
+    *,
+    model: Any,
+    tokenizer: Any,
+    train_rows: Sequence[dict],
+    reward: Any,
+    setup: TrainingSetup,
+    seed: int = 0,
+    evaluate: Callable[[Any], tuple[dict[str, float], int]] | None = None,
+    progress: Callable[[IterationRecord, FlopMeter], None] | None = None,
+    on_batch: Callable[[list[int], list[int]], None] | None = None,
+) -> TrialResult:
+    """Run one GRPO trial of ``plan`` and score it.
+
+    Args:
+        plan: the :class:`~allocopt.plan.allocation.TrialPlan` (G, rollouts, rows schedule, budget).
+        model: a causal LM (``transformers``), trained with fresh LoRA adapters.
+        tokenizer: its tokenizer (``PreTrainedTokenizerFast``), left padding.
+        train_rows: dicts with ``prompt`` and ``answer`` (and any column the reward reads).
+        reward: a reward system (TRL reward-function signature; ``consume_usage()`` for FLOPs).
+        setup: the :class:`~allocopt.plan.setup.TrainingSetup` the plan was priced on (LoRA,
+            engine, generation limit, learning rate, …); nothing else configures the run.
+        seed: TRL's ``seed`` and ``data_seed``.
+        evaluate: ``model -> (targets, eval_flops)`` after training.
+        progress: called after every iteration with its record and the meter.
+        on_batch: called with every rollout batch's prompt and completion token counts.
+
+    Returns:
+        :class:`TrialResult`; its ``spent.executed.total_flops`` is at most ``plan.budget_flops``.
+
+    Raises:
+        TrialFailed: the run crashed; ``.result`` holds what was spent until then.
+        InfeasiblePlan: the meter refused the first iteration (its worst case, or its exact
+            cost once generated, does not fit the budget although the plan's expected cost
+            does); nothing was trained.
+        SetupMismatch: the plan's ``setup_fingerprint`` is not that of ``model`` and
+            ``setup`` (:func:`check_setup`: the plan priced another set-up); nothing was spent.
+    """
+    policy = ModelShape.from_config(model.config.to_dict())
+    check_setup(plan, setup, policy)
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig
+
+    meter = FlopMeter(plan.budget_flops)
+    hooks = _Hooks(plan=plan, meter=meter, policy=policy, setup=setup,
+                   reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
+                   engine=engine_for(setup.engine, model))
+    N = plan.rollouts_per_iteration
+    passes = max(1, plan.num_iterations_trl)
+    on_gpu = torch.cuda.is_available() and setup.engine != "trl-cpu"
+    with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, use_cpu=not on_gpu, bf16=on_gpu, report_to=[],
+            learning_rate=step_learning_rate(setup, passes),
+            per_device_train_batch_size=1, gradient_accumulation_steps=N, steps_per_generation=N,
+            num_generations=plan.group_size, num_iterations=passes,
+            max_completion_length=setup.max_completion_length, temperature=setup.temperature,
+            beta=setup.beta, max_steps=setup.max_iterations * passes,
+            gradient_checkpointing=setup.gradient_checkpointing,
+            save_strategy="no", logging_steps=1, disable_tqdm=True, seed=seed,
+            data_seed=seed, **_vllm_args(setup),
+        )
+        peft_config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha,
+                                 target_modules=_peft_targets(setup.lora_targets),
+                                 lora_dropout=0.0, task_type="CAUSAL_LM")
+        reward_fn = reward
+        if not hasattr(reward_fn, "__name__"):
+            reward_fn.__name__ = getattr(reward, "name", "reward")
+        trainer = _trainer_class()(
+            model=model, reward_funcs=[reward_fn], args=args,
+            train_dataset=Dataset.from_list(list(train_rows)), processing_class=tokenizer,
+            peft_config=peft_config, hooks=hooks)
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # allocopt reports progress itself
+        trainer.add_callback(_train_log_callback(hooks))  # TRL's curves, per iteration
+        status, error = "complete", None
+        t_train = time.perf_counter()
+        try:
+            trainer.train()
+        except BudgetExhausted:
+            pass
+        except Exception as e:  # a crash: keep what was spent
+            status, error = "failed", f"{type(e).__name__}: {e}"
+        trained = trainer.model
+        # the trainer's loop is TRL's: learning is the training time not spent in generation
+        # and scoring (it includes the loop's own bookkeeping)
+        meter.add_wall("learning", max(0.0, time.perf_counter() - t_train
+                                       - meter.wall_seconds.get("search+reward", 0.0)))
+    result = TrialResult(targets={}, spent=meter.spent, budget_flops=plan.budget_flops,
+                         curves=meter.records, wall_seconds=dict(meter.wall_seconds),
+                         status=status, error=error, stopped_reason=meter.stopped_reason)
+    if status == "failed":
+        raise TrialFailed(error or "trial failed", result)
+    if not meter.records and meter.refused_flops is not None:
+        # the plan buys one iteration at its expected lengths, but the meter's worst case
+        # (every completion at max_completion_length) or the generated batch's exact cost does
+        # not fit: nothing was trained (at most one generation was spent), so this is an
+        # infeasible plan, not a trial of the untrained policy
+        what = (f"exact cost once generated ({meter.refused_flops:.3e} FLOPs, reward model "
+                "included)" if meter.discarded_flops else
+                f"worst case ({meter.refused_flops:.3e} FLOPs: every completion at "
+                f"max_completion_length={setup.max_completion_length})")
+        raise InfeasiblePlan(
+            f"budget_flops={plan.budget_flops:.3e}: the first iteration's {what} does not fit; "
+            f"the smallest budget that runs one iteration is {meter.refused_flops:.3e}",
+            min_budget_flops=meter.refused_flops)
+    if evaluate is not None:
+        t0 = time.perf_counter()
+        result.targets, result.eval_flops = evaluate(trained)
+        result.wall_seconds["eval"] = time.perf_counter() - t0
+    return result
+
+
+def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
+    """GRPOConfig arguments of the rollout engine: vLLM in colocate mode (same process and GPU
+    as training; TRL merges the LoRA adapters into vLLM's weights before each generation) for
+    ``trl-vllm``, transformers ``generate`` otherwise."""
+    if setup.engine != "trl-vllm":
+        return {"use_vllm": False}
+    return {"use_vllm": True, "vllm_mode": "colocate",
+            "vllm_importance_sampling_correction": setup.importance_sampling_correction,
+            "vllm_gpu_memory_utilization": setup.vllm_gpu_memory_utilization}
+
+
+def engine_for(name: str, model: Any) -> Any:
+    """The engine ``name`` adjusted to the model's attention kernel: eager attention runs its
+    backward product by product (no fused recompute of the scores)."""
+    from dataclasses import replace
+
+    eng = engine(name)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl == "eager" and eng.fused_attention:
+        eng = replace(eng, name=f"{eng.name}+eager", fused_attention=False)
+    return eng
+
+
+def _peft_targets(text: str) -> list[str] | str:
+    return "all-linear" if text.strip() in ("all-linear", "all") else \
+        [t.strip() for t in text.split(",") if t.strip()]
