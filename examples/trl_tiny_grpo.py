@@ -47,7 +47,7 @@ def main() -> None:
     from objectives.tiny.objective import TinyObjective, TinySettings
     from objectives.tiny.tasks import make_split
 
-    world = TinyObjective(TinySettings(eval_problems=a.eval_problems, lora_rank=a.lora_rank))
+    world = TinyObjective(TinySettings.from_flat(eval_problems=a.eval_problems, lora_rank=a.lora_rank))
     tok = world._tokenizer()
     model = AutoModelForCausalLM.from_pretrained(str(world.world().policy))
     torch.manual_seed(fields.get("seed", 0))

@@ -98,16 +98,19 @@ import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from allocopt.plan.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.objective import TrialResult
 from allocopt.spec import SearchSpace
+from objectives import COMMON_TARGETS
 
 B_REF = 1e19
 REWARD_COST = {"sparse": 0.0, "structured": 0.0, "dense": 0.0, "proxy_prm": 0.5, "prm": 1.0}
 BASE = {"sparse": 0.30, "structured": 0.32, "dense": 0.33, "proxy_prm": 0.34, "prm": 0.36}
-SHIFT = {"native_reward": 0.06, "pass_at_1": 0.0, "judge": -0.08}
+SHIFT = dict(zip(COMMON_TARGETS, (0.06, 0.0, -0.08)))
+"""``shift(t)`` by target key: ``native_reward`` +0.06, ``pass_at_1`` 0, ``judge`` -0.08."""
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
 SIZE_MODELS = ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B")
 """Models of the ``model-size`` variant's search space."""
@@ -328,3 +331,15 @@ class SyntheticObjective:
                           model=model, seed=seed, noise=self.noise)
         return TrialResult(targets=targets, spent=plan.expected, budget_flops=plan.budget_flops,
                            curves=[], wall_seconds={})
+
+
+def make(**settings: Any) -> SyntheticObjective:
+    """The ``synthetic`` objective built from settings (entry point ``allocopt.objectives``:
+    ``synthetic``). Raises ``ValueError`` (one line) for an unknown or ill-typed setting."""
+    from allocopt.objective import check_settings
+
+    check_settings(SyntheticObjective, settings, "synthetic")
+    return SyntheticObjective(**settings)
+
+
+make.targets = COMMON_TARGETS  # type: ignore[attr-defined]

@@ -87,7 +87,7 @@ def test_the_meters_worst_case_can_refuse_a_planned_iteration(tiny):
     pp = plan_pilot(PilotPoint(a), budget, workload)
     assert pp.plan is not None and pp.plan.iterations == 1
     assert pp.admitted_iterations == 0 and not pp.usable and "worst case" in pp.note
-    assert workload.max_completion_length > workload.completion_tokens  # why it refuses
+    assert workload.setup.max_completion_length > workload.setup.completion_tokens  # why it refuses
     none = plan_pilot(PilotPoint(a), budget - 1, workload)
     assert none.plan is None and "needs" in none.note
 

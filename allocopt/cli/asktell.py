@@ -99,7 +99,7 @@ def ask(
         new = base.with_overrides(name=study, budget_flops=None if budget is None else check_budget(budget),
                                   target=target, objective=objective)
     st, spec = _load(study, storage, new)
-    from objectives import get_objective
+    from allocopt.objective import get_objective
 
     try:  # plans need the workload only, not a machine that can train
         obj = get_objective(spec.objective, **spec.objective_settings)

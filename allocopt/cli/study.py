@@ -76,7 +76,7 @@ def study(
     from allocopt.cli.common import load_objective, make_tracker
 
     if dry_run:  # plans need the workload only, not a machine that can train
-        from objectives import get_objective
+        from allocopt.objective import get_objective
 
         try:
             obj = get_objective(s.objective, **s.objective_settings)

@@ -121,14 +121,11 @@ def default_reward_models() -> dict[str, ModelShape]:
                                        "name": "proxy-prm-1.5b", "head": "score"})}
 
 
-_READ_THROUGH = frozenset(f.name for f in fields(TrainingSetup)) | {"lora", "reference"}
-
-
 @dataclass(frozen=True)
 class Workload:
     """What one trial trains and how: everything but the allocation.
 
-    The set-up's fields read through: ``workload.completion_tokens`` is
+    The set-up's fields read through: ``workload.setup.completion_tokens`` is
     ``workload.setup.completion_tokens`` (and so on for every :class:`TrainingSetup` field,
     ``lora`` and ``reference``); none is repeated here, so a default ``Workload(policy)``
     prices the default ``TrainingSetup()``. Derived workloads: :meth:`with_setup`.
@@ -145,11 +142,6 @@ class Workload:
         if not isinstance(self.setup, TrainingSetup):
             raise ConfigError(f"setup={self.setup!r}: must be a TrainingSetup")
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
-
-    def __getattr__(self, name: str) -> Any:  # only for names not found on the workload itself
-        if name in _READ_THROUGH:
-            return getattr(self.setup, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def with_setup(self, **changes: Any) -> "Workload":
         """This workload with set-up fields changed (the generation limit and the runner's
@@ -236,12 +228,12 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
     """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N).
     Memoized (workloads and allocations are frozen and hashable)."""
     G = allocation.group_size
-    prompts = max(1, workload.rollouts_per_iteration // G)
+    prompts = max(1, workload.setup.rollouts_per_iteration // G)
     N = prompts * G
-    c_mean = max(1, round(workload.completion_tokens))
-    eng = engine(workload.engine)
+    c_mean = max(1, round(workload.setup.completion_tokens))
+    eng = engine(workload.setup.engine)
     if eng.padded_generation or eng.padded_training:
-        c_pad = round(workload.padded_completion_tokens or workload.completion_tokens)
+        c_pad = round(workload.setup.padded_completion_tokens or workload.setup.completion_tokens)
         # one row at the padded length stands for the batch's longest; the rest at the mean
         completions = (max(1, c_pad),) + (c_mean,) * (N - 1)
     else:
@@ -251,16 +243,16 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
     if allocation.reward in MODEL_BASED and reward_model is None:
         raise ConfigError(f"reward={allocation.reward!r}: the workload names no reward model for it")
     step = GRPOStep(
-        prompt_tokens=(max(1, round(workload.prompt_tokens)),) * prompts,
+        prompt_tokens=(max(1, round(workload.setup.prompt_tokens)),) * prompts,
         completion_tokens=completions,
         group_size=G,
         update_passes=rows_trained / N,
-        reference=workload.reference,
-        importance_sampling_correction=workload.importance_sampling_correction,
-        reward_steps=(max(0, round(workload.steps_per_completion)),) * N,
+        reference=workload.setup.reference,
+        importance_sampling_correction=workload.setup.importance_sampling_correction,
+        reward_steps=(max(0, round(workload.setup.steps_per_completion)),) * N,
     )
-    return grpo_step_flops(_policy(workload, allocation), step, lora=workload.lora,
-                           gradient_checkpointing=workload.gradient_checkpointing,
+    return grpo_step_flops(_policy(workload, allocation), step, lora=workload.setup.lora,
+                           gradient_checkpointing=workload.setup.gradient_checkpointing,
                            reward_model=reward_model, engine_name=eng)
 
 
@@ -283,7 +275,7 @@ def rows_for_rho(workload: Workload, allocation: Allocation) -> float:
     [0, 64·N] (up to 64 passes).
     """
     G = allocation.group_size
-    N = max(1, workload.rollouts_per_iteration // G) * G
+    N = max(1, workload.setup.rollouts_per_iteration // G) * G
     flops = lambda k: iteration_flops(workload, allocation, k).executed  # noqa: E731
     base = flops(0)
     fixed = base.search_flops + base.reward_flops
@@ -370,7 +362,7 @@ def min_last_rows(rows: int) -> int:
 def batch_workload(workload: Workload, rollouts_per_iteration: int) -> Workload:
     """``workload`` at another batch: what a plan that runs ``rollouts_per_iteration``
     completions per iteration (:attr:`TrialPlan.rollouts_per_iteration`) is priced on."""
-    if rollouts_per_iteration == workload.rollouts_per_iteration:
+    if rollouts_per_iteration == workload.setup.rollouts_per_iteration:
         return workload
     return replace(workload, setup=replace(workload.setup, rollouts_per_iteration=rollouts_per_iteration))
 
@@ -384,7 +376,7 @@ def _plan_at(budget: float, allocation: Allocation, workload: Workload) -> Trial
     """The plan at ``workload``'s batch: the most whole iterations that fit, then a last one
     cut to the most rows that fit, when at least :func:`min_last_rows` of its schedule do."""
     G = allocation.group_size
-    prompts = max(1, workload.rollouts_per_iteration // G)
+    prompts = max(1, workload.setup.rollouts_per_iteration // G)
     N = prompts * G
     k = rows_for_rho(workload, allocation)
     iterations = max_iterations(budget, workload, allocation, k)
@@ -420,8 +412,8 @@ def _plan_at(budget: float, allocation: Allocation, workload: Workload) -> Trial
 def min_prompts(workload: Workload, group_size: int) -> int:
     """Fewest prompts per iteration a plan at ``group_size`` may run:
     ``ceil(min_batch_share × prompts)`` of the workload's ``rollouts_per_iteration // G``."""
-    prompts = max(1, workload.rollouts_per_iteration // group_size)
-    return max(1, math.ceil(workload.min_batch_share * prompts - 1e-9))
+    prompts = max(1, workload.setup.rollouts_per_iteration // group_size)
+    return max(1, math.ceil(workload.setup.min_batch_share * prompts - 1e-9))
 
 
 def _merit(use: float, rho_error: float, realizable: bool = True) -> tuple:
@@ -444,7 +436,7 @@ def batch_candidates(budget_flops: float, allocation: Allocation, workload: Work
     of its rows would fit in it (its search and reward, the share 1 - ρ of a whole iteration,
     then lower the realized ρ)."""
     G = allocation.group_size
-    p0 = max(1, workload.rollouts_per_iteration // G)
+    p0 = max(1, workload.setup.rollouts_per_iteration // G)
     k = rows_for_rho(workload, allocation)
     per_prompt = iteration_flops(workload, allocation, rows_schedule(k, 0)).executed.total_flops / p0
     rho = allocation.rho
@@ -497,7 +489,7 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
         return best  # spends the budget and realizes rho closely: the workload's batch
     candidates = batch_candidates(budget, allocation, workload)
     least = min_prompts(workload, allocation.group_size)
-    if best is None and least < max(1, workload.rollouts_per_iteration // allocation.group_size) \
+    if best is None and least < max(1, workload.setup.rollouts_per_iteration // allocation.group_size) \
             and least not in candidates:
         candidates.append(least)  # the cheapest iteration, when the estimates say none fits
     for prompts in candidates:

@@ -86,21 +86,14 @@ class QwenSettings:
     def from_flat(cls, **kw: Any) -> "QwenSettings":
         """From flat ``key=value`` settings (a study's ``[objective_settings]``, ``--set``):
         :class:`TrainingSetup` fields go to :attr:`setup` (``engine`` may be ``auto``).
-        Raises ``TypeError`` (unknown key) or :class:`ConfigError` (bad value), one line."""
-        setup_keys = {f.name for f in fields(TrainingSetup)}
-        own = {f.name for f in fields(cls)} - {"setup"}
-        bad = sorted(set(kw) - setup_keys - own)
-        if bad:
-            raise TypeError(f"setting {bad[0]!r}: unknown for objective qwen; allowed: "
-                            f"{', '.join(sorted(setup_keys | own))}")
-        from allocopt.objective import check_settings
+        Raises ``ValueError`` (unknown key, a value of the wrong type) or :class:`ConfigError`
+        (bad value), one line (:func:`allocopt.objective.split_settings`)."""
+        from allocopt.objective import split_settings
 
-        s = {k: v for k, v in kw.items() if k in setup_keys}
-        engine = s.pop("engine", "auto")
-        check_settings(TrainingSetup, s, "qwen")
-        check_settings(cls, {k: v for k, v in kw.items() if k in own}, "qwen")
+        engine = kw.get("engine", "auto")
+        s, own = split_settings(cls, {k: v for k, v in kw.items() if k != "engine"}, "qwen")
         setup = TrainingSetup(**s, engine="trl-vllm" if engine == "auto" else engine)
-        rest = {k: v for k, v in kw.items() if k in own and k != "engine_auto"}
+        rest = {k: v for k, v in own.items() if k != "engine_auto"}
         return cls(setup=setup, engine_auto=engine == "auto", **rest)
 
 
