@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from allocopt.plan.allocation import InfeasiblePlan, TrialPlan, Workload
+from allocopt.errors import InfeasiblePlan, ObjectiveUnavailable, TrialFailed
+from allocopt.plan.allocation import TrialPlan, Workload
 from allocopt.flops import ComputeBreakdown, FlopAccount
 from allocopt.plan.meter import FlopMeter, IterationRecord
 
@@ -34,10 +35,6 @@ __all__ = ["ENTRY_POINT_GROUP", "InfeasiblePlan", "Objective", "ObjectiveUnavail
 
 Progress = Callable[[IterationRecord, FlopMeter], None]
 """Called after each training iteration with its record and the run's meter (live display)."""
-
-
-class ObjectiveUnavailable(RuntimeError):
-    """This objective cannot run on this machine; the message says what to use instead."""
 
 
 @dataclass
@@ -74,14 +71,6 @@ class TrialResult:
                 "stopped_reason": self.stopped_reason, "wall_seconds": self.wall_seconds,
                 "breakdown": self.spent.to_dict(),
                 "curves": [asdict(r) for r in self.curves]}
-
-
-class TrialFailed(RuntimeError):
-    """A trial crashed; ``result`` holds what it had spent until then."""
-
-    def __init__(self, message: str, result: TrialResult):
-        super().__init__(message)
-        self.result = result
 
 
 @runtime_checkable

@@ -16,8 +16,7 @@ MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
 """The seven linear modules of a Qwen2/Llama decoder layer, in forward order."""
 
 
-class ConfigError(ValueError):
-    """A model configuration or a FLOP query is invalid; the message names the field."""
+from allocopt.errors import ConfigError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,7 @@ class FrozenMap(dict):
         return hash(tuple(sorted(self.items())))
 
 
-class InfeasiblePlan(ValueError):
-    """The budget cannot buy one iteration of this allocation (message gives the minimum)."""
-
-    def __init__(self, message: str, min_budget_flops: int):
-        super().__init__(message)
-        self.min_budget_flops = min_budget_flops
+from allocopt.errors import InfeasiblePlan  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def check_budget(budget_flops: Any) -> float:

@@ -10,9 +10,7 @@ from allocopt.flops import PHASES, ConfigError, FlopAccount
 from allocopt.flops.grpo import grpo_step_flops
 
 
-class RunLogError(ValueError):
-    """A run's logs cannot be accounted; the one-line message names the file, the field and
-    what is wrong."""
+from allocopt.errors import RunLogError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass(frozen=True)

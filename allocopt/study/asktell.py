@@ -48,8 +48,7 @@ ASKED_ATTR = "asked"
 FORMATS = ("trl", "verl")
 
 
-class TellError(ValueError):
-    """A tell that cannot be recorded (unknown or finished trial, missing targets); one line."""
+from allocopt.errors import TellError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass(frozen=True)

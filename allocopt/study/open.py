@@ -14,8 +14,7 @@ from allocopt.spec import StudySpec
 DEFAULT_STORAGE = "sqlite:///allocopt.db"
 
 
-class StudyError(ValueError):
-    """The study cannot start (bad storage URL, objective unavailable); one line, exit 2."""
+from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:

@@ -50,8 +50,7 @@ WORKER_ATTR = "allocopt.worker"
 _STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
-class StorageError(ValueError):
-    """A storage setting is wrong (one line naming the field, value and what is allowed)."""
+from allocopt.errors import StorageError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def redact_url(url: str | None) -> str:

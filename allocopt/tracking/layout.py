@@ -44,8 +44,7 @@ _STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "INFEASIBLE": "FINISHED"}
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
-class TrackingError(RuntimeError):
-    """Part of what a trial or study should log did not reach MLflow (the message says what)."""
+from allocopt.errors import TrackingError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 # ============================================================================ keys, values
