@@ -102,6 +102,7 @@ from typing import Any
 
 from allocopt.plan.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.plan.hub import model_shape
 from allocopt.objective import TrialResult
 from allocopt.spec import SearchSpace
 from objectives import COMMON_TARGETS
@@ -173,7 +174,7 @@ def get_variant(name: str | Variant) -> Variant:
 @lru_cache(maxsize=64)
 def size_x(model: str | None) -> float:
     """``x = log2(N / 1.5e9)`` of a model (``None``: :data:`DEFAULT_MODEL`), N its parameters."""
-    return math.log2(ModelShape.from_pretrained(model or DEFAULT_MODEL).num_params() / 1.5e9)
+    return math.log2(model_shape(model or DEFAULT_MODEL).num_params() / 1.5e9)
 
 
 def _target(target: str) -> str:
@@ -308,7 +309,7 @@ class SyntheticObjective:
             raise ValueError(f"sleep_s={self.sleep_s!r}: must be seconds in [0, 3600]")
 
     def workload(self) -> Workload:
-        return Workload(policy=ModelShape.from_pretrained(self.model))
+        return Workload(policy=model_shape(self.model))
 
     def optimum(self, target: str = "pass_at_1", budget_flops: float = B_REF,
                 space: SearchSpace | None = None) -> Optimum:

@@ -45,6 +45,7 @@ from allocopt.flops import ConfigError, FlopAccount, ModelShape
 from allocopt.flops.grpo import GRPOStep, engine, grpo_step_flops
 from allocopt.plan.meter import largest_fitting
 from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup
+from allocopt.plan.hub import model_shape
 
 REWARDS: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
 """Reward systems: three rule-based (0 FLOPs), two model-based."""
@@ -215,7 +216,7 @@ class TrialPlan:
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
-    return workload.policy if allocation.model is None else ModelShape.from_pretrained(allocation.model)
+    return workload.policy if allocation.model is None else model_shape(allocation.model)
 
 
 @functools.lru_cache(maxsize=16384)

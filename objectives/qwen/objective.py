@@ -30,6 +30,7 @@ from allocopt.plan.allocation import InfeasiblePlan, TrialPlan, Workload, defaul
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.objective import ObjectiveUnavailable, TrialFailed, TrialResult  # noqa: F401  (re-exported)
 from allocopt.plan.setup import TrainingSetup
+from allocopt.plan.hub import model_shape
 from objectives.data.polaris import POLARIS_ID
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -157,9 +158,9 @@ class QwenObjective:
 
             name = self.settings.setup.model
             try:
-                self._measured["policy"] = ModelShape.from_pretrained(name)
+                self._measured["policy"] = model_shape(name)
             except ConfigError:
-                self._measured["policy"] = ModelShape.from_pretrained(resolve(name, "model"))
+                self._measured["policy"] = model_shape(resolve(name, "model"))
         return self._measured["policy"]
 
     def _lengths(self, setup: TrainingSetup) -> dict[str, float]:
@@ -237,7 +238,7 @@ class QwenObjective:
         for key, name in (("prm", self.settings.reward_model_prm),
                           ("proxy_prm", self.settings.reward_model_proxy_prm)):
             if os.path.isdir(name):
-                reward_models[key] = ModelShape.from_pretrained(name)
+                reward_models[key] = model_shape(name)
             if (PRM_FORMATS.get(name) or _named_format(name)) == "skywork-o1-prm":
                 reward_models[key] = replace(reward_models[key], head="value", num_labels=1)
         return Workload(self._policy_shape(), self.setup(), reward_models)
