@@ -19,11 +19,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
-_STORAGE = typer.Option("sqlite:///allocopt.db", "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
+_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
 
 
 def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:

@@ -51,6 +51,9 @@ REWARDS: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
 """Reward systems: three rule-based (0 FLOPs), two model-based."""
 RULE_BASED: frozenset[str] = frozenset({"sparse", "structured", "dense"})
 MODEL_BASED: frozenset[str] = frozenset({"proxy_prm", "prm"})
+FIDELITIES: tuple[str, ...] = ("pilot", "full")
+"""Fidelities of a trial: ``pilot`` (a share of the budget, inside a RACE grid) and ``full``
+(the whole budget); this order is the stored Optuna distribution's (:mod:`allocopt.study.sampler`)."""
 
 RHO_TOLERANCE = 0.01
 """A plan is *realizable* when its ρ is within this of the asked ρ."""

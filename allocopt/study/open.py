@@ -11,7 +11,7 @@ from typing import Any
 from allocopt.plan.allocation import Workload
 from allocopt.spec import StudySpec
 
-DEFAULT_STORAGE = "sqlite:///allocopt.db"
+from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402,F401  (defined there)
 
 
 from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; imported from here too)

@@ -36,6 +36,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, Mapping
 
+DEFAULT_STORAGE = "sqlite:///allocopt.db"
+"""The Optuna storage URL when none is given (a SQLite file in the working folder)."""
 HEARTBEAT_INTERVAL_S = 10
 """Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
 GRACE_PERIOD_S = 60

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 STATES = ("COMPLETE", "FAIL", "INFEASIBLE")
 """Trial states :meth:`StudyTracker.finish_trial` accepts."""
-FIDELITIES = ("full", "pilot")
+from allocopt.plan.allocation import FIDELITIES  # noqa: E402,F401  (defined there)
 CURVE_FIELDS = ("cumulative_flops", "executed_flops", "reward_mean", "rows_trained", "wall_seconds")
 """Fields of one curve point (``IterationRecord``), besides ``iteration``."""
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
