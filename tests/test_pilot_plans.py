@@ -81,7 +81,7 @@ def test_the_meters_worst_case_can_refuse_a_planned_iteration(tiny):
     from allocopt.race.design import PilotPoint
 
     _, tiny_workload = tiny
-    workload = tiny_workload.with_setup(padded_completion_tokens=tiny_workload.completion_tokens)
+    workload = tiny_workload.with_setup(padded_completion_tokens=tiny_workload.setup.completion_tokens)
     a = Allocation(rho=0.5, group_size=4, reward="sparse")
     budget = min_budget(a, workload)
     pp = plan_pilot(PilotPoint(a), budget, workload)

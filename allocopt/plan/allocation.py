@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from allocopt.flops import ConfigError, FlopAccount, ModelShape
@@ -124,10 +124,9 @@ def default_reward_models() -> dict[str, ModelShape]:
 class Workload:
     """What one trial trains and how: everything but the allocation.
 
-    The set-up's fields read through: ``workload.setup.completion_tokens`` is
-    ``workload.setup.completion_tokens`` (and so on for every :class:`TrainingSetup` field,
-    ``lora`` and ``reference``); none is repeated here, so a default ``Workload(policy)``
-    prices the default ``TrainingSetup()``. Derived workloads: :meth:`with_setup`.
+    The set-up is read where it lives, ``workload.setup.completion_tokens`` (no field of it is
+    repeated here), so a default ``Workload(policy)`` prices the default ``TrainingSetup()``.
+    Derived workloads: :meth:`with_setup`.
     """
 
     policy: ModelShape

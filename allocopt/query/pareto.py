@@ -34,7 +34,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from allocopt.flops import ConfigError
 from allocopt.spec import TARGETS, target_key, target_label
 from allocopt.study.loop import TrialRow
 
