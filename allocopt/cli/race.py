@@ -147,7 +147,8 @@ def race(
 
     from allocopt.cli.common import close_tracker, one_interrupt
     from allocopt.cli.live import StudyDisplay, study_estimate
-    from allocopt.race import run_race, same_regime_rate
+    from allocopt.race import same_regime_rate
+    from allocopt.study.race import run_race
     from allocopt.study.open import StudyError
 
     live = StudyDisplay(err, s, num_full=validations, disable=as_json)
