@@ -178,12 +178,20 @@ def pareto(
     as_json: bool = _JSON,
 ) -> None:
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
-    from allocopt.query.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
-
     rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     names = _split(objectives, "objectives") if objectives else stored_objectives(study, storage, from_mlflow, mlflow_uri)
+    print_front(rows, names, _split(directions, "directions") if directions else None, source, fidelity, as_json)
+
+
+def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], source: str,
+                fidelity: str, as_json: bool = False) -> None:
+    """The Pareto front of ``rows`` over the targets or fields ``names`` (directions ``dirs``,
+    default: maximize targets, minimize ``*_flops``), best first along the first, as a table or
+    one JSON document. Raises :class:`~allocopt.query.pareto.QueryError` for an unknown name."""
+    from allocopt.query.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
+
     keys = check_fields(rows, names)
-    dirs = _split(directions, "directions") if directions else [default_direction(k) for k in keys]
+    dirs = dirs or [default_direction(k) for k in keys]
     front = pareto_front(rows, keys, dirs)
     sign = 1 if dirs[0] == "maximize" else -1  # show the front along its first objective, best first
     front.sort(key=lambda r: (-sign * number(r, keys[0]), r.study, r.number))
