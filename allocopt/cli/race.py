@@ -110,8 +110,12 @@ def race(
     if spec is None and target is None:
         raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
                           "pass@1:math500, judge) or --spec FILE")
-    s = read_spec(spec, budget, set_, target=target, objective=objective, name=study_name, seed=seed,
-                  pilot_fraction=pilot_fraction)
+    from dataclasses import replace
+
+    from allocopt.race import check_pilot_fraction
+
+    s = read_spec(spec, budget, set_, target=target, objective=objective, name=study_name, seed=seed)
+    s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
     settings = race_settings(max_pilots=max_pilots, repeats=repeats, replicates=replicates,
