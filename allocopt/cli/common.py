@@ -1,7 +1,9 @@
 """Pieces the CLI commands share: the objective and the MLflow tracker, with one-line errors.
 
-Kept apart from :mod:`allocopt.cli` so that command modules (``commands_race``) can use them
-without importing ``allocopt.cli`` twice under ``python -m allocopt.cli``.
+Kept apart from :mod:`allocopt.cli` so that command modules (:mod:`allocopt.cli.race`, ...) can
+use them without importing ``allocopt.cli`` itself. The study a command runs is read by
+:func:`read_spec` (the budget parsed once there), its objective loaded by :func:`load_workload`,
+its run tracked by :func:`tracked`.
 """
 
 from __future__ import annotations

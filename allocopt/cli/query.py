@@ -221,7 +221,6 @@ def best(
 ) -> None:
     """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
     from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
-    from allocopt.query.pareto import number
 
     rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     if target is None:
@@ -251,10 +250,20 @@ def best(
     if b is None:  # check_fields found a complete trial, so only a filter can empty this
         out.print(f"no complete trial of {source} matches")
         return
+    out.print(_best_table(b, key, d, source, evidence=bool(rec)))
+    if len(per) > 1:
+        out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
+                              [key], rows))
+
+
+def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
+    """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets and compute."""
+    from allocopt.query.pareto import field_label, number
+
     total = number(b, "total_flops")
     share = (lambda p: f" ({number(b, p) / total:.0%})") if total > 0 else (lambda p: "")
     t = Table(title=f"Best observed trial for {field_label(key)} ({d}) in {source}"
-                    + (" (evidence)" if rec else ""), show_header=False)
+                    + (" (evidence)" if evidence else ""), show_header=False)
     for k, v in (("trial", f"{b.study} #{b.number}" if b.study else f"#{b.number}"),
                  ("fidelity", b.fidelity),
                  ("rho (update fraction)", _f(number(b, "rho"), ".4f")),
@@ -268,10 +277,7 @@ def best(
                  ("total FLOPs", _f(total, ".3e")),
                  ("realized rho", _f(number(b, "realized_rho"), ".4f"))):
         t.add_row(k, v)
-    out.print(t)
-    if len(per) > 1:
-        out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
-                              [key], rows))
+    return t
 
 
 # ---------------------------------------------------------------------------- report

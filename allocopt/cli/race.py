@@ -1,5 +1,9 @@
 """``allocopt race``: RACE pilots, the regime table, and validation runs (or their plans).
 
+The command parses, runs :func:`allocopt.study.race.run_race` (which stores the answer in the
+study and on the MLflow parent run) with a live display (:func:`race_live`, shared with
+``allocopt study``) and prints what the race found (:func:`print_race`).
+
 Registered on the app by :func:`register` (``allocopt/cli/__init__.py``). This module does not import
 ``allocopt.cli`` (``python -m allocopt.cli`` runs that file as ``__main__``): bad input is raised
 as :class:`~allocopt.flops.ConfigError`, which ``main`` turns into one line and exit code 2.

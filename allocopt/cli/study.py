@@ -2,10 +2,15 @@
 ``--pilots 0``; and the summary it prints at the end (the one answer, the best observed trial
 as evidence, the counts).
 
-Registered on the app by :func:`register` (``allocopt/cli/__init__.py``); like ``commands_race`` it does
-not import ``allocopt.cli``: bad input is raised as :class:`~allocopt.flops.ConfigError`
-(``main`` prints one line, exit code 2). Optuna, torch and the objectives are imported inside
-the command.
+The command parses (:func:`allocopt.cli.common.read_spec`: the study file read and the budget
+parsed once), runs the study with one library call (:func:`allocopt.study.race.run_race` through
+:func:`allocopt.cli.race.race_live` with RACE, else :func:`allocopt.study.loop.run_study`; both
+store the study's answer themselves), prints the summary, and logs the report into the MLflow
+parent run (:func:`allocopt.query.parent_report.report_into_parent`).
+
+Registered on the app by :func:`register` (``allocopt/cli/__init__.py``); it does not import
+``allocopt.cli``: bad input is raised as :class:`~allocopt.flops.ConfigError` (``main`` prints
+one line, exit code 2). Optuna, torch and the objectives are imported inside the command.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ objectives are imported inside the command.
 from __future__ import annotations
 
 import json
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -43,10 +43,8 @@ def trial(
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines (hidden by default)."),
 ) -> None:
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from allocopt.plan.allocation import Allocation, check_budget, make_plan
     from allocopt.cli.common import load_objective
+    from allocopt.plan.allocation import Allocation, check_budget, make_plan
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     b = check_budget(budget)
@@ -56,42 +54,63 @@ def trial(
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
+    _check_wall_time(obj, p, objective, yes)
+    res = _run(obj, p, seed=seed, verbose=verbose, show=not as_json)
+    if as_json:
+        out.print_json(json.dumps({"plan": p.to_dict(), **res.to_dict()}, default=str))
+    else:
+        print_trial(p, res)
+
+
+def _check_wall_time(obj: Any, p: Any, objective: str, yes: bool) -> None:
+    """Say the trial's estimated wall time (from the objective's measured FLOP/s, when it has
+    one); refuse one above :data:`~allocopt.cli.live.TRIAL_WALL_LIMIT_S` without ``--yes``."""
     secs = estimated_seconds(obj, p.expected.executed.total_flops)
-    if secs is not None:
-        if secs > TRIAL_WALL_LIMIT_S and not yes:
-            raise ConfigError(
-                f"budget={b:.3g}: the {objective} objective would take about {duration(secs)} here "
-                f"(at {obj.flops_per_second:.2g} FLOP/s measured on a CPU core); allowed without "
-                f"--yes: at most {duration(TRIAL_WALL_LIMIT_S)} (give a smaller --budget, or --yes)")
-        err.print(f"estimated wall time: about {duration(secs)} ({fmt_flops(p.expected.executed.total_flops)} "
-                  f"FLOPs at {obj.flops_per_second:.2g} FLOP/s, plus evaluation)", highlight=False,
-                  soft_wrap=True)
+    if secs is None:
+        return
+    if secs > TRIAL_WALL_LIMIT_S and not yes:
+        raise ConfigError(
+            f"budget={p.budget_flops:.3g}: the {objective} objective would take about {duration(secs)} here "
+            f"(at {obj.flops_per_second:.2g} FLOP/s measured on a CPU core); allowed without "
+            f"--yes: at most {duration(TRIAL_WALL_LIMIT_S)} (give a smaller --budget, or --yes)")
+    err.print(f"estimated wall time: about {duration(secs)} ({fmt_flops(p.expected.executed.total_flops)} "
+              f"FLOPs at {obj.flops_per_second:.2g} FLOP/s, plus evaluation)", highlight=False,
+              soft_wrap=True)
+
+
+def _run(obj: Any, p: Any, *, seed: int, verbose: bool, show: bool) -> Any:
+    """Run plan ``p`` with a progress bar on stderr (``show``); a trial that fails is one line
+    and exit code 1."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from objectives.grpo.driver import TrialFailed
+
+    from allocopt.study.quiet import quiet
+
+    b = p.budget_flops
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                TextColumn("{task.fields[spent]}"), TimeElapsedColumn())
-    with Progress(*columns, console=err, disable=as_json) as bar:
+    with Progress(*columns, console=err, disable=not show) as bar:
         task = bar.add_task("GRPO", total=b, spent="")
 
-        def progress(rec, meter):
+        def progress(rec: Any, meter: Any) -> None:
             bar.update(task, completed=meter.executed_flops,
                        description=f"GRPO iteration {rec.iteration + 1} (~{p.iterations})",
                        spent=f"{fmt_flops(meter.executed_flops)} / {fmt_flops(b)} FLOPs, "
                              f"reward {rec.reward_mean:.3f}")
 
-        from objectives.grpo.driver import TrialFailed
-
-        from allocopt.study.quiet import quiet
-
         try:
             with quiet(verbose):
-                res = obj.run(p, seed=seed, progress=progress)
+                return obj.run(p, seed=seed, progress=progress)
         except TrialFailed as e:
             fail(f"error: trial failed after spending {fmt_flops(e.result.spent.executed.total_flops)} "
                  f"FLOPs: {e}", 1)
-    if as_json:
-        out.print_json(json.dumps({"plan": p.to_dict(), **res.to_dict()}, default=str))
-        return
-    t = Table(title=f"Trial: rho={alloc.rho:g}, G={alloc.group_size}, reward={alloc.reward}, "
-                    f"budget {fmt_flops(b)} FLOPs")
+
+
+def print_trial(p: Any, res: Any) -> None:
+    """The trial's targets, the compute it spent and its wall times."""
+    a, b = p.allocation, p.budget_flops
+    t = Table(title=f"Trial: rho={a.rho:g}, G={a.group_size}, reward={a.reward}, budget {fmt_flops(b)} FLOPs")
     t.add_column("target")
     t.add_column("value", justify="right")
     for k, v in res.targets.items():
