@@ -259,23 +259,7 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
                  "(their errors are in the trial lines above and in MLflow)", 1)
         out.print("no complete full-budget trial yet")
         return
-    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
-    models = bool(s.space.models)  # a column only when the space searches over policy models
-    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
-              "search", "learn", "rwd", "FLOPs"):
-        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
-    for r in done[:8]:
-        m = r.metrics
-        tot = m.get("total_flops") or 1
-        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
-                  str(r.params.get("group_size", s.space.group_sizes[0])),
-                  str(r.params.get("reward", s.space.rewards[0])),
-                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
-                  f"{r.value:.4f}",
-                  *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
-                  fmt_flops(m.get("total_flops", 0)))
-    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
-    out.print(t)
+    out.print(_top_trials(done[:8], s))
     from allocopt.race.answer import allocation_text, evidence_line, recommendation_lines
     from allocopt.spec import allocation_of
 
@@ -308,6 +292,27 @@ def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
                   f"heartbeat expires): this answer covers the finished ones; the last worker to "
                   f"finish prints and stores the final answer (`allocopt best --study {s.name}` "
                   "reads it)", highlight=False, markup=False)
+
+
+def _top_trials(done: list[Any], s: Any) -> Table:
+    """The top complete full-budget trials of study ``s``: allocation, target, compute shares."""
+    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
+    models = bool(s.space.models)  # a column only when the space searches over policy models
+    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
+              "search", "learn", "rwd", "FLOPs"):
+        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
+    for r in done:
+        m = r.metrics
+        tot = m.get("total_flops") or 1
+        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
+                  str(r.params.get("group_size", s.space.group_sizes[0])),
+                  str(r.params.get("reward", s.space.rewards[0])),
+                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
+                  f"{r.value:.4f}",
+                  *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
+                  fmt_flops(m.get("total_flops", 0)))
+    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
+    return t
 
 
 def register(app: typer.Typer) -> None:
