@@ -236,8 +236,16 @@ def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
     import allocopt.cli.race as cr
     from allocopt.cli import app
 
+    from types import SimpleNamespace
+
     seen = []
-    monkeypatch.setattr(cr, "race", lambda **kw: seen.append(kw["max_pilots"]))
+
+    def race_live(s, settings, **kw):  # what the study hands RACE: the settings it runs under
+        seen.append(settings.max_pilots)
+        return SimpleNamespace(study=SimpleNamespace(user_attrs={})), None
+
+    monkeypatch.setattr(cr, "race_live", race_live)
+    monkeypatch.setattr(cr, "print_race", lambda *a, **k: None)
     monkeypatch.setattr("allocopt.cli.study.print_study_summary", lambda *a, **k: None)
     for extra, want in (([], None), (["--pilots", "30"], 30)):  # 30: 6 for each of the 5 reward systems
         res = CliRunner().invoke(app, ["study", "--objective", "synthetic", "--budget", "1e19",
