@@ -164,7 +164,7 @@ def print_asked(shown: list[dict[str, Any]], spec: Any, *, study: str, fmt: str,
     if as_json:
         out.print_json(json.dumps(shown, default=str))
     else:
-        t = Table(title=f"Reserved {len(runs)} trial(s) of study {study} ({fmt})")
+        t = Table(title=f"Reserved {len(shown)} trial(s) of study {study} ({fmt})")
         for c in ("trial", "fidelity", "rho", "G", "reward", "passes", "iters", "exp. rho"):
             t.add_column(c, justify="left" if c in ("fidelity", "reward") else "right", no_wrap=True)
         for s in shown:

@@ -104,7 +104,7 @@ def run_study(
     race = isinstance(sampler, RaceSampler)
     if pilots_only and not race:
         raise ValueError("pilots_only needs a RaceSampler")
-    study = study if study is not None else open_study(spec, storage)
+    study = study if study is not None else open_study(spec, storage, sampler)
     n = len(study.get_trials(deepcopy=False))
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
         sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
