@@ -13,9 +13,9 @@ import pytest
 from allocopt.plan.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.setup import TrainingSetup
-from allocopt.race import (Observation, RaceSettings, diagnose_group, pilot_grid, propose,
-                           regime_of, run_race)
+from allocopt.race import Observation, RaceSettings, diagnose_group, pilot_grid, propose, regime_of
 from allocopt.spec import SearchSpace, StudySpec
+from allocopt.study.race import run_race
 from objectives.synthetic import SyntheticObjective, response, rho_star
 
 BUDGET = 1e19
@@ -324,6 +324,10 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     assert any(t.params["reward"] == r.recommended.reward for t in full)
     assert all(v.regret >= 0 for v in r.validation if not math.isnan(v.pilot_rho))
     assert all(math.isnan(v.regret) for v in r.validation if math.isnan(v.pilot_rho))  # rho* unknown
+    # run_race stores its answer itself (Optuna and the tracker), not only the race command
+    from allocopt.race.answer import recommendation_dict
+
+    assert st.user_attrs["recommendation"] == recommendation_dict(r.recommendation, s.target) == tracker.rec
     # resume: nothing is run again
     n = len(obj.calls)
     r2 = run_race(s, objective=obj, workload=w, storage=url, validations=2, settings=settings)

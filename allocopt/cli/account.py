@@ -222,8 +222,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
-    from allocopt.plan.allocation import Allocation, Workload, default_reward_models, make_plan
+    from allocopt.plan.allocation import Allocation, Workload, check_budget, default_reward_models, make_plan
 
+    b = check_budget(budget)  # parsed once, here: FLOPs from now on
     gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
     importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
                                              no_importance_sampling_correction)
@@ -240,10 +241,17 @@ def plan(
     policy = model_shape(setup.model)
     policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
     w = Workload(policy, setup, reward_models)
-    p = make_plan(budget, alloc, w)
+    p = make_plan(b, alloc, w)
     if as_json:
         out.print_json(json.dumps(p.to_dict()))
-        return
+    else:
+        print_plan(p, setup)
+
+
+def print_plan(p: Any, setup: Any) -> None:
+    """The plan ``p`` (a :class:`~allocopt.plan.allocation.TrialPlan`) made for ``setup``: its
+    allocation asked and realized, batch, passes, iterations and expected FLOPs."""
+    alloc = p.allocation
     t = Table(title=f"Plan for {fmt_flops(p.budget_flops)} FLOPs", show_header=False)
     for k, v in (("model", p.policy), ("reward", f"{alloc.reward} ({p.reward_model or 'rule-based, 0 FLOPs'})"),
                  ("set-up", f"runner {setup.runner}, engine {setup.engine}, checkpointing "

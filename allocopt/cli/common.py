@@ -1,7 +1,9 @@
 """Pieces the CLI commands share: the objective and the MLflow tracker, with one-line errors.
 
-Kept apart from :mod:`allocopt.cli` so that command modules (``commands_race``) can use them
-without importing ``allocopt.cli`` twice under ``python -m allocopt.cli``.
+Kept apart from :mod:`allocopt.cli` so that command modules (:mod:`allocopt.cli.race`, ...) can
+use them without importing ``allocopt.cli`` itself. The study a command runs is read by
+:func:`read_spec` (the budget parsed once there), its objective loaded by :func:`load_workload`,
+its run tracked by :func:`tracked`.
 """
 
 from __future__ import annotations
@@ -358,3 +360,89 @@ def fail(line: str, code: int = 2) -> None:
 
     sys.stderr.write(line.replace("\n", " ") + "\n")
     sys.exit(code)
+
+
+def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, **overrides: Any) -> Any:
+    """The study of a command: the study file ``path`` (read once, TOML) or the defaults, the
+    flags over it (``overrides``, ``None`` left out) and ``--set KEY=VALUE`` over its objective
+    settings. The budget is parsed here, once (:func:`allocopt.plan.allocation.check_budget`):
+    everything below gets ``spec.budget_flops`` (FLOPs, a float).
+
+    Raises:
+        ConfigError: no budget (neither ``--budget`` nor ``--spec``), a bad budget, a bad file
+            or setting (one line).
+    """
+    from dataclasses import replace
+
+    from allocopt.plan.allocation import check_budget
+    from allocopt.spec import StudySpec
+
+    quiet_library_warnings()
+    if path is None and budget is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
+    b = None if budget is None else check_budget(budget)
+    s = (StudySpec.from_toml(path, b) if path else StudySpec()).with_overrides(budget_flops=b, **overrides)
+    if set_:
+        s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
+    return s
+
+
+def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, Any]:
+    """The objective of ``spec`` and its workload (models built or loaded, cached after the
+    first run), refused when the budget (or, given ``pilot_fraction``, the pilot budget) buys
+    no iteration of any allocation (:func:`check_space_feasible`)."""
+    from rich.console import Console
+
+    obj = load_objective(spec.objective, spec.objective_settings)
+    with Console(stderr=True).status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    check_space_feasible(spec, workload, pilot_fraction)
+    return obj, workload
+
+
+def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, work: Any) -> tuple[Any, Any]:
+    """Run ``work(tracker)`` with the study's MLflow tracker (``None`` with ``no_mlflow``) and
+    close the tracker after it: parent run FINISHED when ``work`` returns, FAILED when it
+    raises, KILLED on Ctrl-C (then one line and exit 130: finished trials are kept). Returns
+    ``(what work returned, tracker)``.
+
+    Raises:
+        ConfigError: the study cannot start (:class:`allocopt.study.open.StudyError`).
+    """
+    from rich.console import Console
+
+    from allocopt.study.open import StudyError
+    from allocopt.study.storage import redact_url
+
+    with Console(stderr=True).status("opening MLflow tracking..."):
+        tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow)
+    status = "FAILED"  # the parent run is FINISHED only when the work ends normally
+    guard = one_interrupt()
+    try:
+        with guard:
+            result = work(tracker)
+        status = "FINISHED"
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
+    except KeyboardInterrupt:
+        status = "KILLED"
+        fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
+             "to resume", guard.exit_code)
+    finally:
+        with one_interrupt(raise_first=False):
+            close_tracker(tracker, spec.name, storage, status)
+    return result, tracker
+
+
+def objective_for_plans(spec: Any) -> Any:
+    """The objective of ``spec`` built without checking that this machine can train it: plans
+    need its workload only (``--dry-run``, ``ask``: the runs happen elsewhere).
+
+    Raises:
+        ConfigError: an unknown objective or setting (one line)."""
+    from allocopt.objective import get_objective
+
+    try:
+        return get_objective(spec.objective, **spec.objective_settings)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"objective={spec.objective!r}: {str(e).splitlines()[0]}") from None

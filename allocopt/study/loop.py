@@ -44,15 +44,24 @@ def run_study(
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
+    on_answer: Callable[[Any, Any], None] | None = None,
     verbose: bool = False,
 ) -> Any:
     """The one study loop: ask the sampler, run the trial, tell the result, until the study has
-    ``spec.trials`` finished full-budget trials (complete, infeasible or failed).
+    ``spec.trials`` finished full-budget trials (complete, infeasible or failed), then store the
+    study's final answer.
 
     With :class:`allocopt.study.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
     several targets) the sampler decides each trial's fidelity: RACE pilots (at
     ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
     then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
+
+    The final answer is stored by the loop itself, so a Python caller gets it as the command
+    line does: with the tracker, the counts and the best full-budget trial on the MLflow parent
+    run (:func:`allocopt.study.trial.log_final`); with a RaceSampler (not ``pilots_only``) and
+    at least two trials, one of them full-budget, RACE's recommendation
+    (:func:`final_answer`) in the study's user attribute ``recommendation`` and on the parent
+    run (:func:`store_answer`).
 
     Args:
         spec: the study definition.
@@ -64,6 +73,7 @@ def run_study(
         pilots_only: run RACE's pilot grid (what is left of it) and stop.
         study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
+        on_answer: called as ``(recommendation, surrogate)`` once RACE's final answer is stored.
         verbose: show the libraries' warnings and log lines during trials (hidden by default,
             :mod:`allocopt.study.quiet`).
 
@@ -94,7 +104,7 @@ def run_study(
     race = isinstance(sampler, RaceSampler)
     if pilots_only and not race:
         raise ValueError("pilots_only needs a RaceSampler")
-    study = study if study is not None else open_study(spec, storage)
+    study = study if study is not None else open_study(spec, storage, sampler)
     n = len(study.get_trials(deepcopy=False))
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
         sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
@@ -112,7 +122,7 @@ def run_study(
     dists = distributions(spec, fidelity=race)
 
     def finished() -> int:
-        from allocopt.race import trial_fidelity
+        from allocopt.race.diagnose import trial_fidelity
 
         # an interrupted or killed (retried) trial does not count: it is run again; a failed one
         # counts (it would fail again)
@@ -141,7 +151,50 @@ def run_study(
     if tracker:
         tracker.reconcile(study)
         log_final(study, spec, tracker)
+    if race and not pilots_only:
+        rec, sur = final_answer(study, spec, sampler)
+        if rec is not None:
+            store_answer(study, spec, rec, tracker)
+            if on_answer:
+                on_answer(rec, sur)
     return study
+
+
+def final_answer(study: Any, spec: StudySpec, sampler: Any) -> tuple[Any, Any]:
+    """RACE's one answer from the study's trials alone: ``(recommendation, surrogate)``
+    (:func:`allocopt.race.recommend.recommendation` on
+    :func:`allocopt.race.recommend.final_surrogate`), or ``(None, None)`` before the study has
+    two trials, one of them at the full budget.
+
+    Args:
+        study: the Optuna study.
+        spec: the study definition (its search space).
+        sampler: the study's :class:`allocopt.study.sampler.RaceSampler` (its observations,
+            seed and settings).
+    """
+    from allocopt.race.recommend import final_surrogate, recommendation
+
+    obs = sampler.observations(study)
+    if len(obs) < 2 or not any(o.fidelity == "full" for o in obs):
+        return None, None
+    sur = final_surrogate(obs, spec.space, sampler.seed)
+    return recommendation(sur, obs, spec.space, sampler.settings), sur
+
+
+def store_answer(study: Any, spec: StudySpec, rec: Any, tracker: Any = None) -> dict[str, Any]:
+    """Store the study's answer ``rec`` (a :class:`~allocopt.race.recommend.Recommendation`, or
+    a bare :class:`~allocopt.plan.allocation.Allocation`) in the Optuna study (user attribute
+    ``recommendation``) and, with a tracker, on the MLflow parent run
+    (:meth:`allocopt.tracking.StudyTracker.log_recommendation`). Returns the stored dict
+    (:func:`allocopt.race.answer.recommendation_dict`: allocation, target, interval in target
+    units)."""
+    from allocopt.race.answer import recommendation_dict
+
+    stored = recommendation_dict(rec, spec.target)
+    study.set_user_attr("recommendation", stored)
+    if tracker:
+        tracker.log_recommendation(stored)
+    return stored
 
 
 def dry_run(spec: StudySpec, workload: Workload, rho_levels: int = 8) -> list[tuple[Allocation, TrialPlan | None, str]]:

@@ -31,7 +31,7 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     import optuna
 
     if spec.pilots != 0 and not spec.multi_objective:
-        from allocopt.race import RaceSettings
+        from allocopt.race.design import RaceSettings
         from allocopt.study.sampler import RaceSampler
 
         settings = race_settings or RaceSettings(max_pilots=spec.pilots)
@@ -83,8 +83,12 @@ def check_same_study(study: Any, spec: StudySpec) -> None:
                              "with the same settings or give another --study-name")
 
 
-def open_study(spec: StudySpec, storage: str) -> Any:
+def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any:
     """Create or load the Optuna study, heartbeats on (:mod:`allocopt.study.storage`).
+
+    Builds no sampler of its own: the study asks ``sampler`` when given, else Optuna's
+    :class:`~optuna.samplers.RandomSampler` (seeded ``spec.seed``) until the caller sets
+    ``study.sampler`` (:func:`make_sampler`; the loop does). ``storage`` ``None``: in memory.
 
     Opening never touches a RUNNING trial: it may be another worker's live trial, or a trial
     reserved by ``allocopt ask``. A dead worker's trial is failed and retried once after the
@@ -106,7 +110,7 @@ def open_study(spec: StudySpec, storage: str) -> Any:
                 store = make_storage(storage)
                 study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
                                             directions=["maximize"] * len(spec.targets),
-                                            sampler=make_sampler(spec))
+                                            sampler=sampler or optuna.samplers.RandomSampler(seed=spec.seed))
                 break
             except Exception as e:  # noqa: BLE001
                 if attempt == 3 or not _creation_race(e):
