@@ -24,7 +24,7 @@ from allocopt.race.propose import Proposal
 from allocopt.spec import StudySpec
 
 if TYPE_CHECKING:
-    from allocopt.study.trial import TrialRow
+    from allocopt.record import TrialRow
 
 @dataclass
 class ValidationRow:
