@@ -10,8 +10,10 @@ Optuna code drive every objective the same way::
     result = obj.run(plan, seed=0, progress=None)                # TrialResult
     # TrialFailed (with .result: what was spent), InfeasiblePlan (nothing spent)
 
-Built-in objectives (``tiny``, ``synthetic``, ``qwen``) are registered by :mod:`objectives`
-(imported on the first look-up); others join with :func:`register_objective`.
+Objectives are found by name through Python entry points of group ``allocopt.objectives``
+(this project's ``tiny``, ``synthetic`` and ``qwen``, declared in its ``pyproject.toml``; a
+user's package declares its own the same way), loaded on first use; code registers more with
+:func:`register_objective`. The library never imports the objectives it runs.
 
 Standard library and the pure core (:mod:`allocopt.flops`, :mod:`allocopt.plan.allocation`,
 :mod:`allocopt.plan.meter`) only: no torch, TRL or Optuna.
@@ -22,20 +24,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from allocopt.plan.allocation import InfeasiblePlan, TrialPlan, Workload
+from allocopt.errors import InfeasiblePlan, ObjectiveUnavailable, TrialFailed
+from allocopt.plan.allocation import TrialPlan, Workload
 from allocopt.flops import ComputeBreakdown, FlopAccount
 from allocopt.plan.meter import FlopMeter, IterationRecord
 
-__all__ = ["InfeasiblePlan", "Objective", "ObjectiveUnavailable", "Progress", "TrialFailed",
+__all__ = ["ENTRY_POINT_GROUP", "InfeasiblePlan", "Objective", "ObjectiveUnavailable", "Progress", "TrialFailed",
            "TrialResult", "get_objective", "objective_names", "objective_targets",
            "register_objective"]
 
 Progress = Callable[[IterationRecord, FlopMeter], None]
 """Called after each training iteration with its record and the run's meter (live display)."""
-
-
-class ObjectiveUnavailable(RuntimeError):
-    """This objective cannot run on this machine; the message says what to use instead."""
 
 
 @dataclass
@@ -72,14 +71,6 @@ class TrialResult:
                 "stopped_reason": self.stopped_reason, "wall_seconds": self.wall_seconds,
                 "breakdown": self.spent.to_dict(),
                 "curves": [asdict(r) for r in self.curves]}
-
-
-class TrialFailed(RuntimeError):
-    """A trial crashed; ``result`` holds what it had spent until then."""
-
-    def __init__(self, message: str, result: TrialResult):
-        super().__init__(message)
-        self.result = result
 
 
 @runtime_checkable
@@ -124,12 +115,22 @@ class _Entry:
     targets: tuple[str, ...] | None
 
 
+ENTRY_POINT_GROUP = "allocopt.objectives"
+"""The entry-point group objectives are declared in (``pyproject.toml``:
+``[project.entry-points."allocopt.objectives"]``, ``name = "package.module:factory"``)."""
+
 _REGISTRY: dict[str, _Entry] = {}
+"""Objectives registered in this process (:func:`register_objective`, or loaded from an entry
+point on first use)."""
 
 
 def register_objective(name: str, factory: Callable[..., Objective], *,
                        targets: Sequence[str] | None = None, replace: bool = False) -> None:
     """Make ``get_objective(name, **settings)`` call ``factory(**settings)``.
+
+    Installed packages declare their objectives as entry points of group
+    :data:`ENTRY_POINT_GROUP` instead (found on first use, see :func:`get_objective`); this
+    registers one from Python code (a test, a notebook).
 
     Args:
         name: the objective's name (``--objective NAME``, ``objective = "NAME"`` in a study file).
@@ -149,17 +150,20 @@ def register_objective(name: str, factory: Callable[..., Objective], *,
     _REGISTRY[name] = _Entry(factory, None if targets is None else tuple(targets))
 
 
-def _load_builtins() -> None:
-    try:
-        import objectives  # noqa: F401  (registers tiny, synthetic, qwen)
-    except ImportError:  # the library without the objectives package
-        pass
+def _entry_points() -> dict[str, Any]:
+    """The installed objectives' entry points by name (first found wins), not loaded."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Any] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
 
 
 def objective_names() -> tuple[str, ...]:
-    """Names of every registered objective, in registration order."""
-    _load_builtins()
-    return tuple(_REGISTRY)
+    """Names of every objective: the installed ones (entry points, in declaration order), then
+    those registered in this process."""
+    return tuple(dict.fromkeys([*_entry_points(), *_REGISTRY]))
 
 
 def objective_targets(name: str) -> tuple[str, ...] | None:
@@ -169,9 +173,16 @@ def objective_targets(name: str) -> tuple[str, ...] | None:
 
 
 def _entry(name: str) -> _Entry:
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(_REGISTRY)}")
+    """Objective ``name``: registered in this process, else loaded from its entry point (the
+    loaded object is the factory; its ``targets`` attribute, if any, the targets it reports)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(objective_names())}")
+    factory = ep.load()
+    targets = getattr(factory, "targets", None)
+    register_objective(name, factory, targets=targets, replace=True)
     return _REGISTRY[name]
 
 
@@ -227,3 +238,43 @@ def check_settings(cls: type, settings: Mapping[str, Any], objective: str) -> No
             what = {bool: "true or false (unquoted)", int: "an integer", float: "a number",
                     str: "a string"}[want]
             raise ValueError(f"setting {key}={value!r}: must be {what}")
+
+
+def split_settings(cls: type, settings: Mapping[str, Any], objective: str, *,
+                   setup_keys: Sequence[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split an objective's flat settings (``--set key=value``, a study's
+    ``[objective_settings]``) between the :class:`~allocopt.plan.setup.TrainingSetup` its
+    settings dataclass ``cls`` nests as ``setup`` and ``cls``'s own fields, each checked with
+    :func:`check_settings`.
+
+    Args:
+        cls: the settings dataclass, with a ``setup: TrainingSetup`` field.
+        settings: the flat settings.
+        objective: its name, for the messages.
+        setup_keys: the set-up fields a user may set (default: all of them); the others are
+            the objective's to fill (measured lengths, the world's model).
+
+    Returns:
+        ``(setup changes, own settings)``.
+
+    Raises:
+        ValueError: one line naming an unknown setting (and the allowed ones) or a value of
+            the wrong type.
+    """
+    import dataclasses
+
+    from allocopt.plan.setup import TrainingSetup
+
+    setup_all = {f.name for f in dataclasses.fields(TrainingSetup)}
+    open_keys = setup_all if setup_keys is None else set(setup_keys)
+    own = {f.name for f in dataclasses.fields(cls) if f.init} - {"setup"}
+    for key in settings:
+        if key not in open_keys and key not in own:
+            why = (" (the objective sets it)" if key in setup_all else "")
+            raise ValueError(f"setting {key!r}: unknown for objective {objective}{why}; allowed: "
+                             f"{', '.join(sorted(open_keys | own))}")
+    setup = {k: v for k, v in settings.items() if k in open_keys}
+    mine = {k: v for k, v in settings.items() if k in own}
+    check_settings(TrainingSetup, setup, objective)
+    check_settings(cls, mine, objective)
+    return setup, mine

@@ -25,7 +25,7 @@ from typing import Sequence
 def _objective(settings: dict):
     from objectives.tiny.objective import TinyObjective, TinySettings
 
-    return TinyObjective(TinySettings(**settings))
+    return TinyObjective(TinySettings.from_flat(**settings))
 
 
 def _trial(args: tuple[float, str, int, float, int, dict]) -> dict:

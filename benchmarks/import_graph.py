@@ -12,6 +12,11 @@ Usage::
     python benchmarks/import_graph.py            # the figures as a table
     python benchmarks/import_graph.py --arrows   # and every arrow inside a circle
     python benchmarks/import_graph.py --dot imports.dot   # a Graphviz drawing
+    python benchmarks/import_graph.py --rooms packages    # a room per allocopt.X, objectives one
+
+``--rooms packages`` draws the house as a maintainer reads it: each top-level module or
+subpackage of ``allocopt`` is one room (``allocopt.study``, ``allocopt.flops``, ...) and the
+``objectives`` plugins are one room; arrows inside a room are not drawn.
 """
 
 from __future__ import annotations
@@ -127,20 +132,35 @@ def floors(nodes: list[str], edges: set[tuple[str, str]], components: list[list[
     return max(h(i) for i in below)
 
 
+def collapse(known: dict[str, Path], edges: set[tuple[str, str]]) -> tuple[list[str], set[tuple[str, str]]]:
+    """Rooms ``allocopt.X`` (a top-level module or subpackage) and ``objectives``; the arrows
+    between different rooms."""
+    def room(m: str) -> str:
+        parts = m.split(".")
+        return "objectives" if parts[0] == "objectives" else ".".join(parts[:2])
+
+    nodes = sorted({room(m) for m in known})
+    return nodes, {(room(a), room(b)) for a, b in edges if room(a) != room(b)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arrows", action="store_true", help="list every arrow inside a circle")
+    parser.add_argument("--rooms", choices=("modules", "packages"), default="modules",
+                        help="a room per module (default) or per allocopt.X / objectives")
     parser.add_argument("--dot", help="write a Graphviz drawing to this file")
     args = parser.parse_args()
     known = modules()
     nodes = sorted(known)
     edges = arrows(known)
+    if args.rooms == "packages":
+        nodes, edges = collapse(known, edges)
     components = circles(nodes, edges)
     loops = [c for c in components if len(c) > 1]
     in_loop = {n: i for i, c in enumerate(loops) for n in c}
     back = sorted((a, b) for a, b in edges if a in in_loop and in_loop.get(b) == in_loop[a])
     largest = max(known.items(), key=lambda kv: len(kv[1].read_text().splitlines()))
-    print(f"{'rooms (modules)':<28}{len(nodes)}")
+    print(f"{'rooms (' + args.rooms + ')':<28}{len(nodes)}")
     print(f"{'arrows (imports)':<28}{len(edges)}")
     print(f"{'floors':<28}{floors(nodes, edges, components)}")
     print(f"{'circles':<28}{len(loops)}")

@@ -47,7 +47,7 @@ def main() -> None:
     from objectives.tiny.objective import TinyObjective, TinySettings
     from objectives.tiny.tasks import make_split
 
-    world = TinyObjective(TinySettings(eval_problems=a.eval_problems, lora_rank=a.lora_rank))
+    world = TinyObjective(TinySettings.from_flat(eval_problems=a.eval_problems, lora_rank=a.lora_rank))
     tok = world._tokenizer()
     model = AutoModelForCausalLM.from_pretrained(str(world.world().policy))
     torch.manual_seed(fields.get("seed", 0))
@@ -55,8 +55,9 @@ def main() -> None:
             for x in make_split("train", 5000, fields.get("seed", 0))]
     reward = world.reward(info["reward"])
     reward.__name__ = info["reward"]
+    # what `allocopt ask` wrote wins (gradient_checkpointing as the plan priced it); off when absent
     args = GRPOConfig(output_dir=str(a.out), use_cpu=True, bf16=False, report_to=[],
-                      disable_tqdm=True, gradient_checkpointing=False, **fields)
+                      disable_tqdm=True, **{"gradient_checkpointing": False, **fields})
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok,
                           peft_config=LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank,

@@ -98,16 +98,20 @@ import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from allocopt.plan.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.plan.hub import model_shape
 from allocopt.objective import TrialResult
 from allocopt.spec import SearchSpace
+from objectives import COMMON_TARGETS
 
 B_REF = 1e19
 REWARD_COST = {"sparse": 0.0, "structured": 0.0, "dense": 0.0, "proxy_prm": 0.5, "prm": 1.0}
 BASE = {"sparse": 0.30, "structured": 0.32, "dense": 0.33, "proxy_prm": 0.34, "prm": 0.36}
-SHIFT = {"native_reward": 0.06, "pass_at_1": 0.0, "judge": -0.08}
+SHIFT = dict(zip(COMMON_TARGETS, (0.06, 0.0, -0.08)))
+"""``shift(t)`` by target key: ``native_reward`` +0.06, ``pass_at_1`` 0, ``judge`` -0.08."""
 DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
 SIZE_MODELS = ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B")
 """Models of the ``model-size`` variant's search space."""
@@ -170,7 +174,7 @@ def get_variant(name: str | Variant) -> Variant:
 @lru_cache(maxsize=64)
 def size_x(model: str | None) -> float:
     """``x = log2(N / 1.5e9)`` of a model (``None``: :data:`DEFAULT_MODEL`), N its parameters."""
-    return math.log2(ModelShape.from_pretrained(model or DEFAULT_MODEL).num_params() / 1.5e9)
+    return math.log2(model_shape(model or DEFAULT_MODEL).num_params() / 1.5e9)
 
 
 def _target(target: str) -> str:
@@ -305,7 +309,7 @@ class SyntheticObjective:
             raise ValueError(f"sleep_s={self.sleep_s!r}: must be seconds in [0, 3600]")
 
     def workload(self) -> Workload:
-        return Workload(policy=ModelShape.from_pretrained(self.model))
+        return Workload(policy=model_shape(self.model))
 
     def optimum(self, target: str = "pass_at_1", budget_flops: float = B_REF,
                 space: SearchSpace | None = None) -> Optimum:
@@ -328,3 +332,15 @@ class SyntheticObjective:
                           model=model, seed=seed, noise=self.noise)
         return TrialResult(targets=targets, spent=plan.expected, budget_flops=plan.budget_flops,
                            curves=[], wall_seconds={})
+
+
+def make(**settings: Any) -> SyntheticObjective:
+    """The ``synthetic`` objective built from settings (entry point ``allocopt.objectives``:
+    ``synthetic``). Raises ``ValueError`` (one line) for an unknown or ill-typed setting."""
+    from allocopt.objective import check_settings
+
+    check_settings(SyntheticObjective, settings, "synthetic")
+    return SyntheticObjective(**settings)
+
+
+make.targets = COMMON_TARGETS  # type: ignore[attr-defined]

@@ -60,7 +60,7 @@ def test_plan_never_exceeds_budget_and_realizes_rho(case):
     assert total <= budget
     # a batch the workload allows, priced as the plan says
     G = alloc.group_size
-    assert min_prompts(w, G) <= p.prompts_per_iteration <= max(1, w.rollouts_per_iteration // G)
+    assert min_prompts(w, G) <= p.prompts_per_iteration <= max(1, w.setup.rollouts_per_iteration // G)
     assert p.rollouts_per_iteration == p.prompts_per_iteration * G
     pw = plan_workload(w, p)
     k = p.rows_trained_per_iteration
@@ -75,7 +75,7 @@ def test_plan_never_exceeds_budget_and_realizes_rho(case):
         assert p.iterations >= 2 and min_last_rows(scheduled) <= r < scheduled
         assert total - cost(r) + cost(r + 1) > budget
     # a smaller batch only when the workload's leaves budget unspent or misses rho
-    if p.rollouts_per_iteration < max(1, w.rollouts_per_iteration // G) * G:
+    if p.rollouts_per_iteration < max(1, w.setup.rollouts_per_iteration // G) * G:
         try:
             full = make_plan(budget, alloc, w.with_setup(min_batch_share=1.0))
         except InfeasiblePlan:

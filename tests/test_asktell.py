@@ -77,9 +77,9 @@ def test_trl_config_realizes_the_plan(tmp_path):
     assert args.steps_per_generation == args.gradient_accumulation_steps  # a pass = an optimizer step
     assert args.num_iterations == run.passes and args.max_steps == run.iterations * run.passes
     assert args.learning_rate == 2e-5
-    assert args.vllm_importance_sampling_correction is w.importance_sampling_correction is False
+    assert args.vllm_importance_sampling_correction is w.setup.importance_sampling_correction is False
     # checkpointing as the plan priced it (TRL's own default, on, would run recompute unpriced)
-    assert args.gradient_checkpointing is w.gradient_checkpointing is False
+    assert args.gradient_checkpointing is w.setup.gradient_checkpointing is False
     assert trl_config(run, learning_rate=2e-5, max_completion_length=512,
                       gradient_checkpointing=True)["gradient_checkpointing"] is True
     on = trl_config(run, learning_rate=2e-5, max_completion_length=512, importance_sampling_correction=True)
@@ -99,7 +99,7 @@ def test_verl_overrides_realize_the_plan():
     assert ov["trainer.total_training_steps"] == str(run.iterations)
     assert ov["actor_rollout_ref.actor.optim.lr"] == "1e-06"
     assert ov["reward_model.enable"] == "True" and ov["reward_model.model.path"] == plan.reward_model
-    assert ov["actor_rollout_ref.model.enable_gradient_checkpointing"] == str(w.gradient_checkpointing)
+    assert ov["actor_rollout_ref.model.enable_gradient_checkpointing"] == str(w.setup.gradient_checkpointing)
 
 
 def _study(tmp_path):

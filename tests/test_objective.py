@@ -200,3 +200,42 @@ def test_objective_settings_of_the_wrong_type_are_refused(name, settings, needle
     with pytest.raises(ValueError) as e:
         get_objective(name, **settings)
     assert str(e.value).startswith(needle) and "\n" not in str(e.value)
+
+
+def test_an_installed_package_registers_an_objective_by_entry_point(tmp_path, monkeypatch):
+    """A user's package declares ``[project.entry-points."allocopt.objectives"]``; installed, it
+    is an entry point of that group (here a dist-info folder written by hand on ``sys.path``):
+    found by name, loaded on first use, its factory's ``targets`` are the objective's."""
+    from allocopt import objective as mod
+
+    (tmp_path / "my_objectives.py").write_text(
+        "from objectives.synthetic import SyntheticObjective\n"
+        "def make(**settings):\n"
+        "    return SyntheticObjective(name='mine', **settings)\n"
+        "make.targets = ('pass_at_1',)\n")
+    info = tmp_path / "my_objectives-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-objectives\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[allocopt.objectives]\nmine = my_objectives:make\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_objectives", raising=False)
+    try:
+        assert "mine" in objective_names() and set(BUILTIN) <= set(objective_names())
+        assert "my_objectives" not in sys.modules  # listed by name, not imported
+        obj = get_objective("mine", noise=0.0)
+        assert obj.name == "mine" and isinstance(obj, Objective)
+        assert objective_targets("mine") == ("pass_at_1",)
+    finally:
+        mod._REGISTRY.pop("mine", None)
+
+
+def test_the_library_does_not_import_its_objectives():
+    """allocopt finds the built-in objectives as entry points, like anyone's: no module of the
+    library imports the ``objectives`` package."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "allocopt"
+    bad = [str(p) for p in root.rglob("*.py")
+           if re.search(r"^\s*(from objectives\b|import objectives\b)", p.read_text(), re.M)]
+    assert bad == []

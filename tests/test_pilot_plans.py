@@ -81,13 +81,13 @@ def test_the_meters_worst_case_can_refuse_a_planned_iteration(tiny):
     from allocopt.race.design import PilotPoint
 
     _, tiny_workload = tiny
-    workload = tiny_workload.with_setup(padded_completion_tokens=tiny_workload.completion_tokens)
+    workload = tiny_workload.with_setup(padded_completion_tokens=tiny_workload.setup.completion_tokens)
     a = Allocation(rho=0.5, group_size=4, reward="sparse")
     budget = min_budget(a, workload)
     pp = plan_pilot(PilotPoint(a), budget, workload)
     assert pp.plan is not None and pp.plan.iterations == 1
     assert pp.admitted_iterations == 0 and not pp.usable and "worst case" in pp.note
-    assert workload.max_completion_length > workload.completion_tokens  # why it refuses
+    assert workload.setup.max_completion_length > workload.setup.completion_tokens  # why it refuses
     none = plan_pilot(PilotPoint(a), budget - 1, workload)
     assert none.plan is None and "needs" in none.note
 

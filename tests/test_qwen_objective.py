@@ -49,7 +49,7 @@ def test_one_cpu_trial_agrees_with_flopcounter(qwen_world, tmp_path, reward):
     obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path, isolate=False))
     obj.check_available()
     w = obj.workload()
-    assert obj.setup().engine == "trl-cpu" and w.engine == "trl-cpu"
+    assert obj.setup().engine == "trl-cpu" and w.setup.engine == "trl-cpu"
     alloc = Allocation(0.5, 4, reward)
     plan = make_plan(4 * min_budget(alloc, w), alloc, w)
     assert plan.iterations >= 2
@@ -226,7 +226,7 @@ def test_cpu_refuses_a_full_size_policy_before_spending():
 
     with pytest.raises(ObjectiveUnavailable, match="needs a CUDA GPU"):
         obj.check_available()
-    assert obj.workload().engine == "trl-vllm"  # plans price the engine the study is meant for
+    assert obj.workload().setup.engine == "trl-vllm"  # plans price the engine the study is meant for
     with pytest.raises(ConfigError):
         QwenObjective.from_settings(heldout_problems=0)
 

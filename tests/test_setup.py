@@ -31,8 +31,8 @@ def test_plan_fingerprint_is_the_drivers():
     assert plan.setup_fingerprint == setup.fingerprint(other_name) == setup.fingerprint(POLICY)
     assert len(plan.setup_fingerprint) == 12
     # the workload carries every set-up field the plan prices
-    assert (w.lora.rank, w.engine, w.gradient_checkpointing, w.reference, w.max_completion_length,
-            w.rollouts_per_iteration) == (16, "trl-gpu", True, True, 512, 64)
+    assert (w.setup.lora.rank, w.setup.engine, w.setup.gradient_checkpointing, w.setup.reference, w.setup.max_completion_length,
+            w.setup.rollouts_per_iteration) == (16, "trl-gpu", True, True, 512, 64)
 
 
 def test_a_default_workload_prices_the_default_setup():
@@ -44,11 +44,11 @@ def test_a_default_workload_prices_the_default_setup():
     w, setup = Workload(POLICY), TrainingSetup()
     assert [f.name for f in dataclasses.fields(Workload)] == ["policy", "setup", "reward_models"]
     assert w.setup == setup
-    for f in dataclasses.fields(TrainingSetup):  # every field reads through, one default
-        assert getattr(w, f.name) == getattr(setup, f.name), f.name
-    assert (w.max_completion_length, w.gradient_checkpointing, w.importance_sampling_correction,
-            w.rollouts_per_iteration, w.engine) == (1024, False, False, 64, "trl-vllm")
-    assert (w.lora.rank, w.reference) == (32, False)
+    for f in dataclasses.fields(TrainingSetup):  # one place for each field: workload.setup
+        assert not hasattr(w, f.name), f.name
+    assert (w.setup.max_completion_length, w.setup.gradient_checkpointing, w.setup.importance_sampling_correction,
+            w.setup.rollouts_per_iteration, w.setup.engine) == (1024, False, False, 64, "trl-vllm")
+    assert (w.setup.lora.rank, w.setup.reference) == (32, False)
     assert w.fingerprint() == setup.fingerprint(POLICY)
     alloc = Allocation(rho=0.5, group_size=8, reward="prm")
     plan = make_plan(1e19, alloc, w)
@@ -62,9 +62,9 @@ def test_a_default_workload_prices_the_default_setup():
 def test_with_setup_derives_a_workload():
     w = Workload(POLICY, TrainingSetup(completion_tokens=300))
     short = w.with_setup(completion_tokens=100.0, prompt_tokens=50.0)
-    assert (short.completion_tokens, short.prompt_tokens, short.policy, short.reward_models) == \
+    assert (short.setup.completion_tokens, short.setup.prompt_tokens, short.policy, short.reward_models) == \
         (100.0, 50.0, w.policy, w.reward_models)
-    assert short.max_completion_length == w.max_completion_length == 1024  # resolved once
+    assert short.setup.max_completion_length == w.setup.max_completion_length == 1024  # resolved once
     assert short.fingerprint() == w.fingerprint()  # lengths price a plan, they are not the set-up
     assert w.with_setup(lora_rank=8).fingerprint() != w.fingerprint()
     with pytest.raises(ConfigError, match=r"^rollouts_per_iteration=1: must be an integer from 2"):
@@ -336,7 +336,7 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
     trl_setup, _ = read_recipe(f, runner="trl")
     assert (trl_setup.gradient_checkpointing, trl_setup.importance_sampling_correction) == (True, True)
     assert trl_setup.fingerprint(loaded) != by_hand
-    trl_w = Workload(loaded, trl_setup.with_lengths(rollouts_per_iteration=w.rollouts_per_iteration))
+    trl_w = Workload(loaded, trl_setup.with_lengths(rollouts_per_iteration=w.setup.rollouts_per_iteration))
     with pytest.raises(SetupMismatch, match=r"^gradient_checkpointing=False \(the plan priced True\), "
                                             r"importance_sampling_correction=False \(the plan priced True\):"):
         check_setup(make_plan(3 * min_budget(alloc, trl_w), alloc, trl_w), setup, loaded)

@@ -99,7 +99,7 @@ def trial(
                        spent=f"{fmt_flops(meter.executed_flops)} / {fmt_flops(b)} FLOPs, "
                              f"reward {rec.reward_mean:.3f}")
 
-        from objectives.grpo.driver import TrialFailed
+        from allocopt.objective import TrialFailed
 
         from allocopt.study.quiet import quiet
 

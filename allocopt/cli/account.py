@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from allocopt.flops import PHASES, ConfigError, FlopAccount, ModelShape
+from allocopt.flops import PHASES, ConfigError, FlopAccount
 from allocopt.plan.setup import TrainingSetup
+from allocopt.plan.hub import model_shape
 
 D = {f.name: f.default for f in fields(TrainingSetup)}
 """The set-up's defaults: the one default of each field, shown in the help of both commands."""
@@ -149,7 +150,7 @@ def account(
     from allocopt.plan.recipe import account as price_run, read_recipe, recipe_dict
 
     setup, r = read_recipe(recipe, **given)
-    policy = ModelShape.from_pretrained(setup.model)
+    policy = model_shape(setup.model)
     acct = price_run(setup, r, policy)
     if as_json:
         out.print_json(json.dumps({"recipe": recipe_dict(setup, r),
@@ -235,8 +236,8 @@ def plan(
                  runner=runner, max_completion_length=max_completion_length)
     # the set-up's own defaults (the ones account, the meter and the driver take) for the rest
     setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None})
-    reward_models = {**default_reward_models(), "prm": ModelShape.from_pretrained(prm_model)}
-    policy = ModelShape.from_pretrained(setup.model)
+    reward_models = {**default_reward_models(), "prm": model_shape(prm_model)}
+    policy = model_shape(setup.model)
     policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
     w = Workload(policy, setup, reward_models)
     p = make_plan(budget, alloc, w)

@@ -19,11 +19,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
-_STORAGE = typer.Option("sqlite:///allocopt.db", "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
+_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
 
 
 def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
@@ -99,7 +100,7 @@ def ask(
         new = base.with_overrides(name=study, budget_flops=None if budget is None else check_budget(budget),
                                   target=target, objective=objective)
     st, spec = _load(study, storage, new)
-    from objectives import get_objective
+    from allocopt.objective import get_objective
 
     try:  # plans need the workload only, not a machine that can train
         obj = get_objective(spec.objective, **spec.objective_settings)

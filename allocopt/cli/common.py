@@ -20,7 +20,7 @@ def load_objective(name: str, settings: dict | None = None) -> Any:
         ConfigError: unknown objective, bad settings, or the objective cannot run here (the
             message says what to use instead).
     """
-    from objectives import get_objective
+    from allocopt.objective import get_objective
 
     try:
         obj = get_objective(name, **(settings or {}))

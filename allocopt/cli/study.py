@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.cli.common import fail, parse_settings as _settings
 from allocopt.cli.account import fmt_flops
 from allocopt.flops import ConfigError
@@ -32,7 +33,7 @@ def study(
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world) or synthetic (test function). \\[default: the spec's, else qwen]"),
     trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
-    storage: str = typer.Option("sqlite:///allocopt.db", help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL (sqlite:///…, postgresql://…)."),
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
@@ -76,7 +77,7 @@ def study(
     from allocopt.cli.common import load_objective, make_tracker
 
     if dry_run:  # plans need the workload only, not a machine that can train
-        from objectives import get_objective
+        from allocopt.objective import get_objective
 
         try:
             obj = get_objective(s.objective, **s.objective_settings)
@@ -276,7 +277,7 @@ def mlflow_lines(tracker: Any) -> list[str]:
             f"  then open {runs_view_url('http://127.0.0.1:5000', exp)}"]
 
 
-def print_study_summary(st: Any, s: Any, storage: str = "sqlite:///allocopt.db",
+def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
                         show_answer: bool = True) -> None:
     """Final table: the top trials (the Pareto front when the study has several targets), the
     one answer (``show_answer``: RACE's recommendation, else the best trial) and the best

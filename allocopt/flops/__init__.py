@@ -28,11 +28,11 @@ LoRA), :mod:`allocopt.flops.formulas` (FLOPs of each pass), :mod:`allocopt.flops
 from allocopt.flops.account import PHASES, ComputeBreakdown, FlopAccount
 from allocopt.flops.formulas import (Attention, attention_keys, backward_flops, forward_flops,
                                      generation_flops, reward_model_flops, training_flops)
-from allocopt.flops.shapes import (HUB_TIMEOUT_S, MODULES, ConfigError, HeadKind, LoRASpec,
+from allocopt.flops.shapes import (MODULES, ConfigError, HeadKind, LoRASpec,
                                    ModelShape, preset_names)
 
 __all__ = [
-    "Attention", "ComputeBreakdown", "ConfigError", "FlopAccount", "HUB_TIMEOUT_S", "HeadKind",
+    "Attention", "ComputeBreakdown", "ConfigError", "FlopAccount", "HeadKind",
     "LoRASpec", "MODULES", "ModelShape", "PHASES", "attention_keys", "backward_flops", "forward_flops", "generation_flops",
     "preset_names", "reward_model_flops", "training_flops",
 ]

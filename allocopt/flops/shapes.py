@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 HeadKind = Literal["lm", "score", "prm", "value"]
 
@@ -16,8 +16,7 @@ MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
 """The seven linear modules of a Qwen2/Llama decoder layer, in forward order."""
 
 
-class ConfigError(ValueError):
-    """A model configuration or a FLOP query is invalid; the message names the field."""
+from allocopt.errors import ConfigError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass(frozen=True)
@@ -126,11 +125,14 @@ class ModelShape:
         )
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str) -> "ModelShape":
+    def from_pretrained(cls, name_or_path: str, *,
+                        fetch_config: Callable[[str], str] | None = None) -> "ModelShape":
         """From a preset name, a local folder (or file) with ``config.json``, or a hub id.
 
-        The hub is asked only when neither a preset nor a local path matches, and needs
-        ``huggingface_hub`` and the network. Raises :class:`ConfigError` otherwise.
+        A hub id (``org/name``, neither a preset nor a local path) is handed to
+        ``fetch_config``, which returns the local path of its ``config.json``; this module does
+        no network look-up itself (:func:`allocopt.plan.hub.model_shape` passes the hub's).
+        Raises :class:`ConfigError` otherwise.
         """
         if _preset_key(name_or_path) in _PRESETS:
             return cls.preset(name_or_path)
@@ -144,7 +146,10 @@ class ModelShape:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"config.json at {path}: not valid JSON ({e})") from None
         if "/" in name_or_path and not os.path.exists(name_or_path):
-            return cls.from_pretrained(_hub_config(name_or_path))
+            if fetch_config is None:
+                raise ConfigError(f"model={name_or_path!r}: not a preset or a local folder "
+                                  "(allocopt.plan.hub.model_shape fetches hub ids)")
+            return cls.from_pretrained(fetch_config(name_or_path))
         return cls.preset(name_or_path)  # raises with the known names
 
     def check_length(self, num_tokens: int, what: str = "prompt_tokens + completion_tokens") -> None:
@@ -229,47 +234,6 @@ class LoRASpec:
         return shape.num_layers * sum(2 * self.rank * (lin[m][0] + lin[m][1]) for m in self.target_modules)
 
 
-HUB_TIMEOUT_S = 2.5
-"""Seconds a hub look-up of a ``config.json`` may take before it is given up (offline, the
-whole command fails in under 5 s with one line, not half a minute of retries)."""
-
-
-def _hub_config(repo_id: str) -> str:
-    """Local path of ``repo_id``'s ``config.json`` from the Hugging Face hub (cache first).
-
-    Honours ``HF_HUB_OFFLINE``; gives up after :data:`HUB_TIMEOUT_S` (the download runs in a
-    daemon thread, its retry warnings silenced). Raises :class:`ConfigError` in one line.
-    """
-    import logging
-    import threading
-
-    try:
-        from huggingface_hub import hf_hub_download  # optional, network only
-    except ImportError:
-        raise ConfigError(f"model={repo_id!r}: not a preset or a local folder, and "
-                          "huggingface_hub is not installed to fetch it") from None
-    result: dict[str, Any] = {}
-
-    def fetch() -> None:
-        try:
-            result["path"] = hf_hub_download(repo_id, "config.json", etag_timeout=HUB_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - reported as one line below
-            result["error"] = e
-
-    for name in ("huggingface_hub", "urllib3", "httpx"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    t = threading.Thread(target=fetch, daemon=True)
-    t.start()
-    t.join(HUB_TIMEOUT_S)
-    if "path" in result:
-        return result["path"]
-    why = (f"no answer in {HUB_TIMEOUT_S:g} s" if t.is_alive()
-           else type(result.get("error")).__name__)
-    raise ConfigError(f"model={repo_id!r}: not a preset or a local folder, and its config.json "
-                      f"could not be fetched from the hub ({why}); pass a folder with "
-                      f"config.json or a preset ({', '.join(p.name for p in _PRESET_LIST)})")
-
-
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 _ENC_DEC_KEYS = ("encoder_layers", "num_decoder_layers", "decoder_layers")
 
@@ -346,4 +310,4 @@ def preset_names() -> list[str]:
     return [p.name for p in _PRESET_LIST]
 
 
-__all__ = ["ConfigError", "HUB_TIMEOUT_S", "HeadKind", "LoRASpec", "MODULES", "ModelShape", "preset_names"]
+__all__ = ["ConfigError", "HeadKind", "LoRASpec", "MODULES", "ModelShape", "preset_names"]

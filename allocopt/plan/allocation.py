@@ -38,18 +38,22 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from allocopt.flops import ConfigError, FlopAccount, ModelShape
 from allocopt.flops.grpo import GRPOStep, engine, grpo_step_flops
 from allocopt.plan.meter import largest_fitting
 from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup
+from allocopt.plan.hub import model_shape
 
 REWARDS: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
 """Reward systems: three rule-based (0 FLOPs), two model-based."""
 RULE_BASED: frozenset[str] = frozenset({"sparse", "structured", "dense"})
 MODEL_BASED: frozenset[str] = frozenset({"proxy_prm", "prm"})
+FIDELITIES: tuple[str, ...] = ("pilot", "full")
+"""Fidelities of a trial: ``pilot`` (a share of the budget, inside a RACE grid) and ``full``
+(the whole budget); this order is the stored Optuna distribution's (:mod:`allocopt.study.sampler`)."""
 
 RHO_TOLERANCE = 0.01
 """A plan is *realizable* when its ρ is within this of the asked ρ."""
@@ -62,12 +66,7 @@ class FrozenMap(dict):
         return hash(tuple(sorted(self.items())))
 
 
-class InfeasiblePlan(ValueError):
-    """The budget cannot buy one iteration of this allocation (message gives the minimum)."""
-
-    def __init__(self, message: str, min_budget_flops: int):
-        super().__init__(message)
-        self.min_budget_flops = min_budget_flops
+from allocopt.errors import InfeasiblePlan  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def check_budget(budget_flops: Any) -> float:
@@ -121,17 +120,13 @@ def default_reward_models() -> dict[str, ModelShape]:
                                        "name": "proxy-prm-1.5b", "head": "score"})}
 
 
-_READ_THROUGH = frozenset(f.name for f in fields(TrainingSetup)) | {"lora", "reference"}
-
-
 @dataclass(frozen=True)
 class Workload:
     """What one trial trains and how: everything but the allocation.
 
-    The set-up's fields read through: ``workload.completion_tokens`` is
-    ``workload.setup.completion_tokens`` (and so on for every :class:`TrainingSetup` field,
-    ``lora`` and ``reference``); none is repeated here, so a default ``Workload(policy)``
-    prices the default ``TrainingSetup()``. Derived workloads: :meth:`with_setup`.
+    The set-up is read where it lives, ``workload.setup.completion_tokens`` (no field of it is
+    repeated here), so a default ``Workload(policy)`` prices the default ``TrainingSetup()``.
+    Derived workloads: :meth:`with_setup`.
     """
 
     policy: ModelShape
@@ -145,11 +140,6 @@ class Workload:
         if not isinstance(self.setup, TrainingSetup):
             raise ConfigError(f"setup={self.setup!r}: must be a TrainingSetup")
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
-
-    def __getattr__(self, name: str) -> Any:  # only for names not found on the workload itself
-        if name in _READ_THROUGH:
-            return getattr(self.setup, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def with_setup(self, **changes: Any) -> "Workload":
         """This workload with set-up fields changed (the generation limit and the runner's
@@ -228,7 +218,7 @@ class TrialPlan:
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
-    return workload.policy if allocation.model is None else ModelShape.from_pretrained(allocation.model)
+    return workload.policy if allocation.model is None else model_shape(allocation.model)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -236,12 +226,12 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
     """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N).
     Memoized (workloads and allocations are frozen and hashable)."""
     G = allocation.group_size
-    prompts = max(1, workload.rollouts_per_iteration // G)
+    prompts = max(1, workload.setup.rollouts_per_iteration // G)
     N = prompts * G
-    c_mean = max(1, round(workload.completion_tokens))
-    eng = engine(workload.engine)
+    c_mean = max(1, round(workload.setup.completion_tokens))
+    eng = engine(workload.setup.engine)
     if eng.padded_generation or eng.padded_training:
-        c_pad = round(workload.padded_completion_tokens or workload.completion_tokens)
+        c_pad = round(workload.setup.padded_completion_tokens or workload.setup.completion_tokens)
         # one row at the padded length stands for the batch's longest; the rest at the mean
         completions = (max(1, c_pad),) + (c_mean,) * (N - 1)
     else:
@@ -251,16 +241,16 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
     if allocation.reward in MODEL_BASED and reward_model is None:
         raise ConfigError(f"reward={allocation.reward!r}: the workload names no reward model for it")
     step = GRPOStep(
-        prompt_tokens=(max(1, round(workload.prompt_tokens)),) * prompts,
+        prompt_tokens=(max(1, round(workload.setup.prompt_tokens)),) * prompts,
         completion_tokens=completions,
         group_size=G,
         update_passes=rows_trained / N,
-        reference=workload.reference,
-        importance_sampling_correction=workload.importance_sampling_correction,
-        reward_steps=(max(0, round(workload.steps_per_completion)),) * N,
+        reference=workload.setup.reference,
+        importance_sampling_correction=workload.setup.importance_sampling_correction,
+        reward_steps=(max(0, round(workload.setup.steps_per_completion)),) * N,
     )
-    return grpo_step_flops(_policy(workload, allocation), step, lora=workload.lora,
-                           gradient_checkpointing=workload.gradient_checkpointing,
+    return grpo_step_flops(_policy(workload, allocation), step, lora=workload.setup.lora,
+                           gradient_checkpointing=workload.setup.gradient_checkpointing,
                            reward_model=reward_model, engine_name=eng)
 
 
@@ -283,7 +273,7 @@ def rows_for_rho(workload: Workload, allocation: Allocation) -> float:
     [0, 64·N] (up to 64 passes).
     """
     G = allocation.group_size
-    N = max(1, workload.rollouts_per_iteration // G) * G
+    N = max(1, workload.setup.rollouts_per_iteration // G) * G
     flops = lambda k: iteration_flops(workload, allocation, k).executed  # noqa: E731
     base = flops(0)
     fixed = base.search_flops + base.reward_flops
@@ -370,7 +360,7 @@ def min_last_rows(rows: int) -> int:
 def batch_workload(workload: Workload, rollouts_per_iteration: int) -> Workload:
     """``workload`` at another batch: what a plan that runs ``rollouts_per_iteration``
     completions per iteration (:attr:`TrialPlan.rollouts_per_iteration`) is priced on."""
-    if rollouts_per_iteration == workload.rollouts_per_iteration:
+    if rollouts_per_iteration == workload.setup.rollouts_per_iteration:
         return workload
     return replace(workload, setup=replace(workload.setup, rollouts_per_iteration=rollouts_per_iteration))
 
@@ -384,7 +374,7 @@ def _plan_at(budget: float, allocation: Allocation, workload: Workload) -> Trial
     """The plan at ``workload``'s batch: the most whole iterations that fit, then a last one
     cut to the most rows that fit, when at least :func:`min_last_rows` of its schedule do."""
     G = allocation.group_size
-    prompts = max(1, workload.rollouts_per_iteration // G)
+    prompts = max(1, workload.setup.rollouts_per_iteration // G)
     N = prompts * G
     k = rows_for_rho(workload, allocation)
     iterations = max_iterations(budget, workload, allocation, k)
@@ -420,8 +410,8 @@ def _plan_at(budget: float, allocation: Allocation, workload: Workload) -> Trial
 def min_prompts(workload: Workload, group_size: int) -> int:
     """Fewest prompts per iteration a plan at ``group_size`` may run:
     ``ceil(min_batch_share × prompts)`` of the workload's ``rollouts_per_iteration // G``."""
-    prompts = max(1, workload.rollouts_per_iteration // group_size)
-    return max(1, math.ceil(workload.min_batch_share * prompts - 1e-9))
+    prompts = max(1, workload.setup.rollouts_per_iteration // group_size)
+    return max(1, math.ceil(workload.setup.min_batch_share * prompts - 1e-9))
 
 
 def _merit(use: float, rho_error: float, realizable: bool = True) -> tuple:
@@ -444,7 +434,7 @@ def batch_candidates(budget_flops: float, allocation: Allocation, workload: Work
     of its rows would fit in it (its search and reward, the share 1 - ρ of a whole iteration,
     then lower the realized ρ)."""
     G = allocation.group_size
-    p0 = max(1, workload.rollouts_per_iteration // G)
+    p0 = max(1, workload.setup.rollouts_per_iteration // G)
     k = rows_for_rho(workload, allocation)
     per_prompt = iteration_flops(workload, allocation, rows_schedule(k, 0)).executed.total_flops / p0
     rho = allocation.rho
@@ -497,7 +487,7 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
         return best  # spends the budget and realizes rho closely: the workload's batch
     candidates = batch_candidates(budget, allocation, workload)
     least = min_prompts(workload, allocation.group_size)
-    if best is None and least < max(1, workload.rollouts_per_iteration // allocation.group_size) \
+    if best is None and least < max(1, workload.setup.rollouts_per_iteration // allocation.group_size) \
             and least not in candidates:
         candidates.append(least)  # the cheapest iteration, when the estimates say none fits
     for prompts in candidates:

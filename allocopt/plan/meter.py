@@ -65,8 +65,7 @@ def largest_fitting(cost: Callable[[int], int], lo: int, hi: int, room: float) -
     return lo
 
 
-class BudgetExhausted(RuntimeError):
-    """The next iteration could pass the budget; the run stops before it."""
+from allocopt.errors import BudgetExhausted  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from allocopt.flops import ConfigError, FlopAccount, ModelShape
 from allocopt.flops.grpo import GRPOStep, grpo_step_flops
 from allocopt.flops.lengths import DISTRIBUTIONS, read_lengths, steps_from_rows, synthetic_completions
 from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup, default_max_completion_length
+from allocopt.plan.hub import model_shape
 from allocopt.tomlio import read_toml
 
 ALIASES = {"reward_steps": "steps_per_completion"}
@@ -161,7 +162,7 @@ def grpo_steps(setup: TrainingSetup, run: AccountedRun) -> list[GRPOStep]:
 
 
 def reward_shape(run: AccountedRun) -> ModelShape | None:
-    return ModelShape.from_pretrained(run.reward_model) if run.reward_model else None
+    return model_shape(run.reward_model) if run.reward_model else None
 
 
 def account(setup: TrainingSetup, run: AccountedRun, policy: ModelShape | None = None) -> FlopAccount:
@@ -175,7 +176,7 @@ def account(setup: TrainingSetup, run: AccountedRun, policy: ModelShape | None =
         ConfigError: a bad lengths file, or a sequence longer than the model's context or
             sliding window.
     """
-    policy = policy or ModelShape.from_pretrained(setup.model)
+    policy = policy or model_shape(setup.model)
     steps = grpo_steps(setup, run)
     policy.check_length(max(p + c for s in steps for p, c in s.rows))
     reward = reward_shape(run)

@@ -33,7 +33,6 @@ import math
 import re
 from typing import Any, Iterable, Sequence
 
-from allocopt.flops import ConfigError
 from allocopt.spec import TARGETS, target_key, target_label
 
 DIRECTIONS = ("maximize", "minimize")
@@ -47,12 +46,7 @@ _ROW_FIELDS = ("number", "state", "fidelity", "study")
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_@:.]*)\s*(!=|>=|<=|==|=|>|<)\s*(\S(?:.*\S)?)\s*$")
 
 
-class QueryError(ConfigError):
-    """A query cannot be answered as asked (unknown study, target or field; malformed filter).
-
-    One line naming the value and what is allowed. A :class:`ValueError` (through
-    :class:`~allocopt.flops.ConfigError`, so the CLI prints it as one line with exit code 2).
-    """
+from allocopt.errors import QueryError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 # ============================================================================ fields

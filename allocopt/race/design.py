@@ -16,13 +16,12 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from allocopt.plan.allocation import Allocation
+from allocopt.plan.allocation import FIDELITIES, Allocation  # noqa: F401  (FIDELITIES re-exported)
 from allocopt.flops import ConfigError
 from allocopt.spec import SearchSpace
 
 REGIMES: tuple[str, ...] = ("search-heavy", "update-heavy", "reward-heavy", "balanced")
 """Regime labels (``unknown`` is reported when a reward system has too few pilots)."""
-FIDELITIES: tuple[str, ...] = ("pilot", "full")
 
 
 

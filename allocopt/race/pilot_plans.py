@@ -77,13 +77,13 @@ class PilotPlan:
 @functools.lru_cache(maxsize=64)
 def _at_limit(workload: Workload) -> Workload:
     """``workload`` with every completion at its generation limit."""
-    c = workload.max_completion_length
+    c = workload.setup.max_completion_length
     return workload.with_setup(completion_tokens=c, padded_completion_tokens=c)
 
 
 def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int) -> int:
     """Stage-1 bound of one iteration: search + learning with every completion at
-    ``workload.max_completion_length``."""
+    ``workload.setup.max_completion_length``."""
     e = iteration_flops(_at_limit(workload), allocation, rows).executed
     return e.search_flops + e.learning_flops
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
+from allocopt.plan.engines import trl_grpo_config
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation
@@ -78,8 +79,8 @@ class Proposal:
         p = self.plan
         if p is None:
             return {}
-        return {"num_generations": p.group_size, "num_iterations": p.num_iterations_trl,
-                "generation_batch_size": p.rollouts_per_iteration,
+        cfg = trl_grpo_config(p)
+        return {**{k: cfg[k] for k in ("num_generations", "num_iterations", "generation_batch_size")},
                 "rows_trained_per_iteration": p.rows_trained_per_iteration,
                 "update_passes": p.update_passes, "iterations": p.iterations,
                 "learning_rate_scale": 1.0}

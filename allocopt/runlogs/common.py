@@ -10,9 +10,7 @@ from allocopt.flops import PHASES, ConfigError, FlopAccount
 from allocopt.flops.grpo import grpo_step_flops
 
 
-class RunLogError(ValueError):
-    """A run's logs cannot be accounted; the one-line message names the file, the field and
-    what is wrong."""
+from allocopt.errors import RunLogError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ def account_steps(source: str, settings: dict[str, Any], logged: list[LoggedStep
     Raises:
         RunLogError: the settings or a step's lengths are invalid (the message names which).
     """
-    from allocopt.flops import ModelShape
+    from allocopt.plan.hub import model_shape
     from allocopt.plan.recipe import grpo_steps, read_recipe, reward_shape
 
     if not logged:
@@ -112,7 +110,7 @@ def account_steps(source: str, settings: dict[str, Any], logged: list[LoggedStep
         setup, base = read_recipe(None, **{"max_completion_length": max(1, math.ceil(longest)),
                                            "completion_tokens": max(1.0, logged[0].completion_mean),
                                            **settings})
-        policy = ModelShape.from_pretrained(setup.model)
+        policy = model_shape(setup.model)
         reward = reward_shape(base)
     except ConfigError as e:
         raise RunLogError(f"{source}: {e}") from None

@@ -40,6 +40,7 @@ from typing import Any, Mapping
 from allocopt.plan.allocation import (Allocation, InfeasiblePlan, TrialPlan, Workload,
                                  iteration_flops, make_plan, plan_workload)
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
+from allocopt.plan.engines import trl_grpo_config, verl_overrides as _verl_overrides
 from allocopt.record import (TrialRecord, write_asked, write_complete, write_infeasible,
                              write_start)
 from allocopt.spec import SearchSpace, StudySpec
@@ -47,8 +48,7 @@ from allocopt.spec import SearchSpace, StudySpec
 FORMATS = ("trl", "verl")
 
 
-class TellError(ValueError):
-    """A tell that cannot be recorded (unknown or finished trial, missing targets); one line."""
+from allocopt.errors import TellError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 @dataclass(frozen=True)
@@ -190,19 +190,12 @@ def trl_config(run: AskedRun, *, learning_rate: float, max_completion_length: in
     Raises:
         ConfigError: ``N`` is not a multiple of ``num_processes``.
     """
-    N = run.plan.rollouts_per_iteration
-    if num_processes < 1 or N % num_processes:
-        raise ConfigError(f"num_processes={num_processes!r}: must divide the {N} rollouts per iteration")
-    per_proc = N // num_processes
-    b = max(d for d in range(1, min(micro_batch, per_proc) + 1) if per_proc % d == 0)
-    return {"num_generations": run.plan.group_size, "generation_batch_size": N,
-            "per_device_train_batch_size": b, "gradient_accumulation_steps": per_proc // b,
-            "num_iterations": run.passes, "max_steps": run.iterations * run.passes,
-            "learning_rate": learning_rate, "max_completion_length": max_completion_length,
-            "temperature": temperature, "beta": beta, "seed": seed,
-            "vllm_importance_sampling_correction": bool(importance_sampling_correction),
-            "gradient_checkpointing": bool(gradient_checkpointing),
-            "save_strategy": "no", "logging_steps": 1}
+    return trl_grpo_config(run.plan, passes=run.passes, iterations=run.iterations,
+                           micro_batch=micro_batch, num_processes=num_processes,
+                           learning_rate=learning_rate, max_completion_length=max_completion_length,
+                           temperature=temperature, beta=beta, seed=seed,
+                           importance_sampling_correction=importance_sampling_correction,
+                           gradient_checkpointing=gradient_checkpointing)
 
 
 def trl_command(cfg: Mapping[str, Any], config_path: str) -> str:
@@ -218,26 +211,10 @@ def verl_overrides(run: AskedRun, *, learning_rate: float, max_completion_length
     """Hydra overrides for verl's ``main_ppo`` with ``algorithm.adv_estimator=grpo`` that realize
     ``run`` (see the module table). A model-based reward names its reward model; a rule-based
     one expects the user's ``custom_reward_function``."""
-    p = run.plan
-    out = ["algorithm.adv_estimator=grpo",
-           f"data.train_batch_size={p.prompts_per_iteration}",
-           f"actor_rollout_ref.rollout.n={p.group_size}",
-           f"actor_rollout_ref.actor.ppo_epochs={run.passes}",
-           f"actor_rollout_ref.actor.ppo_mini_batch_size={p.prompts_per_iteration}",
-           f"actor_rollout_ref.actor.optim.lr={learning_rate!r}",
-           f"actor_rollout_ref.rollout.temperature={temperature!r}",
-           f"data.max_response_length={max_completion_length}",
-           f"actor_rollout_ref.actor.use_kl_loss={'True' if beta > 0 else 'False'}",
-           f"actor_rollout_ref.actor.kl_loss_coef={beta!r}",
-           "algorithm.use_kl_in_reward=False",
-           f"actor_rollout_ref.model.enable_gradient_checkpointing={bool(gradient_checkpointing)}",
-           f"actor_rollout_ref.model.path={p.policy}",
-           f"trainer.total_training_steps={run.iterations}"]
-    if p.reward_model:
-        out += ["reward_model.enable=True", f"reward_model.model.path={p.reward_model}"]
-    else:
-        out += ["reward_model.enable=False"]
-    return out
+    return _verl_overrides(run.plan, passes=run.passes, iterations=run.iterations,
+                           learning_rate=learning_rate, max_completion_length=max_completion_length,
+                           temperature=temperature, beta=beta,
+                           gradient_checkpointing=gradient_checkpointing)
 
 
 # ----------------------------------------------------------------------------- tell

@@ -11,11 +11,10 @@ from typing import Any
 from allocopt.plan.allocation import Workload
 from allocopt.spec import StudySpec
 
-DEFAULT_STORAGE = "sqlite:///allocopt.db"
+from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402,F401  (defined there)
 
 
-class StudyError(ValueError):
-    """The study cannot start (bad storage URL, objective unavailable); one line, exit 2."""
+from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:

@@ -21,7 +21,7 @@ from allocopt.race.recommend import final_surrogate, recommendation
 from allocopt.race.validate import RaceResult, validate
 from allocopt.spec import StudySpec
 
-DEFAULT_STORAGE = "sqlite:///allocopt.db"
+from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402  (defined there)
 
 
 def run_race(

@@ -36,6 +36,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, Mapping
 
+DEFAULT_STORAGE = "sqlite:///allocopt.db"
+"""The Optuna storage URL when none is given (a SQLite file in the working folder)."""
 HEARTBEAT_INTERVAL_S = 10
 """Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
 GRACE_PERIOD_S = 60
@@ -50,8 +52,7 @@ WORKER_ATTR = "allocopt.worker"
 _STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
-class StorageError(ValueError):
-    """A storage setting is wrong (one line naming the field, value and what is allowed)."""
+from allocopt.errors import StorageError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def redact_url(url: str | None) -> str:

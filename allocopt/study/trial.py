@@ -18,13 +18,7 @@ from allocopt.spec import StudySpec, allocation_of
 from allocopt.study.open import StudyError
 
 
-class TrialScoreError(RuntimeError):
-    """The objective returned a target that is not a finite number (NaN, inf, None); the trial
-    fails, with what it spent (``result``)."""
-
-    def __init__(self, message: str, result: Any):
-        super().__init__(message)
-        self.result = result
+from allocopt.errors import TrialScoreError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 def best_row(study: Any) -> TrialRow | None:

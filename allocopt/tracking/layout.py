@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 STATES = ("COMPLETE", "FAIL", "INFEASIBLE")
 """Trial states :meth:`StudyTracker.finish_trial` accepts."""
-FIDELITIES = ("full", "pilot")
+from allocopt.plan.allocation import FIDELITIES  # noqa: E402,F401  (defined there)
 CURVE_FIELDS = ("cumulative_flops", "executed_flops", "reward_mean", "rows_trained", "wall_seconds")
 """Fields of one curve point (``IterationRecord``), besides ``iteration``."""
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -60,8 +60,7 @@ _STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "INFEASIBLE": "FINISHED"}
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
-class TrackingError(RuntimeError):
-    """Part of what a trial or study should log did not reach MLflow (the message says what)."""
+from allocopt.errors import TrackingError  # noqa: E402,F401  (defined there; imported from here too)
 
 
 # ============================================================================ keys, values

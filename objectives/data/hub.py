@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 from allocopt.flops import ConfigError
 
-HUB_TIMEOUT_S = 3.0
-"""Seconds the hub may take to answer whether an id exists."""
+from allocopt.plan.hub import HUB_TIMEOUT_S  # seconds the hub may take to answer
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

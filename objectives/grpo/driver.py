@@ -51,6 +51,7 @@ from allocopt.flops.grpo import engine
 from allocopt.plan.meter import BudgetExhausted, FlopMeter, IterationRecord
 from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
 from allocopt.plan.setup import TrainingSetup
+from allocopt.plan.engines import trl_grpo_config
 from objectives.grpo.hooks import _Hooks, _train_log_callback
 
 
@@ -205,20 +206,19 @@ def run_grpo(
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, setup=setup,
                    reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
                    engine=engine_for(setup.engine, model))
-    N = plan.rollouts_per_iteration
     passes = max(1, plan.num_iterations_trl)
     on_gpu = torch.cuda.is_available() and setup.engine != "trl-cpu"
     with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
+        # one row per device step (micro_batch 1): N accumulation steps, one optimizer step per pass
         args = GRPOConfig(
             output_dir=tmp, use_cpu=not on_gpu, bf16=on_gpu, report_to=[],
-            learning_rate=step_learning_rate(setup, passes),
-            per_device_train_batch_size=1, gradient_accumulation_steps=N, steps_per_generation=N,
-            num_generations=plan.group_size, num_iterations=passes,
-            max_completion_length=setup.max_completion_length, temperature=setup.temperature,
-            beta=setup.beta, max_steps=setup.max_iterations * passes,
-            gradient_checkpointing=setup.gradient_checkpointing,
-            save_strategy="no", logging_steps=1, disable_tqdm=True, seed=seed,
-            data_seed=seed, **_vllm_args(setup),
+            **trl_grpo_config(plan, passes=passes, iterations=setup.max_iterations, micro_batch=1,
+                              learning_rate=step_learning_rate(setup, passes),
+                              max_completion_length=setup.max_completion_length,
+                              temperature=setup.temperature, beta=setup.beta, seed=seed,
+                              importance_sampling_correction=setup.importance_sampling_correction,
+                              gradient_checkpointing=setup.gradient_checkpointing),
+            disable_tqdm=True, data_seed=seed, **_vllm_args(setup),
         )
         peft_config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha,
                                  target_modules=_peft_targets(setup.lora_targets),
@@ -278,8 +278,7 @@ def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
     ``trl-vllm``, transformers ``generate`` otherwise."""
     if setup.engine != "trl-vllm":
         return {"use_vllm": False}
-    return {"use_vllm": True, "vllm_mode": "colocate",
-            "vllm_importance_sampling_correction": setup.importance_sampling_correction,
+    return {"use_vllm": True, "vllm_mode": "colocate",  # importance sampling: trl_grpo_config
             "vllm_gpu_memory_utilization": setup.vllm_gpu_memory_utilization}
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from allocopt.flops import ModelShape, generation_flops
+from allocopt.plan.hub import model_shape
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def generate_vllm(base: str, adapter: str, tokenizer: Any, prompts: list[str], d
               dtype="bfloat16", gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION, seed=0)
     outputs = llm.generate(vllm_prompts(tokenizer, prompts), SamplingParams(**decoding.vllm_kwargs()),
                            lora_request=LoRARequest("trial", 1, adapter), use_tqdm=False)
-    shape = ModelShape.from_pretrained(base)
+    shape = model_shape(base)
     texts, flops = [], 0
     for out in outputs:
         done = out.outputs[0]

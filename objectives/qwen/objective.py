@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +30,7 @@ from allocopt.plan.allocation import InfeasiblePlan, TrialPlan, Workload, defaul
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.objective import ObjectiveUnavailable, TrialFailed, TrialResult  # noqa: F401  (re-exported)
 from allocopt.plan.setup import TrainingSetup
+from allocopt.plan.hub import model_shape
 from objectives.data.polaris import POLARIS_ID
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -86,21 +87,14 @@ class QwenSettings:
     def from_flat(cls, **kw: Any) -> "QwenSettings":
         """From flat ``key=value`` settings (a study's ``[objective_settings]``, ``--set``):
         :class:`TrainingSetup` fields go to :attr:`setup` (``engine`` may be ``auto``).
-        Raises ``TypeError`` (unknown key) or :class:`ConfigError` (bad value), one line."""
-        setup_keys = {f.name for f in fields(TrainingSetup)}
-        own = {f.name for f in fields(cls)} - {"setup"}
-        bad = sorted(set(kw) - setup_keys - own)
-        if bad:
-            raise TypeError(f"setting {bad[0]!r}: unknown for objective qwen; allowed: "
-                            f"{', '.join(sorted(setup_keys | own))}")
-        from allocopt.objective import check_settings
+        Raises ``ValueError`` (unknown key, a value of the wrong type) or :class:`ConfigError`
+        (bad value), one line (:func:`allocopt.objective.split_settings`)."""
+        from allocopt.objective import split_settings
 
-        s = {k: v for k, v in kw.items() if k in setup_keys}
-        engine = s.pop("engine", "auto")
-        check_settings(TrainingSetup, s, "qwen")
-        check_settings(cls, {k: v for k, v in kw.items() if k in own}, "qwen")
+        engine = kw.get("engine", "auto")
+        s, own = split_settings(cls, {k: v for k, v in kw.items() if k != "engine"}, "qwen")
         setup = TrainingSetup(**s, engine="trl-vllm" if engine == "auto" else engine)
-        rest = {k: v for k, v in kw.items() if k in own and k != "engine_auto"}
+        rest = {k: v for k, v in own.items() if k != "engine_auto"}
         return cls(setup=setup, engine_auto=engine == "auto", **rest)
 
 
@@ -164,9 +158,9 @@ class QwenObjective:
 
             name = self.settings.setup.model
             try:
-                self._measured["policy"] = ModelShape.from_pretrained(name)
+                self._measured["policy"] = model_shape(name)
             except ConfigError:
-                self._measured["policy"] = ModelShape.from_pretrained(resolve(name, "model"))
+                self._measured["policy"] = model_shape(resolve(name, "model"))
         return self._measured["policy"]
 
     def _lengths(self, setup: TrainingSetup) -> dict[str, float]:
@@ -244,7 +238,7 @@ class QwenObjective:
         for key, name in (("prm", self.settings.reward_model_prm),
                           ("proxy_prm", self.settings.reward_model_proxy_prm)):
             if os.path.isdir(name):
-                reward_models[key] = ModelShape.from_pretrained(name)
+                reward_models[key] = model_shape(name)
             if (PRM_FORMATS.get(name) or _named_format(name)) == "skywork-o1-prm":
                 reward_models[key] = replace(reward_models[key], head="value", num_labels=1)
         return Workload(self._policy_shape(), self.setup(), reward_models)

@@ -17,43 +17,65 @@ outside the budget.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from allocopt.plan.allocation import TrialPlan, Workload
 from allocopt.flops import ModelShape, generation_flops
+from allocopt.plan.setup import TrainingSetup
 
-TARGETS = ("native_reward", "pass_at_1", "judge")
+
+MEASURED_SETUP_KEYS = ("model", "prompt_tokens", "completion_tokens", "padded_completion_tokens")
+"""Set-up fields :meth:`TinyObjective.setup` fills from the world (not settings)."""
+
+
+def tiny_setup() -> TrainingSetup:
+    """The tiny world's training set-up before the world's model and lengths are filled in
+    (:meth:`TinyObjective.setup`): LoRA r 8 (alpha 16), trl-cpu, 64 rollouts per iteration,
+    completions up to 48 tokens, learning rate 1e-3; the PRMs are step verifiers, so no step
+    marker tokens. The lengths here (1 token) are placeholders, replaced by the measured ones."""
+    return TrainingSetup(model="tiny", lora_rank=8, lora_alpha=16, engine="trl-cpu",
+                         max_completion_length=48, learning_rate=1e-3, divide_lr_by_passes=False,
+                         rollouts_per_iteration=64, prompt_tokens=1.0, completion_tokens=1.0,
+                         steps_per_completion=0.0)
 
 
 @dataclass(frozen=True)
 class TinySettings:
-    """Settings of the tiny objective (not search variables)."""
+    """Settings of the tiny objective (not search variables).
 
+    ``rollouts_per_iteration`` 64 rather than 32 (in :attr:`setup`): measured at 3e11 FLOPs
+    (sparse, 3 seeds), the sd between seeds at ρ 0.2-0.8 fell from 0.01-0.045 to 0.006-0.019
+    on ``native_reward`` and the response to ρ became one clear peak (0.6) on every target."""
+
+    setup: TrainingSetup = field(default_factory=tiny_setup)
+    """The training set-up (:func:`tiny_setup`); its model and lengths
+    (:data:`MEASURED_SETUP_KEYS`) are filled from the world by :meth:`TinyObjective.setup`."""
     eval_problems: int = 1000
     """Problems per evaluation split (native and downstream), the same problems for every
     trial. 1000 give a binomial sd of at most 0.016 on a share; with 300 the eval noise
     (0.029) hid the difference between allocations (measured in the calibration)."""
-    rollouts_per_iteration: int = 64
-    """Completions per GRPO iteration (prompts × G). 64 rather than 32: measured at 3e11 FLOPs
-    (sparse, 3 seeds), the sd between seeds at ρ 0.2-0.8 fell from 0.01-0.045 to 0.006-0.019
-    on ``native_reward`` and the response to ρ became one clear peak (0.6) on every target."""
-    max_completion_length: int = 48
-    learning_rate: float = 1e-3
-    divide_lr_by_passes: bool = False
-    """See :attr:`allocopt.plan.setup.TrainingSetup.divide_lr_by_passes`."""
-    lora_rank: int = 8
     train_problems: int = 5000
     eval_batch_size: int = 100
     cache_dir: str | None = None
     """Where the built world lives (default ``$ALLOCOPT_CACHE`` or ``~/.cache/allocopt``)."""
 
     def __post_init__(self) -> None:
-        for f in ("eval_problems", "rollouts_per_iteration", "max_completion_length",
-                  "lora_rank", "train_problems", "eval_batch_size"):
+        for f in ("eval_problems", "train_problems", "eval_batch_size"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f}={getattr(self, f)!r}: must be >= 1")
+
+    @classmethod
+    def from_flat(cls, **kw: Any) -> "TinySettings":
+        """From flat ``key=value`` settings (a study's ``[objective_settings]``, ``--set``):
+        :class:`TrainingSetup` fields (but :data:`MEASURED_SETUP_KEYS`) change :attr:`setup`.
+        Raises ``ValueError`` (one line) for an unknown setting or a bad value."""
+        from allocopt.objective import split_settings
+
+        keys = [f.name for f in fields(TrainingSetup) if f.name not in MEASURED_SETUP_KEYS]
+        setup, own = split_settings(cls, kw, "tiny", setup_keys=keys)
+        return cls(setup=replace(tiny_setup(), **setup), **own)
 
 
 def build_notice(cache_dir: Path | None = None) -> str | None:
@@ -120,20 +142,14 @@ class TinyObjective:
     def setup(self) -> Any:
         """The world's :class:`allocopt.plan.setup.TrainingSetup` (plan, meter and driver read it):
         tiny shapes, mean train-split lengths, LoRA r 8 (alpha 16), trl-cpu."""
-        from allocopt.plan.setup import TrainingSetup
         from objectives.tiny.tasks import make_split
 
         train = make_split("train", 2000, 0)
         p = statistics.fmean(len(x.prompt) for x in train)
         c = statistics.fmean(len(x.solution) + 1 for x in train)  # + EOS; 1 char = 1 token
-        s = self.settings
-        return TrainingSetup(
-            model=str(self.world().policy), lora_rank=s.lora_rank, lora_alpha=16,
-            engine="trl-cpu", max_completion_length=s.max_completion_length,
-            learning_rate=s.learning_rate, divide_lr_by_passes=s.divide_lr_by_passes,
-            rollouts_per_iteration=s.rollouts_per_iteration, prompt_tokens=p, completion_tokens=c,
-            padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)),
-            steps_per_completion=0.0)  # the PRMs are step verifiers: they add no marker tokens
+        s = self.settings.setup
+        return replace(s, model=str(self.world().policy), prompt_tokens=p, completion_tokens=c,
+                       padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)))
 
     def workload(self) -> Workload:
         """The workload a plan is made for (:meth:`setup` on the world's models)."""
@@ -243,7 +259,7 @@ class TinyObjective:
             enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 gen = model.generate(**enc, do_sample=False,
-                                     max_new_tokens=self.settings.max_completion_length,
+                                     max_new_tokens=self.settings.setup.max_completion_length,
                                      pad_token_id=tokenizer.pad_token_id,
                                      eos_token_id=tokenizer.eos_token_id)
             new = gen[:, enc["input_ids"].shape[1]:]

@@ -1,0 +1,100 @@
+"""Every error type of allocopt, in one place. Standard library only.
+
+Bad input is a :class:`ValueError` with a one-line message naming the field, the value and
+what is allowed (the command line prints it and exits with code 2); what goes wrong while
+running is a :class:`RuntimeError`. The modules that raise them re-export them, so
+``from allocopt.flops import ConfigError`` and the like keep working.
+
+=========================  ==============  ===================================================
+error                      base            raised when
+=========================  ==============  ===================================================
+:class:`ConfigError`       ValueError      a model configuration, FLOP query or setting is bad
+:class:`InfeasiblePlan`    ValueError      the budget cannot buy one iteration
+:class:`QueryError`        ConfigError     a query cannot be answered as asked
+:class:`StorageError`      ValueError      a storage setting is wrong
+:class:`StudyError`        ValueError      a study cannot start
+:class:`TellError`         ValueError      a tell cannot be recorded
+:class:`RunLogError`       ValueError      a run's logs cannot be accounted
+:class:`ObjectiveUnavailable`  RuntimeError  an objective cannot run on this machine
+:class:`TrialFailed`       RuntimeError    a trial crashed (``result``: what it spent)
+:class:`TrialScoreError`   RuntimeError    a trial returned a target that is not a number
+:class:`BudgetExhausted`   RuntimeError    the next iteration could pass the budget
+:class:`TrackingError`     RuntimeError    something did not reach MLflow
+=========================  ==============  ===================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BudgetExhausted", "ConfigError", "InfeasiblePlan", "ObjectiveUnavailable", "QueryError",
+           "RunLogError", "StorageError", "StudyError", "TellError", "TrackingError", "TrialFailed",
+           "TrialScoreError"]
+
+
+class ConfigError(ValueError):
+    """A model configuration or a FLOP query is invalid; the message names the field."""
+
+
+class InfeasiblePlan(ValueError):
+    """The budget cannot buy one iteration of this allocation (message gives the minimum)."""
+
+    def __init__(self, message: str, min_budget_flops: int):
+        super().__init__(message)
+        self.min_budget_flops = min_budget_flops
+        """The least budget (FLOPs) that buys one iteration."""
+
+
+class QueryError(ConfigError):
+    """A query cannot be answered as asked (unknown study, target or field; malformed filter).
+
+    One line naming the value and what is allowed. A :class:`ValueError` (through
+    :class:`ConfigError`, so the CLI prints it as one line with exit code 2).
+    """
+
+
+class StorageError(ValueError):
+    """A storage setting is wrong (one line naming the field, value and what is allowed)."""
+
+
+class StudyError(ValueError):
+    """The study cannot start (bad storage URL, objective unavailable); one line, exit 2."""
+
+
+class TellError(ValueError):
+    """A tell that cannot be recorded (unknown or finished trial, missing targets); one line."""
+
+
+class RunLogError(ValueError):
+    """A run's logs cannot be accounted; the one-line message names the file, the field and
+    what is wrong."""
+
+
+class ObjectiveUnavailable(RuntimeError):
+    """This objective cannot run on this machine; the message says what to use instead."""
+
+
+class TrialFailed(RuntimeError):
+    """A trial crashed; ``result`` (:class:`allocopt.objective.TrialResult`) holds what it had
+    spent until then."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
+class TrialScoreError(RuntimeError):
+    """The objective returned a target that is not a finite number (NaN, inf, None); the trial
+    fails, with what it spent (``result``)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
+class BudgetExhausted(RuntimeError):
+    """The next iteration could pass the budget; the run stops before it."""
+
+
+class TrackingError(RuntimeError):
+    """Part of what a trial or study should log did not reach MLflow (the message says what)."""
