@@ -229,7 +229,7 @@ def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
 def test_nan_target_fails_the_trial_in_optuna_attrs_and_row(tmp_path):
     from allocopt.spec import StudySpec
     from allocopt.study.loop import run_study
-    from allocopt.study.trial import rows
+    from allocopt.record import rows
     from fault_objective import FaultyObjective
 
     obj = FaultyObjective(nan_at=[1], noise=0.0)

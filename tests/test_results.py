@@ -9,7 +9,7 @@ from allocopt.plan.allocation import Allocation, min_budget
 from allocopt.race.answer import recommendation_dict, recommendation_lines, short_error, trial_line
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
-from allocopt.study.trial import TrialRow, rows
+from allocopt.record import TrialRow, rows
 from objectives.synthetic import SyntheticObjective
 
 

@@ -14,7 +14,8 @@ from allocopt.race import RaceSettings, propose, runs_of
 from allocopt.study.sampler import FIDELITY_PARAM, RaceSampler
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
-from allocopt.study.trial import best_row, rows
+from allocopt.record import rows
+from allocopt.study.trial import best_row
 from objectives.synthetic import SyntheticObjective
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -115,7 +116,7 @@ def test_concurrent_asks_claim_different_pilots():
 
 def test_enqueued_trials_keep_their_parameters_and_claim_their_point():
     """The waiting queue's parameters are read from Optuna's system attribute ``fixed_params``
-    (allocopt.race.trial_params): this fails if Optuna stops keeping them there."""
+    (allocopt.record.params_of): this fails if Optuna stops keeping them there."""
     sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     first = sampler.design[0].allocation

@@ -12,7 +12,7 @@ import pytest
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
 from allocopt.study.open import StudyError, open_study
-from allocopt.study.trial import rows
+from allocopt.record import rows
 from objectives.synthetic import SyntheticObjective, response, rho_star
 
 
@@ -325,7 +325,8 @@ def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     from optuna.trial import TrialState
 
     from allocopt.cli.study import print_study_summary
-    from allocopt.study.trial import counts, was_interrupted
+    from allocopt.record import is_interrupted as was_interrupted
+    from allocopt.study.trial import counts
 
     url = f"sqlite:///{tmp_path}/i.db"
     s = spec(trials=2)

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import typer
 
+from allocopt.record import TrialRecord
 from allocopt.study.storage import DEFAULT_STORAGE
 from rich.console import Console
 from rich.table import Table
@@ -202,7 +203,7 @@ def tell(
         raise ConfigError(str(e)) from None
     targets = targets_from_metrics(data, spec)
     spent, extra = _spent(frozen, data, metrics, from_trl, from_verl)
-    budget = float(frozen.user_attrs.get("budget_flops", spec.budget_flops))
+    budget = TrialRecord.of(frozen).budget(spec.budget_flops)
     tracker = None
     if not no_mlflow:
         import os
@@ -256,7 +257,7 @@ def _spent(frozen: Any, data: dict[str, Any], metrics: Path, from_trl: Optional[
         raise ConfigError("from_trl/from_verl: the run-log importers (allocopt.runlogs) are not "
                           "in this install; give the breakdown in --metrics") from None
     # the reward model is not in a run's logs: the trial's plan names it
-    rm = (frozen.user_attrs.get("plan") or {}).get("reward_model")
+    rm = TrialRecord.of(frozen).plan.get("reward_model")
     overrides = {"reward_model": rm} if rm else {}
     try:
         imported = import_trl(from_trl, **overrides) if from_trl is not None else \
@@ -268,13 +269,13 @@ def _spent(frozen: Any, data: dict[str, Any], metrics: Path, from_trl: Optional[
 
 def _track_tell(tracker: Any, frozen: Any, spec: Any, budget: float, metrics: dict[str, Any]) -> None:
     """The told trial as an MLflow run of the study (source ``tell``), then close the tracker."""
-    p = frozen.params
-    plan = frozen.user_attrs.get("plan") or {}
+    rec = TrialRecord.of(frozen)
+    p, plan = rec.params, rec.plan
     params = {"rho": p.get("rho", spec.space.rho[0]), "group_size": p.get("group_size", plan.get("group_size")),
               "reward": p.get("reward", plan.get("reward")), "model": plan.get("model"),
               "budget_flops": budget, "objective": spec.objective, "target": spec.target, "source": "tell"}
     run_id = tracker.start_trial(frozen.number, params, {"objective": spec.objective,
-                                                         "fidelity": frozen.user_attrs.get("fidelity", "full"),
+                                                         "fidelity": rec.fidelity,
                                                          "source": "tell"})
     tracker.finish_trial(run_id, state="COMPLETE", metrics=metrics, plan=plan or None)
     tracker.close()

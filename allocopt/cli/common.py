@@ -13,6 +13,7 @@ import contextlib
 from typing import Any, Iterator
 
 from allocopt.flops import ConfigError
+from allocopt.tracking.requests import PROBE_TIMEOUT_S, short_mlflow_requests  # noqa: F401
 
 
 def load_objective(name: str, settings: dict | None = None) -> Any:
@@ -110,9 +111,6 @@ def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-PROBE_TIMEOUT_S = 5
-"""Seconds the first request to an MLflow server may take (``MLFLOW_HTTP_REQUEST_TIMEOUT``
-for the probe, with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``), unless those are set already."""
 
 
 def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
@@ -172,31 +170,6 @@ def _unique_race(e: BaseException) -> bool:
     ``UniqueViolation``, SQLite ``UNIQUE constraint failed``, MySQL ``Duplicate entry``)."""
     text = str(e).lower()
     return any(k in text for k in ("uniqueviolation", "duplicate key", "unique constraint", "duplicate entry"))
-
-
-class short_mlflow_requests:
-    """Within the block, MLflow's HTTP requests time out after :data:`PROBE_TIMEOUT_S` and are
-    not retried (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), unless
-    the user set those variables: a first request to an unreachable server fails in seconds,
-    not after MLflow's default 7 retries with backoff (minutes)."""
-
-    NAMES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}
-
-    def __enter__(self) -> None:
-        import os
-
-        self.saved = {k: os.environ.get(k) for k in self.NAMES}
-        for k, v in self.NAMES.items():
-            os.environ.setdefault(k, v)
-
-    def __exit__(self, *exc: Any) -> None:
-        import os
-
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _reason(e: BaseException) -> str:

@@ -97,7 +97,7 @@ def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], 
     if study:
         rows, source = load_rows_from_study(storage, study), f"study {study}"
     else:
-        from allocopt.cli.common import short_mlflow_requests
+        from allocopt.tracking.requests import short_mlflow_requests
 
         with short_mlflow_requests():  # an unreachable server: one line in seconds, not minutes
             rows = load_rows_from_mlflow(list(from_mlflow or []), mlflow_uri)

@@ -117,7 +117,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     from allocopt.cli.live import StudyDisplay, study_estimate
     from allocopt.study.loop import run_study
     from allocopt.study.open import StudyError, open_study
-    from allocopt.study.trial import rows
+    from allocopt.record import rows
 
     obj, workload = load_workload(s)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
@@ -230,7 +230,7 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     """Final table: the top trials (the Pareto front when the study has several targets), the
     one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
     observed trial as evidence."""
-    from allocopt.study.trial import rows
+    from allocopt.record import rows
 
     if s.multi_objective:
         from allocopt.cli.query import print_front
@@ -240,11 +240,12 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
         print_front(rows, list(s.targets), None, f"study {s.name}", "full")
         return
 
-    from allocopt.study.trial import was_interrupted
+    from allocopt.record import TrialRecord
 
     trials = st.get_trials(deepcopy=False)
-    stopped = {t.number for t in trials if was_interrupted(t)}  # Ctrl-C: run again, not failed
-    full = {t.number for t in trials if t.user_attrs.get("fidelity", "full") == "full"} - stopped
+    recs = [TrialRecord.of(t) for t in trials]
+    stopped = {r.number for r in recs if r.interrupted}  # Ctrl-C: run again, not failed
+    full = {r.number for r in recs if r.fidelity == "full"} - stopped
     all_rows = [r for r in rows(st) if r.number in full]
     n_pilots = len(rows(st)) - len(all_rows) - len(stopped)
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)

@@ -61,16 +61,15 @@ from __future__ import annotations
 from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
                                   check_pilot_fraction, pilot_grid)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
-                                    observations, observed_params, regime_of, share_fit, trial_fidelity,
-                                    trial_params)
+                                    observations, observed_params, regime_of, share_fit)
 from allocopt.race.fit import SurrogateCache, fit_surrogate
-from allocopt.race.propose import PlanCache, Proposal, existing_runs, interrupted, propose, runs_of, same_run
+from allocopt.race.propose import PlanCache, Proposal, existing_runs, propose, runs_of, same_run
 from allocopt.race.recommend import Recommendation, recommend, recommendation
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
            "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
            "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
-           "interrupted", "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
-           "runs_of", "same_regime_rate", "same_run", "share_fit", "trial_fidelity",
-           "trial_params", "observed_params", "validate"]
+           "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
+           "runs_of", "same_regime_rate", "same_run", "share_fit",
+           "observed_params", "validate"]

@@ -41,10 +41,10 @@ from allocopt.plan.allocation import (Allocation, InfeasiblePlan, TrialPlan, Wor
                                  iteration_flops, make_plan, plan_workload)
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
 from allocopt.plan.engines import trl_grpo_config, verl_overrides as _verl_overrides
+from allocopt.record import (TrialRecord, write_asked, write_complete, write_infeasible,
+                             write_start)
 from allocopt.spec import SearchSpace, StudySpec
 
-ASKED_ATTR = "asked"
-"""User attribute of a trial reserved by ``allocopt ask`` (its format)."""
 FORMATS = ("trl", "verl")
 
 
@@ -149,9 +149,9 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         trial = study.ask(dict(distributions))
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             study.sampler.suggest(trial)
-        ua = trial.user_attrs
-        budget = float(ua.get("budget_flops", spec.budget_flops))
-        fidelity = str(ua.get("fidelity", "full"))
+        rec = TrialRecord.of(trial)
+        budget = rec.budget(spec.budget_flops)
+        fidelity = rec.fidelity
         from allocopt.spec import allocation_of
 
         alloc: Allocation = allocation_of(spec, trial.params)
@@ -161,17 +161,13 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         except InfeasiblePlan as e:
             excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
             trial.set_constraint("budget", max(excess, 1e-6))
-            trial.set_user_attr("state", "INFEASIBLE")
-            trial.set_user_attr("error", str(e))
-            trial.set_user_attr("budget_flops", budget)
-            trial.set_user_attr("fidelity", fidelity)
+            write_infeasible(trial, str(e))
+            write_start(trial, budget_flops=budget, fidelity=fidelity)
             study.tell(trial, [0.0] * len(spec.targets))
             infeasible += 1
             continue
-        trial.set_user_attr("budget_flops", budget)
-        trial.set_user_attr("fidelity", fidelity)
-        trial.set_user_attr("plan", plan.to_dict())
-        trial.set_user_attr(ASKED_ATTR, {"format": fmt, **run.to_dict()})
+        write_start(trial, budget_flops=budget, fidelity=fidelity)
+        write_asked(trial, plan.to_dict(), {"format": fmt, **run.to_dict()})
         runs.append(run)
     return runs, infeasible
 
@@ -285,10 +281,10 @@ def check_tellable(study: Any, number: int) -> Any:
         raise TellError(f"trial={number}: no such trial in study {study.study_name!r} "
                         f"({len(trials)} trials, numbers 0..{len(trials) - 1})")
     t = match[0]
-    if t.state.name != "RUNNING":
-        state = t.user_attrs.get("state", t.state.name)
-        raise TellError(f"trial={number}: already finished ({state}); nothing changed")
-    if ASKED_ATTR not in t.user_attrs:
+    rec = TrialRecord.of(t)
+    if rec.optuna_state != "RUNNING":
+        raise TellError(f"trial={number}: already finished ({rec.state}); nothing changed")
+    if rec.asked is None:
         who = t.system_attrs.get("allocopt.worker", "a worker")
         raise TellError(f"trial={number}: is being run by {who}, not reserved by allocopt ask; "
                         "nothing changed")
@@ -297,9 +293,9 @@ def check_tellable(study: Any, number: int) -> Any:
 
 def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float],
            spent: FlopAccount, *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Record a reserved trial as COMPLETE, as :func:`allocopt.study.trial.run_one_trial` records one
-    (user attributes ``state``, ``targets``, ``metrics``, the ``budget`` constraint), plus
-    ``over_budget`` and ``source=tell``.
+    """Record a reserved trial as COMPLETE with the writer :func:`allocopt.study.trial.run_one_trial`
+    uses (:func:`allocopt.record.write_complete`: ``state``, ``targets``, ``metrics``), the
+    ``budget`` constraint, plus ``over_budget`` and ``source=tell``.
 
     Returns:
         the metrics dict recorded.
@@ -308,12 +304,11 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
 
     from allocopt.study.storage import trial_handle
 
-    ua = frozen.user_attrs
-    budget = float(ua.get("budget_flops", spec.budget_flops))
+    rec = TrialRecord.of(frozen)
+    budget = rec.budget(spec.budget_flops)
     used = spent.executed.total_flops
-    plan = ua.get("plan") or {}
     metrics = {**spent.to_dict(), "budget_utilization": used / budget, "eval_flops": 0,
-               "planned_rho": ua.get(ASKED_ATTR, {}).get("expected_rho", plan.get("realized_rho", math.nan)),
+               "planned_rho": (rec.asked or {}).get("expected_rho", rec.plan.get("realized_rho", math.nan)),
                **dict(extra or {})}
     handle = trial_handle(study, frozen.number)
     if handle is None:
@@ -326,10 +321,6 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     constraint = math.log10(used / budget) if over else -1.0
     trial.set_constraint("budget", constraint)
     set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
-    trial.set_user_attr("state", "COMPLETE")
-    trial.set_user_attr("targets", dict(targets))
-    trial.set_user_attr("metrics", metrics)
-    trial.set_user_attr("over_budget", over)
-    trial.set_user_attr("source", "tell")
+    write_complete(trial, targets, metrics, over_budget=over, source="tell")  # as run_one_trial does
     study.tell(frozen.number, [float(targets[k]) for k in spec.target_keys])
     return metrics

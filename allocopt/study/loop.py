@@ -28,7 +28,8 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.study.trial import TrialRow, log_final, rows, run_one_trial, was_interrupted  # noqa: F401 (rows: allocopt.query.sources reads it here, TrialRow allocopt.query.pareto)
+from allocopt.record import TrialRecord, TrialRow
+from allocopt.study.trial import log_final, run_one_trial
 
 
 def run_study(
@@ -122,16 +123,13 @@ def run_study(
     dists = distributions(spec, fidelity=race)
 
     def finished() -> int:
-        from allocopt.race.diagnose import trial_fidelity
-
         # an interrupted or killed (retried) trial does not count: it is run again; a failed one
         # counts (it would fail again)
-        trials = study.get_trials(deepcopy=False)
-        retried = {t.system_attrs.get("failed_trial") for t in trials}
-        return sum(1 for t in trials
-                   if trial_fidelity(t) == "full" and (t.state == TrialState.COMPLETE or (
-                       t.state == TrialState.FAIL and t.number not in retried
-                       and not was_interrupted(t))))
+        recs = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+        retried = {r.retried_from for r in recs}
+        return sum(1 for r in recs
+                   if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
+                       r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
 
     # every ask runs a trial (the queue's first); the cap only guards against a sampler that
     # never proposes a full run

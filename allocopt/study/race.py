@@ -21,7 +21,7 @@ from allocopt.race.propose import Proposal
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 from allocopt.spec import StudySpec
 from allocopt.study.open import DEFAULT_STORAGE
-from allocopt.study.trial import TrialRow
+from allocopt.record import TrialRow
 
 from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402  (defined there)
 

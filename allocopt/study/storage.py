@@ -323,11 +323,12 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
     best effort; if the database cannot be reached, the stale heartbeat fails it later."""
     from optuna.trial import TrialState
 
+    from allocopt.record import write_interrupted
+
     try:
         if study.get_trials(deepcopy=False)[trial.number].state != TrialState.RUNNING:
             return
-        trial.set_user_attr("error", "interrupted")
-        trial.set_user_attr("state", "FAIL")
+        write_interrupted(trial)
         study.tell(trial, state=TrialState.FAIL)
     except Exception:  # noqa: BLE001 - Ctrl-C inside a database call can leave the session
         pass  # unusable: the trial has a heartbeat, so it is failed after the grace period

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocopt.tracking.layout import STATES, TAG_ROLE, TAG_STUDY, TAG_TRIAL, mlflow_key
+from allocopt.record import TrialRecord, records
+from allocopt.tracking.layout import ROLE_TRIAL, STATES, TAG_ROLE, TAG_STUDY, TAG_TRIAL, mlflow_key
 
 
 def reconcile(tracker: Any, study: Any) -> list[int]:
@@ -28,31 +29,25 @@ def reconcile(tracker: Any, study: Any) -> list[int]:
     Returns:
         the trial numbers whose runs were ended, ascending.
     """
-    from optuna.trial import TrialState
-
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    retried = {t.system_attrs.get("failed_trial"): t.number for t in trials.values()
-               if t.system_attrs.get("failed_trial") is not None}
+    trials: dict[int, TrialRecord] = {r.number: r for r in records(study)}
+    retried = {r.retried_from: r.number for r in trials.values() if r.retried_from is not None}
     runs = tracker.client.search_runs(
         [tracker.experiment_id], max_results=5000,
-        filter_string=f"tags.`{TAG_ROLE}` = 'trial' and attributes.status = 'RUNNING'")
+        filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and attributes.status = 'RUNNING'")
     ended = []
     for r in runs:
         if r.info.run_id in tracker._open or r.data.tags.get(TAG_STUDY) != tracker.study_name:
             continue
         t = trials.get(int(r.data.tags.get(TAG_TRIAL, -1)))
-        if t is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
+        if t is None or t.optuna_state in ("RUNNING", "WAITING"):
             continue
-        ua = t.user_attrs
-        state = ua.get("state") if ua.get("state") in STATES else (
-            "COMPLETE" if t.state == TrialState.COMPLETE else "FAIL")
-        error = ua.get("error")
+        state = t.state if t.state in STATES else ("COMPLETE" if t.optuna_state == "COMPLETE" else "FAIL")
+        error = t.error
         if state == "FAIL" and not error:
             again = retried.get(t.number)
             error = ("worker lost: no heartbeat within the grace period; failed by another "
                      "worker" + (f", retried as trial {again}" if again is not None else ""))
-        metrics = {**{mlflow_key(k): v for k, v in (ua.get("targets") or {}).items()},
-                   **(ua.get("metrics") or {})}
+        metrics = {**{mlflow_key(k): v for k, v in t.targets.items()}, **t.metrics}
         tracker.finish_trial(r.info.run_id, state=state, metrics=metrics, error=error)
         ended.append(t.number)
     return sorted(ended)

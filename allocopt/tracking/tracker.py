@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.tracking.layout import (DEFAULT_TRACKING_URI, EXPERIMENT_KIND, TAG_ROLE, TAG_STATE, TAG_STUDY,
+from allocopt.tracking.layout import (DEFAULT_TRACKING_URI, EXPERIMENT_KIND, EXPERIMENT_PREFIX, METRIC_RECOMMENDED,
+                                    ROLE_STUDY, TAG_RECOMMENDED, TAG_ROLE, TAG_STATE, TAG_STUDY, TAG_SUMMARY_STEP,
                                     TrackingError, _flatten, _metric_value, _sanitized, mlflow_key)
 from allocopt.tracking.trials import TrialRuns
 
@@ -41,7 +42,7 @@ class StudyTracker(TrialRuns):
         self.study_name = str(study_name)
         self.tracking_uri = _resolve_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        self.experiment_name = f"allocopt/{self.study_name}"
+        self.experiment_name = f"{EXPERIMENT_PREFIX}{self.study_name}"
         self.experiment_id = self._experiment()
         self.parent_run_id = self._parent_run()
         self._open: dict[str, dict[str, Any]] = {}
@@ -73,7 +74,7 @@ class StudyTracker(TrialRuns):
 
     def _study_runs(self) -> list[Any]:
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'study'", max_results=1000)
+            [self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_STUDY}'", max_results=1000)
         return sorted((r for r in runs if r.data.tags.get(TAG_STUDY) == self.study_name),
                       key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
@@ -90,7 +91,7 @@ class StudyTracker(TrialRuns):
         if not runs:
             mine = self.client.create_run(
                 self.experiment_id, run_name=self.study_name,
-                tags={TAG_STUDY: self.study_name, TAG_ROLE: "study"}).info.run_id
+                tags={TAG_STUDY: self.study_name, TAG_ROLE: ROLE_STUDY}).info.run_id
             time.sleep(_PARENT_SETTLE_S)
             runs = self._study_runs()
             if runs and runs[0].info.run_id != mine:
@@ -129,11 +130,11 @@ class StudyTracker(TrialRuns):
 
         if step is None:
             run = self.client.get_run(self.parent_run_id)
-            step = int(run.data.tags.get("allocopt.summary_step", "-1")) + 1
+            step = int(run.data.tags.get(TAG_SUMMARY_STEP, "-1")) + 1
         now = int(time.time() * 1000)
         values = {k: _metric_value(v) for k, v in _sanitized(metrics).items()}
         tags = {f"allocopt.best.{k}": v for k, v in _flatten(best).items()}
-        tags["allocopt.summary_step"] = str(int(step))
+        tags[TAG_SUMMARY_STEP] = str(int(step))
         self._tags(self.parent_run_id, tags)
         self._log_batch(self.parent_run_id,
                         metrics=[Metric(k, v, now, int(step)) for k, v in values.items() if v is not None])
@@ -172,9 +173,9 @@ class StudyTracker(TrialRuns):
 
         rec = json.loads(json.dumps(dict(recommendation), default=str))
         now = int(time.time() * 1000)
-        tags = {f"allocopt.recommended.{k}": v for k, v in (rec.get("allocation") or {}).items()}
+        tags = {f"{TAG_RECOMMENDED}{k}": v for k, v in (rec.get("allocation") or {}).items()}
         self._tags(self.parent_run_id, tags)
-        values = {mlflow_key(f"recommended_{k}"): _metric_value(rec.get(k))
+        values = {mlflow_key(f"{METRIC_RECOMMENDED}{k}"): _metric_value(rec.get(k))
                   for k in ("mean", "lower", "upper", "level", "prob_best")}
         self._log_batch(self.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()
                                                      if v is not None])
