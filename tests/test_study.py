@@ -143,11 +143,10 @@ def test_bad_storage_url():
     ("objective = 'nope'", "objective"),
     ("colour = 'red'", "unknown key"),
 ])
-def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
+def test_cli_bad_spec_exit_2(tmp_path, toml, needle, cli):
     f = tmp_path / "s.toml"
     f.write_text("budget_flops = 1e12\n" + toml)  # a spec without a budget is refused first
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(f), "--no-mlflow",
-                        "--storage", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=120)
+    r = cli("study", "--spec", str(f), "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db")
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "x.db").exists()  # no trial started
 
