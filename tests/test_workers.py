@@ -259,10 +259,9 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
     ("best", "--study", "x", "--target", "pass@1", "--storage"),
     ("ask", "--study", "x", "--storage"),
 ])
-def test_cli_never_prints_a_password(args, tmp_path):
+def test_cli_never_prints_a_password(args, tmp_path, cli):
     bad = "postgresql://al:Sup3rSecret@127.0.0.1:1/db?connect_timeout=2"
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args, bad], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = cli(*args, bad, cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Sup3rSecret" not in r.stdout + r.stderr and "al:***@127.0.0.1" in r.stderr
 
