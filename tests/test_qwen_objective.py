@@ -116,6 +116,7 @@ def test_a_trial_trains_the_allocations_model(qwen_world, tmp_path):
     assert set(ledger) == {plan.setup_fingerprint}
 
 
+@pytest.mark.slow  # a qwen trial in a child process, end to end: ~100 s on 2 loaded cores
 def test_trial_in_its_own_process(qwen_world, tmp_path):
     obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path))
     w = obj.workload()

@@ -134,6 +134,7 @@ def test_pilot_grid_sized_to_the_space_unless_given():
 
 
 # -------------------------------------------------------------------------- diagnosis
+@pytest.mark.slow  # RACE's diagnosis over many seeds: ~22 s on 2 loaded cores
 def test_regime_right_in_95_percent_of_seeds():
     """20 seeds, noise 0.01: sparse is update-heavy (rho* 0.72 at 1e19, 0.69 at the pilots'
     1e18), prm reward-heavy with a lower recommended rho (0.45 / 0.42), as in the paper."""
@@ -259,6 +260,7 @@ def test_recommendation_stays_near_full_budget_runs():
 
 
 # ---------------------------------------------------------------------- the whole race
+@pytest.mark.slow  # a whole RACE run and its resume: ~27 s on 2 loaded cores
 def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     """Pilots are Optuna trials tagged 'pilot' at pilot_fraction x budget; validations are
     tagged 'full'; a proposal another worker ran meanwhile is not run again; a second call
@@ -341,6 +343,7 @@ def race_cli(cli):
     return lambda *args, cwd: cli("race", *args, cwd=cwd)
 
 
+@pytest.mark.slow  # a whole RACE run and its resume through the command: ~40-50 s on 2 loaded cores
 def test_cli_race_end_to_end(tmp_path, race_cli):
     (tmp_path / "s.toml").write_text('name = "cli"\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\n'
                                      'rewards = ["sparse", "prm"]\n')

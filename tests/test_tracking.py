@@ -383,6 +383,7 @@ def mlflow_server(tmp_path_factory, template_db, request):
     return url
 
 
+@pytest.mark.slow  # starts a real mlflow server process: ~27 s on 2 loaded cores
 def test_server_rest_api_reads_back_the_study(mlflow_server, record_property):
     t0 = time.monotonic()
     with StudyTracker("served", tracking_uri=mlflow_server) as tracker:
