@@ -209,7 +209,7 @@ def test_bad_input_is_one_line_exit_2_in_a_fresh_process(folder, kind, args, nee
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
 
 
-def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_path, cli):
+def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_path, cli, mlflow_store):
     """Resuming a finished study under another budget or target is refused in one line before
     MLflow is touched: its parent run stays FINISHED with the same end time (it was turned
     FAILED), and neither store changes by a byte."""
@@ -217,21 +217,21 @@ def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_
 
     base = ["study", "--objective", "synthetic", "--pilots", "0",
             "--trials", "1", "--sampler", "random", "--no-report", "--storage", f"sqlite:///{tmp_path}/o.db",
-            "--mlflow-uri", f"sqlite:///{tmp_path}/m.db"]
+            "--mlflow-uri", mlflow_store]
     env = {"COLUMNS": "200"}
     r = cli(*base, "--budget", "1e18", "--target", "pass@1", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
 
     def parent():
-        c = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+        c = MlflowClient(mlflow_store)
         exp = c.get_experiment_by_name("allocopt/allocopt")
         (run,) = [x for x in c.search_runs([exp.experiment_id]) if x.data.tags.get("allocopt.role") == "study"]
         return run.info.status, run.info.end_time
-    before = parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "m.db").read_bytes()
+    before = parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "mlflow.db").read_bytes()
     assert before[0][0] == "FINISHED"
     for args, needle in ((["--budget", "2e18", "--target", "pass@1"], "it was run with budget 1e+18, not 2e+18"),
                          (["--budget", "1e18", "--target", "judge"], "it was run with target 'pass@1', not 'judge'")):
         r = cli(*base, *args, cwd=tmp_path, env=env)
         lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], lines[:5]
-        assert (parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "m.db").read_bytes()) == before
+        assert (parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "mlflow.db").read_bytes()) == before

@@ -145,7 +145,8 @@ def study_spec(name, trials):
 
 
 def mlflow_db(tmp_path_factory, path):
-    """A migrated empty MLflow SQLite store, made once per session (migrations take ~10 s)."""
+    """A migrated empty MLflow SQLite store, made once per session (migrations take ~10 s); the
+    same template file as conftest's ``mlflow_template``."""
     template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
     if not template.exists():
         from mlflow import MlflowClient

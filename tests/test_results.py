@@ -66,13 +66,13 @@ def test_infeasible_plans_are_infeasible_for_optuna_and_the_dashboard(tmp_path):
     assert optuna.load_study(study_name=s.name, storage=f"sqlite:///{tmp_path}/o.db").metric_names == ["pass@1"]
 
 
-def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys):
+def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys, mlflow_store):
     from mlflow import MlflowClient
 
     from allocopt.tracking import EXPERIMENT_KIND, StudyTracker
 
     s, w = _tight_spec()
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = mlflow_store
     with StudyTracker(s.name, uri) as tr:
         st = run_study(s, objective=SyntheticObjective(), workload=w,
                        storage=f"sqlite:///{tmp_path}/o.db", tracker=tr)
@@ -127,7 +127,7 @@ def _cli_out(capsys, *args):
     return done.value.code, capsys.readouterr().out
 
 
-def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
+def test_train_curves_are_logged_per_iteration_against_flops(tmp_path, mlflow_store):
     from mlflow import MlflowClient
 
     from allocopt.plan.meter import IterationRecord
@@ -136,7 +136,7 @@ def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
     recs = [IterationRecord(i, 8, 100, 100 * (i + 1), 0.1 * i, 1.0,
                             {"loss": 0.5 - 0.1 * i, "kl": 0.01 * i, "frac_reward_zero_std": 0.25})
             for i in range(3)]
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = mlflow_store
     with StudyTracker("c", uri) as tr:
         rid = tr.start_trial(0, {"budget_flops": 1000})
         tr.finish_trial(rid, state="COMPLETE", metrics={}, curves=recs)
@@ -419,7 +419,7 @@ def test_no_forms_still_switch_off(capsys):
     assert e.value.code == 2 and "both given" in err and len(err.strip().splitlines()) == 1
 
 
-def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys):
+def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys, mlflow_store):
     """At its end a study logs `allocopt report`'s page and figures into its MLflow parent run
     (artifacts report/); a report that fails costs one line, never the finished study."""
     from mlflow import MlflowClient
@@ -429,7 +429,7 @@ def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys
 
     monkeypatch.setitem(registry._REGISTRY, "timed", registry._Entry(_Timed, ("native_reward", "pass_at_1", "judge")))
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store
     args = ["study", "--objective", "timed", "--budget", "1e18", "--pilots", "0", "--trials", "2",
             "--sampler", "random", "--mlflow-uri", uri, "--storage", f"sqlite:///{tmp_path}/t.db"]
 
