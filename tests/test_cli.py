@@ -109,6 +109,7 @@ def test_recipe_toml(tmp_path, run):
     assert bad.returncode == 2 and "malformed TOML" in bad.stderr
 
 
+@pytest.mark.slow  # a whole RACE study with 12 pilots: ~19-24 s on 2 loaded cores
 def test_study_with_race_pilots_passes_set_to_the_objective(tmp_path, run):
     """``--set`` reaches the objective of a RACE study (pilots on): with the synthetic
     objective's ``variant=flat`` and ``noise=0`` every recorded pilot value is that variant's

@@ -236,6 +236,7 @@ def test_damaged_or_foreign_cache_is_not_a_hit(quick, tmp_path, damage):
     assert check_cache(copy.root, settings) is None
 
 
+@pytest.mark.slow  # a quick tiny world rebuilt from scratch: ~17 s on 2 loaded cores
 def test_corrupted_cache_is_rebuilt_whole(quick, tmp_path, monkeypatch):
     copy = _copy(quick, tmp_path / "world")
     weights = copy.policy / "model.safetensors"
