@@ -143,6 +143,7 @@ def test_ctrl_c_mid_trial_then_resume(tmp_path, sig, signals, code):
     assert [t.number for t in ts if t.state.name == "FAIL"] == [1]  # the interrupted one, not counted
 
 
+@pytest.mark.slow  # a study process stopped by Ctrl-C: ~27 s on 2 loaded cores
 def test_a_wrapped_ctrl_c_stops_the_study(tmp_path):
     """A Ctrl-C that a library re-raised as another error (the chain holds the
     KeyboardInterrupt; seen when a Ctrl-C landed while peft's config classes were created) is an

@@ -146,7 +146,8 @@ def study_spec(name, trials):
 
 
 def mlflow_db(tmp_path_factory, path):
-    """A migrated empty MLflow SQLite store, made once per session (migrations take ~10 s)."""
+    """A migrated empty MLflow SQLite store, made once per session (migrations take ~10 s); the
+    same template file as conftest's ``mlflow_template``."""
     template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
     if not template.exists():
         from mlflow import MlflowClient
@@ -378,11 +379,11 @@ def test_cli_bad_queries_exit_2_with_one_line(studies, capsys, args, needle):
     assert err.startswith("error: ")
 
 
-def test_cli_bad_mlflow_experiment_in_subprocess(studies):
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "best", "--from-mlflow", "nope", "--mlflow-uri",
-                        studies["uri"], "--target", "judge"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "experiment='nope': not found" in r.stderr and "allocopt/a" in r.stderr
+def test_cli_bad_mlflow_experiment(studies, capsys):
+    """(In this process: the command line's subprocess smoke test is the one above.)"""
+    rc, _, err = cli(capsys, "best", "--from-mlflow", "nope", "--mlflow-uri", studies["uri"], "--target", "judge")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "experiment='nope': not found" in err and "allocopt/a" in err
 
 
 def test_cli_import_stays_light():

@@ -160,6 +160,7 @@ def test_several_objectives_are_refused():
         sampler.suggest(study.ask())
 
 
+@pytest.mark.slow  # whole studies through run_study: ~22 s on 2 loaded cores
 def test_run_study_is_the_one_loop(tmp_path):
     """``allocopt study``'s loop with RACE on: the pilots, then ``trials`` full-budget runs."""
     s = StudySpec(name="loop", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=3,
@@ -178,6 +179,7 @@ def test_run_study_is_the_one_loop(tmp_path):
     assert len(st.trials) == 28
 
 
+@pytest.mark.slow  # workers deciding at once over a whole study: ~33 s on 2 loaded cores
 def test_workers_deciding_at_once_claim_different_proposals(tmp_path, monkeypatch):
     """Two workers that decide before either has written its parameters: the second sees the
     first's claim (one write, before the parameters) and proposes another point. Control: with

@@ -122,6 +122,7 @@ def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
     assert len(obj2.calls) == 2 and obj2.calls[0].rho == pytest.approx(killed.params["rho"])
 
 
+@pytest.mark.slow  # BoTorch fits over a whole study: ~26 s on 2 loaded cores
 def test_botorch_sampler_proposes_in_space(tmp_path):
     s = spec(sampler="botorch", trials=7, startup_trials=3)
     obj = Counting()
@@ -143,15 +144,15 @@ def test_bad_storage_url():
     ("objective = 'nope'", "objective"),
     ("colour = 'red'", "unknown key"),
 ])
-def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
+def test_cli_bad_spec_exit_2(tmp_path, toml, needle, cli):
     f = tmp_path / "s.toml"
     f.write_text("budget_flops = 1e12\n" + toml)  # a spec without a budget is refused first
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(f), "--no-mlflow",
-                        "--storage", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=120)
+    r = cli("study", "--spec", str(f), "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db")
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "x.db").exists()  # no trial started
 
 
+@pytest.mark.slow  # a study process stopped by SIGINT, then resumed: ~24 s on 2 loaded cores
 def test_cli_sigint_then_resume(tmp_path):
     """SIGINT to a running study: finished trials are kept, none is run twice on resume."""
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",

@@ -41,13 +41,10 @@ LONG_ERROR = "Traceback (most recent call last):\n" + "  File x, line 1\n" * 900
 
 # ============================================================================ fixtures
 @pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    """An empty, migrated MLflow SQLite store, copied by each test (migrations take seconds)."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
+def template_db(mlflow_template) -> Path:
+    """An empty, migrated MLflow SQLite store, copied by each test (migrations take seconds):
+    the session's (conftest)."""
+    return mlflow_template
 
 
 @pytest.fixture
@@ -383,6 +380,7 @@ def mlflow_server(tmp_path_factory, template_db, request):
     return url
 
 
+@pytest.mark.slow  # starts a real mlflow server process: ~27 s on 2 loaded cores
 def test_server_rest_api_reads_back_the_study(mlflow_server, record_property):
     t0 = time.monotonic()
     with StudyTracker("served", tracking_uri=mlflow_server) as tracker:
