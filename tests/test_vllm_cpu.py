@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -112,13 +115,23 @@ def test_the_patch_keeps_weights_and_refuses_untested_releases(monkeypatch):
         vllm_cpu.remove()
 
 
-def test_a_head_size_vllm_cpu_cannot_run_is_one_line(vllm_world, tmp_path):
-    from allocopt.flops import ConfigError
-    from objectives.grpo.vllm_cpu import check_head_size
+def test_a_head_size_vllm_cpu_cannot_run_is_one_line_exit_2(vllm_world, tmp_path):
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    check_head_size(64)
-    with pytest.raises(ConfigError, match="head_dim=16; vLLM's CPU attention runs head sizes 32, 64"):
-        check_head_size(16, "model='tiny'")
+    from objectives.grpo.vllm_cpu import CPU_HEAD_SIZES
+    from objectives.qwen.standins import build_policy
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
+    head16 = build_policy(tmp_path / "head16", vllm_world["tokenizer"])  # TINY_POLICY: head_dim 16
+    args = ["trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5"]
+    for k, v in settings(vllm_world, tmp_path, model=str(head16)).items():
+        args += ["--set", f"{k}={v}"]
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                       timeout=300, cwd=ROOT)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert "head_dim=16; vLLM's CPU attention runs head sizes 32, 64" in lines[0]
 
 
 # ---------------------------------------------------------------- one real trial

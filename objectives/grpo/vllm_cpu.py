@@ -117,17 +117,21 @@ def apply() -> bool:
     return True
 
 
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM's CPU attention runs in the tested release (``CPUAttentionBackend.
+get_supported_head_sizes()``; tests/test_vllm_cpu.py compares), kept here so that checking
+a set-up does not import vLLM."""
+
+
 def check_head_size(head_dim: int, model: str = "the policy") -> None:
-    """Refuse a head size vLLM's CPU attention does not run (its backend's
-    ``get_supported_head_sizes``: 32, 64, 80, …, 256, 512 in 0.31), in one line, before a
-    trial starts an engine that would fail with ``Unsupported CPU attention configuration``.
+    """Refuse a head size vLLM's CPU attention does not run (:data:`CPU_HEAD_SIZES`), in one
+    line, before a trial starts an engine that would fail with ``Unsupported CPU attention
+    configuration``.
 
     Raises:
         ConfigError: ``head_dim`` not supported.
     """
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    sizes = CPU_HEAD_SIZES
     if head_dim not in sizes:
         raise ConfigError(
             f"engine=trl-vllm on CPU: {model} has head_dim={head_dim}; vLLM's CPU attention runs "
@@ -144,5 +148,5 @@ def remove() -> None:
         utils._allocopt_original = None
 
 
-__all__ = ["KVCACHE_GIB", "TARGET", "TESTED_SIGNATURE", "TESTED_VLLM", "apply", "check_head_size", "hooked_signature",
+__all__ = ["CPU_HEAD_SIZES", "KVCACHE_GIB", "TARGET", "TESTED_SIGNATURE", "TESTED_VLLM", "apply", "check_head_size", "hooked_signature",
            "on_cpu", "remove", "vllm_version"]
