@@ -163,22 +163,26 @@ def print_plans(s: Any) -> None:
     obj = objective_for_plans(s)
     with err.status("loading the objective's models..."):
         workload = obj.workload()
-    t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run",
+    tb = s.time_budget
+    head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
+            if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
+    t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
     for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
-              *(("note",) if notes else ())):
+              *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
         t.add_column(c, justify="left" if c in ("reward", "note") else "right")
     for a, p, note in plans:
         if p is None:
-            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * 7, f"[red]{note}[/]")
+            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * (9 if tb else 7), f"[red]{note}[/]")
         else:
             e = p.expected.executed
             share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
             t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
                       f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
                       share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
+                      *((f"{p.budget_flops:.2e}", f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
                       *((note,) if notes else ()))
     t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
                  "search/learn/rwd: shares of the executed FLOPs")
