@@ -29,6 +29,11 @@ err = Console(stderr=True)
 _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
 
 
+
+from allocopt.cli.common import time_flags  # noqa: E402
+
+_TIME = time_flags()
+
 def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     """``(study, spec)`` of an existing study, opened as a worker opens it; a study not there
     yet is made from ``new`` (a :class:`StudySpec`) when given."""
@@ -79,6 +84,11 @@ def ask(
     budget: Optional[str] = typer.Option(None, help="With a new study: FLOP budget per trial."),
     target: Optional[str] = typer.Option(None, help="With a new study: the target."),
     objective: Optional[str] = typer.Option(None, help="With a new study: the objective whose workload plans are made for."),
+    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
+    gpus: Optional[int] = _TIME["gpus"],
+    budget_usd: Optional[float] = _TIME["budget_usd"],
+    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
+    throughput: Optional[Path] = _TIME["throughput"],
 ) -> None:
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
     from allocopt.study.asktell import FORMATS, reserve
@@ -93,13 +103,19 @@ def ask(
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out={str(out_dir)!r}: exists and is not a folder")
     new = None
-    if spec_file is not None or budget is not None or target is not None or objective is not None:
+    from allocopt.cli.common import read_time_budget
+
+    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput)
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if spec_file is not None or budget is not None or target is not None or objective is not None or t:
         from allocopt.plan.allocation import check_budget
         from allocopt.spec import StudySpec
 
-        base = StudySpec.from_toml(spec_file) if spec_file else StudySpec()
-        new = base.with_overrides(name=study, budget_flops=None if budget is None else check_budget(budget),
-                                  target=target, objective=objective)
+        b = None if budget is None else check_budget(budget)
+        base = StudySpec.from_toml(spec_file, b, t) if spec_file else StudySpec(**(t or {}))
+        new = base.with_overrides(name=study, budget_flops=b, target=target, objective=objective)
     st, spec = _load(study, storage, new)
     workload = _workload_of(spec)
     from allocopt.study.open import make_sampler

@@ -222,10 +222,11 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
     sp = spec.space
     allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
         sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
-    need, a = min(((min_budget(a, workload), a) for a in allocs), key=lambda x: x[0])
+    # the allocation whose budget buys least of its smallest plan (a time budget gives each its own)
+    _, need, b, a = min(((spec.budget_for(a, workload) / min_budget(a, workload), min_budget(a, workload),
+                          spec.budget_for(a, workload), a) for a in allocs), key=lambda x: x[0])
     where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
              + (f", model={a.model}" if a.model else ""))
-    b = spec.budget_flops
     if b < need:
         raise ConfigError(f"budget_flops={b:.3g}: too small for one GRPO iteration of any allocation "
                           f"in the space; the smallest feasible plan ({where}) needs {need:.3g} FLOPs")
@@ -335,11 +336,13 @@ def fail(line: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, **overrides: Any) -> Any:
+def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
+              time: dict | None = None, **overrides: Any) -> Any:
     """The study of a command: the study file ``path`` (read once, TOML) or the defaults, the
     flags over it (``overrides``, ``None`` left out) and ``--set KEY=VALUE`` over its objective
     settings. The budget is parsed here, once (:func:`allocopt.plan.allocation.check_budget`):
-    everything below gets ``spec.budget_flops`` (FLOPs, a float).
+    everything below gets ``spec.budget_flops`` (FLOPs, a float), or, for a time budget
+    (``time``: the flags of :func:`time_flags`), ``spec.budget_for(allocation, workload)``.
 
     Raises:
         ConfigError: no budget (neither ``--budget`` nor ``--spec``), a bad budget, a bad file
@@ -351,13 +354,57 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, **ov
     from allocopt.spec import StudySpec
 
     quiet_library_warnings()
-    if path is None and budget is None:
-        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
+    t = read_time_budget(**(time or {}))
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if path is None and budget is None and t is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19), --budget-gpu-hours H with "
+                          "--throughput FILE, or --spec FILE")
     b = None if budget is None else check_budget(budget)
-    s = (StudySpec.from_toml(path, b) if path else StudySpec()).with_overrides(budget_flops=b, **overrides)
+    if path:
+        s = StudySpec.from_toml(path, b, t).with_overrides(budget_flops=b, **overrides)
+    else:
+        s = StudySpec(**(t or {})).with_overrides(budget_flops=b, **overrides)
     if set_:
         s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
     return s
+
+
+def time_flags() -> dict:
+    """The typer options of a time budget, shared by ``plan``, ``study``, ``race`` and ``ask``
+    (parameter name -> ``typer.Option``); :func:`read_time_budget` reads them."""
+    import typer
+
+    return {
+        "budget_gpu_hours": typer.Option(None, "--budget-gpu-hours", help="Time budget instead of --budget: GPU-hours of each run (wall hours x --gpus), priced per allocation at --throughput's per-phase FLOP/s (search-heavy allocations get fewer FLOPs)."),
+        "gpus": typer.Option(None, "--gpus", help="GPUs a run uses, with a time budget. \\[default: 1]"),
+        "budget_usd": typer.Option(None, "--budget-usd", help="Time budget in dollars: GPU-hours = this / --usd-per-gpu-hour."),
+        "usd_per_gpu_hour": typer.Option(None, "--usd-per-gpu-hour", help="Price of one GPU-hour in dollars, with --budget-usd."),
+        "throughput": typer.Option(None, "--throughput", help="Throughput profile (TOML/JSON: FLOP/s per GPU per phase; allocopt account --from-verl LOG --save-throughput FILE writes one)."),
+    }
+
+
+def read_time_budget(budget_gpu_hours: float | None = None, gpus: int | None = None,
+                     budget_usd: float | None = None, usd_per_gpu_hour: float | None = None,
+                     throughput: Any = None) -> dict | None:
+    """The time budget of the flags as :class:`~allocopt.spec.StudySpec` fields
+    (``budget_gpu_hours``, ``gpus``, ``throughput``), ``None`` when none is given.
+
+    Raises:
+        ConfigError: hours and dollars both; dollars without a price; no throughput source;
+            a bad profile file or value (one line)."""
+    from allocopt.plan.throughput import gpu_hours_of, load_profile, time_budget
+
+    hours = gpu_hours_of(gpu_hours=budget_gpu_hours, usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour)
+    if hours is None:
+        if gpus is not None or throughput is not None:
+            raise ConfigError(("gpus" if gpus is not None else "throughput") + ": only used with a time "
+                              "budget; give --budget-gpu-hours H or --budget-usd D")
+        return None
+    profile = None if throughput is None else load_profile(throughput)
+    tb = time_budget(gpu_hours=hours, gpus=1 if gpus is None else gpus, profile=profile)
+    return {"budget_gpu_hours": tb.gpu_hours, "gpus": tb.gpus, "throughput": tb.profile.to_dict()}
 
 
 def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, Any]:

@@ -25,10 +25,12 @@ from rich.table import Table
 from allocopt.cli.common import fail
 from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.cli.account import fmt_flops
+from allocopt.cli.common import time_flags
 from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
+_TIME = time_flags()
 
 
 def study(
@@ -46,6 +48,11 @@ def study(
     pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
+    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
+    gpus: Optional[int] = _TIME["gpus"],
+    budget_usd: Optional[float] = _TIME["budget_usd"],
+    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
+    throughput: Optional[Path] = _TIME["throughput"],
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
     replicates: Optional[int] = typer.Option(None, help="RACE: extra seeds of the leading full run when it is within one evaluation's noise of another cell's best; each counts as a full trial. \\[default: 0]"),
@@ -60,10 +67,12 @@ def study(
     from allocopt.cli.common import read_spec
 
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
-    s = read_spec(spec, budget, set_, target=tgt, objective=objective, trials=trials, name=study_name,
+    s = read_spec(spec, budget, set_, time=dict(budget_gpu_hours=budget_gpu_hours, gpus=gpus, budget_usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour, throughput=throughput), target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction)
     if dry_run:
         return print_plans(s)
+    if s.time_budget is not None and s.pilots != 0 and not s.multi_objective:
+        raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); give --pilots 0 (plain Bayesian optimization) or a FLOP budget (--budget)")
     s = _race_terms(s, pilots, replicates)
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose)
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
@@ -154,27 +163,31 @@ def print_plans(s: Any) -> None:
     obj = objective_for_plans(s)
     with err.status("loading the objective's models..."):
         workload = obj.workload()
-    t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run",
+    tb = s.time_budget
+    head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
+            if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
+    t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
     for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
-              *(("note",) if notes else ())):
+              *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
         t.add_column(c, justify="left" if c in ("reward", "note") else "right")
     for a, p, note in plans:
         if p is None:
-            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * 7, f"[red]{note}[/]")
+            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * (9 if tb else 7), f"[red]{note}[/]")
         else:
             e = p.expected.executed
             share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
             t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
                       f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
                       share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
+                      *((f"{p.budget_flops:.2e}", f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
                       *((note,) if notes else ()))
     t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
                  "search/learn/rwd: shares of the executed FLOPs")
     out.print(t)
-    if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
+    if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1 and s.time_budget is None:
         from allocopt.cli.race import pilot_table
 
         table, line = pilot_table(s, workload)

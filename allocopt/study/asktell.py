@@ -150,11 +150,11 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             study.sampler.suggest(trial)
         rec = TrialRecord.of(trial)
-        budget = rec.budget(spec.budget_flops)
-        fidelity = rec.fidelity
         from allocopt.spec import allocation_of
 
         alloc: Allocation = allocation_of(spec, trial.params)
+        budget = rec.budget(spec.budget_for(alloc, workload))
+        fidelity = rec.fidelity
         try:
             plan = make_plan(budget, alloc, workload)
             run = whole_pass_run(plan, workload, trial.number, fidelity)

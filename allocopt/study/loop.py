@@ -209,8 +209,9 @@ def dry_run(spec: StudySpec, workload: Workload, rho_levels: int = 8) -> list[tu
             for g in spec.space.group_sizes:
                 for rho in levels:
                     a = Allocation(round(rho, 4), g, reward, model)
+                    budget = spec.budget_for(a, workload)  # a wrong profile: one line, at once
                     try:
-                        p = make_plan(spec.budget_flops, a, workload)
+                        p = make_plan(budget, a, workload)
                         out.append((a, p, "" if p.realizable else "rho not realizable"))
                     except InfeasiblePlan as e:
                         out.append((a, None, f"needs {e.min_budget_flops:.3e} FLOPs"))

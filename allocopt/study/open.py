@@ -31,6 +31,10 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     import optuna
 
     if spec.pilots != 0 and not spec.multi_objective:
+        if spec.time_budget is not None:
+            from allocopt.flops import ConfigError
+
+            raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); give --pilots 0 (plain Bayesian optimization) or a FLOP budget (--budget)")
         from allocopt.race.design import RaceSettings
         from allocopt.study.sampler import RaceSampler
 

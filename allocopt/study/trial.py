@@ -88,11 +88,11 @@ def run_one_trial(
     from optuna.trial import TrialState
 
     rec = TrialRecord.of(trial)
-    budget = float(budget_flops if budget_flops is not None else rec.budget(spec.budget_flops))
+    alloc = allocation_of(spec, trial.params)
+    budget = float(budget_flops if budget_flops is not None else rec.budget(spec.budget_for(alloc, workload)))
     fidelity = fidelity or rec.fidelity
     write_start(trial, budget_flops=budget, fidelity=fidelity)
     keys = spec.target_keys
-    alloc = allocation_of(spec, trial.params)
     params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
               "model": alloc.model or workload.policy.name, "budget_flops": budget,
               "objective": spec.objective, "target": spec.target}
