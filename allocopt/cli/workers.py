@@ -13,9 +13,9 @@ def workers(
 ) -> None:
     """Start one `allocopt study` worker per GPU on one study; the arguments after -- are the study's.
 
-    Example: allocopt workers --gpus 0,1,2,3 -- --spec studies/qwen.toml --storage postgresql://...
+    Example: allocopt workers --gpus 0,1,2,3 -- --spec studies/paper-rewards.toml --storage postgresql://...
     Every worker runs the same study (same --study-name and --storage; SQLite is fine on one
-    host, PostgreSQL across hosts). Output lines are prefixed [gpu N]; Ctrl-C stops every worker
+    host, PostgreSQL across hosts). Output lines are prefixed \\[gpu N]; Ctrl-C stops every worker
     (their running trials are run again on resume); the exit code is the worst worker's.
     """
     from allocopt.study.workers import parse_gpus, run_workers
