@@ -2,7 +2,7 @@
 
 This module builds the app, registers the command modules (one per command group:
 :mod:`~allocopt.cli.account`, :mod:`~allocopt.cli.trial`, :mod:`~allocopt.cli.study`,
-:mod:`~allocopt.cli.query`, :mod:`~allocopt.cli.race`, :mod:`~allocopt.cli.asktell`) and runs
+:mod:`~allocopt.cli.query`, :mod:`~allocopt.cli.race`, :mod:`~allocopt.cli.asktell`, :mod:`~allocopt.cli.workers`) and runs
 it (:func:`main`); what commands share is :mod:`~allocopt.cli.common`.
 
 Every bad input ends with one line ``error: <field>=<value>: <what is allowed>`` on stderr and
@@ -32,7 +32,7 @@ app = typer.Typer(
 
 from allocopt.cli.account import breakdown_table, fmt_flops  # noqa: E402,F401 (re-exported)
 from allocopt.cli.common import fail  # noqa: E402
-from allocopt.cli import account, asktell, query, race, study, trial  # noqa: E402
+from allocopt.cli import account, asktell, query, race, study, trial, workers  # noqa: E402
 
 account.register(app)  # account and plan, listed first
 trial.register(app)
@@ -40,6 +40,7 @@ study.register(app)
 query.register(app)
 race.register(app)
 asktell.register(app)
+workers.register(app)
 
 
 def _reflow_help(typer_app: typer.Typer) -> None:

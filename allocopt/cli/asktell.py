@@ -144,32 +144,12 @@ def _workload_of(spec: Any) -> Any:
 
 def _write_asked(run: Any, out_dir: Path, *, study: str, storage: str, fmt: str, spec: Any, setup: Any,
                  learning_rate: float, micro_batch: int, num_processes: int) -> dict[str, Any]:
-    """Write ``<out_dir>/trial-<N>/``: ``ask.json`` and the run's TRL config
-    (``grpo_config.json``) or verl overrides (``verl_overrides.txt``); return what
-    ``ask.json`` holds, with the folder."""
-    from allocopt.study.asktell import trl_command, trl_config, verl_overrides
-    from allocopt.study.storage import redact_url
+    """Write ``<out_dir>/trial-<N>/`` (:func:`allocopt.study.asktell.write_asked_folder`)."""
+    from allocopt.study.asktell import write_asked_folder
 
-    run_kw = dict(max_completion_length=setup.max_completion_length, temperature=setup.temperature,
-                  beta=setup.beta, gradient_checkpointing=setup.gradient_checkpointing)
-    folder = out_dir / f"trial-{run.trial_number}"
-    folder.mkdir(parents=True, exist_ok=True)
-    tell = (f"allocopt tell --study {study} --storage '{redact_url(storage)}' --trial {run.trial_number} "
-            f"--metrics metrics.json" + (" --from-trl OUT" if fmt == "trl" else " --from-verl LOG"))
-    info: dict[str, Any] = {"study": study, "storage": redact_url(storage), **run.to_dict(),
-                            "format": fmt, "learning_rate": learning_rate, "tell": tell}
-    if fmt == "trl":
-        cfg = trl_config(run, learning_rate=learning_rate, **run_kw, micro_batch=micro_batch,
-                         num_processes=num_processes, seed=spec.seed + run.trial_number,
-                         importance_sampling_correction=setup.importance_sampling_correction)
-        (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
-    else:
-        ov = verl_overrides(run, learning_rate=learning_rate, **run_kw)
-        (folder / "verl_overrides.txt").write_text("\n".join(ov) + "\n")
-        info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
-    (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    return {**info, "folder": str(folder)}
+    return write_asked_folder(run, out_dir / f"trial-{run.trial_number}", study=study, storage=storage,
+                              fmt=fmt, spec=spec, setup=setup, learning_rate=learning_rate,
+                              micro_batch=micro_batch, num_processes=num_processes)
 
 
 def print_asked(shown: list[dict[str, Any]], spec: Any, *, study: str, fmt: str, out_dir: Path,

@@ -324,3 +324,53 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     write_complete(trial, targets, metrics, over_budget=over, source="tell")  # as run_one_trial does
     study.tell(frozen.number, [float(targets[k]) for k in spec.target_keys])
     return metrics
+
+
+# ----------------------------------------------------------------------------- the folder
+def write_asked_folder(run: AskedRun, folder: Any, *, study: str, storage: str, fmt: str, spec: StudySpec,
+                       setup: Any, learning_rate: float, micro_batch: int = 8, num_processes: int = 1,
+                       tell: bool = True) -> dict[str, Any]:
+    """Write one trial's folder as ``allocopt ask`` does: ``ask.json`` (study, trial, budget,
+    fidelity, allocation, the whole-pass run, the config, a command line and, with ``tell``, the
+    ``allocopt tell`` line to run afterwards) and ``grpo_config.json`` (TRL ``GRPOConfig``
+    fields, :func:`trl_config`) or ``verl_overrides.txt`` (one Hydra override a line,
+    :func:`verl_overrides`).
+
+    Args:
+        run: the reserved run (:func:`whole_pass_run`).
+        folder: the trial's folder (``pathlib.Path``; made if missing).
+        fmt: ``trl`` or ``verl``.
+        setup: the workload's :class:`~allocopt.plan.setup.TrainingSetup` (lengths, temperature,
+            β, gradient checkpointing and the importance-sampling correction as priced).
+        learning_rate: per optimizer step.
+
+    Returns:
+        what ``ask.json`` holds, plus ``folder``.
+    """
+    import json
+    from pathlib import Path
+
+    from allocopt.study.storage import redact_url
+
+    folder = Path(folder)
+    run_kw = dict(max_completion_length=setup.max_completion_length, temperature=setup.temperature,
+                  beta=setup.beta, gradient_checkpointing=setup.gradient_checkpointing)
+    folder.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {"study": study, "storage": redact_url(storage), **run.to_dict(),
+                            "format": fmt, "learning_rate": learning_rate}
+    if tell:
+        info["tell"] = (f"allocopt tell --study {study} --storage '{redact_url(storage)}' --trial "
+                        f"{run.trial_number} --metrics metrics.json"
+                        + (" --from-trl OUT" if fmt == "trl" else " --from-verl LOG"))
+    if fmt == "trl":
+        cfg = trl_config(run, learning_rate=learning_rate, **run_kw, micro_batch=micro_batch,
+                         num_processes=num_processes, seed=spec.seed + run.trial_number,
+                         importance_sampling_correction=setup.importance_sampling_correction)
+        (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
+    else:
+        ov = verl_overrides(run, learning_rate=learning_rate, **run_kw)
+        (folder / "verl_overrides.txt").write_text("\n".join(ov) + "\n")
+        info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
+    (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return {**info, "folder": str(folder)}

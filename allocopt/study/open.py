@@ -41,21 +41,27 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
         settings = race_settings or RaceSettings(max_pilots=spec.pilots)
         return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
                            workload=workload, settings=settings, seed=spec.seed)
+    # workers of one study started by `allocopt workers` (ALLOCOPT_WORKER = 0, 1, ...) draw
+    # different random start-up proposals: the same seed would make them propose the same ones
+    import os
+
+    worker = os.environ.get("ALLOCOPT_WORKER", "0")
+    seed = spec.seed + (int(worker) if worker.isdigit() else 0)
     if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     import torch
 
     torch.set_num_threads(1)
     if spec.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.startup_trials)
     from optuna_integration import BoTorchSampler
 
     if spec.multi_objective:  # noisy targets: qLogNEHVI (log noisy expected hypervolume improvement)
         from optuna_integration.botorch import qnehvi_candidates_func
 
-        return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials,
+        return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials,
                               candidates_func=qnehvi_candidates_func)
-    return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
+    return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials)
 
 
 def distributions(spec: StudySpec, *, fidelity: bool = False) -> dict[str, Any]:

@@ -49,6 +49,10 @@ MAX_RETRY = 1
 WORKER_ATTR = "allocopt.worker"
 """System attribute of a trial: ``<host>:<pid>`` of the worker that runs it."""
 
+DEVICES_ATTR = "allocopt.cuda_visible_devices"
+"""System attribute of a trial: the ``CUDA_VISIBLE_DEVICES`` of the worker that runs it, when
+set (``allocopt workers --gpus`` sets one per worker)."""
+
 _STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
@@ -276,7 +280,8 @@ def _held_interrupts() -> Iterator[list[int]]:
 @contextlib.contextmanager
 def heartbeat(study: Any, trial: Any) -> Iterator[None]:
     """Record the trial's heartbeat now and every interval until the block ends; the trial's
-    system attribute ``allocopt.worker`` names this worker (:func:`worker_name`).
+    system attribute ``allocopt.worker`` names this worker (:func:`worker_name`) and
+    ``allocopt.cuda_visible_devices`` its GPUs (when ``CUDA_VISIBLE_DEVICES`` is set).
 
     Uses only the storage's public methods (``get_study_id_from_name``,
     ``get_trial_id_from_study_id_trial_number``, ``record_heartbeat``). A no-op for a study
@@ -293,6 +298,8 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
         sid = storage.get_study_id_from_name(study.study_name)
         tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
         storage.set_trial_system_attr(tid, WORKER_ATTR, worker_name())
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            storage.set_trial_system_attr(tid, DEVICES_ATTR, os.environ["CUDA_VISIBLE_DEVICES"])
         storage.record_heartbeat(tid)
     except KeyboardInterrupt:
         _fail_interrupted(study, trial)

@@ -129,6 +129,9 @@ def run_one_trial(
         on_trial_start(trial.number, alloc, plan)
     from allocopt.study.quiet import quiet
 
+    bind = getattr(objective, "bind_trial", None)  # optional: an objective that names its trial's files
+    if bind is not None:
+        bind(study=study.study_name, number=trial.number, fidelity=fidelity, spec=spec)
     try:
         with quiet(verbose):
             result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
@@ -164,9 +167,13 @@ def run_one_trial(
     metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
                "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
                **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
-    trial.set_constraint("budget", -1.0)
-    set_dashboard_constraint(study, trial, -1.0)
-    write_complete(trial, result.targets, metrics, plan=plan.to_dict())
+    # allocopt's meter never overruns; a launched command (objective ``command``) can: flagged as tell does
+    used = result.spent.executed.total_flops
+    over = used > budget
+    constraint = math.log10(used / budget) if over else -1.0
+    trial.set_constraint("budget", constraint)
+    set_dashboard_constraint(study, trial, constraint)
+    write_complete(trial, result.targets, metrics, plan=plan.to_dict(), over_budget=over or None)
     study.tell(trial, [float(result.targets[k]) for k in keys])
     row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[keys[0]]}
     if tracker:
