@@ -132,16 +132,19 @@ def _write_asked(run: Any, out_dir: Path, *, study: str, storage: str, fmt: str,
     (``grpo_config.json``) or verl overrides (``verl_overrides.txt``); return what
     ``ask.json`` holds, with the folder."""
     from allocopt.study.asktell import trl_command, trl_config, verl_overrides
-    from allocopt.study.storage import redact_url
+    from allocopt.study.storage import without_password
 
+    bare, variable = without_password(storage)
     run_kw = dict(max_completion_length=setup.max_completion_length, temperature=setup.temperature,
                   beta=setup.beta, gradient_checkpointing=setup.gradient_checkpointing)
     folder = out_dir / f"trial-{run.trial_number}"
     folder.mkdir(parents=True, exist_ok=True)
-    tell = (f"allocopt tell --study {study} --storage '{redact_url(storage)}' --trial {run.trial_number} "
+    tell = (f"allocopt tell --study {study} --storage '{bare}' --trial {run.trial_number} "
             f"--metrics metrics.json" + (" --from-trl OUT" if fmt == "trl" else " --from-verl LOG"))
-    info: dict[str, Any] = {"study": study, "storage": redact_url(storage), **run.to_dict(),
+    info: dict[str, Any] = {"study": study, "storage": bare, **run.to_dict(),
                             "format": fmt, "learning_rate": learning_rate, "tell": tell}
+    if variable:  # the password is never written: the database client reads it from there
+        info["credentials"] = f"set {variable} (the storage's password) before running `tell`"
     if fmt == "trl":
         cfg = trl_config(run, learning_rate=learning_rate, **run_kw, micro_batch=micro_batch,
                          num_processes=num_processes, seed=spec.seed + run.trial_number,

@@ -160,7 +160,9 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
                 time.sleep(0.2)
                 client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
     except KeyboardInterrupt:
-        sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
+        from allocopt.study.storage import redact_url
+
+        sys.stderr.write(f"interrupted while connecting to MLflow at {redact_url(uri)}; nothing was recorded\n")
         sys.exit(130)
     except Exception as e:
         from allocopt.study.storage import redact_url
