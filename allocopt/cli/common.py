@@ -59,8 +59,10 @@ def check_storage(storage: str, spec: Any = None) -> None:
             raise ConfigError(str(e)) from None
 
 
-def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) -> Any:
-    """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off.
+def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True, storage: str | None = None) -> Any:
+    """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off. Writes made
+    while a server is away are spooled beside the SQLite Optuna ``storage`` (else in a temp
+    folder: :func:`allocopt.tracking.spool.spool_folder`) and replayed when it answers.
 
     Raises:
         ConfigError: the tracking URI cannot be used (unsupported scheme, unreachable server).
@@ -72,8 +74,10 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
     try:
         with _sqlite_lock(mlflow_uri):  # workers creating one MLflow SQLite file at once
             probe_tracking(study_name, mlflow_uri)  # would race on its schema migrations
+            from allocopt.tracking.spool import spool_folder
+
             with _quiet_mlflow():
-                return StudyTracker(study_name, tracking_uri=mlflow_uri)
+                return StudyTracker(study_name, tracking_uri=mlflow_uri, spool_dir=spool_folder(storage))
     except ConfigError:
         raise
     except Exception as e:
@@ -156,7 +160,9 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
                 time.sleep(0.2)
                 client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
     except KeyboardInterrupt:
-        sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
+        from allocopt.study.storage import redact_url
+
+        sys.stderr.write(f"interrupted while connecting to MLflow at {redact_url(uri)}; nothing was recorded\n")
         sys.exit(130)
     except Exception as e:
         from allocopt.study.storage import redact_url
@@ -435,7 +441,7 @@ def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, wo
     from allocopt.study.storage import redact_url
 
     with Console(stderr=True).status("opening MLflow tracking..."):
-        tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow)
+        tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow, storage=storage)
     status = "FAILED"  # the parent run is FINISHED only when the work ends normally
     guard = one_interrupt()
     try:

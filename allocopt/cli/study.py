@@ -224,8 +224,11 @@ def mlflow_lines(tracker: Any) -> list[str]:
         return []
     from allocopt.tracking import runs_view_url
 
+    from allocopt.study.storage import without_password
+
     uri, exp = str(tracker.tracking_uri), str(tracker.experiment_id)
     if uri.startswith(("http://", "https://")):
+        uri = without_password(uri)[0]  # the link opens in a browser, which asks for the login
         return [f"MLflow runs: {runs_view_url(uri, exp)}"]
     if not uri.startswith("sqlite:///"):
         return []

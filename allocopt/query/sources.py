@@ -137,17 +137,20 @@ def load_rows_from_mlflow(experiments: Sequence[str], tracking_uri: str | None =
 
     uri = resolve_tracking_uri(tracking_uri)
     _check_sqlite(uri, "mlflow_uri")
+    from allocopt.study.storage import redact_url
+    from allocopt.tracking.requests import short_mlflow_requests, short_reason
+
     try:
         client = MlflowClient(tracking_uri=uri)
-        all_exps = {e.name: e for e in client.search_experiments()}
+        with short_mlflow_requests():
+            all_exps = {e.name: e for e in client.search_experiments()}
     except Exception as e:  # noqa: BLE001 - bad URI, unreachable server
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise QueryError(f"mlflow_uri={uri!r}: cannot be opened ({msg})") from None
+        raise QueryError(f"mlflow_uri={redact_url(uri)!r}: cannot be opened ({short_reason(e)})") from None
     out: list[TrialRow] = []
     for name in experiments:
         exp = all_exps.get(name) or all_exps.get(f"{EXPERIMENT_PREFIX}{name}")
         if exp is None:
-            raise QueryError(f"experiment={name!r}: not found in {uri}; known: "
+            raise QueryError(f"experiment={name!r}: not found in {redact_url(uri)}; known: "
                              f"{', '.join(sorted(all_exps)) or 'none'}")
         token = None
         runs = []

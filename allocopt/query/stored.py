@@ -129,6 +129,8 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
     from allocopt.tracking.requests import short_mlflow_requests
     from allocopt.tracking.tracker import _resolve_uri
 
+    from allocopt.study.storage import redact_url
+
     uri = _resolve_uri(mlflow_uri)
     try:
         from mlflow import MlflowClient
@@ -139,10 +141,12 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
             runs = [] if exp is None else client.search_runs(
                 [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_STUDY}'", max_results=100)
     except Exception as e:  # noqa: BLE001 - unreachable server, unreadable store
-        raise QueryError(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        from allocopt.tracking.requests import short_reason
+
+        raise QueryError(f"mlflow_uri={redact_url(uri)!r}: cannot be read ({short_reason(e)})") from None
     runs = [r for r in runs if r.data.tags.get(TAG_STUDY) == study]
     if not runs:
-        raise QueryError(f"mlflow_run='parent': study {study!r} has no parent run in {uri} (run it with MLflow on, or give --mlflow-uri)")
+        raise QueryError(f"mlflow_run='parent': study {study!r} has no parent run in {redact_url(uri)} (run it with MLflow on, or give --mlflow-uri)")
     return max(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
 
 

@@ -350,16 +350,19 @@ def write_asked_folder(run: AskedRun, folder: Any, *, study: str, storage: str, 
     import json
     from pathlib import Path
 
-    from allocopt.study.storage import redact_url
+    from allocopt.study.storage import without_password
 
     folder = Path(folder)
+    bare, variable = without_password(storage)
     run_kw = dict(max_completion_length=setup.max_completion_length, temperature=setup.temperature,
                   beta=setup.beta, gradient_checkpointing=setup.gradient_checkpointing)
     folder.mkdir(parents=True, exist_ok=True)
-    info: dict[str, Any] = {"study": study, "storage": redact_url(storage), **run.to_dict(),
+    info: dict[str, Any] = {"study": study, "storage": bare, **run.to_dict(),
                             "format": fmt, "learning_rate": learning_rate}
+    if variable:  # the password is never written: the database client reads it from there
+        info["credentials"] = f"set {variable} (the storage's password) before running `tell`"
     if tell:
-        info["tell"] = (f"allocopt tell --study {study} --storage '{redact_url(storage)}' --trial "
+        info["tell"] = (f"allocopt tell --study {study} --storage '{bare}' --trial "
                         f"{run.trial_number} --metrics metrics.json"
                         + (" --from-trl OUT" if fmt == "trl" else " --from-verl LOG"))
     if fmt == "trl":

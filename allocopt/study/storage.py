@@ -70,7 +70,38 @@ def redact_url(url: str | None) -> str:
     """
     if not url:
         return "" if url is None else url
+    import re
+
     s = str(url)
+    if not re.search(r"\s", s):
+        s = _redact_one(s)
+    else:  # a message that holds URLs (an error line): each one redacted
+        s = re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"()<>]+", lambda m: _redact_one(m.group(0)), s)
+    return re.sub(r"(?i)([?&;]password=)[^&;\s'\"]*", r"\1***", s)
+
+
+def without_password(url: str) -> tuple[str, str | None]:
+    """``url`` with no password at all, for commands written to files (``ask.json``'s ``tell``),
+    and the variable that supplies it instead: ``PGPASSWORD`` (or ``~/.pgpass``, read by libpq)
+    for PostgreSQL, ``MLFLOW_TRACKING_PASSWORD`` (with ``MLFLOW_TRACKING_USERNAME``, read by
+    MLflow) for an ``http(s)`` server; ``None`` when the URL held no password.
+
+    >>> without_password("postgresql+psycopg://al:s3cr@db:5432/optuna")
+    ('postgresql+psycopg://al@db:5432/optuna', 'PGPASSWORD')
+    """
+    shown = redact_url(url)
+    if shown == url:
+        return url, None
+    import re
+
+    bare = re.sub(r"(?i)[?&;]password=\*\*\*", "", shown.replace(":***@", "@", 1))
+    if url.startswith(("http://", "https://")):
+        bare = re.sub(r"://[^/@]*@", "://", bare, count=1)
+        return bare, "MLFLOW_TRACKING_PASSWORD"
+    return bare, "PGPASSWORD" if url.startswith("postgres") else "the database's password variable"
+
+
+def _redact_one(s: str) -> str:
     scheme, sep, rest = s.partition("://")
     if sep:
         cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0] or [len(rest)])
@@ -80,9 +111,7 @@ def redact_url(url: str | None) -> str:
         if at and ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         s = f"{scheme}://{userinfo}{at}{host}{tail}" if at else s
-    import re
-
-    return re.sub(r"(?i)([?&;]password=)[^&;]*", r"\1***", s)
+    return s
 
 
 def worker_name() -> str:
@@ -343,4 +372,4 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
            "StorageError", "fail_stale", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
-           "redact_url", "register", "stale_callback", "storage_of", "worker_name", "worker_trial"]
+           "redact_url", "register", "without_password", "stale_callback", "storage_of", "worker_name", "worker_trial"]

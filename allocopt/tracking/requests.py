@@ -35,3 +35,21 @@ class short_mlflow_requests:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def short_reason(e: BaseException) -> str:
+    """The telling part of an MLflow / SQLAlchemy / requests error, at most 200 characters, any
+    URL in it with its password redacted (``Connection refused``, ``Read timed out``, ...)."""
+    import re
+
+    from allocopt.study.storage import redact_url
+
+    text = str(e)
+    for pattern in (r"\(\w+(?:\.\w+)*Error\) ([^\n]+)",  # (sqlite3.OperationalError) attempt to write...
+                    r"(Connection refused)", r"(Read timed out)", r"(Name or service not known)",
+                    r"(Failed to establish a new connection)", r"(Max retries exceeded)"):
+        m = re.search(pattern, text)
+        if m:
+            return redact_url(m.group(1)[:200])
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return redact_url((lines[0] if lines else type(e).__name__)[:200])
