@@ -115,9 +115,8 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     anything is recorded. Returns ``(study, tracker)``."""
     from allocopt.cli.common import check_storage, load_workload, probe_tracking, tracked
     from allocopt.cli.live import StudyDisplay, study_estimate
-    from allocopt.study.loop import run_study
+    from allocopt.study.loop import run_study, work_left
     from allocopt.study.open import StudyError, open_study
-    from allocopt.record import rows
 
     obj, workload = load_workload(s)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
@@ -128,10 +127,13 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
             opened = open_study(s, storage)
     except StudyError as e:
         raise ConfigError(str(e)) from None
-    to_do = max(0, s.trials - sum(1 for r in rows(opened) if r.fidelity == "full" and r.state == "COMPLETE"))
+    left = work_left(opened, s)
+    to_do = left["full"] + left["retries"]
+    if not to_do:  # one line, then the answer (the summary): no estimate, no empty bar
+        err.print(finished_line(opened, s), highlight=False, markup=False, soft_wrap=True)
 
     def work(tracker: Any) -> Any:
-        with StudyDisplay(err, s, num_full=to_do) as live:  # a resumed study counts its runs left
+        with StudyDisplay(err, s, num_full=to_do, disable=not to_do) as live:  # a resumed study counts its runs left
             estimate = study_estimate(obj, s.budget_flops, to_do)
             if estimate:
                 live.note(estimate)
@@ -141,6 +143,14 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
                              progress=live.progress, verbose=verbose)
 
     return tracked(s, storage, mlflow_uri, no_mlflow, work)
+
+
+def finished_line(study: Any, s: Any) -> str:
+    """The one line a finished study prints instead of an estimate and an empty bar."""
+    from allocopt.study.loop import finished_full
+
+    return (f"study {s.name!r} is finished ({finished_full(study)} of {s.trials} full runs done); "
+            "nothing to run, --trials N runs more")
 
 
 def print_plans(s: Any) -> None:
