@@ -126,7 +126,7 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
         raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
     register(study, store)
     _check_terms(study, spec)
-    reconcile_on_open(study)  # a stopped worker's trials settled before anything is asked
+    reconcile_on_open(study, spec.targets)  # a stopped worker's trials settled before anything is asked
     return study
 
 

@@ -159,7 +159,7 @@ def _decision_only(trial: Any) -> Any:
     return t
 
 
-def recorded_values(study: Any, trial: Any) -> list[float] | None:
+def recorded_values(study: Any, trial: Any, targets: Any = None) -> list[float] | None:
     """The Optuna values of a trial whose result allocopt recorded whole before its worker
     stopped (killed, or a full disk failed ``study.tell``): user attribute ``state``
     ``COMPLETE`` with the plan (written last, :func:`allocopt.record.write_complete` after the
@@ -167,14 +167,15 @@ def recorded_values(study: Any, trial: Any) -> list[float] | None:
     objective order; ``INFEASIBLE`` with its error: the placeholder 0 per target. ``None`` when
     the record is partial or absent: then the work is run again instead.
 
-    The study's targets are its metric names (``pass@1``), else its ``spec`` user attribute.
+    The study's targets: ``targets`` (names such as ``pass@1``, in objective order), else its
+    metric names, else its ``spec`` user attribute.
     """
     import math
 
     from allocopt.record import TrialRecord
     from allocopt.spec import target_key
 
-    names = list(study.metric_names or [])
+    names = list(targets or study.metric_names or [])
     if not names:
         t = (study.user_attrs.get("spec") or {}).get("target")
         names = [t] if isinstance(t, str) else list(t or [])
@@ -227,7 +228,7 @@ def _owner_gone(trial: Any) -> bool:
     return False
 
 
-def reconcile_on_open(study: Any) -> dict[str, list[int]]:
+def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
     """Settle the trials a stopped worker left behind; called whenever a study is opened
     (:func:`allocopt.study.open.open_study`, :func:`allocopt.query.sources.open_study_for_query`):
 
@@ -261,7 +262,7 @@ def reconcile_on_open(study: Any) -> dict[str, list[int]]:
         if not _owner_gone(t):
             continue
         tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
-        values = recorded_values(study, t)
+        values = recorded_values(study, t, targets)
         try:
             if values is not None:
                 study.tell(t.number, values)
