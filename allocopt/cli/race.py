@@ -161,7 +161,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
     opened = left.pop("study") if left is not None else None
     done = left is not None and not any(left.values())
     if done and not quiet:  # one line, then the answer: no estimate, no empty bar
-        from allocopt.cli.study import finished_line
+        from allocopt.cli.live import finished_line
 
         err.print(finished_line(opened, replace(s, trials=validations)), highlight=False, markup=False,
                   soft_wrap=True)

@@ -114,7 +114,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     no allocation can use, the storage, MLflow's store, the study's terms) is refused before
     anything is recorded. Returns ``(study, tracker)``."""
     from allocopt.cli.common import check_storage, load_workload, probe_tracking, tracked
-    from allocopt.cli.live import StudyDisplay, study_estimate
+    from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
     from allocopt.study.loop import run_study, work_left
     from allocopt.study.open import StudyError, open_study
 
@@ -143,14 +143,6 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
                              progress=live.progress, verbose=verbose)
 
     return tracked(s, storage, mlflow_uri, no_mlflow, work)
-
-
-def finished_line(study: Any, s: Any) -> str:
-    """The one line a finished study prints instead of an estimate and an empty bar."""
-    from allocopt.study.loop import finished_full
-
-    return (f"study {s.name!r} is finished ({finished_full(study)} of {s.trials} full runs done); "
-            "nothing to run, --trials N runs more")
 
 
 def print_plans(s: Any) -> None:
