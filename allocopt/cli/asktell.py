@@ -116,6 +116,7 @@ def ask(
         b = None if budget is None else check_budget(budget)
         base = StudySpec.from_toml(spec_file, b, t) if spec_file else StudySpec(**(t or {}))
         new = base.with_overrides(name=study, budget_flops=b, target=target, objective=objective)
+    _check_out(out_dir)  # before anything is reserved
     st, spec = _load(study, storage, new)
     workload = _workload_of(spec)
     from allocopt.study.open import make_sampler
@@ -123,15 +124,38 @@ def ask(
     st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
     race = hasattr(st.sampler, "suggest")
     dists = distributions(spec, fidelity=True) if race else distributions(spec)
-    runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists)
     lr = learning_rate or workload.setup.learning_rate
-    shown = [_write_asked(run, out_dir, study=study, storage=storage, fmt=fmt, spec=spec, setup=workload.setup,
-                          learning_rate=lr, micro_batch=micro_batch, num_processes=num_processes) for run in runs]
+    reserved: list[int] = []
+    try:  # a failure from here on gives the reserved trials back (asked again next time)
+        runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists, reserved=reserved)
+        shown = [_write_asked(run, out_dir, study=study, storage=storage, fmt=fmt, spec=spec,
+                              setup=workload.setup, learning_rate=lr, micro_batch=micro_batch,
+                              num_processes=num_processes) for run in runs]
+    except BaseException as e:
+        from allocopt.study.asktell import release
+
+        given = release(st, reserved)
+        if isinstance(e, OSError):
+            raise ConfigError(f"out={str(out_dir)!r}: cannot be written ({e.strerror or e}); "
+                              f"{len(given)} reserved trial(s) given back") from None
+        raise
     print_asked(shown, spec, study=study, fmt=fmt, out_dir=out_dir, as_json=as_json)
     if n_infeasible:
         err.print(f"{n_infeasible} proposal(s) the budget cannot buy were recorded as INFEASIBLE", highlight=False)
     if len(runs) < n:
         raise ConfigError(f"num={n}: only {len(runs)} runnable trial(s) found in {20 * n} proposals")
+
+
+def _check_out(out_dir: Path) -> None:
+    """Refuse an ``--out`` that cannot be made or written (one line), before reserving."""
+    import os
+
+    probe = out_dir
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"out={str(out_dir)!r}: {probe} is not a writable folder; give --out a "
+                          "folder you can write")
 
 
 def _workload_of(spec: Any) -> Any:

@@ -169,7 +169,16 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
     obj, workload = load_workload(s, s.pilot_fraction)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
-    live = StudyDisplay(err, s, num_full=validations, disable=quiet)
+    left = None if propose_only else _race_left(s, settings, storage, workload, validations)
+    opened = left.pop("study") if left is not None else None
+    done = left is not None and not any(left.values())
+    if done and not quiet:  # one line, then the answer: no estimate, no empty bar
+        from allocopt.cli.live import finished_line
+
+        err.print(finished_line(opened, replace(s, trials=validations)), highlight=False, markup=False,
+                  soft_wrap=True)
+    num_full = validations if left is None else left["full"] + left["retries"]
+    live = StudyDisplay(err, s, num_full=num_full, disable=quiet or done)
 
     def work(tracker: Any) -> Any:
         with live:
@@ -177,7 +186,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
             res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                            pilot_fraction=s.pilot_fraction, validations=validations,
                            propose_only=propose_only, settings=settings,
-                           on_phase=_on_phase(live, s, obj, len(design), 0 if propose_only else validations),
+                           on_phase=_on_phase(live, s, obj, len(design), 0 if propose_only else num_full, done),
                            on_trial_start=live.on_start, on_trial_end=None if quiet else live.on_end,
                            progress=live.progress, verbose=verbose)
         if tracker:
@@ -188,13 +197,39 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
     return tracked(s, storage, mlflow_uri, no_mlflow, work)
 
 
-def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int) -> Any:
-    """What the live display says at each phase of the race."""
+def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: int) -> Any:
+    """:func:`allocopt.study.loop.work_left` of an existing race study (plus the opened study
+    under ``"study"``), as :func:`allocopt.study.race.run_race` will run it; ``None`` for a
+    study not there yet."""
+    from dataclasses import replace
+
+    from allocopt.query.sources import study_names
+    from allocopt.study.loop import work_left
+    from allocopt.study.open import open_study
+    from allocopt.study.sampler import RaceSampler
+
+    try:
+        if s.name not in study_names(storage):
+            return None
+    except Exception:  # noqa: BLE001 - no store yet: a new study
+        return None
+    r = replace(s, trials=max(validations, 1))
+    sampler = RaceSampler(r.space, budget_flops=r.budget_flops, pilot_fraction=r.pilot_fraction,
+                          workload=workload, settings=settings, seed=r.seed)
+    study = open_study(r, storage, sampler)
+    left = work_left(study, replace(r, trials=validations), sampler)
+    return {**left, "study": study}
+
+
+def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finished: bool = False) -> Any:
+    """What the live display says at each phase of the race (nothing for a finished study)."""
     from allocopt.cli.live import study_estimate
 
     f = s.pilot_fraction
 
     def on_phase(phase: str, payload: Any) -> None:
+        if finished:
+            return
         if phase == "pilots":
             live.pilots_to_run(len(payload))
             live.note(f"RACE {s.name}: {len(payload)} of {num_design} pilot run(s) to do at "

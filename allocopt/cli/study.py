@@ -123,10 +123,9 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     no allocation can use, the storage, MLflow's store, the study's terms) is refused before
     anything is recorded. Returns ``(study, tracker)``."""
     from allocopt.cli.common import check_storage, load_workload, probe_tracking, tracked
-    from allocopt.cli.live import StudyDisplay, study_estimate
-    from allocopt.study.loop import run_study
+    from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
+    from allocopt.study.loop import run_study, work_left
     from allocopt.study.open import StudyError, open_study
-    from allocopt.record import rows
 
     obj, workload = load_workload(s)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
@@ -137,10 +136,13 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
             opened = open_study(s, storage)
     except StudyError as e:
         raise ConfigError(str(e)) from None
-    to_do = max(0, s.trials - sum(1 for r in rows(opened) if r.fidelity == "full" and r.state == "COMPLETE"))
+    left = work_left(opened, s)
+    to_do = left["full"] + left["retries"]
+    if not to_do:  # one line, then the answer (the summary): no estimate, no empty bar
+        err.print(finished_line(opened, s), highlight=False, markup=False, soft_wrap=True)
 
     def work(tracker: Any) -> Any:
-        with StudyDisplay(err, s, num_full=to_do) as live:  # a resumed study counts its runs left
+        with StudyDisplay(err, s, num_full=to_do, disable=not to_do) as live:  # a resumed study counts its runs left
             estimate = study_estimate(obj, s.budget_flops, to_do)
             if estimate:
                 live.note(estimate)

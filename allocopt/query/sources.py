@@ -49,7 +49,9 @@ def study_names(storage: str) -> list[str]:
 
 
 def open_study_for_query(storage: str, study_name: str) -> Any:
-    """The Optuna study ``study_name`` in ``storage``, loaded (never created).
+    """The Optuna study ``study_name`` in ``storage``, loaded (never created), with what
+    stopped workers left settled first (:func:`allocopt.study.storage.reconcile_on_open`; best
+    effort: a store that cannot be written is read as it is).
 
     Raises:
         QueryError: the storage cannot be opened or has no such study (the message lists the
@@ -62,7 +64,16 @@ def open_study_for_query(storage: str, study_name: str) -> Any:
         from allocopt.study.storage import redact_url
 
         raise QueryError(f"study={study_name!r}: not found in {redact_url(storage)}; known: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=study_name, storage=storage)
+    try:  # settle what stopped workers left, as every opening does (best effort: a read-only
+        from allocopt.study.storage import make_storage, reconcile_on_open, register  # store is still read)
+
+        store = make_storage(storage)
+        study = optuna.load_study(study_name=study_name, storage=store)
+        register(study, store)
+        reconcile_on_open(study)
+        return study
+    except Exception:  # noqa: BLE001 - the query reads what is there
+        return optuna.load_study(study_name=study_name, storage=storage)
 
 
 def load_rows_from_study(storage: str, study_name: str) -> list[TrialRow]:

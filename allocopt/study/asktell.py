@@ -129,7 +129,8 @@ def whole_pass_run(plan: TrialPlan, workload: Workload, trial_number: int = -1,
 
 
 def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
-            distributions: Mapping[str, Any], max_tries: int = 20) -> tuple[list[AskedRun], int]:
+            distributions: Mapping[str, Any], max_tries: int = 20,
+            reserved: list[int] | None = None) -> tuple[list[AskedRun], int]:
     """Reserve ``n`` runnable trials with the study's sampler.
 
     A proposal the budget cannot buy is recorded at once as INFEASIBLE with a violated
@@ -137,6 +138,9 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
     trial). Whole passes realize ρ in steps (one pass more is a jump in learning FLOPs): the
     run's ``expected_rho`` may differ from the asked ρ (shown by ``ask``, and ``allocopt tell``
     records the ρ the run really spent); the trial keeps the asked ρ as its parameter.
+
+    ``reserved`` (a list) gets each asked trial's number as soon as it is asked, so a caller
+    that fails half-way can :func:`release` them (those already told INFEASIBLE are skipped).
 
     Returns:
         ``(runs, infeasible)``: the reserved runs and how many proposals were infeasible.
@@ -147,6 +151,8 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         if infeasible >= max_tries * n:
             break
         trial = study.ask(dict(distributions))
+        if reserved is not None:
+            reserved.append(trial.number)
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             study.sampler.suggest(trial)
         rec = TrialRecord.of(trial)
@@ -170,6 +176,37 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         write_asked(trial, plan.to_dict(), {"format": fmt, **run.to_dict()})
         runs.append(run)
     return runs, infeasible
+
+
+def release(study: Any, numbers: list[int]) -> list[int]:
+    """Give back trials reserved by a command that then failed (an unwritable ``--out``, an
+    error, Ctrl-C): each still RUNNING is failed as interrupted
+    (:func:`allocopt.record.write_interrupted`), so the next opening of the study enqueues its
+    work to be asked again (:func:`allocopt.study.storage.requeue_interrupted`) instead of
+    leaving it RUNNING for ever. Best effort per trial.
+
+    Returns:
+        the numbers released.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    from allocopt.record import write_interrupted
+    from allocopt.study.storage import trial_handle
+
+    done = []
+    for number in numbers:
+        try:
+            if study.get_trials(deepcopy=False)[number].state != TrialState.RUNNING:
+                continue
+            handle = trial_handle(study, number)
+            if handle is not None:
+                write_interrupted(optuna.trial.Trial(study, handle[1]))
+            study.tell(number, state=TrialState.FAIL)
+            done.append(number)
+        except Exception:  # noqa: BLE001 - the others are still given back
+            continue
+    return done
 
 
 # ----------------------------------------------------------------------------- configs

@@ -28,7 +28,7 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.record import TrialRecord, TrialRow
+from allocopt.record import TrialRecord, TrialRow, records
 from allocopt.study.trial import log_final, run_one_trial
 
 
@@ -110,6 +110,8 @@ def run_study(
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
         sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
+    if tracker:  # runs of trials settled when the study was opened (killed workers) end now
+        tracker.reconcile(study)
     study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
     name_objectives(study, spec)
@@ -122,23 +124,16 @@ def run_study(
                                      "settings": asdict(sampler.settings)})
     dists = distributions(spec, fidelity=race)
 
-    def finished() -> int:
-        # an interrupted or killed (retried) trial does not count: it is run again; a failed one
-        # counts (it would fail again)
-        recs = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
-        retried = {r.retried_from for r in recs}
-        return sum(1 for r in recs
-                   if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
-                       r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
-
     # every ask runs a trial (the queue's first); the cap only guards against a sampler that
     # never proposes a full run
-    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) + 2
     cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
                                    + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
                                    if race else 0)
-    for _ in range(cap + 1):
-        if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
+    for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
+        # the count is reached: the work it stood for runs exactly once
+        if not retries_waiting(study) and ((sampler.pilots_left(study) == 0) if pilots_only
+                                           else (finished_full(study) >= spec.trials)):
             break
         with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
             if race:
@@ -156,6 +151,31 @@ def run_study(
             if on_answer:
                 on_answer(rec, sur)
     return study
+
+
+def finished_full(study: Any) -> int:
+    """Full-budget trials that count towards ``spec.trials``: complete ones and failed ones (a
+    failed run would fail again); an interrupted or killed trial that is run again (a trial
+    repeats it: Optuna's ``failed_trial``) does not count, its re-run does."""
+    recs = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+    retried = {r.retried_from for r in recs}
+    return sum(1 for r in recs
+               if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
+                   r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
+
+
+def retries_waiting(study: Any) -> int:
+    """Queued re-runs of killed or interrupted trials (WAITING with Optuna's ``failed_trial``)."""
+    return sum(1 for r in records(study) if r.optuna_state == "WAITING" and r.retried_from is not None)
+
+
+def work_left(study: Any, spec: StudySpec, sampler: Any = None) -> dict[str, int]:
+    """What a run of the study would still do: ``full`` runs to reach ``spec.trials``
+    (:func:`finished_full`), queued ``retries`` (:func:`retries_waiting`), and with a
+    :class:`~allocopt.study.sampler.RaceSampler` the ``pilots`` no trial has claimed. All zero:
+    the study is finished."""
+    return {"full": max(0, spec.trials - finished_full(study)), "retries": retries_waiting(study),
+            "pilots": sampler.pilots_left(study) if sampler is not None and hasattr(sampler, "pilots_left") else 0}
 
 
 def final_answer(study: Any, spec: StudySpec, sampler: Any) -> tuple[Any, Any]:

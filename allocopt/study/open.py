@@ -100,9 +100,10 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
     :class:`~optuna.samplers.RandomSampler` (seeded ``spec.seed``) until the caller sets
     ``study.sampler`` (:func:`make_sampler`; the loop does). ``storage`` ``None``: in memory.
 
-    Opening never touches a RUNNING trial: it may be another worker's live trial, or a trial
-    reserved by ``allocopt ask``. A dead worker's trial is failed and retried once after the
-    grace period (:func:`allocopt.study.storage.fail_stale`, before each ``ask``).
+    Opening settles what stopped workers left (:func:`allocopt.study.storage.reconcile_on_open`:
+    a gone worker's trial finished from its whole record or failed and run again once, stale
+    ones after the grace period, Ctrl-C'd ones enqueued to run again); it never touches a live
+    worker's RUNNING trial or a trial reserved by ``allocopt ask``.
 
     Raises:
         StudyError: the storage cannot be opened (the URL in the message has its password
@@ -110,7 +111,7 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
     """
     import optuna
 
-    from allocopt.study.storage import StorageError, make_storage, redact_url, register
+    from allocopt.study.storage import StorageError, make_storage, reconcile_on_open, redact_url, register
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact_url(storage)
@@ -135,6 +136,7 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
         raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
     register(study, store)
     _check_terms(study, spec)
+    reconcile_on_open(study, spec.targets)  # a stopped worker's trials settled before anything is asked
     return study
 
 
