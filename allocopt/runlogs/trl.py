@@ -119,9 +119,7 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     src = str(path)
     if not folder.is_dir():
         raise RunLogError(f"from_trl={src!r}: not a folder (a TRL output_dir is expected)")
-    given = check_overrides(f"from_trl={src!r}", overrides)
-    read: dict[str, str] = {k: "given" for k in given}
-    assumed: dict[str, str] = {}
+    check_overrides(f"from_trl={src!r}", overrides)
     state_file = _find(folder, "trainer_state.json")
     if state_file is None:
         raise RunLogError(f"from_trl={src!r}: no trainer_state.json in the folder or its checkpoints")
@@ -141,6 +139,32 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
             args = read_training_args(args_file)
         except ValueError as e:
             raise RunLogError(f"{args_file}: {e}") from None
+    adapter_file = _find(folder, "adapter_config.json")
+    adapter: dict[str, Any] | None = None
+    if adapter_file is not None:
+        try:
+            adapter = json.loads(adapter_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RunLogError(f"{adapter_file}: not valid JSON") from None
+        if not isinstance(adapter, dict):
+            raise RunLogError(f"{adapter_file}: not a JSON object")
+    return account_trl_log(history, args, adapter, source=src, state_file=state_file,
+                           args_file=args_file, adapter_file=adapter_file, **overrides)
+
+
+def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str, Any] | None, *,
+                    source: str, state_file: Path, args_file: Path | None = None,
+                    adapter_file: Path | None = None, **overrides: Any) -> ImportedRun:
+    """The account of a TRL run from what its files hold, already read: ``history`` is
+    ``trainer_state.json``'s ``log_history``, ``args`` the ``GRPOConfig`` fields (as
+    :func:`~allocopt.runlogs.argsfile.read_training_args` gives them), ``adapter`` peft's
+    ``adapter_config.json`` (``None``: full fine-tuning). :func:`import_trl` reads the files;
+    :mod:`allocopt.runlogs.live` passes a running trainer's own objects. The paths only name
+    the sources in messages. Raises :class:`RunLogError` as :func:`import_trl`."""
+    src = source
+    given = check_overrides(f"from_trl={src!r}", overrides)
+    read: dict[str, str] = {k: "given" for k in given}
+    assumed: dict[str, str] = {}
 
     def arg(key: str, default: Any, why: str) -> Any:
         if key in args and args[key] is not None:
@@ -176,15 +200,12 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
                               f"of num_generations={G}")
         settings["prompts"] = rows // G
 
-    adapter = _find(folder, "adapter_config.json")
     base_model = None
+    aname = adapter_file.name if adapter_file else "adapter_config.json"
     if adapter is not None:
-        try:
-            a = json.loads(adapter.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RunLogError(f"{adapter}: not valid JSON") from None
+        a = adapter
         settings["lora_rank"] = int(a.get("r") or 8)
-        read["lora_rank"] = f"{settings['lora_rank']} ({adapter.name}: r)"
+        read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
         targets = a.get("target_modules")
         if isinstance(targets, str):
             targets = MODULE_NAMES if targets == "all-linear" else [targets]
@@ -192,10 +213,10 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
             names = {str(t).rsplit(".", 1)[-1] for t in targets}
             settings["lora_targets"] = ",".join(t for t in MODULE_NAMES if t in names) \
                 or "all-linear"
-            read["lora_targets"] = f"{adapter.name}: target_modules"
+            read["lora_targets"] = f"{aname}: target_modules"
         base_model = a.get("base_model_name_or_path")
         if base_model:
-            read["model"] = f"{base_model!r} ({adapter.name}: base_model_name_or_path)"
+            read["model"] = f"{base_model!r} ({aname}: base_model_name_or_path)"
     else:
         settings["lora_rank"] = 0
         assumed["lora_rank"] = "0 (no adapter_config.json: full fine-tuning)"
