@@ -114,3 +114,132 @@ def test_trl_generation_batch_that_disagrees_with_the_process_count_is_refused(t
                              distributed_state={"num_processes": 4})
     with pytest.raises(RunLogError, match=r"generation_batch_size=48 is not .* 6 x 4 x 1"):
         import_trl(folder, model=BASE)
+
+
+# --- OpenRLHF and NeMo-RL (fixtures: tests/data/runlogs/make_engine_fixtures.py, README) ---
+
+from allocopt.runlogs.openrlhf import import_openrlhf  # noqa: E402
+from allocopt.runlogs.nemo_rl import import_nemo_rl  # noqa: E402
+from allocopt.plan.hub import model_shape  # noqa: E402
+
+VALUES = json.loads((DATA / "engine_fixture_values.json").read_text())
+OPENRLHF_LOG = DATA / "openrlhf_grpo_qwen25_3b.log"
+has_tb = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("tensorboard") is None,
+    reason="tensorboard is not installed (pip install 'allocopt[tensorboard]')")
+
+
+def _verl_engine_total(model: str, steps: list[tuple[float, float, float | None, float]], *,
+                       prompts: int, G: int, beta: float, gc: bool, minibatches: int) -> int:
+    """By hand: one GRPOStep per logged step (prompt and completion lengths from the log, the
+    completions spread one-long when a maximum is logged), priced with the verl engine model,
+    times the step's share of the planned rows."""
+    shape = model_shape(model)
+    total = 0.0
+    for p, c, cmax, weight in steps:
+        comps = synthetic_completions(c, cmax if cmax and cmax > c else None, prompts * G,
+                                      "one-long" if cmax and cmax > c else "constant")
+        step = GRPOStep(prompt_tokens=(round(p),) * prompts, completion_tokens=comps,
+                        group_size=G, reference=beta > 0, minibatches=minibatches)
+        total += grpo_step_flops(shape, step, gradient_checkpointing=gc,
+                                 engine_name="verl").executed.total_flops * weight
+    return total
+
+
+def test_openrlhf_console_log_by_hand():
+    run = import_openrlhf(OPENRLHF_LOG)
+    a = VALUES["openrlhf"]["args"]
+    s = run.settings
+    assert (s["prompts"], s["group_size"], s["update_passes"], s["beta"], s["gradient_checkpointing"],
+            s["lora_rank"], s["model"]) == (a["rollout.batch_size"], a["rollout.n_samples_per_prompt"],
+                                            a["train.max_epochs"], a["algo.kl.init_coef"],
+                                            a["actor.gradient_checkpointing_enable"], 0,
+                                            a["actor.model_name_or_path"])
+    assert s["minibatches"] == 32 * 8 // 128 and run.num_devices == 8
+    steps = VALUES["openrlhf"]["steps"]
+    logged = [(st["total_length"] - st["response_length"], st["response_length"], None,
+               st["rollout/num_samples"] / 256) for st in steps]
+    expect = _verl_engine_total(a["actor.model_name_or_path"], logged, prompts=32, G=8,
+                                beta=0.001, gc=True, minibatches=2)
+    assert run.account.executed.total_flops == pytest.approx(expect, rel=1e-12)
+    assert run.phase_seconds == pytest.approx({
+        "search": sum(st["timing/generation"] for st in steps),
+        "learning": sum(st["timing/make_experience"] + st["timing/ppo_train"] for st in steps),
+        "reward": 0.0})
+
+
+@has_tb
+def test_openrlhf_tensorboard_equals_the_console(tmp_path):
+    """The event files (``train/<key>`` scalars, float32) with the console's config next to them
+    give the console's account (lengths equal to float32 precision)."""
+    shutil.copytree(DATA / "openrlhf_tb", tmp_path / "tb")
+    text = OPENRLHF_LOG.read_text(encoding="utf-8").splitlines()
+    (tmp_path / "tb" / "train.log").write_text(text[1] + "\n")  # the config line only
+    tb, console = import_openrlhf(tmp_path / "tb"), import_openrlhf(OPENRLHF_LOG)
+    assert tb.settings == console.settings and tb.steps == console.steps == 3
+    assert tb.account.executed.total_flops == pytest.approx(console.account.executed.total_flops,
+                                                            rel=1e-6)
+    with pytest.raises(RunLogError, match="no config") as e:
+        import_openrlhf(DATA / "openrlhf_tb")
+    assert "\n" not in str(e.value)
+
+
+def test_openrlhf_ppo_with_a_critic_is_refused(tmp_path):
+    f = tmp_path / "ppo.log"
+    f.write_text(OPENRLHF_LOG.read_text(encoding="utf-8").replace("'group_norm'", "'gae'"),
+                 encoding="utf-8")
+    with pytest.raises(RunLogError, match="estimator='gae'.*PPO with a critic is not priced"):
+        import_openrlhf(f)
+
+
+@has_tb
+def test_nemo_rl_tensorboard_by_hand_and_its_own_flops():
+    run = import_nemo_rl(DATA / "nemo_rl_tb")
+    c = VALUES["nemo_rl"]["config"]
+    s = run.settings
+    assert (s["prompts"], s["group_size"], s["model"], s["beta"], s["minibatches"],
+            s["gradient_checkpointing"], s["lora_rank"]) == (32, 16, "Qwen/Qwen2.5-1.5B", 0.01,
+                                                              1, False, 0)
+    assert run.num_devices == c["cluster"]["gpus_per_node"] * c["cluster"]["num_nodes"]
+    steps = VALUES["nemo_rl"]["steps"]
+    # TensorBoard stores float32: the lengths as written, read back
+    f32 = lambda x: __import__("struct").unpack("f", __import__("struct").pack("f", x))[0]  # noqa: E731
+    logged = [(f32(st["train/mean_prompt_length"]), f32(st["train/mean_gen_tokens_per_sample"]),
+               f32(st["train/max_gen_tokens_per_sample"]),
+               f32(st["train/total_num_tokens"]) / (f32(st["train/mean_prompt_length"])
+                                                    + f32(st["train/mean_gen_tokens_per_sample"])) / 512)
+              for st in steps]
+    expect = _verl_engine_total("Qwen/Qwen2.5-1.5B", logged, prompts=32, G=16, beta=0.01,
+                                gc=False, minibatches=1)
+    assert run.account.executed.total_flops == pytest.approx(expect, rel=1e-9)
+    secs = {"search": sum(st["timing/train/generation"] for st in steps),
+            "reward": sum(st["timing/train/reward_calculation"] for st in steps),
+            "learning": sum(st["timing/train/policy_and_reference_logprobs"]
+                            + st["timing/train/policy_training"] for st in steps)}
+    assert run.phase_seconds == pytest.approx(secs, rel=1e-6)
+    # NeMo-RL's own training TFLOP/s per GPU next to allocopt's update FLOPs over the same seconds
+    ln = run.account.executed.learning
+    train_s = sum(st["timing/train/policy_training"] for st in steps)
+    ours = (ln["forward"] + ln["backward"]) / train_s / 8 / 1e12
+    theirs = sum(st["performance/train_flops_per_gpu"] * st["timing/train/policy_training"]
+                 for st in steps) / train_s
+    line = run.fields_read["performance/train_flops_per_gpu"]
+    assert f"NeMo-RL {theirs:.3g} TFLOP/s" in line and f"same seconds {ours:.3g}" in line
+
+
+def test_cli_from_openrlhf_and_nemo_rl(capsys):
+    from typer.testing import CliRunner
+
+    from allocopt.cli import app, main
+
+    r = CliRunner().invoke(app, ["account", "--from-openrlhf", str(OPENRLHF_LOG), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["total_flops"] == import_openrlhf(OPENRLHF_LOG).account.executed.total_flops
+    for argv, needle in (
+            (["--from-openrlhf", str(OPENRLHF_LOG), "--from-verl", str(OPENRLHF_LOG)],
+             "from_verl, from_openrlhf: give one run, not 2"),
+            (["--from-nemo-rl", str(DATA / "nope")], "no such file or folder")):
+        with pytest.raises(SystemExit) as e:
+            main(["account", *argv])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and needle in err and "\n" not in err
