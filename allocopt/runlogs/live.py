@@ -216,4 +216,4 @@ def attach(trainer: Any, model: str | None = None, peak_tflops: float | None = N
     return cb
 
 
-__all__ = ["ACCOUNT_FILE", "PREFIX", "AllocoptCallback", "attach"]
+__all__ = ["ACCOUNT_FILE", "PREFIX", "attach"]  # and AllocoptCallback, made on first access
