@@ -126,6 +126,8 @@ def account(
     max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens); part of the set-up's fingerprint. \\[default: 1024, or the longest completion priced when longer]"),
     from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
     from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
+    from_openrlhf: Optional[Path] = typer.Option(None, "--from-openrlhf", help="Account an existing OpenRLHF GRPO run from its console log (the namespace(...) config line, 'Global step N: {...}' lines) or a folder of its TensorBoard event files (with the console log next to them for the config)."),
+    from_nemo_rl: Optional[Path] = typer.Option(None, "--from-nemo-rl", help="Account an existing NeMo-RL GRPO run from its TensorBoard folder (<logger.log_dir>/tensorboard: train/*, timing/train/*, performance/* scalars and the config as hparams)."),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     save_throughput: Optional[Path] = typer.Option(None, "--save-throughput", help="With --from-verl/--from-trl and phase timings: write the run's achieved FLOP/s per GPU per phase as a throughput profile (TOML, or JSON for .json) for --throughput."),
@@ -147,12 +149,16 @@ def account(
                  max_completion_length=max_completion_length)
     if peak_tflops is not None and not peak_tflops > 0:
         raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
-    if from_trl is not None or from_verl is not None:
-        if from_trl is not None and from_verl is not None:
-            raise UsageProblem("from_trl, from_verl: give one run, not both")
+    runs = {k: v for k, v in (("from_trl", from_trl), ("from_verl", from_verl),
+                              ("from_openrlhf", from_openrlhf), ("from_nemo_rl", from_nemo_rl))
+            if v is not None}
+    if runs:
+        if len(runs) > 1:
+            raise UsageProblem(f"{', '.join(runs)}: give one run, not {len(runs)}")
         if recipe is not None:
-            raise UsageProblem("recipe: not used with --from-trl/--from-verl (flags override the log)")
-        return _account_run(from_trl, from_verl, {k: v for k, v in given.items() if v is not None},
+            raise UsageProblem("recipe: not used with --from-trl/--from-verl/--from-openrlhf/"
+                               "--from-nemo-rl (flags override the log)")
+        return _account_run(*runs.items(), {k: v for k, v in given.items() if v is not None},
                             peak_tflops, as_json, save_throughput, gpu)
     if save_throughput is not None:
         raise ConfigError("save_throughput: needs a run with phase timings (--from-verl LOG or --from-trl DIR)")
@@ -173,13 +179,18 @@ def account(
     out.print(breakdown_table(acct, title))
 
 
-def _account_run(from_trl: Path | None, from_verl: Path | None, overrides: dict[str, Any],
+def _account_run(run_arg: tuple[str, Path], overrides: dict[str, Any],
                  peak_tflops: float | None, as_json: bool, save_throughput: Path | None = None,
                  gpu: str | None = None) -> None:
-    from allocopt.runlogs import RunLogError, import_trl, import_verl
+    from allocopt import runlogs
+    from allocopt.runlogs import RunLogError
 
+    kind, path = run_arg
+    importer = {"from_trl": runlogs.import_trl, "from_verl": runlogs.import_verl,
+                "from_openrlhf": runlogs.import_openrlhf,
+                "from_nemo_rl": runlogs.import_nemo_rl}[kind]
     try:
-        run = import_trl(from_trl, **overrides) if from_trl else import_verl(from_verl, **overrides)
+        run = importer(path, **overrides)
     except RunLogError as e:
         raise UsageProblem(str(e)) from None
     rates = run.achieved(peak_tflops)
