@@ -28,6 +28,7 @@ from allocopt.plan.allocation import Allocation, InfeasiblePlan, Workload, make_
 from allocopt.flops import ComputeBreakdown, FlopAccount, ModelShape
 from allocopt.plan.meter import IterationRecord
 from allocopt.tracking import (StudyTracker, TrackingError, mlflow_key, result_metrics)
+from allocopt.tracking.layout import trial_run_name
 from objectives.grpo.driver import TrialResult
 
 BUDGET = 10**19
@@ -114,6 +115,14 @@ def _download(client, run_id: str, path: str, dst: Path) -> str:
 
 
 # ============================================================================ keys
+def test_trial_run_name_says_the_allocation():
+    assert trial_run_name(41, {"reward": "dense", "rho": 0.5611, "group_size": 4}) == "trial-41 dense ρ0.56 G4"
+    assert trial_run_name(3, {"reward": "sparse", "rho": "0.2", "group_size": "2"},
+                          "pilot") == "trial-3 pilot sparse ρ0.20 G2"
+    assert trial_run_name(7, {}) == "trial-7"
+    assert trial_run_name(8, {"rho": "n/a", "group_size": 16}) == "trial-8 G16"
+
+
 def test_mlflow_key_sanitizes_names_mlflow_rejects():
     assert mlflow_key("pass@1") == "pass_at_1"
     assert mlflow_key("pass@1:gsm8k") == "pass_at_1_gsm8k"
@@ -161,7 +170,9 @@ def test_fake_study_reads_back(store, tmp_path):
         ("0", "COMPLETE", "FINISHED", "full"), ("1", "FAIL", "FAILED", "pilot"),
         ("2", "INFEASIBLE", "FINISHED", "full")]
     # the runs table tells them apart by name (every ended run shows the same green check)
-    assert [r.info.run_name for r in (ok, fail, inf)] == ["trial-0", "trial-1 pilot", "infeasible trial-2"]
+    # and by allocation, readable as the table opens with no param columns
+    assert [r.info.run_name for r in (ok, fail, inf)] == [
+        "trial-0 sparse ρ0.72 G8", "trial-1 pilot prm ρ0.45 G8", "infeasible trial-2 prm ρ0.45 G16"]
     # params: allocation and plan, strings
     plan = _plan(0.72, "sparse")
     p = ok.data.params

@@ -32,8 +32,9 @@ Layout in MLflow
   metrics and ``recommendation.json``), text artifacts such as the regime table and the report
   (:meth:`StudyTracker.log_text`, :meth:`StudyTracker.log_file`) and the study's final metrics
   (:meth:`StudyTracker.log_study_summary`).
-* **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>`` (``trial-<number>
-  pilot`` for a pilot, ``infeasible`` put first for a plan the budget cannot buy: MLflow's runs
+* **Trial runs**, nested (tag ``mlflow.parentRunId``), named by their allocation
+  (:func:`~allocopt.tracking.layout.trial_run_name`: ``trial-41 dense ρ0.56 G4``, ``trial-3 pilot
+  sparse ρ0.20 G2`` for a pilot, ``infeasible`` put first for a plan the budget cannot buy: MLflow's runs
   table shows every ended run with the same check, and cuts long names), tags
   ``allocopt.study``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
   (``RUNNING``, then ``COMPLETE``, ``FAIL`` or ``INFEASIBLE``), ``allocopt.objective``,

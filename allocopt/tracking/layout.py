@@ -80,6 +80,41 @@ def mlflow_key(name: str) -> str:
     return key[:MAX_KEY_LENGTH]
 
 
+def trial_run_name(number: int, params: Mapping[str, Any], fidelity: str = "full") -> str:
+    """The MLflow run name of trial ``number``: its allocation, readable as the runs table opens.
+
+    MLflow's runs table opens with no metric or param columns (the column choice is kept per
+    browser), so the name carries the allocation: ``trial-41 dense ρ0.56 G4``; a pilot is
+    ``trial-3 pilot sparse ρ0.20 G2``. Parts the params lack are left out (``trial-7`` when
+    none is there); a ``model`` that is not the only one is not known here, so it is not named.
+
+    Args:
+        number: Optuna's trial number.
+        params: the trial's params (``reward``, ``rho`` in [0, 1], ``group_size``).
+        fidelity: ``full`` or ``pilot``.
+
+    Returns:
+        The name (at most ~40 characters for the space's values).
+    """
+    parts = [f"trial-{int(number)}"]
+    if fidelity == "pilot":
+        parts.append("pilot")
+    reward, rho, g = params.get("reward"), params.get("rho"), params.get("group_size")
+    if reward is not None:
+        parts.append(str(reward))
+    try:
+        if rho is not None:
+            parts.append(f"ρ{float(rho):.2f}")
+    except (TypeError, ValueError):
+        pass
+    try:
+        if g is not None:
+            parts.append(f"G{int(g)}")
+    except (TypeError, ValueError):
+        pass
+    return " ".join(parts)
+
+
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():

@@ -17,7 +17,7 @@ from allocopt.tracking.layout import (_BATCH_METRICS, _BATCH_PARAMS_TAGS, FIDELI
                                     TAG_ERROR, TAG_FIDELITY, TAG_OBJECTIVE, TAG_PARENT, TAG_ROLE, TAG_SKIPPED,
                                     TAG_STATE, TAG_STUDY, TAG_TRIAL, TrackingError, _chunks,
                                     _curve_metrics, _cut, _metric_value, _param_value, _sanitized,
-                                    mlflow_key)
+                                    mlflow_key, trial_run_name)
 
 _STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "INFEASIBLE": "FINISHED"}
 
@@ -80,8 +80,9 @@ class TrialRuns:
             all_tags[k if "." in k else f"allocopt.{k}"] = v
         all_tags = {mlflow_key(k): _cut(str(v)) for k, v in all_tags.items()}
         first = dict(list(all_tags.items())[:_BATCH_PARAMS_TAGS])
-        # the runs table shows names and a green check for every ended run: the name says pilot
-        name = f"trial-{int(number)}" + (" pilot" if fidelity == "pilot" else "")
+        # the runs table opens with names only (and a green check for every ended run): the
+        # name says the allocation, and pilot for a pilot
+        name = trial_run_name(number, params, fidelity)
         run = self.client.create_run(self.experiment_id, run_name=name, tags=first)
         run_id = run.info.run_id
         self._open[run_id] = {"params": {}, "number": int(number), "name": name}
