@@ -145,3 +145,25 @@ def test_readme_is_short_and_runs_commands():
     assert len((ROOT / "README.md").read_text().split("\n")) <= 125
     blocks = documented_blocks(ROOT / "README.md")
     assert sum(len(b.commands) for b in blocks if b.mark is None) >= 3
+
+
+def test_cli_reference_lists_every_command_and_option():
+    """docs/gen_cli.py (run by the mkdocs hook) covers every command and option of the app."""
+    import typer.main
+
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from gen_cli import cli_markdown
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    from allocopt.cli import app
+
+    text = cli_markdown()
+    group = typer.main.get_command(app)
+    assert len(group.commands) >= 11
+    for name, cmd in group.commands.items():
+        section = text.split(f"## `allocopt {name}`", 1)[1].split("\n## ", 1)[0]
+        for p in cmd.params:
+            for opt in p.opts:
+                if opt.startswith("--") and not p.hidden:
+                    assert f"`{opt}" in section or f" {opt}" in section or f"{opt}`" in section, (name, opt)

@@ -2,7 +2,7 @@
 
 Standard library only: the accounting can be used anywhere, with no torch installed.
 
-Conventions (``shared/DESIGN.md`` §3, and Kaplan et al. 2020, "Scaling Laws for Neural
+Conventions (Kaplan et al. 2020, "Scaling Laws for Neural
 Language Models", §2.1 for the 2·N FLOPs per token of a forward matmul):
 
 * one multiply-add is 2 FLOPs; only matrix products are counted (norms, activations,

@@ -46,8 +46,8 @@ Keys, values and limits
 =======================
 
 Every param, metric and tag key passes :func:`mlflow_key`: ``@`` becomes ``_at_``, ``:`` and any
-character MLflow (or Windows) rejects becomes ``_`` (``pass@1:gsm8k`` -> ``pass_at_1_gsm8k``,
-the spelling of ``shared/DESIGN.md`` §2), at most 250 characters. Nested dicts are flattened
+character MLflow (or Windows) rejects becomes ``_`` (``pass@1:gsm8k`` -> ``pass_at_1_gsm8k``),
+at most 250 characters. Nested dicts are flattened
 with ``.`` (``lora.rank``). Params are strings (``None`` values are not logged; lists and dicts
 as JSON), cut to MLflow's 6000 characters; tags to 8000 (``allocopt.error`` keeps its head and
 tail, the full text is the ``error.txt`` artifact). Metrics are doubles: exact integer FLOP
