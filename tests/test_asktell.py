@@ -210,6 +210,29 @@ def test_ask_reserved_trials_are_left_to_tell(tmp_path, monkeypatch, cli):
     assert [t.state.name for t in st.trials].count("RUNNING") == 1
 
 
+def test_race_pilots_reserved_by_ask_outlive_the_grace_period(tmp_path, monkeypatch, cli):
+    """RACE's sampler claims each pilot it hands out; a claim written for ``ask`` carries no
+    heartbeat, so the pilot is still RUNNING (and told) after the grace period has passed."""
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
+    url = f"sqlite:///{tmp_path}/r.db"
+    assert cli("ask", "--study", "rt", "--storage", url, "--objective", "synthetic", "--budget", "1e18",
+               "--target", "pass@1", "--out", "asked", cwd=tmp_path).returncode == 0
+    info = json.loads((tmp_path / "asked" / "trial-0" / "ask.json").read_text())
+    assert info["fidelity"] == "pilot"
+    import time
+
+    time.sleep(3.5)
+    (tmp_path / "m.json").write_text(json.dumps({"pass@1": 0.5, "search_flops": 1e15,
+                                                 "learning_flops": 1e15, "reward_flops": 0}))
+    r = cli("tell", "--study", "rt", "--storage", url, "--trial", "0", "--metrics", "m.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import optuna
+
+    st = optuna.load_study(study_name="rt", storage=url)
+    assert st.trials[0].state.name == "COMPLETE" and st.trials[0].value == 0.5
+
+
 def test_cli_ask_and_bad_tell_in_a_subprocess(tmp_path):
     """The real command line: ask makes the study from flags; tell of a missing file: one line, 2."""
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}

@@ -145,16 +145,20 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
     Returns:
         ``(runs, infeasible)``: the reserved runs and how many proposals were infeasible.
     """
+    from allocopt.study.claims import reserving
+
     runs: list[AskedRun] = []
     infeasible = 0
     while len(runs) < n:
         if infeasible >= max_tries * n:
             break
-        trial = study.ask(dict(distributions))
+        with reserving():  # no heartbeat: reserved for a run elsewhere, never failed as stale
+            trial = study.ask(dict(distributions))
         if reserved is not None:
             reserved.append(trial.number)
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
-            study.sampler.suggest(trial)
+            with reserving():
+                study.sampler.suggest(trial)
         rec = TrialRecord.of(trial)
         from allocopt.spec import allocation_of
 

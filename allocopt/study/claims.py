@@ -19,7 +19,9 @@ claims. Standard library and Optuna only.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import contextlib
+import contextvars
+from typing import Any, Iterable, Iterator
 
 from optuna.trial import TrialState
 
@@ -79,6 +81,20 @@ def clashes(trials: Iterable[Any], number: int, claim: dict[str, Any]) -> bool:
     return False
 
 
+_RESERVING = contextvars.ContextVar("allocopt_reserving", default=False)
+
+
+@contextlib.contextmanager
+def reserving() -> Iterator[None]:
+    """Claims written inside carry no heartbeat: ``allocopt ask`` reserves trials for runs
+    launched elsewhere, which no worker may fail as stale once the grace period has passed."""
+    token = _RESERVING.set(True)
+    try:
+        yield
+    finally:
+        _RESERVING.reset(token)
+
+
 def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
     """Write ``claim`` on trial ``number``; ``False`` when the study keeps no claims (not
     opened by :func:`allocopt.study.open.open_study`)."""
@@ -89,6 +105,6 @@ def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
         return False
     storage, tid = handle
     storage.set_trial_system_attr(tid, CLAIM_ATTR, claim)
-    if getattr(storage, "heartbeat_interval", None):  # a worker killed from here on leaves a
+    if getattr(storage, "heartbeat_interval", None) and not _RESERVING.get():  # a worker killed from here on leaves a
         storage.record_heartbeat(tid)  # stale trial that the others fail and retry, not a claim for ever
     return True
