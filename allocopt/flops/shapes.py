@@ -393,19 +393,24 @@ class LoRASpec:
 
     def adapted(self, shape: ModelShape) -> frozenset[str]:
         """Names of ``shape``'s layer modules (:meth:`ModelShape.attention_modules`,
-        :meth:`ModelShape.mlp_modules`) that carry an adapter. On an MLA model ``q_proj``
-        stands for ``q_a_proj`` and ``q_b_proj`` and ``k_proj``/``v_proj`` for
-        ``kv_a_proj_with_mqa`` and ``kv_b_proj`` (``all-linear`` covers them all, as peft's
-        ``all-linear`` does). ``gate_proj``/``up_proj``/``down_proj`` also name a MoE layer's
-        shared expert; the routed experts (transformers 5 stores them as 3-D parameters, not
-        ``nn.Linear``), the router and the shared-expert gate carry none."""
+        :meth:`ModelShape.mlp_modules`) that carry an adapter: the names given, as peft matches
+        them (on an MLA model ``all-linear`` also covers ``q_a_proj``, ``q_b_proj``,
+        ``kv_a_proj_with_mqa`` and ``kv_b_proj``).
+
+        Raises:
+            ConfigError: MLP targets on a mixture-of-experts model (peft's ``all-linear`` then
+                also wraps the routed experts, whose 3-D weights it folds with the adapter on
+                every forward, and the router: not counted)."""
         t = set(self.target_modules)
-        if shape.kv_lora_rank:
-            if "q_proj" in t and shape.q_lora_rank:
-                t |= {"q_a_proj", "q_b_proj"}
-            if t & {"k_proj", "v_proj"}:
-                t |= {"kv_a_proj_with_mqa", "kv_b_proj"}
-        t |= {f"shared.{m}" for m in ("gate_proj", "up_proj", "down_proj") if m in t}
+        if shape.kv_lora_rank and self.target_modules == MODULES:  # all-linear: every projection
+            t |= set(MLA_MODULES)
+        mlp = t & {"gate_proj", "up_proj", "down_proj"}
+        if shape.moe_layers and mlp:
+            raise ConfigError(
+                f"lora_targets={','.join(self.target_modules)}: LoRA on the MLP of a "
+                f"mixture-of-experts model ({sorted(mlp)[0]}) is not counted (peft wraps the "
+                "routed experts' 3-D weights and the router too); target attention projections "
+                f"only ({', '.join(shape.attention_modules())}) or fine-tune fully (lora_rank=0)")
         return frozenset(t)
 
     def adapter_flops_per_token(self, shape: ModelShape) -> int:
