@@ -269,7 +269,10 @@ def plan(
                  ("set-up", f"runner {setup.runner}, engine {setup.engine}, checkpointing "
                             f"{'on' if setup.gradient_checkpointing else 'off'}, IS correction "
                             f"{'on' if setup.importance_sampling_correction else 'off'}, limit "
-                            f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"),
+                            f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"
+                            + (f", {setup.generated_per_trained:g} prompts generated per prompt trained"
+                               if setup.generated_per_trained != 1 else "")
+                            + (f", critic {setup.critic}" if setup.critic else "")),
                  ("asked rho", f"{alloc.rho:g}"),
                  ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
                  ("group size G", p.group_size),

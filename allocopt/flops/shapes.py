@@ -111,6 +111,9 @@ class ModelShape:
                    for i in v):
                 raise ConfigError(f"{f}={list(v)!r}: must be layer indices from 0 to "
                                   f"{self.num_layers - 1}")
+        # one spelling per meaning: no window, or a window on every layer, is None
+        if self.sliding_window is None or self.window_layers == tuple(range(self.num_layers)):
+            object.__setattr__(self, "window_layers", None)
         if self.moe_layers and not (self.num_experts >= 1 and 1 <= self.num_experts_per_tok
                                     <= self.num_experts and self.moe_intermediate_size >= 1):
             raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok!r}: a MoE layer needs "

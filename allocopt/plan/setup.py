@@ -286,7 +286,7 @@ def setup_fingerprint(policy: ModelShape, *, lora: LoRASpec | None, engine_name:
     the model it loaded and the settings it runs, and refuses a mismatch. Over-generation
     (``generated_per_trained``) and a critic enter the hash only when set, so the fingerprints
     of plain GRPO set-ups stay as they were."""
-    shape = {k: v for k, v in asdict(policy).items() if k != "name"}
+    shape = policy.fingerprint_fields()
     data = {"policy": shape, "lora": None if lora is None else [lora.rank, list(lora.target_modules)],
             "engine": engine_name.split("+")[0], "gradient_checkpointing": bool(gradient_checkpointing),
             "reference": bool(reference), "max_completion_length": max_completion_length,
