@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from allocopt.plan.allocation import REWARDS, Allocation, check_budget
 from allocopt.flops import ConfigError
+from allocopt.plan.throughput import THROUGHPUT_PHASES, ThroughputProfile, TimeBudget, time_budget
 from allocopt.tomlio import check_keys, read_toml
 
 TARGETS: tuple[str, ...] = ("native_reward", "pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
@@ -117,6 +118,14 @@ class StudySpec:
     study is plain Bayesian optimization at the full budget with :attr:`sampler`."""
     pilot_fraction: float = 0.1
     """Pilots run at ``pilot_fraction × budget_flops``, in (0, 1)."""
+    budget_gpu_hours: float | None = None
+    """A time budget instead: GPU-hours each full-budget trial may take (wall hours × ``gpus``),
+    priced per allocation at :attr:`throughput` (:meth:`budget_for`). ``None``: a FLOP budget."""
+    gpus: int = 1
+    """GPUs a trial runs on (with :attr:`budget_gpu_hours`)."""
+    throughput: Mapping[str, Any] | None = None
+    """The :class:`~allocopt.plan.throughput.ThroughputProfile` a time budget is priced at (its
+    fields as a table)."""
     space: SearchSpace = field(default_factory=SearchSpace)
     objective_settings: Mapping[str, Any] = field(default_factory=dict)
 
@@ -155,23 +164,67 @@ class StudySpec:
         if not isinstance(self.objective_settings, Mapping):
             raise ConfigError(f"objective_settings={self.objective_settings!r}: must be a table")
         object.__setattr__(self, "objective_settings", dict(self.objective_settings))
+        if self.budget_gpu_hours is not None or self.throughput is not None:
+            tb = self.time_budget  # checks hours, GPUs and profile
+            if tb is None:
+                raise ConfigError("throughput: given without a time budget; give budget_gpu_hours "
+                                  "(--budget-gpu-hours or --budget-usd)")
+            # the FLOP ceiling: what the hours buy at the fastest phase (no allocation gets more)
+            fastest = max(r for r in (tb.profile.rate(p) for p in THROUGHPUT_PHASES) if r)
+            object.__setattr__(self, "budget_flops", check_budget(tb.gpu_hours * 3600 * fastest))
+            object.__setattr__(self, "throughput", tb.profile.to_dict())
+
+    @property
+    def time_budget(self) -> "TimeBudget | None":
+        """The :class:`~allocopt.plan.throughput.TimeBudget` of :attr:`budget_gpu_hours`, ``None``
+        for a FLOP budget. Raises :class:`ConfigError` (hours without a profile, bad values)."""
+        if self.budget_gpu_hours is None:
+            return None
+        profile = None if self.throughput is None else ThroughputProfile.from_mapping(self.throughput)
+        return time_budget(gpu_hours=self.budget_gpu_hours, gpus=self.gpus, profile=profile)
+
+    def budget_for(self, allocation: Allocation, workload: Any, fraction: float = 1.0) -> float:
+        """FLOPs a trial of ``allocation`` on ``workload`` may spend at ``fraction`` of the full
+        budget: ``fraction × budget_flops`` for a FLOP budget; for a time budget, ``fraction``
+        × the FLOPs the allocation executes in :attr:`budget_gpu_hours` at the profile's
+        per-phase throughput (:meth:`allocopt.plan.throughput.TimeBudget.flops_for`).
+
+        Raises:
+            ConfigError: the profile was measured on another set-up (fingerprint), or a phase
+                the allocation spends FLOPs in has no rate.
+        """
+        tb = self.time_budget
+        if tb is None:
+            return fraction * self.budget_flops
+        tb.profile.check_for(workload.fingerprint(allocation))
+        return fraction * tb.flops_for(allocation, workload)
 
     @classmethod
-    def from_toml(cls, path: str | Path, budget_flops: float | None = None) -> "StudySpec":
-        """Read a study file; ``budget_flops`` (the CLI's ``--budget``), when given, replaces
-        the file's. Raises :class:`ConfigError` (missing file, malformed TOML, unknown key, bad
+    def from_toml(cls, path: str | Path, budget_flops: float | None = None,
+                  time: Mapping[str, Any] | None = None) -> "StudySpec":
+        """Read a study file; ``budget_flops`` (the CLI's ``--budget``) or ``time`` (the time
+        budget's fields ``budget_gpu_hours``, ``gpus``, ``throughput``), when given, replaces
+        the file's budget. Raises :class:`ConfigError` (missing file, malformed TOML, unknown key, bad
         value, no budget in the file nor given: a study never runs at a default budget) with
         one line."""
         p = Path(path)
         data = read_toml(p, "spec")
         check_keys(data, cls, f"spec {p.name}")
-        if budget_flops is not None:
+        if "budget_flops" in data and "budget_gpu_hours" in data:
+            raise ConfigError(f"budget_flops, budget_gpu_hours: spec {p.name} gives both a FLOP and a time "
+                              "budget; keep one")
+        if budget_flops is not None:  # the flag's FLOP budget replaces the file's budget, whichever
+            for k in ("budget_gpu_hours", "gpus", "throughput"):
+                data.pop(k, None)
             data["budget_flops"] = budget_flops
+        if time is not None:  # the flags' time budget likewise
+            data.pop("budget_flops", None)
+            data.update({k: v for k, v in time.items() if v is not None})
         try:
             spec = cls(**data)
         except TypeError as e:
             raise ConfigError(f"spec {p.name}: {e}") from None
-        if "budget_flops" not in data:
+        if "budget_flops" not in data and "budget_gpu_hours" not in data:
             raise ConfigError(f"budget_flops: missing in spec {p.name}; set budget_flops = <FLOPs "
                               "per trial> there (e.g. 1e19) or give --budget")
         return spec

@@ -25,7 +25,7 @@ Methods (each searches the variant's space, :func:`objectives.synthetic.space_of
   runs proposed by its multi-fidelity surrogate (:func:`allocopt.race.propose`, ``q = 2`` per
   round, ``Config.allocopt_batch``) until ``Config.allocopt_compute`` runs of compute are spent
   (80: the last level of the bar), through the real planner and the synthetic objective. Shown as "allocopt (not available)" when
-  ``allocopt.race.run_race`` cannot be imported.
+  ``allocopt.study.race.run_race`` cannot be imported.
 
 The Optuna samplers and the grid call the synthetic response directly
 (:func:`objectives.synthetic.observe`: same noise, same seeding) without planning each trial:
@@ -251,7 +251,7 @@ def run_optuna(problem: Problem, method: str, seed: int, cap: float) -> tuple[Tr
 
 def allocopt_available() -> bool:
     try:
-        from allocopt.race import run_race  # noqa: F401
+        from allocopt.study.race import run_race  # noqa: F401
     except Exception:
         return False
     return True
@@ -857,7 +857,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{', '.join(cfg.variants)}; targets {cfg.targets}; {cfg.seeds} seeds; {cfg.workers} worker(s)",
           flush=True)
     if not allocopt_available():
-        print("allocopt.race.run_race is not importable: allocopt is shown as 'allocopt (not available)'")
+        print("allocopt.study.race.run_race is not importable: allocopt is shown as 'allocopt (not available)'")
     records = run_benchmark(cfg, progress=True, partial=out / "partial.csv")
     bench_s = time.perf_counter() - t0
     print()

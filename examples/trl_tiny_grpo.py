@@ -28,10 +28,11 @@ if str(ROOT) not in sys.path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("asked", type=Path, help="asked/trial-N folder written by `allocopt ask --format trl`")
-    ap.add_argument("--out", type=Path, required=True, help="TRL output_dir (trainer_state.json, adapter)")
+    ap.add_argument("--out", type=Path, default=None, help="TRL output_dir (trainer_state.json, adapter, metrics.json); default: the asked folder")
     ap.add_argument("--eval-problems", type=int, default=200, help="held-out problems per split")
     ap.add_argument("--lora-rank", type=int, default=8)
     a = ap.parse_args()
+    a.out = a.out or a.asked
     info = json.loads((a.asked / "ask.json").read_text())
     fields = json.loads((a.asked / "grpo_config.json").read_text())
 

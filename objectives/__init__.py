@@ -8,7 +8,8 @@ them by name):
 
 * ``tiny``: the CPU arithmetic world (:func:`objectives.tiny.make`);
 * ``synthetic``: a closed-form test function (:func:`objectives.synthetic.make`);
-* ``qwen``: GRPO of LoRA Qwen2.5 (:func:`objectives.qwen.make`).
+* ``qwen``: GRPO of LoRA Qwen2.5 (:func:`objectives.qwen.make`);
+* ``command``: the user's own training command per trial (:func:`objectives.command.make`).
 """
 
 from __future__ import annotations

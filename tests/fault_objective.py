@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ class FaultyObjective(SyntheticObjective):
     raise_at: list = field(default_factory=list)
     wrapped_interrupt_at: list = field(default_factory=list)
     log: str = ""
+    hold_from: int = -1  # trials with seed >= hold_from wait while the file `hold` exists
+    hold: str = ""
 
     def _log(self, event: str, plan, seed: int) -> None:
         if self.log:
@@ -38,6 +41,8 @@ class FaultyObjective(SyntheticObjective):
     def run(self, plan, *, seed=0, progress=None):
         self._log("start", plan, seed)
         time.sleep(self.sleep_s)
+        while self.hold and 0 <= self.hold_from <= seed and os.path.exists(self.hold):
+            time.sleep(0.1)
         if seed in self.raise_at:
             raise RuntimeError(f"injected failure at trial seed {seed}")
         if seed in self.wrapped_interrupt_at:  # a Ctrl-C a library re-raised as another error

@@ -1,16 +1,20 @@
 """Every command refuses bad input the same way: exit code 2 and exactly one line naming the
 field, the value and what is allowed, no traceback, within 10 s and 2 GB of address space,
-and nothing recorded. One subprocess (``python -m allocopt.cli``) per row.
+and nothing recorded. Every row runs in this process (conftest's ``cli``: ``allocopt.cli.main``,
+within 10 s and with at most 2 GB more address space than before the call); one row per command
+runs in a subprocess (``python -m allocopt.cli``, within 10 s and 2 GB of address space in all).
 
 Each row: (kind, arguments, substrings the line must contain: the field, the value, what is
 allowed). ``{tmp}`` is the test's folder, which holds an empty Optuna study ``s`` in
 ``s.db`` (for the query commands) and a study file without a budget (``nob.toml``).
 """
 
+import contextlib
 import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,46 +159,79 @@ def test_at_least_40_kinds_over_every_command():
     assert len(ROWS) >= 40 and commands >= {"account", "plan", "trial", "study", "race", "best", "pareto", "report"}
 
 
-@pytest.mark.parametrize("kind,args,needles", ROWS, ids=[r[0] for r in ROWS])
-def test_bad_input_is_one_line_exit_2(folder, kind, args, needles):
-    before = sorted(p.name for p in folder.iterdir())
-    argv = [a.replace("{tmp}", str(folder)) for a in args]
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *argv], cwd=folder, capture_output=True,
-                       text=True, timeout=TIMEOUT_S, preexec_fn=_limit_memory,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+def _check(kind, r, needles):
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     assert r.returncode == 2, (kind, r.returncode, lines[-5:])
     assert len(lines) == 1 and lines[0].startswith("error: "), (kind, lines[:5])
     assert "Traceback" not in r.stderr
     for needle in needles:
         assert needle in lines[0], (kind, needle, lines[0])
+
+
+@contextlib.contextmanager
+def _address_space_grows_at_most(extra: int):
+    """This process may map at most ``extra`` more bytes inside the block (``RLIMIT_AS``'s soft
+    limit, restored after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as f:
+        vm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmSize:"))
+    limit = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("kind,args,needles", ROWS, ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_line_exit_2(folder, kind, args, needles, cli):
+    before = sorted(p.name for p in folder.iterdir())
+    argv = [a.replace("{tmp}", str(folder)) for a in args]
+    t0 = time.perf_counter()
+    with _address_space_grows_at_most(MEMORY_LIMIT):
+        r = cli(*argv, cwd=folder, env={"COLUMNS": "200"})
+    assert time.perf_counter() - t0 < TIMEOUT_S, kind
+    _check(kind, r, needles)
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
 
 
-def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_path):
+FIRST_OF_EACH_COMMAND = [r for i, r in enumerate(ROWS) if r[1][0] not in {x[1][0] for x in ROWS[:i]}]
+
+
+@pytest.mark.parametrize("kind,args,needles", FIRST_OF_EACH_COMMAND, ids=[r[0] for r in FIRST_OF_EACH_COMMAND])
+def test_bad_input_is_one_line_exit_2_in_a_fresh_process(folder, kind, args, needles):
+    before = sorted(p.name for p in folder.iterdir())
+    argv = [a.replace("{tmp}", str(folder)) for a in args]
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *argv], cwd=folder, capture_output=True,
+                       text=True, timeout=TIMEOUT_S, preexec_fn=_limit_memory,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    _check(kind, r, needles)
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
+
+
+def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_path, cli, mlflow_store):
     """Resuming a finished study under another budget or target is refused in one line before
     MLflow is touched: its parent run stays FINISHED with the same end time (it was turned
     FAILED), and neither store changes by a byte."""
     from mlflow import MlflowClient
 
-    base = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--pilots", "0",
+    base = ["study", "--objective", "synthetic", "--pilots", "0",
             "--trials", "1", "--sampler", "random", "--no-report", "--storage", f"sqlite:///{tmp_path}/o.db",
-            "--mlflow-uri", f"sqlite:///{tmp_path}/m.db"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    r = subprocess.run([*base, "--budget", "1e18", "--target", "pass@1"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300, env=env)
+            "--mlflow-uri", mlflow_store]
+    env = {"COLUMNS": "200"}
+    r = cli(*base, "--budget", "1e18", "--target", "pass@1", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
 
     def parent():
-        c = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+        c = MlflowClient(mlflow_store)
         exp = c.get_experiment_by_name("allocopt/allocopt")
         (run,) = [x for x in c.search_runs([exp.experiment_id]) if x.data.tags.get("allocopt.role") == "study"]
         return run.info.status, run.info.end_time
-    before = parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "m.db").read_bytes()
+    before = parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "mlflow.db").read_bytes()
     assert before[0][0] == "FINISHED"
     for args, needle in ((["--budget", "2e18", "--target", "pass@1"], "it was run with budget 1e+18, not 2e+18"),
                          (["--budget", "1e18", "--target", "judge"], "it was run with target 'pass@1', not 'judge'")):
-        r = subprocess.run([*base, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+        r = cli(*base, *args, cwd=tmp_path, env=env)
         lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], lines[:5]
-        assert (parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "m.db").read_bytes()) == before
+        assert (parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "mlflow.db").read_bytes()) == before

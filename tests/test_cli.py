@@ -1,4 +1,5 @@
-"""The allocopt command in a subprocess: tables, JSON, one-line errors with exit code 2."""
+"""The allocopt command: tables, JSON, one-line errors with exit code 2 (in this process, through
+the ``cli`` fixture; the import check and ``--help`` run in a fresh Python process)."""
 
 import json
 import subprocess
@@ -12,9 +13,10 @@ from allocopt.plan.recipe import price
 from allocopt.plan.setup import TrainingSetup
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "allocopt.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+@pytest.fixture
+def run(cli):
+    """The command in this process (conftest's ``cli``)."""
+    return cli
 
 
 def test_import_and_help_load_no_torch():
@@ -23,11 +25,12 @@ def test_import_and_help_load_no_torch():
             " if m in sys.modules]; print(heavy)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stderr
-    h = run("--help")
+    h = subprocess.run([sys.executable, "-m", "allocopt.cli", "--help"], capture_output=True, text=True,
+                       timeout=120)
     assert h.returncode == 0 and "account" in h.stdout and "plan" in h.stdout
 
 
-def test_account_json_matches_library():
+def test_account_json_matches_library(run):
     r = run("account", "--model", "Qwen/Qwen2.5-3B-Instruct", "--lora-rank", "32", "--prompts", "64",
             "-G", "5", "--prompt-tokens", "103", "--completion-tokens", "304", "--beta", "0.04", "--json")
     assert r.returncode == 0, r.stderr
@@ -39,7 +42,7 @@ def test_account_json_matches_library():
     assert data["reward_flops"] == 0
 
 
-def test_plan_json_matches_library():
+def test_plan_json_matches_library(run):
     r = run("plan", "--budget", "1e19", "--model", "Qwen/Qwen2.5-1.5B", "--reward", "prm",
             "--group-size", "8", "--rho", "0.5", "--json")
     assert r.returncode == 0, r.stderr
@@ -80,7 +83,7 @@ def test_plan_json_matches_library():
     (["study", "--objective", "synthetic", "--budget", "1e18", "--target", "judge", "--pilots", "0",
       "--mlflow-uri", "foo://bar", "--storage", "sqlite:///:memory:"], "mlflow_uri"),
 ])
-def test_bad_input_one_line_exit_2(args, needle):
+def test_bad_input_one_line_exit_2(args, needle, run):
     r = run(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -88,13 +91,13 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert "Traceback" not in r.stderr
 
 
-def test_config_json_missing_field(tmp_path):
+def test_config_json_missing_field(tmp_path, run):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
     r = run("account", "--model", str(tmp_path))
     assert r.returncode == 2 and "num_attention_heads" in r.stderr
 
 
-def test_recipe_toml(tmp_path):
+def test_recipe_toml(tmp_path, run):
     f = tmp_path / "r.toml"
     f.write_text('[recipe]\nmodel = "Qwen/Qwen2.5-0.5B"\nprompts = 8\ngroup_size = 4\n')
     r = run("account", "--recipe", str(f), "--json")
@@ -106,7 +109,8 @@ def test_recipe_toml(tmp_path):
     assert bad.returncode == 2 and "malformed TOML" in bad.stderr
 
 
-def test_study_with_race_pilots_passes_set_to_the_objective(tmp_path):
+@pytest.mark.slow  # a whole RACE study with 12 pilots: ~19-24 s on 2 loaded cores
+def test_study_with_race_pilots_passes_set_to_the_objective(tmp_path, run):
     """``--set`` reaches the objective of a RACE study (pilots on): with the synthetic
     objective's ``variant=flat`` and ``noise=0`` every recorded pilot value is that variant's
     noiseless response at the pilot's allocation and budget (and differs from ``paper``'s)."""

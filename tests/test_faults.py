@@ -143,6 +143,7 @@ def test_ctrl_c_mid_trial_then_resume(tmp_path, sig, signals, code):
     assert [t.number for t in ts if t.state.name == "FAIL"] == [1]  # the interrupted one, not counted
 
 
+@pytest.mark.slow  # a study process stopped by Ctrl-C: ~27 s on 2 loaded cores
 def test_a_wrapped_ctrl_c_stops_the_study(tmp_path):
     """A Ctrl-C that a library re-raised as another error (the chain holds the
     KeyboardInterrupt; seen when a Ctrl-C landed while peft's config classes were created) is an
@@ -229,7 +230,7 @@ def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
 def test_nan_target_fails_the_trial_in_optuna_attrs_and_row(tmp_path):
     from allocopt.spec import StudySpec
     from allocopt.study.loop import run_study
-    from allocopt.study.trial import rows
+    from allocopt.record import rows
     from fault_objective import FaultyObjective
 
     obj = FaultyObjective(nan_at=[1], noise=0.0)

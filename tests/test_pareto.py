@@ -12,7 +12,8 @@ import optuna
 import pytest
 
 from allocopt.cli import main
-from allocopt.query.pareto import QueryError, Row, best, best_per, filter_rows, pareto_front, to_dataframe
+from allocopt.query.pareto import QueryError, best, best_per, filter_rows, pareto_front, to_dataframe
+from allocopt.record import TrialRow
 from allocopt.query.sources import load_rows_from_mlflow, load_rows_from_study
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
@@ -26,7 +27,7 @@ TARGETS = ("native_reward", "pass_at_1", "judge")
 def row(number, state="COMPLETE", fidelity="full", **values):
     params = {k: values.pop(k) for k in ("rho", "group_size", "reward", "model") if k in values}
     targets = {k: values.pop(k) for k in list(values) if k in TARGETS}
-    return Row(number, state, params, targets, dict(values), fidelity=fidelity)
+    return TrialRow(number, state, params, targets, dict(values), fidelity=fidelity)
 
 
 def brute_force(rows, keys, directions):
@@ -94,7 +95,7 @@ def test_filters():
     rows = [row(0, rho=0.4, group_size=8, reward="prm", pass_at_1=0.5),
             row(1, rho=0.6, group_size=4, reward="prm", pass_at_1=0.6, fidelity="pilot"),
             row(2, rho=0.7, group_size=8, reward="sparse", pass_at_1=0.7),
-            Row(3, "COMPLETE", {"rho": "0.8", "group_size": "8", "reward": "sparse"}, {}, {})]  # MLflow strings
+            TrialRow(3, "COMPLETE", {"rho": "0.8", "group_size": "8", "reward": "sparse"}, {}, {})]  # MLflow strings
     got = lambda *w: [r.number for r in filter_rows(rows, list(w))]  # noqa: E731
     assert got("reward=prm") == [0, 1] and got("reward==prm") == [0, 1] and got("reward!=prm") == [2, 3]
     assert got("rho>0.5") == [1, 2, 3] and got("rho<=0.7") == [0, 1, 2] and got("rho >= 0.6", "rho<0.8") == [1, 2]
@@ -145,7 +146,8 @@ def study_spec(name, trials):
 
 
 def mlflow_db(tmp_path_factory, path):
-    """A migrated empty MLflow SQLite store, made once per session (migrations take ~10 s)."""
+    """A migrated empty MLflow SQLite store, made once per session (migrations take ~10 s); the
+    same template file as conftest's ``mlflow_template``."""
     template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
     if not template.exists():
         from mlflow import MlflowClient
@@ -377,11 +379,11 @@ def test_cli_bad_queries_exit_2_with_one_line(studies, capsys, args, needle):
     assert err.startswith("error: ")
 
 
-def test_cli_bad_mlflow_experiment_in_subprocess(studies):
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "best", "--from-mlflow", "nope", "--mlflow-uri",
-                        studies["uri"], "--target", "judge"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "experiment='nope': not found" in r.stderr and "allocopt/a" in r.stderr
+def test_cli_bad_mlflow_experiment(studies, capsys):
+    """(In this process: the command line's subprocess smoke test is the one above.)"""
+    rc, _, err = cli(capsys, "best", "--from-mlflow", "nope", "--mlflow-uri", studies["uri"], "--target", "judge")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "experiment='nope': not found" in err and "allocopt/a" in err
 
 
 def test_cli_import_stays_light():

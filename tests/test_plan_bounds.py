@@ -67,7 +67,7 @@ def test_huge_budget_answers_at_once_and_is_the_largest_that_fits(budget):
     p = make_plan(budget, alloc, W)
     assert time.perf_counter() - t < 5
     k = p.rows_trained_per_iteration
-    assert p.rollouts_per_iteration == W.rollouts_per_iteration  # the budget is spent: no smaller batch
+    assert p.rollouts_per_iteration == W.setup.rollouts_per_iteration  # the budget is spent: no smaller batch
     whole = p.iterations - (p.last_iteration_rows is not None)
     assert expected_flops(W, alloc, k, whole).executed.total_flops <= budget
     assert expected_flops(W, alloc, k, whole + 1).executed.total_flops > budget

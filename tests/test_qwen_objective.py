@@ -116,6 +116,7 @@ def test_a_trial_trains_the_allocations_model(qwen_world, tmp_path):
     assert set(ledger) == {plan.setup_fingerprint}
 
 
+@pytest.mark.slow  # a qwen trial in a child process, end to end: ~100 s on 2 loaded cores
 def test_trial_in_its_own_process(qwen_world, tmp_path):
     obj = QwenObjective.from_settings(**flat_settings(qwen_world, tmp_path))
     w = obj.workload()
@@ -156,6 +157,12 @@ def _cli(*args, timeout=600):
                           text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
+@pytest.fixture
+def qcli(cli):
+    """The command in this process (conftest's ``cli``), as ``_cli`` runs it."""
+    return lambda *args, timeout=None: cli(*args, cwd=ROOT, env={"HF_HUB_OFFLINE": "1"})
+
+
 def _sets(qwen_world, tmp_path, **over):
     out = []
     for k, v in flat_settings(qwen_world, tmp_path, **over).items():
@@ -189,9 +196,9 @@ def test_study_cli_runs_two_qwen_trials(qwen_world, tmp_path):
     ({"lora_rnak": 3}, "'lora_rnak': unknown"),
     ({"max_completion_length": 4096, "completion_tokens": 100}, "max_completion_length=4096"),
 ])
-def test_bad_input_is_one_line_exit_2(qwen_world, tmp_path, over, needle):
+def test_bad_input_is_one_line_exit_2(qwen_world, tmp_path, over, needle, qcli):
     t0 = time.perf_counter()
-    r = _cli("trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5",
+    r = qcli("trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5",
              *_sets(qwen_world, tmp_path, **over), timeout=120)
     assert r.returncode == 2, r.stderr[-1500:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -199,21 +206,21 @@ def test_bad_input_is_one_line_exit_2(qwen_world, tmp_path, over, needle):
     assert time.perf_counter() - t0 < 30
 
 
-def test_unknown_prm_format_and_missing_template_exit_2(qwen_world, tmp_path):
+def test_unknown_prm_format_and_missing_template_exit_2(qwen_world, tmp_path, qcli):
     from objectives.qwen.standins import build_policy, build_tokenizer
 
     bare = build_tokenizer(tmp_path / "bare_tok", vocab_size=300, chat_template=None)
     no_template = build_policy(tmp_path / "no_template", bare)
-    r = _cli("trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5",
+    r = qcli("trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5",
              *_sets(qwen_world, tmp_path, model=str(no_template)), timeout=120)
     assert r.returncode == 2 and "no chat template" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = _cli("trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5", "--reward", "prm",
+    r = qcli("trial", "--objective", "qwen", "--budget", "1e12", "--rho", "0.5", "--reward", "prm",
              *_sets(qwen_world, tmp_path, reward_model_prm=str(qwen_world["policy"])), timeout=120)
     assert r.returncode == 2 and "card format is not known" in r.stderr, r.stderr
 
 
-def test_budget_below_one_iteration_is_one_line_exit_2(qwen_world, tmp_path):
-    r = _cli("trial", "--objective", "qwen", "--budget", "1e6", "--rho", "0.5",
+def test_budget_below_one_iteration_is_one_line_exit_2(qwen_world, tmp_path, qcli):
+    r = qcli("trial", "--objective", "qwen", "--budget", "1e6", "--rho", "0.5",
              *_sets(qwen_world, tmp_path), timeout=120)
     assert r.returncode == 2 and "smallest feasible plan needs" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

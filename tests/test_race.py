@@ -13,9 +13,9 @@ import pytest
 from allocopt.plan.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.setup import TrainingSetup
-from allocopt.race import (Observation, RaceSettings, diagnose_group, pilot_grid, propose,
-                           regime_of, run_race)
+from allocopt.race import Observation, RaceSettings, diagnose_group, pilot_grid, propose, regime_of
 from allocopt.spec import SearchSpace, StudySpec
+from allocopt.study.race import run_race
 from objectives.synthetic import SyntheticObjective, response, rho_star
 
 BUDGET = 1e19
@@ -134,6 +134,7 @@ def test_pilot_grid_sized_to_the_space_unless_given():
 
 
 # -------------------------------------------------------------------------- diagnosis
+@pytest.mark.slow  # RACE's diagnosis over many seeds: ~22 s on 2 loaded cores
 def test_regime_right_in_95_percent_of_seeds():
     """20 seeds, noise 0.01: sparse is update-heavy (rho* 0.72 at 1e19, 0.69 at the pilots'
     1e18), prm reward-heavy with a lower recommended rho (0.45 / 0.42), as in the paper."""
@@ -259,6 +260,7 @@ def test_recommendation_stays_near_full_budget_runs():
 
 
 # ---------------------------------------------------------------------- the whole race
+@pytest.mark.slow  # a whole RACE run and its resume: ~27 s on 2 loaded cores
 def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     """Pilots are Optuna trials tagged 'pilot' at pilot_fraction x budget; validations are
     tagged 'full'; a proposal another worker ran meanwhile is not run again; a second call
@@ -324,6 +326,10 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     assert any(t.params["reward"] == r.recommended.reward for t in full)
     assert all(v.regret >= 0 for v in r.validation if not math.isnan(v.pilot_rho))
     assert all(math.isnan(v.regret) for v in r.validation if math.isnan(v.pilot_rho))  # rho* unknown
+    # run_race stores its answer itself (Optuna and the tracker), not only the race command
+    from allocopt.race.answer import recommendation_dict
+
+    assert st.user_attrs["recommendation"] == recommendation_dict(r.recommendation, s.target) == tracker.rec
     # resume: nothing is run again
     n = len(obj.calls)
     r2 = run_race(s, objective=obj, workload=w, storage=url, validations=2, settings=settings)
@@ -335,18 +341,20 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
 
 
 # ------------------------------------------------------------------------------- CLI
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "allocopt.cli", "race", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+@pytest.fixture
+def race_cli(cli):
+    """``allocopt race ARGS`` in this process (conftest's ``cli``)."""
+    return lambda *args, cwd: cli("race", *args, cwd=cwd)
 
 
-def test_cli_race_end_to_end(tmp_path):
+@pytest.mark.slow  # a whole RACE run and its resume through the command: ~40-50 s on 2 loaded cores
+def test_cli_race_end_to_end(tmp_path, race_cli):
     (tmp_path / "s.toml").write_text('name = "cli"\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\n'
                                      'rewards = ["sparse", "prm"]\n')
     common = ["--spec", "s.toml", "--objective", "synthetic", "--budget", "1e19", "--target", "pass@1",
               "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/c.db", "--max-pilots", "12",
               "--extra-pilot-budget", "0.2"]
-    r = _cli(*common, "--validations", "1", "--json", cwd=tmp_path)
+    r = race_cli(*common, "--validations", "1", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     regimes = {d["reward"]: d["regime"] for d in doc["diagnoses"]}
@@ -358,7 +366,7 @@ def test_cli_race_end_to_end(tmp_path):
     st = optuna.load_study(study_name="cli", storage=f"sqlite:///{tmp_path}/c.db")
     n = len(st.trials)
     # propose only: the same study resumes (no pilot re-run), plans come back as JSON
-    r = _cli(*common, "--validations", "2", "--propose-only", cwd=tmp_path)
+    r = race_cli(*common, "--validations", "2", "--propose-only", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "update-heavy" in r.stdout and "reward-heavy" in r.stdout
     plans = json.loads(r.stdout[r.stdout.index("\n[") + 1:r.stdout.index("\n]") + 2])
@@ -384,8 +392,8 @@ def test_cli_race_end_to_end(tmp_path):
     (["--budget", "-3", "--target", "pass@1"], "budget_flops"),
     (["--budget", "1e19", "--target", "pass@1", "--replicates", "-1"], "replicates=-1: must be an integer >= 0"),
 ])
-def test_cli_race_bad_input_exit_2(tmp_path, args, needle):
-    r = _cli(*args, "--objective", "synthetic", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db",
+def test_cli_race_bad_input_exit_2(tmp_path, args, needle, race_cli):
+    r = race_cli(*args, "--objective", "synthetic", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db",
              cwd=tmp_path)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "x.db").exists()
@@ -642,22 +650,20 @@ def test_an_unknown_pilot_regime_is_neither_a_match_nor_a_miss():
     assert "same-regime rate 0.50" in " ".join(" ".join(lines).split())
 
 
-def test_cli_replicates_reach_the_sampler(tmp_path):
+def test_cli_replicates_reach_the_sampler(tmp_path, race_cli, cli):
     """`--replicates N` on race and study sets RaceSettings.replicates, which the study
     records with its RACE settings (what its proposals use); plain BO refuses it in one line."""
     storage = f"sqlite:///{tmp_path}/r.db"
     (tmp_path / "one.toml").write_text('name = "rep"\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4]\n'
                                        'rewards = ["sparse"]\n')
-    r = _cli("--spec", "one.toml", "--budget", "1e19", "--target", "pass@1", "--objective", "synthetic",
+    r = race_cli("--spec", "one.toml", "--budget", "1e19", "--target", "pass@1", "--objective", "synthetic",
              "--no-mlflow", "--validations", "0", "--max-pilots", "6", "--replicates", "2",
              "--storage", storage, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (summary,) = optuna.get_all_study_summaries(storage)
     st = optuna.load_study(study_name=summary.study_name, storage=storage)
     assert st.user_attrs["race"]["settings"]["replicates"] == 2
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic",
-                        "--budget", "1e19", "--pilots", "0", "--replicates", "1", "--no-mlflow",
-                        "--storage", f"sqlite:///{tmp_path}/bo.db"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--pilots", "0", "--replicates", "1",
+            "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/bo.db", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "replicates=1: RACE only" in r.stderr and not (tmp_path / "bo.db").exists()

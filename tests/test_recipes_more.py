@@ -189,36 +189,28 @@ def test_critic_matches_flop_counter():
 
 
 # ------------------------------------------------------------------------------ CLI
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    from allocopt.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    got = capsys.readouterr()
-    return e.value.code, got.out, got.err
-
-
-def test_account_flags_for_dynamic_sampling_and_critic(capsys):
+def test_account_flags_for_dynamic_sampling_and_critic(cli):
     import json
 
-    rc, out, _ = _cli(capsys, "account", "--model", QWEN32B, "--engine", "verl", "--lora-rank", "0",
+    r = cli("account", "--model", QWEN32B, "--engine", "verl", "--lora-rank", "0",
                       "--gradient-checkpointing", "--prompts", "512", "-G", "16",
                       "--prompt-tokens", "150", "--completion-tokens", "4000",
                       "--max-completion-length", "20480", "--generated-per-trained", "3", "--json")
-    assert rc == 0
-    data = json.loads(out)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
     right = price(**DAPO, generated_per_trained=3).executed
     assert data["total_flops"] == right.total_flops
     assert data["recipe"]["generated_per_trained"] == 3
-    rc, out, _ = _cli(capsys, "account", "--model", "Qwen/Qwen2.5-0.5B", "-G", "1",
+    r = cli("account", "--model", "Qwen/Qwen2.5-0.5B", "-G", "1",
                       "--critic", "Qwen/Qwen2.5-0.5B", "--prompts", "4")
-    assert rc == 0 and "critic_values" in out and "critic Qwen/Qwen2.5-0.5B" in out
-    rc, _, err = _cli(capsys, "account", "--generated-per-trained", "0.5")
-    assert rc == 2 and err.strip().startswith("error: generated_per_trained=0.5: must be a number >= 1")
-    assert len(err.strip().splitlines()) == 1
+    assert r.returncode == 0 and "critic_values" in r.stdout and "critic Qwen/Qwen2.5-0.5B" in r.stdout
+    r = cli("account", "--generated-per-trained", "0.5")
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error: generated_per_trained=0.5: must be a number >= 1")
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_lengths_file_is_checked_against_the_given_limit(tmp_path, capsys):
+def test_lengths_file_is_checked_against_the_given_limit(tmp_path, cli):
     f = tmp_path / "lengths.csv"
     f.write_text("prompt_tokens,completion_tokens\n" + "100,200\n" * 7 + "100,900\n")
     ok = price(lengths=str(f), prompts=1, group_size=8, max_completion_length=900)
@@ -226,6 +218,7 @@ def test_lengths_file_is_checked_against_the_given_limit(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"a completion of 900 tokens: longer than "
                                           r"max_completion_length=512"):
         price(lengths=str(f), prompts=1, group_size=8, max_completion_length=512)
-    rc, _, err = _cli(capsys, "account", "--lengths", str(f), "--prompts", "1", "-G", "8",
+    r = cli("account", "--lengths", str(f), "--prompts", "1", "-G", "8",
                       "--max-completion-length", "512")
-    assert rc == 2 and "max_completion_length=512" in err and len(err.strip().splitlines()) == 1
+    assert r.returncode == 2 and "max_completion_length=512" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

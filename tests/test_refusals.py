@@ -1,6 +1,7 @@
-"""What the accounting cannot count is refused in one line with exit code 2, each in a
-subprocess: vision-language and encoder-decoder configs, sequences beyond the context, an
-unreachable hub id (fast), a quoted TOML boolean, broken run logs."""
+"""What the accounting cannot count is refused in one line with exit code 2 (the command run in
+this process through conftest's ``cli``; the hub look-ups in a fresh process, whose hub
+settings come from its environment): vision-language and encoder-decoder configs, sequences
+beyond the context, an unreachable hub id (fast), a quoted TOML boolean, broken run logs."""
 
 from __future__ import annotations
 
@@ -19,12 +20,18 @@ BASE = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_la
         "vocab_size": 97, "model_type": "qwen2", "max_position_embeddings": 4096}
 
 
-def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+@pytest.fixture
+def run(cli):
+    """The command in this process (conftest's ``cli``)."""
+    return cli
+
+
+def run_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "allocopt.cli", *args], capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})
 
 
-def one_line(r: subprocess.CompletedProcess, needle: str) -> None:
+def one_line(r, needle: str) -> None:
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
@@ -40,13 +47,13 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
-def test_unsupported_configs_refused(kind, tmp_path):
+def test_unsupported_configs_refused(kind, tmp_path, run):
     config, needle = CONFIGS[kind]
     (tmp_path / "config.json").write_text(json.dumps(config))
     one_line(run("account", "--model", str(tmp_path)), needle)
 
 
-def test_sliding_window_counted_at_any_length(tmp_path):
+def test_sliding_window_counted_at_any_length(tmp_path, run):
     """A Mistral-style window of 512: rows up to 512 tokens see every key (the same count as
     without a window); longer ones are counted with the window (fewer keys), not refused.
     Qwen2's unused window (use_sliding_window=false) is ignored."""
@@ -79,7 +86,7 @@ def _account(shape: ModelShape, p: int, c: int) -> int:
                            engine_name="trl-vllm").executed.total_flops
 
 
-def test_longer_than_context_refused():
+def test_longer_than_context_refused(run):
     one_line(run("account", "--model", "Qwen/Qwen2.5-1.5B", "--prompt-tokens", "30000",
                  "--completion-tokens", "3000"), "max_position_embeddings=32768")
     one_line(run("account", "--completion-tokens", "300", "--completion-max", "40000",
@@ -93,13 +100,13 @@ def test_longer_than_context_refused():
                                   "HF_HUB_OFFLINE": "0"}], ids=["offline", "unreachable"])
 def test_hub_id_offline_fails_fast_in_one_line(env, tmp_path):
     t0 = time.perf_counter()
-    r = run("account", "--model", "someorg/not-cached-model", env={**env, "HF_HOME": str(tmp_path)})
+    r = run_process("account", "--model", "someorg/not-cached-model", env={**env, "HF_HOME": str(tmp_path)})
     assert time.perf_counter() - t0 < 5.0
     one_line(r, "model='someorg/not-cached-model'")
     assert "could not be fetched from the hub" in r.stderr
 
 
-def test_quoted_toml_boolean_refused(tmp_path):
+def test_quoted_toml_boolean_refused(tmp_path, run):
     f = tmp_path / "r.toml"
     f.write_text('[recipe]\ngradient_checkpointing = "false"\n')
     one_line(run("account", "--recipe", str(f)), "gradient_checkpointing='false'")
@@ -116,5 +123,5 @@ def test_quoted_toml_boolean_refused(tmp_path):
     (["--minibatches", "0"], "minibatches=0"),
     (["--engine", "megatron"], "verl"),
 ])
-def test_bad_account_input(args, needle):
+def test_bad_account_input(args, needle, run):
     one_line(run("account", *args), needle)

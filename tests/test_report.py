@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from allocopt.cli import main
-from allocopt.query.pareto import Row, best
+from allocopt.query.pareto import best
+from allocopt.record import TrialRow
 from allocopt.query.sources import load_rows_from_study, rows_of_study
 from allocopt.query.report import write_report
 from allocopt.query.report_data import best_table, default_pareto_pair, estimates, rho_estimate, study_context
@@ -193,7 +194,7 @@ def test_rho_star_at_the_edge_of_the_data_is_said(tmp_path):
     """A target rising over the whole range: rho* sits at the highest rho tried, and says so
     (7 trials: 4 would leave the kernel-weighted quadratic at rho 0.6 under 1 degree of freedom)."""
     def rows_at(rhos):
-        return [Row(i, "COMPLETE", {"rho": r, "group_size": 8, "reward": "dense", "model": None},
+        return [TrialRow(i, "COMPLETE", {"rho": r, "group_size": 8, "reward": "dense", "model": None},
                     {"judge": 0.2 + 0.5 * r}, {"total_flops": 1e18, "reward_flops": 0.0}, None,
                     plan={"budget_flops": 1e18}) for i, r in enumerate(rhos)]
 

@@ -9,7 +9,7 @@ from allocopt.plan.allocation import Allocation, min_budget
 from allocopt.race.answer import recommendation_dict, recommendation_lines, short_error, trial_line
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
-from allocopt.study.trial import TrialRow, rows
+from allocopt.record import TrialRow, rows
 from objectives.synthetic import SyntheticObjective
 
 
@@ -66,13 +66,13 @@ def test_infeasible_plans_are_infeasible_for_optuna_and_the_dashboard(tmp_path):
     assert optuna.load_study(study_name=s.name, storage=f"sqlite:///{tmp_path}/o.db").metric_names == ["pass@1"]
 
 
-def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys):
+def test_parent_run_holds_the_spec_counts_and_recommendation(tmp_path, capsys, mlflow_store):
     from mlflow import MlflowClient
 
     from allocopt.tracking import EXPERIMENT_KIND, StudyTracker
 
     s, w = _tight_spec()
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = mlflow_store
     with StudyTracker(s.name, uri) as tr:
         st = run_study(s, objective=SyntheticObjective(), workload=w,
                        storage=f"sqlite:///{tmp_path}/o.db", tracker=tr)
@@ -127,7 +127,7 @@ def _cli_out(capsys, *args):
     return done.value.code, capsys.readouterr().out
 
 
-def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
+def test_train_curves_are_logged_per_iteration_against_flops(tmp_path, mlflow_store):
     from mlflow import MlflowClient
 
     from allocopt.plan.meter import IterationRecord
@@ -136,7 +136,7 @@ def test_train_curves_are_logged_per_iteration_against_flops(tmp_path):
     recs = [IterationRecord(i, 8, 100, 100 * (i + 1), 0.1 * i, 1.0,
                             {"loss": 0.5 - 0.1 * i, "kl": 0.01 * i, "frac_reward_zero_std": 0.25})
             for i in range(3)]
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = mlflow_store
     with StudyTracker("c", uri) as tr:
         rid = tr.start_trial(0, {"budget_flops": 1000})
         tr.finish_trial(rid, state="COMPLETE", metrics={}, curves=recs)
@@ -245,14 +245,8 @@ def test_recommendation_lines_name_the_set_within_noise():
     assert len(recommendation_lines(from_dict(rec), "pass@1")) == 2
 
 
-def test_study_help_shows_defaults_within_80_columns():
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.getcwd()}
-    out = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--help"], env=env,
-                         capture_output=True, text=True, timeout=60).stdout
+def test_study_help_shows_defaults_within_80_columns(cli):
+    out = cli("study", "--help", env={"COLUMNS": "80"}).stdout
     assert all(len(line) <= 80 for line in out.splitlines())
     flat = " ".join(w for w in out.split() if w != "│")  # the help text, re-joined across lines
     d = StudySpec()  # the defaults the help must state
@@ -388,18 +382,13 @@ def test_study_ends_with_the_mlflow_runs_link(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("command", ["study", "race", "trial", "plan", "account", "best", "pareto", "report",
                                      "ask", "tell"])
-def test_help_at_80_columns_cuts_no_help_text(command):
+def test_help_at_80_columns_cuts_no_help_text(command, cli):
     """At COLUMNS=80 no option's help is cut short with rich's ellipsis (typer's --X/--no-X form
     used to squeeze plan's and account's help to a sliver: 'use_remove_paddin…'). Left: the
     32-character option name --importance-sampling-correction beside plan's/account's longest
     defaults (Qwen/Qwen2.5-Math-PRM-7B)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.getcwd()}
-    out = subprocess.run([sys.executable, "-m", "allocopt.cli", command, "--help"], env=env,
-                         capture_output=True, text=True, timeout=60).stdout
+    out = cli(command, "--help", env={"COLUMNS": "80"}).stdout
+    assert "--help" in out  # the help was printed (here, in this process)
     assert all(len(line) <= 80 for line in out.splitlines())
     for line in out.splitlines():
         # the help column is what follows the type column (<int>, <str>, ...); "sqlite:///…" is
@@ -430,7 +419,7 @@ def test_no_forms_still_switch_off(capsys):
     assert e.value.code == 2 and "both given" in err and len(err.strip().splitlines()) == 1
 
 
-def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys):
+def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys, mlflow_store):
     """At its end a study logs `allocopt report`'s page and figures into its MLflow parent run
     (artifacts report/); a report that fails costs one line, never the finished study."""
     from mlflow import MlflowClient
@@ -440,7 +429,7 @@ def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys
 
     monkeypatch.setitem(registry._REGISTRY, "timed", registry._Entry(_Timed, ("native_reward", "pass_at_1", "judge")))
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store
     args = ["study", "--objective", "timed", "--budget", "1e18", "--pilots", "0", "--trials", "2",
             "--sampler", "random", "--mlflow-uri", uri, "--storage", f"sqlite:///{tmp_path}/t.db"]
 

@@ -14,7 +14,8 @@ from allocopt.race import RaceSettings, propose, runs_of
 from allocopt.study.sampler import FIDELITY_PARAM, RaceSampler
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
-from allocopt.study.trial import best_row, rows
+from allocopt.record import rows
+from allocopt.study.trial import best_row
 from objectives.synthetic import SyntheticObjective
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -115,7 +116,7 @@ def test_concurrent_asks_claim_different_pilots():
 
 def test_enqueued_trials_keep_their_parameters_and_claim_their_point():
     """The waiting queue's parameters are read from Optuna's system attribute ``fixed_params``
-    (allocopt.race.trial_params): this fails if Optuna stops keeping them there."""
+    (allocopt.record.params_of): this fails if Optuna stops keeping them there."""
     sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     first = sampler.design[0].allocation
@@ -159,6 +160,7 @@ def test_several_objectives_are_refused():
         sampler.suggest(study.ask())
 
 
+@pytest.mark.slow  # whole studies through run_study: ~22 s on 2 loaded cores
 def test_run_study_is_the_one_loop(tmp_path):
     """``allocopt study``'s loop with RACE on: the pilots, then ``trials`` full-budget runs."""
     s = StudySpec(name="loop", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=3,
@@ -177,6 +179,7 @@ def test_run_study_is_the_one_loop(tmp_path):
     assert len(st.trials) == 28
 
 
+@pytest.mark.slow  # workers deciding at once over a whole study: ~33 s on 2 loaded cores
 def test_workers_deciding_at_once_claim_different_proposals(tmp_path, monkeypatch):
     """Two workers that decide before either has written its parameters: the second sees the
     first's claim (one write, before the parameters) and proposes another point. Control: with

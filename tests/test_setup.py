@@ -251,13 +251,11 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
         assert (old > 0) is (engine_name == "trl-vllm" and correction)
 
 
-def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
+def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path, cli):
     """``allocopt account --recipe FILE`` and the ``qwen`` driver read the same TOML into the
     same :class:`TrainingSetup`: the fingerprint account prints is the one the driver computes
     from the model it loads (its config through transformers) and the settings it runs."""
     import json
-    import subprocess
-    import sys
 
     from transformers import Qwen2Config
 
@@ -274,8 +272,7 @@ def test_one_toml_one_fingerprint_in_account_and_in_the_driver(tmp_path):
     f.write_text(f'[recipe]\nmodel = "{tmp_path / "policy"}"\nlora_rank = 16\nlora_targets = "q_proj,v_proj"\n'
                  'engine = "trl-gpu"\ngradient_checkpointing = false\nbeta = 0.04\n'
                  'max_completion_length = 512\nimportance_sampling_correction = false\n')
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "account", "--recipe", str(f), "--json"],
-                       capture_output=True, text=True, timeout=60)
+    r = cli("account", "--recipe", str(f), "--json")
     assert r.returncode == 0, r.stderr
     printed = json.loads(r.stdout)["setup_fingerprint"]
     setup = QwenObjective.from_settings(**read_toml(f, "recipe")["recipe"]).settings.setup

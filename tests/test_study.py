@@ -12,7 +12,7 @@ import pytest
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
 from allocopt.study.open import StudyError, open_study
-from allocopt.study.trial import rows
+from allocopt.record import rows
 from objectives.synthetic import SyntheticObjective, response, rho_star
 
 
@@ -122,6 +122,7 @@ def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
     assert len(obj2.calls) == 2 and obj2.calls[0].rho == pytest.approx(killed.params["rho"])
 
 
+@pytest.mark.slow  # BoTorch fits over a whole study: ~26 s on 2 loaded cores
 def test_botorch_sampler_proposes_in_space(tmp_path):
     s = spec(sampler="botorch", trials=7, startup_trials=3)
     obj = Counting()
@@ -143,15 +144,15 @@ def test_bad_storage_url():
     ("objective = 'nope'", "objective"),
     ("colour = 'red'", "unknown key"),
 ])
-def test_cli_bad_spec_exit_2(tmp_path, toml, needle):
+def test_cli_bad_spec_exit_2(tmp_path, toml, needle, cli):
     f = tmp_path / "s.toml"
     f.write_text("budget_flops = 1e12\n" + toml)  # a spec without a budget is refused first
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(f), "--no-mlflow",
-                        "--storage", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=120)
+    r = cli("study", "--spec", str(f), "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db")
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "x.db").exists()  # no trial started
 
 
+@pytest.mark.slow  # a study process stopped by SIGINT, then resumed: ~24 s on 2 loaded cores
 def test_cli_sigint_then_resume(tmp_path):
     """SIGINT to a running study: finished trials are kept, none is run twice on resume."""
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
@@ -236,8 +237,16 @@ def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
     import allocopt.cli.race as cr
     from allocopt.cli import app
 
+    from types import SimpleNamespace
+
     seen = []
-    monkeypatch.setattr(cr, "race", lambda **kw: seen.append(kw["max_pilots"]))
+
+    def race_live(s, settings, **kw):  # what the study hands RACE: the settings it runs under
+        seen.append(settings.max_pilots)
+        return SimpleNamespace(study=SimpleNamespace(user_attrs={})), None
+
+    monkeypatch.setattr(cr, "race_live", race_live)
+    monkeypatch.setattr(cr, "print_race", lambda *a, **k: None)
     monkeypatch.setattr("allocopt.cli.study.print_study_summary", lambda *a, **k: None)
     for extra, want in (([], None), (["--pilots", "30"], 30)):  # 30: 6 for each of the 5 reward systems
         res = CliRunner().invoke(app, ["study", "--objective", "synthetic", "--budget", "1e19",
@@ -317,7 +326,8 @@ def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     from optuna.trial import TrialState
 
     from allocopt.cli.study import print_study_summary
-    from allocopt.study.trial import counts, was_interrupted
+    from allocopt.record import is_interrupted as was_interrupted
+    from allocopt.study.trial import counts
 
     url = f"sqlite:///{tmp_path}/i.db"
     s = spec(trials=2)
@@ -341,3 +351,45 @@ def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "full-budget trials: 2 complete, 0 infeasible (never run), 1 failed" in out
     assert "interrupted (Ctrl-C; each run again): 2 trial(s)" in out
+
+
+def test_run_study_from_python_stores_the_final_answer(tmp_path):
+    """A Python caller of run_study (RACE sampler: pilots, then full runs) gets the one answer
+    stored as the command line stores it: in the Optuna study and on the MLflow parent run."""
+    import json
+
+    from mlflow import MlflowClient
+
+    from allocopt.race import RaceSettings
+    from allocopt.race.answer import recommendation_dict
+    from allocopt.study.open import make_sampler
+    from allocopt.tracking import StudyTracker
+
+    s = spec(name="answer", trials=2, pilots=12, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8),
+                                                                    rewards=("sparse", "prm")))
+    obj, url, uri = Counting(), f"sqlite:///{tmp_path}/o.db", f"sqlite:///{tmp_path}/m.db"
+    w = obj.workload()
+    answers = []
+    with StudyTracker(s.name, tracking_uri=uri) as tr:
+        run_study(s, objective=obj, workload=w, storage=url, tracker=tr,
+                  sampler=make_sampler(s, workload=w, race_settings=RaceSettings(max_pilots=12)),
+                  on_answer=lambda rec, sur: answers.append(rec))
+        parent = tr.parent_run_id
+    assert len(answers) == 1
+    stored = optuna.load_study(study_name="answer", storage=url).user_attrs["recommendation"]
+    assert stored == json.loads(json.dumps(recommendation_dict(answers[0], s.target)))
+    assert stored["allocation"]["reward"] in ("sparse", "prm") and stored["lower"] <= stored["upper"]
+    run = MlflowClient(uri).get_run(parent)
+    assert run.data.tags["allocopt.recommended.reward"] == stored["allocation"]["reward"]
+    assert run.data.metrics["recommended_mean"] == stored["mean"]
+    doc = json.loads(open(MlflowClient(uri).download_artifacts(parent, "recommendation.json", str(tmp_path))).read())
+    assert doc == stored
+
+
+def test_plain_bo_run_study_stores_no_race_answer(tmp_path):
+    """Plain BO has no posterior answer: its best observed trial goes on the parent run
+    (log_final), and no ``recommendation`` is stored."""
+    s = spec(trials=3)
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=None)
+    assert "recommendation" not in st.user_attrs

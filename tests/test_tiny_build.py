@@ -167,6 +167,7 @@ def test_quick_build_is_complete_and_loads(quick):
     assert leftovers == []
 
 
+@pytest.mark.slow  # a second tiny world built from scratch: ~25 s on 2 loaded cores
 def test_same_settings_give_identical_weights(quick, tmp_path):
     rng_state, threads = torch.random.get_rng_state(), torch.get_num_threads()
     again = build_world(tmp_path / "again", **QUICK)
@@ -235,6 +236,7 @@ def test_damaged_or_foreign_cache_is_not_a_hit(quick, tmp_path, damage):
     assert check_cache(copy.root, settings) is None
 
 
+@pytest.mark.slow  # a quick tiny world rebuilt from scratch: ~17 s on 2 loaded cores
 def test_corrupted_cache_is_rebuilt_whole(quick, tmp_path, monkeypatch):
     copy = _copy(quick, tmp_path / "world")
     weights = copy.policy / "model.safetensors"
@@ -313,6 +315,7 @@ def test_shipped_world_is_the_default_build(monkeypatch, tmp_path):
     assert not (tmp_path / "empty-cache").exists()
 
 
+@pytest.mark.slow  # a tiny world built from scratch: ~23 s on 2 loaded cores
 def test_other_settings_do_not_use_the_shipped_world(monkeypatch, tmp_path):
     counter = _Counter(monkeypatch)
     monkeypatch.setenv(tm.CACHE_ENV, str(tmp_path / "cache"))

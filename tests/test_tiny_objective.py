@@ -60,6 +60,7 @@ def test_targets_match_a_direct_evaluation(objective):
     assert eval_flops > 0
 
 
+@pytest.mark.slow  # a real tiny GRPO trial: ~34 s on 2 loaded cores
 def test_one_trial_stays_within_its_budget(objective):
     budget = 6e10  # 4 iterations of 64 rollouts
     plan = make_plan(budget, Allocation(0.5, 4, "sparse"), objective.workload())

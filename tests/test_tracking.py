@@ -41,13 +41,10 @@ LONG_ERROR = "Traceback (most recent call last):\n" + "  File x, line 1\n" * 900
 
 # ============================================================================ fixtures
 @pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    """An empty, migrated MLflow SQLite store, copied by each test (migrations take seconds)."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
+def template_db(mlflow_template) -> Path:
+    """An empty, migrated MLflow SQLite store, copied by each test (migrations take seconds):
+    the session's (conftest)."""
+    return mlflow_template
 
 
 @pytest.fixture
@@ -145,13 +142,13 @@ def test_fake_study_reads_back(store, tmp_path):
     trials = {r.info.run_id: r for r in all_runs if r.data.tags.get("allocopt.role") == "trial"}
     assert len(parents) == 1 and parents[0].info.run_id == tracker.parent_run_id
     assert parents[0].info.status == "FINISHED"
-    assert parents[0].data.tags["allocopt.study.loop"] == "fake"
+    assert parents[0].data.tags["allocopt.study"] == "fake"
     # artifacts beside the database, not in the working folder
     assert exp.artifact_location.startswith((tmp_path / "mlruns").as_uri() + "/allocopt-fake-")
     assert set(trials) == set(runs.values())
     for r in trials.values():  # nested under the study's run
         assert r.data.tags["mlflow.parentRunId"] == tracker.parent_run_id
-        assert r.data.tags["allocopt.study.loop"] == "fake"
+        assert r.data.tags["allocopt.study"] == "fake"
         assert r.data.tags["allocopt.objective"] == "pass@1"  # a tag *value* may hold '@'
         assert f"trial-{r.data.tags['allocopt.trial_number']}" in r.info.run_name.split()
         for key in [*r.data.params, *r.data.metrics, *r.data.tags]:
@@ -244,7 +241,7 @@ def test_resume_reuses_experiment_and_parent_run(store, monkeypatch):
     assert sorted((h.step, h.value) for h in hist) == [(0, 1.0), (1, 2.0)]  # steps go on
     # a second parent run (two workers opened the study at once): the older one is kept
     stray = c.create_run(again.experiment_id, run_name="resumed",
-                         tags={"allocopt.study.loop": "resumed", "allocopt.role": "study"})
+                         tags={"allocopt.study": "resumed", "allocopt.role": "study"})
     with StudyTracker("resumed", tracking_uri=store) as third:
         assert third.parent_run_id == first.parent_run_id != stray.info.run_id
     # the race itself: this worker saw no parent, created one, then found an older one
@@ -383,6 +380,7 @@ def mlflow_server(tmp_path_factory, template_db, request):
     return url
 
 
+@pytest.mark.slow  # starts a real mlflow server process: ~27 s on 2 loaded cores
 def test_server_rest_api_reads_back_the_study(mlflow_server, record_property):
     t0 = time.monotonic()
     with StudyTracker("served", tracking_uri=mlflow_server) as tracker:

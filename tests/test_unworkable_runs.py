@@ -83,7 +83,7 @@ def test_study_where_every_trial_failed_exits_1(tmp_path, monkeypatch, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     import optuna
 
-    from allocopt.study.trial import rows
+    from allocopt.record import rows
 
     states = [r.state for r in rows(optuna.load_study(study_name="allocopt", storage=f"sqlite:///{tmp_path}/o.db"))]
     assert len(states) == 2 and "COMPLETE" not in states and "FAIL" in states

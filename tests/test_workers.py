@@ -149,6 +149,7 @@ def _wait(cond, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow  # three CLI worker processes on PostgreSQL, one killed: ~100 s on 2 loaded cores
 def test_three_workers_one_killed(postgres_url, tmp_path):
     """Three `allocopt study` workers with RACE pilots on one PostgreSQL study (a password in
     the URL) and one MLflow store; one is SIGKILLed mid-trial. Every pilot and every proposal
@@ -259,14 +260,14 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
     ("best", "--study", "x", "--target", "pass@1", "--storage"),
     ("ask", "--study", "x", "--storage"),
 ])
-def test_cli_never_prints_a_password(args, tmp_path):
+def test_cli_never_prints_a_password(args, tmp_path, cli):
     bad = "postgresql://al:Sup3rSecret@127.0.0.1:1/db?connect_timeout=2"
-    r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args, bad], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = cli(*args, bad, cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Sup3rSecret" not in r.stdout + r.stderr and "al:***@127.0.0.1" in r.stderr
 
 
+@pytest.mark.slow  # two CLI worker processes to the end: ~80 s on 2 loaded cores
 def test_two_workers_start_together_on_fresh_sqlite_files(tmp_path):
     """Two `allocopt study` processes started at the same instant on a new SQLite study file
     and a new MLflow SQLite file (the plain one-machine case): both finish (no schema race:

@@ -33,6 +33,11 @@ err = Console(stderr=True)
 UsageProblem = ConfigError
 
 
+
+from allocopt.cli.common import time_flags  # noqa: E402
+
+_TIME = time_flags()
+
 def fmt_flops(v: float) -> str:
     """FLOPs in scientific notation, e.g. ``1.234e+15``."""
     return f"{v:.3e}"
@@ -132,8 +137,12 @@ def account(
     critic: Optional[str] = typer.Option(None, help=CRITIC_HELP),
     from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
     from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
+    from_openrlhf: Optional[Path] = typer.Option(None, "--from-openrlhf", help="Account an existing OpenRLHF GRPO run from its console log (the namespace(...) config line, 'Global step N: {...}' lines) or a folder of its TensorBoard event files (with the console log next to them for the config)."),
+    from_nemo_rl: Optional[Path] = typer.Option(None, "--from-nemo-rl", help="Account an existing NeMo-RL GRPO run from its TensorBoard folder (<logger.log_dir>/tensorboard: train/*, timing/train/*, performance/* scalars and the config as hparams)."),
     peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", help="Peak TFLOP/s of one device (e.g. 989 for an H100 in bf16): with phase timings from --from-verl, print MFU per phase."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    save_throughput: Optional[Path] = typer.Option(None, "--save-throughput", help="With --from-verl/--from-trl and phase timings: write the run's achieved FLOP/s per GPU per phase as a throughput profile (TOML, or JSON for .json) for --throughput."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Name of the GPU the run used (e.g. H100-80GB), recorded in the --save-throughput profile. \\[default: unknown-gpu]"),
 ) -> None:
     """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase and its rho."""
     gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
@@ -152,13 +161,19 @@ def account(
                  generated_per_trained=generated_per_trained, critic=critic)
     if peak_tflops is not None and not peak_tflops > 0:
         raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
-    if from_trl is not None or from_verl is not None:
-        if from_trl is not None and from_verl is not None:
-            raise UsageProblem("from_trl, from_verl: give one run, not both")
+    runs = {k: v for k, v in (("from_trl", from_trl), ("from_verl", from_verl),
+                              ("from_openrlhf", from_openrlhf), ("from_nemo_rl", from_nemo_rl))
+            if v is not None}
+    if runs:
+        if len(runs) > 1:
+            raise UsageProblem(f"{', '.join(runs)}: give one run, not {len(runs)}")
         if recipe is not None:
-            raise UsageProblem("recipe: not used with --from-trl/--from-verl (flags override the log)")
-        return _account_run(from_trl, from_verl, {k: v for k, v in given.items() if v is not None},
-                            peak_tflops, as_json)
+            raise UsageProblem("recipe: not used with --from-trl/--from-verl/--from-openrlhf/"
+                               "--from-nemo-rl (flags override the log)")
+        return _account_run(*runs.items(), {k: v for k, v in given.items() if v is not None},
+                            peak_tflops, as_json, save_throughput, gpu)
+    if save_throughput is not None:
+        raise ConfigError("save_throughput: needs a run with phase timings (--from-verl LOG or --from-trl DIR)")
     from allocopt.plan.recipe import account as price_run, read_recipe, recipe_dict
 
     setup, r = read_recipe(recipe, **given)
@@ -181,15 +196,33 @@ def account(
     out.print(breakdown_table(acct, title))
 
 
-def _account_run(from_trl: Path | None, from_verl: Path | None, overrides: dict[str, Any],
-                 peak_tflops: float | None, as_json: bool) -> None:
-    from allocopt.runlogs import RunLogError, import_trl, import_verl
+def _account_run(run_arg: tuple[str, Path], overrides: dict[str, Any],
+                 peak_tflops: float | None, as_json: bool, save_throughput: Path | None = None,
+                 gpu: str | None = None) -> None:
+    from allocopt import runlogs
+    from allocopt.runlogs import RunLogError
 
+    kind, path = run_arg
+    importer = {"from_trl": runlogs.import_trl, "from_verl": runlogs.import_verl,
+                "from_openrlhf": runlogs.import_openrlhf,
+                "from_nemo_rl": runlogs.import_nemo_rl}[kind]
     try:
-        run = import_trl(from_trl, **overrides) if from_trl else import_verl(from_verl, **overrides)
+        run = importer(path, **overrides)
     except RunLogError as e:
         raise UsageProblem(str(e)) from None
     rates = run.achieved(peak_tflops)
+    if save_throughput is not None:
+        from allocopt.plan.recipe import read_recipe
+        from allocopt.plan.throughput import profile_from_run, save_profile
+
+        setup, _ = read_recipe(None, **dict(run.settings))
+        profile = profile_from_run(run, gpu or "unknown-gpu", setup.fingerprint(model_shape(setup.model)))
+        try:
+            save_profile(profile, save_throughput)
+        except OSError as e:
+            raise ConfigError(f"save_throughput={str(save_throughput)!r}: cannot be written ({e.strerror or e})") from None
+        err.print(f"throughput profile written to {save_throughput} (set-up {profile.setup_fingerprint}, "
+                  f"{profile.gpu})", highlight=False)
     if as_json:
         out.print_json(json.dumps({**run.to_dict(), "achieved": rates}))
         return
@@ -215,7 +248,7 @@ def _account_run(from_trl: Path | None, from_verl: Path | None, overrides: dict[
 
 
 def plan(
-    budget: str = typer.Option(..., help="FLOP budget of the run (search + learning + reward), e.g. 1e19."),
+    budget: Optional[str] = typer.Option(None, help="FLOP budget of the run (search + learning + reward), e.g. 1e19; or give a time budget (--budget-gpu-hours / --budget-usd with --throughput)."),
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
     group_size: int = typer.Option(8, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
     reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
@@ -239,10 +272,32 @@ def plan(
     generated_per_trained: Optional[float] = typer.Option(None, help=GENERATED_HELP),
     critic: Optional[str] = typer.Option(None, help=CRITIC_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
+    gpus: Optional[int] = _TIME["gpus"],
+    budget_usd: Optional[float] = _TIME["budget_usd"],
+    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
+    throughput: Optional[Path] = _TIME["throughput"],
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
-    from allocopt.plan.allocation import Allocation, Workload, default_reward_models, make_plan
+    from allocopt.plan.allocation import Allocation, Workload, check_budget, default_reward_models, make_plan
 
+    from allocopt.cli.common import read_time_budget
+    from allocopt.plan.throughput import ThroughputProfile, TimeBudget, load_profile
+
+    # a FLOP budget, or a time budget turned into this allocation's FLOPs below
+    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour,
+                         throughput if budget_gpu_hours is not None or budget_usd is not None else None)
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if budget is None and t is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --budget-gpu-hours H "
+                          "with --throughput FILE")
+    if gpus is not None and t is None:
+        raise ConfigError("gpus: only used with a time budget (--budget-gpu-hours or --budget-usd)")
+    b = None if budget is None else check_budget(budget)  # parsed once, here: FLOPs from now on
+    profile = (ThroughputProfile.from_mapping(t["throughput"]) if t is not None
+               else load_profile(throughput) if throughput is not None else None)
     gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
     importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
                                              no_importance_sampling_correction)
@@ -260,10 +315,27 @@ def plan(
     policy = model_shape(setup.model)
     policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
     w = Workload(policy, setup, reward_models)
-    p = make_plan(budget, alloc, w)
+    tb = None
+    if profile is not None:
+        profile.check_for(w.fingerprint(alloc))
+        tb = TimeBudget(t["budget_gpu_hours"] if t else 1.0, profile, t["gpus"] if t else 1)
+    if b is None:
+        b = tb.flops_for(alloc, w)
+    p = make_plan(b, alloc, w)
+    hours = tb.hours_of(p.expected.executed) if tb is not None else None
     if as_json:
-        out.print_json(json.dumps(p.to_dict()))
-        return
+        out.print_json(json.dumps({**p.to_dict(), **({"expected_gpu_hours": hours, "gpus": tb.gpus,
+                                                      "throughput": profile.to_dict()} if tb else {})}))
+    else:
+        print_plan(p, setup)
+        if tb is not None:
+            print_hours(p, tb, time_budget=t is not None)
+
+
+def print_plan(p: Any, setup: Any) -> None:
+    """The plan ``p`` (a :class:`~allocopt.plan.allocation.TrialPlan`) made for ``setup``: its
+    allocation asked and realized, batch, passes, iterations and expected FLOPs."""
+    alloc = p.allocation
     t = Table(title=f"Plan for {fmt_flops(p.budget_flops)} FLOPs", show_header=False)
     for k, v in (("model", p.policy), ("reward", f"{alloc.reward} ({p.reward_model or 'rule-based, 0 FLOPs'})"),
                  ("set-up", f"runner {setup.runner}, engine {setup.engine}, checkpointing "
@@ -293,6 +365,27 @@ def plan(
     if not p.realizable:
         err.print(f"warning: rho={alloc.rho:g} is not realizable with {p.rollouts_per_iteration} "
                   f"rollouts per iteration; the nearest is {p.realized_rho:.4f}")
+
+
+def print_hours(p: Any, tb: Any, time_budget: bool) -> None:
+    """Expected GPU-hours of plan ``p`` per phase at ``tb``'s profile (FLOPs / per-GPU FLOP/s
+    / GPUs, summed over the GPUs), with each rate and its source."""
+    from allocopt.plan.throughput import phase_flops
+
+    prof = tb.profile
+    hours = tb.hours_of(p.expected.executed)
+    head = (f"Time budget {tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) = {fmt_flops(p.budget_flops)} FLOPs "
+            f"at this allocation" if time_budget else "Expected time")
+    t = Table(title=f"{head} ({prof.gpu}, profile of set-up {prof.setup_fingerprint})")
+    for c in ("phase", "FLOPs", "FLOP/s per GPU", "GPU-hours", "source"):
+        t.add_column(c, justify="left" if c in ("phase", "source") else "right")
+    for ph, f in phase_flops(p.expected.executed).items():
+        r = prof.rate(ph)
+        t.add_row(ph, fmt_flops(f), "-" if r is None else fmt_flops(r), f"{hours[ph]:.2f}",
+                  prof.sources.get(ph, "given"))
+    t.add_row("total", fmt_flops(p.expected.executed.total_flops), "", f"{hours['total']:.2f}",
+              f"wall {hours['total'] / tb.gpus:.2f} h on {tb.gpus} GPU(s)")
+    out.print(t)
 
 
 def register(app: typer.Typer) -> None:

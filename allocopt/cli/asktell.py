@@ -16,16 +16,23 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+
+from allocopt.record import TrialRecord
+from allocopt.study.storage import DEFAULT_STORAGE
 from rich.console import Console
 from rich.table import Table
 
-from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
 _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
 
+
+
+from allocopt.cli.common import time_flags  # noqa: E402
+
+_TIME = time_flags()
 
 def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     """``(study, spec)`` of an existing study, opened as a worker opens it; a study not there
@@ -77,10 +84,14 @@ def ask(
     budget: Optional[str] = typer.Option(None, help="With a new study: FLOP budget per trial."),
     target: Optional[str] = typer.Option(None, help="With a new study: the target."),
     objective: Optional[str] = typer.Option(None, help="With a new study: the objective whose workload plans are made for."),
+    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
+    gpus: Optional[int] = _TIME["gpus"],
+    budget_usd: Optional[float] = _TIME["budget_usd"],
+    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
+    throughput: Optional[Path] = _TIME["throughput"],
 ) -> None:
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
-    from allocopt.study.asktell import FORMATS, reserve, trl_command, trl_config, verl_overrides
-    from allocopt.study.storage import redact_url
+    from allocopt.study.asktell import FORMATS, reserve
     from allocopt.study.open import distributions
 
     if fmt not in FORMATS:
@@ -92,56 +103,87 @@ def ask(
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out={str(out_dir)!r}: exists and is not a folder")
     new = None
-    if spec_file is not None or budget is not None or target is not None or objective is not None:
+    from allocopt.cli.common import read_time_budget
+
+    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput)
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if spec_file is not None or budget is not None or target is not None or objective is not None or t:
         from allocopt.plan.allocation import check_budget
         from allocopt.spec import StudySpec
 
-        base = StudySpec.from_toml(spec_file) if spec_file else StudySpec()
-        new = base.with_overrides(name=study, budget_flops=None if budget is None else check_budget(budget),
-                                  target=target, objective=objective)
+        b = None if budget is None else check_budget(budget)
+        base = StudySpec.from_toml(spec_file, b, t) if spec_file else StudySpec(**(t or {}))
+        new = base.with_overrides(name=study, budget_flops=b, target=target, objective=objective)
+    _check_out(out_dir)  # before anything is reserved
     st, spec = _load(study, storage, new)
-    from allocopt.objective import get_objective
-
-    try:  # plans need the workload only, not a machine that can train
-        obj = get_objective(spec.objective, **spec.objective_settings)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"objective={spec.objective!r}: {str(e).splitlines()[0]}") from None
-    workload = obj.workload()
-    setup = workload.setup  # the objective's training set-up: its plans price it, its driver runs it
-    lr = learning_rate or setup.learning_rate
-    max_len = setup.max_completion_length
-    run_kw = dict(max_completion_length=max_len, temperature=setup.temperature, beta=setup.beta,
-                  gradient_checkpointing=setup.gradient_checkpointing)
+    workload = _workload_of(spec)
     from allocopt.study.open import make_sampler
 
     st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
     race = hasattr(st.sampler, "suggest")
     dists = distributions(spec, fidelity=True) if race else distributions(spec)
-    runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists)
-    shown = []
-    for run in runs:
-        folder = out_dir / f"trial-{run.trial_number}"
-        folder.mkdir(parents=True, exist_ok=True)
-        tell = (f"allocopt tell --study {study} --storage '{redact_url(storage)}' --trial {run.trial_number} "
-                f"--metrics metrics.json" + (" --from-trl OUT" if fmt == "trl" else " --from-verl LOG"))
-        info: dict[str, Any] = {"study": study, "storage": redact_url(storage), **run.to_dict(),
-                                "format": fmt, "learning_rate": lr, "tell": tell}
-        if fmt == "trl":
-            cfg = trl_config(run, learning_rate=lr, **run_kw, micro_batch=micro_batch,
-                             num_processes=num_processes, seed=spec.seed + run.trial_number,
-                             importance_sampling_correction=setup.importance_sampling_correction)
-            (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-            info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
-        else:
-            ov = verl_overrides(run, learning_rate=lr, **run_kw)
-            (folder / "verl_overrides.txt").write_text("\n".join(ov) + "\n")
-            info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
-        (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-        shown.append({**info, "folder": str(folder)})
+    lr = learning_rate or workload.setup.learning_rate
+    reserved: list[int] = []
+    try:  # a failure from here on gives the reserved trials back (asked again next time)
+        runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists, reserved=reserved)
+        shown = [_write_asked(run, out_dir, study=study, storage=storage, fmt=fmt, spec=spec,
+                              setup=workload.setup, learning_rate=lr, micro_batch=micro_batch,
+                              num_processes=num_processes) for run in runs]
+    except BaseException as e:
+        from allocopt.study.asktell import release
+
+        given = release(st, reserved)
+        if isinstance(e, OSError):
+            raise ConfigError(f"out={str(out_dir)!r}: cannot be written ({e.strerror or e}); "
+                              f"{len(given)} reserved trial(s) given back") from None
+        raise
+    print_asked(shown, spec, study=study, fmt=fmt, out_dir=out_dir, as_json=as_json)
+    if n_infeasible:
+        err.print(f"{n_infeasible} proposal(s) the budget cannot buy were recorded as INFEASIBLE", highlight=False)
+    if len(runs) < n:
+        raise ConfigError(f"num={n}: only {len(runs)} runnable trial(s) found in {20 * n} proposals")
+
+
+def _check_out(out_dir: Path) -> None:
+    """Refuse an ``--out`` that cannot be made or written (one line), before reserving."""
+    import os
+
+    probe = out_dir
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"out={str(out_dir)!r}: {probe} is not a writable folder; give --out a "
+                          "folder you can write")
+
+
+def _workload_of(spec: Any) -> Any:
+    """The workload plans of ``spec`` are made for: the objective's, built without checking the
+    machine can train (the runs are launched elsewhere)."""
+    from allocopt.cli.common import objective_for_plans
+
+    return objective_for_plans(spec).workload()
+
+
+def _write_asked(run: Any, out_dir: Path, *, study: str, storage: str, fmt: str, spec: Any, setup: Any,
+                 learning_rate: float, micro_batch: int, num_processes: int) -> dict[str, Any]:
+    """Write ``<out_dir>/trial-<N>/`` (:func:`allocopt.study.asktell.write_asked_folder`)."""
+    from allocopt.study.asktell import write_asked_folder
+
+    return write_asked_folder(run, out_dir / f"trial-{run.trial_number}", study=study, storage=storage,
+                              fmt=fmt, spec=spec, setup=setup, learning_rate=learning_rate,
+                              micro_batch=micro_batch, num_processes=num_processes)
+
+
+def print_asked(shown: list[dict[str, Any]], spec: Any, *, study: str, fmt: str, out_dir: Path,
+                as_json: bool) -> None:
+    """The reserved trials (a table and the ``tell`` command to run after each, or JSON), and a
+    note for trials whose whole update passes run another ρ than asked."""
     if as_json:
         out.print_json(json.dumps(shown, default=str))
     else:
-        t = Table(title=f"Reserved {len(runs)} trial(s) of study {study} ({fmt})")
+        t = Table(title=f"Reserved {len(shown)} trial(s) of study {study} ({fmt})")
         for c in ("trial", "fidelity", "rho", "G", "reward", "passes", "iters", "exp. rho"):
             t.add_column(c, justify="left" if c in ("fidelity", "reward") else "right", no_wrap=True)
         for s in shown:
@@ -156,10 +198,6 @@ def ask(
         err.print(f"note: {fmt} trains whole update passes: " + "; ".join(
             f"trial {s['trial']} asks rho={s['rho']:.3f}, runs {s['expected_rho']:.3f}" for s in far)
             + " (tell records the rho spent)", highlight=False, markup=False, soft_wrap=True)
-    if n_infeasible:
-        err.print(f"{n_infeasible} proposal(s) the budget cannot buy were recorded as INFEASIBLE", highlight=False)
-    if len(runs) < n:
-        raise ConfigError(f"num={n}: only {len(runs)} runnable trial(s) found in {20 * n} proposals")
 
 
 def tell(
@@ -173,67 +211,30 @@ def tell(
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
 ) -> None:
     """Record a reserved trial: its targets and the compute it actually spent."""
-    import os
-
-    from allocopt.study.asktell import TellError, account_from_metrics, check_tellable, record, targets_from_metrics
+    from allocopt.study.asktell import TellError, check_tellable, record, targets_from_metrics
 
     if from_trl is not None and from_verl is not None:
         raise ConfigError("from_trl/from_verl: give one of them, not both")
-    try:
-        data = json.loads(metrics.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"metrics={str(metrics)!r}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"metrics={str(metrics)!r}: not JSON ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"metrics={str(metrics)!r}: must be a JSON object")
+    data = _read_metrics(metrics)
     st, spec = _load(study, storage)
     try:
         frozen = check_tellable(st, trial)
     except TellError as e:
         raise ConfigError(str(e)) from None
     targets = targets_from_metrics(data, spec)
-    extra: dict[str, Any] = {}
-    if from_trl is not None or from_verl is not None:
-        try:
-            from allocopt.runlogs import RunLogError, import_trl, import_verl
-        except ImportError:
-            raise ConfigError("from_trl/from_verl: the run-log importers (allocopt.runlogs) are not "
-                              "in this install; give the breakdown in --metrics") from None
-        # the reward model is not in a run's logs: the trial's plan names it
-        rm = (frozen.user_attrs.get("plan") or {}).get("reward_model")
-        overrides = {"reward_model": rm} if rm else {}
-        try:
-            imported = import_trl(from_trl, **overrides) if from_trl is not None else \
-                import_verl(from_verl, **overrides)
-        except RunLogError as e:
-            raise ConfigError(str(e)) from None
-        spent = imported.account
-        extra["imported_steps"] = getattr(imported, "steps", math.nan)
-    else:
-        spent = account_from_metrics(data)
-        if spent is None:
-            raise ConfigError(f"metrics={str(metrics)!r}: no compute; give search_flops, learning_flops, "
-                              "reward_flops in it, or --from-trl DIR / --from-verl LOG")
-    budget = float(frozen.user_attrs.get("budget_flops", spec.budget_flops))
+    spent, extra = _spent(frozen, data, metrics, from_trl, from_verl)
+    budget = TrialRecord.of(frozen).budget(spec.budget_flops)
     tracker = None
     if not no_mlflow:
+        import os
+
         from allocopt.cli.common import make_tracker
 
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         tracker = make_tracker(spec.name, mlflow_uri)
     m = record(st, frozen, spec, targets, spent, extra=extra)
     if tracker is not None:
-        p = frozen.params
-        plan = frozen.user_attrs.get("plan") or {}
-        params = {"rho": p.get("rho", spec.space.rho[0]), "group_size": p.get("group_size", plan.get("group_size")),
-                  "reward": p.get("reward", plan.get("reward")), "model": plan.get("model"),
-                  "budget_flops": budget, "objective": spec.objective, "target": spec.target, "source": "tell"}
-        run_id = tracker.start_trial(trial, params, {"objective": spec.objective,
-                                                     "fidelity": frozen.user_attrs.get("fidelity", "full"),
-                                                     "source": "tell"})
-        tracker.finish_trial(run_id, state="COMPLETE", metrics={**targets, **m}, plan=plan or None)
-        tracker.close()
+        _track_tell(tracker, frozen, spec, budget, {**targets, **m})
     used = spent.executed.total_flops
     shown = ", ".join(f"{t}={targets[k]:.4f}" for t, k in zip(spec.targets, spec.target_keys))
     out.print(f"trial {trial} COMPLETE: {shown}; spent {used:.3e} FLOPs ({used / budget:.1%} of "
@@ -242,6 +243,62 @@ def tell(
         err.print(f"warning: trial {trial} spent {used:.3e} FLOPs, {used / budget - 1:.1%} over its "
                   "budget; recorded with a violated budget constraint (over_budget)", highlight=False,
                   markup=False, soft_wrap=True)
+
+
+def _read_metrics(metrics: Path) -> dict[str, Any]:
+    """The ``--metrics`` JSON object; a missing file or another document is one line."""
+    try:
+        data = json.loads(metrics.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"metrics={str(metrics)!r}: no such file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"metrics={str(metrics)!r}: not JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"metrics={str(metrics)!r}: must be a JSON object")
+    return data
+
+
+def _spent(frozen: Any, data: dict[str, Any], metrics: Path, from_trl: Optional[Path],
+           from_verl: Optional[Path]) -> tuple[Any, dict[str, Any]]:
+    """The compute the run spent (an executed FLOP account) and extra trial metrics: from the
+    TRL or verl run's logs (the reward model named by the trial's plan), else from the
+    breakdown in ``--metrics``."""
+    from allocopt.study.asktell import account_from_metrics
+
+    if from_trl is None and from_verl is None:
+        spent = account_from_metrics(data)
+        if spent is None:
+            raise ConfigError(f"metrics={str(metrics)!r}: no compute; give search_flops, learning_flops, "
+                              "reward_flops in it, or --from-trl DIR / --from-verl LOG")
+        return spent, {}
+    try:
+        from allocopt.runlogs import RunLogError, import_trl, import_verl
+    except ImportError:
+        raise ConfigError("from_trl/from_verl: the run-log importers (allocopt.runlogs) are not "
+                          "in this install; give the breakdown in --metrics") from None
+    # the reward model is not in a run's logs: the trial's plan names it
+    rm = TrialRecord.of(frozen).plan.get("reward_model")
+    overrides = {"reward_model": rm} if rm else {}
+    try:
+        imported = import_trl(from_trl, **overrides) if from_trl is not None else \
+            import_verl(from_verl, **overrides)
+    except RunLogError as e:
+        raise ConfigError(str(e)) from None
+    return imported.account, {"imported_steps": getattr(imported, "steps", math.nan)}
+
+
+def _track_tell(tracker: Any, frozen: Any, spec: Any, budget: float, metrics: dict[str, Any]) -> None:
+    """The told trial as an MLflow run of the study (source ``tell``), then close the tracker."""
+    rec = TrialRecord.of(frozen)
+    p, plan = rec.params, rec.plan
+    params = {"rho": p.get("rho", spec.space.rho[0]), "group_size": p.get("group_size", plan.get("group_size")),
+              "reward": p.get("reward", plan.get("reward")), "model": plan.get("model"),
+              "budget_flops": budget, "objective": spec.objective, "target": spec.target, "source": "tell"}
+    run_id = tracker.start_trial(frozen.number, params, {"objective": spec.objective,
+                                                         "fidelity": rec.fidelity,
+                                                         "source": "tell"})
+    tracker.finish_trial(run_id, state="COMPLETE", metrics=metrics, plan=plan or None)
+    tracker.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,9 @@
 """Pieces the CLI commands share: the objective and the MLflow tracker, with one-line errors.
 
-Kept apart from :mod:`allocopt.cli` so that command modules (``commands_race``) can use them
-without importing ``allocopt.cli`` twice under ``python -m allocopt.cli``.
+Kept apart from :mod:`allocopt.cli` so that command modules (:mod:`allocopt.cli.race`, ...) can
+use them without importing ``allocopt.cli`` itself. The study a command runs is read by
+:func:`read_spec` (the budget parsed once there), its objective loaded by :func:`load_workload`,
+its run tracked by :func:`tracked`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 from typing import Any, Iterator
 
 from allocopt.flops import ConfigError
+from allocopt.tracking.requests import PROBE_TIMEOUT_S, short_mlflow_requests  # noqa: F401
 
 
 def load_objective(name: str, settings: dict | None = None) -> Any:
@@ -56,8 +59,10 @@ def check_storage(storage: str, spec: Any = None) -> None:
             raise ConfigError(str(e)) from None
 
 
-def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) -> Any:
-    """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off.
+def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True, storage: str | None = None) -> Any:
+    """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off. Writes made
+    while a server is away are spooled beside the SQLite Optuna ``storage`` (else in a temp
+    folder: :func:`allocopt.tracking.spool.spool_folder`) and replayed when it answers.
 
     Raises:
         ConfigError: the tracking URI cannot be used (unsupported scheme, unreachable server).
@@ -69,8 +74,10 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True) 
     try:
         with _sqlite_lock(mlflow_uri):  # workers creating one MLflow SQLite file at once
             probe_tracking(study_name, mlflow_uri)  # would race on its schema migrations
+            from allocopt.tracking.spool import spool_folder
+
             with _quiet_mlflow():
-                return StudyTracker(study_name, tracking_uri=mlflow_uri)
+                return StudyTracker(study_name, tracking_uri=mlflow_uri, spool_dir=spool_folder(storage))
     except ConfigError:
         raise
     except Exception as e:
@@ -108,9 +115,6 @@ def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-PROBE_TIMEOUT_S = 5
-"""Seconds the first request to an MLflow server may take (``MLFLOW_HTTP_REQUEST_TIMEOUT``
-for the probe, with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES = 0``), unless those are set already."""
 
 
 def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
@@ -156,7 +160,9 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
                 time.sleep(0.2)
                 client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
     except KeyboardInterrupt:
-        sys.stderr.write(f"interrupted while connecting to MLflow at {uri}; nothing was recorded\n")
+        from allocopt.study.storage import redact_url
+
+        sys.stderr.write(f"interrupted while connecting to MLflow at {redact_url(uri)}; nothing was recorded\n")
         sys.exit(130)
     except Exception as e:
         from allocopt.study.storage import redact_url
@@ -170,31 +176,6 @@ def _unique_race(e: BaseException) -> bool:
     ``UniqueViolation``, SQLite ``UNIQUE constraint failed``, MySQL ``Duplicate entry``)."""
     text = str(e).lower()
     return any(k in text for k in ("uniqueviolation", "duplicate key", "unique constraint", "duplicate entry"))
-
-
-class short_mlflow_requests:
-    """Within the block, MLflow's HTTP requests time out after :data:`PROBE_TIMEOUT_S` and are
-    not retried (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), unless
-    the user set those variables: a first request to an unreachable server fails in seconds,
-    not after MLflow's default 7 retries with backoff (minutes)."""
-
-    NAMES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(PROBE_TIMEOUT_S)}
-
-    def __enter__(self) -> None:
-        import os
-
-        self.saved = {k: os.environ.get(k) for k in self.NAMES}
-        for k, v in self.NAMES.items():
-            os.environ.setdefault(k, v)
-
-    def __exit__(self, *exc: Any) -> None:
-        import os
-
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _reason(e: BaseException) -> str:
@@ -247,10 +228,11 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
     sp = spec.space
     allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
         sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
-    need, a = min(((min_budget(a, workload), a) for a in allocs), key=lambda x: x[0])
+    # the allocation whose budget buys least of its smallest plan (a time budget gives each its own)
+    _, need, b, a = min(((spec.budget_for(a, workload) / min_budget(a, workload), min_budget(a, workload),
+                          spec.budget_for(a, workload), a) for a in allocs), key=lambda x: x[0])
     where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
              + (f", model={a.model}" if a.model else ""))
-    b = spec.budget_flops
     if b < need:
         raise ConfigError(f"budget_flops={b:.3g}: too small for one GRPO iteration of any allocation "
                           f"in the space; the smallest feasible plan ({where}) needs {need:.3g} FLOPs")
@@ -358,3 +340,135 @@ def fail(line: str, code: int = 2) -> None:
 
     sys.stderr.write(line.replace("\n", " ") + "\n")
     sys.exit(code)
+
+
+def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
+              time: dict | None = None, **overrides: Any) -> Any:
+    """The study of a command: the study file ``path`` (read once, TOML) or the defaults, the
+    flags over it (``overrides``, ``None`` left out) and ``--set KEY=VALUE`` over its objective
+    settings. The budget is parsed here, once (:func:`allocopt.plan.allocation.check_budget`):
+    everything below gets ``spec.budget_flops`` (FLOPs, a float), or, for a time budget
+    (``time``: the flags of :func:`time_flags`), ``spec.budget_for(allocation, workload)``.
+
+    Raises:
+        ConfigError: no budget (neither ``--budget`` nor ``--spec``), a bad budget, a bad file
+            or setting (one line).
+    """
+    from dataclasses import replace
+
+    from allocopt.plan.allocation import check_budget
+    from allocopt.spec import StudySpec
+
+    quiet_library_warnings()
+    t = read_time_budget(**(time or {}))
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if path is None and budget is None and t is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19), --budget-gpu-hours H with "
+                          "--throughput FILE, or --spec FILE")
+    b = None if budget is None else check_budget(budget)
+    if path:
+        s = StudySpec.from_toml(path, b, t).with_overrides(budget_flops=b, **overrides)
+    else:
+        s = StudySpec(**(t or {})).with_overrides(budget_flops=b, **overrides)
+    if set_:
+        s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
+    return s
+
+
+def time_flags() -> dict:
+    """The typer options of a time budget, shared by ``plan``, ``study``, ``race`` and ``ask``
+    (parameter name -> ``typer.Option``); :func:`read_time_budget` reads them."""
+    import typer
+
+    return {
+        "budget_gpu_hours": typer.Option(None, "--budget-gpu-hours", help="Time budget instead of --budget: GPU-hours of each run (wall hours x --gpus), priced per allocation at --throughput's per-phase FLOP/s (search-heavy allocations get fewer FLOPs)."),
+        "gpus": typer.Option(None, "--gpus", help="GPUs a run uses, with a time budget. \\[default: 1]"),
+        "budget_usd": typer.Option(None, "--budget-usd", help="Time budget in dollars: GPU-hours = this / --usd-per-gpu-hour."),
+        "usd_per_gpu_hour": typer.Option(None, "--usd-per-gpu-hour", help="Price of one GPU-hour in dollars, with --budget-usd."),
+        "throughput": typer.Option(None, "--throughput", help="Throughput profile (TOML/JSON: FLOP/s per GPU per phase; allocopt account --from-verl LOG --save-throughput FILE writes one)."),
+    }
+
+
+def read_time_budget(budget_gpu_hours: float | None = None, gpus: int | None = None,
+                     budget_usd: float | None = None, usd_per_gpu_hour: float | None = None,
+                     throughput: Any = None) -> dict | None:
+    """The time budget of the flags as :class:`~allocopt.spec.StudySpec` fields
+    (``budget_gpu_hours``, ``gpus``, ``throughput``), ``None`` when none is given.
+
+    Raises:
+        ConfigError: hours and dollars both; dollars without a price; no throughput source;
+            a bad profile file or value (one line)."""
+    from allocopt.plan.throughput import gpu_hours_of, load_profile, time_budget
+
+    hours = gpu_hours_of(gpu_hours=budget_gpu_hours, usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour)
+    if hours is None:
+        if gpus is not None or throughput is not None:
+            raise ConfigError(("gpus" if gpus is not None else "throughput") + ": only used with a time "
+                              "budget; give --budget-gpu-hours H or --budget-usd D")
+        return None
+    profile = None if throughput is None else load_profile(throughput)
+    tb = time_budget(gpu_hours=hours, gpus=1 if gpus is None else gpus, profile=profile)
+    return {"budget_gpu_hours": tb.gpu_hours, "gpus": tb.gpus, "throughput": tb.profile.to_dict()}
+
+
+def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, Any]:
+    """The objective of ``spec`` and its workload (models built or loaded, cached after the
+    first run), refused when the budget (or, given ``pilot_fraction``, the pilot budget) buys
+    no iteration of any allocation (:func:`check_space_feasible`)."""
+    from rich.console import Console
+
+    obj = load_objective(spec.objective, spec.objective_settings)
+    with Console(stderr=True).status("building / loading the objective's models (cached after the first run)..."):
+        workload = obj.workload()
+    check_space_feasible(spec, workload, pilot_fraction)
+    return obj, workload
+
+
+def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, work: Any) -> tuple[Any, Any]:
+    """Run ``work(tracker)`` with the study's MLflow tracker (``None`` with ``no_mlflow``) and
+    close the tracker after it: parent run FINISHED when ``work`` returns, FAILED when it
+    raises, KILLED on Ctrl-C (then one line and exit 130: finished trials are kept). Returns
+    ``(what work returned, tracker)``.
+
+    Raises:
+        ConfigError: the study cannot start (:class:`allocopt.study.open.StudyError`).
+    """
+    from rich.console import Console
+
+    from allocopt.study.open import StudyError
+    from allocopt.study.storage import redact_url
+
+    with Console(stderr=True).status("opening MLflow tracking..."):
+        tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow, storage=storage)
+    status = "FAILED"  # the parent run is FINISHED only when the work ends normally
+    guard = one_interrupt()
+    try:
+        with guard:
+            result = work(tracker)
+        status = "FINISHED"
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
+    except KeyboardInterrupt:
+        status = "KILLED"
+        fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
+             "to resume", guard.exit_code)
+    finally:
+        with one_interrupt(raise_first=False):
+            close_tracker(tracker, spec.name, storage, status)
+    return result, tracker
+
+
+def objective_for_plans(spec: Any) -> Any:
+    """The objective of ``spec`` built without checking that this machine can train it: plans
+    need its workload only (``--dry-run``, ``ask``: the runs happen elsewhere).
+
+    Raises:
+        ConfigError: an unknown objective or setting (one line)."""
+    from allocopt.objective import get_objective
+
+    try:
+        return get_objective(spec.objective, **spec.objective_settings)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"objective={spec.objective!r}: {str(e).splitlines()[0]}") from None

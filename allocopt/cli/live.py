@@ -54,6 +54,14 @@ def study_estimate(obj: Any, budget_flops: float, num_full: int, num_pilots: int
             "more on a busy machine)")
 
 
+def finished_line(study: Any, s: Any) -> str:
+    """The one line a finished study prints instead of an estimate and an empty bar."""
+    from allocopt.study.loop import finished_full
+
+    return (f"study {s.name!r} is finished ({finished_full(study)} of {s.trials} full runs done); "
+            "nothing to run, --trials N runs more")
+
+
 class StudyDisplay:
     """The live lines of a running study or race on ``console`` (stderr).
 

@@ -97,7 +97,7 @@ def _load(study: Optional[str], storage: str, from_mlflow: Optional[List[str]], 
     if study:
         rows, source = load_rows_from_study(storage, study), f"study {study}"
     else:
-        from allocopt.cli.common import short_mlflow_requests
+        from allocopt.tracking.requests import short_mlflow_requests
 
         with short_mlflow_requests():  # an unreachable server: one line in seconds, not minutes
             rows = load_rows_from_mlflow(list(from_mlflow or []), mlflow_uri)
@@ -179,12 +179,20 @@ def pareto(
     as_json: bool = _JSON,
 ) -> None:
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
-    from allocopt.query.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
-
     rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     names = _split(objectives, "objectives") if objectives else stored_objectives(study, storage, from_mlflow, mlflow_uri)
+    print_front(rows, names, _split(directions, "directions") if directions else None, source, fidelity, as_json)
+
+
+def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], source: str,
+                fidelity: str, as_json: bool = False) -> None:
+    """The Pareto front of ``rows`` over the targets or fields ``names`` (directions ``dirs``,
+    default: maximize targets, minimize ``*_flops``), best first along the first, as a table or
+    one JSON document. Raises :class:`~allocopt.query.pareto.QueryError` for an unknown name."""
+    from allocopt.query.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
+
     keys = check_fields(rows, names)
-    dirs = _split(directions, "directions") if directions else [default_direction(k) for k in keys]
+    dirs = dirs or [default_direction(k) for k in keys]
     front = pareto_front(rows, keys, dirs)
     sign = 1 if dirs[0] == "maximize" else -1  # show the front along its first objective, best first
     front.sort(key=lambda r: (-sign * number(r, keys[0]), r.study, r.number))
@@ -214,7 +222,6 @@ def best(
 ) -> None:
     """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
     from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
-    from allocopt.query.pareto import number
 
     rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
     if target is None:
@@ -244,10 +251,20 @@ def best(
     if b is None:  # check_fields found a complete trial, so only a filter can empty this
         out.print(f"no complete trial of {source} matches")
         return
+    out.print(_best_table(b, key, d, source, evidence=bool(rec)))
+    if len(per) > 1:
+        out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
+                              [key], rows))
+
+
+def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
+    """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets and compute."""
+    from allocopt.query.pareto import field_label, number
+
     total = number(b, "total_flops")
     share = (lambda p: f" ({number(b, p) / total:.0%})") if total > 0 else (lambda p: "")
     t = Table(title=f"Best observed trial for {field_label(key)} ({d}) in {source}"
-                    + (" (evidence)" if rec else ""), show_header=False)
+                    + (" (evidence)" if evidence else ""), show_header=False)
     for k, v in (("trial", f"{b.study} #{b.number}" if b.study else f"#{b.number}"),
                  ("fidelity", b.fidelity),
                  ("rho (update fraction)", _f(number(b, "rho"), ".4f")),
@@ -261,10 +278,7 @@ def best(
                  ("total FLOPs", _f(total, ".3e")),
                  ("realized rho", _f(number(b, "realized_rho"), ".4f"))):
         t.add_row(k, v)
-    out.print(t)
-    if len(per) > 1:
-        out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
-                              [key], rows))
+    return t
 
 
 # ---------------------------------------------------------------------------- report

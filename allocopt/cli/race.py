@@ -1,5 +1,9 @@
 """``allocopt race``: RACE pilots, the regime table, and validation runs (or their plans).
 
+The command parses, runs :func:`allocopt.study.race.run_race` (which stores the answer in the
+study and on the MLflow parent run) with a live display (:func:`race_live`, shared with
+``allocopt study``) and prints what the race found (:func:`print_race`).
+
 Registered on the app by :func:`register` (``allocopt/cli/__init__.py``). This module does not import
 ``allocopt.cli`` (``python -m allocopt.cli`` runs that file as ``__main__``): bad input is raised
 as :class:`~allocopt.flops.ConfigError`, which ``main`` turns into one line and exit code 2.
@@ -26,6 +30,11 @@ from allocopt.cli.race_tables import proposal_table, regime_table, validation_ta
 out = Console()
 err = Console(stderr=True)
 
+
+
+from allocopt.cli.common import time_flags  # noqa: E402
+
+_TIME = time_flags()
 
 def _json(obj: Any) -> str:
     """Strict JSON (NaN and infinities as ``null``)."""
@@ -99,6 +108,11 @@ def race(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots. \\[default: 0]"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
+    gpus: Optional[int] = _TIME["gpus"],
+    budget_usd: Optional[float] = _TIME["budget_usd"],
+    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
+    throughput: Optional[Path] = _TIME["throughput"],
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
 ) -> None:
@@ -106,60 +120,121 @@ def race(
     (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
     learns the pilots' budget drift proposes full-budget validation runs; the same-regime table
     checks the pilots."""
-    from dataclasses import replace
+    from allocopt.cli.common import read_spec
 
-    from allocopt.plan.allocation import check_budget
-    from allocopt.cli.common import quiet_library_warnings
-    from allocopt.race import RaceSettings, check_pilot_fraction, pilot_grid
-
-    quiet_library_warnings()
-    from allocopt.spec import StudySpec
-
-    if spec is None and budget is None:
-        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
     if spec is None and target is None:
         raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
                           "pass@1:math500, judge) or --spec FILE")
-    b = None if budget is None else check_budget(budget)
-    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
-    s = base.with_overrides(budget_flops=b, target=target, objective=objective, name=study_name, seed=seed)
-    if set_:
-        from allocopt.cli.common import parse_settings
+    from dataclasses import replace
 
-        s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
-    f = check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction)
-    s = replace(s, pilot_fraction=f)  # the study records it; the recommendation reopens it
+    from allocopt.race import check_pilot_fraction
+
+    s = read_spec(spec, budget, set_, time=dict(budget_gpu_hours=budget_gpu_hours, gpus=gpus, budget_usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour, throughput=throughput), target=target, objective=objective, name=study_name, seed=seed)
+    if s.time_budget is not None:
+        raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); use allocopt study --pilots 0 or a FLOP budget (--budget)")
+    s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
-    settings = replace(RaceSettings(), **{k: v for k, v in dict(
-        max_pilots=max_pilots, repeats=repeats, replicates=replicates, batch_size=batch_size,
-        extra_pilot_budget=extra_pilot_budget).items() if v is not None})
+    settings = race_settings(max_pilots=max_pilots, repeats=repeats, replicates=replicates,
+                             batch_size=batch_size, extra_pilot_budget=extra_pilot_budget)
+    res, _ = race_live(s, settings, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
+                       validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose)
+    print_race(s, res, propose_only=propose_only, as_json=as_json)
+
+
+def race_settings(**given: Any) -> Any:
+    """:class:`allocopt.race.RaceSettings` with the flags that were given (``None``: default)."""
+    from dataclasses import replace
+
+    from allocopt.race import RaceSettings
+
+    return replace(RaceSettings(), **{k: v for k, v in given.items() if v is not None})
+
+
+def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
+              validations: int, propose_only: bool = False, quiet: bool = False,
+              verbose: bool = False) -> tuple[Any, Any]:
+    """:func:`allocopt.study.race.run_race` of ``s`` with a live display on stderr (none with
+    ``quiet``) and the study's MLflow tracker (:func:`allocopt.cli.common.tracked`); the regime
+    table goes on the parent run. Bad input (pilot fraction, space, pilot count, a budget too
+    small, storage) is refused before anything is recorded. Returns ``(RaceResult, tracker)``."""
+    from dataclasses import replace
+
+    from allocopt.cli.common import check_storage, load_workload, tracked
+    from allocopt.cli.live import StudyDisplay
+    from allocopt.race import check_pilot_fraction, pilot_grid
+    from allocopt.study.race import run_race
+
+    s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction))  # the study records it
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
-
-    from allocopt.cli.common import check_space_feasible, check_storage, load_objective, make_tracker
-
-    obj = load_objective(s.objective, s.objective_settings)
-    with err.status("building / loading the objective's models (cached after the first run)..."):
-        workload = obj.workload()
-    check_space_feasible(s, workload, f)  # pilots or full runs no allocation can buy: refused
+    obj, workload = load_workload(s, s.pilot_fraction)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
-    with err.status("opening MLflow tracking..."):
-        tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
+    left = None if propose_only else _race_left(s, settings, storage, workload, validations)
+    opened = left.pop("study") if left is not None else None
+    done = left is not None and not any(left.values())
+    if done and not quiet:  # one line, then the answer: no estimate, no empty bar
+        from allocopt.cli.live import finished_line
 
-    from allocopt.cli.common import close_tracker, one_interrupt
-    from allocopt.cli.live import StudyDisplay, study_estimate
-    from allocopt.race import run_race, same_regime_rate
-    from allocopt.study.open import StudyError
+        err.print(finished_line(opened, replace(s, trials=validations)), highlight=False, markup=False,
+                  soft_wrap=True)
+    num_full = validations if left is None else left["full"] + left["retries"]
+    live = StudyDisplay(err, s, num_full=num_full, disable=quiet or done)
 
-    live = StudyDisplay(err, s, num_full=validations, disable=as_json)
+    def work(tracker: Any) -> Any:
+        with live:
+            live.step("opening the study and the pilot design")
+            res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
+                           pilot_fraction=s.pilot_fraction, validations=validations,
+                           propose_only=propose_only, settings=settings,
+                           on_phase=_on_phase(live, s, obj, len(design), 0 if propose_only else num_full, done),
+                           on_trial_start=live.on_start, on_trial_end=None if quiet else live.on_end,
+                           progress=live.progress, verbose=verbose)
+        if tracker:
+            tracker.log_text(_text(regime_table(res.diagnoses, res.pilot_budget_flops, s.target,
+                                                bool(s.space.models))), "regime_table.txt")
+        return res
+
+    return tracked(s, storage, mlflow_uri, no_mlflow, work)
+
+
+def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: int) -> Any:
+    """:func:`allocopt.study.loop.work_left` of an existing race study (plus the opened study
+    under ``"study"``), as :func:`allocopt.study.race.run_race` will run it; ``None`` for a
+    study not there yet."""
+    from dataclasses import replace
+
+    from allocopt.query.sources import study_names
+    from allocopt.study.loop import work_left
+    from allocopt.study.open import open_study
+    from allocopt.study.sampler import RaceSampler
+
+    try:
+        if s.name not in study_names(storage):
+            return None
+    except Exception:  # noqa: BLE001 - no store yet: a new study
+        return None
+    r = replace(s, trials=max(validations, 1))
+    sampler = RaceSampler(r.space, budget_flops=r.budget_flops, pilot_fraction=r.pilot_fraction,
+                          workload=workload, settings=settings, seed=r.seed)
+    study = open_study(r, storage, sampler)
+    left = work_left(study, replace(r, trials=validations), sampler)
+    return {**left, "study": study}
+
+
+def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finished: bool = False) -> Any:
+    """What the live display says at each phase of the race (nothing for a finished study)."""
+    from allocopt.cli.live import study_estimate
+
+    f = s.pilot_fraction
 
     def on_phase(phase: str, payload: Any) -> None:
+        if finished:
+            return
         if phase == "pilots":
             live.pilots_to_run(len(payload))
-            live.note(f"RACE {s.name}: {len(payload)} of {len(design)} pilot run(s) to do at "
+            live.note(f"RACE {s.name}: {len(payload)} of {num_design} pilot run(s) to do at "
                       f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
-            estimate = study_estimate(obj, s.budget_flops, 0 if propose_only else validations,
-                                      len(payload), f)
+            estimate = study_estimate(obj, s.budget_flops, num_full, len(payload), f)
             if estimate:
                 live.note(estimate)
         elif phase == "proposals":
@@ -168,35 +243,19 @@ def race(
                 for p in payload))
         elif phase == "diagnoses":
             live.step("proposing the full-budget runs (surrogate fit)")
+    return on_phase
 
-    status = "FAILED"  # the parent run is FINISHED only when the race ends normally
-    guard = one_interrupt()
-    try:
-        with guard, live:
-            live.step("opening the study and the pilot design")
-            res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                           pilot_fraction=f, validations=validations, propose_only=propose_only,
-                           settings=settings, on_phase=on_phase, on_trial_start=live.on_start,
-                           on_trial_end=None if as_json else live.on_end, progress=live.progress,
-                           verbose=verbose)
-        _record(s, storage, tracker, res)
-        status = "FINISHED"
-    except StudyError as e:
-        raise ConfigError(str(e)) from None
-    except KeyboardInterrupt:
-        status = "KILLED"
-        from allocopt.study.storage import redact_url
 
-        sys.stderr.write(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
-                         "to resume\n")
-        sys.exit(guard.exit_code)
-    finally:
-        with one_interrupt(raise_first=False):
-            close_tracker(tracker, s.name, storage, status)
+def print_race(s: Any, res: Any, *, propose_only: bool = False, as_json: bool = False) -> None:
+    """What a race found: one JSON document, or the regime table, the proposals (with
+    ``propose_only``: as ready-to-run JSON), the validation table, the stored answer and the
+    surrogate's timings."""
+    from allocopt.race import same_regime_rate
+
     rate_all = same_regime_rate(res.validation, validated_only=False)
     if as_json:
         doc = {"study": s.name, "budget_flops": s.budget_flops, "target": s.target,
-               "pilot_fraction": f, **res.to_dict(), "same_regime_rate_all": rate_all}
+               "pilot_fraction": s.pilot_fraction, **res.to_dict(), "same_regime_rate_all": rate_all}
         sys.stdout.write(_json(doc) + "\n")
         return
     out.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
@@ -210,16 +269,9 @@ def race(
         out.print(proposal_table(res.proposals))
     if res.validation:
         out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
-    if res.recommendation is not None and not propose_only:
-        from allocopt.race.answer import recommendation_dict, recommendation_lines
-        from allocopt.study.open import open_study
+    if res.recommendation is not None and not propose_only:  # stored by run_race
+        from allocopt.race.answer import recommendation_lines
 
-        rec = recommendation_dict(res.recommendation, s.target)
-        from dataclasses import replace as _replace
-
-        open_study(_replace(s, pilots=0), storage).set_user_attr("recommendation", rec)
-        if tracker:
-            tracker.log_recommendation(rec)
         for line in recommendation_lines(res.recommendation, s.target):
             out.print(line, highlight=False, markup=False)
     fits = res.timings.get("fit_seconds") or []
@@ -229,14 +281,11 @@ def race(
                   f"{sum(props) / max(1, len(props)):.2f} s each", highlight=False)
 
 
-def _record(s: Any, storage: str, tracker: Any, res: Any) -> None:
-    """Put the regime table on the MLflow parent run (``run_study`` logs the spec and counts)."""
-    if tracker:
-        from rich.console import Console
-
-        con = Console(width=80, record=True, file=io.StringIO())
-        con.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
-        tracker.log_text(con.export_text(), "regime_table.txt")
+def _text(table: Any) -> str:
+    """A rich table as plain text, 80 columns."""
+    con = Console(width=80, record=True, file=io.StringIO())
+    con.print(table)
+    return con.export_text()
 
 
 def register(app: typer.Typer) -> None:

@@ -2,10 +2,15 @@
 ``--pilots 0``; and the summary it prints at the end (the one answer, the best observed trial
 as evidence, the counts).
 
-Registered on the app by :func:`register` (``allocopt/cli/__init__.py``); like ``commands_race`` it does
-not import ``allocopt.cli``: bad input is raised as :class:`~allocopt.flops.ConfigError`
-(``main`` prints one line, exit code 2). Optuna, torch and the objectives are imported inside
-the command.
+The command parses (:func:`allocopt.cli.common.read_spec`: the study file read and the budget
+parsed once), runs the study with one library call (:func:`allocopt.study.race.run_race` through
+:func:`allocopt.cli.race.race_live` with RACE, else :func:`allocopt.study.loop.run_study`; both
+store the study's answer themselves), prints the summary, and logs the report into the MLflow
+parent run (:func:`allocopt.query.parent_report.report_into_parent`).
+
+Registered on the app by :func:`register` (``allocopt/cli/__init__.py``); it does not import
+``allocopt.cli``: bad input is raised as :class:`~allocopt.flops.ConfigError` (``main`` prints
+one line, exit code 2). Optuna, torch and the objectives are imported inside the command.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from allocopt.cli.common import fail
 from allocopt.study.storage import DEFAULT_STORAGE
-from allocopt.cli.common import fail, parse_settings as _settings
 from allocopt.cli.account import fmt_flops
+from allocopt.cli.common import time_flags
 from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
+_TIME = time_flags()
 
 
 def study(
@@ -41,6 +48,11 @@ def study(
     pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
+    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
+    gpus: Optional[int] = _TIME["gpus"],
+    budget_usd: Optional[float] = _TIME["budget_usd"],
+    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
+    throughput: Optional[Path] = _TIME["throughput"],
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
     replicates: Optional[int] = typer.Option(None, help="RACE: extra seeds of the leading full run when it is within one evaluation's noise of another cell's best; each counts as a full trial. \\[default: 0]"),
@@ -52,181 +64,149 @@ def study(
     (every trial failed or was infeasible: nothing to recommend); 2 bad input, refused before
     anything is recorded; 130 interrupted (finished trials are kept; the same command resumes).
     """
-    from allocopt.cli.common import quiet_library_warnings
+    from allocopt.cli.common import read_spec
 
-    quiet_library_warnings()
-    from allocopt.spec import StudySpec
-    from allocopt.study.loop import dry_run as plans_over_space, run_study
-    from allocopt.study.open import StudyError
-    from allocopt.study.trial import rows
-
-    from allocopt.plan.allocation import check_budget
-
-    if spec is None and budget is None:
-        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --spec FILE")
-    b = None if budget is None else check_budget(budget)
-    base = StudySpec.from_toml(spec, b) if spec else StudySpec()
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
-    s = base.with_overrides(budget_flops=b, target=tgt, objective=objective, trials=trials,
-                            name=study_name, seed=seed, sampler=sampler, pilots=pilots,
-                            pilot_fraction=pilot_fraction)
-    if set_:
-        from dataclasses import replace as _replace
-
-        s = _replace(s, objective_settings={**s.objective_settings, **_settings(set_)})
-    from allocopt.cli.common import load_objective, make_tracker
-
-    if dry_run:  # plans need the workload only, not a machine that can train
-        from allocopt.objective import get_objective
-
-        try:
-            obj = get_objective(s.objective, **s.objective_settings)
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"objective={s.objective!r}: {str(e).splitlines()[0]}") from None
-    else:
-        obj = load_objective(s.objective, s.objective_settings)
+    s = read_spec(spec, budget, set_, time=dict(budget_gpu_hours=budget_gpu_hours, gpus=gpus, budget_usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour, throughput=throughput), target=tgt, objective=objective, trials=trials, name=study_name,
+                  seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction)
     if dry_run:
-        with err.status("loading the objective's models..."):
-            workload = obj.workload()
-        from rich import box
-
-        t = Table(title=f"Plans for {fmt_flops(s.budget_flops)} FLOPs per trial ({s.objective}); nothing is run",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
-        plans = plans_over_space(s, workload)
-        notes = any(note for _, _, note in plans)  # a note column only when a plan has one
-        for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
-                  *(("note",) if notes else ())):
-            t.add_column(c, justify="left" if c in ("reward", "note") else "right")
-        for a, p, note in plans:
-            if p is None:
-                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * 7, f"[red]{note}[/]")
-            else:
-                e = p.expected.executed
-                share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
-                t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
-                          f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
-                          share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
-                          *((note,) if notes else ()))
-        t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
-                     "search/learn/rwd: shares of the executed FLOPs")
-        out.print(t)
-        if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
-            from allocopt.cli.race import pilot_table
-
-            table, line = pilot_table(s, workload)
-            out.print(table)
-            out.print(line, highlight=False)
-        if hasattr(obj, "length_sources"):
-            out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
-        return
-    if replicates is not None and (s.pilots == 0 or s.multi_objective):
-        raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
-                          "plain BO (--pilots 0, or several targets) has no leader to repeat")
-    if s.multi_objective and s.pilots != 0:
-        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
-                  "pilots (as --pilots 0)", highlight=False)
-        from dataclasses import replace
-
-        s = replace(s, pilots=0)
+        return print_plans(s)
+    if s.time_budget is not None and s.pilots != 0 and not s.multi_objective:
+        raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); give --pilots 0 (plain Bayesian optimization) or a FLOP budget (--budget)")
+    s = _race_terms(s, pilots, replicates)
+    run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose)
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
-        from dataclasses import replace
+        from allocopt.cli.race import print_race, race_live, race_settings
 
-        from allocopt.race import RaceSettings, pilot_grid
-
-        try:  # the pilot count is checked here, under the name the user gave it
-            pilot_grid(s.space, RaceSettings(max_pilots=s.pilots), s.seed)
-        except ConfigError as e:
-            name = f"--pilots {s.pilots}" if pilots is not None else f"pilots={s.pilots} (study file)"
-            raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None
-
-        from allocopt.cli.race import race
-        from allocopt.study.open import open_study
-
-        race(spec=spec, budget=repr(s.budget_flops) if b is None and spec is None else (None if b is None else repr(b)),
-             target=tgt if tgt is not None or spec is not None else s.target, objective=objective,
-             pilot_fraction=s.pilot_fraction, validations=s.trials, propose_only=False,
-             study_name=study_name, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
-             seed=seed, max_pilots=s.pilots, repeats=None, replicates=replicates, batch_size=None,
-             extra_pilot_budget=None,
-             as_json=False, set_=set_, verbose=verbose)
-        # opened for the summary only: no RACE sampler needed (nor its checks of the grid)
-        st = open_study(replace(s, pilots=0), storage)
-        print_study_summary(st, s, storage,  # race printed its answer, if it made one
-                            show_answer=not st.user_attrs.get("recommendation"))
-        if not no_mlflow and not no_report:
-            report_into_parent(s.name, storage, mlflow_uri)
-        if not no_mlflow:
-            for line in mlflow_lines(_experiment_of(s.name, mlflow_uri)):
-                out.print(line, highlight=False, markup=False, soft_wrap=True)
-        return
-    from allocopt.cli.common import check_space_feasible, check_storage
-    from allocopt.study.open import open_study
-
-    with err.status("building / loading the objective's models (cached after the first run)..."):
-        workload = obj.workload()
-    check_space_feasible(s, workload)  # a budget no allocation can use: refused, nothing recorded
-    check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
-    if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
-        from allocopt.cli.common import probe_tracking
-
-        probe_tracking(s.name, mlflow_uri)
-    try:  # a bad storage URL or a mismatched study fails before any work
-        with err.status("opening the study..."):
-            opened = open_study(s, storage)
-    except StudyError as e:
-        raise ConfigError(str(e)) from None
-    with err.status("opening MLflow tracking..."):
-        tracker = make_tracker(s.name, mlflow_uri, enabled=not no_mlflow)
-    from allocopt.cli.common import close_tracker, one_interrupt
-    from allocopt.cli.live import StudyDisplay, study_estimate
-
-    to_do = max(0, s.trials - sum(1 for r in rows(opened) if r.fidelity == "full" and r.state == "COMPLETE"))
-    with StudyDisplay(err, s, num_full=to_do) as live:  # a resumed study counts the runs it has left
-        estimate = study_estimate(obj, s.budget_flops, to_do)
-        if estimate:
-            live.note(estimate)
-        live.step("opening the study and its sampler")
-        status = "FAILED"  # the parent run is FINISHED only when the loop ends normally
-        try:
-            with one_interrupt() as guard:
-                st = run_study(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
-                               on_trial_start=live.on_start, on_trial_end=live.on_end,
-                               progress=live.progress, verbose=verbose)
-            status = "FINISHED"
-        except StudyError as e:
-            raise ConfigError(str(e)) from None
-        except KeyboardInterrupt:
-            status = "KILLED"
-            from allocopt.study.storage import redact_url
-
-            fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
-                 "to resume", guard.exit_code)
-        finally:
-            with one_interrupt(raise_first=False):
-                close_tracker(tracker, s.name, storage, status)
-    print_study_summary(st, s, storage)
+        res, tracker = race_live(s, race_settings(max_pilots=s.pilots, replicates=replicates),
+                                 validations=s.trials, **run)
+        print_race(s, res)
+        st = res.study  # race printed its answer, if it made one
+        print_study_summary(st, s, storage, show_answer=not st.user_attrs.get("recommendation"))
+    else:
+        st, tracker = study_live(s, **run)
+        print_study_summary(st, s, storage)
     if tracker is not None and not no_report:
         report_into_parent(s.name, storage, mlflow_uri)
     for line in mlflow_lines(tracker):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str]) -> None:
-    """Log the study's report (``allocopt report``: ``report.html`` and its PNGs) into its
-    MLflow parent run, artifacts ``report/``, and say so in one line. Never fails a finished
-    study: an error becomes one line saying how to make the report by hand."""
-    import contextlib
-    import io
-    import tempfile
+def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any:
+    """``s`` as the study runs it: several targets run without RACE (a note says so);
+    ``--replicates`` refused without RACE, the pilot count checked under the name the user
+    gave it (``--pilots`` or the study file's ``pilots``)."""
+    from dataclasses import replace
 
-    from allocopt.cli.query import report
+    if replicates is not None and (s.pilots == 0 or s.multi_objective):
+        raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
+                          "plain BO (--pilots 0, or several targets) has no leader to repeat")
+    if s.multi_objective and s.pilots != 0:
+        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
+                  "pilots (as --pilots 0)", highlight=False)
+        return replace(s, pilots=0)
+    if s.pilots != 0:
+        from allocopt.race import RaceSettings, pilot_grid
+
+        try:
+            pilot_grid(s.space, RaceSettings(max_pilots=s.pilots), s.seed)
+        except ConfigError as e:
+            name = f"--pilots {s.pilots}" if pilots is not None else f"pilots={s.pilots} (study file)"
+            raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None
+    return s
+
+
+def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
+               verbose: bool = False) -> tuple[Any, Any]:
+    """:func:`allocopt.study.loop.run_study` of ``s`` (plain BO) with a live display on stderr
+    and the study's MLflow tracker (:func:`allocopt.cli.common.tracked`). Bad input (a budget
+    no allocation can use, the storage, MLflow's store, the study's terms) is refused before
+    anything is recorded. Returns ``(study, tracker)``."""
+    from allocopt.cli.common import check_storage, load_workload, probe_tracking, tracked
+    from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
+    from allocopt.study.loop import run_study, work_left
+    from allocopt.study.open import StudyError, open_study
+
+    obj, workload = load_workload(s)
+    check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
+    if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
+        probe_tracking(s.name, mlflow_uri)
+    try:
+        with err.status("opening the study..."):
+            opened = open_study(s, storage)
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
+    left = work_left(opened, s)
+    to_do = left["full"] + left["retries"]
+    if not to_do:  # one line, then the answer (the summary): no estimate, no empty bar
+        err.print(finished_line(opened, s), highlight=False, markup=False, soft_wrap=True)
+
+    def work(tracker: Any) -> Any:
+        with StudyDisplay(err, s, num_full=to_do, disable=not to_do) as live:  # a resumed study counts its runs left
+            estimate = study_estimate(obj, s.budget_flops, to_do)
+            if estimate:
+                live.note(estimate)
+            live.step("opening the study and its sampler")
+            return run_study(s, objective=obj, workload=workload, study=opened, tracker=tracker,
+                             on_trial_start=live.on_start, on_trial_end=live.on_end,
+                             progress=live.progress, verbose=verbose)
+
+    return tracked(s, storage, mlflow_uri, no_mlflow, work)
+
+
+def print_plans(s: Any) -> None:
+    """``--dry-run``: the plans the budget buys over the space (and RACE's pilot plans); runs
+    nothing. Needs the objective's workload only, not a machine that can train."""
+    from rich import box
+
+    from allocopt.cli.common import objective_for_plans
+    from allocopt.study.loop import dry_run as plans_over_space
+
+    obj = objective_for_plans(s)
+    with err.status("loading the objective's models..."):
+        workload = obj.workload()
+    tb = s.time_budget
+    head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
+            if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
+    t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
+    plans = plans_over_space(s, workload)
+    notes = any(note for _, _, note in plans)  # a note column only when a plan has one
+    for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
+              *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
+        t.add_column(c, justify="left" if c in ("reward", "note") else "right")
+    for a, p, note in plans:
+        if p is None:
+            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * (9 if tb else 7), f"[red]{note}[/]")
+        else:
+            e = p.expected.executed
+            share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
+            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
+                      f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
+                      share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
+                      *((f"{p.budget_flops:.2e}", f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
+                      *((note,) if notes else ()))
+    t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
+                 "search/learn/rwd: shares of the executed FLOPs")
+    out.print(t)
+    if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1 and s.time_budget is None:
+        from allocopt.cli.race import pilot_table
+
+        table, line = pilot_table(s, workload)
+        out.print(table)
+        out.print(line, highlight=False)
+    if hasattr(obj, "length_sources"):
+        out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+
+
+def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str]) -> None:
+    """:func:`allocopt.query.parent_report.report_into_parent`, said in one line. Never fails
+    a finished study: an error becomes one line saying how to make the report by hand."""
+    from allocopt.query.parent_report import report_into_parent as log_report
 
     try:
-        with err.status("writing the report into the MLflow parent run..."), \
-                tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-            report(out_dir=Path(tmp), study=study_name, storage=storage, from_mlflow=None,
-                   mlflow_uri=mlflow_uri, targets=None, pareto_of=None, where=None, fidelity="all",
-                   title=None, mlflow_run="parent")
+        with err.status("writing the report into the MLflow parent run..."):
+            log_report(study_name, storage, mlflow_uri)
     except Exception as e:  # noqa: BLE001 - the study is done: never lose it over its report
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         err.print(f"note: the report was not logged to MLflow ({reason}); make it with `allocopt "
@@ -235,23 +215,6 @@ def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str])
         return
     out.print("MLflow: the report (report.html and its figures) is in the study's parent run, "
               "artifacts report/", highlight=False, markup=False)
-
-
-def _experiment_of(study_name: str, mlflow_uri: Optional[str]) -> Any:
-    """``tracking_uri`` and ``experiment_id`` of the study's MLflow experiment (what
-    :func:`mlflow_lines` reads off a tracker), or ``None`` when it cannot be found."""
-    try:
-        from types import SimpleNamespace
-
-        from mlflow import MlflowClient
-
-        from allocopt.tracking.tracker import _resolve_uri
-
-        uri = _resolve_uri(mlflow_uri)
-        exp = MlflowClient(uri).get_experiment_by_name(f"allocopt/{study_name}")
-        return SimpleNamespace(tracking_uri=uri, experiment_id=exp.experiment_id) if exp else None
-    except Exception:  # noqa: BLE001 - a hint only: never fail a finished study over it
-        return None
 
 
 def mlflow_lines(tracker: Any) -> list[str]:
@@ -263,8 +226,11 @@ def mlflow_lines(tracker: Any) -> list[str]:
         return []
     from allocopt.tracking import runs_view_url
 
+    from allocopt.study.storage import without_password
+
     uri, exp = str(tracker.tracking_uri), str(tracker.experiment_id)
     if uri.startswith(("http://", "https://")):
+        uri = without_password(uri)[0]  # the link opens in a browser, which asks for the login
         return [f"MLflow runs: {runs_view_url(uri, exp)}"]
     if not uri.startswith("sqlite:///"):
         return []
@@ -282,20 +248,22 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     """Final table: the top trials (the Pareto front when the study has several targets), the
     one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
     observed trial as evidence."""
-    from allocopt.study.trial import rows
+    from allocopt.record import rows
 
     if s.multi_objective:
-        from allocopt.cli.query import pareto
+        from allocopt.cli.query import print_front
+        from allocopt.query.sources import load_rows_from_study
 
-        pareto(objectives=",".join(s.targets), study=s.name, storage=storage, from_mlflow=None,
-               mlflow_uri=None, directions=None, where=None, fidelity="full", as_json=False)
+        rows = [r for r in load_rows_from_study(storage, s.name) if r.fidelity == "full"]
+        print_front(rows, list(s.targets), None, f"study {s.name}", "full")
         return
 
-    from allocopt.study.trial import was_interrupted
+    from allocopt.record import TrialRecord
 
     trials = st.get_trials(deepcopy=False)
-    stopped = {t.number for t in trials if was_interrupted(t)}  # Ctrl-C: run again, not failed
-    full = {t.number for t in trials if t.user_attrs.get("fidelity", "full") == "full"} - stopped
+    recs = [TrialRecord.of(t) for t in trials]
+    stopped = {r.number for r in recs if r.interrupted}  # Ctrl-C: run again, not failed
+    full = {r.number for r in recs if r.fidelity == "full"} - stopped
     all_rows = [r for r in rows(st) if r.number in full]
     n_pilots = len(rows(st)) - len(all_rows) - len(stopped)
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
@@ -308,23 +276,7 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
                  "(their errors are in the trial lines above and in MLflow)", 1)
         out.print("no complete full-budget trial yet")
         return
-    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
-    models = bool(s.space.models)  # a column only when the space searches over policy models
-    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
-              "search", "learn", "rwd", "FLOPs"):
-        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
-    for r in done[:8]:
-        m = r.metrics
-        tot = m.get("total_flops") or 1
-        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
-                  str(r.params.get("group_size", s.space.group_sizes[0])),
-                  str(r.params.get("reward", s.space.rewards[0])),
-                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
-                  f"{r.value:.4f}",
-                  *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
-                  fmt_flops(m.get("total_flops", 0)))
-    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
-    out.print(t)
+    out.print(_top_trials(done[:8], s))
     from allocopt.race.answer import allocation_text, evidence_line, recommendation_lines
     from allocopt.spec import allocation_of
 
@@ -357,6 +309,27 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
                   f"heartbeat expires): this answer covers the finished ones; the last worker to "
                   f"finish prints and stores the final answer (`allocopt best --study {s.name}` "
                   "reads it)", highlight=False, markup=False)
+
+
+def _top_trials(done: list[Any], s: Any) -> Table:
+    """The top complete full-budget trials of study ``s``: allocation, target, compute shares."""
+    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
+    models = bool(s.space.models)  # a column only when the space searches over policy models
+    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
+              "search", "learn", "rwd", "FLOPs"):
+        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
+    for r in done:
+        m = r.metrics
+        tot = m.get("total_flops") or 1
+        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
+                  str(r.params.get("group_size", s.space.group_sizes[0])),
+                  str(r.params.get("reward", s.space.rewards[0])),
+                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
+                  f"{r.value:.4f}",
+                  *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
+                  fmt_flops(m.get("total_flops", 0)))
+    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
+    return t
 
 
 def register(app: typer.Typer) -> None:

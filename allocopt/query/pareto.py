@@ -1,9 +1,9 @@
 """Queries over finished trials: Pareto fronts over several targets, best per target, filters.
 
 Rows come from an Optuna study or from MLflow experiments, across studies
-(:mod:`allocopt.query.sources`); both give :class:`Row`. The query functions
+(:mod:`allocopt.query.sources`); both give :class:`allocopt.record.TrialRow`. The query functions
 take any rows with ``number``, ``state``, ``params``, ``targets`` and ``metrics``
-(:class:`allocopt.study.loop.TrialRow` too; a row without ``fidelity`` counts as ``full``).
+(a row without ``fidelity`` counts as ``full``).
 
 Names
 =====
@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from allocopt.spec import TARGETS, target_key, target_label
-from allocopt.study.loop import TrialRow
 
 DIRECTIONS = ("maximize", "minimize")
 ALLOCATION = ("rho", "group_size", "reward", "model")
@@ -49,25 +47,6 @@ _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_@:.]*)\s*(!=|>=|<=|==|=|>|<)\s*(\
 
 
 from allocopt.errors import QueryError  # noqa: E402,F401  (defined there; imported from here too)
-
-
-@dataclass
-class Row(TrialRow):
-    """One trial for queries: a :class:`~allocopt.study.loop.TrialRow` plus where it came from.
-
-    ``params`` holds the whole allocation (``rho``, ``group_size``, ``reward``, ``model``), also
-    the dimensions a study kept fixed; ``metrics`` the executed breakdown as the study logs it
-    (FLOPs as floats; its ``rho`` is the realized ρ, queried as ``realized_rho``).
-    """
-
-    fidelity: str = "full"
-    """``full`` (the whole budget) or ``pilot`` (a fraction of it, in a RACE grid)."""
-    study: str = ""
-    """Study name (Optuna study; MLflow experiment ``allocopt/<study>``)."""
-    plan: dict[str, Any] = field(default_factory=dict)
-    """``TrialPlan.to_dict()`` where known (budget, iterations, update passes, ...)."""
-    run_id: str | None = None
-    """MLflow run id of the trial, for rows read from MLflow."""
 
 
 # ============================================================================ fields
@@ -183,7 +162,7 @@ def pareto_front(rows: Sequence[Any], objectives: Sequence[str],
     not ``COMPLETE`` or lack a finite value of some objective (NaN, missing) are excluded.
 
     Args:
-        rows: trials (:class:`Row` or :class:`~allocopt.study.loop.TrialRow`).
+        rows: trials (:class:`allocopt.record.TrialRow`).
         objectives: ``k`` field names (``pass@1``, ``judge``, ``total_flops``, ...; see the
             module docstring).
         directions: ``k`` of ``maximize`` / ``minimize``; default :func:`default_direction`.
@@ -332,7 +311,7 @@ def row_dict(row: Any) -> dict[str, Any]:
             "run_id": getattr(row, "run_id", None)}
 
 
-__all__ = ["ALLOCATION", "BREAKDOWN", "DIRECTIONS", "QueryError", "Row", "best", "best_per",
+__all__ = ["ALLOCATION", "BREAKDOWN", "DIRECTIONS", "QueryError", "best", "best_per",
            "check_fields", "default_direction", "field_key", "field_label", "filter_rows",
            "known_fields", "measured_targets",
            "number", "pareto_front", "parse_where", "row_dict", "to_dataframe"]

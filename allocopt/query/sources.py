@@ -1,6 +1,6 @@
 """Where query rows come from: an Optuna study's storage, or MLflow experiments across studies.
 
-:func:`load_rows_from_study` and :func:`load_rows_from_mlflow` give :class:`allocopt.query.pareto.Row`
+:func:`load_rows_from_study` and :func:`load_rows_from_mlflow` give :class:`allocopt.record.TrialRow`
 (the queries of :mod:`allocopt.query.pareto` and the report read those); :func:`resolve_tracking_uri`
 is the MLflow store they and the report's artifact logging use. A store that cannot be opened,
 an unknown study or experiment raise :class:`allocopt.query.pareto.QueryError` with one line.
@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from allocopt.query.pareto import ALLOCATION, TARGET_KEYS, QueryError, Row, _finite
+from allocopt.query.pareto import ALLOCATION, TARGET_KEYS, QueryError, _finite
+from allocopt.record import TrialRow, records
+from allocopt.tracking.layout import (CURVE_PREFIX, EXPERIMENT_PREFIX, ROLE_TRIAL, TAG_ERROR, TAG_FIDELITY,
+                                      TAG_ROLE, TAG_STATE, TAG_STUDY, TAG_TRIAL)
+
 
 def _check_sqlite(url: str, what: str) -> None:
     """A ``sqlite:///path`` URL must name an existing file (opening would create an empty one)."""
@@ -45,7 +49,9 @@ def study_names(storage: str) -> list[str]:
 
 
 def open_study_for_query(storage: str, study_name: str) -> Any:
-    """The Optuna study ``study_name`` in ``storage``, loaded (never created).
+    """The Optuna study ``study_name`` in ``storage``, loaded (never created), with what
+    stopped workers left settled first (:func:`allocopt.study.storage.reconcile_on_open`; best
+    effort: a store that cannot be written is read as it is).
 
     Raises:
         QueryError: the storage cannot be opened or has no such study (the message lists the
@@ -58,11 +64,20 @@ def open_study_for_query(storage: str, study_name: str) -> Any:
         from allocopt.study.storage import redact_url
 
         raise QueryError(f"study={study_name!r}: not found in {redact_url(storage)}; known: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=study_name, storage=storage)
+    try:  # settle what stopped workers left, as every opening does (best effort: a read-only
+        from allocopt.study.storage import make_storage, reconcile_on_open, register  # store is still read)
+
+        store = make_storage(storage)
+        study = optuna.load_study(study_name=study_name, storage=store)
+        register(study, store)
+        reconcile_on_open(study)
+        return study
+    except Exception:  # noqa: BLE001 - the query reads what is there
+        return optuna.load_study(study_name=study_name, storage=storage)
 
 
-def load_rows_from_study(storage: str, study_name: str) -> list[Row]:
-    """Every trial of an Optuna study as :class:`Row` (:func:`rows_of_study`).
+def load_rows_from_study(storage: str, study_name: str) -> list[TrialRow]:
+    """Every trial of an Optuna study as a :class:`~allocopt.record.TrialRow` (:func:`rows_of_study`).
 
     Raises:
         QueryError: the storage cannot be opened or has no such study (the message lists the
@@ -71,36 +86,33 @@ def load_rows_from_study(storage: str, study_name: str) -> list[Row]:
     return rows_of_study(open_study_for_query(storage, study_name))
 
 
-def rows_of_study(st: Any) -> list[Row]:
-    """Every trial of a loaded Optuna study ``st`` (any storage, in-memory too) as :class:`Row`.
+def rows_of_study(st: Any) -> list[TrialRow]:
+    """Every trial of a loaded Optuna study ``st`` (any storage, in-memory too) as a
+    :class:`~allocopt.record.TrialRow` (read through :class:`allocopt.record.TrialRecord`).
 
     Dimensions the study kept fixed are filled into ``params`` from the trial's plan or the
-    study's spec; ``fidelity`` is the trial's user attribute ``fidelity`` (default ``full``);
-    ``plan`` is its user attribute ``plan`` with ``budget_flops`` (the trial's own budget).
+    study's spec; ``fidelity`` is the record's (:func:`allocopt.record.fidelity_of`);
+    ``plan`` is the trial's plan with ``budget_flops`` (the trial's own budget).
     """
-    from allocopt.study.loop import rows as study_rows
-
     study_name = st.study_name
     space = (st.user_attrs.get("spec") or {}).get("space") or {}
     fixed = {"rho": (space.get("rho") or [None])[0], "group_size": (space.get("group_sizes") or [None])[0],
              "reward": (space.get("rewards") or [None])[0], "model": (space.get("models") or [None])[0]}
-    trials = st.get_trials(deepcopy=False)
+    recs = records(st)
     if fixed["model"] is None:  # no models searched: every trial trains the objective's own policy
-        fixed["model"] = next((m for t in trials if (m := (t.user_attrs.get("plan") or {}).get("model"))), None)
+        fixed["model"] = next((m for rec in recs if (m := rec.plan.get("model"))), None)
     out = []
-    for t, r in zip(trials, study_rows(st)):
-        plan = dict(t.user_attrs.get("plan") or {})
-        if "budget_flops" in t.user_attrs:
-            plan.setdefault("budget_flops", float(t.user_attrs["budget_flops"]))
+    for rec in recs:
+        r = rec.row()
+        plan = rec.plan_with_budget
         params = dict(r.params)
         for k in ALLOCATION:
             if params.get(k) is None:
                 params[k] = plan.get(k, fixed[k])
         metrics = {k: float(v) for k, v in r.metrics.items()
                    if k != "value" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        out.append(Row(r.number, r.state, params, {k: float(v) for k, v in r.targets.items()}, metrics,
-                       r.error, fidelity=str(t.user_attrs.get("fidelity", "full")), study=study_name,
-                       plan=plan))
+        out.append(TrialRow(r.number, r.state, params, {k: float(v) for k, v in r.targets.items()}, metrics,
+                            r.error, fidelity=r.fidelity, study=study_name, plan=plan))
     return out
 
 
@@ -113,12 +125,13 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri
 
 
-def load_rows_from_mlflow(experiments: Sequence[str], tracking_uri: str | None = None) -> list[Row]:
-    """Every trial run of some MLflow experiments as :class:`Row` (across studies).
+def load_rows_from_mlflow(experiments: Sequence[str], tracking_uri: str | None = None) -> list[TrialRow]:
+    """Every trial run of some MLflow experiments as a :class:`~allocopt.record.TrialRow`
+    (across studies).
 
-    Layout (:mod:`allocopt.tracking`): experiment ``allocopt/<study>``, nested trial runs with
-    tags ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``,
-    ``allocopt.fidelity``, ``allocopt.study.loop``; params ``rho``, ``group_size``, ``reward``,
+    Layout (:mod:`allocopt.tracking.layout`): experiment ``allocopt/<study>``, nested trial runs
+    with tags ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``,
+    ``allocopt.fidelity``, ``allocopt.study``; params ``rho``, ``group_size``, ``reward``,
     ``model`` (strings); metrics: targets (``pass_at_1``, ...) and the breakdown. Metrics with
     target keys become ``targets``, the rest ``metrics``; params other than the allocation
     become ``plan``.
@@ -135,35 +148,38 @@ def load_rows_from_mlflow(experiments: Sequence[str], tracking_uri: str | None =
 
     uri = resolve_tracking_uri(tracking_uri)
     _check_sqlite(uri, "mlflow_uri")
+    from allocopt.study.storage import redact_url
+    from allocopt.tracking.requests import short_mlflow_requests, short_reason
+
     try:
         client = MlflowClient(tracking_uri=uri)
-        all_exps = {e.name: e for e in client.search_experiments()}
+        with short_mlflow_requests():
+            all_exps = {e.name: e for e in client.search_experiments()}
     except Exception as e:  # noqa: BLE001 - bad URI, unreachable server
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise QueryError(f"mlflow_uri={uri!r}: cannot be opened ({msg})") from None
-    out: list[Row] = []
+        raise QueryError(f"mlflow_uri={redact_url(uri)!r}: cannot be opened ({short_reason(e)})") from None
+    out: list[TrialRow] = []
     for name in experiments:
-        exp = all_exps.get(name) or all_exps.get(f"allocopt/{name}")
+        exp = all_exps.get(name) or all_exps.get(f"{EXPERIMENT_PREFIX}{name}")
         if exp is None:
-            raise QueryError(f"experiment={name!r}: not found in {uri}; known: "
+            raise QueryError(f"experiment={name!r}: not found in {redact_url(uri)}; known: "
                              f"{', '.join(sorted(all_exps)) or 'none'}")
         token = None
         runs = []
         while True:
-            page = client.search_runs([exp.experiment_id], filter_string="tags.`allocopt.role` = 'trial'",
+            page = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
                                       max_results=1000, page_token=token)
             runs.extend(page)
             token = page.token
             if not token:
                 break
-        study = exp.name.removeprefix("allocopt/")
+        study = exp.name.removeprefix(EXPERIMENT_PREFIX)
         for run in runs:
             out.append(_mlflow_row(run, study))
     out.sort(key=lambda r: (r.study, r.number))
     return out
 
 
-def _mlflow_row(run: Any, study: str) -> Row:
+def _mlflow_row(run: Any, study: str) -> TrialRow:
     tags, params, metrics = run.data.tags, dict(run.data.params), dict(run.data.metrics)
     alloc: dict[str, Any] = {k: params.pop(k, None) for k in ALLOCATION}
     for k, cast in (("rho", float), ("group_size", int)):
@@ -172,17 +188,17 @@ def _mlflow_row(run: Any, study: str) -> Row:
         except (TypeError, ValueError):
             pass
     targets = {k: float(v) for k, v in metrics.items() if k in TARGET_KEYS}
-    rest = {k: float(v) for k, v in metrics.items() if k not in TARGET_KEYS and not k.startswith("curve/")}
+    rest = {k: float(v) for k, v in metrics.items() if k not in TARGET_KEYS and not k.startswith(CURVE_PREFIX)}
     plan: dict[str, Any] = {}
     for k, v in params.items():
         plan[k] = float(v) if _finite(v) and k != "objective" else v
     try:
-        num = int(tags.get("allocopt.trial_number", "-1"))
+        num = int(tags.get(TAG_TRIAL, "-1"))
     except ValueError:
         num = -1
-    return Row(num, tags.get("allocopt.state", run.info.status), alloc, targets, rest,
-               tags.get("allocopt.error"), fidelity=tags.get("allocopt.fidelity", "full"),
-               study=tags.get("allocopt.study.loop", study), plan=plan, run_id=run.info.run_id)
+    return TrialRow(num, tags.get(TAG_STATE, run.info.status), alloc, targets, rest,
+                    tags.get(TAG_ERROR), fidelity=tags.get(TAG_FIDELITY, "full"),
+                    study=tags.get(TAG_STUDY, study), plan=plan, run_id=run.info.run_id)
 
 
 __all__ = ["load_rows_from_mlflow", "load_rows_from_study", "open_study_for_query", "resolve_tracking_uri",

@@ -12,6 +12,8 @@ import json
 from typing import Any, List, Optional
 
 from allocopt.query.pareto import QueryError
+from allocopt.tracking.layout import (EXPERIMENT_PREFIX, METRIC_RECOMMENDED, PARAM_TARGET, ROLE_STUDY,
+                                      TAG_RECOMMENDED, TAG_ROLE, TAG_STUDY)
 
 
 def stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
@@ -29,8 +31,8 @@ def stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[Lis
         stored = (st.user_attrs.get("spec") or {}).get("target")
         names = [stored] if isinstance(stored, str) else list(stored or []) or list(st.metric_names or [])
     else:
-        raw = next((r.data.params["target"] for r in parent_runs(from_mlflow, mlflow_uri)
-                    if r.data.params.get("target")), "")
+        raw = next((r.data.params[PARAM_TARGET] for r in parent_runs(from_mlflow, mlflow_uri)
+                    if r.data.params.get(PARAM_TARGET)), "")
         try:
             names = json.loads(raw) if raw.startswith("[") else [raw] if raw else []
         except ValueError:
@@ -81,15 +83,15 @@ def parent_runs(from_mlflow: Optional[List[str]], mlflow_uri: Optional[str]) -> 
         return []
     from mlflow import MlflowClient
 
-    from allocopt.cli.common import short_mlflow_requests
+    from allocopt.tracking.requests import short_mlflow_requests
     from allocopt.tracking.tracker import _resolve_uri
 
-    name = from_mlflow[0] if from_mlflow[0].startswith("allocopt/") else f"allocopt/{from_mlflow[0]}"
+    name = from_mlflow[0] if from_mlflow[0].startswith(EXPERIMENT_PREFIX) else f"{EXPERIMENT_PREFIX}{from_mlflow[0]}"
     with short_mlflow_requests():
         client = MlflowClient(_resolve_uri(mlflow_uri))
         exp = client.get_experiment_by_name(name)
         runs = [] if exp is None else client.search_runs(
-            [exp.experiment_id], filter_string="tags.`allocopt.role` = 'study'", max_results=5)
+            [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_STUDY}'", max_results=5)
     return list(runs)
 
 
@@ -105,14 +107,14 @@ def stored_recommendation(study: Optional[str], storage: str, from_mlflow: Optio
         return optuna.load_study(study_name=study, storage=storage).user_attrs.get("recommendation")
     for run in parent_runs(from_mlflow, mlflow_uri):
         tags, metrics = run.data.tags, run.data.metrics
-        a = {k[len("allocopt.recommended."):]: v for k, v in tags.items() if k.startswith("allocopt.recommended.")}
+        a = {k[len(TAG_RECOMMENDED):]: v for k, v in tags.items() if k.startswith(TAG_RECOMMENDED)}
         if {"rho", "group_size", "reward"} <= set(a):
             rec: dict[str, Any] = {"allocation": {"rho": float(a["rho"]), "group_size": int(a["group_size"]),
                                                   "reward": a["reward"], **({"model": a["model"]} if a.get("model") else {})}}
             for k in ("mean", "lower", "upper", "level", "prob_best"):
-                if f"recommended_{k}" in metrics:
-                    rec[k] = metrics[f"recommended_{k}"]
-            spec = run.data.params.get("target")
+                if f"{METRIC_RECOMMENDED}{k}" in metrics:
+                    rec[k] = metrics[f"{METRIC_RECOMMENDED}{k}"]
+            spec = run.data.params.get(PARAM_TARGET)
             if spec:
                 rec["target"] = spec
             return rec
@@ -124,9 +126,10 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
     latest, when workers made several). Raises :class:`QueryError` (one line) when there is none."""
     if not study:
         raise QueryError("mlflow_run='parent': needs --study (the study whose parent run gets the report)")
-    from allocopt.cli.common import short_mlflow_requests
-    from allocopt.tracking.layout import TAG_ROLE, TAG_STUDY
+    from allocopt.tracking.requests import short_mlflow_requests
     from allocopt.tracking.tracker import _resolve_uri
+
+    from allocopt.study.storage import redact_url
 
     uri = _resolve_uri(mlflow_uri)
     try:
@@ -134,14 +137,16 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
 
         with short_mlflow_requests():
             client = MlflowClient(tracking_uri=uri)
-            exp = client.get_experiment_by_name(f"allocopt/{study}")
+            exp = client.get_experiment_by_name(f"{EXPERIMENT_PREFIX}{study}")
             runs = [] if exp is None else client.search_runs(
-                [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'study'", max_results=100)
+                [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_STUDY}'", max_results=100)
     except Exception as e:  # noqa: BLE001 - unreachable server, unreadable store
-        raise QueryError(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        from allocopt.tracking.requests import short_reason
+
+        raise QueryError(f"mlflow_uri={redact_url(uri)!r}: cannot be read ({short_reason(e)})") from None
     runs = [r for r in runs if r.data.tags.get(TAG_STUDY) == study]
     if not runs:
-        raise QueryError(f"mlflow_run='parent': study {study!r} has no parent run in {uri} (run it with MLflow on, or give --mlflow-uri)")
+        raise QueryError(f"mlflow_run='parent': study {study!r} has no parent run in {redact_url(uri)} (run it with MLflow on, or give --mlflow-uri)")
     return max(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
 
 

@@ -50,9 +50,9 @@ One job a module: :mod:`~allocopt.race.design` (settings, pilot grid),
 :mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.fit`
 (the surrogate of a study, refitted when worth it), :mod:`~allocopt.race.propose` (proposals),
 :mod:`~allocopt.race.recommend` (the recommendation and its uncertainty), :mod:`~allocopt.race.validate` (pilot against full
-regimes, :class:`RaceResult`), :mod:`~allocopt.study.race` (the whole race in one call, a view
-over the study loop). The trials are asked of :class:`allocopt.study.sampler.RaceSampler`.
-Every name is re-exported here.
+regimes). Nothing here imports the study loop: the whole race in one call, a view over it, is
+:func:`allocopt.study.race.run_race`, and the trials are asked of
+:class:`allocopt.study.sampler.RaceSampler`. Every name of the modules above is re-exported here.
 
 numpy, Optuna and (through the surrogate) torch are imported inside functions.
 """
@@ -61,17 +61,15 @@ from __future__ import annotations
 from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
                                   check_pilot_fraction, pilot_grid)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
-                                    observations, observed_params, regime_of, share_fit, trial_fidelity,
-                                    trial_params)
+                                    observations, observed_params, regime_of, share_fit)
 from allocopt.race.fit import SurrogateCache, fit_surrogate
-from allocopt.race.propose import PlanCache, Proposal, existing_runs, interrupted, propose, runs_of, same_run
+from allocopt.race.propose import PlanCache, Proposal, existing_runs, propose, runs_of, same_run
 from allocopt.race.recommend import Recommendation, recommend, recommendation
-from allocopt.study.race import run_race
-from allocopt.race.validate import RaceResult, ValidationRow, same_regime_rate, validate
+from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
-           "RaceResult", "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
+           "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
            "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
-           "interrupted", "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
-           "run_race", "runs_of", "same_regime_rate", "same_run", "share_fit", "trial_fidelity",
-           "trial_params", "observed_params", "validate"]
+           "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
+           "runs_of", "same_regime_rate", "same_run", "share_fit",
+           "observed_params", "validate"]

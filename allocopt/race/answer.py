@@ -183,7 +183,7 @@ def trial_line(row: Any, spec: Any, width: int = WIDTH) -> str:
     """One line per finished trial, at most ``width`` columns, numbers kept.
 
     Args:
-        row: a :class:`allocopt.study.trial.TrialRow`.
+        row: a :class:`allocopt.record.TrialRow`.
         spec: the :class:`allocopt.spec.StudySpec` (defaults for a fixed dimension).
     """
     p = row.params

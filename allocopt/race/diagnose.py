@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from allocopt.plan.allocation import Allocation
 from allocopt.race.design import RaceSettings, cells
+from allocopt.record import TrialRecord
 from allocopt.spec import SearchSpace, StudySpec, allocation_of, target_key
 
 def regime_of(rho: float, reward_share: float, settings: RaceSettings) -> str:
@@ -61,31 +62,22 @@ class Observation:
     """Executed reward FLOPs / total FLOPs of the trial (NaN when not recorded)."""
 
 
-def trial_params(t: Any) -> dict[str, Any]:
-    """A trial's parameters: its own, or for a trial still waiting in the queue the ones it was
-    enqueued with (Optuna keeps those in the system attribute ``fixed_params``;
-    tests/test_sampler.py checks that it still does)."""
-    return dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
-
-
 def observed_params(t: Any) -> dict[str, Any]:
-    """The parameters a finished trial's result belongs to: :func:`trial_params`, except that a
+    """The parameters a finished trial's result belongs to: :func:`allocopt.record.params_of`, except that a
     run launched elsewhere and recorded by ``allocopt tell`` (user attribute ``source=tell``)
     is placed at the ρ it really spent (its ``metrics["rho"]``, executed FLOPs): TRL and verl
     train whole passes, so such a run may realize a ρ far from the one asked (0.70 for an asked
     0.55 in the tiny world), and the surrogate must learn from where the run was."""
-    p = trial_params(t)
-    if t.user_attrs.get("source") == "tell":
-        rho = (t.user_attrs.get("metrics") or {}).get("rho")
+    return _observed_params(TrialRecord.of(t))
+
+
+def _observed_params(r: TrialRecord) -> dict[str, Any]:
+    p = r.given_params
+    if r.source == "tell":
+        rho = r.metrics.get("rho")
         if isinstance(rho, (int, float)) and 0 < rho < 1:
             p = {**p, "rho": float(rho)}
     return p
-
-
-def trial_fidelity(t: Any) -> str:
-    """``pilot`` or ``full``: the trial's ``fidelity`` parameter (set by
-    :class:`allocopt.study.sampler.RaceSampler`), else its user attribute, else ``full``."""
-    return str(trial_params(t).get("fidelity") or t.user_attrs.get("fidelity") or "full")
 
 
 def observations(study: Any, spec: StudySpec, target: str | None = None) -> list[Observation]:
@@ -96,16 +88,16 @@ def observations(study: Any, spec: StudySpec, target: str | None = None) -> list
     key = target_key(target or spec.target)
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        ua = t.user_attrs
-        if ua.get("state", "COMPLETE") != "COMPLETE" or key not in ua.get("targets", {}):
+        r = TrialRecord.of(t)
+        if r.state != "COMPLETE" or key not in r.targets:
             continue
-        m = ua.get("metrics", {})
+        m = r.metrics
         total = m.get("total_flops") or 0
-        budget = float(ua.get("budget_flops", spec.budget_flops))
+        budget = r.budget(spec.budget_flops)
         out.append(Observation(
-            number=t.number, allocation=allocation_of(spec, observed_params(t)), value=float(ua["targets"][key]),
+            number=t.number, allocation=allocation_of(spec, _observed_params(r)), value=float(r.targets[key]),
             budget_flops=budget, budget_fraction=budget / spec.budget_flops,
-            fidelity=trial_fidelity(t),
+            fidelity=r.fidelity,
             reward_share=(m.get("reward_flops", 0) / total) if total else math.nan))
     return out
 

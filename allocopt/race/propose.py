@@ -33,9 +33,10 @@ from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Work
 from allocopt.plan.engines import trl_grpo_config
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
-from allocopt.race.diagnose import Observation, trial_fidelity, trial_params
+from allocopt.race.diagnose import Observation
 from allocopt.race.fit import fit_surrogate
 from allocopt.race.recommend import _full_candidates
+from allocopt.record import fidelity_of, is_interrupted, params_of
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
 
 _PLAN_KEYS = ("budget_flops", "model", "reward_model", "prompts_per_iteration", "rollouts_per_iteration",
@@ -100,24 +101,17 @@ def same_run(a: Allocation, fa: str, b: Allocation, fb: str, tol: float) -> bool
             and a.model == b.model and abs(a.rho - b.rho) <= tol)
 
 
-def interrupted(t: Any) -> bool:
-    """A trial failed by an interrupt (Ctrl-C): it may be run again."""
-    from optuna.trial import TrialState
-
-    return t.state == TrialState.FAIL and str(t.user_attrs.get("error", "")).startswith("interrupted")
-
-
 def runs_of(trials: Sequence[Any], space: SearchSpace, skip: int | None = None) -> list[tuple[Allocation, str]]:
     """``(allocation, fidelity)`` of every trial in ``trials`` that ran, runs or waits, with its
     parameters set (a failure by interrupt does not count: it may be re-run; trial number
     ``skip`` is left out)."""
     out = []
     for t in trials:
-        params = trial_params(t)
-        if t.number == skip or not params or interrupted(t):
+        params = params_of(t)
+        if t.number == skip or not params or is_interrupted(t):
             continue
         try:
-            out.append((allocation_in(space, params), trial_fidelity(t)))
+            out.append((allocation_in(space, params), fidelity_of(t)))
         except ConfigError:
             continue
     return out

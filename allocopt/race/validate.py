@@ -1,4 +1,4 @@
-"""RACE validation: pilot regimes against full-budget regimes, and what a race found.
+"""RACE validation: pilot regimes against full-budget regimes.
 
 After full-budget runs, per reward system (× model): the full-budget regime (from the
 surrogate's posterior at fidelity 1, with the same labelling as the pilots'), whether it matches
@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
 
-from allocopt.plan.allocation import Allocation
 from allocopt.race.design import RaceSettings
 from allocopt.race.diagnose import Observation, RegimeDiagnosis, regime_of, share_fit
 from allocopt.race.fit import fit_surrogate
-from allocopt.race.propose import Proposal
 from allocopt.spec import StudySpec
-
-if TYPE_CHECKING:
-    from allocopt.study.trial import TrialRow
 
 @dataclass
 class ValidationRow:
@@ -95,49 +90,3 @@ def same_regime_rate(rows: Sequence[ValidationRow], validated_only: bool = True)
     least one full-budget run. NaN when none is left."""
     use = [r for r in rows if r.same_regime is not None and (r.num_full > 0 or not validated_only)]
     return sum(bool(r.same_regime) for r in use) / len(use) if use else math.nan
-
-
-@dataclass
-class RaceResult:
-    """What :func:`run_race` did and found."""
-
-    study: Any
-    pilot_budget_flops: float
-    pilots: list[TrialRow]
-    """Pilot trials run by this call (a resumed race skips pilots already done)."""
-    diagnoses: list[RegimeDiagnosis]
-    proposals: list[Proposal]
-    """Proposals run by this call (with ``propose_only``: proposed, none run)."""
-    validations: list[TrialRow]
-    """Runs of proposals done by this call (full runs and extra pilots)."""
-    validation: list[ValidationRow]
-    """Pilot against full-budget regimes (empty until the study has a full-budget run)."""
-    timings: dict[str, list[float]] = field(default_factory=dict)
-    """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal round."""
-    recommendation: Any = None
-    """RACE's answer for the full budget at the end: a
-    :class:`~allocopt.race.recommend.Recommendation` (allocation, credible interval, probability
-    it is the best) once the study has a full-budget run; before that (``validations = 0``,
-    ``propose_only``) a bare :class:`~allocopt.plan.allocation.Allocation` (the pilots' best
-    diagnosis or the surrogate's maximizer). :attr:`recommended` is its allocation either way."""
-    recommendations: list[tuple[int, Allocation]] = field(default_factory=list)
-    """``(last trial number seen, recommendation)`` after the pilots and after each round of
-    this call: what RACE would have answered had it stopped there."""
-
-    @property
-    def recommended(self) -> Allocation | None:
-        """The recommended allocation (of :attr:`recommendation`, whichever type it has)."""
-        return getattr(self.recommendation, "allocation", self.recommendation)
-
-    @property
-    def same_regime_rate(self) -> float:
-        return same_regime_rate(self.validation)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pilot_budget_flops": self.pilot_budget_flops,
-                "diagnoses": [d.to_dict() for d in self.diagnoses],
-                "proposals": [p.to_dict() for p in self.proposals],
-                "validation": [v.to_dict() for v in self.validation],
-                "same_regime_rate": self.same_regime_rate, "timings": self.timings,
-                "recommendation": None if self.recommendation is None else asdict(self.recommendation)}
-

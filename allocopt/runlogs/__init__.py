@@ -1,6 +1,7 @@
-"""Account an existing GRPO run from its logs: a TRL output folder or a verl console log.
+"""Account an existing GRPO run from its logs: a TRL output folder, a verl console log, an
+OpenRLHF console log or TensorBoard folder, a NeMo-RL TensorBoard folder.
 
-Standard library only. ``import_trl(path, **overrides)`` and ``import_verl(path, **overrides)``
+Standard library only (TensorBoard event files: the optional ``tensorboard`` package). ``import_trl(path, **overrides)`` and ``import_verl(path, **overrides)``
 read what the run wrote (lengths per step, batch sizes, passes, KL, LoRA rank, timings), fill
 the rest with stated assumptions, and return an :class:`ImportedRun` whose ``account`` holds
 the useful and executed FLOPs of the whole run per phase. ``overrides`` are
@@ -10,7 +11,10 @@ the field and what is wrong.
 """
 
 from allocopt.runlogs.common import ImportedRun, RunLogError
+from allocopt.runlogs.nemo_rl import import_nemo_rl
+from allocopt.runlogs.openrlhf import import_openrlhf
 from allocopt.runlogs.trl import import_trl
 from allocopt.runlogs.verl import import_verl
 
-__all__ = ["ImportedRun", "RunLogError", "import_trl", "import_verl"]
+__all__ = ["ImportedRun", "RunLogError", "import_nemo_rl", "import_openrlhf", "import_trl",
+           "import_verl"]

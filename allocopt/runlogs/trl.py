@@ -15,7 +15,9 @@ What TRL 1.16 writes and this reads (``trl/trainer/grpo_trainer.py``,
 * ``adapter_config.json`` (peft): LoRA ``r``, ``target_modules``, ``base_model_name_or_path``.
 
 Files may sit in the folder itself or in its last ``checkpoint-*`` folder. One rollout batch
-is ``per_device_train_batch_size × steps_per_generation × world size`` completions, generated
+is ``generation_batch_size = per_device_train_batch_size × steps_per_generation × world size``
+completions over all processes (the process count: ``distributed_state.num_processes`` of
+``training_args.bin``; ``num_tokens`` and the lengths are gathered over processes), generated
 every ``steps_per_generation × num_iterations`` micro-steps, i.e. every ``num_iterations ×
 steps_per_generation / gradient_accumulation_steps`` optimizer steps.
 """
@@ -46,14 +48,66 @@ def _find(folder: Path, name: str) -> Path | None:
     return None
 
 
+def _world_and_rows(args: dict[str, Any], args_file: Path | None, per_device: int, spg: int,
+                    read: dict[str, str], assumed: dict[str, str]) -> tuple[int, int]:
+    """``(processes, completions per rollout batch over all processes)``.
+
+    TRL gathers every process's completions before it logs (``accelerator.gather`` of the
+    prompt and completion lengths in ``_generate_and_score_completions``): ``num_tokens`` is
+    the sum over processes and ``completions/*_length`` are over the gathered batch. The batch
+    is ``GRPOConfig.generation_batch_size`` (set in ``__post_init__`` to
+    ``per_device_train_batch_size × world_size × steps_per_generation``); the process count is
+    accelerate's ``PartialState.num_processes``, pickled with the config as
+    ``distributed_state``. Both are in TRL >= 0.18's ``training_args.bin``; the two must agree.
+    """
+    name = args_file.name if args_file else "training_args.bin"
+    state = args.get("distributed_state")
+    world = state.get("num_processes") if isinstance(state, dict) else None
+    gbs = args.get("generation_batch_size")
+    if world is not None and (not isinstance(world, int) or world < 1):
+        raise RunLogError(f"{args_file}: distributed_state.num_processes={world!r}: must be an "
+                          "integer >= 1")
+    if gbs is not None and (not isinstance(gbs, int) or gbs < 1):
+        raise RunLogError(f"{args_file}: generation_batch_size={gbs!r}: must be an integer >= 1")
+    if world is not None and gbs is not None and gbs != per_device * world * spg:
+        raise RunLogError(f"{args_file}: generation_batch_size={gbs} is not per_device_train_batch_"
+                          f"size x num_processes x steps_per_generation = {per_device} x {world} "
+                          f"x {spg}; the file is not one run's")
+    if gbs is not None:
+        world = world or max(1, gbs // max(1, per_device * spg))
+        read["rollout batch"] = f"{gbs} ({name}: generation_batch_size, all processes)"
+    if world is not None:
+        read["world_size"] = f"{world} ({name}: distributed_state.num_processes)" \
+            if isinstance(state, dict) and "num_processes" in state else \
+            f"{world} ({name}: generation_batch_size / per_device_train_batch_size / steps_per_generation)"
+        return world, gbs or per_device * world * spg
+    assumed["world_size"] = ("1 (training_args.bin names no process count; a multi-process "
+                             "run: pass --prompts = rollout batch over all processes / G)")
+    return 1, per_device * spg
+
+
+def _check_lengths(state_file: Path, step: int, cmean: float, cmax: float | None,
+                   limit: Any) -> None:
+    """The logged completion lengths are one batch's: mean <= max <= max_completion_length."""
+    where = f"{state_file}: step {step}"
+    if cmean < 0:
+        raise RunLogError(f"{where}: completions/mean_length={cmean:g}: must be >= 0")
+    if cmax is not None and cmax + 1e-6 < cmean:
+        raise RunLogError(f"{where}: completions/max_length={cmax:g} is below completions/mean_"
+                          f"length={cmean:g}; the log is not TRL's")
+    if isinstance(limit, (int, float)) and limit and cmax is not None and cmax > limit:
+        raise RunLogError(f"{where}: completions/max_length={cmax:g} is above max_completion_"
+                          f"length={limit} of training_args.bin; the folder mixes two runs")
+
+
 def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     """Account the TRL GRPO run whose output folder is ``path``.
 
     Args:
         path: a TRL ``output_dir`` or one ``checkpoint-*`` folder in it.
         overrides: :data:`~allocopt.plan.recipe.RECIPE_KEYS` that win over the folder (``model``
-            is needed when the folder names no base model; ``world_size`` is not a field:
-            pass ``prompts`` for a multi-process run).
+            is needed when the folder names no base model; ``prompts`` is read from the
+            rollout batch over all processes, pass it only for files that do not say).
 
     Returns:
         :class:`ImportedRun` over the rollout batches the log covers.
@@ -65,9 +119,7 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     src = str(path)
     if not folder.is_dir():
         raise RunLogError(f"from_trl={src!r}: not a folder (a TRL output_dir is expected)")
-    given = check_overrides(f"from_trl={src!r}", overrides)
-    read: dict[str, str] = {k: "given" for k in given}
-    assumed: dict[str, str] = {}
+    check_overrides(f"from_trl={src!r}", overrides)
     state_file = _find(folder, "trainer_state.json")
     if state_file is None:
         raise RunLogError(f"from_trl={src!r}: no trainer_state.json in the folder or its checkpoints")
@@ -87,6 +139,32 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
             args = read_training_args(args_file)
         except ValueError as e:
             raise RunLogError(f"{args_file}: {e}") from None
+    adapter_file = _find(folder, "adapter_config.json")
+    adapter: dict[str, Any] | None = None
+    if adapter_file is not None:
+        try:
+            adapter = json.loads(adapter_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RunLogError(f"{adapter_file}: not valid JSON") from None
+        if not isinstance(adapter, dict):
+            raise RunLogError(f"{adapter_file}: not a JSON object")
+    return account_trl_log(history, args, adapter, source=src, state_file=state_file,
+                           args_file=args_file, adapter_file=adapter_file, **overrides)
+
+
+def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str, Any] | None, *,
+                    source: str, state_file: Path, args_file: Path | None = None,
+                    adapter_file: Path | None = None, **overrides: Any) -> ImportedRun:
+    """The account of a TRL run from what its files hold, already read: ``history`` is
+    ``trainer_state.json``'s ``log_history``, ``args`` the ``GRPOConfig`` fields (as
+    :func:`~allocopt.runlogs.argsfile.read_training_args` gives them), ``adapter`` peft's
+    ``adapter_config.json`` (``None``: full fine-tuning). :func:`import_trl` reads the files;
+    :mod:`allocopt.runlogs.live` passes a running trainer's own objects. The paths only name
+    the sources in messages. Raises :class:`RunLogError` as :func:`import_trl`."""
+    src = source
+    given = check_overrides(f"from_trl={src!r}", overrides)
+    read: dict[str, str] = {k: "given" for k in given}
+    assumed: dict[str, str] = {}
 
     def arg(key: str, default: Any, why: str) -> Any:
         if key in args and args[key] is not None:
@@ -115,23 +193,19 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     if not args:
         assumed["engine"] = f"{settings['engine']!r} (no training_args.bin)"
         del read["engine"]
-    rows = per_device * spg
+    world, rows = _world_and_rows(args, args_file, per_device, spg, read, assumed)
     if "prompts" not in given:
         if rows % G:
-            raise RunLogError(f"{args_file}: per_device_train_batch_size x steps_per_generation = "
-                              f"{rows} is not a multiple of num_generations={G}")
+            raise RunLogError(f"{args_file}: rollout batch = {rows} completions is not a multiple "
+                              f"of num_generations={G}")
         settings["prompts"] = rows // G
-        assumed["world_size"] = "1 (a multi-process run: pass prompts = rollout batch / G)"
 
-    adapter = _find(folder, "adapter_config.json")
     base_model = None
+    aname = adapter_file.name if adapter_file else "adapter_config.json"
     if adapter is not None:
-        try:
-            a = json.loads(adapter.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RunLogError(f"{adapter}: not valid JSON") from None
+        a = adapter
         settings["lora_rank"] = int(a.get("r") or 8)
-        read["lora_rank"] = f"{settings['lora_rank']} ({adapter.name}: r)"
+        read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
         targets = a.get("target_modules")
         if isinstance(targets, str):
             targets = MODULE_NAMES if targets == "all-linear" else [targets]
@@ -139,10 +213,10 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
             names = {str(t).rsplit(".", 1)[-1] for t in targets}
             settings["lora_targets"] = ",".join(t for t in MODULE_NAMES if t in names) \
                 or "all-linear"
-            read["lora_targets"] = f"{adapter.name}: target_modules"
+            read["lora_targets"] = f"{aname}: target_modules"
         base_model = a.get("base_model_name_or_path")
         if base_model:
-            read["model"] = f"{base_model!r} ({adapter.name}: base_model_name_or_path)"
+            read["model"] = f"{base_model!r} ({aname}: base_model_name_or_path)"
     else:
         settings["lora_rank"] = 0
         assumed["lora_rank"] = "0 (no adapter_config.json: full fine-tuning)"
@@ -154,9 +228,11 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
         raise RunLogError(f"from_trl={src!r}: model: the folder names no base model ({why}); "
                           "pass --model")
     settings.update(given)
-    if "prompts" in given:
+    if "prompts" in given:  # the rollout batch over all processes, so no world size to assume
         assumed.pop("world_size", None)
 
+    limit = args.get("max_completion_length")
+    world_assumed = "world_size" in assumed
     # one rollout batch every generate_every optimizer steps
     per_gen_steps = mu * spg / max(1, ga)
     logged: list[LoggedStep] = []
@@ -176,6 +252,16 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
         cmean = as_number(str(state_file), "completions/mean_length", rec["completions/mean_length"])
         cmax = rec.get("completions/max_length")
         cmax = None if cmax is None else as_number(str(state_file), "completions/max_length", cmax)
+        _check_lengths(state_file, step, cmean, cmax, limit)
+        if world_assumed and batches == 1 and "prompts" not in given:
+            total_len = cmean * rollout_rows  # a sum of whole lengths over the gathered rows
+            if abs(total_len - round(total_len)) > 1e-3 * max(1.0, total_len) ** 0.5:
+                raise RunLogError(
+                    f"{state_file}: step {step}: completions/mean_length={cmean:g} x {rollout_rows} "
+                    "rows is not a whole number of tokens, so the rollout batch is not "
+                    f"{rollout_rows} completions (TRL averages over all processes); training_args.bin "
+                    "names no process count: pass --prompts = prompts per rollout batch over all "
+                    "processes")
         logged.append(LoggedStep(0.0, cmean, cmax, batches))
         completion_total += cmean * rollout_rows * batches
         batches_total += batches
@@ -194,7 +280,14 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
             assumed["prompt_tokens"] = f"{prompt_mean:g} (no num_tokens in the log)"
     if prompt_mean < 1:
         raise RunLogError(f"{state_file}: num_tokens={tokens_total:g}: fewer tokens than the "
-                          "logged completions; are G and the batch size right?")
+                          f"logged completions of {rollout_rows} rows per rollout batch; are G, "
+                          "the batch size and the process count right?")
+    vmax = args.get("vllm_max_model_length")
+    if isinstance(vmax, (int, float)) and vmax and prompt_mean > vmax:
+        raise RunLogError(f"{state_file}: num_tokens={tokens_total:g} gives a mean prompt of "
+                          f"{prompt_mean:.1f} tokens, above vllm_max_model_length={vmax}: the "
+                          f"tokens cannot come from {rollout_rows} rows per rollout batch; pass "
+                          "--prompts (prompts per rollout batch over all processes)")
     logged = [LoggedStep(prompt_mean, s.completion_mean, s.completion_max, s.weight) for s in logged]
     assumed["per-row lengths"] = ("prompts all at the mean; completions one row at the logged "
                                   "max, the rest equal (the logged mean kept)")

@@ -41,10 +41,10 @@ from allocopt.plan.allocation import (Allocation, InfeasiblePlan, TrialPlan, Wor
                                  iteration_flops, make_plan, plan_workload)
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
 from allocopt.plan.engines import trl_grpo_config, verl_overrides as _verl_overrides
+from allocopt.record import (TrialRecord, write_asked, write_complete, write_infeasible,
+                             write_start)
 from allocopt.spec import SearchSpace, StudySpec
 
-ASKED_ATTR = "asked"
-"""User attribute of a trial reserved by ``allocopt ask`` (its format)."""
 FORMATS = ("trl", "verl")
 
 
@@ -129,7 +129,8 @@ def whole_pass_run(plan: TrialPlan, workload: Workload, trial_number: int = -1,
 
 
 def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
-            distributions: Mapping[str, Any], max_tries: int = 20) -> tuple[list[AskedRun], int]:
+            distributions: Mapping[str, Any], max_tries: int = 20,
+            reserved: list[int] | None = None) -> tuple[list[AskedRun], int]:
     """Reserve ``n`` runnable trials with the study's sampler.
 
     A proposal the budget cannot buy is recorded at once as INFEASIBLE with a violated
@@ -137,6 +138,9 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
     trial). Whole passes realize ρ in steps (one pass more is a jump in learning FLOPs): the
     run's ``expected_rho`` may differ from the asked ρ (shown by ``ask``, and ``allocopt tell``
     records the ρ the run really spent); the trial keeps the asked ρ as its parameter.
+
+    ``reserved`` (a list) gets each asked trial's number as soon as it is asked, so a caller
+    that fails half-way can :func:`release` them (those already told INFEASIBLE are skipped).
 
     Returns:
         ``(runs, infeasible)``: the reserved runs and how many proposals were infeasible.
@@ -147,33 +151,62 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         if infeasible >= max_tries * n:
             break
         trial = study.ask(dict(distributions))
+        if reserved is not None:
+            reserved.append(trial.number)
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             study.sampler.suggest(trial)
-        ua = trial.user_attrs
-        budget = float(ua.get("budget_flops", spec.budget_flops))
-        fidelity = str(ua.get("fidelity", "full"))
+        rec = TrialRecord.of(trial)
         from allocopt.spec import allocation_of
 
         alloc: Allocation = allocation_of(spec, trial.params)
+        budget = rec.budget(spec.budget_for(alloc, workload))
+        fidelity = rec.fidelity
         try:
             plan = make_plan(budget, alloc, workload)
             run = whole_pass_run(plan, workload, trial.number, fidelity)
         except InfeasiblePlan as e:
             excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
             trial.set_constraint("budget", max(excess, 1e-6))
-            trial.set_user_attr("state", "INFEASIBLE")
-            trial.set_user_attr("error", str(e))
-            trial.set_user_attr("budget_flops", budget)
-            trial.set_user_attr("fidelity", fidelity)
+            write_infeasible(trial, str(e))
+            write_start(trial, budget_flops=budget, fidelity=fidelity)
             study.tell(trial, [0.0] * len(spec.targets))
             infeasible += 1
             continue
-        trial.set_user_attr("budget_flops", budget)
-        trial.set_user_attr("fidelity", fidelity)
-        trial.set_user_attr("plan", plan.to_dict())
-        trial.set_user_attr(ASKED_ATTR, {"format": fmt, **run.to_dict()})
+        write_start(trial, budget_flops=budget, fidelity=fidelity)
+        write_asked(trial, plan.to_dict(), {"format": fmt, **run.to_dict()})
         runs.append(run)
     return runs, infeasible
+
+
+def release(study: Any, numbers: list[int]) -> list[int]:
+    """Give back trials reserved by a command that then failed (an unwritable ``--out``, an
+    error, Ctrl-C): each still RUNNING is failed as interrupted
+    (:func:`allocopt.record.write_interrupted`), so the next opening of the study enqueues its
+    work to be asked again (:func:`allocopt.study.storage.requeue_interrupted`) instead of
+    leaving it RUNNING for ever. Best effort per trial.
+
+    Returns:
+        the numbers released.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    from allocopt.record import write_interrupted
+    from allocopt.study.storage import trial_handle
+
+    done = []
+    for number in numbers:
+        try:
+            if study.get_trials(deepcopy=False)[number].state != TrialState.RUNNING:
+                continue
+            handle = trial_handle(study, number)
+            if handle is not None:
+                write_interrupted(optuna.trial.Trial(study, handle[1]))
+            study.tell(number, state=TrialState.FAIL)
+            done.append(number)
+        except Exception:  # noqa: BLE001 - the others are still given back
+            continue
+    return done
 
 
 # ----------------------------------------------------------------------------- configs
@@ -285,10 +318,10 @@ def check_tellable(study: Any, number: int) -> Any:
         raise TellError(f"trial={number}: no such trial in study {study.study_name!r} "
                         f"({len(trials)} trials, numbers 0..{len(trials) - 1})")
     t = match[0]
-    if t.state.name != "RUNNING":
-        state = t.user_attrs.get("state", t.state.name)
-        raise TellError(f"trial={number}: already finished ({state}); nothing changed")
-    if ASKED_ATTR not in t.user_attrs:
+    rec = TrialRecord.of(t)
+    if rec.optuna_state != "RUNNING":
+        raise TellError(f"trial={number}: already finished ({rec.state}); nothing changed")
+    if rec.asked is None:
         who = t.system_attrs.get("allocopt.worker", "a worker")
         raise TellError(f"trial={number}: is being run by {who}, not reserved by allocopt ask; "
                         "nothing changed")
@@ -297,9 +330,9 @@ def check_tellable(study: Any, number: int) -> Any:
 
 def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float],
            spent: FlopAccount, *, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Record a reserved trial as COMPLETE, as :func:`allocopt.study.trial.run_one_trial` records one
-    (user attributes ``state``, ``targets``, ``metrics``, the ``budget`` constraint), plus
-    ``over_budget`` and ``source=tell``.
+    """Record a reserved trial as COMPLETE with the writer :func:`allocopt.study.trial.run_one_trial`
+    uses (:func:`allocopt.record.write_complete`: ``state``, ``targets``, ``metrics``), the
+    ``budget`` constraint, plus ``over_budget`` and ``source=tell``.
 
     Returns:
         the metrics dict recorded.
@@ -308,12 +341,11 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
 
     from allocopt.study.storage import trial_handle
 
-    ua = frozen.user_attrs
-    budget = float(ua.get("budget_flops", spec.budget_flops))
+    rec = TrialRecord.of(frozen)
+    budget = rec.budget(spec.budget_flops)
     used = spent.executed.total_flops
-    plan = ua.get("plan") or {}
     metrics = {**spent.to_dict(), "budget_utilization": used / budget, "eval_flops": 0,
-               "planned_rho": ua.get(ASKED_ATTR, {}).get("expected_rho", plan.get("realized_rho", math.nan)),
+               "planned_rho": (rec.asked or {}).get("expected_rho", rec.plan.get("realized_rho", math.nan)),
                **dict(extra or {})}
     handle = trial_handle(study, frozen.number)
     if handle is None:
@@ -326,10 +358,59 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     constraint = math.log10(used / budget) if over else -1.0
     trial.set_constraint("budget", constraint)
     set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
-    trial.set_user_attr("state", "COMPLETE")
-    trial.set_user_attr("targets", dict(targets))
-    trial.set_user_attr("metrics", metrics)
-    trial.set_user_attr("over_budget", over)
-    trial.set_user_attr("source", "tell")
+    write_complete(trial, targets, metrics, over_budget=over, source="tell")  # as run_one_trial does
     study.tell(frozen.number, [float(targets[k]) for k in spec.target_keys])
     return metrics
+
+
+# ----------------------------------------------------------------------------- the folder
+def write_asked_folder(run: AskedRun, folder: Any, *, study: str, storage: str, fmt: str, spec: StudySpec,
+                       setup: Any, learning_rate: float, micro_batch: int = 8, num_processes: int = 1,
+                       tell: bool = True) -> dict[str, Any]:
+    """Write one trial's folder as ``allocopt ask`` does: ``ask.json`` (study, trial, budget,
+    fidelity, allocation, the whole-pass run, the config, a command line and, with ``tell``, the
+    ``allocopt tell`` line to run afterwards) and ``grpo_config.json`` (TRL ``GRPOConfig``
+    fields, :func:`trl_config`) or ``verl_overrides.txt`` (one Hydra override a line,
+    :func:`verl_overrides`).
+
+    Args:
+        run: the reserved run (:func:`whole_pass_run`).
+        folder: the trial's folder (``pathlib.Path``; made if missing).
+        fmt: ``trl`` or ``verl``.
+        setup: the workload's :class:`~allocopt.plan.setup.TrainingSetup` (lengths, temperature,
+            β, gradient checkpointing and the importance-sampling correction as priced).
+        learning_rate: per optimizer step.
+
+    Returns:
+        what ``ask.json`` holds, plus ``folder``.
+    """
+    import json
+    from pathlib import Path
+
+    from allocopt.study.storage import without_password
+
+    folder = Path(folder)
+    bare, variable = without_password(storage)
+    run_kw = dict(max_completion_length=setup.max_completion_length, temperature=setup.temperature,
+                  beta=setup.beta, gradient_checkpointing=setup.gradient_checkpointing)
+    folder.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {"study": study, "storage": bare, **run.to_dict(),
+                            "format": fmt, "learning_rate": learning_rate}
+    if variable:  # the password is never written: the database client reads it from there
+        info["credentials"] = f"set {variable} (the storage's password) before running `tell`"
+    if tell:
+        info["tell"] = (f"allocopt tell --study {study} --storage '{bare}' --trial "
+                        f"{run.trial_number} --metrics metrics.json"
+                        + (" --from-trl OUT" if fmt == "trl" else " --from-verl LOG"))
+    if fmt == "trl":
+        cfg = trl_config(run, learning_rate=learning_rate, **run_kw, micro_batch=micro_batch,
+                         num_processes=num_processes, seed=spec.seed + run.trial_number,
+                         importance_sampling_correction=setup.importance_sampling_correction)
+        (folder / "grpo_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        info.update(config=cfg, command=trl_command(cfg, str(folder / "grpo_config.json")))
+    else:
+        ov = verl_overrides(run, learning_rate=learning_rate, **run_kw)
+        (folder / "verl_overrides.txt").write_text("\n".join(ov) + "\n")
+        info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
+    (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return {**info, "folder": str(folder)}

@@ -23,6 +23,8 @@ from typing import Any, Iterable
 
 from optuna.trial import TrialState
 
+from allocopt.record import is_interrupted
+
 CLAIM_ATTR = "allocopt.claim"
 """System attribute holding a trial's claimed parameters (``rho``, ``group_size``, ``reward``,
 ``model``, ``fidelity``; ``key``: the pilot grid key for a pilot)."""
@@ -67,11 +69,9 @@ def clashes(trials: Iterable[Any], number: int, claim: dict[str, Any]) -> bool:
     proposal the same fidelity and allocation, ρ to 4 decimals): running, waiting, or already
     finished (a fast trial can end while a slower worker is still deciding), except a trial
     failed by an interrupt (it may be run again)."""
-    from allocopt.race.propose import interrupted
-
     mine = _key(claim)
     for t in trials:
-        if t.number == number or interrupted(t):
+        if t.number == number or is_interrupted(t):
             continue
         other = t.system_attrs.get(CLAIM_ATTR)
         if other and _key(other) == mine:

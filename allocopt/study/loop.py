@@ -28,7 +28,8 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.study.trial import TrialRow, log_final, rows, run_one_trial, was_interrupted  # noqa: F401 (rows: allocopt.query.sources reads it here, TrialRow allocopt.query.pareto)
+from allocopt.record import TrialRecord, TrialRow, records
+from allocopt.study.trial import log_final, run_one_trial
 
 
 def run_study(
@@ -44,15 +45,24 @@ def run_study(
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
+    on_answer: Callable[[Any, Any], None] | None = None,
     verbose: bool = False,
 ) -> Any:
     """The one study loop: ask the sampler, run the trial, tell the result, until the study has
-    ``spec.trials`` finished full-budget trials (complete, infeasible or failed).
+    ``spec.trials`` finished full-budget trials (complete, infeasible or failed), then store the
+    study's final answer.
 
     With :class:`allocopt.study.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
     several targets) the sampler decides each trial's fidelity: RACE pilots (at
     ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
     then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
+
+    The final answer is stored by the loop itself, so a Python caller gets it as the command
+    line does: with the tracker, the counts and the best full-budget trial on the MLflow parent
+    run (:func:`allocopt.study.trial.log_final`); with a RaceSampler (not ``pilots_only``) and
+    at least two trials, one of them full-budget, RACE's recommendation
+    (:func:`final_answer`) in the study's user attribute ``recommendation`` and on the parent
+    run (:func:`store_answer`).
 
     Args:
         spec: the study definition.
@@ -64,6 +74,7 @@ def run_study(
         pilots_only: run RACE's pilot grid (what is left of it) and stop.
         study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
+        on_answer: called as ``(recommendation, surrogate)`` once RACE's final answer is stored.
         verbose: show the libraries' warnings and log lines during trials (hidden by default,
             :mod:`allocopt.study.quiet`).
 
@@ -94,11 +105,13 @@ def run_study(
     race = isinstance(sampler, RaceSampler)
     if pilots_only and not race:
         raise ValueError("pilots_only needs a RaceSampler")
-    study = study if study is not None else open_study(spec, storage)
+    study = study if study is not None else open_study(spec, storage, sampler)
     n = len(study.get_trials(deepcopy=False))
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
         sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
+    if tracker:  # runs of trials settled when the study was opened (killed workers) end now
+        tracker.reconcile(study)
     study.sampler = sampler
     study.set_user_attr("spec", spec.to_dict())
     name_objectives(study, spec)
@@ -111,26 +124,16 @@ def run_study(
                                      "settings": asdict(sampler.settings)})
     dists = distributions(spec, fidelity=race)
 
-    def finished() -> int:
-        from allocopt.race import trial_fidelity
-
-        # an interrupted or killed (retried) trial does not count: it is run again; a failed one
-        # counts (it would fail again)
-        trials = study.get_trials(deepcopy=False)
-        retried = {t.system_attrs.get("failed_trial") for t in trials}
-        return sum(1 for t in trials
-                   if trial_fidelity(t) == "full" and (t.state == TrialState.COMPLETE or (
-                       t.state == TrialState.FAIL and t.number not in retried
-                       and not was_interrupted(t))))
-
     # every ask runs a trial (the queue's first); the cap only guards against a sampler that
     # never proposes a full run
-    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) + 2
     cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
                                    + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
                                    if race else 0)
-    for _ in range(cap + 1):
-        if (sampler.pilots_left(study) == 0) if pilots_only else (finished() >= spec.trials):
+    for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
+        # the count is reached: the work it stood for runs exactly once
+        if not retries_waiting(study) and ((sampler.pilots_left(study) == 0) if pilots_only
+                                           else (finished_full(study) >= spec.trials)):
             break
         with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
             if race:
@@ -141,7 +144,75 @@ def run_study(
     if tracker:
         tracker.reconcile(study)
         log_final(study, spec, tracker)
+    if race and not pilots_only:
+        rec, sur = final_answer(study, spec, sampler)
+        if rec is not None:
+            store_answer(study, spec, rec, tracker)
+            if on_answer:
+                on_answer(rec, sur)
     return study
+
+
+def finished_full(study: Any) -> int:
+    """Full-budget trials that count towards ``spec.trials``: complete ones and failed ones (a
+    failed run would fail again); an interrupted or killed trial that is run again (a trial
+    repeats it: Optuna's ``failed_trial``) does not count, its re-run does."""
+    recs = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+    retried = {r.retried_from for r in recs}
+    return sum(1 for r in recs
+               if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
+                   r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
+
+
+def retries_waiting(study: Any) -> int:
+    """Queued re-runs of killed or interrupted trials (WAITING with Optuna's ``failed_trial``)."""
+    return sum(1 for r in records(study) if r.optuna_state == "WAITING" and r.retried_from is not None)
+
+
+def work_left(study: Any, spec: StudySpec, sampler: Any = None) -> dict[str, int]:
+    """What a run of the study would still do: ``full`` runs to reach ``spec.trials``
+    (:func:`finished_full`), queued ``retries`` (:func:`retries_waiting`), and with a
+    :class:`~allocopt.study.sampler.RaceSampler` the ``pilots`` no trial has claimed. All zero:
+    the study is finished."""
+    return {"full": max(0, spec.trials - finished_full(study)), "retries": retries_waiting(study),
+            "pilots": sampler.pilots_left(study) if sampler is not None and hasattr(sampler, "pilots_left") else 0}
+
+
+def final_answer(study: Any, spec: StudySpec, sampler: Any) -> tuple[Any, Any]:
+    """RACE's one answer from the study's trials alone: ``(recommendation, surrogate)``
+    (:func:`allocopt.race.recommend.recommendation` on
+    :func:`allocopt.race.recommend.final_surrogate`), or ``(None, None)`` before the study has
+    two trials, one of them at the full budget.
+
+    Args:
+        study: the Optuna study.
+        spec: the study definition (its search space).
+        sampler: the study's :class:`allocopt.study.sampler.RaceSampler` (its observations,
+            seed and settings).
+    """
+    from allocopt.race.recommend import final_surrogate, recommendation
+
+    obs = sampler.observations(study)
+    if len(obs) < 2 or not any(o.fidelity == "full" for o in obs):
+        return None, None
+    sur = final_surrogate(obs, spec.space, sampler.seed)
+    return recommendation(sur, obs, spec.space, sampler.settings), sur
+
+
+def store_answer(study: Any, spec: StudySpec, rec: Any, tracker: Any = None) -> dict[str, Any]:
+    """Store the study's answer ``rec`` (a :class:`~allocopt.race.recommend.Recommendation`, or
+    a bare :class:`~allocopt.plan.allocation.Allocation`) in the Optuna study (user attribute
+    ``recommendation``) and, with a tracker, on the MLflow parent run
+    (:meth:`allocopt.tracking.StudyTracker.log_recommendation`). Returns the stored dict
+    (:func:`allocopt.race.answer.recommendation_dict`: allocation, target, interval in target
+    units)."""
+    from allocopt.race.answer import recommendation_dict
+
+    stored = recommendation_dict(rec, spec.target)
+    study.set_user_attr("recommendation", stored)
+    if tracker:
+        tracker.log_recommendation(stored)
+    return stored
 
 
 def dry_run(spec: StudySpec, workload: Workload, rho_levels: int = 8) -> list[tuple[Allocation, TrialPlan | None, str]]:
@@ -158,8 +229,9 @@ def dry_run(spec: StudySpec, workload: Workload, rho_levels: int = 8) -> list[tu
             for g in spec.space.group_sizes:
                 for rho in levels:
                     a = Allocation(round(rho, 4), g, reward, model)
+                    budget = spec.budget_for(a, workload)  # a wrong profile: one line, at once
                     try:
-                        p = make_plan(spec.budget_flops, a, workload)
+                        p = make_plan(budget, a, workload)
                         out.append((a, p, "" if p.realizable else "rho not realizable"))
                     except InfeasiblePlan as e:
                         out.append((a, None, f"needs {e.min_budget_flops:.3e} FLOPs"))

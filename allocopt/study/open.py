@@ -31,27 +31,37 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     import optuna
 
     if spec.pilots != 0 and not spec.multi_objective:
-        from allocopt.race import RaceSettings
+        if spec.time_budget is not None:
+            from allocopt.flops import ConfigError
+
+            raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); give --pilots 0 (plain Bayesian optimization) or a FLOP budget (--budget)")
+        from allocopt.race.design import RaceSettings
         from allocopt.study.sampler import RaceSampler
 
         settings = race_settings or RaceSettings(max_pilots=spec.pilots)
         return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
                            workload=workload, settings=settings, seed=spec.seed)
+    # workers of one study started by `allocopt workers` (ALLOCOPT_WORKER = 0, 1, ...) draw
+    # different random start-up proposals: the same seed would make them propose the same ones
+    import os
+
+    worker = os.environ.get("ALLOCOPT_WORKER", "0")
+    seed = spec.seed + (int(worker) if worker.isdigit() else 0)
     if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     import torch
 
     torch.set_num_threads(1)
     if spec.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.startup_trials)
     from optuna_integration import BoTorchSampler
 
     if spec.multi_objective:  # noisy targets: qLogNEHVI (log noisy expected hypervolume improvement)
         from optuna_integration.botorch import qnehvi_candidates_func
 
-        return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials,
+        return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials,
                               candidates_func=qnehvi_candidates_func)
-    return BoTorchSampler(seed=spec.seed, n_startup_trials=spec.startup_trials)
+    return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials)
 
 
 def distributions(spec: StudySpec, *, fidelity: bool = False) -> dict[str, Any]:
@@ -83,12 +93,17 @@ def check_same_study(study: Any, spec: StudySpec) -> None:
                              "with the same settings or give another --study-name")
 
 
-def open_study(spec: StudySpec, storage: str) -> Any:
+def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any:
     """Create or load the Optuna study, heartbeats on (:mod:`allocopt.study.storage`).
 
-    Opening never touches a RUNNING trial: it may be another worker's live trial, or a trial
-    reserved by ``allocopt ask``. A dead worker's trial is failed and retried once after the
-    grace period (:func:`allocopt.study.storage.fail_stale`, before each ``ask``).
+    Builds no sampler of its own: the study asks ``sampler`` when given, else Optuna's
+    :class:`~optuna.samplers.RandomSampler` (seeded ``spec.seed``) until the caller sets
+    ``study.sampler`` (:func:`make_sampler`; the loop does). ``storage`` ``None``: in memory.
+
+    Opening settles what stopped workers left (:func:`allocopt.study.storage.reconcile_on_open`:
+    a gone worker's trial finished from its whole record or failed and run again once, stale
+    ones after the grace period, Ctrl-C'd ones enqueued to run again); it never touches a live
+    worker's RUNNING trial or a trial reserved by ``allocopt ask``.
 
     Raises:
         StudyError: the storage cannot be opened (the URL in the message has its password
@@ -96,7 +111,7 @@ def open_study(spec: StudySpec, storage: str) -> Any:
     """
     import optuna
 
-    from allocopt.study.storage import StorageError, make_storage, redact_url, register
+    from allocopt.study.storage import StorageError, make_storage, reconcile_on_open, redact_url, register
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact_url(storage)
@@ -106,7 +121,7 @@ def open_study(spec: StudySpec, storage: str) -> Any:
                 store = make_storage(storage)
                 study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
                                             directions=["maximize"] * len(spec.targets),
-                                            sampler=make_sampler(spec))
+                                            sampler=sampler or optuna.samplers.RandomSampler(seed=spec.seed))
                 break
             except Exception as e:  # noqa: BLE001
                 if attempt == 3 or not _creation_race(e):
@@ -121,6 +136,7 @@ def open_study(spec: StudySpec, storage: str) -> Any:
         raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
     register(study, store)
     _check_terms(study, spec)
+    reconcile_on_open(study, spec.targets)  # a stopped worker's trials settled before anything is asked
     return study
 
 

@@ -10,18 +10,65 @@ recommendation at the end.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from allocopt.plan.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
-from allocopt.race.diagnose import diagnose, observations
-from allocopt.race.recommend import final_surrogate, recommendation
-from allocopt.race.validate import RaceResult, validate
+from allocopt.race.diagnose import RegimeDiagnosis, diagnose, observations
+from allocopt.race.propose import Proposal
+from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 from allocopt.spec import StudySpec
+from allocopt.study.open import DEFAULT_STORAGE
+from allocopt.record import TrialRow
 
 from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402  (defined there)
+
+
+@dataclass
+class RaceResult:
+    """What :func:`run_race` did and found."""
+
+    study: Any
+    pilot_budget_flops: float
+    pilots: list[TrialRow]
+    """Pilot trials run by this call (a resumed race skips pilots already done)."""
+    diagnoses: list[RegimeDiagnosis]
+    proposals: list[Proposal]
+    """Proposals run by this call (with ``propose_only``: proposed, none run)."""
+    validations: list[TrialRow]
+    """Runs of proposals done by this call (full runs and extra pilots)."""
+    validation: list[ValidationRow]
+    """Pilot against full-budget regimes (empty until the study has a full-budget run)."""
+    timings: dict[str, list[float]] = field(default_factory=dict)
+    """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal round."""
+    recommendation: Any = None
+    """RACE's answer for the full budget at the end: a
+    :class:`~allocopt.race.recommend.Recommendation` (allocation, credible interval, probability
+    it is the best) once the study has a full-budget run; before that (``validations = 0``,
+    ``propose_only``) a bare :class:`~allocopt.plan.allocation.Allocation` (the pilots' best
+    diagnosis or the surrogate's maximizer). :attr:`recommended` is its allocation either way."""
+    recommendations: list[tuple[int, Allocation]] = field(default_factory=list)
+    """``(last trial number seen, recommendation)`` after the pilots and after each round of
+    this call: what RACE would have answered had it stopped there."""
+
+    @property
+    def recommended(self) -> Allocation | None:
+        """The recommended allocation (of :attr:`recommendation`, whichever type it has)."""
+        return getattr(self.recommendation, "allocation", self.recommendation)
+
+    @property
+    def same_regime_rate(self) -> float:
+        return same_regime_rate(self.validation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pilot_budget_flops": self.pilot_budget_flops,
+                "diagnoses": [d.to_dict() for d in self.diagnoses],
+                "proposals": [p.to_dict() for p in self.proposals],
+                "validation": [v.to_dict() for v in self.validation],
+                "same_regime_rate": self.same_regime_rate, "timings": self.timings,
+                "recommendation": None if self.recommendation is None else asdict(self.recommendation)}
 
 
 def run_race(
@@ -42,6 +89,11 @@ def run_race(
     verbose: bool = False,
 ) -> RaceResult:
     """Pilots, regime diagnosis, validation proposals (and runs) in one Optuna study.
+
+    The answer is stored as :func:`allocopt.study.loop.run_study` stores it (user attribute
+    ``recommendation``, and the tracker's parent run): RACE's recommendation once the study has
+    a full-budget run; before that (``validations = 0``, or no full run finished) the pilots'
+    best diagnosis. ``propose_only`` stores none.
 
     Args:
         spec: the study; ``spec.budget_flops`` is the full budget, ``spec.space`` the grid.
@@ -64,9 +116,9 @@ def run_race(
         ConfigError: bad ``pilot_fraction``, ``validations`` or space.
         StudyError: the storage cannot be opened, or the objective lacks the target.
     """
-    from allocopt.study.sampler import RaceSampler
-    from allocopt.study.loop import run_study
+    from allocopt.study.loop import run_study, store_answer
     from allocopt.study.open import open_study
+    from allocopt.study.sampler import RaceSampler
 
     f = check_pilot_fraction(pilot_fraction)
     if isinstance(validations, bool) or not isinstance(validations, int) or validations < 0:
@@ -75,7 +127,7 @@ def run_race(
     sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=f, workload=workload,
                           settings=settings, seed=s.seed)
     emit = on_phase or (lambda phase, payload: None)
-    study = open_study(s, storage)
+    study = open_study(s, storage, sampler)
     result = RaceResult(study, sampler.budget_of("pilot"), [], [], [], [], [], sampler.timings)
     emit("pilots", sampler.pilots_to_run(study))
 
@@ -108,6 +160,8 @@ def run_race(
     if fitted:
         result.recommendation = max(fitted, key=lambda d: d.value).recommendation
     if validations == 0:
+        if result.recommendation is not None:
+            store_answer(study, s, result.recommendation, tracker)
         return result
     if propose_only:
         result.proposals = sampler.proposals(study, q=validations)
@@ -116,15 +170,13 @@ def run_race(
         if sampler.recommendations:
             result.recommendation = sampler.recommendations[-1][1]
         return result
-    run_study(s, **kw)
-    obs = sampler.observations(study)
-    if len(obs) >= 2 and any(o.fidelity == "full" for o in obs):
-        # the one answer: the allocation with its credible interval and probability of being
-        # best, from the trials alone (as `allocopt report` computes it)
-        sur = final_surrogate(obs, s.space, sampler.seed)
-        result.recommendation = recommendation(sur, obs, s.space, settings)
-        obs = observations(study, s)
-        result.validation = validate(result.diagnoses, obs, s, settings, surrogate=sur)
+    answer: list[Any] = []  # the one answer, stored by the loop: (recommendation, surrogate)
+    run_study(s, on_answer=lambda rec, sur: answer.append((rec, sur)), **kw)
+    if answer:
+        result.recommendation, sur = answer[0]
+        result.validation = validate(result.diagnoses, observations(study, s), s, settings, surrogate=sur)
         emit("validation", result.validation)
+    elif result.recommendation is not None:  # no full run yet: the pilots' best diagnosis
+        store_answer(study, s, result.recommendation, tracker)
     result.recommendations = list(sampler.recommendations)
     return result

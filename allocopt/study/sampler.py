@@ -59,10 +59,11 @@ from optuna.trial import FrozenTrial, TrialState
 from allocopt.plan.allocation import Allocation, Workload, check_budget
 from allocopt.study.claims import CLAIM_ATTR, clashes, with_claims, write_claim
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
-from allocopt.race.diagnose import Observation, observed_params, trial_fidelity, trial_params
+from allocopt.race.diagnose import Observation, observed_params
 from allocopt.race.fit import SurrogateCache, fit_surrogate
 from allocopt.race.propose import PlanCache, Proposal, propose, runs_of
 from allocopt.race.recommend import recommend
+from allocopt.record import TrialRecord, decision_attrs, fidelity_of, params_of, write_missing
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
 
 FIDELITY_PARAM = "fidelity"
@@ -104,12 +105,9 @@ class RaceDecision:
 
     def user_attrs(self) -> dict[str, Any]:
         """The user attributes :meth:`RaceSampler.suggest` writes on the trial."""
-        d: dict[str, Any] = {"fidelity": self.fidelity, "budget_flops": self.budget_flops}
-        if self.pilot is not None:
-            d["race_pilot"] = self.pilot.key
-        elif self.kind == "proposal":
-            d["race_validation"] = True
-        return d
+        return decision_attrs(self.fidelity, self.budget_flops,
+                              race_pilot=self.pilot.key if self.pilot is not None else None,
+                              race_validation=self.kind == "proposal")
 
 
 def _slot(a: Allocation) -> tuple:
@@ -180,7 +178,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
             raise ValueError("RaceSampler: one objective only (this study has "
                              f"{len(study.directions)}); use a multi-objective sampler")
         # a trial that came with parameters (enqueued: Optuna's fixed_params) keeps them
-        d = self._given(trial) if trial_params(trial) else self._claimed_decision(study, trial)
+        d = self._given(trial) if params_of(trial) else self._claimed_decision(study, trial)
         self.decisions[trial.number] = d
         a = d.allocation
         full = {"rho": a.rho, "group_size": a.group_size, "reward": a.reward, "model": a.model,
@@ -206,10 +204,9 @@ class RaceSampler(optuna.samplers.BaseSampler):
         return d if d is not None else self._given(trial)
 
     def _given(self, trial: FrozenTrial | optuna.Trial) -> RaceDecision:
-        params = trial_params(trial) if isinstance(trial, FrozenTrial) else dict(trial.params)
-        fidelity = str(params.get(FIDELITY_PARAM) or trial.user_attrs.get("fidelity") or "full")
-        budget = float(trial.user_attrs.get("budget_flops", self.budget_of(fidelity)))
-        return RaceDecision("given", allocation_in(self.space, params), fidelity, budget)
+        r = TrialRecord.of(trial)  # a live trial: its own parameters only
+        return RaceDecision("given", allocation_in(self.space, r.given_params), r.fidelity,
+                            r.budget(self.budget_of(r.fidelity)))
 
     def suggest(self, trial: optuna.Trial) -> RaceDecision:
         """Suggest every parameter of the space and the fidelity on ``trial`` (values chosen by
@@ -218,9 +215,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
         for name, dist in self.distributions.items():
             _suggest(trial, name, dist)
         d = self.decision(trial)
-        for k, v in d.user_attrs().items():
-            if k not in trial.user_attrs:
-                trial.set_user_attr(k, v)
+        write_missing(trial, d.user_attrs())
         return d
 
     # ------------------------------------------------------------------ the race
@@ -285,7 +280,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
         trials = with_claims(study.get_trials(deepcopy=False), self.distributions)
         todo = self._unclaimed(trials, skip=trial.number)
         ahead = sum(1 for t in trials if t.number < trial.number and t.state == TrialState.RUNNING
-                    and not trial_params(t) and not t.system_attrs.get(CLAIM_ATTR))
+                    and not params_of(t) and not t.system_attrs.get(CLAIM_ATTR))
         if ahead < len(todo):
             p = todo[ahead]
             return RaceDecision("pilot", p.allocation, "pilot", self.budget_of("pilot"), pilot=p)
@@ -301,20 +296,19 @@ class RaceSampler(optuna.samplers.BaseSampler):
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
         out = []
         for t in trials:
-            if t.state != TrialState.COMPLETE or not t.values or \
-                    t.user_attrs.get("state", "COMPLETE") != "COMPLETE":
+            if t.state != TrialState.COMPLETE or not t.values or TrialRecord.of(t).state != "COMPLETE":
                 continue
             out.append(self._observation(t, sign * float(t.values[0])))
         return [o for o in out if math.isfinite(o.value)]
 
     def _observation(self, t: FrozenTrial, value: float) -> Observation:
-        fidelity = trial_fidelity(t)
-        budget = float(t.user_attrs.get("budget_flops", self.budget_of(fidelity)))
-        m = t.user_attrs.get("metrics") or {}
+        r = TrialRecord.of(t)
+        budget = r.budget(self.budget_of(r.fidelity))
+        m = r.metrics
         total = m.get("total_flops") or 0
         return Observation(number=t.number, allocation=allocation_in(self.space, observed_params(t)),
                            value=value, budget_flops=budget, budget_fraction=budget / self.budget_flops,
-                           fidelity=fidelity,
+                           fidelity=r.fidelity,
                            reward_share=(m.get("reward_flops", 0) / total) if total else math.nan)
 
     def _surrogate(self, obs: list[Observation]) -> Any:
@@ -336,12 +330,12 @@ class RaceSampler(optuna.samplers.BaseSampler):
             return []
         sur = self._surrogate(obs)
         t0 = time.perf_counter()
-        pending = [t for t in trials if t.number != skip and trial_params(t)
+        pending = [t for t in trials if t.number != skip and params_of(t)
                    and t.state in (TrialState.RUNNING, TrialState.WAITING)
-                   and trial_fidelity(t) == "full"]
+                   and fidelity_of(t) == "full"]
         if pending:  # constant liar (CL-min) at the fitted hyperparameters
             lie = min(o.value for o in obs)
-            lies = [Observation(t.number, allocation_in(self.space, trial_params(t)), lie,
+            lies = [Observation(t.number, allocation_in(self.space, params_of(t)), lie,
                                 self.budget_flops, 1.0, "full", math.nan) for t in pending]
             sur = fit_surrogate(obs + lies, self.space, seed=self.seed + len(obs) + len(lies),
                                 init=sur.raw, fit=False)

@@ -10,11 +10,15 @@ dies (SIGKILL, lost host) stops beating; the next worker that asks for a trial
 silent for more than :data:`GRACE_PERIOD_S`, fails it, and
 :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` (``max_retry=1``) enqueues a copy
 (same parameters and user attributes, so a pilot stays a pilot) that the next ``ask`` of any
-worker runs. Opening a study never touches another worker's RUNNING trial.
+worker runs. Opening a study never touches another live worker's RUNNING trial.
 
-The same holds for one worker on SQLite: a study killed mid-trial leaves its trial RUNNING
-until the grace period has passed since the last heartbeat; the next run of the study then
-fails it and runs it again (Ctrl-C marks the trial failed at once). Trials RUNNING without any
+Every opening of a study settles what stopped workers left (:func:`reconcile_on_open`): a
+trial whose worker ran on this host and is gone is settled at once (no grace period to wait),
+stale ones after the grace period; a trial recorded whole before its worker died (a full disk
+failed Optuna's ``tell`` after allocopt wrote the result) is finished from its record, any
+other is failed and its work run again once; a trial stopped by Ctrl-C is enqueued to run
+again. So a study whose ``--trials`` are done still settles its last killed trial when it is
+opened again (``study``, ``race``, ``ask``, ``best``, ``report``). Trials RUNNING without any
 heartbeat are trials reserved by ``allocopt ask`` for runs launched elsewhere: they stay
 RUNNING until ``allocopt tell`` records them.
 
@@ -49,7 +53,12 @@ MAX_RETRY = 1
 WORKER_ATTR = "allocopt.worker"
 """System attribute of a trial: ``<host>:<pid>`` of the worker that runs it."""
 
+DEVICES_ATTR = "allocopt.cuda_visible_devices"
+"""System attribute of a trial: the ``CUDA_VISIBLE_DEVICES`` of the worker that runs it, when
+set (``allocopt workers --gpus`` sets one per worker)."""
+
 _STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_SETTLED: "weakref.WeakKeyDictionary[Any, dict[str, list[int]]]" = weakref.WeakKeyDictionary()
 
 
 from allocopt.errors import StorageError  # noqa: E402,F401  (defined there; imported from here too)
@@ -66,7 +75,38 @@ def redact_url(url: str | None) -> str:
     """
     if not url:
         return "" if url is None else url
+    import re
+
     s = str(url)
+    if not re.search(r"\s", s):
+        s = _redact_one(s)
+    else:  # a message that holds URLs (an error line): each one redacted
+        s = re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"()<>]+", lambda m: _redact_one(m.group(0)), s)
+    return re.sub(r"(?i)([?&;]password=)[^&;\s'\"]*", r"\1***", s)
+
+
+def without_password(url: str) -> tuple[str, str | None]:
+    """``url`` with no password at all, for commands written to files (``ask.json``'s ``tell``),
+    and the variable that supplies it instead: ``PGPASSWORD`` (or ``~/.pgpass``, read by libpq)
+    for PostgreSQL, ``MLFLOW_TRACKING_PASSWORD`` (with ``MLFLOW_TRACKING_USERNAME``, read by
+    MLflow) for an ``http(s)`` server; ``None`` when the URL held no password.
+
+    >>> without_password("postgresql+psycopg://al:s3cr@db:5432/optuna")
+    ('postgresql+psycopg://al@db:5432/optuna', 'PGPASSWORD')
+    """
+    shown = redact_url(url)
+    if shown == url:
+        return url, None
+    import re
+
+    bare = re.sub(r"(?i)[?&;]password=\*\*\*", "", shown.replace(":***@", "@", 1))
+    if url.startswith(("http://", "https://")):
+        bare = re.sub(r"://[^/@]*@", "://", bare, count=1)
+        return bare, "MLFLOW_TRACKING_PASSWORD"
+    return bare, "PGPASSWORD" if url.startswith("postgres") else "the database's password variable"
+
+
+def _redact_one(s: str) -> str:
     scheme, sep, rest = s.partition("://")
     if sep:
         cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0] or [len(rest)])
@@ -76,9 +116,7 @@ def redact_url(url: str | None) -> str:
         if at and ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         s = f"{scheme}://{userinfo}{at}{host}{tail}" if at else s
-    import re
-
-    return re.sub(r"(?i)([?&;]password=)[^&;]*", r"\1***", s)
+    return s
 
 
 def worker_name() -> str:
@@ -129,11 +167,188 @@ class StaleTrialCallback:
         self.listeners: dict[Any, Callable[[Any, Any], None]] = {}
 
     def __call__(self, study: Any, trial: Any) -> None:
+        values = recorded_values(study, trial)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._retry(study, trial)
+            if values is not None:  # its result was recorded whole before the worker died
+                _add_recorded(study, trial, values)
+            else:  # retried once with its decision only (not a dead run's half-written result)
+                self._retry(study, _decision_only(trial))
         for fn in list(self.listeners.values()):
             fn(study, trial)
+
+
+_RESULT_ATTRS = ("state", "targets", "metrics", "error", "plan", "asked", "source", "over_budget")
+"""User attributes of a trial's result (:mod:`allocopt.record`): not copied onto its re-run."""
+
+
+def _decision_only(trial: Any) -> Any:
+    """A copy of the FrozenTrial ``trial`` whose user attributes keep the decision only
+    (fidelity, budget, RACE's pilot key): what a re-run of the same work starts from."""
+    import copy
+
+    t = copy.deepcopy(trial)
+    t.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in _RESULT_ATTRS}
+    return t
+
+
+def recorded_values(study: Any, trial: Any, targets: Any = None) -> list[float] | None:
+    """The Optuna values of a trial whose result allocopt recorded whole before its worker
+    stopped (killed, or a full disk failed ``study.tell``): user attribute ``state``
+    ``COMPLETE`` with the plan (written last, :func:`allocopt.record.write_complete` after the
+    ``budget`` constraint) and a finite value of every target of the study, in the study's
+    objective order; ``INFEASIBLE`` with its error: the placeholder 0 per target. ``None`` when
+    the record is partial or absent: then the work is run again instead.
+
+    The study's targets: ``targets`` (names such as ``pass@1``, in objective order), else its
+    metric names, else its ``spec`` user attribute.
+    """
+    import math
+
+    from allocopt.record import TrialRecord
+    from allocopt.spec import target_key
+
+    names = list(targets or study.metric_names or [])
+    if not names:
+        t = (study.user_attrs.get("spec") or {}).get("target")
+        names = [t] if isinstance(t, str) else list(t or [])
+    if not names or len(names) != len(study.directions):
+        return None
+    rec = TrialRecord.of(trial)
+    if rec.state == "INFEASIBLE" and rec.error:
+        return [0.0] * len(names)
+    if rec.state != "COMPLETE" or not rec.plan:
+        return None
+    vals = [rec.targets.get(target_key(n)) for n in names]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
+        return None
+    return [float(v) for v in vals]
+
+
+def _add_recorded(study: Any, trial: Any, values: list[float]) -> None:
+    """The failed ``trial``'s recorded result as a COMPLETE trial of its own (Optuna cannot
+    complete a failed trial): same parameters, attributes and constraint, system attribute
+    ``failed_trial`` naming the one it finishes, so it counts once and the failed one not."""
+    import optuna
+
+    system_attrs = {**trial.system_attrs, "failed_trial": trial.number,
+                    "retry_history": [*trial.system_attrs.get("retry_history", []), trial.number]}
+    study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.COMPLETE, values=values,
+                                        params=trial.params, distributions=trial.distributions,
+                                        user_attrs=trial.user_attrs, system_attrs=system_attrs))
+
+
+def _owner_gone(trial: Any) -> bool:
+    """Whether a RUNNING trial's worker (system attribute ``allocopt.worker``, ``<host>:<pid>``)
+    ran on this host and its process no longer exists. A trial without the attribute (reserved
+    by ``allocopt ask``) or of another host is never taken for gone here: the grace period
+    decides for those. (A pid reused by an unrelated process reads as alive: the grace period
+    then fails the trial, later.)"""
+    import socket
+
+    who = trial.system_attrs.get(WORKER_ATTR)
+    if not isinstance(who, str) or ":" not in who:
+        return False
+    host, _, pid = who.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
+    """Settle the trials a stopped worker left behind; called whenever a study is opened
+    (:func:`allocopt.study.open.open_study`, :func:`allocopt.query.sources.open_study_for_query`):
+
+    1. a RUNNING trial whose worker ran on this host and is gone (killed: SIGKILL, OOM, a
+       full disk) is settled at once, without waiting for the grace period: finished from its
+       record when the record is whole (:func:`recorded_values`: told COMPLETE with the
+       recorded targets), else failed and its work enqueued to run again once (the
+       stale-heartbeat callback, :class:`StaleTrialCallback`);
+    2. RUNNING trials silent for the grace period (any host) are failed the same way
+       (Optuna's ``fail_stale_trials``; a whole record becomes a COMPLETE trial of its own);
+    3. a trial stopped by Ctrl-C / SIGTERM (:func:`allocopt.record.is_interrupted`) with
+       parameters and no re-run yet is enqueued to run again (:func:`requeue_interrupted`).
+
+    Trials RUNNING without a heartbeat (reserved by ``allocopt ask``) and other live workers'
+    trials are left alone. A no-op for a study without heartbeats (in memory).
+
+    Returns:
+        ``{"finished": [...], "failed": [...], "requeued": [...]}``: trial numbers.
+    """
+    import copy
+
+    import optuna
+    from optuna.trial import TrialState
+
+    out: dict[str, list[int]] = {"finished": [], "failed": [], "requeued": []}
+    storage = _STORAGES.get(study)
+    if storage is None or not getattr(storage, "heartbeat_interval", None):
+        return out
+    sid = storage.get_study_id_from_name(study.study_name)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not _owner_gone(t):
+            continue
+        tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
+        values = recorded_values(study, t, targets)
+        try:
+            if values is not None:
+                study.tell(t.number, values)
+                out["finished"].append(t.number)
+            elif storage.set_trial_state_values(tid, state=TrialState.FAIL):
+                out["failed"].append(t.number)
+                cb = storage.get_heartbeat_stale_trial_callback()
+                if cb is not None:
+                    cb(study, copy.deepcopy(storage.get_trial(tid)))
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            continue  # another process settled it first
+    before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+    fail_stale(study)
+    out["failed"] += sorted({t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+                            - before - set(out["failed"]))
+    out["requeued"] = requeue_interrupted(study)
+    _SETTLED[study] = out
+    return out
+
+
+def settled(study: Any) -> dict[str, list[int]]:
+    """What :func:`reconcile_on_open` did when ``study`` was opened (empty lists if nothing)."""
+    return _SETTLED.get(study) or {"finished": [], "failed": [], "requeued": []}
+
+
+def requeue_interrupted(study: Any) -> list[int]:
+    """Enqueue, once, the work of each trial stopped by Ctrl-C / SIGTERM (it "runs again",
+    before any new proposal: Optuna's ``ask`` takes the queue first): same parameters and
+    decision attributes, system attribute ``failed_trial`` naming the trial it repeats (as
+    Optuna's ``RetryFailedTrialCallback`` writes it). A trial stopped before its parameters
+    were written has nothing to repeat (the sampler decides anew). Two workers opening the
+    same study at the same instant may both enqueue one; RACE's claims keep a pilot from
+    running twice, a full run may.
+
+    Returns:
+        the numbers of the interrupted trials enqueued now.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    from allocopt.record import is_interrupted
+
+    trials = study.get_trials(deepcopy=False)
+    repeated = {t.system_attrs.get("failed_trial") for t in trials}
+    done = []
+    for t in trials:
+        if t.state != TrialState.FAIL or not t.params or t.number in repeated or not is_interrupted(t):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optuna.storages.RetryFailedTrialCallback(max_retry=None)(study, _decision_only(t))
+        done.append(t.number)
+    return done
 
 
 def check_storage_url(url: str) -> None:
@@ -276,7 +491,8 @@ def _held_interrupts() -> Iterator[list[int]]:
 @contextlib.contextmanager
 def heartbeat(study: Any, trial: Any) -> Iterator[None]:
     """Record the trial's heartbeat now and every interval until the block ends; the trial's
-    system attribute ``allocopt.worker`` names this worker (:func:`worker_name`).
+    system attribute ``allocopt.worker`` names this worker (:func:`worker_name`) and
+    ``allocopt.cuda_visible_devices`` its GPUs (when ``CUDA_VISIBLE_DEVICES`` is set).
 
     Uses only the storage's public methods (``get_study_id_from_name``,
     ``get_trial_id_from_study_id_trial_number``, ``record_heartbeat``). A no-op for a study
@@ -293,6 +509,8 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
         sid = storage.get_study_id_from_name(study.study_name)
         tid = storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
         storage.set_trial_system_attr(tid, WORKER_ATTR, worker_name())
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            storage.set_trial_system_attr(tid, DEVICES_ATTR, os.environ["CUDA_VISIBLE_DEVICES"])
         storage.record_heartbeat(tid)
     except KeyboardInterrupt:
         _fail_interrupted(study, trial)
@@ -323,16 +541,17 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
     best effort; if the database cannot be reached, the stale heartbeat fails it later."""
     from optuna.trial import TrialState
 
+    from allocopt.record import write_interrupted
+
     try:
         if study.get_trials(deepcopy=False)[trial.number].state != TrialState.RUNNING:
             return
-        trial.set_user_attr("error", "interrupted")
-        trial.set_user_attr("state", "FAIL")
+        write_interrupted(trial)
         study.tell(trial, state=TrialState.FAIL)
     except Exception:  # noqa: BLE001 - Ctrl-C inside a database call can leave the session
         pass  # unusable: the trial has a heartbeat, so it is failed after the grace period
 
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
-           "StorageError", "fail_stale", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
-           "redact_url", "register", "stale_callback", "storage_of", "worker_name", "worker_trial"]
+           "StorageError", "fail_stale", "reconcile_on_open", "recorded_values", "requeue_interrupted", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
+           "redact_url", "register", "settled", "without_password", "stale_callback", "storage_of", "worker_name", "worker_trial"]

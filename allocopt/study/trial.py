@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
+from allocopt.record import (TrialRecord, TrialRow, is_interrupted, records, write_complete, write_failed,
+                             write_infeasible, write_interrupted, write_start)
 from allocopt.spec import StudySpec, allocation_of
 from allocopt.study.open import StudyError
 
@@ -19,44 +20,11 @@ from allocopt.study.open import StudyError
 from allocopt.errors import TrialScoreError  # noqa: E402,F401  (defined there; imported from here too)
 
 
-@dataclass
-class TrialRow:
-    """One trial as the study reports it."""
-
-    number: int
-    state: str
-    """``COMPLETE``, ``INFEASIBLE``, ``FAIL`` or ``RUNNING``."""
-    params: dict[str, Any]
-    targets: dict[str, float] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    fidelity: str = "full"
-    """``full`` (the study's budget) or ``pilot`` (a RACE pilot at a fraction of it)."""
-
-    @property
-    def value(self) -> float:
-        return self.metrics.get("value", math.nan)
-
-
-def rows(study: Any) -> list[TrialRow]:
-    """Every trial of a study as :class:`TrialRow`."""
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        state = ua.get("state", t.state.name)
-        params = {k: v for k, v in t.params.items() if k != "fidelity"}  # the fidelity is its own field
-        out.append(TrialRow(t.number, state, params, dict(ua.get("targets", {})),
-                            {**ua.get("metrics", {}), "value": t.values[0] if t.values else math.nan},
-                            ua.get("error"), ua.get("fidelity", "full")))
-    return out
-
-
 def best_row(study: Any) -> TrialRow | None:
     """The complete full-budget trial with the best (first) target; ``None`` when there is none."""
-    full = {t.number for t in study.get_trials(deepcopy=False)
-            if (t.params.get("fidelity") or t.user_attrs.get("fidelity") or "full") == "full"}
-    done = [r for r in rows(study) if r.state == "COMPLETE" and not math.isnan(r.value) and r.number in full]
-    return max(done, key=lambda r: r.value) if done else None
+    done = [r for r in records(study) if r.fidelity == "full" and r.state == "COMPLETE"]
+    best = [row for row in (r.row() for r in done) if not math.isnan(row.value)]
+    return max(best, key=lambda r: r.value) if best else None
 
 
 def interrupted_by(error: BaseException) -> bool:
@@ -78,8 +46,7 @@ def _record_interrupt(study: Any, trial: Any, tracker: Any, run_id: Any, plan: A
     """The interrupted trial failed in Optuna and MLflow (it runs again on resume)."""
     from optuna.trial import TrialState
 
-    trial.set_user_attr("error", "interrupted")
-    trial.set_user_attr("state", "FAIL")
+    write_interrupted(trial)
     study.tell(trial, state=TrialState.FAIL)
     if tracker:
         tracker.finish_trial(run_id, state="FAIL", metrics={}, curves=[], plan=plan.to_dict(),
@@ -120,19 +87,18 @@ def run_one_trial(
     """
     from optuna.trial import TrialState
 
-    ua = trial.user_attrs
-    budget = float(budget_flops if budget_flops is not None else ua.get("budget_flops", spec.budget_flops))
-    fidelity = fidelity or ua.get("fidelity", "full")
-    trial.set_user_attr("budget_flops", budget)
-    trial.set_user_attr("fidelity", fidelity)
-    keys = spec.target_keys
+    rec = TrialRecord.of(trial)
     alloc = allocation_of(spec, trial.params)
+    budget = float(budget_flops if budget_flops is not None else rec.budget(spec.budget_for(alloc, workload)))
+    fidelity = fidelity or rec.fidelity
+    write_start(trial, budget_flops=budget, fidelity=fidelity)
+    keys = spec.target_keys
     params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
               "model": alloc.model or workload.policy.name, "budget_flops": budget,
               "objective": spec.objective, "target": spec.target}
     run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
                                                         "allocopt.fidelity": fidelity}) if tracker else None
-    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in trial.params.items() if k != "fidelity"},
+    row = TrialRow(trial.number, "RUNNING", {k: v for k, v in rec.params.items() if k != "fidelity"},
                    fidelity=fidelity)
 
     def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
@@ -142,8 +108,7 @@ def run_one_trial(
         set_dashboard_constraint(study, trial, max(excess, 1e-6))
         dashboard_note(trial, f"**Infeasible, never run** (a violated `budget` constraint; the value 0 "
                               f"is a placeholder): {e}")
-        trial.set_user_attr("state", "INFEASIBLE")
-        trial.set_user_attr("error", str(e))
+        write_infeasible(trial, str(e))
         study.tell(trial, [0.0] * len(keys))
         row.state, row.error = "INFEASIBLE", str(e)
         if tracker:
@@ -164,6 +129,9 @@ def run_one_trial(
         on_trial_start(trial.number, alloc, plan)
     from allocopt.study.quiet import quiet
 
+    bind = getattr(objective, "bind_trial", None)  # optional: an objective that names its trial's files
+    if bind is not None:
+        bind(study=study.study_name, number=trial.number, fidelity=fidelity, spec=spec)
     try:
         with quiet(verbose):
             result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
@@ -184,9 +152,7 @@ def run_one_trial(
         spent = getattr(getattr(e, "result", None), "spent", None)
         err = f"{type(e).__name__}: {e}"
         metrics = spent.to_dict() if spent is not None else {}
-        trial.set_user_attr("error", err)
-        trial.set_user_attr("state", "FAIL")
-        trial.set_user_attr("metrics", metrics)
+        write_failed(trial, err, metrics)
         study.tell(trial, state=TrialState.FAIL)
         row.state, row.error, row.metrics = "FAIL", err, metrics
         if tracker:
@@ -201,12 +167,13 @@ def run_one_trial(
     metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
                "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
                **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
-    trial.set_constraint("budget", -1.0)
-    set_dashboard_constraint(study, trial, -1.0)
-    trial.set_user_attr("state", "COMPLETE")
-    trial.set_user_attr("targets", result.targets)
-    trial.set_user_attr("metrics", metrics)
-    trial.set_user_attr("plan", plan.to_dict())
+    # allocopt's meter never overruns; a launched command (objective ``command``) can: flagged as tell does
+    used = result.spent.executed.total_flops
+    over = used > budget
+    constraint = math.log10(used / budget) if over else -1.0
+    trial.set_constraint("budget", constraint)
+    set_dashboard_constraint(study, trial, constraint)
+    write_complete(trial, result.targets, metrics, plan=plan.to_dict(), over_budget=over or None)
     study.tell(trial, [float(result.targets[k]) for k in keys])
     row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[keys[0]]}
     if tracker:
@@ -246,25 +213,13 @@ def dashboard_note(trial: Any, body: str) -> None:
         pass
 
 
-def was_interrupted(t: Any) -> bool:
-    """Whether a failed trial was stopped by Ctrl-C / SIGTERM rather than failing (it runs again
-    on resume): its error says ``interrupted``, or it failed before the sampler gave it a
-    fidelity or parameters (a second Ctrl-C right after it was asked for)."""
-    if t.state.name != "FAIL":
-        return False
-    ua = t.user_attrs
-    return str(ua.get("error", "")).startswith("interrupted") or ("fidelity" not in ua and not t.params)
-
-
 def counts(study: Any) -> dict[str, int]:
     """Trials by fidelity and state: ``{"full_complete": 3, "pilot_infeasible": 5, ...}``
     (fidelity ``full`` or ``pilot``; state ``complete``, ``infeasible``, ``fail``, ``running``),
-    plus ``interrupted`` (:func:`was_interrupted`, of any fidelity: not failures)."""
+    plus ``interrupted`` (:func:`allocopt.record.is_interrupted`, of any fidelity: not failures)."""
     out: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        ua = t.user_attrs
-        key = "interrupted" if was_interrupted(t) else \
-            f"{ua.get('fidelity', 'full')}_{str(ua.get('state', t.state.name)).lower()}"
+    for r in records(study):
+        key = "interrupted" if r.interrupted else f"{r.fidelity}_{r.state.lower()}"
         out[key] = out.get(key, 0) + 1
     return out
 

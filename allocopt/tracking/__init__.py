@@ -17,13 +17,13 @@ Layout in MLflow
   process runs in). A server (``http://host:port``) keeps its own artifact default
   (``mlflow-artifacts:/`` when it proxies artifacts).
 * **Experiment** ``allocopt/<study_name>``, created or reused (restored if it was deleted);
-  tags ``allocopt.study.loop`` and ``mlflow.experimentKind=custom_model_development`` (MLflow 3's
+  tags ``allocopt.study`` and ``mlflow.experimentKind=custom_model_development`` (MLflow 3's
   UI reads this tag to choose an experiment's first page). MLflow 3.17's UI decides by its
   global GenAI / "Model training" switch instead (kept in the browser's local storage, GenAI
   by default); a link with ``?workflowType=machine_learning`` opens the runs table:
   ``http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning``
   (:func:`runs_view_url`).
-* **Parent run** named ``<study_name>``, tags ``allocopt.study.loop=<name>``, ``allocopt.role=study``.
+* **Parent run** named ``<study_name>``, tags ``allocopt.study=<name>``, ``allocopt.role=study``.
   A resumed study finds it by these tags and reuses it; N workers starting at once keep exactly
   one (``StudyTracker._parent_run``: the oldest wins, the others' are deleted). It is RUNNING
   while a tracker is open and ends when one closes (with several workers: by the latest of
@@ -35,7 +35,7 @@ Layout in MLflow
 * **Trial runs**, nested (tag ``mlflow.parentRunId``), named ``trial-<number>`` (``trial-<number>
   pilot`` for a pilot, ``infeasible`` put first for a plan the budget cannot buy: MLflow's runs
   table shows every ended run with the same check, and cuts long names), tags
-  ``allocopt.study.loop``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
+  ``allocopt.study``, ``allocopt.role=trial``, ``allocopt.trial_number``, ``allocopt.state``
   (``RUNNING``, then ``COMPLETE``, ``FAIL`` or ``INFEASIBLE``), ``allocopt.objective``,
   ``allocopt.fidelity`` (``full`` or ``pilot``) and any caller tag (a key without a dot gets the
   ``allocopt.`` prefix). MLflow status: FAILED for ``FAIL``, FINISHED otherwise, KILLED for a

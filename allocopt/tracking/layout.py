@@ -30,8 +30,14 @@ _BATCH_METRICS = 1000
 _BATCH_PARAMS_TAGS = 100
 _BATCH_BYTES = 900_000  # MLflow rejects log_batch requests over 1 MB
 
-TAG_STUDY = "allocopt.study.loop"
+EXPERIMENT_PREFIX = "allocopt/"
+"""A study's experiment is ``allocopt/<study>``."""
+TAG_STUDY = "allocopt.study"
 TAG_ROLE = "allocopt.role"
+ROLE_STUDY = "study"
+"""``allocopt.role`` of a study's parent run."""
+ROLE_TRIAL = "trial"
+"""``allocopt.role`` of a trial's nested run."""
 TAG_TRIAL = "allocopt.trial_number"
 TAG_STATE = "allocopt.state"
 TAG_OBJECTIVE = "allocopt.objective"
@@ -39,6 +45,16 @@ TAG_FIDELITY = "allocopt.fidelity"
 TAG_ERROR = "allocopt.error"
 TAG_SKIPPED = "allocopt.skipped_metrics"
 TAG_PARENT = "mlflow.parentRunId"
+TAG_SUMMARY_STEP = "allocopt.summary_step"
+"""The parent run's count of study summaries logged (the next summary's step)."""
+TAG_RECOMMENDED = "allocopt.recommended."
+"""Prefix of the parent run's recommended-allocation tags (``allocopt.recommended.rho``, ...)."""
+METRIC_RECOMMENDED = "recommended_"
+"""Prefix of the parent run's recommendation metrics (``recommended_mean``, ...)."""
+CURVE_PREFIX = "curve/"
+"""Prefix of a trial run's curve metrics (``curve/cumulative_flops``, ...)."""
+PARAM_TARGET = "target"
+"""The parent run's (and a trial run's) param naming the study's target(s)."""
 
 _STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "INFEASIBLE": "FINISHED"}
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
@@ -165,10 +181,10 @@ def _curve_metrics(curves: Iterable[Any], budget: float | None, now: int) -> lis
         for f in CURVE_FIELDS:
             v = _metric_value(d.get(f))
             if v is not None:
-                out.append(Metric(f"curve/{f}", v, now, step))
+                out.append(Metric(f"{CURVE_PREFIX}{f}", v, now, step))
         cum = _metric_value(d.get("cumulative_flops"))
         if budget and cum is not None:
-            out.append(Metric("curve/budget_fraction", cum / budget, now, step))
+            out.append(Metric(f"{CURVE_PREFIX}budget_fraction", cum / budget, now, step))
         for k, v in (d.get("train") or {}).items():
             v = _metric_value(v)
             if v is not None:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.tracking.layout import (DEFAULT_TRACKING_URI, EXPERIMENT_KIND, TAG_ROLE, TAG_STATE, TAG_STUDY,
+from allocopt.tracking.layout import (DEFAULT_TRACKING_URI, EXPERIMENT_KIND, EXPERIMENT_PREFIX, METRIC_RECOMMENDED,
+                                    ROLE_STUDY, TAG_RECOMMENDED, TAG_ROLE, TAG_STATE, TAG_STUDY, TAG_SUMMARY_STEP,
                                     TrackingError, _flatten, _metric_value, _sanitized, mlflow_key)
 from allocopt.tracking.trials import TrialRuns
 
@@ -29,23 +30,34 @@ class StudyTracker(TrialRuns):
         study_name: the study; the experiment is ``allocopt/<study_name>``.
         tracking_uri: MLflow tracking URI; ``None``: ``$MLFLOW_TRACKING_URI`` or
             ``sqlite:///mlflow.db`` in the working folder.
+        spool_dir: where writes go while an ``http(s)://`` server does not answer
+            (:mod:`allocopt.tracking.spool`); ``None``: ``$TMPDIR/allocopt-spool``.
+
+Every request is bounded (one try, a few seconds); while a server is away the trials go on
+and their runs are spooled and replayed (:class:`allocopt.tracking.spool.SpooledClient`).
 
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, study_name: str, tracking_uri: str | None = None):
+    def __init__(self, study_name: str, tracking_uri: str | None = None, spool_dir: str | os.PathLike | None = None):
         from mlflow import MlflowClient  # heavy import, kept out of `import allocopt`
+
+        from allocopt.tracking.spool import SpooledClient, spool_folder
 
         if not study_name or not str(study_name).strip():
             raise ValueError(f"study_name={study_name!r}: must be a non-empty name")
         self.study_name = str(study_name)
         self.tracking_uri = _resolve_uri(tracking_uri)
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        self.experiment_name = f"allocopt/{self.study_name}"
+        self.client = SpooledClient(MlflowClient(tracking_uri=self.tracking_uri),
+                                    Path(spool_dir) if spool_dir else spool_folder(None), self.study_name,
+                                    spool=self.tracking_uri.startswith(("http://", "https://")))
+        self.experiment_name = f"{EXPERIMENT_PREFIX}{self.study_name}"
         self.experiment_id = self._experiment()
         self.parent_run_id = self._parent_run()
         self._open: dict[str, dict[str, Any]] = {}
         self._closed = False
+        self._summary_step = -1
+        self.client.replay_left()  # runs an earlier process spooled while the server was away
 
     # ----------------------------------------------------------------- set-up
     def _experiment(self) -> str:
@@ -73,7 +85,7 @@ class StudyTracker(TrialRuns):
 
     def _study_runs(self) -> list[Any]:
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'study'", max_results=1000)
+            [self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_STUDY}'", max_results=1000)
         return sorted((r for r in runs if r.data.tags.get(TAG_STUDY) == self.study_name),
                       key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
@@ -90,7 +102,7 @@ class StudyTracker(TrialRuns):
         if not runs:
             mine = self.client.create_run(
                 self.experiment_id, run_name=self.study_name,
-                tags={TAG_STUDY: self.study_name, TAG_ROLE: "study"}).info.run_id
+                tags={TAG_STUDY: self.study_name, TAG_ROLE: ROLE_STUDY}).info.run_id
             time.sleep(_PARENT_SETTLE_S)
             runs = self._study_runs()
             if runs and runs[0].info.run_id != mine:
@@ -101,17 +113,30 @@ class StudyTracker(TrialRuns):
         return run_id
 
     def _check_parent(self) -> None:
-        """Switch to the winner if this tracker's parent run was deleted by another worker."""
-        if self.client.get_run(self.parent_run_id).info.lifecycle_stage == "deleted":
+        """Switch to the winner if this tracker's parent run was deleted by another worker
+        (skipped while the server is away)."""
+        from allocopt.tracking.spool import MlflowUnreachable
+
+        try:
+            deleted = self.client.get_run(self.parent_run_id).info.lifecycle_stage == "deleted"
+        except MlflowUnreachable:
+            return
+        if deleted:
             self.parent_run_id = self._parent_run()
 
     def reconcile(self, study: Any) -> list[int]:
         """End the runs of trials that Optuna has finished but MLflow has as RUNNING (a worker
         stopped mid-trial): :func:`allocopt.tracking.reconcile.reconcile`. Returns the trial
-        numbers whose runs were ended."""
+        numbers whose runs were ended (none while the server is away: done at the next open)."""
         from allocopt.tracking.reconcile import reconcile
+        from allocopt.tracking.spool import MlflowUnreachable
 
-        return reconcile(self, study)
+        if self.client.down_since is not None:
+            return []
+        try:
+            return reconcile(self, study)
+        except MlflowUnreachable:
+            return []
 
     def log_study_summary(self, best: Mapping[str, Any], metrics: Mapping[str, Any],
                           *, step: int | None = None) -> None:
@@ -127,13 +152,19 @@ class StudyTracker(TrialRuns):
         """
         from mlflow.entities import Metric
 
+        from allocopt.tracking.spool import MlflowUnreachable
+
         if step is None:
-            run = self.client.get_run(self.parent_run_id)
-            step = int(run.data.tags.get("allocopt.summary_step", "-1")) + 1
+            try:
+                run = self.client.get_run(self.parent_run_id)
+                step = max(int(run.data.tags.get(TAG_SUMMARY_STEP, "-1")), self._summary_step) + 1
+            except MlflowUnreachable:
+                step = self._summary_step + 1
+        self._summary_step = int(step)
         now = int(time.time() * 1000)
         values = {k: _metric_value(v) for k, v in _sanitized(metrics).items()}
         tags = {f"allocopt.best.{k}": v for k, v in _flatten(best).items()}
-        tags["allocopt.summary_step"] = str(int(step))
+        tags[TAG_SUMMARY_STEP] = str(int(step))
         self._tags(self.parent_run_id, tags)
         self._log_batch(self.parent_run_id,
                         metrics=[Metric(k, v, now, int(step)) for k, v in values.items() if v is not None])
@@ -172,9 +203,9 @@ class StudyTracker(TrialRuns):
 
         rec = json.loads(json.dumps(dict(recommendation), default=str))
         now = int(time.time() * 1000)
-        tags = {f"allocopt.recommended.{k}": v for k, v in (rec.get("allocation") or {}).items()}
+        tags = {f"{TAG_RECOMMENDED}{k}": v for k, v in (rec.get("allocation") or {}).items()}
         self._tags(self.parent_run_id, tags)
-        values = {mlflow_key(f"recommended_{k}"): _metric_value(rec.get(k))
+        values = {mlflow_key(f"{METRIC_RECOMMENDED}{k}"): _metric_value(rec.get(k))
                   for k in ("mean", "lower", "upper", "level", "prob_best")}
         self._log_batch(self.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()
                                                      if v is not None])
@@ -212,6 +243,11 @@ class StudyTracker(TrialRuns):
             self.client.set_terminated(self.parent_run_id, status)
         except Exception as e:  # noqa: BLE001
             errors.append(f"{self.parent_run_id}: {e}")
+        if not self.client.try_replay(force=True):
+            self.client._say(f"MLflow still unreachable: {self.client.pending} write(s) kept in "
+                             f"{self.client.path}; they are sent the next time this study opens MLflow "
+                             "(run the same command again)")
+        self.client.close()
         if errors:
             raise TrackingError("close: " + "; ".join(errors))
 

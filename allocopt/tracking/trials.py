@@ -13,8 +13,8 @@ import json
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from allocopt.tracking.layout import (_BATCH_METRICS, _BATCH_PARAMS_TAGS, FIDELITIES, STATES, TAG_ERROR,
-                                    TAG_FIDELITY, TAG_OBJECTIVE, TAG_PARENT, TAG_ROLE, TAG_SKIPPED,
+from allocopt.tracking.layout import (_BATCH_METRICS, _BATCH_PARAMS_TAGS, FIDELITIES, ROLE_TRIAL, STATES,
+                                    TAG_ERROR, TAG_FIDELITY, TAG_OBJECTIVE, TAG_PARENT, TAG_ROLE, TAG_SKIPPED,
                                     TAG_STATE, TAG_STUDY, TAG_TRIAL, TrackingError, _chunks,
                                     _curve_metrics, _cut, _metric_value, _param_value, _sanitized,
                                     mlflow_key)
@@ -74,7 +74,7 @@ class TrialRuns:
             raise ValueError(f"fidelity={fidelity!r}: must be one of {', '.join(FIDELITIES)}")
         objective = str(tags.pop("objective", tags.pop(TAG_OBJECTIVE, "unspecified")))
         all_tags = {TAG_PARENT: self.parent_run_id, TAG_STUDY: self.study_name,
-                    TAG_ROLE: "trial", TAG_TRIAL: str(int(number)), TAG_STATE: "RUNNING",
+                    TAG_ROLE: ROLE_TRIAL, TAG_TRIAL: str(int(number)), TAG_STATE: "RUNNING",
                     TAG_OBJECTIVE: objective, TAG_FIDELITY: fidelity}
         for k, v in tags.items():
             all_tags[k if "." in k else f"allocopt.{k}"] = v

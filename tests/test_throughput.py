@@ -1,0 +1,125 @@
+"""Throughput profiles and time budgets (allocopt.plan.throughput, StudySpec.budget_for, the CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from allocopt.flops import ComputeBreakdown, ConfigError
+from allocopt.plan.allocation import Allocation, iteration_flops
+from allocopt.plan.throughput import ThroughputProfile, TimeBudget, load_profile, save_profile
+from allocopt.spec import StudySpec
+
+LOG = Path(__file__).parent / "data" / "runlogs" / "verl_r1_qwen25_3b_lora.log"
+
+
+def test_budget_is_the_closed_form_by_hand():
+    # 1e18 FLOPs: prefill 1e17, decode 3e17, learning 6e17; rates 4e14, 2e13, 2e14 FLOP/s per GPU
+    b = ComputeBreakdown(search={"prefill": 10**17, "decode": 3 * 10**17}, learning={"forward": 6 * 10**17})
+    p = ThroughputProfile(gpu="x", setup_fingerprint="*", search_prefill=4e14, search_decode=2e13, learning=2e14)
+    spf = 0.1 / 4e14 + 0.3 / 2e13 + 0.6 / 2e14  # seconds per FLOP on one GPU
+    tb = TimeBudget(gpu_hours=10.0, profile=p, gpus=2)
+    assert tb.flops_for_breakdown(b) == pytest.approx(10 * 3600 / spf)
+    h = tb.hours_of(b)  # GPU-hours: FLOPs / rate / 3600 (summed over GPUs)
+    assert h["search_decode"] == pytest.approx(3e17 / 2e13 / 3600)
+    assert h["total"] == pytest.approx(1e18 * spf / 3600)
+
+
+def test_profile_round_trips_toml_and_json(tmp_path):
+    p = ThroughputProfile(gpu="H100", setup_fingerprint="abc", search_prefill=1e14, search_decode=1e13,
+                          learning=2e14, gpus=8, sources={"learning": "given"})
+    for name in ("p.toml", "p.json"):
+        assert load_profile(save_profile(p, tmp_path / name)) == p
+
+
+def test_verl_profile_matches_the_logged_mfu(cli, tmp_path):
+    # the issue quotes verl's R1 log at 989 TFLOP/s: learning MFU 13.4 %, rollouts 1.6 %
+    f = tmp_path / "r1.toml"
+    r = cli("account", "--from-verl", LOG, "--save-throughput", f, "--gpu", "H100")
+    assert r.returncode == 0, r.stderr
+    p = load_profile(f)
+    assert p.learning / 989e12 == pytest.approx(0.134, abs=0.0006)
+    assert p.search_decode / 989e12 == pytest.approx(0.016, abs=0.0006)
+    assert p.reward is None  # rule-based: no FLOPs to rate
+
+
+def test_time_budget_with_slow_decode_moves_the_optimum_up_by_the_closed_form():
+    """Synthetic objective, variant rank-flip, reward dense (its level grows with the budget):
+    decode at a tenth of the update's speed gives search-heavy allocations fewer FLOPs, so the
+    best rho under the time budget is higher than under the FLOP budget that time buys at the
+    FLOP-optimal rho; the amount is the argmax of the response at the closed-form budget."""
+    from objectives.synthetic import B_REF, SyntheticObjective, response
+
+    w = SyntheticObjective().workload()
+    e = iteration_flops(w, Allocation(0.7, 8, "dense"), 0).executed  # search only (dense: 0 reward FLOPs)
+    c = e.search["decode"] / e.search_flops  # decode share of search, the same at every rho
+    T = 1e14
+    hours = B_REF * (1 + 9 * c * 0.3) / (3600 * T)
+    spec = StudySpec(budget_gpu_hours=hours, throughput=dict(
+        gpu="test", setup_fingerprint="*", search_prefill=T, search_decode=T / 10, learning=T, reward=T))
+
+    def closed(rho: float) -> float:  # hours·3600 / Σ s_i/T_i with s_decode = c(1-rho), the rest at T
+        return hours * 3600 * T / (1 + 9 * c * (1 - rho))
+
+    grid = [0.66 + 0.0005 * i for i in range(241)]
+    score = lambda r, b: response(r, 8, "dense", "pass_at_1", b, variant="rank-flip")  # noqa: E731
+    got = max(grid, key=lambda r: score(r, spec.budget_for(Allocation(r, 8, "dense"), w)))
+    want = max(grid, key=lambda r: score(r, closed(r)))
+    flop_opt = max(grid, key=lambda r: score(r, closed(want)))  # a FLOP budget: the same B for every rho
+    assert abs(got - want) <= 0.0011
+    assert got - flop_opt >= 0.002  # toward higher rho
+    assert spec.budget_for(Allocation(0.3, 8, "dense"), w) < spec.budget_for(Allocation(0.9, 8, "dense"), w)
+
+
+def test_flop_budget_unchanged():
+    s = StudySpec(budget_flops=3e11)
+    assert s.budget_for(Allocation(0.5, 4, "sparse"), None) == 3e11
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--budget-gpu-hours", "10"], "throughput source"),
+    (["--budget", "1e18", "--budget-gpu-hours", "10", "--throughput", "{prof}"], "not both"),
+    (["--budget-usd", "100"], "usd-per-gpu-hour"),
+    (["--budget-gpu-hours", "10", "--throughput", "{other}"], "another set-up"),
+    (["--budget-gpu-hours", "10", "--throughput", "{neg}"], "search_decode=-1"),
+    (["--budget-gpu-hours", "0", "--throughput", "{prof}"], "budget_gpu_hours=0"),
+])
+def test_bad_time_budgets_one_line_exit_2(cli, tmp_path, args, needle):
+    base = dict(gpu="H100", search_prefill=1e14, search_decode=1e13, learning=2e14)
+    files = {"prof": ThroughputProfile(setup_fingerprint="*", **base),
+             "other": ThroughputProfile(setup_fingerprint="000000000000", **base)}
+    paths = {k: save_profile(v, tmp_path / f"{k}.toml") for k, v in files.items()}
+    (tmp_path / "neg.toml").write_text('gpu = "H100"\nsetup_fingerprint = "*"\nsearch_decode = -1\n')
+    paths["neg"] = tmp_path / "neg.toml"
+    argv = [a.format(**{k: str(v) for k, v in paths.items()}) for a in args]
+    r = cli("plan", "--rho", "0.5", *argv)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+
+
+def test_study_both_budgets_and_race_refused(cli, tmp_path):
+    f = save_profile(ThroughputProfile(gpu="cpu", setup_fingerprint="*", search_prefill=1e9,
+                                       search_decode=1e9, learning=1e9, reward=1e9), tmp_path / "p.toml")
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--budget-gpu-hours", "1",
+            "--throughput", f, "--no-mlflow")
+    assert r.returncode == 2 and "not both" in r.stderr
+    r = cli("race", "--objective", "synthetic", "--target", "pass@1", "--budget-gpu-hours", "1",
+            "--throughput", f, "--no-mlflow")
+    assert r.returncode == 2 and "time budget" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_under_a_time_budget_prints_hours(cli, tmp_path):
+    f = tmp_path / "r1.toml"
+    assert cli("account", "--from-verl", LOG, "--save-throughput", f, "--gpu", "H100").returncode == 0
+    r = cli("plan", "--budget-gpu-hours", "100", "--throughput", f, "--rho", "0.8", "-G", "5",
+            "--model", "Qwen/Qwen2.5-3B-Instruct", "--engine", "verl", "--lora-rank", "32",
+            "--beta", "0.04", "--gradient-checkpointing", "--rollouts", "320", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    d = json.loads(r.stdout)
+    assert d["expected_gpu_hours"]["total"] <= 100 + 1e-6
+    assert d["expected_gpu_hours"]["total"] >= 97  # the budget is spent (a cut last iteration)
+    p = load_profile(f)  # hours of the learning phase by hand: its FLOPs at the logged rate
+    assert d["expected_gpu_hours"]["learning"] == pytest.approx(d["expected_learning_flops"] / p.learning / 3600)

@@ -1,0 +1,113 @@
+"""``allocopt workers``: one study worker per GPU on a host (allocopt.study.workers); the many-workers storage tests are tests/test_workers.py."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from allocopt.flops import ConfigError
+from allocopt.study.workers import parse_gpus, run_workers, worst_exit_code
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("text, groups", [
+    ("0,1,2,3", ["0", "1", "2", "3"]), ("0-3", ["0", "1", "2", "3"]), ("2", ["2"]),
+    ("0+1,2+3", ["0,1", "2,3"]), (" 4 , 6-7", ["4", "6", "7"]),
+])
+def test_parse_gpus(text, groups):
+    assert parse_gpus(text) == groups
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "give GPU indices"), ("0,,1", "give GPU indices"), ("a", "'a' is not a GPU index"),
+    ("3-1", "'3-1' is not a range"), ("0,0", "GPU 0 is named twice"), ("0-2,1+3", "GPU 1 is named twice"),
+])
+def test_bad_gpus_are_one_line(text, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_gpus(text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_worst_exit_code():
+    assert worst_exit_code([0, 0]) == 0
+    assert worst_exit_code([0, 2, 1]) == 2
+    assert worst_exit_code([0, -signal.SIGINT]) == 130  # killed by SIGINT, as a shell says
+
+
+def test_each_worker_gets_its_gpus_prefix_and_the_worst_code():
+    """Workers that print their environment and exit with 3 × their index."""
+    code = "import os, sys; print('cvd', os.environ['CUDA_VISIBLE_DEVICES'], 'w', os.environ['ALLOCOPT_WORKER'], sys.argv[1:]); sys.exit(3 * int(os.environ['ALLOCOPT_WORKER']))"
+    out = io.StringIO()
+    rc = run_workers(["0", "1,2", "3"], ["--x", "y"], out=out, command=[sys.executable, "-c", code])
+    lines = sorted(out.getvalue().splitlines())
+    assert lines == ["[gpu   0] cvd 0 w 0 ['--x', 'y']", "[gpu   3] cvd 3 w 2 ['--x', 'y']",
+                     "[gpu 1,2] cvd 1,2 w 1 ['--x', 'y']"]
+    assert rc == 6
+
+
+def test_launcher_refuses_bad_input(cli):
+    r = cli("workers", "--gpus", "0,x", "--", "--objective", "synthetic")
+    assert r.returncode == 2 and "gpus='0,x'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("workers", "--gpus", "0,1")
+    assert r.returncode == 2 and "after --" in r.stderr
+    r = cli("workers", "--gpus", "0,1", "--", "--dry-run", "--objective", "synthetic")
+    assert r.returncode == 2 and "--dry-run" in r.stderr
+
+
+def test_ctrl_c_is_forwarded_to_every_worker(tmp_path):
+    """SIGINT to the launcher reaches each worker (in its own process group); the launcher exits
+    with the workers' worst code."""
+    worker = ("import os, signal, sys, time\n"
+              "def stop(*a):\n"
+              "    open(os.environ['ALLOCOPT_WORKER'] + '.stopped', 'w').close(); sys.exit(130)\n"
+              "signal.signal(signal.SIGINT, stop)\n"
+              "open(os.environ['ALLOCOPT_WORKER'] + '.up', 'w').close()\n"
+              "time.sleep(60)\n")
+    (tmp_path / "worker.py").write_text(worker)
+    launcher = ("import sys; from allocopt.study.workers import run_workers\n"
+                "sys.exit(run_workers(['0', '1'], [], command=[sys.executable, 'worker.py']))\n")
+    p = subprocess.Popen([sys.executable, "-c", launcher], cwd=tmp_path, stdout=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not ((tmp_path / "0.up").exists() and (tmp_path / "1.up").exists()):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=30) == 130
+    assert time.monotonic() - t0 < 20
+    assert (tmp_path / "0.stopped").exists() and (tmp_path / "1.stopped").exists()
+
+
+def test_workers_share_a_synthetic_study_each_with_its_gpu(tmp_path):
+    """Two workers on one SQLite study: every trial records the CUDA_VISIBLE_DEVICES of the
+    worker process that ran it, each worker keeps its own, both run trials."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "workers", "--gpus", "0,1", "--",
+                        "--objective", "synthetic", "--budget", "1e19", "--trials", "6", "--pilots", "0",
+                        "--sampler", "random", "--no-mlflow", "--no-report", "--storage", url,
+                        "--study-name", "w"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [x for x in r.stdout.splitlines() if x.strip()]
+    assert lines and all(x.startswith(("[gpu 0] ", "[gpu 1] ")) for x in lines)
+    trials = optuna.load_study(study_name="w", storage=url).trials
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(done) >= 6
+    by_worker: dict[str, set[str]] = {}
+    for t in done:
+        by_worker.setdefault(t.system_attrs["allocopt.worker"], set()).add(
+            t.system_attrs["allocopt.cuda_visible_devices"])
+    assert len(by_worker) == 2 and sorted(d for s in by_worker.values() for d in s) == ["0", "1"]
+    # the two workers' random start-up proposals differ (seeded spec seed + worker index)
+    first = {t.system_attrs["allocopt.cuda_visible_devices"]: t.params for t in sorted(done, key=lambda t: t.number)[::-1]}
+    assert first["0"] != first["1"]
