@@ -74,7 +74,7 @@ def test_minibatches_cost_no_flops_update_passes_do():
     four_mb = grpo_step_flops(TOY, GRPOStep(**step, minibatches=4), engine_name="verl").executed
     assert one == four_mb  # verl runs the old-policy pass anyway: mini-batches are free
     two = grpo_step_flops(TOY, GRPOStep(**step, update_passes=2), engine_name="verl").executed
-    for k in ("forward", "backward", "recompute"):
+    for k in ("forward", "backward", "recompute", "head_recompute"):
         assert two.learning[k] == 2 * one.learning[k]
     for k in ("old_logprobs", "ref_logprobs"):
         assert two.learning[k] == one.learning[k]
@@ -94,6 +94,11 @@ def test_useful_does_not_move_with_checkpointing(name):
     off = price(**r, gradient_checkpointing=False)
     assert on.useful == off.useful and on.useful.learning["recompute"] == 0
     assert on.executed.learning["recompute"] > off.executed.learning["recompute"]
+    # checkpointing off: the checkpoint's recompute line is 0 on every engine; the fused
+    # head's recomputed tiles (TRL) are on their own line, the same with checkpointing on
+    assert off.executed.learning["recompute"] == 0
+    assert on.executed.learning["head_recompute"] == off.executed.learning["head_recompute"]
+    assert (off.executed.learning["head_recompute"] > 0) == ENGINES[name].head_recompute
 
 
 def test_merged_adapters_are_not_useful_in_generation():
@@ -206,7 +211,7 @@ def test_r1_verl_run_from_log_by_hand():
     assert ex.search == {"prefill": total["prefill"], "decode": total["decode"]}
     assert ex.learning == {"old_logprobs": total["old"], "ref_logprobs": total["ref"],
                            "forward": total["fwd"], "backward": total["bwd"],
-                           "recompute": total["rec"]}
+                           "recompute": total["rec"], "head_recompute": 0}
     assert ex.reward_flops == 0
     learning = total["old"] + total["ref"] + total["fwd"] + total["bwd"] + total["rec"]
     assert ex.rho == pytest.approx(learning / (learning + total["prefill"] + total["decode"]))
@@ -232,7 +237,8 @@ def test_trl_gpu_and_vllm_by_hand_one_group():
     lin, attn7 = 2 * 144 * 7, 16 * 28
     assert gpu.learning["forward"] == 2 * (lin + attn7) + 80 * (2 + 4)
     assert gpu.learning["backward"] == 2 * (2 * lin + attn7 * 5 // 2) + 2 * 80 * (2 + 4)
-    assert gpu.learning["recompute"] == 80 * (2 + 4)  # the head's logits tiles
+    assert gpu.learning["head_recompute"] == 80 * (2 + 4)  # the head's logits tiles
+    assert gpu.learning["recompute"] == 0  # no checkpointing
     assert gpu.learning["old_logprobs"] == 0
     vllm = grpo_step_flops(TOY, step, engine_name="trl-vllm").executed
     assert vllm.search == {"prefill": 1040, "decode": (368 + 16 * 4) + 3 * 368 + 16 * 15}

@@ -29,13 +29,16 @@ def test_grpo_step_by_hand_full_finetuning():
     # TRL + vLLM with its importance-sampling correction (the default) runs the old-policy
     # pass, a no-grad forward of each row: 1840 per row
     assert acct.useful.learning == {"old_logprobs": 2 * 1840, "ref_logprobs": 0,
-                                    "forward": 2 * 1840, "backward": 2 * 3680, "recompute": 0}
+                                    "forward": 2 * 1840, "backward": 2 * 3680, "recompute": 0,
+                                    "head_recompute": 0}
     off = grpo_step_flops(TOY, GRPOStep(prompt_tokens=(3,), completion_tokens=(2, 2), group_size=2,
                                         importance_sampling_correction=False),
                           lora=None, engine_name="trl-vllm")
     assert off.useful.learning["old_logprobs"] == 0
-    # the fused LM head recomputes its logits tile in backward: +160 per row
-    assert acct.executed.learning["recompute"] == 2 * 160
+    # the fused LM head recomputes its logits tile in backward: +160 per row, on a line of
+    # its own (checkpointing is off: the checkpoint's recompute line stays 0)
+    assert acct.executed.learning["head_recompute"] == 2 * 160
+    assert acct.executed.learning["recompute"] == 0
     # executed backward: the fused SDPA kernel also recomputes the scores QKᵀ, so attention
     # backward is 2.5x its forward: 2*1440 + 2.5*240 + 2*160 = 3800 per row
     assert acct.executed.learning["backward"] == 2 * 3800
@@ -62,4 +65,5 @@ def test_grpo_step_by_hand_two_passes_reference_and_padding():
     # SDPA attention 2.5x (scores recomputed): 2*2016 + 2.5*784 + 2*480 = 6952 per row
     assert acct.executed.learning["forward"] == 2 * 2 * fwd7
     assert acct.executed.learning["backward"] == 2 * 2 * (2 * 2016 + 1960 + 2 * 480)
-    assert acct.executed.learning["recompute"] == 2 * 2 * (2 * 40 * 6)
+    assert acct.executed.learning["head_recompute"] == 2 * 2 * (2 * 40 * 6)
+    assert acct.executed.learning["recompute"] == 0  # no checkpointing

@@ -1,7 +1,7 @@
 """What the accounting cannot count is refused in one line with exit code 2 (the command run in
 this process through conftest's ``cli``; the hub look-ups in a fresh process, whose hub
-settings come from its environment): MoE, vision-language, encoder-decoder configs, sequences beyond the context or a
-sliding window, an unreachable hub id (fast), a quoted TOML boolean, broken run logs."""
+settings come from its environment): vision-language and encoder-decoder configs, sequences
+beyond the context, an unreachable hub id (fast), a quoted TOML boolean, broken run logs."""
 
 from __future__ import annotations
 
@@ -39,11 +39,6 @@ def one_line(r, needle: str) -> None:
 
 
 CONFIGS = {
-    "mixtral": ({**BASE, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
-                 "num_local_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts"),
-    "qwen2-moe": ({**BASE, "model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
-                   "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
-                  "mixture-of-experts"),
     "qwen2-vl": ({**BASE, "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
                   "vision_config": {"depth": 32}}, "vision-language"),
     "t5": ({"model_type": "t5", "d_model": 512, "num_layers": 6, "num_decoder_layers": 6,
@@ -58,9 +53,10 @@ def test_unsupported_configs_refused(kind, tmp_path, run):
     one_line(run("account", "--model", str(tmp_path)), needle)
 
 
-def test_sliding_window_exact_below_refused_above(tmp_path, run):
-    """A Mistral-style window of 512: rows up to 512 tokens see every key (exact); longer ones
-    are refused. Qwen2's unused window (use_sliding_window=false) is ignored."""
+def test_sliding_window_counted_at_any_length(tmp_path, run):
+    """A Mistral-style window of 512: rows up to 512 tokens see every key (the same count as
+    without a window); longer ones are counted with the window (fewer keys), not refused.
+    Qwen2's unused window (use_sliding_window=false) is ignored."""
     (tmp_path / "config.json").write_text(json.dumps({**BASE, "model_type": "mistral",
                                                       "sliding_window": 512}))
     ok = run("account", "--model", str(tmp_path), "--prompt-tokens", "100",
@@ -69,8 +65,12 @@ def test_sliding_window_exact_below_refused_above(tmp_path, run):
     plain = ModelShape.from_config(BASE)
     # the same count as the model without a window (recipe defaults: 64 x 8, LoRA r=32, ...)
     assert json.loads(ok.stdout)["total_flops"] == _account(plain, 100, 400)
-    one_line(run("account", "--model", str(tmp_path), "--prompt-tokens", "100",
-                 "--completion-tokens", "413"), "sliding window")
+    longer = run("account", "--model", str(tmp_path), "--prompt-tokens", "100",
+                 "--completion-tokens", "1000", "--json")
+    assert longer.returncode == 0, longer.stderr
+    windowed = ModelShape.from_config({**BASE, "sliding_window": 512})
+    assert json.loads(longer.stdout)["total_flops"] == _account(windowed, 100, 1000) \
+        < _account(plain, 100, 1000)
     assert ModelShape.from_config({**BASE, "sliding_window": 256, "use_sliding_window": False}) \
         .sliding_window is None
 

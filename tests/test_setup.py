@@ -75,7 +75,8 @@ def test_with_setup_derives_a_workload():
 
 CHANGED = {"lora_rank": 8, "lora_targets": "q_proj,v_proj", "engine": "trl-cpu",
            "gradient_checkpointing": True, "beta": 0.04, "max_completion_length": 2048,
-           "importance_sampling_correction": True}
+           "importance_sampling_correction": True, "generated_per_trained": 3.0,
+           "critic": "Qwen/Qwen2.5-0.5B"}
 
 
 def test_every_priced_field_has_a_change_below():

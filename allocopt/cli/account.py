@@ -98,6 +98,15 @@ ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM roll
                "(FSDP actor with use_remove_padding, vLLM/SGLang rollouts).")
 
 
+GENERATED_HELP = ("Prompts generated (and rewarded) per prompt trained, >= 1: DAPO dynamic sampling "
+                  "or POLARIS-style filtering (e.g. 3 for verl's gen_batch_size = 3 x "
+                  "train_batch_size in one round). Log-prob passes and updates run on the trained "
+                  "prompts only. \\[default: 1]")
+CRITIC_HELP = ("PPO value model (preset, folder with config.json, or hub id), fully fine-tuned, a "
+               "d x 1 head at every position: its forward over every trained rollout and mu x "
+               "(forward + backward) are learning; GAE costs 0 FLOPs. Allows -G 1. \\[default: none]")
+
+
 def account(
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="TOML file with the recipe (keys as the long flags, with _); flags override it."),
     model: Optional[str] = typer.Option(None, help=f"Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: {D['model']}]"),
@@ -124,6 +133,8 @@ def account(
     engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
     runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
     max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens); part of the set-up's fingerprint. \\[default: 1024, or the longest completion priced when longer]"),
+    generated_per_trained: Optional[float] = typer.Option(None, help=GENERATED_HELP),
+    critic: Optional[str] = typer.Option(None, help=CRITIC_HELP),
     from_trl: Optional[Path] = typer.Option(None, "--from-trl", help="Account an existing TRL GRPO run from its output folder (trainer_state.json, training_args.bin, adapter_config.json); recipe flags given override what the folder says."),
     from_verl: Optional[Path] = typer.Option(None, "--from-verl", help="Account an existing verl run from its console log or JSON-lines metrics (per-step response_length/mean etc., the printed config); recipe flags given override what the log says."),
     from_openrlhf: Optional[Path] = typer.Option(None, "--from-openrlhf", help="Account an existing OpenRLHF GRPO run from its console log (the namespace(...) config line, 'Global step N: {...}' lines) or a folder of its TensorBoard event files (with the console log next to them for the config)."),
@@ -146,7 +157,8 @@ def account(
                  lora_rank=lora_rank, lora_targets=lora_targets,
                  gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
                  reward_steps=reward_steps, engine=engine, runner=runner,
-                 max_completion_length=max_completion_length)
+                 max_completion_length=max_completion_length,
+                 generated_per_trained=generated_per_trained, critic=critic)
     if peak_tflops is not None and not peak_tflops > 0:
         raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
     runs = {k: v for k, v in (("from_trl", from_trl), ("from_verl", from_verl),
@@ -171,7 +183,12 @@ def account(
         out.print_json(json.dumps({"recipe": recipe_dict(setup, r),
                                    "setup_fingerprint": setup.fingerprint(policy), **acct.to_dict()}))
         return
-    title = (f"{setup.model}: {r.prompts} prompts x G={r.group_size}, {r.steps} step(s), "
+    from allocopt.plan.recipe import generated_prompts
+
+    gen = generated_prompts(setup, r)
+    title = (f"{setup.model}: {r.prompts} prompts x G={r.group_size}"
+             + (f" trained of {gen} generated" if gen != r.prompts else "")
+             + (f", critic {setup.critic}" if setup.critic else "") + f", {r.steps} step(s), "
              f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={setup.beta:g}, "
              f"{'LoRA r=' + str(setup.lora_rank) if setup.lora_rank else 'full fine-tuning'}, "
              f"checkpointing {'on' if setup.gradient_checkpointing else 'off'}, "
@@ -252,6 +269,8 @@ def plan(
     engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
     runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
     max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: 1024, or --completion-tokens rounded up when longer]"),
+    generated_per_trained: Optional[float] = typer.Option(None, help=GENERATED_HELP),
+    critic: Optional[str] = typer.Option(None, help=CRITIC_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
     gpus: Optional[int] = _TIME["gpus"],
@@ -288,7 +307,8 @@ def plan(
                  completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
                  lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
                  importance_sampling_correction=importance_sampling_correction, engine=engine,
-                 runner=runner, max_completion_length=max_completion_length)
+                 runner=runner, max_completion_length=max_completion_length,
+                 generated_per_trained=generated_per_trained, critic=critic)
     # the set-up's own defaults (the ones account, the meter and the driver take) for the rest
     setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None})
     reward_models = {**default_reward_models(), "prm": model_shape(prm_model)}
@@ -321,7 +341,10 @@ def print_plan(p: Any, setup: Any) -> None:
                  ("set-up", f"runner {setup.runner}, engine {setup.engine}, checkpointing "
                             f"{'on' if setup.gradient_checkpointing else 'off'}, IS correction "
                             f"{'on' if setup.importance_sampling_correction else 'off'}, limit "
-                            f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"),
+                            f"{setup.max_completion_length} tokens, fingerprint {p.setup_fingerprint}"
+                            + (f", {setup.generated_per_trained:g} prompts generated per prompt trained"
+                               if setup.generated_per_trained != 1 else "")
+                            + (f", critic {setup.critic}" if setup.critic else "")),
                  ("asked rho", f"{alloc.rho:g}"),
                  ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
                  ("group size G", p.group_size),

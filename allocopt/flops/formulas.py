@@ -18,17 +18,37 @@ the block, masked or not (what eager and SDPA-math attention execute, and what
 
 
 # ============================================================================ forward
-def attention_keys(num_tokens: int, past_tokens: int = 0, attention: Attention = "causal") -> int:
+def attention_keys(num_tokens: int, past_tokens: int = 0, attention: Attention = "causal",
+                   window: int | None = None) -> int:
     """Keys seen in all by ``num_tokens`` new queries appended to ``past_tokens`` cached ones.
 
-    ``causal``: ``n·c + n(n+1)/2``; ``full``: ``n·(c + n)``.
+    ``causal``: ``n·c + n(n+1)/2``; ``full``: ``n·(c + n)``. With a sliding ``window`` ``w``
+    (causal counting, and any single decode query, whose cache keeps the window): the query at
+    position ``t`` (0-based) sees ``min(t + 1, w)`` keys (Beltagy et al. 2020, "Longformer",
+    §3.1; Mistral's and Qwen2's sliding windows). Full (eager/SDPA-math) prefill computes the
+    whole rectangle, window or not.
     """
     n, c = num_tokens, past_tokens
+    if attention not in ("causal", "full"):
+        raise ConfigError(f"attention={attention!r}: must be causal or full")
+    if window is not None and (attention == "causal" or n == 1):
+        lo, hi = c + 1, c + n  # Σ_{x=lo}^{hi} min(x, w)
+        below = min(hi, window)
+        s = (below * (below + 1) - (lo - 1) * lo) // 2 if below >= lo else 0
+        return s + max(0, hi - max(lo - 1, window)) * window
     if attention == "causal":
         return n * c + n * (n + 1) // 2
-    if attention == "full":
-        return n * (c + n)
-    raise ConfigError(f"attention={attention!r}: must be causal or full")
+    return n * (c + n)
+
+
+def attention_flops(shape: ModelShape, num_tokens: int, past_tokens: int = 0,
+                    attention: Attention = "causal") -> int:
+    """Attention FLOPs (scores ``QKᵀ`` and the weighted sum ``PV``) of ``num_tokens`` new
+    queries over all layers: per layer :attr:`ModelShape.attention_flops_per_key` ×
+    :func:`attention_keys` with that layer's window (``4·h·d_h·L·keys`` for a plain model)."""
+    return shape.attention_flops_per_key * sum(
+        count * attention_keys(num_tokens, past_tokens, attention, w)
+        for w, count in shape.windows().items())
 
 
 def forward_flops(
@@ -53,13 +73,15 @@ def forward_flops(
     Returns:
         FLOPs (int). For a batch, sum over its rows (padded rows: pass padded lengths).
     """
-    # 1. linear layers: 2 FLOPs per weight per token (Kaplan et al. 2020, Table 1)
-    linear = 2 * shape.layer_matmul_params * shape.num_layers * num_tokens
+    # 1. linear layers: 2 FLOPs per weight per token (Kaplan et al. 2020, Table 1); a MoE
+    # layer's router and its k routed experts (+ the shared one) per token (Fedus et al. 2022,
+    # "Switch Transformers", §2.1: compute follows the active experts only)
+    linear = 2 * shape.matmul_params_per_token * num_tokens
     # 2. LoRA adapters, unmerged: A (d_in -> r) then B (r -> d_out) on every token
     adapters = (lora.adapter_flops_per_token(shape) if lora else 0) * num_tokens
-    # 3. attention: scores QKᵀ and weighted sum PV, 2·h·d_h FLOPs per (query, key) each
-    attn = 4 * shape.num_heads * shape.head_dim * shape.num_layers * attention_keys(
-        num_tokens, past_tokens, attention)
+    # 3. attention: scores QKᵀ (2·h·d_qk) and weighted sum PV (2·h·d_v) per (query, key),
+    # each layer with its own window
+    attn = attention_flops(shape, num_tokens, past_tokens, attention)
     # 4. output head at the positions asked for; the input embedding is a lookup (0 FLOPs)
     head = 2 * shape.head_matmul_params * num_logits
     return linear + adapters + attn + head
@@ -102,31 +124,45 @@ def backward_flops(
         under ``"backward"``. The output head is frozen under LoRA (input gradient only) and
         trained under full fine-tuning (input + weight gradient).
     """
-    lin = shape.linear_shapes()
-    attn_fwd = 4 * shape.num_heads * shape.head_dim * attention_keys(num_tokens, 0, attention)
-    # fused kernel: dQ, dK, dP, dV plus the recomputed scores QKᵀ, 5 × (attn_fwd / 2)
-    # (torch.utils.flop_counter.sdpa_backward_flop_count; Dao 2023, FlashAttention-2, Alg. 2)
-    attn_fused = attn_fwd // 2 * 5
+    def attn_parts(window: int | None) -> tuple[int, int]:
+        """FLOPs of the two attention products of one layer: ``QKᵀ`` and ``PV``."""
+        keys = attention_keys(num_tokens, 0, attention, window)
+        return (2 * shape.num_heads * shape.head_dim * keys,
+                2 * shape.num_heads * shape.v_dim * keys)
+
+    def attn_fused(window: int | None) -> int:
+        # fused kernel: the recomputed scores QKᵀ, dQ, dK (each a QKᵀ-sized product), dP, dV
+        # (each PV-sized): 2.5 x the forward when d_qk = d_v
+        # (torch.utils.flop_counter.sdpa_backward_flop_count; Dao 2023, FlashAttention-2, Alg. 2)
+        qk, pv = attn_parts(window)
+        return 3 * qk + 2 * pv
+
     head_fwd = 2 * shape.head_matmul_params * num_logits
+    windows = [shape.layer_window(i) for i in range(shape.num_layers)]
+    moes = set(shape.moe_layers)
     if lora is None:  # full fine-tuning: input and weight gradient everywhere
-        attn_bwd = attn_fused if fused_attention else 2 * attn_fwd
-        layers = shape.num_layers * (2 * 2 * shape.layer_matmul_params * num_tokens + attn_bwd)
+        layers = 2 * 2 * shape.matmul_params_per_token * num_tokens
+        for w in windows:
+            layers += attn_fused(w) if fused_attention else 2 * sum(attn_parts(w))
         head = 2 * head_fwd
         return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
 
-    targets, r = set(lora.target_modules), lora.rank
+    targets, r = lora.adapted(shape), lora.rank
+    attn_mods = shape.attention_modules()
 
-    def layer(grad_in: bool) -> tuple[int, bool]:
+    def layer(grad_in: bool, moe: bool, window: int | None) -> tuple[int, bool]:
         """Backward FLOPs of one decoder layer whose input needs a gradient iff ``grad_in``,
         and whether the residual stream entering the next layer needs one."""
         cost = 0
+        mods = {**attn_mods, **shape.mlp_modules(moe)}
 
         def module(name: str, input_grad: bool) -> bool:
             """Backward of one linear module; returns whether its output needs a gradient."""
             nonlocal cost
-            d_in, d_out = lin[name]
+            d_in, d_out = mods[name][0], mods[name][1]
+            uses = mods[name][2] if len(mods[name]) > 2 else 1
             if input_grad:
-                cost += 2 * d_in * d_out * num_tokens  # frozen W: input gradient only
+                cost += 2 * d_in * d_out * num_tokens * uses  # frozen W: input gradient only
             if name in targets:
                 cost += 2 * r * d_out * num_tokens * 2  # B: weight grad + grad of A·x
                 cost += 2 * r * d_in * num_tokens  # A: weight grad
@@ -134,25 +170,48 @@ def backward_flops(
                     cost += 2 * r * d_in * num_tokens  # A: input grad
             return input_grad or name in targets
 
-        q, k, v = (module(m, grad_in) for m in ("q_proj", "k_proj", "v_proj"))
+        if shape.kv_lora_rank:  # MLA: q through its latent (or one q_proj), k and v through theirs
+            q = module("q_b_proj", module("q_a_proj", grad_in)) if shape.q_lora_rank \
+                else module("q_proj", grad_in)
+            kv_a = module("kv_a_proj_with_mqa", grad_in)
+            kv_b = module("kv_b_proj", kv_a)
+            k, v = kv_a or kv_b, kv_b
+        else:
+            q, k, v = (module(m, grad_in) for m in ("q_proj", "k_proj", "v_proj"))
         attn_out = q or k or v
+        qk, pv = attn_parts(window)
         if attn_out and fused_attention:
-            cost += attn_fused  # dQ, dK, dP, dV and the recomputed scores, one kernel
-        elif attn_out:  # each half of attn_fwd is one product; its backward, per operand
-            cost += attn_fwd // 2 * (q + k + (q or k) + v)  # dQ, dK, dP, dV
+            cost += attn_fused(window)  # dQ, dK, dP, dV and the recomputed scores, one kernel
+        elif attn_out:  # each product's backward, per operand that needs a gradient
+            cost += qk * q + qk * k + pv * (q or k) + pv * v  # dQ, dK, dP, dV
         o = module("o_proj", attn_out)
         h1 = grad_in or o
-        gate, up = module("gate_proj", h1), module("up_proj", h1)
-        down = module("down_proj", gate or up)
-        return cost, h1 or down
+        if not moe:
+            gate, up = module("gate_proj", h1), module("up_proj", h1)
+            down = module("down_proj", gate or up)
+            return cost, h1 or down
+        # MoE: the router, the routed experts and the shared expert's gate are frozen (input
+        # gradients only, when the layer's input needs one); the routing weights pass the
+        # gradient to the router's logits
+        module("router", h1)
+        module("experts.down_proj", module("experts.gate_up_proj", h1))
+        out = h1
+        if shape.shared_expert_intermediate_size:
+            sg, su = module("shared.gate_proj", h1), module("shared.up_proj", h1)
+            sd = module("shared.down_proj", sg or su)
+            out = out or sd
+            if shape.shared_expert_gate:
+                module("shared_expert_gate", h1)
+        return cost, out
 
     layers = 0
     grad_in = input_requires_grad  # does the residual stream entering this layer need a gradient?
-    seen: dict[bool, tuple[int, bool]] = {}  # layers are alike: one depends only on grad_in
-    for _ in range(shape.num_layers):
-        if grad_in not in seen:
-            seen[grad_in] = layer(grad_in)
-        cost, grad_in = seen[grad_in]
+    seen: dict[tuple, tuple[int, bool]] = {}  # layers of a kind are alike given grad_in
+    for i in range(shape.num_layers):
+        key = (grad_in, i in moes, windows[i])
+        if key not in seen:
+            seen[key] = layer(*key)
+        cost, grad_in = seen[key]
         layers += cost
     head = head_fwd if grad_in else 0  # frozen head: input gradient only
     return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
@@ -209,13 +268,31 @@ def training_flops(
     if gradient_checkpointing:  # the decoder layers' forward again; the head is not checkpointed
         recompute += forward_flops(shape, num_tokens, attention=attention, lora=lora)
         if not reentrant_checkpoint:  # early stop: each layer's last matmul is not rerun
-            d_in, d_out = shape.linear_shapes()["down_proj"]
-            on_adapter = lora is not None and "down_proj" in lora.target_modules
-            last = 2 * lora.rank * d_out if on_adapter else 2 * d_in * d_out
-            recompute -= shape.num_layers * last * num_tokens
+            recompute -= _unsaved_last_matmul(shape, lora) * num_tokens
     if head_recompute:
         recompute += 2 * shape.head_matmul_params * num_logits
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "total": fwd + bwd + recompute}
+
+
+def _unsaved_last_matmul(shape: ModelShape, lora: LoRASpec | None) -> int:
+    """FLOPs per token, over all layers, of each layer's last matmul when nothing saves its
+    output (non-reentrant checkpointing then stops before it): a dense layer's ``down_proj``
+    (or the ``B`` of its adapter), a MoE layer's ungated shared expert's ``down_proj``
+    (DeepSeek: added to the routed output). A MoE layer without one ends in the routed
+    experts, whose output the routing-weight product saves; a gated shared expert's output is
+    saved by the gate's product: those layers rerun whole."""
+    t = lora.adapted(shape) if lora else frozenset()
+
+    def last(name: str, d_in: int, d_out: int) -> int:
+        return 2 * lora.rank * d_out if lora is not None and name in t else 2 * d_in * d_out
+
+    f, d = shape.intermediate_size, shape.hidden_size
+    dense = last("down_proj", f, d)
+    moe = 0
+    if shape.shared_expert_intermediate_size and not shape.shared_expert_gate:
+        moe = last("shared.down_proj", shape.shared_expert_intermediate_size, d)
+    n_moe = shape.num_moe_layers
+    return (shape.num_layers - n_moe) * dense + n_moe * moe
 
 
 def generation_flops(
@@ -243,12 +320,12 @@ def generation_flops(
         return {"prefill": 0, "decode": 0, "total": 0}
     prefill = forward_flops(shape, prompt_tokens, num_logits=1, attention=attention, lora=lora)
     steps = completion_tokens - 1
-    # Σ_{j=1}^{T-1} keys(prompt + j): one query per step, closed form of the arithmetic series
-    decode_keys = steps * prompt_tokens + steps * (steps + 1) // 2
-    per_token = (2 * shape.layer_matmul_params * shape.num_layers
+    # Σ_{j=1}^{T-1} keys(prompt + j): one query per step (windowed layers: at most w keys),
+    # the closed form of attention_keys for `steps` queries after `prompt` cached keys
+    per_token = (2 * shape.matmul_params_per_token
                  + (lora.adapter_flops_per_token(shape) if lora else 0)
                  + 2 * shape.head_matmul_params)
-    decode = steps * per_token + 4 * shape.num_heads * shape.head_dim * shape.num_layers * decode_keys
+    decode = steps * per_token + attention_flops(shape, steps, prompt_tokens, "causal")
     return {"prefill": prefill, "decode": decode, "total": prefill + decode}
 
 
@@ -270,5 +347,5 @@ def reward_model_flops(
     return forward_flops(shape, n, num_logits=head_positions, attention=attention)
 
 
-__all__ = ["Attention", "attention_keys", "backward_flops", "forward_flops", "generation_flops",
+__all__ = ["Attention", "attention_flops", "attention_keys", "backward_flops", "forward_flops", "generation_flops",
            "reward_model_flops", "training_flops"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from allocopt.flops import (
@@ -202,6 +202,14 @@ class GRPOStep:
     :attr:`Engine.old_logprobs` is ``is_correction`` (trl-vllm)."""
     reward_steps: tuple[int, ...] | None = None
     """Steps per completion, for a step-level PRM (one marker token each)."""
+    trained_prompts: int | None = None
+    """Prompts whose groups are trained: the first ``trained_prompts`` of ``prompt_tokens``
+    (and their ``× group_size`` completions); the rest are generated and rewarded, then dropped
+    (DAPO dynamic sampling keeps the groups with non-zero reward variance, Yu et al. 2025,
+    "DAPO", §3.2; POLARIS filters over-generated groups). Default (``None``): all of them.
+    Generation and reward are charged on every row; the old-policy and reference log-prob
+    passes and the ``μ`` update passes on the trained rows only (verl's DAPO trainer cuts the
+    batch to the kept groups before ``compute_log_prob``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
@@ -226,12 +234,26 @@ class GRPOStep:
             raise ConfigError(f"minibatches={self.minibatches!r}: must be a positive integer")
         if self.reward_steps is not None and len(self.reward_steps) != len(self.completion_tokens):
             raise ConfigError("reward_steps: one entry per completion")
+        t = self.trained_prompts
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int)
+                              or not 0 <= t <= len(self.prompt_tokens)):
+            raise ConfigError(f"trained_prompts={t!r}: must be an integer from 0 to the "
+                              f"{len(self.prompt_tokens)} prompts generated")
 
     @property
     def rows(self) -> list[tuple[int, int]]:
         """``(prompt_tokens, completion_tokens)`` of every completion."""
         G = self.group_size
         return [(self.prompt_tokens[i // G], c) for i, c in enumerate(self.completion_tokens)]
+
+    @property
+    def trained_rows(self) -> list[tuple[int, int]]:
+        """``(prompt_tokens, completion_tokens)`` of every completion that is trained (the
+        groups of the first :attr:`trained_prompts` prompts)."""
+        rows = self.rows
+        if self.trained_prompts is None:
+            return rows
+        return rows[:self.trained_prompts * self.group_size]
 
     @property
     def uses_old_logprobs(self) -> bool:
@@ -255,6 +277,7 @@ def grpo_step_flops(
     gradient_checkpointing: bool = False,
     reward_model: ModelShape | None = None,
     engine_name: str | Engine = "trl-vllm",
+    critic: ModelShape | None = None,
 ) -> FlopAccount:
     """Useful and executed FLOPs of one GRPO iteration.
 
@@ -267,10 +290,15 @@ def grpo_step_flops(
             non-reentrant checkpoint, as TRL does; TRL's ``GRPOConfig`` turns it on by default).
         reward_model: shape of a model-based reward (``None``: rule-based, 0 FLOPs).
         engine_name: an :data:`ENGINES` name or an :class:`Engine`.
+        critic: PPO's value model (:func:`critic_shape`; ``None``: GRPO, no critic). Fully
+            fine-tuned; its gradient checkpointing follows ``gradient_checkpointing``.
 
     Returns:
         :class:`FlopAccount` whose breakdowns hold ``search`` {prefill, decode},
-        ``learning`` {old_logprobs, ref_logprobs, forward, backward, recompute} and
+        ``learning`` {old_logprobs, ref_logprobs, forward, backward, recompute (gradient
+        checkpointing's), head_recompute (the engine's fused LM head recomputing its logits
+        tiles in backward, with or without checkpointing), and with a
+        critic critic_values, critic_forward, critic_backward, critic_recompute} and
         ``reward`` {reward_model}, in FLOPs. *Useful* FLOPs count the real tokens with causal
         attention, logits where the loss needs them, no gradient-checkpointing recompute (nor
         the input gradients only the checkpoint asks for), no adapters in generation on an
@@ -280,13 +308,23 @@ def grpo_step_flops(
     """
     eng = engine(engine_name)
     return FlopAccount(
-        useful=_step(policy, step, lora, gradient_checkpointing, reward_model, eng, useful=True),
-        executed=_step(policy, step, lora, gradient_checkpointing, reward_model, eng, useful=False),
+        useful=_step(policy, step, lora, gradient_checkpointing, reward_model, eng, critic,
+                     useful=True),
+        executed=_step(policy, step, lora, gradient_checkpointing, reward_model, eng, critic,
+                       useful=False),
     )
 
 
+def critic_shape(shape: ModelShape) -> ModelShape:
+    """``shape`` as a PPO critic: its decoder with a ``d x 1`` value head at every position
+    instead of its output head (verl ``AutoModelForTokenClassification(num_labels=1)``;
+    OpenRLHF ``value_head = nn.Linear(d, 1)``; TRL ``PPOTrainer``'s value model)."""
+    return replace(shape, head="score", num_labels=1)
+
+
 def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
-          reward_model: ModelShape | None, eng: Engine, *, useful: bool) -> ComputeBreakdown:
+          reward_model: ModelShape | None, eng: Engine, critic: ModelShape | None = None, *,
+          useful: bool) -> ComputeBreakdown:
     rows = step.rows
     P_max = max(step.prompt_tokens)
     C_max = max(step.completion_tokens)
@@ -321,14 +359,20 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
             m * reward_model_flops(reward_model, n, num_steps=s, attention=attn)
             for (n, s), m in Counter((p + c, s) for (p, c), s in zip(rows, steps)).items())
 
-    # --- learning: log-prob passes and μ × (forward + backward) over prompt + completion
+    # --- learning: log-prob passes and μ × (forward + backward) over prompt + completion,
+    # on the trained rows only (the generated-but-dropped groups of dynamic sampling cost
+    # search and reward only)
+    trained = step.trained_rows
+    P_train = max((p for p, _ in trained), default=0)
+    C_train = max((c for _, c in trained), default=0)
+
     def shapes() -> list[tuple[int, int]]:
-        """(tokens, head positions) of each row as this count sees it."""
+        """(tokens, head positions) of each trained row as this count sees it."""
         if useful:
-            return [(p + c, c) for p, c in rows]
+            return [(p + c, c) for p, c in trained]
         out = []
-        for p, c in rows:
-            n = P_max + C_max if eng.padded_training else p + c
+        for p, c in trained:
+            n = P_train + C_train if eng.padded_training else p + c
             all_positions = n if eng.head_last_position else n - 1
             out.append((n, all_positions if eng.lm_head_all_positions else c))
         return out
@@ -339,15 +383,18 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
                   for (n, k), m in seqs.items())
         for name, adapters in (("old", lora), ("ref", None))
     }
-    train = {"forward": 0, "backward": 0, "recompute": 0}
+    train = {"forward": 0, "backward": 0, "recompute": 0, "head_recompute": 0}
     for (n, k), m in seqs.items():
         t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
                            # useful: no recompute, and no input gradient that only the
                            # checkpoint needs (the useful count must not move with it)
                            gradient_checkpointing=gc and not useful,
-                           head_recompute=(not useful and eng.head_recompute),
                            # useful: each attention product whose gradient is needed, once
                            fused_attention=(not useful and eng.fused_attention))
+        # the fused LM head's recomputed logits tiles, apart from the checkpoint's
+        # recompute: they run with checkpointing off too (TRL's chunked fused head)
+        t["head_recompute"] = 2 * policy.head_matmul_params * k \
+            if eng.head_recompute and not useful else 0
         for key in train:
             train[key] += m * t[key]
     mu = step.update_passes
@@ -356,7 +403,40 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         "ref_logprobs": logprob_pass["ref"] if step.reference else 0,
         **{key: _scale(v, mu) for key, v in train.items()},
     }
+    if critic is not None:
+        learning.update(_critic(critic, step, seqs, gc, eng, attn, useful=useful))
     return ComputeBreakdown(search=search, learning=learning, reward=reward)
+
+
+def _critic(critic: ModelShape, step: GRPOStep, seqs: Counter, gc: bool, eng: Engine,
+            attn: Attention, *, useful: bool) -> dict[str, int]:
+    """PPO's value model on the trained rows (``seqs``: (tokens, head positions) → count):
+
+    1. values of the rollouts: one no-grad forward per row (verl ``compute_values``;
+       OpenRLHF ``make_experience``), the value head where the row's head positions are
+       (useful: its completion tokens; executed: every position, as the critic's token head
+       runs);
+    2. GAE (Schulman et al. 2016, "GAE", eq. 16): elementwise over the values and rewards,
+       0 matmul FLOPs, not charged;
+    3. ``μ`` × (forward + backward) of the value loss, fully fine-tuned (backward 2 × the
+       forward, :func:`~allocopt.flops.backward_flops`), recompute under checkpointing
+       (executed only).
+    """
+    shape = critic_shape(critic)
+    values, train = 0, {"forward": 0, "backward": 0, "recompute": 0}
+    for (n, k), m in seqs.items():
+        # the critic's head is d x 1 at every position the engine runs it on; useful: the
+        # completion's values (k is then the completion length)
+        positions = k if useful else n
+        values += m * forward_flops(shape, n, num_logits=positions, attention=attn)
+        t = training_flops(shape, n, num_logits=positions, attention=attn,
+                           gradient_checkpointing=gc and not useful,
+                           fused_attention=(not useful and eng.fused_attention))
+        for key in train:
+            train[key] += m * t[key]
+    mu = step.update_passes
+    return {"critic_values": values,
+            **{f"critic_{key}": _scale(v, mu) for key, v in train.items()}}
 
 
 def _scale(v: int, k: float) -> int:
@@ -364,5 +444,5 @@ def _scale(v: int, k: float) -> int:
     return v * int(k) if float(k).is_integer() else int(v * k)
 
 
-__all__ = ["ENGINES", "Engine", "GRPOStep", "OldLogprobs", "engine", "grpo_step_flops",
+__all__ = ["ENGINES", "Engine", "GRPOStep", "OldLogprobs", "critic_shape", "engine", "grpo_step_flops",
            "old_logprobs_pass"]

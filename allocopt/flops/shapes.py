@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Literal, Mapping
 
 HeadKind = Literal["lm", "score", "prm", "value"]
@@ -56,8 +56,38 @@ class ModelShape:
     max_position_embeddings: int | None = None
     """Longest sequence (prompt + completion, tokens) the model takes; ``None``: unchecked."""
     sliding_window: int | None = None
-    """Keys a query may see when the config turns sliding-window attention on; the counts are
-    exact only while no sequence is longer (longer ones are refused by the callers)."""
+    """``w``: keys a query may see in a windowed layer (the ``w`` most recent, itself
+    included) when the config turns sliding-window attention on."""
+    window_layers: tuple[int, ...] | None = None
+    """Layers (0-based) that use :attr:`sliding_window`; ``None``: all of them (Mistral).
+    Qwen2: layers ``>= max_window_layers`` with ``use_sliding_window``; Gemma-style configs:
+    the ``sliding_attention`` entries of ``layer_types``."""
+    num_experts: int = 0
+    """``E``: routed experts of a mixture-of-experts MLP; 0: a dense model."""
+    num_experts_per_tok: int = 0
+    """``k``: experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 0
+    """``f_e``: width of one routed expert's SwiGLU MLP."""
+    moe_layers: tuple[int, ...] = ()
+    """Layers (0-based) whose MLP is the mixture of experts; the others are dense SwiGLU MLPs
+    of width :attr:`intermediate_size`."""
+    shared_expert_intermediate_size: int = 0
+    """Width of the always-active shared expert MLP of a MoE layer (Qwen2-MoE
+    ``shared_expert_intermediate_size``; DeepSeek ``n_shared_experts × moe_intermediate_size``);
+    0: none."""
+    shared_expert_gate: bool = False
+    """The shared expert's output is scaled by ``sigmoid(Linear(d, 1))`` (Qwen2-MoE)."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3): rank of the query down-projection
+    (``q_a_proj`` then ``q_b_proj``); 0: one ``q_proj``."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention: rank of the joint key/value latent (``kv_a_proj_with_mqa``
+    then ``kv_b_proj``); 0: plain (GQA) attention."""
+    qk_rope_head_dim: int = 0
+    """MLA: the rotary part of each query/key head (shared by all heads for keys);
+    :attr:`head_dim` is the whole query/key width ``qk_nope_head_dim + qk_rope_head_dim``."""
+    v_head_dim: int = 0
+    """Width of one value head when it differs from :attr:`head_dim` (MLA); 0: ``head_dim``."""
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -65,6 +95,32 @@ class ModelShape:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{f}={v!r}: must be a positive integer")
+        for f in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                  "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank",
+                  "qk_rope_head_dim", "v_head_dim"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{f}={v!r}: must be an integer >= 0")
+        for f in ("moe_layers", "window_layers"):
+            v = getattr(self, f)
+            if v is None:
+                continue
+            v = tuple(v)
+            object.__setattr__(self, f, v)
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_layers
+                   for i in v):
+                raise ConfigError(f"{f}={list(v)!r}: must be layer indices from 0 to "
+                                  f"{self.num_layers - 1}")
+        # one spelling per meaning: no window, or a window on every layer, is None
+        if self.sliding_window is None or self.window_layers == tuple(range(self.num_layers)):
+            object.__setattr__(self, "window_layers", None)
+        if self.moe_layers and not (self.num_experts >= 1 and 1 <= self.num_experts_per_tok
+                                    <= self.num_experts and self.moe_intermediate_size >= 1):
+            raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok!r}: a MoE layer needs "
+                              f"1 <= k <= num_experts={self.num_experts} and moe_intermediate_size >= 1")
+        if self.kv_lora_rank and self.qk_rope_head_dim >= self.head_dim:
+            raise ConfigError(f"qk_rope_head_dim={self.qk_rope_head_dim!r}: must be below the "
+                              f"query/key head width {self.head_dim} (nope + rope)")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_kv_heads={self.num_kv_heads}: must divide num_heads={self.num_heads}")
@@ -102,6 +158,9 @@ class ModelShape:
                 raise ConfigError(f"config.json: missing field {key!r} (needed: {', '.join(required)})")
         d, h = config["hidden_size"], config["num_attention_heads"]
         head_dim = config.get("head_dim") or (d // h if isinstance(d, int) and isinstance(h, int) and h else 0)
+        extra: dict[str, Any] = {**_moe_fields(config), **_mla_fields(config)}
+        if extra.get("kv_lora_rank"):  # MLA: the query/key head is nope + rope wide
+            head_dim = config.get("qk_nope_head_dim", 0) + config.get("qk_rope_head_dim", 0)
         archs = config.get("architectures") or []
         head: HeadKind = "lm"
         if any("ProcessRewardModel" in a for a in archs):
@@ -120,8 +179,10 @@ class ModelShape:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             head=head,
             num_labels=int(config.get("num_labels", len(config.get("id2label", {})) or 2)),
-            max_position_embeddings=_opt_int(config.get("max_position_embeddings")),
+            max_position_embeddings=_context(config),
             sliding_window=_sliding_window(config),
+            window_layers=_window_layers(config),
+            **extra,
         )
 
     @classmethod
@@ -154,14 +215,12 @@ class ModelShape:
 
     def check_length(self, num_tokens: int, what: str = "prompt_tokens + completion_tokens") -> None:
         """Raise :class:`ConfigError` when a sequence of ``num_tokens`` is longer than the model's
-        context or its sliding window (where counts would no longer be exact)."""
+        context (``max_position_embeddings``, extended by a rope scaling factor where the config
+        gives one). Sliding windows are counted per layer, at any length."""
         if self.max_position_embeddings and num_tokens > self.max_position_embeddings:
             raise ConfigError(f"{what}={num_tokens}: longer than {self.name}'s context "
                               f"(max_position_embeddings={self.max_position_embeddings})")
-        if self.sliding_window and num_tokens > self.sliding_window:
-            raise ConfigError(f"{what}={num_tokens}: longer than {self.name}'s sliding window "
-                              f"({self.sliding_window} tokens); sliding-window attention is not "
-                              "counted")
+
 
     # ------------------------------------------------------------------- parameters
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
@@ -176,8 +235,109 @@ class ModelShape:
 
     @property
     def layer_matmul_params(self) -> int:
-        """Weights of one layer's matrix products: ``d·h·d_h + 2·d·h_kv·d_h + h·d_h·d + 3·d·f``."""
+        """Weights of one dense layer's matrix products: ``d·h·d_h + 2·d·h_kv·d_h + h·d_h·d +
+        3·d·f`` (a plain GQA + SwiGLU layer; :attr:`matmul_params_per_token` is the whole
+        model's, MoE and MLA layers included)."""
         return sum(i * o for i, o in self.linear_shapes().values())
+
+    # ------------------------------------------------ layers of any kind (MoE, MLA, windows)
+    @property
+    def v_dim(self) -> int:
+        """Width of one value head (``v_head_dim``, else ``head_dim``)."""
+        return self.v_head_dim or self.head_dim
+
+    def attention_modules(self) -> dict[str, tuple[int, int]]:
+        """``(d_in, d_out)`` of each attention projection of one layer, in forward order.
+        GQA: ``q_proj, k_proj, v_proj, o_proj``. MLA (DeepSeek-V2/V3, ``kv_lora_rank > 0``):
+        ``q_a_proj`` (``d -> q_lora_rank``) and ``q_b_proj`` (``-> h·(nope + rope)``), or one
+        ``q_proj``; ``kv_a_proj_with_mqa`` (``d -> kv_lora_rank + rope``), ``kv_b_proj``
+        (``kv_lora_rank -> h·(nope + v)``), ``o_proj`` (``h·v -> d``). Keys and values are
+        counted as a plain KV cache holds them (each token's ``kv_b_proj`` once, no weight
+        absorption)."""
+        d, h, dh = self.hidden_size, self.num_heads, self.head_dim
+        if not self.kv_lora_rank:
+            lin = self.linear_shapes()
+            return {m: lin[m] for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        out: dict[str, tuple[int, int]] = {}
+        if self.q_lora_rank:
+            out["q_a_proj"] = (d, self.q_lora_rank)
+            out["q_b_proj"] = (self.q_lora_rank, h * dh)
+        else:
+            out["q_proj"] = (d, h * dh)
+        nope = dh - self.qk_rope_head_dim
+        out["kv_a_proj_with_mqa"] = (d, self.kv_lora_rank + self.qk_rope_head_dim)
+        out["kv_b_proj"] = (self.kv_lora_rank, h * (nope + self.v_dim))
+        out["o_proj"] = (h * self.v_dim, d)
+        return out
+
+    def mlp_modules(self, moe: bool) -> dict[str, tuple[int, int, int]]:
+        """``(d_in, d_out, uses per token)`` of each matmul of one layer's MLP, in forward
+        order. Dense: ``gate_proj, up_proj, down_proj`` of width ``f``. MoE: ``router``
+        (``d -> E``, every token), the routed experts' fused ``experts.gate_up_proj``
+        (``d -> 2·f_e``) and ``experts.down_proj`` (``f_e -> d``), each used ``k`` times per
+        token (top-k), then the shared expert ``shared.gate_proj, shared.up_proj,
+        shared.down_proj`` and its ``shared_expert_gate`` (``d -> 1``) where the model has them."""
+        d = self.hidden_size
+        if not moe:
+            f = self.intermediate_size
+            return {"gate_proj": (d, f, 1), "up_proj": (d, f, 1), "down_proj": (f, d, 1)}
+        fe, k = self.moe_intermediate_size, self.num_experts_per_tok
+        out = {"router": (d, self.num_experts, 1), "experts.gate_up_proj": (d, 2 * fe, k),
+               "experts.down_proj": (fe, d, k)}
+        fs = self.shared_expert_intermediate_size
+        if fs:
+            out.update({"shared.gate_proj": (d, fs, 1), "shared.up_proj": (d, fs, 1),
+                        "shared.down_proj": (fs, d, 1)})
+            if self.shared_expert_gate:
+                out["shared_expert_gate"] = (d, 1, 1)
+        return out
+
+    def layer_params(self, moe: bool) -> int:
+        """Weights one token multiplies in one layer (``Σ d_in·d_out·uses``): attention
+        projections plus the dense MLP, or the router, ``k`` routed experts and the shared one."""
+        return (sum(i * o for i, o in self.attention_modules().values())
+                + sum(i * o * u for i, o, u in self.mlp_modules(moe).values()))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    @property
+    def matmul_params_per_token(self) -> int:
+        """Weights one token multiplies in all decoder layers (the head apart):
+        ``(L - L_moe)·dense + L_moe·moe`` of :meth:`layer_params`."""
+        n_moe = self.num_moe_layers
+        return (self.num_layers - n_moe) * self.layer_params(False) + n_moe * self.layer_params(True)
+
+    @property
+    def attention_flops_per_key(self) -> int:
+        """FLOPs of one (query, key) pair in one layer: ``2·h·d_qk`` for the score ``q·k`` plus
+        ``2·h·d_v`` for the weighted sum (``4·h·d_h`` when they are alike)."""
+        return 2 * self.num_heads * (self.head_dim + self.v_dim)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (``None``: full attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.window_layers is None or layer in self.window_layers:
+            return self.sliding_window
+        return None
+
+    def windows(self) -> dict[int | None, int]:
+        """Layers per window (``None``: full attention) → count."""
+        out: dict[int | None, int] = {}
+        for i in range(self.num_layers):
+            w = self.layer_window(i)
+            out[w] = out.get(w, 0) + 1
+        return out
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The shape as a dict, without its name and without the MoE / MLA / window fields
+        that are at their defaults (so a dense model's dict is what it was before they
+        existed, and fingerprints made from it stay stable)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()
+                if k != "name" and not (k in _EXTENSION_FIELDS and v == defaults[k])}
 
     @property
     def head_matmul_params(self) -> int:
@@ -193,7 +353,13 @@ class ModelShape:
 
     def num_params(self) -> int:
         """Total parameters, as ``sum(p.numel() for p in model.parameters())`` counts them
-        (q/k/v biases, RMSNorm weights and the embedding included; a tied head counted once)."""
+        (q/k/v biases, RMSNorm weights and the embedding included; a tied head counted once).
+        Dense GQA models only.
+
+        Raises:
+            ConfigError: a MoE or MLA model (its parameters are not counted here)."""
+        if self.moe_layers or self.kv_lora_rank:
+            raise ConfigError(f"model={self.name!r}: parameters of MoE/MLA models are not counted")
         d, h, kv, dh = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         per_layer = self.layer_matmul_params + (h + 2 * kv) * dh + 2 * d  # + qkv bias, 2 norms
         embed = self.vocab_size * d
@@ -223,24 +389,62 @@ class LoRASpec:
             raise ConfigError(f"lora_rank={self.rank!r}: must be a positive integer")
         if isinstance(self.target_modules, str):
             object.__setattr__(self, "target_modules", _parse_targets(self.target_modules))
-        bad = [m for m in self.target_modules if m not in MODULES]
+        bad = [m for m in self.target_modules if m not in MODULES + MLA_MODULES]
         if bad or not self.target_modules:
             raise ConfigError(f"lora_target_modules={list(self.target_modules)!r}: "
-                              f"allowed: {', '.join(MODULES)} or all-linear")
+                              f"allowed: {', '.join(MODULES + MLA_MODULES)} or all-linear")
+
+    def adapted(self, shape: ModelShape) -> frozenset[str]:
+        """Names of ``shape``'s layer modules (:meth:`ModelShape.attention_modules`,
+        :meth:`ModelShape.mlp_modules`) that carry an adapter: the names given, as peft matches
+        them (on an MLA model ``all-linear`` also covers ``q_a_proj``, ``q_b_proj``,
+        ``kv_a_proj_with_mqa`` and ``kv_b_proj``).
+
+        Raises:
+            ConfigError: MLP targets on a mixture-of-experts model (peft's ``all-linear`` then
+                also wraps the routed experts, whose 3-D weights it folds with the adapter on
+                every forward, and the router: not counted)."""
+        t = set(self.target_modules)
+        if shape.kv_lora_rank and self.target_modules == MODULES:  # all-linear: every projection
+            t |= set(MLA_MODULES)
+        mlp = t & {"gate_proj", "up_proj", "down_proj"}
+        if shape.moe_layers and mlp:
+            raise ConfigError(
+                f"lora_targets={','.join(self.target_modules)}: LoRA on the MLP of a "
+                f"mixture-of-experts model ({sorted(mlp)[0]}) is not counted (peft wraps the "
+                "routed experts' 3-D weights and the router too); target attention projections "
+                f"only ({', '.join(shape.attention_modules())}) or fine-tune fully (lora_rank=0)")
+        return frozenset(t)
 
     def adapter_flops_per_token(self, shape: ModelShape) -> int:
-        """Forward FLOPs of all adapters of the model per token: ``Σ 2·r·(d_in + d_out)``."""
-        lin = shape.linear_shapes()
-        return shape.num_layers * sum(2 * self.rank * (lin[m][0] + lin[m][1]) for m in self.target_modules)
+        """Forward FLOPs of all adapters of the model per token: ``Σ 2·r·(d_in + d_out)`` over
+        the adapted modules (:meth:`adapted`) of every layer."""
+        t = self.adapted(shape)
+
+        def layer(moe: bool) -> int:
+            mods = {**shape.attention_modules(),
+                    **{m: (i, o) for m, (i, o, _) in shape.mlp_modules(moe).items()}}
+            return sum(2 * self.rank * (i + o) for m, (i, o) in mods.items() if m in t)
+
+        n_moe = shape.num_moe_layers
+        return (shape.num_layers - n_moe) * layer(False) + n_moe * layer(True)
 
 
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+MLA_MODULES: tuple[str, ...] = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+"""The attention projections of a multi-head latent attention layer besides ``q_proj`` and
+``o_proj`` (DeepSeek-V2/V3)."""
+
+_EXTENSION_FIELDS = frozenset({
+    "window_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_layers",
+    "shared_expert_intermediate_size", "shared_expert_gate", "q_lora_rank", "kv_lora_rank",
+    "qk_rope_head_dim", "v_head_dim"})
+
 _ENC_DEC_KEYS = ("encoder_layers", "num_decoder_layers", "decoder_layers")
 
 
 def _refuse_unsupported(config: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` naming what of ``config`` cannot be counted exactly:
-    encoder-decoder, vision-language and mixture-of-experts models."""
+    encoder-decoder and vision-language models."""
     kind = config.get("model_type", "?")
     if config.get("is_encoder_decoder") or any(k in config for k in _ENC_DEC_KEYS):
         raise ConfigError(f"config.json: model_type={kind!r} is an encoder-decoder model; only "
@@ -249,11 +453,90 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
             "VL" in a or "Vision" in a for a in config.get("architectures") or []):
         raise ConfigError(f"config.json: model_type={kind!r} is a vision-language model; its "
                           "vision tower and image tokens are not counted (text-only decoders only)")
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
-    moe = [k for k in _MOE_KEYS if text.get(k)]
-    if moe:
-        raise ConfigError(f"config.json: model_type={kind!r} is a mixture-of-experts model "
-                          f"({moe[0]}={text[moe[0]]!r}); top-k expert routing is not counted")
+
+
+def _int(config: Mapping[str, Any], key: str, default: int = 0) -> int:
+    v = config.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"config.json: {key}={v!r}: must be an integer >= 0")
+    return v
+
+
+def _moe_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a ``config.json`` (none for a dense model).
+
+    * Qwen2-MoE / Qwen3-MoE (``num_experts``, ``num_experts_per_tok``,
+      ``moe_intermediate_size``): layer ``i`` is sparse unless in ``mlp_only_layers``, and when
+      ``(i + 1) % decoder_sparse_step == 0`` (transformers ``Qwen3MoeDecoderLayer``); Qwen2-MoE
+      adds ``shared_expert_intermediate_size`` with a sigmoid gate.
+    * Mixtral (``num_local_experts``): every layer, experts of width ``intermediate_size``.
+    * DeepSeek-V2/V3 (``n_routed_experts``): layers from ``first_k_dense_replace`` on, every
+      ``moe_layer_freq``-th; ``n_shared_experts × moe_intermediate_size`` shared, ungated.
+    """
+    L = config["num_hidden_layers"]
+    if not isinstance(L, int) or isinstance(L, bool) or L < 1:
+        return {}
+    # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts: read either
+    E = next((_int(config, key) for key in ("num_experts", "num_local_experts", "n_routed_experts")
+              if config.get(key)), 0)
+    if not E:
+        return {}
+    # expert width: moe_intermediate_size (Qwen, DeepSeek), else intermediate_size (Mixtral)
+    fe = _int(config, "moe_intermediate_size") or _int(config, "intermediate_size")
+    if "first_k_dense_replace" in config or config.get("n_routed_experts"):  # DeepSeek-V2/V3
+        first, freq = _int(config, "first_k_dense_replace"), _int(config, "moe_layer_freq", 1) or 1
+        layers = tuple(i for i in range(L) if i >= first and i % freq == 0)
+    else:  # Qwen2/3-MoE rules (Mixtral: neither key, every layer)
+        step = _int(config, "decoder_sparse_step", 1) or 1
+        dense = set(config.get("mlp_only_layers") or ())
+        layers = tuple(i for i in range(L) if i not in dense and (i + 1) % step == 0)
+    gated = _int(config, "shared_expert_intermediate_size")  # Qwen2-MoE: a gated shared expert
+    return {"num_experts": E, "num_experts_per_tok": _int(config, "num_experts_per_tok"),
+            "moe_intermediate_size": fe, "moe_layers": layers,
+            "shared_expert_intermediate_size": gated or _int(config, "n_shared_experts") * fe,
+            "shared_expert_gate": bool(gated)}
+
+
+def _mla_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Multi-head latent attention fields (DeepSeek-V2/V3: ``kv_lora_rank`` set)."""
+    if not config.get("kv_lora_rank"):
+        return {}
+    return {"q_lora_rank": _int(config, "q_lora_rank"), "kv_lora_rank": _int(config, "kv_lora_rank"),
+            "qk_rope_head_dim": _int(config, "qk_rope_head_dim"),
+            "v_head_dim": _int(config, "v_head_dim")}
+
+
+def _context(config: Mapping[str, Any]) -> int | None:
+    """Longest sequence: ``max_position_embeddings``, or where a rope scaling (``rope_scaling``
+    or transformers 5's ``rope_parameters``: yarn, dynamic, linear, longrope, llama3) gives a
+    ``factor``, ``factor × original_max_position_embeddings`` (else ``× max_position_embeddings``)
+    when that is longer (Qwen2.5's long-context recipe: yarn, factor 4, 32,768 → 131,072)."""
+    base = _opt_int(config.get("max_position_embeddings"))
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    if base is None or not isinstance(rope, Mapping):
+        return base
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    factor = rope.get("factor")
+    if kind == "default" or isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not factor > 1:
+        return base
+    original = _opt_int(rope.get("original_max_position_embeddings")) \
+        or _opt_int(config.get("original_max_position_embeddings")) or base
+    return max(base, int(factor * original))
+
+
+def _window_layers(config: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The windowed layers (``None``: all, when a window is on): Gemma-style ``layer_types``
+    (``sliding_attention`` entries), else Qwen2's layers ``>= max_window_layers``."""
+    types = config.get("layer_types")
+    if isinstance(types, (list, tuple)) and types:
+        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if config.get("use_sliding_window") and isinstance(config.get("max_window_layers"), int):
+        L = config["num_hidden_layers"]
+        return tuple(i for i in range(L) if i >= config["max_window_layers"])
+    return None
 
 
 def _opt_int(v: Any) -> int | None:
@@ -310,4 +593,5 @@ def preset_names() -> list[str]:
     return [p.name for p in _PRESET_LIST]
 
 
-__all__ = ["ConfigError", "HeadKind", "LoRASpec", "MODULES", "ModelShape", "preset_names"]
+__all__ = ["ConfigError", "HeadKind", "LoRASpec", "MLA_MODULES", "MODULES", "ModelShape",
+           "preset_names"]

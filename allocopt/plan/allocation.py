@@ -223,35 +223,43 @@ def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
 
 @functools.lru_cache(maxsize=16384)
 def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: int) -> FlopAccount:
-    """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N).
-    Memoized (workloads and allocations are frozen and hashable)."""
+    """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N, N
+    the rows of the ``rollouts_per_iteration // G`` prompts trained). With the set-up's
+    ``generated_per_trained`` > 1, ``round(prompts × generated_per_trained)`` groups are
+    generated and rewarded, and the log-prob passes and updates run on the trained ones only;
+    with a critic, its values and updates are learning. Memoized (workloads and allocations are frozen and hashable)."""
     G = allocation.group_size
     prompts = max(1, workload.setup.rollouts_per_iteration // G)
-    N = prompts * G
+    N = prompts * G  # rows trained on at one pass
+    # dynamic sampling / filtering: more groups generated and rewarded than trained
+    generated = max(prompts, round(prompts * workload.setup.generated_per_trained))
+    N_gen = generated * G
     c_mean = max(1, round(workload.setup.completion_tokens))
     eng = engine(workload.setup.engine)
     if eng.padded_generation or eng.padded_training:
         c_pad = round(workload.setup.padded_completion_tokens or workload.setup.completion_tokens)
         # one row at the padded length stands for the batch's longest; the rest at the mean
-        completions = (max(1, c_pad),) + (c_mean,) * (N - 1)
+        completions = (max(1, c_pad),) + (c_mean,) * (N_gen - 1)
     else:
-        completions = (c_mean,) * N
+        completions = (c_mean,) * N_gen
     reward_model = workload.reward_models.get(allocation.reward) \
         if allocation.reward in MODEL_BASED else None
     if allocation.reward in MODEL_BASED and reward_model is None:
         raise ConfigError(f"reward={allocation.reward!r}: the workload names no reward model for it")
     step = GRPOStep(
-        prompt_tokens=(max(1, round(workload.setup.prompt_tokens)),) * prompts,
+        prompt_tokens=(max(1, round(workload.setup.prompt_tokens)),) * generated,
         completion_tokens=completions,
         group_size=G,
         update_passes=rows_trained / N,
         reference=workload.setup.reference,
         importance_sampling_correction=workload.setup.importance_sampling_correction,
-        reward_steps=(max(0, round(workload.setup.steps_per_completion)),) * N,
+        reward_steps=(max(0, round(workload.setup.steps_per_completion)),) * N_gen,
+        trained_prompts=None if generated == prompts else prompts,
     )
+    critic = model_shape(workload.setup.critic) if workload.setup.critic else None
     return grpo_step_flops(_policy(workload, allocation), step, lora=workload.setup.lora,
                            gradient_checkpointing=workload.setup.gradient_checkpointing,
-                           reward_model=reward_model, engine_name=eng)
+                           reward_model=reward_model, engine_name=eng, critic=critic)
 
 
 def rows_schedule(rows_trained: float, iteration: int) -> int:

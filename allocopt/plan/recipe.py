@@ -43,9 +43,10 @@ class AccountedRun:
     passes, with which reward model and completion-length spread."""
 
     prompts: int = 64
-    """Prompts per GRPO step (rollout batch = prompts × group_size)."""
+    """Prompts trained per GRPO step (rollout batch = prompts × group_size); with the set-up's
+    ``generated_per_trained`` > 1, ``round(prompts × generated_per_trained)`` are generated."""
     group_size: int = 8
-    """G: completions per prompt."""
+    """G: completions per prompt (1 only with a critic: PPO)."""
     steps: int = 1
     """GRPO steps (rollout batches)."""
     update_passes: float = 1.0
@@ -71,7 +72,7 @@ class AccountedRun:
         for f in ("reward_model", "lengths", "length_distribution"):
             if not isinstance(getattr(self, f), str):
                 raise ConfigError(f"{f}={getattr(self, f)!r}: must be a string")
-        for f, lo in (("prompts", 1), ("group_size", 2), ("steps", 1), ("minibatches", 1)):
+        for f, lo in (("prompts", 1), ("group_size", 1), ("steps", 1), ("minibatches", 1)):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
@@ -124,11 +125,30 @@ def read_recipe(path: str | Path | None = None, **given: Any) -> tuple[TrainingS
     kw = {k: v for k, v in data.items() if k in SETUP_KEYS}
     if "max_completion_length" not in kw:  # the set-up's rule, of the longest completion priced
         kw["max_completion_length"] = default_max_completion_length(*_priced_completions(run, kw))
-    setup = TrainingSetup(**kw, rollouts_per_iteration=run.prompts * run.group_size)
+    if run.group_size == 1 and not kw.get("critic"):
+        raise ConfigError("group_size=1: GRPO's baseline needs >= 2 completions per prompt; "
+                          "give a critic (--critic MODEL) to price PPO at G = 1")
+    setup = TrainingSetup(**kw, rollouts_per_iteration=max(2, run.prompts * run.group_size))
     if run.completion_max and run.completion_max < setup.completion_tokens:
         raise ConfigError(f"completion_max={run.completion_max:g}: must be >= "
                           f"completion_tokens={setup.completion_tokens:g} (or 0: the mean)")
+    longest = max([run.completion_max] + ([c for _, c in read_lengths(run.lengths)] if run.lengths else []))
+    if longest > setup.max_completion_length:
+        what = f"lengths={run.lengths!r}: a completion of" if run.lengths else "completion_max="
+        raise ConfigError(f"{what} {longest:g} tokens: longer than max_completion_length="
+                          f"{setup.max_completion_length} (the generation limit cuts there)")
+    if generated_prompts(setup, run) * run.group_size > MAX_ROLLOUTS_PER_ITERATION:
+        raise ConfigError(f"generated_per_trained={setup.generated_per_trained:g}: "
+                          f"{generated_prompts(setup, run)} prompts x group_size {run.group_size} "
+                          f"generated per step; must be at most {MAX_ROLLOUTS_PER_ITERATION} "
+                          "completions (each row is priced)")
     return setup, run
+
+
+def generated_prompts(setup: TrainingSetup, run: AccountedRun) -> int:
+    """Prompts generated per step: ``round(prompts × generated_per_trained)`` (at least
+    ``prompts``); exact for a whole product, else within half a prompt's group."""
+    return max(run.prompts, round(run.prompts * setup.generated_per_trained))
 
 
 def _priced_completions(run: AccountedRun, kw: Mapping[str, Any]) -> list[Any]:
@@ -143,26 +163,37 @@ def _priced_completions(run: AccountedRun, kw: Mapping[str, Any]) -> list[Any]:
 
 def grpo_steps(setup: TrainingSetup, run: AccountedRun) -> list[GRPOStep]:
     """The step(s) whose mean, times ``run.steps``, is the run: every step of a lengths file,
-    else one step with completion lengths drawn from ``run.length_distribution``."""
-    n = run.prompts * run.group_size
+    else one step with completion lengths drawn from ``run.length_distribution``.
+
+    With ``generated_per_trained`` > 1 a step generates :func:`generated_prompts` groups and
+    trains the first ``run.prompts`` of them (:attr:`GRPOStep.trained_prompts`); a lengths
+    file then holds every generated row, the trained groups first in each step."""
+    gen = generated_prompts(setup, run)
+    n = gen * run.group_size
     reward_steps = (round(setup.steps_per_completion),) * n
     kw = dict(update_passes=run.update_passes, reference=setup.reference,
               minibatches=run.minibatches,
-              importance_sampling_correction=setup.importance_sampling_correction)
+              importance_sampling_correction=setup.importance_sampling_correction,
+              trained_prompts=None if gen == run.prompts else run.prompts)
     if run.lengths:
         rows = read_lengths(run.lengths)
-        steps = steps_from_rows(rows, run.prompts, run.group_size,
+        steps = steps_from_rows(rows, gen, run.group_size,
                                 source=f"lengths={run.lengths!r}", **kw)
         return [replace(s, reward_steps=reward_steps) for s in steps]
     completions = synthetic_completions(setup.completion_tokens, run.completion_max, n,
                                         run.length_distribution)
-    return [GRPOStep(prompt_tokens=(round(setup.prompt_tokens),) * run.prompts,
+    return [GRPOStep(prompt_tokens=(round(setup.prompt_tokens),) * gen,
                      completion_tokens=completions, group_size=run.group_size,
                      reward_steps=reward_steps, **kw)]
 
 
 def reward_shape(run: AccountedRun) -> ModelShape | None:
     return model_shape(run.reward_model) if run.reward_model else None
+
+
+def critic(setup: TrainingSetup) -> ModelShape | None:
+    """The critic's shape (:attr:`TrainingSetup.critic`), or ``None`` without one."""
+    return model_shape(setup.critic) if setup.critic else None
 
 
 def account(setup: TrainingSetup, run: AccountedRun, policy: ModelShape | None = None) -> FlopAccount:
@@ -178,11 +209,16 @@ def account(setup: TrainingSetup, run: AccountedRun, policy: ModelShape | None =
     """
     policy = policy or model_shape(setup.model)
     steps = grpo_steps(setup, run)
-    policy.check_length(max(p + c for s in steps for p, c in s.rows))
+    longest = max(p + c for s in steps for p, c in s.rows)
+    policy.check_length(longest)
+    value_model = critic(setup)
+    if value_model is not None:
+        value_model.check_length(longest)
     reward = reward_shape(run)
     total = sum(grpo_step_flops(policy, s, lora=setup.lora,
                                 gradient_checkpointing=setup.gradient_checkpointing,
-                                reward_model=reward, engine_name=setup.engine) for s in steps)
+                                reward_model=reward, engine_name=setup.engine,
+                                critic=value_model) for s in steps)
     if run.steps % len(steps) == 0:
         return total * (run.steps // len(steps))
     return total * (run.steps / len(steps))
@@ -198,5 +234,5 @@ def recipe_dict(setup: TrainingSetup, run: AccountedRun) -> dict[str, Any]:
     return {**setup.to_dict(), **run.to_dict()}
 
 
-__all__ = ["AccountedRun", "RECIPE_KEYS", "account", "grpo_steps", "price",
+__all__ = ["AccountedRun", "RECIPE_KEYS", "account", "critic", "generated_prompts", "grpo_steps", "price",
            "read_recipe", "recipe_dict", "reward_shape"]

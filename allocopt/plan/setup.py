@@ -43,7 +43,8 @@ this bound keeps one pricing under ~4 s and a few MB); the largest published GRP
 this size (DeepSeekMath: 1,024 prompts × G = 64)."""
 
 PRICED_FIELDS: tuple[str, ...] = ("lora_rank", "lora_targets", "engine", "gradient_checkpointing",
-                                  "beta", "max_completion_length", "importance_sampling_correction")
+                                  "beta", "max_completion_length", "importance_sampling_correction",
+                                  "generated_per_trained", "critic")
 """The set-up fields that decide a plan's FLOPs besides the policy's shape and the expected
 lengths: what :func:`setup_fingerprint` holds (``beta`` as whether a reference pass runs)."""
 
@@ -137,6 +138,20 @@ class TrainingSetup:
     with vLLM rollouts it runs an old-policy log-prob pass on every iteration, even at one
     update pass; the meter charges it. ``None``: the runner's default (allocopt off: the ρ
     floor it sets, :data:`RUNNERS`; TRL on)."""
+    generated_per_trained: float = 1.0
+    """Prompts generated (and rewarded) per prompt trained, >= 1: DAPO's dynamic sampling
+    (Yu et al. 2025, §3.2: keep the groups whose rewards are not all equal; verl's
+    ``data.gen_batch_size`` / ``data.train_batch_size`` bounds it per generation round) and
+    POLARIS-style filtering generate more groups than they train. Generation and reward run on
+    ``generated_per_trained × prompts`` groups; log-prob passes and updates on ``prompts``.
+    1: every generated group is trained (plain GRPO)."""
+    critic: str = ""
+    """Value model of PPO (hub id, preset or local folder; empty: none, GRPO's group
+    baseline). Its shape may differ from the policy's; it is read with a ``d x 1`` value head
+    at every position (verl's critic: ``AutoModelForTokenClassification``, ``num_labels=1``;
+    OpenRLHF: ``value_head = Linear(d, 1)``) and fully fine-tuned. It costs a forward over every
+    trained row (the values of the rollouts) and ``μ`` × (forward + backward) in the update,
+    charged to learning; GAE is elementwise (0 matmul FLOPs). With a critic ``G`` may be 1."""
     max_iterations: int = 100_000
     """Safety cap; the budget normally ends the run."""
     vllm_gpu_memory_utilization: float = 0.3
@@ -195,6 +210,13 @@ class TrainingSetup:
                               "'all-linear' or 'q_proj,v_proj'")
         if self.lora_rank:
             LoRASpec(self.lora_rank, self.lora_targets)  # raises for bad targets
+        v = self.generated_per_trained
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
+            raise ConfigError(f"generated_per_trained={v!r}: must be a number >= 1 (prompts "
+                              "generated per prompt trained; 1: all generated groups are trained)")
+        if not isinstance(self.critic, str):
+            raise ConfigError(f"critic={self.critic!r}: must be a hub id, preset or local folder "
+                              "(empty: no critic)")
         if self.completion_tokens > self.max_completion_length:
             raise ConfigError(f"completion_tokens={self.completion_tokens!r}: must be <= "
                               f"max_completion_length={self.max_completion_length}")
@@ -230,7 +252,9 @@ class TrainingSetup:
                                  gradient_checkpointing=self.gradient_checkpointing,
                                  reference=self.reference,
                                  max_completion_length=self.max_completion_length,
-                                 importance_sampling_correction=self.importance_sampling_correction)
+                                 importance_sampling_correction=self.importance_sampling_correction,
+                                 generated_per_trained=self.generated_per_trained,
+                                 critic=self.critic)
 
     def priced_differences(self, planned: "TrainingSetup") -> list[str]:
         """Each of :data:`PRICED_FIELDS` where this set-up (the one about to run) differs from
@@ -252,18 +276,25 @@ class TrainingSetup:
 def setup_fingerprint(policy: ModelShape, *, lora: LoRASpec | None, engine_name: str,
                       gradient_checkpointing: bool, reference: bool,
                       max_completion_length: int | None,
-                      importance_sampling_correction: bool = True) -> str:
+                      importance_sampling_correction: bool = True,
+                      generated_per_trained: float = 1.0, critic: str = "") -> str:
     """A short hash (12 hex digits) of everything that decides a trial's FLOPs besides the
     allocation and the token counts: the policy's widths (not its name: a hub id and its local
     copy agree), LoRA rank and targets, engine name, gradient checkpointing, the reference
     pass (β > 0), the generation limit and vLLM's importance-sampling correction (an old-policy
     pass on every ``trl-vllm`` iteration). The plan stores it; the driver recomputes it from
-    the model it loaded and the settings it runs, and refuses a mismatch."""
-    shape = {k: v for k, v in asdict(policy).items() if k != "name"}
+    the model it loaded and the settings it runs, and refuses a mismatch. Over-generation
+    (``generated_per_trained``) and a critic enter the hash only when set, so the fingerprints
+    of plain GRPO set-ups stay as they were."""
+    shape = policy.fingerprint_fields()
     data = {"policy": shape, "lora": None if lora is None else [lora.rank, list(lora.target_modules)],
             "engine": engine_name.split("+")[0], "gradient_checkpointing": bool(gradient_checkpointing),
             "reference": bool(reference), "max_completion_length": max_completion_length,
             "importance_sampling_correction": bool(importance_sampling_correction)}
+    if generated_per_trained != 1:
+        data["generated_per_trained"] = float(generated_per_trained)
+    if critic:
+        data["critic"] = critic
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 

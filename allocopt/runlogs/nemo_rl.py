@@ -152,7 +152,7 @@ def import_nemo_rl(path: str | Path, **overrides: Any) -> ImportedRun:
         secs = sum(t for _, t in nemo_rate)
         theirs = sum(r * t for r, t in nemo_rate) / secs  # TFLOP/s per GPU, time-weighted
         ln = acct.executed.learning
-        update = sum(v for k, v in ln.items() if k in ("forward", "backward", "recompute"))
+        update = sum(v for k, v in ln.items() if k in ("forward", "backward", "recompute", "head_recompute"))
         ours = update / secs / devices / 1e12
         read["performance/train_flops_per_gpu"] = (
             f"NeMo-RL {theirs:.3g} TFLOP/s per GPU in policy_training; allocopt's update "

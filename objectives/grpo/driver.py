@@ -94,6 +94,7 @@ def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> No
             "plan from the same TrainingSetup")
     got = setup.fingerprint(policy)
     if not plan.setup_fingerprint or got == plan.setup_fingerprint:
+        _check_runnable(setup)
         return
     if plan.setup is None:
         what = "a set-up the plan does not record"
@@ -105,6 +106,19 @@ def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> No
         f"{what}: the driver would run set-up {got!r} (runner={setup.runner}), the plan was "
         f"priced for setup_fingerprint={plan.setup_fingerprint!r}; make the plan from the same "
         "TrainingSetup")
+
+
+def _check_runnable(setup: TrainingSetup) -> None:
+    """Raise :class:`ConfigError` for a set-up this driver prices but does not run: dynamic
+    sampling (``generated_per_trained`` > 1) or a PPO critic (``allocopt account`` and
+    ``allocopt plan`` price them for runs in verl or OpenRLHF)."""
+    if setup.generated_per_trained != 1:
+        raise ConfigError(f"generated_per_trained={setup.generated_per_trained!r}: the driver "
+                          "trains every generated group (TRL GRPOTrainer); must be 1 here "
+                          "(account and plan price dynamic sampling for verl runs)")
+    if setup.critic:
+        raise ConfigError(f"critic={setup.critic!r}: the driver runs GRPO without a value model; "
+                          "must be empty here (account and plan price PPO with a critic)")
 
 
 def _trainer_class():

@@ -1,0 +1,215 @@
+"""Mixture-of-experts, multi-head latent attention and per-layer sliding windows.
+
+* transformers' own ``Qwen3MoeForCausalLM``, ``Qwen2MoeForCausalLM`` (gated shared expert),
+  ``MixtralForCausalLM`` and ``DeepseekV3ForCausalLM`` (MLA, dense first layer, shared
+  expert), built from shrunk configs on the meta device, measured with ``FlopCounterMode``:
+  forward, full fine-tuning with non-reentrant gradient checkpointing, LoRA on the attention
+  projections. The routed experts run transformers' ``batched_mm`` implementation (every
+  token through its top-k experts: what a grouped GEMM computes; the default loop over
+  experts asks for data on the meta device). Eager attention (the full rectangle).
+* the shipped ``config.json`` of Qwen3-30B-A3B, Mixtral-8x7B and DeepSeek-V3 read into the
+  fields each family uses, and their active parameters per token against the published ones.
+* sliding windows per layer against a brute-force count; rope-scaled contexts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from allocopt.flops import ConfigError, LoRASpec, ModelShape, forward_flops, training_flops
+from allocopt.flops.formulas import attention_keys, generation_flops
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+N = 10  # tokens of the measured sequence
+
+
+def _families():
+    from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, MixtralConfig,
+                              MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+    small = dict(vocab_size=97, hidden_size=64, num_attention_heads=4, max_position_embeddings=512)
+    attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    return {
+        # layer 1 dense (mlp_only_layers), 8 experts of width 24, top-2, head_dim 16
+        "qwen3-moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(
+            **small, intermediate_size=96, moe_intermediate_size=24, num_experts=8,
+            num_experts_per_tok=2, num_hidden_layers=3, num_key_value_heads=2, head_dim=16,
+            mlp_only_layers=[1]), attn),
+        # a shared expert of width 40 behind a sigmoid gate
+        "qwen2-moe": (Qwen2MoeForCausalLM, Qwen2MoeConfig(
+            **small, intermediate_size=96, moe_intermediate_size=24,
+            shared_expert_intermediate_size=40, num_experts=8, num_experts_per_tok=2,
+            num_hidden_layers=2, num_key_value_heads=2), attn),
+        # 4 experts of width intermediate_size = 40, top-2, every layer
+        "mixtral": (MixtralForCausalLM, MixtralConfig(
+            **small, intermediate_size=40, num_local_experts=4, num_experts_per_tok=2,
+            num_hidden_layers=2, num_key_value_heads=2), attn),
+        # MLA (q rank 32, kv rank 16, nope 12 + rope 4, v 10), first layer dense, 1 shared expert
+        "deepseek-v3": (DeepseekV3ForCausalLM, DeepseekV3Config(
+            **small, intermediate_size=96, moe_intermediate_size=24, n_routed_experts=8,
+            n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+            first_k_dense_replace=1, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=32,
+            kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=4, v_head_dim=10),
+            ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]),
+    }
+
+
+@pytest.fixture
+def meta_masks(monkeypatch):
+    """transformers' mask builder asks whether position ids are packed (a data-dependent
+    check that cannot run on the meta device); nothing here is packed."""
+    import transformers.masking_utils as mu
+
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "qwen2-moe", "mixtral", "deepseek-v3"])
+def test_moe_matches_flop_counter_on_meta(family, meta_masks):
+    torch = pytest.importorskip("torch")
+    from tests.flop_utils import count_flops, lora
+
+    cls, cfg, attn_targets = _families()[family]
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "batched_mm"
+    s = ModelShape.from_config(cfg.to_dict())
+    assert s.moe_layers and s.num_experts_per_tok == 2
+    ids = torch.zeros((1, N), dtype=torch.long, device="meta")
+    with torch.device("meta"):
+        m = cls(cfg)
+    with torch.no_grad():
+        measured, _ = count_flops(lambda: m(input_ids=ids, use_cache=False))
+    assert measured == forward_flops(s, N, num_logits=N, attention="full")
+
+    m.train()
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    measured, _ = count_flops(lambda: m(input_ids=ids, use_cache=False).logits.float().sum().backward())
+    assert measured == training_flops(s, N, num_logits=N, attention="full", fused_attention=False,
+                                      gradient_checkpointing=True)["total"]
+
+    with torch.device("meta"):
+        pm = lora(cls(cfg), attn_targets, rank=4)
+    pm.train()
+    measured, _ = count_flops(lambda: pm(input_ids=ids, use_cache=False).logits.float().sum().backward())
+    assert measured == training_flops(s, N, num_logits=N, attention="full", fused_attention=False,
+                                      lora=LoRASpec(4, tuple(attn_targets)))["total"]
+
+
+def _active(s: ModelShape) -> int:
+    """Active parameters per token as the model cards count them: every layer's matmul
+    weights a token meets, the LM head and the embedding."""
+    return s.matmul_params_per_token + 2 * s.hidden_size * s.vocab_size
+
+
+def test_shipped_configs_read_each_familys_fields():
+    q = ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B"))
+    assert (q.num_experts, q.num_experts_per_tok, q.moe_intermediate_size, q.moe_layers,
+            q.shared_expert_intermediate_size, q.head_dim) == (128, 8, 768, tuple(range(48)), 0, 128)
+    m = ModelShape.from_pretrained(str(CONFIGS / "Mixtral-8x7B-v0.1"))
+    assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.moe_layers) == \
+        (8, 2, 14336, tuple(range(32)))
+    d = ModelShape.from_pretrained(str(CONFIGS / "DeepSeek-V3"))
+    assert (d.num_experts, d.num_experts_per_tok, d.moe_intermediate_size, d.moe_layers,
+            d.shared_expert_intermediate_size, d.shared_expert_gate) == \
+        (256, 8, 2048, tuple(range(3, 61)), 2048, False)
+    assert (d.q_lora_rank, d.kv_lora_rank, d.head_dim, d.qk_rope_head_dim, d.v_dim) == \
+        (1536, 512, 192, 64, 128)
+    assert d.max_position_embeddings == 163840  # yarn factor 40 x 4096
+    # the model cards: Qwen3-30B-A3B "3.3B activated", Mixtral "12.9B active", DeepSeek-V3
+    # "37B activated" (the card's count leaves out its multi-token-prediction module); the
+    # cards round and do not say what they include (norms, embedding): within 2%
+    assert _active(q) / 1e9 == pytest.approx(3.3, rel=0.02)
+    assert _active(m) / 1e9 == pytest.approx(12.9, rel=0.02)
+    assert _active(d) / 1e9 == pytest.approx(37, rel=0.02)
+
+
+def test_moe_by_hand_qwen3_30b_a3b():
+    """One token's forward FLOPs of Qwen3-30B-A3B written out: per layer q 2048x4096,
+    k and v 2048x512, o 4096x2048, router 2048x128, 8 experts x 3 x 2048x768; 48 layers;
+    LM head 2048x151936 at that token."""
+    s = ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B"))
+    layer = 2048 * 4096 + 2 * 2048 * 512 + 4096 * 2048 + 2048 * 128 + 8 * 3 * 2048 * 768
+    attn_one_key = 4 * 32 * 128
+    assert forward_flops(s, 1, num_logits=1) == 48 * (2 * layer + attn_one_key) + 2 * 2048 * 151936
+
+
+def test_lora_on_moe_mlp_refused_in_one_line():
+    s = ModelShape.from_pretrained(str(CONFIGS / "Mixtral-8x7B-v0.1"))
+    with pytest.raises(ConfigError, match=r"^lora_targets=q_proj,.*: LoRA on the MLP of a "
+                                          r"mixture-of-experts model \(down_proj\) is not counted"):
+        forward_flops(s, 4, lora=LoRASpec(8))
+    assert forward_flops(s, 4, lora=LoRASpec(8, ("q_proj", "v_proj"))) > forward_flops(s, 4)
+
+
+def test_account_prices_a_moe_model(tmp_path):
+    from allocopt.plan.recipe import price
+
+    a = price(model=str(CONFIGS / "Qwen3-30B-A3B"), lora_rank=0, engine="verl", prompts=4,
+              group_size=4).executed
+    dense_equivalent = dataclasses.replace(
+        ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B")), moe_layers=())
+    assert a.total_flops > 0 and a.learning_flops > a.search_flops
+    # the dense reading (intermediate_size 6144 in every layer) would be a different count
+    assert forward_flops(dense_equivalent, 100) != forward_flops(
+        ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B")), 100)
+
+
+# ------------------------------------------------------------------- sliding windows
+@pytest.mark.parametrize("n,c,w", [(10, 0, 4), (5, 3, 4), (1, 9, 4), (7, 0, 10), (3, 20, 5), (6, 2, 1)])
+def test_windowed_keys_brute_force(n, c, w):
+    assert attention_keys(n, c, "causal", w) == sum(min(t + 1, w) for t in range(c, c + n))
+    assert attention_keys(n, c, "full", w) == (n * (c + n) if n > 1 else min(c + 1, w))
+
+
+def test_partial_sliding_window_counted_per_layer():
+    """Qwen2 with use_sliding_window: layers >= max_window_layers use the window; Gemma-style
+    layer_types name each layer. A 300-token prefill, window 100, 4 layers of which 1 or 2 are
+    windowed: attention keys by brute force per layer."""
+    base = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 97,
+            "max_position_embeddings": 4096}
+    qwen2 = ModelShape.from_config({**base, "use_sliding_window": True, "sliding_window": 100,
+                                    "max_window_layers": 3})
+    gemma = ModelShape.from_config({**base, "sliding_window": 100, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention"]})
+    plain = ModelShape.from_config(base)
+    assert qwen2.window_layers == (3,) and gemma.window_layers == (0, 2)
+    n = 300
+    full_keys = n * (n + 1) // 2
+    win_keys = sum(min(t + 1, 100) for t in range(n))
+    per_key = 4 * 4 * 16  # 4·h·d_h
+    linear = 2 * plain.layer_matmul_params * 4 * n
+    assert forward_flops(qwen2, n) == linear + per_key * (3 * full_keys + 1 * win_keys)
+    assert forward_flops(gemma, n) == linear + per_key * (2 * full_keys + 2 * win_keys)
+    # decoding 50 tokens after a 300-token prompt: step j sees min(300 + j, 100) keys when windowed
+    g = generation_flops(qwen2, 300, 51)
+    g_plain = generation_flops(plain, 300, 51)
+    saved = per_key * sum(300 + j - 100 for j in range(1, 51))  # one windowed layer
+    assert g_plain["decode"] - g["decode"] == saved
+    # longer than the window: counted, not refused
+    qwen2.check_length(2000)
+
+
+def test_rope_scaling_extends_the_context():
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 96, "vocab_size": 97, "max_position_embeddings": 32768}
+    yarn = ModelShape.from_config({**base, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                            "original_max_position_embeddings": 32768}})
+    assert yarn.max_position_embeddings == 131072
+    yarn.check_length(100_000)
+    with pytest.raises(ConfigError, match="max_position_embeddings=131072"):
+        yarn.check_length(131073)
+    # transformers 5 writes rope_parameters; the default rope adds nothing
+    v5 = ModelShape.from_config({**base, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
+    assert v5.max_position_embeddings == 65536
+    assert ModelShape.from_config({**base, "rope_parameters": {"rope_type": "default"}}) \
+        .max_position_embeddings == 32768
+    # Llama 3.1: the context is already the scaled one (factor 8 x original 8192 = 65536 < 131072)
+    llama = ModelShape.from_config({**base, "max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}})
+    assert llama.max_position_embeddings == 131072
+    json.dumps(dataclasses.asdict(yarn))  # still a plain, loggable shape
