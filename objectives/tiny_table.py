@@ -16,7 +16,7 @@ Lookup of a trial with allocation (ρ, G, reward) and budget ``B``:
 * **ρ**: ``interpolate=True`` (default): linear interpolation between the two neighbouring
   measured ρ levels ``ρ_lo ≤ ρ ≤ ρ_hi`` of the same seed,
   ``y = (1 - w) · y(ρ_lo) + w · y(ρ_hi)``, ``w = (ρ - ρ_lo) / (ρ_hi - ρ_lo)``, for every target
-  and every FLOP item (rounded down to ints); at a measured level (within 1e-6) the row itself,
+  and every FLOP item (rounded to the nearest int); at a measured level (within 1e-6) the row itself,
   exactly. ``interpolate=False``: the nearest level (the lower one on a tie). ρ outside the
   measured levels is refused;
 * **seed**: one of the measured seeds of the cell (seeds present at both neighbours when
@@ -239,7 +239,7 @@ class TinyTableObjective:
             r = rows[0][0]
             return dict(r.targets), dict(r.flops), r.seed
         targets = {t: sum(w * r.targets[t] for r, w in rows) for t in COMMON_TARGETS}
-        flops = {p: int(sum(w * r.flops[p] for r, w in rows)) for p, _ in PHASE_COLUMNS}
+        flops = {p: int(round(sum(w * r.flops[p] for r, w in rows))) for p, _ in PHASE_COLUMNS}
         return targets, flops, s
 
     def mean_value(self, a: Allocation, target: str, budget_flops: float | None = None) -> float:
