@@ -38,6 +38,13 @@ The paper's three questions:
 Noise: the seed-to-seed sd of each target at a cell (cells with >= 2 seeds; median and pooled)
 against the evaluation's binomial sd at the cell's mean.
 
+Pilot design (:func:`pilot_design`): at no more pilot compute than ``studies/tiny.toml`` (30
+pilots at 25 %: 7.5 full runs, 6 pilots per reward system), each candidate design (RACE's own
+grid, or k measured ρ levels × one or two G; RACE's kernel width 0.2, 0.35 or 0.5) is replayed
+from the table's pilot rows (the ``tiny-table`` objective) and diagnosed by RACE; its same-regime
+rate is the share of (reward, target, replay) whose regime equals the full table's, over the
+pairs whose full regime is clear. Needs pilot rows; says so when there are none.
+
 Output: tables on stdout; in ``--out`` (default the table's folder) ``README.md`` (generated:
 coverage, tables, answers) and ``tiny_truth.png`` (each target against ρ per reward system,
 seeds as points, seed-means as lines per G).
@@ -439,6 +446,115 @@ def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: 
             "groups": grs}
 
 
+# ------------------------------------------------------------------------------ pilot design
+STUDY_PILOTS = 30
+STUDY_PILOT_FRACTION = 0.25
+"""``studies/tiny.toml``: 30 pilots at 25 % of the budget (7.5 full runs of pilot compute)."""
+
+
+@dataclass(frozen=True)
+class Design:
+    """A pilot design per reward system: ``points`` (ρ, G) at the table's pilot budget, or RACE's
+    own grid (:func:`allocopt.race.pilot_grid`) with ``max_pilots`` when ``points`` is empty."""
+
+    name: str
+    points: tuple[tuple[float, int], ...] = ()
+    max_pilots: int = 0
+    bandwidth: float = 0.2
+    """RACE's kernel width in ρ (:attr:`allocopt.race.RaceSettings.bandwidth`, default 0.2): with
+    few pilots per reward system a wider kernel keeps enough effective pilots for the fit."""
+
+    def allocations(self, space: Any, reward: str, seed: int) -> list[Any]:
+        from allocopt.plan.allocation import Allocation
+        from allocopt.race import RaceSettings, pilot_grid
+
+        if self.points:
+            return [Allocation(x, g, reward) for x, g in self.points]
+        grid = pilot_grid(space, RaceSettings(max_pilots=self.max_pilots), seed)
+        return [p.allocation for p in grid if p.allocation.reward == reward]
+
+
+BANDWIDTHS = (0.2, 0.35, 0.5)
+"""Kernel widths tried (0.2: RACE's default)."""
+
+
+def candidate_designs(levels: Sequence[float], gs: Sequence[int], per_reward: int) -> list[Design]:
+    """Per kernel width (:data:`BANDWIDTHS`; the first design, RACE's own grid at the study's
+    pilot count and width 0.2, is what ``studies/tiny.toml`` runs): RACE's grid, then every
+    design of ``k`` evenly spaced measured ρ levels (k >= 3) × a set of one or two G with
+    ``k × |G| <= per_reward`` pilots per reward system."""
+    out = []
+    subsets = [(g,) for g in gs] + [(a, b) for i, a in enumerate(gs) for b in gs[i + 1:]]
+    for h in BANDWIDTHS:
+        out.append(Design(f"RACE grid, pilots={per_reward * len(REWARDS)}, bandwidth {h}", max_pilots=per_reward * len(REWARDS),
+                          bandwidth=h))
+        for sub in subsets:
+            for k in range(3, len(levels) + 1):
+                if k * len(sub) > per_reward:
+                    break
+                lv = sorted({levels[round(i * (len(levels) - 1) / (k - 1))] for i in range(k)})
+                out.append(Design(f"{k} rho levels x G={'/'.join(map(str, sub))}, bandwidth {h}",
+                                  tuple((x, g) for g in sub for x in lv), bandwidth=h))
+    return out
+
+
+def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
+                 per_reward: int = STUDY_PILOTS // len(REWARDS)) -> dict[str, Any]:
+    """Same-regime rate of each candidate design (:func:`candidate_designs`): per reward system
+    and target whose full-budget regime is clear, per draw, the design's pilots are replayed from
+    the table's pilot rows (:class:`objectives.tiny_table.TinyTableObjective`, one measured seed
+    per point, ρ interpolated) and diagnosed by RACE (:func:`allocopt.race.diagnose.diagnose_group`);
+    the rate is the share of (pair, draw) whose regime equals the full table's. ``{"note": ...}``
+    alone when the table has no pilot rows for a reward system with a clear regime."""
+    from allocopt.errors import ConfigError
+    from allocopt.race import RaceSettings
+    from allocopt.race.diagnose import Observation, diagnose_group
+    from allocopt.spec import SearchSpace
+    from objectives.tiny_table import TinyTableObjective
+
+    obj = TinyTableObjective(table=str(table))
+    clear = [e for (w, f, t), e in est.items() if f == "full" and e.clear]
+    if "pilot" not in obj.budgets:
+        return {"note": f"no pilot rows in the table yet ({len(clear)} (reward, target) pairs with a clear "
+                        "full-budget regime): the pilot design cannot be chosen from it"}
+    try:
+        pspace = obj.space("pilot")
+    except ConfigError as e:
+        return {"note": f"no reward system has pilot rows at every rho level yet ({e})"}
+    clear = [e for e in clear if e.reward in pspace.rewards]
+    if not clear:
+        return {"note": "no reward system with pilot rows at every rho level has a clear full-budget regime "
+                        f"(>= {CLEAR:.0%} of draws)"}
+    space = SearchSpace(rho=pspace.rho, group_sizes=pspace.group_sizes, rewards=REWARDS)
+    budget = obj.budgets["pilot"]
+    rows = []
+    for d in candidate_designs(obj.rho_levels, pspace.group_sizes, per_reward):
+        hits = unknown = n = 0
+        npts = 0
+        for e in clear:
+            k = COMMON_TARGETS.index(e.target)
+            for r in range(draws):
+                allocs = d.allocations(space, e.reward, seed + r)
+                npts = len(allocs)
+                obs = []
+                for i, a in enumerate(allocs):
+                    try:
+                        t, fl, _ = obj.lookup(a, budget, seed=1000 * r + i)
+                    except ConfigError:
+                        continue
+                    tot = sum(fl.values())
+                    obs.append(Observation(i, a, t[e.target], budget, budget / obj.full_budget_flops, "pilot",
+                                           fl["reward"] / tot if tot else math.nan))
+                settings = RaceSettings(bootstrap=50, bandwidth=d.bandwidth)
+                lab = diagnose_group(obs, pspace.rho, settings, seed=seed + r).regime if obs else "unknown"
+                hits += lab == e.regime
+                unknown += lab == "unknown"
+                n += 1
+        rows.append({"design": d.name, "pilots_per_reward": npts, "compute": npts * len(REWARDS) * budget / obj.full_budget_flops,
+                     "rate": hits / n, "unknown": unknown / n, "n": n})
+    return {"rows": rows, "pairs": [(e.reward, e.target, e.regime) for e in clear], "draws": draws}
+
+
 def plot(grs: dict, path: Path) -> None:
     """Each target against ρ per reward system: seeds as points (full filled, pilot hollow),
     seed-means as lines, one colour per G."""
@@ -495,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="folder for README.md and tiny_truth.png (default: the table's folder)")
     ap.add_argument("--draws", type=int, default=2000, help="bootstrap draws (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    ap.add_argument("--design-draws", type=int, default=10, help="replays per pilot design and pair (default 10)")
     a = ap.parse_args(argv)
     if a.draws < 10:
         print(f"--draws={a.draws}: must be >= 10", file=sys.stderr)
@@ -509,6 +626,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = a.out or a.table.parent
     out.mkdir(parents=True, exist_ok=True)
     rep = report(rows, other, a.draws, a.seed)
+    pd = pilot_design(rep["estimates"], a.table, a.design_draws, a.seed)
+    rep["lines"] += ["", f"Pilot design (4.): same-regime rate of pilot designs at no more pilot compute than "
+                     f"studies/tiny.toml ({STUDY_PILOTS} pilots at {STUDY_PILOT_FRACTION:.0%}: "
+                     f"{STUDY_PILOTS * STUDY_PILOT_FRACTION:g} full runs):"]
+    if "note" in pd:
+        rep["lines"].append(f"- not possible yet: {pd['note']}")
+    else:
+        rep["lines"].append(f"over {len(pd['pairs'])} (reward, target) pair(s) with a clear full regime x {pd['draws']} "
+                            f"draws: {', '.join(f'{w}/{t}: {g}' for w, t, g in pd['pairs'])}")
+        rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | same regime | unknown |", "|---|---|---|---|---|"]
+        for r in sorted(pd["rows"], key=lambda r: -r["rate"]):
+            rep["lines"].append(f"| {r['design']} | {r['pilots_per_reward']} | {r['compute']:.2f} | {r['rate']:.2f} | {r['unknown']:.2f} |")
     text = "\n".join(rep["lines"])
     print(text)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

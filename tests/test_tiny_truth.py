@@ -81,3 +81,22 @@ def test_main_writes_readme_and_figure_and_refuses_a_missing_table(tmp_path, cap
     assert tt.main(["--table", str(tmp_path / "none.csv")]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and err.count("\n") == 1
+
+
+def test_pilot_design_on_a_table_with_pilots(tmp_path):
+    rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.3}, fidelity="pilot", seeds=(0, 2))
+    table = write_table(tmp_path / "t.csv", rows)
+    good, other = read_table(table)
+    rep = tt.report(good, other, draws=100)
+    pd = tt.pilot_design(rep["estimates"], table, draws=3)
+    assert len(pd["pairs"]) == 6  # 2 reward systems x 3 targets, all clear
+    first = pd["rows"][0]
+    assert first["design"] == "RACE grid, pilots=30, bandwidth 0.2" and first["pilots_per_reward"] == 6
+    # the study's design: 6 pilots over 2 G leave the local fit (3 + 1 coefficients) under one
+    # degree of freedom on Kish's effective size at width 0.2: RACE says unknown every time
+    assert first["unknown"] == 1.0 and first["compute"] == 7.5
+    assert all(r["compute"] <= 30 * 0.25 + 1e-9 for r in pd["rows"])
+    best = max(pd["rows"], key=lambda r: r["rate"])
+    assert best["rate"] == 1.0  # peaks of 0.1 against seed sd 0.004, pilots shaped as the full runs
+    empty = tt.pilot_design(rep["estimates"], write_table(tmp_path / "f.csv", _rows({"sparse": 0.7})))
+    assert empty["note"].startswith("no pilot rows in the table yet")
