@@ -583,6 +583,10 @@ def plot(grs: dict, path: Path) -> None:
                                    linewidths=0.8)
                     ax.plot(xs, [float(np.mean(c[x][:, i])) for x in xs], style, color=col, lw=1,
                             label=f"G={g} {f}")
+            if not any((w, f) in grs for f in ("full", "pilot")):
+                ax.text(0.5, 0.5, "no trials yet", ha="center", va="center", transform=ax.transAxes, fontsize=8,
+                        color="grey")
+                ax.set_yticks([])
             if i == 0:
                 ax.set_title(w, fontsize=9)
             if j == 0:
