@@ -56,7 +56,6 @@ import argparse
 import math
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -532,7 +531,6 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
         hits = unknown = n = 0
         npts = 0
         for e in clear:
-            k = COMMON_TARGETS.index(e.target)
             for r in range(draws):
                 allocs = d.allocations(space, e.reward, seed + r)
                 npts = len(allocs)
