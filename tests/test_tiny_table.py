@@ -119,3 +119,5 @@ def test_benchmark_harness_replays_the_table(tmp_path, monkeypatch):
     assert recs[4.0]["rho"] == 0.5 and recs[4.0]["regret"] == pytest.approx(0.14)
     assert recs[4.0]["regret_pct"] == pytest.approx(100 * 0.14 / 0.17)
     assert recs[16.0]["regret"] == pytest.approx(0.0) and recs[16.0]["group_size"] == 4
+    assert mod.main(["--variants", "tiny-table", "--tiny-table", str(tmp_path / "none.csv"),
+                     "--out", str(tmp_path / "o")]) == 2
