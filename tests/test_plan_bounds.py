@@ -17,9 +17,10 @@ from allocopt.plan.allocation import (
     rows_schedule,
 )
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION
+from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup
 
-W = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"))
+# target_steps off: these tests are about whole iterations at one batch, whatever the budget
+W = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"), setup=TrainingSetup(target_steps=None))
 ALLOCS = [Allocation(rho=0.3, group_size=4, reward="sparse"),
           Allocation(rho=0.55, group_size=8, reward="prm"),  # k > N: a second pass + old log-probs
           Allocation(rho=0.8, group_size=16, reward="dense")]
@@ -67,7 +68,7 @@ def test_huge_budget_answers_at_once_and_is_the_largest_that_fits(budget):
     p = make_plan(budget, alloc, W)
     assert time.perf_counter() - t < 5
     k = p.rows_trained_per_iteration
-    assert p.rollouts_per_iteration == W.rollouts_per_iteration  # the budget is spent: no smaller batch
+    assert p.rollouts_per_iteration == W.setup.rollouts_per_iteration  # the budget is spent: no smaller batch
     whole = p.iterations - (p.last_iteration_rows is not None)
     assert expected_flops(W, alloc, k, whole).executed.total_flops <= budget
     assert expected_flops(W, alloc, k, whole + 1).executed.total_flops > budget

@@ -217,7 +217,7 @@ def batch_rule_line(setup: Any, plans: list) -> str | None:
         parts.append(f"batch: {len(raised)} of {len(plans)} plans run more than the set-up's "
                      f"{setup.rollouts_per_iteration} rollouts per iteration so that the budget buys "
                      f"about target_steps={setup.target_steps} iterations (at most "
-                     f"{setup.largest_rollouts_per_iteration}; target_steps=off keeps the batch)")
+                     f"{setup.largest_rollouts_per_iteration}; --set target_steps=0 keeps the set-up's batch)")
     over = [p for p in plans if p.warning]
     if over:
         parts.append(f"warning: {len(over)} of {len(plans)} plans pass over the training set "

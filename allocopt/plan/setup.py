@@ -122,7 +122,7 @@ class TrainingSetup:
     way a public recipe fixes its steps and lets the batch carry the compute
     (:func:`allocopt.plan.allocation.steps_batch`): a budget that buys more iterations than this
     at :attr:`rollouts_per_iteration` runs larger batches, up to :attr:`max_rollouts_per_iteration`.
-    ``None``: off (the batch stays :attr:`rollouts_per_iteration` however large the budget).
+    ``None`` or 0: off (the batch stays :attr:`rollouts_per_iteration` however large the budget).
     Default 500: inside the 100-2,000 steps public GRPO runs train."""
     max_rollouts_per_iteration: int = 8192
     """Largest batch (completions per iteration) :attr:`target_steps` may raise the batch to.
@@ -188,6 +188,8 @@ class TrainingSetup:
                     or v < (0 if f == "steps_per_completion" else 1):
                 raise ConfigError(f"{f}={v!r}: must be a finite number"
                                   + (" >= 0" if f == "steps_per_completion" else " of tokens >= 1"))
+        if self.target_steps == 0 and not isinstance(self.target_steps, bool):
+            object.__setattr__(self, "target_steps", None)  # 0: off (TOML has no None)
         for f, lo, hi in (("target_steps", 1, None), ("train_prompts", 1, None),
                           ("max_rollouts_per_iteration", 2, MAX_ROLLOUTS_PER_ITERATION)):
             v = getattr(self, f)
@@ -195,7 +197,7 @@ class TrainingSetup:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
                 raise ConfigError(f"{f}={v!r}: must be an integer " + (f"from {lo} to {hi}" if hi else f">= {lo}")
-                                  + (" (or omit it: off)" if f == "target_steps" else
+                                  + (" (0: off)" if f == "target_steps" else
                                      " (or omit it: unknown)" if f == "train_prompts" else ""))
         v = self.min_batch_share
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:

@@ -86,7 +86,7 @@ def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> No
         raise ConfigError(f"lora_rank={setup.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
     G = plan.group_size
     most = max(1, setup.largest_rollouts_per_iteration // G)
-    least = max(1, math.ceil(setup.min_batch_share * most - 1e-9))
+    least = max(1, math.ceil(setup.min_batch_share * max(1, setup.rollouts_per_iteration // G) - 1e-9))
     if not least <= plan.prompts_per_iteration <= most:
         raise SetupMismatch(
             f"prompts_per_iteration={plan.prompts_per_iteration!r}: the set-up runs {least} to "
