@@ -167,7 +167,7 @@ def print_plans(s: Any) -> None:
     head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
             if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
     t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # 80 columns, nothing cut
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
     epochs = any(p is not None and p.epochs is not None for _, p, _ in plans)
