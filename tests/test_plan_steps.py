@@ -1,7 +1,6 @@
 """The batch follows the budget (``target_steps``), and every plan knows its epochs over the
 training set and warns beyond MAX_EPOCHS."""
 
-import dataclasses
 import math
 
 import pytest
@@ -12,7 +11,6 @@ from allocopt.plan.allocation import (
     Allocation,
     Workload,
     batch_workload,
-    expected_flops,
     iteration_flops,
     make_plan,
     rows_for_rho,
