@@ -100,6 +100,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from allocopt.plan.setup import TrainingSetup
 from allocopt.plan.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.hub import model_shape
@@ -309,7 +310,9 @@ class SyntheticObjective:
             raise ValueError(f"sleep_s={self.sleep_s!r}: must be seconds in [0, 3600]")
 
     def workload(self) -> Workload:
-        return Workload(policy=model_shape(self.model))
+        """The default set-up on the policy's shape, with ``target_steps`` off (the batch stays
+        64 at every budget: the known optimum and its tests price these plans)."""
+        return Workload(policy=model_shape(self.model), setup=TrainingSetup(target_steps=None))
 
     def optimum(self, target: str = "pass_at_1", budget_flops: float = B_REF,
                 space: SearchSpace | None = None) -> Optimum:

@@ -63,7 +63,7 @@ ROWS = [
     ("plan: negative beta", ["plan", "--budget", "1e19", "--rho", "0.5", "--beta", "-1"], ["beta=-1.0", ">= 0"]),
     ("plan: negative LoRA rank", ["plan", "--budget", "1e19", "--rho", "0.5", "--lora-rank", "-1"],
      ["lora_rank=-1", "positive integer"]),
-    ("plan: budget missing", ["plan", "--rho", "0.5"], ["Missing option", "'--budget'"]),
+    ("plan: budget missing", ["plan", "--rho", "0.5"], ["budget: missing", "--budget FLOPS", "--budget-gpu-hours"]),
     ("plan: unknown flag", ["plan", "--budget", "1e19", "--rho", "0.5", "--bogus-flag", "1"],
      ["No such option", "--bogus-flag"]),
     # ---- trial
@@ -118,6 +118,9 @@ ROWS = [
     ("race: pilots below every allocation", ["race", *SYN, "--budget", "1e14", "--no-mlflow",
                                              "--storage", "sqlite:///{tmp}/o.db"],
      ["pilot_fraction=0.1", "1e+13", "smallest feasible plan", "budget_flops >= "]),
+    ("race: budget below every allocation", ["race", *SYN, "--budget", "1e12", "--no-mlflow",
+                                             "--storage", "sqlite:///{tmp}/o.db"],
+     ["budget_flops=1e+12", "too small for one GRPO iteration", "smallest feasible plan"]),
     ("race: zero pilots", ["race", *SYN, "--budget", "1e18", "--max-pilots", "0"], ["max_pilots=0", ">= 3"]),
     ("race: negative budget", ["race", *SYN, "--budget", "-1"], ["budget_flops='-1'", "positive"]),
     # ---- best / pareto / report

@@ -228,8 +228,9 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
     sp = spec.space
     allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
         sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
-    # the allocation whose budget buys least of its smallest plan (a time budget gives each its own)
-    _, need, b, a = min(((spec.budget_for(a, workload) / min_budget(a, workload), min_budget(a, workload),
+    # the allocation whose budget buys most of its smallest plan (a time budget gives each its
+    # own): when even it cannot buy one iteration, no allocation can
+    _, need, b, a = max(((spec.budget_for(a, workload) / min_budget(a, workload), min_budget(a, workload),
                           spec.budget_for(a, workload), a) for a in allocs), key=lambda x: x[0])
     where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
              + (f", model={a.model}" if a.model else ""))

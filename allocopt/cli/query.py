@@ -260,6 +260,7 @@ def best(
 def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
     """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets and compute."""
     from allocopt.query.pareto import field_label, number
+    from allocopt.tracking.layout import EXPECTED_GPU_HOURS, GPU_HOURS
 
     total = number(b, "total_flops")
     share = (lambda p: f" ({number(b, p) / total:.0%})") if total > 0 else (lambda p: "")
@@ -278,6 +279,9 @@ def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
                  ("total FLOPs", _f(total, ".3e")),
                  ("realized rho", _f(number(b, "realized_rho"), ".4f"))):
         t.add_row(k, v)
+    for k, label in ((EXPECTED_GPU_HOURS, "expected GPU-hours"), (GPU_HOURS, "measured GPU-hours")):
+        if not math.isnan(number(b, k)):  # trials of a study under a time budget
+            t.add_row(label, _f(number(b, k), ".2f"))
     return t
 
 
