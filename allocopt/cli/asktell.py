@@ -226,13 +226,11 @@ def tell(
 
 
 def _read_metrics(metrics: Path) -> dict[str, Any]:
-    """The ``--metrics`` JSON object; a missing file or another document is one line."""
-    try:
-        data = json.loads(metrics.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"metrics={str(metrics)!r}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"metrics={str(metrics)!r}: not JSON ({str(e).splitlines()[0]})") from None
+    """The ``--metrics`` JSON object (at most 1 MiB, nested at most 64 deep:
+    :mod:`allocopt.limits`); a missing file, one over a limit or another document is one line."""
+    from allocopt.limits import MAX_METRICS_BYTES, read_json
+
+    data = read_json(metrics, MAX_METRICS_BYTES, "metrics")
     if not isinstance(data, dict):
         raise ConfigError(f"metrics={str(metrics)!r}: must be a JSON object")
     return data
