@@ -18,7 +18,7 @@ limit                          value       file
 :data:`MAX_LENGTHS_BYTES`      512 MiB     an ``account --lengths`` file
 :data:`MAX_LINE_BYTES`         1 MiB       one line of a log or lengths file
 :data:`MAX_DEPTH`              64          nesting of JSON / TOML / pickled values
-:data:`MAX_VALUES`             1,000,000   values one pickle may build
+:data:`MAX_VALUES`             100,000     values one pickle may build
 =============================  ==========  ===================================================
 """
 
@@ -49,7 +49,7 @@ MAX_LINE_BYTES = 1 * MiB
 """One line of a log or lengths file."""
 MAX_DEPTH = 64
 """Nesting of containers in a JSON, TOML or pickled document."""
-MAX_VALUES = 1_000_000
+MAX_VALUES = 100_000
 """Values (containers, objects, strings, numbers) one pickle may build."""
 
 

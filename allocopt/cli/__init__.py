@@ -58,8 +58,12 @@ _reflow_help(app)
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""
+    import warnings
+
     from allocopt.plan.allocation import InfeasiblePlan
 
+    # a warning is one line ("warning: ..."), like an error, not Python's two with the source line
+    warnings.formatwarning = lambda message, category, *a, **k: f"warning: {message}\n"
     try:
         rc: Any = app(args=argv, standalone_mode=False, prog_name="allocopt")
     except typer.Abort:

@@ -43,6 +43,9 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental|Heartbeat of storage).*")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from allocopt.cli.common import check_storage
+
+    check_storage(storage)  # a typo, an in-memory or another tool's database: one line
     try:
         names = optuna.study.get_all_study_names(make_storage(storage))
     except Exception as e:  # noqa: BLE001 - bad URL, unreachable server, missing driver
@@ -212,7 +215,12 @@ def tell(
 
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         tracker = make_tracker(spec.name, mlflow_uri)
-    m = record(st, frozen, spec, targets, spent, extra=extra)
+    try:
+        m = record(st, frozen, spec, targets, spent, extra=extra)
+    except TellError as e:  # another tell of this trial won
+        if tracker is not None:
+            tracker.close()
+        raise ConfigError(str(e)) from None
     if tracker is not None:
         _track_tell(tracker, frozen, spec, budget, {**targets, **m})
     used = spent.executed.total_flops

@@ -8,7 +8,7 @@ imported and nothing of the file is executed; enum members come back as their va
 
 Limits (:mod:`allocopt.limits`): the file and its ``data.pkl`` member at most
 :data:`~allocopt.limits.MAX_ARGS_BYTES` (16 MiB), by the size the archive declares and by the
-bytes actually inflated; at most :data:`~allocopt.limits.MAX_VALUES` (1,000,000) values built
+bytes actually inflated; at most :data:`~allocopt.limits.MAX_VALUES` (100,000) values built
 (objects, containers, and the values a shared container expands to), nested at most
 :data:`~allocopt.limits.MAX_DEPTH` (64) deep; ``bytearray(n)`` at most 16 MiB. A pickle that
 would build more (a few hundred bytes can ask for gigabytes) is refused before it does.
@@ -25,19 +25,19 @@ from typing import Any
 from allocopt.limits import MAX_ARGS_BYTES, MAX_DEPTH, MAX_VALUES, read_bytes, read_capped
 
 
+class _Limit(Exception):
+    """A pickle over a limit of this module (the message says which)."""
+
+
 def _bytearray(*args: Any) -> bytearray:
     """``bytearray`` that refuses to allocate more than the file limit."""
     if args and isinstance(args[0], int) and not isinstance(args[0], bool) and args[0] > MAX_ARGS_BYTES:
-        raise ValueError(f"bytearray({args[0]}) over the limit of {MAX_ARGS_BYTES} bytes")
+        raise _Limit(f"asks for bytearray({args[0]}), over the limit of {MAX_ARGS_BYTES // 2**20} MiB")
     return bytearray(*args)
 
 
 _SAFE_BUILTINS = {"set": set, "frozenset": frozenset, "dict": dict, "list": list,
                   "tuple": tuple, "complex": complex, "slice": slice, "bytearray": _bytearray}
-
-
-class _Limit(Exception):
-    """A pickle over a limit of this module (the message says which)."""
 
 
 class _Inert:

@@ -16,7 +16,7 @@ What TRL 1.16 writes and this reads (``trl/trainer/grpo_trainer.py``,
 
 Limits (:mod:`allocopt.limits`): ``trainer_state.json`` at most 64 MiB, ``adapter_config.json``
 at most 4 MiB, both nested at most 64 deep; ``training_args.bin`` as
-:mod:`allocopt.runlogs.argsfile` says (16 MiB, 1,000,000 values). Numbers must be numbers (not
+:mod:`allocopt.runlogs.argsfile` says (16 MiB, 100,000 values). Numbers must be numbers (not
 strings), finite and in range (``num_generations`` >= 2, batch sizes and steps >= 1,
 ``beta`` >= 0); else one line naming the file and the field.
 
