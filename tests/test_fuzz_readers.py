@@ -34,6 +34,10 @@ NUMBERS = ["1e400", "-1e400", "1" * 5000, "-3", "0", "52", "NaN", "Infinity", '"
 zero, negative, strings, wrong types."""
 
 
+DEPTHS = [1, 2, 63, 65, 1000, 5000, 100_000, 200_000]
+"""Nesting depths tried: around :data:`allocopt.limits.MAX_DEPTH` and past Python's recursion limit."""
+
+
 def _splice_number(text: str, which: int, value: str) -> str:
     """``text`` with its ``which``-th run of digits (mod their count) replaced by ``value``."""
     import re
@@ -46,7 +50,7 @@ def _splice_number(text: str, which: int, value: str) -> str:
 
 
 def contents(seed: bytes) -> st.SearchStrategy[bytes]:
-    """Random bytes; ``seed`` cut short; ``seed`` with a number replaced; nesting 1..200,000
+    """Random bytes; ``seed`` cut short; ``seed`` with a number replaced; nesting :data:`DEPTHS`
     deep (JSON/TOML brackets, alone or as a value in ``seed``)."""
     text = seed.decode("utf-8", errors="replace")
     return st.one_of(
@@ -54,7 +58,7 @@ def contents(seed: bytes) -> st.SearchStrategy[bytes]:
         st.integers(0, max(0, len(seed) - 1)).map(lambda n: seed[:n]),
         st.tuples(st.integers(0, 10_000), st.sampled_from(NUMBERS)).map(
             lambda t: _splice_number(text, *t).encode()),
-        st.tuples(st.integers(1, 200_000), st.sampled_from(["[", "{\"a\":"]), st.booleans()).map(
+        st.tuples(st.sampled_from(DEPTHS), st.sampled_from(["[", "{\"a\":", "{a="]), st.booleans()).map(
             lambda t: (t[1] * t[0]).encode() if not t[2] else
             _splice_number(text, t[0], t[1] * t[0]).encode()),
     )
