@@ -361,6 +361,8 @@ def _limit_memory():
 def test_at_least_40_kinds_over_every_command():
     commands = {args[0] for _, args, _ in ROWS}
     assert len(ROWS) >= 40 and commands >= {"account", "plan", "trial", "study", "race", "best", "pareto", "report"}
+    assert {args[0] for _, args, _ in STRANGER_ROWS} >= {"account", "study", "race", "ask", "tell"}
+    assert len({kind for kind, _, _ in ROWS + STRANGER_ROWS}) == len(ROWS + STRANGER_ROWS)  # kinds named once
 
 
 def _check(kind, r, needles):
@@ -387,7 +389,10 @@ def _address_space_grows_at_most(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-@pytest.mark.parametrize("kind,args,needles", ROWS + STRANGER_ROWS, ids=[r[0] for r in ROWS + STRANGER_ROWS])
+ALL_ROWS = ROWS + STRANGER_ROWS
+
+
+@pytest.mark.parametrize("kind,args,needles", ALL_ROWS, ids=[r[0] for r in ALL_ROWS])
 def test_bad_input_is_one_line_exit_2(folder, kind, args, needles, cli):
     before = sorted(p.name for p in folder.iterdir())
     argv = [a.replace("{tmp}", str(folder)) for a in args]
@@ -399,7 +404,7 @@ def test_bad_input_is_one_line_exit_2(folder, kind, args, needles, cli):
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
 
 
-FIRST_OF_EACH_COMMAND = [r for i, r in enumerate(ROWS) if r[1][0] not in {x[1][0] for x in ROWS[:i]}]
+FIRST_OF_EACH_COMMAND = [r for i, r in enumerate(ALL_ROWS) if r[1][0] not in {x[1][0] for x in ALL_ROWS[:i]}]
 
 
 @pytest.mark.parametrize("kind,args,needles", FIRST_OF_EACH_COMMAND, ids=[r[0] for r in FIRST_OF_EACH_COMMAND])
@@ -453,47 +458,51 @@ def test_refused_tells_record_nothing(folder):
 
 def test_two_tells_of_one_trial_at_once_one_wins_the_other_is_told_already_finished(tmp_path, cli):
     """Two ``tell``s of one reserved trial that both passed the RUNNING check (two threads
-    released together): one records it, the other gets TellError "already finished" (a
-    ValueError: one line at the command line), and the trial holds the winner's values."""
+    released together, three rounds): one records it, the other gets TellError "already
+    finished" (a ValueError: one line at the command line) and writes nothing; the trial holds
+    the winner's values and targets."""
     import threading
 
     import optuna
 
     from allocopt.cli.asktell import _load
+    from allocopt.record import TrialRecord
     from allocopt.study.asktell import TellError, account_from_metrics, check_tellable, record
 
     url = f"sqlite:///{tmp_path}/t.db"
-    r = cli("ask", "--study", "t", "--storage", url, "--objective", "synthetic", "--budget", "1e18",
-            "--target", "pass@1", "--out", "asked", "--json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    st, spec = _load("t", url)
-    frozen = check_tellable(st, 0)
     spent = account_from_metrics({"search_flops": 3e17, "learning_flops": 5e17, "reward_flops": 0})
-    gate = threading.Barrier(2)
-    outcome: dict[float, object] = {}
+    for n in range(3):
+        r = cli("ask", "--study", f"t{n}", "--storage", url, "--objective", "synthetic", "--budget", "1e18",
+                "--target", "pass@1", "--out", f"asked{n}", "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        st, spec = _load(f"t{n}", url)
+        frozen = check_tellable(st, 0)
+        gate = threading.Barrier(2)
+        outcome: dict[float, object] = {}
 
-    def tell(value: float) -> None:
-        gate.wait()
-        try:
-            record(st, frozen, spec, {"pass_at_1": value}, spent)
-            outcome[value] = "recorded"
-        except Exception as e:  # noqa: BLE001 - the test looks at what it was
-            outcome[value] = e
+        def tell(value: float) -> None:
+            gate.wait()
+            try:
+                record(st, frozen, spec, {"pass_at_1": value}, spent)
+                outcome[value] = "recorded"
+            except Exception as e:  # noqa: BLE001 - the test looks at what it was
+                outcome[value] = e
 
-    threads = [threading.Thread(target=tell, args=(v,)) for v in (0.25, 0.75)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    won = [v for v, o in outcome.items() if o == "recorded"]
-    lost = [o for o in outcome.values() if o != "recorded"]
-    assert len(won) == 1 and len(lost) == 1, outcome
-    assert isinstance(lost[0], TellError) and "already finished" in str(lost[0]) and "\n" not in str(lost[0])
-    t = optuna.load_study(study_name="t", storage=url).trials[0]
-    assert t.state.name == "COMPLETE" and t.values == [won[0]]
+        threads = [threading.Thread(target=tell, args=(v,)) for v in (0.25, 0.75)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        won = [v for v, o in outcome.items() if o == "recorded"]
+        lost = [o for o in outcome.values() if o != "recorded"]
+        assert len(won) == 1 and len(lost) == 1, (n, outcome)
+        assert isinstance(lost[0], TellError) and "already finished" in str(lost[0]) and "\n" not in str(lost[0])
+        t = optuna.load_study(study_name=f"t{n}", storage=url).trials[0]
+        assert t.state.name == "COMPLETE" and t.values == [won[0]]
+        assert TrialRecord.of(t).targets == {"pass_at_1": won[0]}
     # a third tell, at the command line: the one line of check_tellable
     (tmp_path / "m.json").write_text('{"pass@1": 0.5, "search_flops": 1, "learning_flops": 1, "reward_flops": 0}')
-    r = cli("tell", "--study", "t", "--storage", url, "--trial", "0", "--metrics", "m.json", "--no-mlflow", cwd=tmp_path)
+    r = cli("tell", "--study", "t0", "--storage", url, "--trial", "0", "--metrics", "m.json", "--no-mlflow", cwd=tmp_path)
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "already finished" in lines[0], lines
 

@@ -316,11 +316,13 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
 
     Raises:
         TellError: another ``tell`` of the same trial finished it first (two at once: one wins,
-            the other gets this one line).
+            the other gets this one line). On SQLite the check and the writes hold an exclusive
+            ``flock`` on the database file, so the loser writes nothing; on a server database
+            Optuna's row lock refuses the loser's finishing write.
     """
     import optuna
 
-    from allocopt.study.storage import trial_handle
+    from allocopt.study.storage import sqlite_file_lock, trial_handle
 
     rec = TrialRecord.of(frozen)
     budget = rec.budget(spec.budget_flops)
@@ -331,23 +333,33 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     handle = trial_handle(study, frozen.number)
     if handle is None:
         raise KeyError(f"study {study.study_name!r} was not opened by open_study")
-    tid = handle[1]
+    storage, tid = handle
     trial = optuna.trial.Trial(study, tid)
     over = used > budget
+    constraint = math.log10(used / budget) if over else -1.0
+    finished = TellError(f"trial={frozen.number}: already finished (told by another tell at the same "
+                         "time); nothing changed")
+    with sqlite_file_lock(storage):  # one tell at a time per SQLite file: re-read, then write
+        if storage.get_trial(tid).state.is_finished():
+            raise finished
+        _write_told(study, trial, frozen.number, spec, targets, metrics, over, constraint, finished)
+    return metrics
+
+
+def _write_told(study: Any, trial: Any, number: int, spec: StudySpec, targets: Mapping[str, float],
+                metrics: Mapping[str, Any], over: bool, constraint: float, finished: TellError) -> None:
+    import optuna
+
     from allocopt.study.trial import set_dashboard_constraint
 
-    constraint = math.log10(used / budget) if over else -1.0
     try:
         trial.set_constraint("budget", constraint)
         set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
         write_complete(trial, targets, metrics, over_budget=over, source="tell")  # as run_one_trial does
-        study.tell(frozen.number, [float(targets[k]) for k in spec.target_keys])
-    except optuna.exceptions.UpdateFinishedTrialError:
-        raise TellError(f"trial={frozen.number}: already finished (told by another tell at the same "
-                        "time); nothing changed") from None
+        study.tell(number, [float(targets[k]) for k in spec.target_keys])
+    except optuna.exceptions.UpdateFinishedTrialError:  # a server database's row lock
+        raise finished from None
     except ValueError as e:  # Study.tell: "Cannot tell a COMPLETE trial."
         if "Cannot tell" not in str(e):
             raise
-        raise TellError(f"trial={frozen.number}: already finished (told by another tell at the same "
-                        "time); nothing changed") from None
-    return metrics
+        raise finished from None

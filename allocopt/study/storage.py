@@ -192,6 +192,31 @@ def _check_sqlite_file(url: str, db: str) -> None:
                            f"{shown}), not an Optuna storage; give another file (sqlite:///FILE)")
 
 
+@contextlib.contextmanager
+def sqlite_file_lock(storage: Any) -> Iterator[None]:
+    """An exclusive ``flock`` on a SQLite storage's database file while the block runs (one
+    process or thread at a time; SQLite's own locks are POSIX record locks, which ``flock``
+    does not touch, so it neither blocks nor is blocked by SQLite). Other storages: no lock
+    (their row locks make a second finishing write fail: ``UpdateFinishedTrialError``)."""
+    import fcntl
+
+    url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
+    path = None
+    if isinstance(url, str) and url.startswith("sqlite:///"):
+        from sqlalchemy.engine import make_url
+
+        path = make_url(url).database
+    if not path or not os.path.isfile(path):
+        yield
+        return
+    with open(path, "rb") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def make_storage(url: str) -> Any:
     """An Optuna storage for ``url`` with heartbeats on (RDB URLs: ``sqlite://``,
     ``postgresql://``, ``mysql://``); other URLs are returned for Optuna to handle.
