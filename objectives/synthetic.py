@@ -306,6 +306,9 @@ class SyntheticObjective:
 
     def __post_init__(self) -> None:
         get_variant(self.variant)
+        if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) \
+                or not 0 <= self.noise <= 1:
+            raise ConfigError(f"noise={self.noise!r}: must be a standard deviation in [0, 1] (a share)")
         if not isinstance(self.sleep_s, (int, float)) or not 0 <= self.sleep_s <= 3600:
             raise ValueError(f"sleep_s={self.sleep_s!r}: must be seconds in [0, 3600]")
 

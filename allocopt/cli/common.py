@@ -308,18 +308,28 @@ class one_interrupt:
 
 def parse_settings(items: list[str] | None) -> dict:
     """``--set KEY=VALUE`` pairs as objective settings; values read as TOML (numbers, true,
-    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``."""
+    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``,
+    a NaN or infinite number, or a value nested deeper than 64 levels."""
+    import math
+
+    from allocopt.limits import MAX_DEPTH, check_depth
     from allocopt.tomlio import tomllib  # tomli on Python 3.10
 
     out: dict = {}
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"--set {item!r}: must be KEY=VALUE (an objective setting)")
+            raise ConfigError(f"--set {item[:80]!r}: must be KEY=VALUE (an objective setting)")
         try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
+            v = tomllib.loads(f"v = {value}")["v"]
+        except RecursionError:
+            raise ConfigError(f"--set {key.strip()}: nested deeper than the limit of {MAX_DEPTH} levels") from None
+        except ValueError:  # TOMLDecodeError: not a TOML value, kept as text
+            v = value
+        check_depth(v, key.strip(), "--set")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"--set {key.strip()}={value}: must be a finite number")
+        out[key.strip()] = v
     return out
 
 

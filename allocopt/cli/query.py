@@ -54,6 +54,9 @@ def _split(text: str, what: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise _problem(f"{what}={text!r}: give one or more names separated by commas")
+    twice = next((t for i, t in enumerate(items) if t in items[:i]), None)
+    if twice is not None:
+        raise _problem(f"{what}={text!r}: {twice!r} given more than once; give each once")
     return items
 
 
@@ -320,6 +323,10 @@ def report(
         raise _problem(f"pareto={pareto_of!r}: give exactly two targets, e.g. pass@1,judge")
     if mlflow_run == "parent":
         mlflow_run = parent_run_id(study, mlflow_uri)
+    elif mlflow_run:
+        from allocopt.query.stored import check_run_id
+
+        check_run_id(mlflow_run, mlflow_uri)  # an unknown id: one line, before any file is written
     files = write_report(rows, out_dir, title=title or source.capitalize(), targets=keys, context=context,
                          pareto_targets=pair, run_id=mlflow_run, tracking_uri=mlflow_uri)
     out = _out()
