@@ -89,6 +89,15 @@ class SearchSpace:
         for r in self.rewards:
             if r not in REWARDS:
                 raise ConfigError(f"space.rewards: {r!r} is not a reward system; allowed: {', '.join(REWARDS)}")
+        for m in self.models:
+            if not isinstance(m, str) or not m.strip():
+                raise ConfigError(f"space.models: {str(m)[:80]!r} is not a model name (a preset or a config path)")
+        for f in ("group_sizes", "rewards", "models"):
+            values = getattr(self, f)
+            if len(set(values)) < len(values):
+                twice = next(v for i, v in enumerate(values) if v in values[:i])
+                raise ConfigError(f"space.{f}: {twice!r} given more than once ({len(values)} values, "
+                                  f"{len(set(values))} distinct); give each once")
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,10 @@ class StudySpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"name={self.name!r}: must be a non-empty string")
+        if not self.name.isprintable() or len(self.name) > 200:
+            raise ConfigError(f"name={self.name[:80]!r}: must be printable (no newline, tab or control "
+                              "character) and at most 200 characters; it names the Optuna study and "
+                              "the MLflow experiment")
         object.__setattr__(self, "budget_flops", check_budget(self.budget_flops))
         if isinstance(self.target, (list, tuple)):
             ts = tuple(dict.fromkeys(self.target))
@@ -210,6 +223,9 @@ class StudySpec:
         p = Path(path)
         data = read_toml(p, "spec")
         check_keys(data, cls, f"spec {p.name}")
+        if isinstance(data.get("budget_flops"), str):
+            raise ConfigError(f"budget_flops={data['budget_flops']!r}: must be a number of FLOPs, unquoted "
+                              f"in a study file (budget_flops = 1e19), in spec {p.name}")
         if "budget_flops" in data and "budget_gpu_hours" in data:
             raise ConfigError(f"budget_flops, budget_gpu_hours: spec {p.name} gives both a FLOP and a time "
                               "budget; keep one")

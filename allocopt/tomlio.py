@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from allocopt.flops import ConfigError
+from allocopt.limits import MAX_DEPTH, MAX_TOML_BYTES, check_depth, read_text
 
 try:
     import tomllib
@@ -17,17 +18,21 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     """The TOML table in ``path``. ``what`` names the file in errors (``spec``, ``recipe``).
 
+    Limits (:mod:`allocopt.limits`): at most :data:`~allocopt.limits.MAX_TOML_BYTES` (1 MiB),
+    arrays and tables nested at most :data:`~allocopt.limits.MAX_DEPTH` (64) deep.
+
     Raises:
-        ConfigError: missing, unreadable (a folder, no permission), not UTF-8, malformed.
+        ConfigError: missing, unreadable (a folder, no permission), over a limit, not UTF-8,
+            malformed (also an integer of more than 4300 digits).
     """
+    text = read_text(path, MAX_TOML_BYTES, what)
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{what}={str(path)!r}: file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what}={str(path)!r}: malformed TOML ({e})") from None
-    except OSError as e:
-        raise ConfigError(f"{what}={str(path)!r}: cannot be read ({e.strerror or e})") from None
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{what}={str(path)!r}: nested deeper than the limit of {MAX_DEPTH} levels") from None
+    except ValueError as e:  # TOMLDecodeError, and int() of a number over 4300 digits
+        raise ConfigError(f"{what}={str(path)!r}: malformed TOML ({str(e).splitlines()[0][:200]})") from None
+    return check_depth(data, str(path), what)
 
 
 def check_keys(data: Mapping[str, Any], cls: type, what: str) -> None:

@@ -70,7 +70,7 @@ def planned(size: str, iterations: int, model: str, prompt_tokens: float | None 
     from allocopt.plan.setup import TrainingSetup
 
     setup = TrainingSetup(model=model, engine="trl-vllm", max_completion_length=256,
-                          completion_tokens=200, rollouts_per_iteration=64, min_batch_share=1.0,
+                          completion_tokens=200, rollouts_per_iteration=64, min_batch_share=1.0, target_steps=None,
                           lora_rank=32, lora_alpha=64)
     if prompt_tokens is not None:
         setup = setup.with_lengths(prompt_tokens=prompt_tokens)

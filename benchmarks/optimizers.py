@@ -78,6 +78,14 @@ from objectives.synthetic import (B_REF, SHIFT, VARIANTS, SyntheticObjective, ob
                                   optimum, response, space_of)
 
 BUDGET = B_REF
+TABLE = "tiny-table"
+"""The replay variant: the tiny world's measured grid (:mod:`objectives.tiny_table`), not a test
+function. Its budget is the table's full budget (3e11 FLOPs), its space the largest product of
+reward systems × G the table has measured at every ρ level, its optimum the table's own, its
+noise the measured seeds; RACE's pilots run at 25 % of the budget when the table has pilot rows
+for that space, else at the full budget (noted in the results). Table path:
+``$ALLOCOPT_TINY_TABLE`` or ``--tiny-table`` (default ``benchmarks/tiny_grid/trials.csv``)."""
+ALL_VARIANTS: tuple[str, ...] = (*VARIANTS, TABLE)
 METHODS: tuple[str, ...] = ("grid", "random", "tpe", "gp", "botorch", "allocopt")
 OPTUNA_METHODS: tuple[str, ...] = ("tpe", "gp", "botorch")
 """The Optuna samplers allocopt is held to (random search is Optuna's too, but a baseline)."""
@@ -122,10 +130,49 @@ QUICK = Config(seeds=2, variants=("paper",), targets="pass_at_1", allocopt_compu
 """``--quick``: a smoke run of the whole pipeline (2 seeds, paper, pass@1), not a measurement."""
 
 
+_TABLE_OBJ: dict[str, Any] = {}
+
+
+def table_objective():
+    """The ``tiny-table`` objective of ``$ALLOCOPT_TINY_TABLE`` (default table), built once per process."""
+    from objectives.tiny_table import DEFAULT_TABLE, TinyTableObjective
+
+    path = os.environ.get("ALLOCOPT_TINY_TABLE", str(DEFAULT_TABLE))
+    if path not in _TABLE_OBJ:
+        _TABLE_OBJ[path] = TinyTableObjective(table=path)
+    return _TABLE_OBJ[path]
+
+
+def budget_of(variant: str) -> float:
+    """The full budget of a variant (FLOPs): ``B_REF``, or the table's for ``tiny-table``."""
+    return table_objective().full_budget_flops if variant == TABLE else BUDGET
+
+
+def table_pilot_fraction() -> float:
+    """RACE's pilot fraction on ``tiny-table``: the table's pilot budget share when it has pilot
+    rows at every ρ level of the benchmark space, else 1.0 (pilots at the full budget)."""
+    from allocopt.errors import ConfigError
+
+    obj = table_objective()
+    if "pilot" not in obj.budgets:
+        return 1.0
+    try:
+        ps = obj.space("pilot")
+    except ConfigError:
+        return 1.0
+    s = obj.space("full")
+    if set(s.rewards) <= set(ps.rewards) and set(s.group_sizes) <= set(ps.group_sizes):
+        return obj.budgets["pilot"] / obj.full_budget_flops
+    return 1.0
+
+
 def bench_workload(variant: str):
     """The workload trials are planned for: the synthetic objective's policy with 16 rollouts per
     iteration (the response does not depend on the workload; a small batch keeps ``make_plan``,
-    about 0.06 s a call at 64 rollouts, out of the timings)."""
+    about 0.06 s a call at 64 rollouts, out of the timings). ``tiny-table``: the tiny world's
+    own workload (the measured trials were planned with it)."""
+    if variant == TABLE:
+        return table_objective().workload()
     return SyntheticObjective(variant=variant).workload().with_setup(rollouts_per_iteration=16)
 
 
@@ -139,14 +186,18 @@ class Problem:
 
     @property
     def space(self) -> SearchSpace:
-        return space_of(self.variant)
+        return table_objective().space() if self.variant == TABLE else space_of(self.variant)
 
     @property
     def optimum(self):
+        if self.variant == TABLE:
+            return table_objective().optimum(self.target)
         return optimum(self.target, BUDGET, self.space, variant=self.variant)
 
     def value(self, a: Allocation) -> float:
-        """Noise-free value of an allocation (target units)."""
+        """Noise-free value of an allocation (target units; ``tiny-table``: the seed-mean)."""
+        if self.variant == TABLE:
+            return table_objective().mean_value(a, self.target)
         return response(a.rho, a.group_size, a.reward, self.target, BUDGET, variant=self.variant,
                         model=a.model)
 
@@ -159,8 +210,9 @@ class Problem:
         return r, 100.0 * r / o.range
 
     def spec(self, seed: int, **kw: Any) -> StudySpec:
-        return StudySpec(name=f"bench-{self.variant}-{self.target}-{seed}", objective="synthetic",
-                         budget_flops=BUDGET, target=target_label(self.target),
+        return StudySpec(name=f"bench-{self.variant}-{self.target}-{seed}",
+                         objective=TABLE if self.variant == TABLE else "synthetic",
+                         budget_flops=budget_of(self.variant), target=target_label(self.target),
                          seed=NOISE_SEED_STRIDE * seed, space=self.space, **kw)
 
 
@@ -173,7 +225,7 @@ def grid_points(space: SearchSpace, rho_levels: int = RHO_LEVELS) -> list[Alloca
 
 
 def grid_size(variant: str) -> int:
-    return len(grid_points(space_of(variant)))
+    return len(grid_points(Problem(variant, "pass_at_1").space))
 
 
 def levels_of(variant: str) -> tuple[float, ...]:
@@ -182,7 +234,10 @@ def levels_of(variant: str) -> tuple[float, ...]:
 
 
 def check_feasible(variant: str) -> None:
-    """Every corner of the space is a feasible, realizable plan at the budget (raises if not)."""
+    """Every corner of the space is a feasible, realizable plan at the budget (raises if not).
+    ``tiny-table``: its space is built from trials that ran."""
+    if variant == TABLE:
+        return
     s = space_of(variant)
     w = bench_workload(variant)
     for m in s.models or (None,):
@@ -199,6 +254,8 @@ Trajectory = list[tuple[float, "Allocation | None"]]
 
 
 def _noisy(problem: Problem, a: Allocation, seed: int, i: int) -> float:
+    if problem.variant == TABLE:  # one measured seed, drawn with the run's seed
+        return table_objective().lookup(a, budget_of(TABLE), NOISE_SEED_STRIDE * seed + i)[0][problem.target]
     return observe(a.rho, a.group_size, a.reward, BUDGET, variant=problem.variant, model=a.model,
                    seed=NOISE_SEED_STRIDE * seed + i)[problem.target]
 
@@ -271,12 +328,14 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
     from allocopt.race import (Observation, PlanCache, RaceSettings, SurrogateCache, pilot_grid, propose,
                                recommend)
 
-    obj = SyntheticObjective(variant=problem.variant)
+    table = problem.variant == TABLE
+    obj = table_objective() if table else SyntheticObjective(variant=problem.variant)
+    budget = budget_of(problem.variant)
     spec = problem.spec(seed)
     settings = RaceSettings()
     wl = bench_workload(problem.variant)
     plans = PlanCache(wl)
-    f = 0.1
+    f = table_pilot_fraction() if table else 0.1
     obs: list = []
     existing: list = []
     out: Trajectory = []
@@ -286,11 +345,11 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
         nonlocal cost
         n = len(existing)
         existing.append((a, fidelity))
-        plan = plans(frac * BUDGET, a)
+        plan = plans(frac * budget, a)
         if plan is None:  # infeasible: recorded, costs nothing
             return
         y = obj.run(plan, seed=spec.seed + n).targets[problem.target]
-        obs.append(Observation(n, a, y, frac * BUDGET, frac, fidelity, math.nan))
+        obs.append(Observation(n, a, y, frac * budget, frac, fidelity, math.nan))
         cost += frac
         out.append((cost, out[-1][1] if out else None))
 
@@ -315,10 +374,11 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
         if not props:
             break
         for pr in props:
-            run(pr.allocation, pr.fidelity, pr.budget_flops / BUDGET)
+            run(pr.allocation, pr.fidelity, pr.budget_flops / budget)
     info = {"fit_seconds": fit_s, "proposal_seconds": prop_s, "proposal_trials": prop_n,
             "num_pilots": n_pilots, "num_full": sum(1 for o in obs if o.fidelity == "full"),
-            "refits": cache.fits, "compute": cost, "note": ""}
+            "refits": cache.fits, "compute": cost,
+            "note": f"pilots at {f:g} of the budget (the table has no pilot rows for this space)" if table and f == 1.0 else ""}
     return out, info
 
 
@@ -611,7 +671,8 @@ def plot(records: Sequence[dict[str, Any]], cfg: Config, path: Path) -> None:
         ax.set_xlabel("compute (full-budget runs)")
     axes[0][0].set_ylabel("simple regret, % of range (median, IQR)")
     axes[0][-1].legend(fontsize=7, loc="upper right")
-    fig.suptitle("synthetic test functions (not predictions)\n"
+    fig.suptitle(("synthetic test functions (not predictions)" if set(cfg.variants) - {TABLE} else
+                  "the tiny world's measured grid, replayed (tiny-table)") + "\n"
                  "dashed: 1 % of the range; dotted: 25 % of the grid's compute", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -783,7 +844,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, help="seeds (default 20; --quick 2)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for regret.png, results.csv, summary.json")
     ap.add_argument("--targets", help="rotate (default), all, or one target (pass@1, native_reward, judge)")
-    ap.add_argument("--variants", help=f"comma-separated, from {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", help=f"comma-separated, from {', '.join(ALL_VARIANTS)} ({TABLE}: replays "
+                    "the measured tiny-world grid)")
+    ap.add_argument("--tiny-table", help="grid table the tiny-table variant replays (default "
+                    "benchmarks/tiny_grid/trials.csv)")
     ap.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--workers", type=int, help="processes (default: min(2, cores))")
     ap.add_argument("--caps", help="most compute per method, e.g. gp=40,botorch=16 (default tpe=160, gp=80, botorch=16)")
@@ -806,7 +870,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"--targets={a.targets!r}: allowed: rotate, all, native_reward, pass@1, judge", file=sys.stderr)
             return 2
         kw["targets"] = t
-    for name, allowed in (("variants", VARIANTS), ("methods", METHODS)):
+    if a.tiny_table:
+        if not Path(a.tiny_table).is_file():
+            print(f"--tiny-table={a.tiny_table!r}: no such file; run benchmarks/tiny_grid.py to measure one",
+                  file=sys.stderr)
+            return 2
+        os.environ["ALLOCOPT_TINY_TABLE"] = str(Path(a.tiny_table).resolve())
+    for name, allowed in (("variants", ALL_VARIANTS), ("methods", METHODS)):
         val = getattr(a, name)
         if val:
             items = tuple(x.strip() for x in val.split(",") if x.strip())
@@ -839,7 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.from_csv:
         records = [r for path in a.from_csv.split(",") for r in read_csv(path)]
-        cfg = replace(cfg, variants=tuple(v for v in VARIANTS if any(r["variant"] == v for r in records)),
+        cfg = replace(cfg, variants=tuple(v for v in ALL_VARIANTS if any(r["variant"] == v for r in records)),
                       methods=tuple(m for m in METHODS if any(r["method"] == m for r in records)))
         print(format_tables(records, cfg))
         print()
@@ -853,7 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "timings.json").write_text(json.dumps(timings, indent=1))
         return 0
     t0 = time.perf_counter()
-    print(f"allocopt benchmark on the synthetic family ({'quick' if a.quick else 'full'}): variants "
+    print(f"allocopt benchmark ({'quick' if a.quick else 'full'}): variants "
           f"{', '.join(cfg.variants)}; targets {cfg.targets}; {cfg.seeds} seeds; {cfg.workers} worker(s)",
           flush=True)
     if not allocopt_available():

@@ -100,6 +100,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from allocopt.plan.setup import TrainingSetup
 from allocopt.plan.allocation import REWARDS, Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.hub import model_shape
@@ -305,11 +306,16 @@ class SyntheticObjective:
 
     def __post_init__(self) -> None:
         get_variant(self.variant)
+        if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) \
+                or not 0 <= self.noise <= 1:
+            raise ConfigError(f"noise={self.noise!r}: must be a standard deviation in [0, 1] (a share)")
         if not isinstance(self.sleep_s, (int, float)) or not 0 <= self.sleep_s <= 3600:
             raise ValueError(f"sleep_s={self.sleep_s!r}: must be seconds in [0, 3600]")
 
     def workload(self) -> Workload:
-        return Workload(policy=model_shape(self.model))
+        """The default set-up on the policy's shape, with ``target_steps`` off (the batch stays
+        64 at every budget: the known optimum and its tests price these plans)."""
+        return Workload(policy=model_shape(self.model), setup=TrainingSetup(target_steps=None))
 
     def optimum(self, target: str = "pass_at_1", budget_flops: float = B_REF,
                 space: SearchSpace | None = None) -> Optimum:

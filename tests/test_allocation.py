@@ -60,7 +60,7 @@ def test_plan_never_exceeds_budget_and_realizes_rho(case):
     assert total <= budget
     # a batch the workload allows, priced as the plan says
     G = alloc.group_size
-    assert min_prompts(w, G) <= p.prompts_per_iteration <= max(1, w.setup.rollouts_per_iteration // G)
+    assert min_prompts(w, G) <= p.prompts_per_iteration <= max(1, w.setup.largest_rollouts_per_iteration // G)
     assert p.rollouts_per_iteration == p.prompts_per_iteration * G
     pw = plan_workload(w, p)
     k = p.rows_trained_per_iteration

@@ -63,7 +63,7 @@ ROWS = [
     ("plan: negative beta", ["plan", "--budget", "1e19", "--rho", "0.5", "--beta", "-1"], ["beta=-1.0", ">= 0"]),
     ("plan: negative LoRA rank", ["plan", "--budget", "1e19", "--rho", "0.5", "--lora-rank", "-1"],
      ["lora_rank=-1", "positive integer"]),
-    ("plan: budget missing", ["plan", "--rho", "0.5"], ["Missing option", "'--budget'"]),
+    ("plan: budget missing", ["plan", "--rho", "0.5"], ["budget: missing", "--budget FLOPS", "--budget-gpu-hours"]),
     ("plan: unknown flag", ["plan", "--budget", "1e19", "--rho", "0.5", "--bogus-flag", "1"],
      ["No such option", "--bogus-flag"]),
     # ---- trial
@@ -118,6 +118,9 @@ ROWS = [
     ("race: pilots below every allocation", ["race", *SYN, "--budget", "1e14", "--no-mlflow",
                                              "--storage", "sqlite:///{tmp}/o.db"],
      ["pilot_fraction=0.1", "1e+13", "smallest feasible plan", "budget_flops >= "]),
+    ("race: budget below every allocation", ["race", *SYN, "--budget", "1e12", "--no-mlflow",
+                                             "--storage", "sqlite:///{tmp}/o.db"],
+     ["budget_flops=1e+12", "too small for one GRPO iteration", "smallest feasible plan"]),
     ("race: zero pilots", ["race", *SYN, "--budget", "1e18", "--max-pilots", "0"], ["max_pilots=0", ">= 3"]),
     ("race: negative budget", ["race", *SYN, "--budget", "-1"], ["budget_flops='-1'", "positive"]),
     # ---- best / pareto / report
@@ -135,6 +138,100 @@ ROWS = [
     ("report: unknown fidelity", ["report", "--out", "{tmp}/r", "--fidelity", "sideways"],
      ["fidelity='sideways'", "allowed: full, pilot, all"]),
     ("report: unknown target", ["report", "--out", "{tmp}/r", "--targets", "bleu", *S], ["target='bleu'", "targets measured"]),
+    ("pareto: one objective twice", ["pareto", "--objectives", "pass@1,pass@1", *S],
+     ["objectives='pass@1,pass@1'", "more than once", "give each once"]),
+    ("best: another tool's database", ["best", "--target", "pass@1", "--study", "s", "--storage", "sqlite:///{tmp}/other.db"],
+     ["storage=", "other.db", "another tool's SQLite database", "tables: users"]),
+]
+
+# Files and values from strangers (allocopt.limits): run folders, logs and metrics files written
+# by other people's jobs. {tmp}'s files are made by ``_stranger_files``.
+T = ["--study", "t", "--storage", "sqlite:///{tmp}/t.db", "--trial", "0", "--no-mlflow"]
+STRANGER_ROWS = [
+    # ---- account --from-trl
+    ("trl: trainer_state over 64 MiB", ["account", "--from-trl", "{tmp}/trl_huge"],
+     ["trainer_state.json", "over the limit of 64 MiB"]),
+    ("trl: trainer_state nested 100000 deep", ["account", "--from-trl", "{tmp}/trl_deep"],
+     ["trainer_state.json", "nested deeper than the limit of 64 levels"]),
+    ("trl: trainer_state number of 5000 digits", ["account", "--from-trl", "{tmp}/trl_digits"],
+     ["trainer_state.json", "not valid JSON", "4300"]),
+    ("trl: pickle asks for a 2 GB bytearray", ["account", "--from-trl", "{tmp}/trl_bytearray"],
+     ["training_args.bin", "bytearray(2000000000)", "over the limit of 16 MiB"]),
+    ("trl: pickle of shared lists expanding to 2**39 values", ["account", "--from-trl", "{tmp}/trl_laughs"],
+     ["training_args.bin", "more than the limit of 100000 values"]),
+    ("trl: pickle nested 10000 deep", ["account", "--from-trl", "{tmp}/trl_pdeep"],
+     ["training_args.bin", "nested deeper than the limit of 64 levels"]),
+    ("trl: archive member declaring 3 GB", ["account", "--from-trl", "{tmp}/trl_zip"],
+     ["training_args.bin", "declares 3000000000 bytes", "over the limit of 16 MiB"]),
+    ("trl: archive member larger than it declares", ["account", "--from-trl", "{tmp}/trl_zip_lies"],
+     ["training_args.bin", "not a readable zip archive"]),
+    ("trl: num_generations a string", ["account", "--from-trl", "{tmp}/trl_str"],
+     ["num_generations='8'", "must be a number, not str"]),
+    ("trl: zero batch size", ["account", "--from-trl", "{tmp}/trl_zero"],
+     ["per_device_train_batch_size=0", "whole number >= 1"]),
+    ("trl: num_iterations out of float range", ["account", "--from-trl", "{tmp}/trl_inf"],
+     ["num_iterations=inf", "whole number >= 1"]),
+    ("trl: LoRA r a string", ["account", "--from-trl", "{tmp}/trl_lora"], ["adapter_config.json", "r='8'", "1 to 65536"]),
+    # ---- account --from-verl
+    ("verl: log over 512 MiB", ["account", "--from-verl", "{tmp}/verl_huge.log"],
+     ["verl_huge.log", "over the limit of 512 MiB"]),
+    ("verl: a 2 MiB line", ["account", "--from-verl", "{tmp}/verl_line.log"],
+     ["verl_line.log", "line 1 is longer than the limit of 1 MiB"]),
+    ("verl: batch size a string", ["account", "--from-verl", "{tmp}/verl_str.log"],
+     ["data.train_batch_size='abc'", "must be a number"]),
+    ("verl: zero mini-batch", ["account", "--from-verl", "{tmp}/verl_zero.log"],
+     ["ppo_mini_batch_size=0", "whole number >= 1"]),
+    ("verl: step out of float range", ["account", "--from-verl", "{tmp}/verl_inf.jsonl"],
+     ["line 1", "step=inf", "from 0 to 2**31"]),
+    ("verl: NaN response length", ["account", "--from-verl", "{tmp}/verl_nan.log"],
+     ["response_length/mean=nan", "not a finite number"]),
+    ("verl: JSON line nested 100000 deep", ["account", "--from-verl", "{tmp}/verl_deep.jsonl"],
+     ["verl_deep.jsonl:1", "nested deeper than the limit of 64 levels"]),
+    # ---- account --lengths
+    ("lengths: file over 512 MiB", ["account", "--lengths", "{tmp}/len_huge.csv"],
+     ["len_huge.csv", "over the limit of 512 MiB"]),
+    ("lengths: 40-digit token count", ["account", "--lengths", "{tmp}/len_digits.csv"],
+     ["line 2", "completion_tokens=", "from 1 to 2**31"]),
+    ("lengths: JSON line nested 100000 deep", ["account", "--lengths", "{tmp}/len_deep.jsonl"],
+     ["len_deep.jsonl", "line 1", "nested too deep"]),
+    # ---- study --spec / --set / --storage
+    ("spec: over 1 MiB", ["study", "--spec", "{tmp}/spec_huge.toml"], ["spec_huge.toml", "over the limit of 1 MiB"]),
+    ("spec: nested 2000 deep", ["study", "--spec", "{tmp}/spec_deep.toml"],
+     ["spec_deep.toml", "nested deeper than the limit of 64 levels"]),
+    ("spec: integer of 5000 digits", ["study", "--spec", "{tmp}/spec_digits.toml"], ["spec_digits.toml", "malformed TOML"]),
+    ("spec: quoted budget", ["study", "--spec", "{tmp}/spec_str.toml"], ["budget_flops='1e19'", "unquoted"]),
+    ("spec: study name with a newline", ["study", "--spec", "{tmp}/spec_nl.toml"],
+     ["name='a\\nerror: forged'", "printable"]),
+    ("study: --study-name with a control character", ["study", *SYN, "--budget", "1e18", "--study-name", "a\x1b[2Jb"],
+     ["name='a\\x1b[2Jb'", "printable"]),
+    ("spec: a reward system 100000 times", ["study", "--spec", "{tmp}/spec_dup.toml"],
+     ["space.rewards", "'sparse' given more than once", "100000 values, 1 distinct"]),
+    ("study: --set NaN", ["study", *SYN, "--budget", "1e18", "--set", "noise=nan"], ["--set noise=nan", "finite"]),
+    ("study: --set negative noise", ["study", *SYN, "--budget", "1e18", "--set", "noise=-1"], ["noise=-1", "[0, 1]"]),
+    ("study: --set nested 2000 deep", ["study", *SYN, "--budget", "1e18", "--set", "k=" + "[" * 2000 + "]" * 2000],
+     ["--set k", "nested deeper than the limit of 64"]),
+    ("study: in-memory storage", ["study", *SYN, "--budget", "1e18", "--storage", "sqlite://"],
+     ["storage='sqlite://'", "in-memory", "vanish"]),
+    ("race: in-memory storage", ["race", *SYN, "--budget", "1e18", "--storage", "sqlite:///:memory:"],
+     ["storage='sqlite:///:memory:'", "in-memory"]),
+    ("ask: in-memory storage", ["ask", "--study", "x", "--storage", "sqlite://", "--objective", "synthetic",
+                                "--budget", "1e18", "--target", "pass@1"], ["storage='sqlite://'", "in-memory"]),
+    ("study: another tool's database", ["study", *SYN, "--budget", "1e18", "--storage", "sqlite:///{tmp}/other.db",
+                                        "--mlflow-uri", "sqlite:///{tmp}/m.db"],
+     ["storage=", "other.db", "another tool's SQLite database", "tables: users"]),
+    ("study: a file that is no database", ["study", *SYN, "--budget", "1e18", "--storage", "sqlite:///{tmp}/nob.toml",
+                                           "--mlflow-uri", "sqlite:///{tmp}/m.db"],
+     ["storage=", "nob.toml", "not an Optuna storage"]),
+    # ---- tell --metrics
+    ("tell: metrics over 1 MiB", ["tell", *T, "--metrics", "{tmp}/m_huge.json"], ["m_huge.json", "over the limit of 1 MiB"]),
+    ("tell: metrics nested 100000 deep", ["tell", *T, "--metrics", "{tmp}/m_deep.json"],
+     ["m_deep.json", "nested deeper than the limit of 64"]),
+    ("tell: pass@1 = 52", ["tell", *T, "--metrics", "{tmp}/m_52.json"], ["pass@1=52", "share in [0, 1]"]),
+    ("tell: pass@1 = -3", ["tell", *T, "--metrics", "{tmp}/m_neg.json"], ["pass@1=-3", "share in [0, 1]"]),
+    ("tell: pass@1 a string", ["tell", *T, "--metrics", "{tmp}/m_str.json"], ["pass@1='0.5'", "finite number"]),
+    ("tell: 1e300 FLOPs", ["tell", *T, "--metrics", "{tmp}/m_absurd.json"], ["search_flops=1e+300", "from 0 to 1e+30"]),
+    ("tell: negative FLOPs", ["tell", *T, "--metrics", "{tmp}/m_negflops.json"], ["learning_flops=-1", "from 0 to"]),
+    ("tell: FLOPs out of float range", ["tell", *T, "--metrics", "{tmp}/m_inf.json"], ["search_flops=inf", "from 0 to"]),
 ]
 
 
@@ -147,7 +244,117 @@ def folder(tmp_path_factory):
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
     (tmp / "pf.toml").write_text('name = "pf"\nobjective = "synthetic"\nbudget_flops = 1e18\npilot_fraction = "0.25"\n')
+    _stranger_files(tmp)
     return tmp
+
+
+def _sparse(path: Path, size: int) -> None:
+    """A file of ``size`` bytes that takes no disk (a hole)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def _zip_declaring(path: Path, declared: int, actual: bytes) -> None:
+    """A torch-style zip whose ``archive/data.pkl`` holds ``actual`` (deflated) while its central
+    directory declares ``declared`` bytes."""
+    import io
+    import struct
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", actual)
+    raw = bytearray(buf.getvalue())
+    cd = raw.rfind(b"PK\x01\x02")
+    raw[cd + 24:cd + 28] = struct.pack("<I", declared)  # central directory: uncompressed size
+    path.write_bytes(bytes(raw))
+
+
+def _stranger_files(tmp: Path) -> None:
+    """The files of STRANGER_ROWS, each wrong in one way."""
+    import json
+    import pickle
+    import sqlite3
+
+    state = json.dumps({"log_history": [{"step": 1, "completions/mean_length": 10.0}]})
+
+    def trl(name: str, args: bytes | None = None, state_text: str = state, adapter: dict | None = None) -> Path:
+        d = tmp / name
+        d.mkdir()
+        (d / "trainer_state.json").write_text(state_text)
+        if args is not None:
+            (d / "training_args.bin").write_bytes(args)
+        if adapter is not None:
+            (d / "adapter_config.json").write_text(json.dumps(adapter))
+        return d
+
+    _sparse(trl("trl_huge") / "trainer_state.json", 64 * 2**20 + 1)
+    trl("trl_deep", state_text="[" * 100_000 + "]" * 100_000)
+    trl("trl_digits", state_text='{"log_history": [{"step": ' + "1" * 5000 + "}]}")
+    # REDUCE builtins.bytearray((2000000000,)): 30 bytes that ask for 2 GB
+    trl("trl_bytearray", b"\x80\x02cbuiltins\nbytearray\nJ\x00\x94\x35\x77\x85R.")
+    laughs = bytearray(b"\x80\x02]q\x00K\x01a")  # L0 = [1]; L(i) = (L(i-1), L(i-1)): 2**39 leaves
+    for i in range(1, 40):
+        laughs += b"h%c" % (i - 1) + b"h%c" % (i - 1) + b"\x86q%c" % i
+    trl("trl_laughs", bytes(laughs) + b".")
+    trl("trl_pdeep", b"\x80\x02" + b"]" * 10_000 + b"a" * 9_999 + b".")
+    _zip_declaring(trl("trl_zip", b"") / "training_args.bin", 3_000_000_000, pickle.dumps({"beta": 0.0}))
+    _zip_declaring(trl("trl_zip_lies", b"") / "training_args.bin", 1000, b"\0" * (20 * 2**20))
+    trl("trl_str", pickle.dumps({"num_generations": "8"}, protocol=2))
+    trl("trl_zero", pickle.dumps({"per_device_train_batch_size": 0}, protocol=2))
+    trl("trl_inf", pickle.dumps({"num_iterations": float("inf")}, protocol=2))
+    trl("trl_lora", adapter={"r": "8", "base_model_name_or_path": "Qwen/Qwen2.5-0.5B"})
+
+    cfg = "data.train_batch_size=4\nactor_rollout_ref.rollout.n=2\nactor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B\n"
+    _sparse(tmp / "verl_huge.log", 512 * 2**20 + 1)
+    (tmp / "verl_line.log").write_text("x" * (2 * 2**20))
+    (tmp / "verl_str.log").write_text("data.train_batch_size=abc\nstep:1 - response_length/mean:10 - prompt_length/mean:5\n")
+    (tmp / "verl_zero.log").write_text(cfg + "actor_rollout_ref.actor.ppo_mini_batch_size=0\n"
+                                       "step:1 - response_length/mean:10 - prompt_length/mean:5\n")
+    (tmp / "verl_inf.jsonl").write_text('{"step": 1e400, "data": {"response_length/mean": 1}}\n')
+    (tmp / "verl_nan.log").write_text(cfg + "step:1 - response_length/mean:nan - prompt_length/mean:5\n")
+    (tmp / "verl_deep.jsonl").write_text('{"step": 1, "data": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+
+    _sparse(tmp / "len_huge.csv", 512 * 2**20 + 1)
+    (tmp / "len_digits.csv").write_text("prompt_tokens,completion_tokens\n1," + "9" * 40 + "\n")
+    (tmp / "len_deep.jsonl").write_text("{" + '"a":[' * 1 + "[" * 100_000 + "]" * 100_000 + "]}\n")
+
+    head = 'objective = "synthetic"\ntarget = "pass@1"\n'
+    _sparse(tmp / "spec_huge.toml", 2**20 + 1)
+    (tmp / "spec_deep.toml").write_text(head + 'name = "x"\nbudget_flops = 1e18\n[objective_settings]\na = '
+                                        + "[" * 2000 + "]" * 2000 + "\n")
+    (tmp / "spec_digits.toml").write_text(head + 'name = "x"\nbudget_flops = 1' + "0" * 5000 + "\n")
+    (tmp / "spec_str.toml").write_text(head + 'name = "x"\nbudget_flops = "1e19"\n')
+    (tmp / "spec_nl.toml").write_text(head + 'name = "a\\nerror: forged"\nbudget_flops = 1e18\n')
+    (tmp / "spec_dup.toml").write_text(head + 'name = "x"\nbudget_flops = 1e18\n[space]\nrewards = ['
+                                       + ",".join(['"sparse"'] * 100_000) + "]\n")
+
+    con = sqlite3.connect(tmp / "other.db")
+    con.execute("CREATE TABLE users (name TEXT)")
+    con.commit()
+    con.close()
+
+    good = {"search_flops": 3e17, "learning_flops": 5e17, "reward_flops": 0}
+    _sparse(tmp / "m_huge.json", 2**20 + 1)
+    (tmp / "m_deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    for name, doc in (("m_52", {"pass@1": 52, **good}), ("m_neg", {"pass@1": -3, **good}),
+                      ("m_str", {"pass@1": "0.5", **good}),
+                      ("m_absurd", {"pass@1": 0.5, **good, "search_flops": 1e300}),
+                      ("m_negflops", {"pass@1": 0.5, **good, "learning_flops": -1})):
+        (tmp / f"{name}.json").write_text(json.dumps(doc))
+    (tmp / "m_inf.json").write_text('{"pass@1": 0.5, "search_flops": 1e400, "learning_flops": 1, "reward_flops": 0}')
+    # a study "t" with trial 0 reserved by ask (what tell rows try to record)
+    from allocopt.cli import main
+
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        main(["ask", "--study", "t", "--storage", f"sqlite:///{tmp}/t.db", "--objective", "synthetic",
+              "--budget", "1e18", "--target", "pass@1", "--out", str(tmp / "asked"), "--json"])
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+    finally:
+        os.chdir(cwd)
 
 
 def _limit_memory():
@@ -157,6 +364,8 @@ def _limit_memory():
 def test_at_least_40_kinds_over_every_command():
     commands = {args[0] for _, args, _ in ROWS}
     assert len(ROWS) >= 40 and commands >= {"account", "plan", "trial", "study", "race", "best", "pareto", "report"}
+    assert {args[0] for _, args, _ in STRANGER_ROWS} >= {"account", "study", "race", "ask", "tell"}
+    assert len({kind for kind, _, _ in ROWS + STRANGER_ROWS}) == len(ROWS + STRANGER_ROWS)  # kinds named once
 
 
 def _check(kind, r, needles):
@@ -183,7 +392,10 @@ def _address_space_grows_at_most(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-@pytest.mark.parametrize("kind,args,needles", ROWS, ids=[r[0] for r in ROWS])
+ALL_ROWS = ROWS + STRANGER_ROWS
+
+
+@pytest.mark.parametrize("kind,args,needles", ALL_ROWS, ids=[r[0] for r in ALL_ROWS])
 def test_bad_input_is_one_line_exit_2(folder, kind, args, needles, cli):
     before = sorted(p.name for p in folder.iterdir())
     argv = [a.replace("{tmp}", str(folder)) for a in args]
@@ -195,7 +407,7 @@ def test_bad_input_is_one_line_exit_2(folder, kind, args, needles, cli):
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
 
 
-FIRST_OF_EACH_COMMAND = [r for i, r in enumerate(ROWS) if r[1][0] not in {x[1][0] for x in ROWS[:i]}]
+FIRST_OF_EACH_COMMAND = [r for i, r in enumerate(ALL_ROWS) if r[1][0] not in {x[1][0] for x in ALL_ROWS[:i]}]
 
 
 @pytest.mark.parametrize("kind,args,needles", FIRST_OF_EACH_COMMAND, ids=[r[0] for r in FIRST_OF_EACH_COMMAND])
@@ -235,3 +447,126 @@ def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_
         lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], lines[:5]
         assert (parent(), (tmp_path / "o.db").read_bytes(), (tmp_path / "mlflow.db").read_bytes()) == before
+
+
+def test_refused_tells_record_nothing(folder):
+    """After every refused ``tell`` row, trial 0 of study ``t`` is still RUNNING, with the
+    attributes ``ask`` gave it and no values."""
+    import optuna
+
+    t = optuna.load_study(study_name="t", storage=f"sqlite:///{folder}/t.db").trials[0]
+    assert t.state.name == "RUNNING" and t.values is None
+    assert not any(k.startswith("allocopt.targets") or k == "allocopt.state" for k in t.user_attrs)
+
+
+def test_two_tells_of_one_trial_at_once_one_wins_the_other_is_told_already_finished(tmp_path, cli):
+    """Two ``tell``s of one reserved trial that both passed the RUNNING check (two threads
+    released together, three rounds): one records it, the other gets TellError "already
+    finished" (a ValueError: one line at the command line) and writes nothing; the trial holds
+    the winner's values and targets."""
+    import threading
+
+    import optuna
+
+    from allocopt.cli.asktell import _load
+    from allocopt.record import TrialRecord
+    from allocopt.study.asktell import TellError, account_from_metrics, check_tellable, record
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    spent = account_from_metrics({"search_flops": 3e17, "learning_flops": 5e17, "reward_flops": 0})
+    for n in range(3):
+        r = cli("ask", "--study", f"t{n}", "--storage", url, "--objective", "synthetic", "--budget", "1e18",
+                "--target", "pass@1", "--out", f"asked{n}", "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        st, spec = _load(f"t{n}", url)
+        frozen = check_tellable(st, 0)
+        gate = threading.Barrier(2)
+        outcome: dict[float, object] = {}
+
+        def tell(value: float) -> None:
+            gate.wait()
+            try:
+                record(st, frozen, spec, {"pass_at_1": value}, spent)
+                outcome[value] = "recorded"
+            except Exception as e:  # noqa: BLE001 - the test looks at what it was
+                outcome[value] = e
+
+        threads = [threading.Thread(target=tell, args=(v,)) for v in (0.25, 0.75)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        won = [v for v, o in outcome.items() if o == "recorded"]
+        lost = [o for o in outcome.values() if o != "recorded"]
+        assert len(won) == 1 and len(lost) == 1, (n, outcome)
+        assert isinstance(lost[0], TellError) and "already finished" in str(lost[0]) and "\n" not in str(lost[0])
+        t = optuna.load_study(study_name=f"t{n}", storage=url).trials[0]
+        assert t.state.name == "COMPLETE" and t.values == [won[0]]
+        assert TrialRecord.of(t).targets == {"pass_at_1": won[0]}
+    # a third tell, at the command line: the one line of check_tellable
+    (tmp_path / "m.json").write_text('{"pass@1": 0.5, "search_flops": 1, "learning_flops": 1, "reward_flops": 0}')
+    r = cli("tell", "--study", "t0", "--storage", url, "--trial", "0", "--metrics", "m.json", "--no-mlflow", cwd=tmp_path)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "already finished" in lines[0], lines
+
+
+def test_a_sequential_second_record_of_a_told_trial_is_refused_in_one_line(tmp_path, cli):
+    """The loser's path without timing luck: a second ``record`` with the trial frozen while it
+    was RUNNING (as a tell that passed its check just before the first one finished)."""
+    from allocopt.cli.asktell import _load
+    from allocopt.study.asktell import TellError, account_from_metrics, check_tellable, record
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    assert cli("ask", "--study", "t", "--storage", url, "--objective", "synthetic", "--budget", "1e18",
+               "--target", "pass@1", "--out", "asked", cwd=tmp_path).returncode == 0
+    st, spec = _load("t", url)
+    frozen = check_tellable(st, 0)
+    spent = account_from_metrics({"search_flops": 3e17, "learning_flops": 5e17, "reward_flops": 0})
+    record(st, frozen, spec, {"pass_at_1": 0.25}, spent)
+    with pytest.raises(TellError, match=r"^trial=0: already finished \(told by another tell"):
+        record(st, frozen, spec, {"pass_at_1": 0.75}, spent)
+    assert st.trials[0].values == [0.25]
+
+
+def test_report_to_an_unknown_mlflow_run_is_one_line_and_writes_nothing(tmp_path, cli, mlflow_store):
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import run_study
+    from objectives.synthetic import SyntheticObjective
+
+    s = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=1,
+                  sampler="random", pilots=0, space=SearchSpace(rewards=("sparse",)))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/r.db")
+    r = cli("report", "--study", "r", "--storage", f"sqlite:///{tmp_path}/r.db", "--out", "rep",
+            "--mlflow-run", "0123456789abcdef0123456789abcdef", "--mlflow-uri", mlflow_store, cwd=tmp_path)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, lines
+    assert "mlflow_run='0123456789abcdef0123456789abcdef': no such run" in lines[0]
+    assert not (tmp_path / "rep").exists()
+
+
+def test_a_config_without_num_key_value_heads_says_what_was_assumed(tmp_path, cli):
+    """As transformers does (``num_key_value_heads`` defaults to ``num_attention_heads``): the
+    account is the one of multi-head attention, and one warning line says so."""
+    import json
+
+    cfg = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "intermediate_size": 4864,
+           "vocab_size": 151936, "tie_word_embeddings": True}
+    (tmp_path / "nokv").mkdir()
+    (tmp_path / "nokv" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "mha").mkdir()
+    (tmp_path / "mha" / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 14}))
+    # a fresh process: pytest catches warnings in its own; what a user sees is Python's display
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "account", "--model", "nokv", "--json"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    warn = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 0 and len(warn) == 1, warn
+    assert warn[0].startswith("warning: ") and "assumed num_key_value_heads = num_attention_heads = 14" in warn[0]
+    mha = cli("account", "--model", "mha", "--json", cwd=tmp_path)
+    assert mha.returncode == 0 and not mha.stderr.strip()
+    (tmp_path / "gqa").mkdir()
+    (tmp_path / "gqa" / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 2}))
+    gqa = cli("account", "--model", "gqa", "--json", cwd=tmp_path)
+    flops = [{k: v for k, v in json.loads(x.stdout).items() if k.endswith("flops")} for x in (r, mha, gqa)]
+    assert flops[0] and flops[0] == flops[1] != flops[2]  # the field counts; missing = multi-head

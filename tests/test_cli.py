@@ -81,7 +81,7 @@ def test_plan_json_matches_library(run):
     (["plan", "--budget", "1e19", "--rho", "0.5", "--beta", "-1"], "beta"),
     (["account", "-G", "1"], "group_size"),
     (["study", "--objective", "synthetic", "--budget", "1e18", "--target", "judge", "--pilots", "0",
-      "--mlflow-uri", "foo://bar", "--storage", "sqlite:///:memory:"], "mlflow_uri"),
+      "--mlflow-uri", "foo://bar", "--storage", "sqlite:////tmp/allocopt-test-cli-mlflow-uri.db"], "mlflow_uri"),
 ])
 def test_bad_input_one_line_exit_2(args, needle, run):
     r = run(*args)

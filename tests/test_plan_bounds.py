@@ -17,9 +17,10 @@ from allocopt.plan.allocation import (
     rows_schedule,
 )
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION
+from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup
 
-W = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"))
+# target_steps off: these tests are about whole iterations at one batch, whatever the budget
+W = Workload(policy=ModelShape.preset("Qwen/Qwen2.5-0.5B"), setup=TrainingSetup(target_steps=None))
 ALLOCS = [Allocation(rho=0.3, group_size=4, reward="sparse"),
           Allocation(rho=0.55, group_size=8, reward="prm"),  # k > N: a second pass + old log-probs
           Allocation(rho=0.8, group_size=16, reward="dense")]

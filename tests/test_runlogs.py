@@ -102,7 +102,7 @@ def test_trl_errors_one_line(tmp_path):
     with pytest.raises(RunLogError, match="no trainer_state.json"):
         import_trl(tmp_path)
     (tmp_path / "trainer_state.json").write_text("{")
-    with pytest.raises(RunLogError, match="trainer_state.json: not valid JSON"):
+    with pytest.raises(RunLogError, match="trainer_state.json': not valid JSON"):
         import_trl(tmp_path)
     (tmp_path / "trainer_state.json").write_text('{"log_history": [{"loss": 1}]}')
     with pytest.raises(RunLogError, match="model: the folder names no base model"):

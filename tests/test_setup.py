@@ -53,7 +53,8 @@ def test_a_default_workload_prices_the_default_setup():
     alloc = Allocation(rho=0.5, group_size=8, reward="prm")
     plan = make_plan(1e19, alloc, w)
     assert plan == make_plan(1e19, alloc, Workload(POLICY, setup))
-    assert plan.setup_fingerprint == setup.fingerprint(POLICY) and plan.setup == setup
+    assert plan.setup_fingerprint == setup.fingerprint(POLICY)
+    assert plan.setup == dataclasses.replace(setup, rollouts_per_iteration=plan.rollouts_per_iteration)
     assert pickle.loads(pickle.dumps(w)) == w and pickle.loads(pickle.dumps(plan)) == plan
     with pytest.raises(AttributeError, match="no attribute 'lora_rnak'"):
         w.lora_rnak  # noqa: B018
@@ -201,14 +202,15 @@ def test_driver_refuses_a_plan_priced_for_another_setup():
 
 
 def test_driver_refuses_a_batch_the_setup_does_not_allow():
-    """A set-up of 64 rollouts at G 4 (16 prompts) and min_batch_share 0.5 runs 8 to 16
-    prompts: plans priced at 7 or 32 prompts are refused with one line, 8 and 16 pass (the
+    """A set-up of 64 rollouts at G 4 (16 prompts), min_batch_share 0.5 and target_steps off
+    runs 8 to 16 prompts: plans priced at 7 or 32 prompts are refused with one line, 8 and 16 pass (the
     fingerprint does not depend on the batch), and so does what make_plan gives."""
     from allocopt.plan.allocation import _plan_at, batch_workload
     from objectives.grpo.driver import SetupMismatch, check_setup
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
-                          completion_tokens=12, prompt_tokens=10, rollouts_per_iteration=64)
+                          completion_tokens=12, prompt_tokens=10, rollouts_per_iteration=64,
+                          target_steps=0)
     policy = ModelShape.preset("qwen2.5-0.5b")
     w = Workload(policy, setup)
     alloc = Allocation(rho=0.5, group_size=4, reward="sparse")

@@ -123,3 +123,59 @@ def test_plan_under_a_time_budget_prints_hours(cli, tmp_path):
     assert d["expected_gpu_hours"]["total"] >= 97  # the budget is spent (a cut last iteration)
     p = load_profile(f)  # hours of the learning phase by hand: its FLOPs at the logged rate
     assert d["expected_gpu_hours"]["learning"] == pytest.approx(d["expected_learning_flops"] / p.learning / 3600)
+
+
+def test_measured_gpu_hours_are_the_training_wall_seconds_times_the_gpus():
+    from allocopt.plan.throughput import measured_gpu_hours
+
+    # 1800 s generating and scoring + 5400 s learning on 4 GPUs: 2 h x 4 = 8 GPU-hours; eval is outside
+    assert measured_gpu_hours({"search+reward": 1800.0, "reward": 60.0, "learning": 5400.0,
+                               "eval": 999.0}, 4) == pytest.approx(8.0)
+    assert measured_gpu_hours({"eval": 10.0}, 1) is None
+
+
+def test_trial_under_a_time_budget_records_expected_and_measured_hours():
+    """``gpu_hours`` of a trial: expected = the plan's executed FLOPs per phase over the
+    profile's rates (by hand), measured = training wall seconds x GPUs."""
+    from types import SimpleNamespace
+
+    from allocopt.plan.allocation import Workload, make_plan
+    from allocopt.plan.hub import model_shape
+    from allocopt.study.trial import gpu_hours
+
+    p = ThroughputProfile(gpu="x", setup_fingerprint="*", search_prefill=4e14, search_decode=2e13,
+                          learning=2e14, reward=1e14)
+    tb = TimeBudget(gpu_hours=50.0, profile=p, gpus=2)
+    plan = make_plan(1e18, Allocation(0.5, 8, "prm"), Workload(model_shape("Qwen/Qwen2.5-1.5B")))
+    e = plan.expected.executed
+    by_hand = (e.search["prefill"] / 4e14 + e.search["decode"] / 2e13 + e.learning_flops / 2e14
+               + e.reward_flops / 1e14) / 3600
+    got = gpu_hours(tb, plan, SimpleNamespace(wall_seconds={"search+reward": 3600.0, "learning": 1800.0}))
+    assert got["expected_gpu_hours"] == pytest.approx(by_hand)
+    assert got["gpu_hours"] == pytest.approx(1.5 * 2)
+    assert "gpu_hours" not in gpu_hours(tb, plan, SimpleNamespace(wall_seconds={}))
+
+
+def test_study_under_a_time_budget_shows_hours_in_best(cli, tmp_path):
+    """A plain-BO synthetic study under 1 GPU-hour at 1e14 FLOP/s in every phase: each trial's
+    expected GPU-hours are its executed FLOPs / 1e14 / 3600 (at most the budget), and ``best``
+    shows them beside the FLOPs."""
+    import optuna
+
+    f = save_profile(ThroughputProfile(gpu="cpu", setup_fingerprint="*", search_prefill=1e14,
+                                       search_decode=1e14, learning=1e14, reward=1e14), tmp_path / "p.toml")
+    db = f"sqlite:///{tmp_path}/s.db"
+    r = cli("study", "--objective", "synthetic", "--target", "pass@1", "--budget-gpu-hours", "1",
+            "--throughput", f, "--pilots", "0", "--trials", "2", "--no-mlflow", "--storage", db,
+            "--study-name", "h", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    trials = optuna.load_study(study_name="h", storage=db).get_trials()
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert done
+    for t in done:
+        m = t.user_attrs["metrics"]
+        assert m["expected_gpu_hours"] == pytest.approx(m["total_flops"] / 1e14 / 3600)
+        assert m["expected_gpu_hours"] <= 1 + 1e-9
+    r = cli("best", "--study", "h", "--storage", db, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "expected GPU-hours" in r.stdout

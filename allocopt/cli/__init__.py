@@ -59,8 +59,13 @@ _reflow_help(app)
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""
+    import warnings
+
     from allocopt.plan.allocation import InfeasiblePlan
 
+    # a warning is one line ("warning: ..."), like an error, not Python's two with the source line
+    python_format = warnings.formatwarning
+    warnings.formatwarning = lambda message, category, *a, **k: f"warning: {message}\n"
     try:
         rc: Any = app(args=argv, standalone_mode=False, prog_name="allocopt")
     except typer.Abort:
@@ -74,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"error: {e}", 2)
     except OSError as e:  # a path that is a folder, exists already, cannot be written
         fail(f"error: {e.filename or ''}: {e.strerror or e}", 2)
+    finally:
+        warnings.formatwarning = python_format
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

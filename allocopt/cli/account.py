@@ -271,6 +271,9 @@ def plan(
     max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: 1024, or --completion-tokens rounded up when longer]"),
     generated_per_trained: Optional[float] = typer.Option(None, help=GENERATED_HELP),
     critic: Optional[str] = typer.Option(None, help=CRITIC_HELP),
+    target_steps: Optional[int] = typer.Option(None, help=f"Iterations the plan aims at: a budget that buys more at --rollouts runs a larger batch (up to --max-rollouts) so that it buys about this many, as public recipes fix their steps; 0: off, the batch stays --rollouts. \\[default: {D['target_steps']}]"),
+    max_rollouts: Optional[int] = typer.Option(None, help=f"Largest batch (completions per iteration) --target-steps may raise the batch to. \\[default: {D['max_rollouts_per_iteration']}]"),
+    train_prompts: Optional[int] = typer.Option(None, help="Prompts in the training set (Polaris-53K: 53,291): the plan shows its epochs over it and warns above 4. \\[default: unknown]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
     gpus: Optional[int] = _TIME["gpus"],
@@ -308,9 +311,11 @@ def plan(
                  lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
                  importance_sampling_correction=importance_sampling_correction, engine=engine,
                  runner=runner, max_completion_length=max_completion_length,
-                 generated_per_trained=generated_per_trained, critic=critic)
+                 generated_per_trained=generated_per_trained, critic=critic, max_rollouts_per_iteration=max_rollouts,
+                 train_prompts=train_prompts)
     # the set-up's own defaults (the ones account, the meter and the driver take) for the rest
-    setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None})
+    setup = TrainingSetup(**{k: v for k, v in given.items() if v is not None},
+                          **({} if target_steps is None else {"target_steps": target_steps or None}))
     reward_models = {**default_reward_models(), "prm": model_shape(prm_model)}
     policy = model_shape(setup.model)
     policy.check_length(round(setup.prompt_tokens + setup.completion_tokens))
@@ -348,23 +353,36 @@ def print_plan(p: Any, setup: Any) -> None:
                  ("asked rho", f"{alloc.rho:g}"),
                  ("realized rho", f"{p.realized_rho:.4f}" + ("" if p.realizable else "  (NOT realizable within 0.01)")),
                  ("group size G", p.group_size),
-                 ("prompts / iteration", f"{p.prompts_per_iteration}" + (
-                     "" if p.prompts_per_iteration == max(1, setup.rollouts_per_iteration // p.group_size)
-                     else f" (of the set-up's {max(1, setup.rollouts_per_iteration // p.group_size)}: "
-                          "a smaller batch spends more of the budget)")),
+                 ("prompts / iteration", f"{p.prompts_per_iteration}" + batch_note(p, setup)),
                  ("rollouts / iteration", p.rollouts_per_iteration),
                  ("update passes mu", f"{p.update_passes:.4f} ({p.rows_trained_per_iteration:.2f} rows trained per iteration; TRL num_iterations={p.num_iterations_trl})"),
                  ("iterations", f"{p.iterations}" + ("" if p.last_iteration_rows is None else
                                                       f" (the last trains {p.last_iteration_rows} rows: "
                                                       "cut to what fits)")),
+                 ("epochs", "unknown (give the training set's size: --train-prompts)" if p.epochs is None
+                  else f"{p.epochs:.2f} over {p.train_prompts:,} training prompts"),
                  ("FLOPs / iteration", fmt_flops(p.per_iteration.executed.total_flops)),
                  ("expected total", f"{fmt_flops(p.expected.executed.total_flops)} ({p.budget_utilization:.2%} of budget)")):
         t.add_row(k, str(v))
     out.print(t)
     out.print(breakdown_table(p.expected, "Expected FLOPs of the whole plan"))
+    if p.warning:
+        err.print(f"warning: {p.warning}", highlight=False, markup=False)
     if not p.realizable:
         err.print(f"warning: rho={alloc.rho:g} is not realizable with {p.rollouts_per_iteration} "
                   f"rollouts per iteration; the nearest is {p.realized_rho:.4f}")
+
+
+def batch_note(p: Any, setup: Any) -> str:
+    """Why plan ``p`` runs the batch it runs, when not the set-up's: a larger one so that the
+    budget buys about ``target_steps`` iterations, or a smaller one that spends more of it."""
+    own = max(1, setup.rollouts_per_iteration // p.group_size)
+    if p.prompts_per_iteration == own:
+        return ""
+    if p.prompts_per_iteration > own:
+        return (f" (the set-up's {own}, raised so that the budget buys about target_steps="
+                f"{setup.target_steps} iterations; at most {setup.largest_rollouts_per_iteration} rollouts)")
+    return f" (of the set-up's {own}: a smaller batch spends more of the budget)"
 
 
 def print_hours(p: Any, tb: Any, time_budget: bool) -> None:

@@ -48,6 +48,9 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental|Heartbeat of storage).*")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from allocopt.cli.common import check_storage
+
+    check_storage(storage)  # a typo, an in-memory or another tool's database: one line
     try:
         names = optuna.study.get_all_study_names(make_storage(storage))
     except Exception as e:  # noqa: BLE001 - bad URL, unreachable server, missing driver
@@ -232,7 +235,12 @@ def tell(
 
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         tracker = make_tracker(spec.name, mlflow_uri)
-    m = record(st, frozen, spec, targets, spent, extra=extra)
+    try:
+        m = record(st, frozen, spec, targets, spent, extra=extra)
+    except TellError as e:  # another tell of this trial won
+        if tracker is not None:
+            tracker.close()
+        raise ConfigError(str(e)) from None
     if tracker is not None:
         _track_tell(tracker, frozen, spec, budget, {**targets, **m})
     used = spent.executed.total_flops
@@ -246,13 +254,11 @@ def tell(
 
 
 def _read_metrics(metrics: Path) -> dict[str, Any]:
-    """The ``--metrics`` JSON object; a missing file or another document is one line."""
-    try:
-        data = json.loads(metrics.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"metrics={str(metrics)!r}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"metrics={str(metrics)!r}: not JSON ({str(e).splitlines()[0]})") from None
+    """The ``--metrics`` JSON object (at most 1 MiB, nested at most 64 deep:
+    :mod:`allocopt.limits`); a missing file, one over a limit or another document is one line."""
+    from allocopt.limits import MAX_METRICS_BYTES, read_json
+
+    data = read_json(metrics, MAX_METRICS_BYTES, "metrics")
     if not isinstance(data, dict):
         raise ConfigError(f"metrics={str(metrics)!r}: must be a JSON object")
     return data

@@ -228,8 +228,9 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
     sp = spec.space
     allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
         sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]
-    # the allocation whose budget buys least of its smallest plan (a time budget gives each its own)
-    _, need, b, a = min(((spec.budget_for(a, workload) / min_budget(a, workload), min_budget(a, workload),
+    # the allocation whose budget buys most of its smallest plan (a time budget gives each its
+    # own): when even it cannot buy one iteration, no allocation can
+    _, need, b, a = max(((spec.budget_for(a, workload) / min_budget(a, workload), min_budget(a, workload),
                           spec.budget_for(a, workload), a) for a in allocs), key=lambda x: x[0])
     where = (f"rho={a.rho:g}, group_size={a.group_size}, reward={a.reward}"
              + (f", model={a.model}" if a.model else ""))
@@ -307,18 +308,28 @@ class one_interrupt:
 
 def parse_settings(items: list[str] | None) -> dict:
     """``--set KEY=VALUE`` pairs as objective settings; values read as TOML (numbers, true,
-    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``."""
+    quoted strings), else kept as text. Raises :class:`ConfigError` for a pair without ``=``,
+    a NaN or infinite number, or a value nested deeper than 64 levels."""
+    import math
+
+    from allocopt.limits import MAX_DEPTH, check_depth
     from allocopt.tomlio import tomllib  # tomli on Python 3.10
 
     out: dict = {}
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"--set {item!r}: must be KEY=VALUE (an objective setting)")
+            raise ConfigError(f"--set {item[:80]!r}: must be KEY=VALUE (an objective setting)")
         try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
+            v = tomllib.loads(f"v = {value}")["v"]
+        except RecursionError:
+            raise ConfigError(f"--set {key.strip()}: nested deeper than the limit of {MAX_DEPTH} levels") from None
+        except ValueError:  # TOMLDecodeError: not a TOML value, kept as text
+            v = value
+        check_depth(v, key.strip(), "--set")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"--set {key.strip()}={value}: must be a finite number")
+        out[key.strip()] = v
     return out
 
 

@@ -54,6 +54,9 @@ def _split(text: str, what: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise _problem(f"{what}={text!r}: give one or more names separated by commas")
+    twice = next((t for i, t in enumerate(items) if t in items[:i]), None)
+    if twice is not None:
+        raise _problem(f"{what}={text!r}: {twice!r} given more than once; give each once")
     return items
 
 
@@ -260,6 +263,7 @@ def best(
 def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
     """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets and compute."""
     from allocopt.query.pareto import field_label, number
+    from allocopt.tracking.layout import EXPECTED_GPU_HOURS, GPU_HOURS
 
     total = number(b, "total_flops")
     share = (lambda p: f" ({number(b, p) / total:.0%})") if total > 0 else (lambda p: "")
@@ -278,6 +282,9 @@ def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
                  ("total FLOPs", _f(total, ".3e")),
                  ("realized rho", _f(number(b, "realized_rho"), ".4f"))):
         t.add_row(k, v)
+    for k, label in ((EXPECTED_GPU_HOURS, "expected GPU-hours"), (GPU_HOURS, "measured GPU-hours")):
+        if not math.isnan(number(b, k)):  # trials of a study under a time budget
+            t.add_row(label, _f(number(b, k), ".2f"))
     return t
 
 
@@ -316,6 +323,10 @@ def report(
         raise _problem(f"pareto={pareto_of!r}: give exactly two targets, e.g. pass@1,judge")
     if mlflow_run == "parent":
         mlflow_run = parent_run_id(study, mlflow_uri)
+    elif mlflow_run:
+        from allocopt.query.stored import check_run_id
+
+        check_run_id(mlflow_run, mlflow_uri)  # an unknown id: one line, before any file is written
     files = write_report(rows, out_dir, title=title or source.capitalize(), targets=keys, context=context,
                          pareto_targets=pair, run_id=mlflow_run, tracking_uri=mlflow_uri)
     out = _out()

@@ -169,26 +169,33 @@ def print_plans(s: Any) -> None:
     head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
             if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
     t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)  # 80 columns, nothing cut
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # 80 columns, nothing cut
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
-    for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", "search", "learn", "rwd",
-              *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
+    epochs = any(p is not None and p.epochs is not None for _, p, _ in plans)
+    for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", *(("ep",) if epochs else ()),
+              "search", "learn", "rwd", *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
         t.add_column(c, justify="left" if c in ("reward", "note") else "right")
     for a, p, note in plans:
         if p is None:
-            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * (9 if tb else 7), f"[red]{note}[/]")
+            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * ((9 if tb else 7) + epochs),
+                      f"[red]{note}[/]")
         else:
             e = p.expected.executed
             share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
             t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
                       f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
+                      *((("-" if p.epochs is None else f"{p.epochs:.1f}"),) if epochs else ()),
                       share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
                       *((f"{p.budget_flops:.2e}", f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
                       *((note,) if notes else ()))
     t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
-                 "search/learn/rwd: shares of the executed FLOPs")
+                 + ("ep: epochs, passes over the training set; " if epochs else "")
+                 + "search/learn/rwd: shares of the executed FLOPs")
     out.print(t)
+    line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
+    if line:
+        out.print(line, highlight=False, markup=False)
     if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1 and s.time_budget is None:
         from allocopt.cli.race import pilot_table
 
@@ -197,6 +204,30 @@ def print_plans(s: Any) -> None:
         out.print(line, highlight=False)
     if hasattr(obj, "length_sources"):
         out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+
+
+def batch_rule_line(setup: Any, plans: list) -> str | None:
+    """One line under the dry run's plans: the batch rule when it raised a batch
+    (``target_steps``), and a warning when plans pass over the training set more than
+    :data:`~allocopt.plan.allocation.MAX_EPOCHS` times (how many, the most, and why it matters);
+    ``None`` when neither applies."""
+    from allocopt.plan.allocation import MAX_EPOCHS
+
+    parts = []
+    raised = [p for p in plans if p.rollouts_per_iteration > setup.rollouts_per_iteration]
+    if raised:
+        parts.append(f"batch: {len(raised)} of {len(plans)} plans run more than the set-up's "
+                     f"{setup.rollouts_per_iteration} rollouts per iteration so that the budget buys "
+                     f"about target_steps={setup.target_steps} iterations (at most "
+                     f"{setup.largest_rollouts_per_iteration}; --set target_steps=0 keeps the set-up's batch)")
+    over = [p for p in plans if p.warning]
+    if over:
+        parts.append(f"warning: {len(over)} of {len(plans)} plans pass over the training set "
+                     f"({over[0].train_prompts:,} prompts) more than {MAX_EPOCHS:g} times (up to "
+                     f"{max(p.epochs for p in over):.1f}): late iterations retrain on prompts already "
+                     "solved, so those trials score repetition as much as their allocation; a smaller "
+                     "budget or a larger training set keeps it under")
+    return "\n".join(parts) or None
 
 
 def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str]) -> None:

@@ -13,17 +13,22 @@ run produced them (``group_size`` consecutive rows share one prompt):
 
 Rows are cut into steps of ``prompts × group_size`` rows; the file must hold a whole number
 of steps.
+
+Limits (:mod:`allocopt.limits`): the file at most 512 MiB, read one line at a time (at most
+1 MiB a line), at most :data:`MAX_ROWS` rows after histogram counts are expanded.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from pathlib import Path
 from typing import Iterable, Literal
 
 from allocopt.flops import ConfigError
 from allocopt.flops.grpo import GRPOStep
+from allocopt.limits import MAX_LENGTHS_BYTES, iter_lines
 
 Distribution = Literal["constant", "uniform", "one-long"]
 DISTRIBUTIONS: tuple[str, ...] = ("constant", "uniform", "one-long")
@@ -45,20 +50,15 @@ def read_lengths(path: str | Path) -> list[tuple[int, int]]:
             tokens >= 1 (``count`` >= 1), or more than :data:`MAX_ROWS` rows; the message names
             the file, the row and the field.
     """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"lengths={str(path)!r}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"lengths={str(path)!r}: cannot be read ({e})") from None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
+    lines = (ln for ln in iter_lines(path, MAX_LENGTHS_BYTES, "lengths") if ln.strip())
+    first = next(lines, None)
+    if first is None:
         raise ConfigError(f"lengths={str(path)!r}: empty file")
-    if lines[0].lstrip().startswith("{"):
+    lines = itertools.chain([first], lines)
+    if first.lstrip().startswith("{"):
         records: Iterable[tuple[int, dict]] = _jsonl(path, lines)
     else:
-        records = enumerate(csv.DictReader(lines), start=2)
+        records = _csv(path, lines)
     rows: list[tuple[int, int]] = []
     for where, rec in records:
         p_tok = _tokens(path, where, rec, "prompt_tokens")
@@ -70,12 +70,21 @@ def read_lengths(path: str | Path) -> list[tuple[int, int]]:
     return rows
 
 
-def _jsonl(path: str | Path, lines: list[str]) -> Iterable[tuple[int, dict]]:
+def _csv(path: str | Path, lines: Iterable[str]) -> Iterable[tuple[int, dict]]:
+    try:
+        yield from enumerate(csv.DictReader(lines), start=2)
+    except csv.Error as e:
+        raise ConfigError(f"lengths={str(path)!r}: not CSV ({e})") from None
+
+
+def _jsonl(path: str | Path, lines: Iterable[str]) -> Iterable[tuple[int, dict]]:
     for i, ln in enumerate(lines, start=1):
         try:
             rec = json.loads(ln)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"lengths={str(path)!r}: line {i}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise ConfigError(f"lengths={str(path)!r}: line {i}: nested too deep") from None
+        except ValueError as e:
+            raise ConfigError(f"lengths={str(path)!r}: line {i}: not JSON ({str(e).splitlines()[0][:200]})") from None
         if not isinstance(rec, dict):
             raise ConfigError(f"lengths={str(path)!r}: line {i}: expected a JSON object")
         yield i, rec
@@ -88,11 +97,11 @@ def _tokens(path: str | Path, where: int, rec: dict, key: str) -> int:
                           "(needed: prompt_tokens, completion_tokens; optional: count)")
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         f = float("nan")
-    if isinstance(v, bool) or not f.is_integer() or f < 1:
-        raise ConfigError(f"lengths={str(path)!r}: line {where}: {key}={v!r}: must be a whole "
-                          "number >= 1")
+    if isinstance(v, bool) or not f.is_integer() or not 1 <= f <= 2**31:
+        raise ConfigError(f"lengths={str(path)!r}: line {where}: {key}={str(v)[:40]!r}: must be a whole "
+                          "number from 1 to 2**31")
     return int(f)
 
 

@@ -5,8 +5,8 @@ are in that package's docstring).
 
 from __future__ import annotations
 
-import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Literal, Mapping
 
@@ -172,7 +172,7 @@ class ModelShape:
             hidden_size=d,
             num_layers=config["num_hidden_layers"],
             num_heads=h,
-            num_kv_heads=config.get("num_key_value_heads") or h,
+            num_kv_heads=_kv_heads(config, h, name),
             head_dim=head_dim,
             intermediate_size=config["intermediate_size"],
             vocab_size=config["vocab_size"],
@@ -201,11 +201,9 @@ class ModelShape:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    return cls.from_config(json.load(fh), name=name_or_path)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"config.json at {path}: not valid JSON ({e})") from None
+            from allocopt.limits import MAX_CONFIG_BYTES, read_json
+
+            return cls.from_config(read_json(path, MAX_CONFIG_BYTES, "config.json"), name=name_or_path)
         if "/" in name_or_path and not os.path.exists(name_or_path):
             if fetch_config is None:
                 raise ConfigError(f"model={name_or_path!r}: not a preset or a local folder "
@@ -595,3 +593,15 @@ def preset_names() -> list[str]:
 
 __all__ = ["ConfigError", "HeadKind", "LoRASpec", "MLA_MODULES", "MODULES", "ModelShape",
            "preset_names"]
+
+
+def _kv_heads(config: Mapping[str, Any], heads: Any, name: str | None) -> Any:
+    """``num_key_value_heads``; when the config has none, ``num_attention_heads`` (multi-head
+    attention, as ``transformers`` assumes), said in a one-line :class:`UserWarning`."""
+    kv = config.get("num_key_value_heads")
+    if kv is None:
+        warnings.warn(f"config {name or config.get('_name_or_path') or ''}: no num_key_value_heads; assumed "
+                      f"num_key_value_heads = num_attention_heads = {heads} (multi-head attention, as "
+                      "transformers does)", UserWarning, stacklevel=3)
+        return heads
+    return kv

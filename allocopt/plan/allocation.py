@@ -32,6 +32,12 @@ most of a budget that buys few (issue 17: a ρ = 0.9 trial of the tiny world bou
   ``min_batch_share`` of the workload's prompts per iteration, and keeps the one whose plan
   realizes ρ and uses the most (:attr:`TrialPlan.prompts_per_iteration`; the driver runs the
   plan's batch, :func:`batch_workload` prices it).
+
+How the batch follows the budget. A set-up with ``target_steps`` (default 500) runs a budget
+that buys more iterations than that at its batch at a larger batch, so that it buys about
+``target_steps`` (:func:`steps_batch`, up to ``max_rollouts_per_iteration``), as public
+recipes fix their steps and scale the batch. Every plan knows its passes over the training set
+(:attr:`TrialPlan.epochs`) and warns beyond :data:`MAX_EPOCHS` (:attr:`TrialPlan.warning`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,13 @@ FIDELITIES: tuple[str, ...] = ("pilot", "full")
 
 RHO_TOLERANCE = 0.01
 """A plan is *realizable* when its ρ is within this of the asked ρ."""
+
+MAX_EPOCHS = 4.0
+"""Passes over the training set above which a plan carries a warning (:attr:`TrialPlan.warning`):
+transformers' ``TrainingArguments`` (and so TRL's ``GRPOConfig``) default to 3 epochs and verl's
+DAPO recipe runs 1 (``trainer.total_epochs=1``); a run that sees each prompt many more times
+keeps drawing groups it already solves (all-equal rewards: zero GRPO advantage) and fits its
+training prompts rather than the task."""
 
 class FrozenMap(dict):
     """A dict that is hashable (by its sorted items), so frozen configs holding one are too.
@@ -192,10 +205,35 @@ class TrialPlan:
     setup: TrainingSetup | None = None
     """The set-up the plan priced (``model``: the allocation's when it names one), so that the
     driver can name the fields where what it would run differs (``None``: not recorded)."""
+    train_prompts: int | None = None
+    """Prompts in the training set (the set-up's :attr:`~allocopt.plan.setup.TrainingSetup.train_prompts`;
+    ``None``: unknown)."""
 
     @property
     def budget_utilization(self) -> float:
         return self.expected.executed.total_flops / self.budget_flops
+
+    @property
+    def epochs(self) -> float | None:
+        """Passes over the training set: prompts sampled (``iterations × prompts_per_iteration``;
+        a cut last iteration still samples all its prompts) / :attr:`train_prompts`. ``None``
+        when the training set's size is unknown."""
+        if not self.train_prompts:
+            return None
+        return self.iterations * self.prompts_per_iteration / self.train_prompts
+
+    @property
+    def warning(self) -> str | None:
+        """One line when the plan passes over its training set more than :data:`MAX_EPOCHS`
+        times, saying why that matters; else ``None``."""
+        e = self.epochs
+        if e is None or e <= MAX_EPOCHS:
+            return None
+        return (f"epochs={e:.1f}: the plan samples {self.iterations * self.prompts_per_iteration:,} "
+                f"prompts from a training set of {self.train_prompts:,} (more than {MAX_EPOCHS:g} "
+                "passes): late iterations retrain on prompts already solved, so the trial scores "
+                "repetition as much as its allocation; a smaller budget or a larger training set "
+                "keeps it under")
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, JSON- and MLflow-friendly dict (FLOPs as numbers)."""
@@ -211,6 +249,7 @@ class TrialPlan:
             "realizable": self.realizable, "budget_utilization": self.budget_utilization,
             "last_iteration_rows": self.last_iteration_rows,
             "setup_fingerprint": self.setup_fingerprint,
+            "train_prompts": self.train_prompts, "epochs": self.epochs, "plan_warning": self.warning,
         }
         out.update({f"expected_{k}": v for k, v in self.expected.to_dict().items()})
         out.update({f"per_iteration_{k}": v for k, v in self.per_iteration.executed.to_dict().items()})
@@ -412,7 +451,8 @@ def _plan_at(budget: float, allocation: Allocation, workload: Workload) -> Trial
         per_iteration=expected * (1 / iterations), expected=expected, realized_rho=realized,
         realizable=abs(realized - allocation.rho) <= RHO_TOLERANCE, last_iteration_rows=last,
         setup_fingerprint=workload.fingerprint(allocation),
-        setup=workload.setup if allocation.model is None else replace(workload.setup, model=allocation.model))
+        setup=workload.setup if allocation.model is None else replace(workload.setup, model=allocation.model),
+        train_prompts=workload.setup.train_prompts)
 
 
 def min_prompts(workload: Workload, group_size: int) -> int:
@@ -461,10 +501,46 @@ def batch_candidates(budget_flops: float, allocation: Allocation, workload: Work
     return sorted((p for p in est if est[p][0]), key=lambda p: (est[p], p), reverse=True)[:REBATCH_CANDIDATES]
 
 
+def steps_batch(budget_flops: float, allocation: Allocation, workload: Workload) -> int:
+    """Prompts per iteration at which ``budget_flops`` buys about the set-up's
+    :attr:`~allocopt.plan.setup.TrainingSetup.target_steps` iterations (the batch follows the
+    budget), within the set-up's batch range.
+
+    The rule, as public recipes set it: a GRPO run fixes its number of steps (a few hundred to
+    a couple of thousand) and a batch of a few hundred prompts, and a larger budget buys a larger
+    batch rather than ever more steps over the same small batch (verl's DAPO recipe: 512 prompts
+    x 16 completions per step, 1 epoch; DeepSeekMath's GRPO: 1,024 x 64; TRL's ``GRPOConfig``
+    trains ``num_train_epochs`` passes over its prompts at whatever batch the devices give).
+    With ``p0`` the set-up's prompts (``rollouts_per_iteration // G``) and ``c`` the mean
+    executed FLOPs of one prompt's share of an iteration at ``p0`` (search + reward + learning
+    at the ρ's update passes; the iteration cost is proportional to its rows):
+
+    * ``target_steps`` off, or ``budget / (c·p0) <= target_steps``: ``p0`` (a small budget
+      keeps the set-up's batch; the tiny world and every test budget stay as they were);
+    * else ``min(ceil(budget / (c · target_steps)), largest_rollouts_per_iteration // G)``.
+
+    Returns:
+        prompts per iteration (>= ``p0``). Raises :class:`ConfigError` for a workload without a
+        model-based reward's model.
+    """
+    G = allocation.group_size
+    p0 = max(1, workload.setup.rollouts_per_iteration // G)
+    steps = workload.setup.target_steps
+    if steps is None:
+        return p0
+    k = rows_for_rho(workload, allocation)
+    cost = expected_flops(workload, allocation, k, 64).executed.total_flops / 64  # mean iteration at p0
+    if budget_flops / cost <= steps:
+        return p0
+    most = max(p0, workload.setup.largest_rollouts_per_iteration // G)
+    return min(most, max(p0, math.ceil(budget_flops / (cost / p0 * steps))))
+
+
 def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -> TrialPlan:
     """The training plan ``budget_flops`` buys at ``allocation``.
 
-    At the workload's batch: the most whole iterations that fit, and a last one cut to the
+    The batch starts at :func:`steps_batch` (the set-up's, or larger so that a large budget
+    buys about ``target_steps`` iterations). At that batch: the most whole iterations that fit, and a last one cut to the
     most rows that fit (at least :func:`min_last_rows` of its schedule). When that plan leaves
     more than :data:`MAX_UNUSED_SHARE` of the budget unspent, misses ρ by more than half of
     :data:`RHO_TOLERANCE`, or does not exist (the budget is below one iteration), the plans at
@@ -483,6 +559,9 @@ def make_plan(budget_flops: float, allocation: Allocation, workload: Workload) -
             plan of this allocation needs (:func:`min_budget`).
     """
     budget = check_budget(budget_flops)
+    prompts_for_steps = steps_batch(budget, allocation, workload)
+    if prompts_for_steps > max(1, workload.setup.rollouts_per_iteration // allocation.group_size):
+        workload = batch_workload(workload, prompts_for_steps * allocation.group_size)
 
     def merit(plan: TrialPlan) -> tuple:
         return _merit(plan.budget_utilization, abs(plan.realized_rho - allocation.rho), plan.realizable)
@@ -529,6 +608,6 @@ __all__ = ["LAST_ROWS_SHARE", "MAX_UNUSED_SHARE", "REBATCH_CANDIDATES", "batch_c
 
 
 __all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE", "RULE_BASED",
-           "TrialPlan", "Workload", "check_budget", "default_reward_models", "iteration_flops",
+           "TrialPlan", "Workload", "MAX_EPOCHS", "steps_batch", "check_budget", "default_reward_models", "iteration_flops",
            "expected_flops", "max_iterations", "rows_for_rho", "rows_schedule", "LAST_ROWS_SHARE", "MAX_UNUSED_SHARE", "REBATCH_CANDIDATES", "batch_candidates",
            "batch_workload", "make_plan", "min_budget", "min_last_rows", "min_prompts", "plan_workload"]

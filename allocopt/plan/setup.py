@@ -118,6 +118,23 @@ class TrainingSetup:
     """Divide the learning rate by the passes of an iteration (TRL ``num_iterations``)."""
     rollouts_per_iteration: int = 64
     """Completions per GRPO iteration (prompts × G; prompts = this // G)."""
+    target_steps: int | None = 500
+    """Iterations (rollout batches, each one optimizer step or ``μ`` passes) a plan aims at, the
+    way a public recipe fixes its steps and lets the batch carry the compute
+    (:func:`allocopt.plan.allocation.steps_batch`): a budget that buys more iterations than this
+    at :attr:`rollouts_per_iteration` runs larger batches, up to :attr:`max_rollouts_per_iteration`.
+    ``None`` or 0: off (the batch stays :attr:`rollouts_per_iteration` however large the budget).
+    Default 500: inside the 100-2,000 steps public GRPO runs train."""
+    max_rollouts_per_iteration: int = 8192
+    """Largest batch (completions per iteration) :attr:`target_steps` may raise the batch to.
+    Default 8,192: verl's DAPO recipe (``recipe/dapo/run_dapo_qwen2.5_32b.sh``:
+    ``train_prompt_bsz=512`` x ``n_resp_per_prompt=16``); below :data:`MAX_ROLLOUTS_PER_ITERATION`
+    (DeepSeekMath's 1,024 x 64), so one pricing stays well under a second. A set-up whose own
+    batch is larger keeps its batch."""
+    train_prompts: int | None = None
+    """Prompts in the training set (an objective fills it: Polaris-53K less its held-out slice
+    for ``qwen``, ``train_problems`` for ``tiny``); plans show their epochs over it
+    (:attr:`allocopt.plan.allocation.TrialPlan.epochs`). ``None``: unknown, no epochs shown."""
     min_batch_share: float = 0.5
     """Least share of those prompts a plan may run per iteration, in (0, 1]: a plan whose whole
     iterations leave budget unspent may take a smaller batch (at least ``ceil(share ×
@@ -186,6 +203,17 @@ class TrainingSetup:
                     or v < (0 if f == "steps_per_completion" else 1):
                 raise ConfigError(f"{f}={v!r}: must be a finite number"
                                   + (" >= 0" if f == "steps_per_completion" else " of tokens >= 1"))
+        if self.target_steps == 0 and not isinstance(self.target_steps, bool):
+            object.__setattr__(self, "target_steps", None)  # 0: off (TOML has no None)
+        for f, lo, hi in (("target_steps", 1, None), ("train_prompts", 1, None),
+                          ("max_rollouts_per_iteration", 2, MAX_ROLLOUTS_PER_ITERATION)):
+            v = getattr(self, f)
+            if v is None and f != "max_rollouts_per_iteration":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+                raise ConfigError(f"{f}={v!r}: must be an integer " + (f"from {lo} to {hi}" if hi else f">= {lo}")
+                                  + (" (0: off)" if f == "target_steps" else
+                                     " (or omit it: unknown)" if f == "train_prompts" else ""))
         v = self.min_batch_share
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
             raise ConfigError(f"min_batch_share={v!r}: must be a share in (0, 1] of the prompts "
@@ -235,6 +263,15 @@ class TrainingSetup:
         """A copy with measured lengths (``prompt_tokens``, ``completion_tokens``, …); the
         generation limit and the runner's defaults stay as they were resolved."""
         return replace(self, **kw)
+
+    @property
+    def largest_rollouts_per_iteration(self) -> int:
+        """Largest batch a plan of this set-up may run (completions): :attr:`max_rollouts_per_iteration`
+        when :attr:`target_steps` is on (or :attr:`rollouts_per_iteration` when larger), else
+        :attr:`rollouts_per_iteration`."""
+        if self.target_steps is None:
+            return self.rollouts_per_iteration
+        return max(self.rollouts_per_iteration, self.max_rollouts_per_iteration)
 
     @property
     def lora(self) -> LoRASpec | None:

@@ -279,6 +279,19 @@ class TimeBudget:
         return {k: v * self.gpus for k, v in self.profile.hours_of(breakdown, self.gpus).items()}
 
 
+TRAINING_WALL_PHASES = ("search+reward", "learning")
+"""Wall-second phases of a trial (:attr:`allocopt.objective.TrialResult.wall_seconds`) that the
+budget pays for: generation with its scoring, and the rest of the training loop (``reward`` is
+part of ``search+reward``; ``eval`` is outside the budget)."""
+
+
+def measured_gpu_hours(wall_seconds: Mapping[str, float], gpus: int) -> float | None:
+    """Measured GPU-hours of a finished trial: the wall seconds of :data:`TRAINING_WALL_PHASES`
+    × ``gpus`` / 3600; ``None`` when the trial timed none of them."""
+    got = [float(wall_seconds[p]) for p in TRAINING_WALL_PHASES if p in wall_seconds]
+    return sum(got) * gpus / 3600 if got else None
+
+
 def gpu_hours_of(*, gpu_hours: float | None = None, usd: float | None = None,
                  usd_per_gpu_hour: float | None = None) -> float | None:
     """GPU-hours of the CLI's time-budget flags: ``gpu_hours``, or ``usd / usd_per_gpu_hour``;

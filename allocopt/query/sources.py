@@ -39,6 +39,12 @@ def study_names(storage: str) -> list[str]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _check_sqlite(storage, "storage")
+    from allocopt.study.storage import StorageError, check_storage_url
+
+    try:
+        check_storage_url(storage)  # an in-memory or another tool's SQLite database: one line
+    except StorageError as e:
+        raise QueryError(str(e)) from None
     try:
         return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     except Exception as e:  # bad URL, unreachable server, missing driver

@@ -152,3 +152,30 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
 
 __all__ = ["parent_run_id", "parent_runs", "stored_objectives", "stored_recommendation",
            "stored_target", "stored_targets"]
+
+
+def check_run_id(run_id: str, mlflow_uri: Optional[str]) -> str:
+    """``run_id`` if the MLflow store at ``mlflow_uri`` has that run (a bounded request).
+
+    Raises:
+        QueryError: no such run, or the store cannot be read (one line).
+    """
+    from allocopt.tracking.requests import short_mlflow_requests
+    from allocopt.tracking.tracker import _resolve_uri
+
+    uri = _resolve_uri(mlflow_uri)
+    try:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        with short_mlflow_requests():
+            MlflowClient(tracking_uri=uri).get_run(run_id)
+    except MlflowException as e:
+        if "RESOURCE_DOES_NOT_EXIST" in str(getattr(e, "error_code", "")) or "not found" in str(e).lower() \
+                or "No run" in str(e) or "INVALID_PARAMETER_VALUE" in str(getattr(e, "error_code", "")):
+            raise QueryError(f"mlflow_run={run_id!r}: no such run in {uri}; give a run id from "
+                             "`mlflow runs list` or 'parent'") from None
+        raise QueryError(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0][:200]})") from None
+    except Exception as e:  # noqa: BLE001 - unreachable server, unreadable store
+        raise QueryError(f"mlflow_uri={uri!r}: cannot be read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None
+    return run_id

@@ -17,7 +17,8 @@ A pilot is *usable* when its plan (:func:`allocopt.plan.allocation.make_plan` at
 
 Each pilot is priced at the batch its plan runs (:func:`allocopt.plan.allocation.plan_workload`:
 ``make_plan`` may take fewer prompts per iteration than the workload's so that the iterations
-fill the pilot budget), with its last iteration cut as the plan cuts it.
+fill the pilot budget, or more when the set-up's ``target_steps`` raises the batch of a large
+budget), with its last iteration cut as the plan cuts it.
 
 A grid of IsoFLOP pilots at one budget cannot always make every ρ usable: an iteration's cost
 grows as ``1 / (1 - ρ)``, so at high ρ a pilot buys one or two iterations, and a smaller batch

@@ -5,6 +5,13 @@ with the standard library only and without running any of its code.
 ``torch.save(self.args, "training_args.bin")``). A restricted :class:`pickle.Unpickler`
 resolves every class to an inert stand-in that only stores its state, so no module is
 imported and nothing of the file is executed; enum members come back as their values.
+
+Limits (:mod:`allocopt.limits`): the file and its ``data.pkl`` member at most
+:data:`~allocopt.limits.MAX_ARGS_BYTES` (16 MiB), by the size the archive declares and by the
+bytes actually inflated; at most :data:`~allocopt.limits.MAX_VALUES` (100,000) values built
+(objects, containers, and the values a shared container expands to), nested at most
+:data:`~allocopt.limits.MAX_DEPTH` (64) deep; ``bytearray(n)`` at most 16 MiB. A pickle that
+would build more (a few hundred bytes can ask for gigabytes) is refused before it does.
 """
 
 from __future__ import annotations
@@ -15,8 +22,22 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from allocopt.limits import MAX_ARGS_BYTES, MAX_DEPTH, MAX_VALUES, read_bytes, read_capped
+
+
+class _Limit(Exception):
+    """A pickle over a limit of this module (the message says which)."""
+
+
+def _bytearray(*args: Any) -> bytearray:
+    """``bytearray`` that refuses to allocate more than the file limit."""
+    if args and isinstance(args[0], int) and not isinstance(args[0], bool) and args[0] > MAX_ARGS_BYTES:
+        raise _Limit(f"asks for bytearray({args[0]}), over the limit of {MAX_ARGS_BYTES // 2**20} MiB")
+    return bytearray(*args)
+
+
 _SAFE_BUILTINS = {"set": set, "frozenset": frozenset, "dict": dict, "list": list,
-                  "tuple": tuple, "complex": complex, "slice": slice, "bytearray": bytearray}
+                  "tuple": tuple, "complex": complex, "slice": slice, "bytearray": _bytearray}
 
 
 class _Inert:
@@ -38,7 +59,12 @@ def _reconstructor(cls: Any, base: Any, state: Any) -> Any:  # copyreg._reconstr
 
 
 class _Unpickler(pickle.Unpickler):
+    classes = 0
+
     def find_class(self, module: str, name: str) -> Any:
+        self.classes += 1
+        if self.classes > 10_000:
+            raise _Limit("more than 10000 class references")
         if module == "builtins" and name in _SAFE_BUILTINS:
             return _SAFE_BUILTINS[name]
         if module == "copyreg" and name == "_reconstructor":
@@ -51,37 +77,58 @@ class _Unpickler(pickle.Unpickler):
         return None
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: Any, budget: list[int], level: int = 0) -> Any:
+    """``v`` with stand-ins turned into dicts; at most ``budget[0]`` values in all (a shared or
+    self-containing container counts every time it is reached) and :data:`MAX_DEPTH` deep."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _Limit(f"builds more than the limit of {MAX_VALUES} values")
+    if level > MAX_DEPTH:
+        raise _Limit(f"nested deeper than the limit of {MAX_DEPTH} levels")
     if isinstance(v, _Inert):
         args = getattr(v, "_args", ())
         if args and set(v.__dict__) == {"_args"}:  # an enum member: Cls(value)
-            return _plain(args[0])
-        return {k: _plain(x) for k, x in v.__dict__.items() if k != "_args"}
+            return _plain(args[0], budget, level + 1)
+        return {k: _plain(x, budget, level + 1) for k, x in v.__dict__.items() if k != "_args"}
     if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return {k: _plain(x, budget, level + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_plain(x, budget, level + 1) for x in v]
     return v
 
 
 def read_training_args(path: str | Path) -> dict[str, Any]:
-    """The attributes of the config saved in ``path`` as plain values.
+    """The attributes of the config saved in ``path`` as plain values (limits: module docstring).
 
     Raises:
-        ValueError: not a torch zip archive or a pickle of an object with attributes.
+        ValueError: not a torch zip archive or a pickle of an object with attributes, or over a
+            limit (the message names it).
     """
-    raw = Path(path).read_bytes()
+    raw = read_bytes(path, MAX_ARGS_BYTES, "training_args", ValueError)
     if zipfile.is_zipfile(io.BytesIO(raw)):
-        with zipfile.ZipFile(io.BytesIO(raw)) as z:
-            names = [n for n in z.namelist() if n.endswith("data.pkl")]
-            if not names:
-                raise ValueError("no data.pkl in the archive")
-            raw = z.read(names[0])
+        try:
+            with zipfile.ZipFile(io.BytesIO(raw)) as z:
+                infos = [i for i in z.infolist() if i.filename.endswith("data.pkl")]
+                if not infos:
+                    raise ValueError("no data.pkl in the archive")
+                if infos[0].file_size > MAX_ARGS_BYTES:
+                    raise ValueError(f"archive member {infos[0].filename!r} declares {infos[0].file_size} "
+                                     f"bytes, over the limit of {MAX_ARGS_BYTES // 2**20} MiB")
+                with z.open(infos[0]) as fh:
+                    raw = read_capped(fh, MAX_ARGS_BYTES, infos[0].filename, "archive member", ValueError)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, OSError) as e:
+            raise ValueError(f"not a readable zip archive ({type(e).__name__}: {str(e)[:120]})") from None
     try:
         obj = _Unpickler(io.BytesIO(raw)).load()
+        out = _plain(obj, [MAX_VALUES])
+    except _Limit as e:
+        raise ValueError(f"the pickle {e}") from None
+    except RecursionError:
+        raise ValueError(f"the pickle is nested deeper than the limit of {MAX_DEPTH} levels") from None
+    except MemoryError:
+        raise ValueError("the pickle asks for more memory than there is") from None
     except Exception as e:  # noqa: BLE001 - any malformed pickle is one error
         raise ValueError(f"not a readable pickle ({type(e).__name__})") from None
-    out = _plain(obj)
     if not isinstance(out, dict):
         raise ValueError("the pickle holds no object with attributes")
     return out

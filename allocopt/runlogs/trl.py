@@ -14,6 +14,12 @@ What TRL 1.16 writes and this reads (``trl/trainer/grpo_trainer.py``,
   (:mod:`allocopt.runlogs.argsfile`);
 * ``adapter_config.json`` (peft): LoRA ``r``, ``target_modules``, ``base_model_name_or_path``.
 
+Limits (:mod:`allocopt.limits`): ``trainer_state.json`` at most 64 MiB, ``adapter_config.json``
+at most 4 MiB, both nested at most 64 deep; ``training_args.bin`` as
+:mod:`allocopt.runlogs.argsfile` says (16 MiB, 100,000 values). Numbers must be numbers (not
+strings), finite and in range (``num_generations`` >= 2, batch sizes and steps >= 1,
+``beta`` >= 0); else one line naming the file and the field.
+
 Files may sit in the folder itself or in its last ``checkpoint-*`` folder. One rollout batch
 is ``generation_batch_size = per_device_train_batch_size × steps_per_generation × world size``
 completions over all processes (the process count: ``distributed_state.num_processes`` of
@@ -24,7 +30,7 @@ steps_per_generation / gradient_accumulation_steps`` optimizer steps.
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ from allocopt.flops.grpo import ENGINES
 from allocopt.runlogs.argsfile import read_training_args
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
                                      as_number, check_overrides)
+from allocopt.limits import MAX_CONFIG_BYTES, MAX_STATE_BYTES, read_json
 from allocopt.plan.setup import RUNNERS
 
 MODULE_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -123,14 +130,10 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     state_file = _find(folder, "trainer_state.json")
     if state_file is None:
         raise RunLogError(f"from_trl={src!r}: no trainer_state.json in the folder or its checkpoints")
-    try:
-        history = json.loads(state_file.read_text(encoding="utf-8"))["log_history"]
-        if not isinstance(history, list):
-            raise TypeError
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RunLogError(f"{state_file}: not valid JSON") from None
-    except (KeyError, TypeError):
-        raise RunLogError(f"{state_file}: log_history: missing or not a list") from None
+    state = read_json(state_file, MAX_STATE_BYTES, "trainer_state", RunLogError)
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        raise RunLogError(f"{state_file}: log_history: missing or not a list")
 
     args: dict[str, Any] = {}
     args_file = _find(folder, "training_args.bin")
@@ -142,10 +145,7 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
     adapter_file = _find(folder, "adapter_config.json")
     adapter: dict[str, Any] | None = None
     if adapter_file is not None:
-        try:
-            adapter = json.loads(adapter_file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RunLogError(f"{adapter_file}: not valid JSON") from None
+        adapter = read_json(adapter_file, MAX_CONFIG_BYTES, "adapter_config", RunLogError)
         if not isinstance(adapter, dict):
             raise RunLogError(f"{adapter_file}: not a JSON object")
     return account_trl_log(history, args, adapter, source=src, state_file=state_file,
@@ -173,15 +173,27 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
         assumed[key] = f"{default!r} ({why})"
         return default
 
+    def number(key: str, default: Any, why: str, *, least: float, whole: bool = True) -> Any:
+        v = arg(key, default, why)
+        if v is None:
+            return None
+        where = f"{args_file}: {key}={v!r}"
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RunLogError(f"{where}: must be a number, not {type(v).__name__}")
+        if not math.isfinite(v) or v < least or (whole and not float(v).is_integer()) or v > 2**31:
+            raise RunLogError(f"{where}: must be {'a whole number' if whole else 'a finite number'} "
+                              f">= {least:g} (and at most 2**31)")
+        return int(v) if whole else float(v)
+
     settings: dict[str, Any] = {}
-    G = int(arg("num_generations", 8, "GRPOConfig default"))
-    mu = float(arg("num_iterations", 1, "GRPOConfig default"))
-    beta = float(arg("beta", 0.0, "GRPOConfig default"))
+    G = number("num_generations", 8, "GRPOConfig default", least=2)
+    mu = float(number("num_iterations", 1, "GRPOConfig default", least=1))
+    beta = number("beta", 0.0, "GRPOConfig default", least=0, whole=False)
     trl = RUNNERS["trl"]  # GRPOConfig's defaults, where training_args.bin does not say
     gc = bool(arg("gradient_checkpointing", trl["gradient_checkpointing"], "GRPOConfig default"))
-    per_device = int(arg("per_device_train_batch_size", 8, "TrainingArguments default"))
-    ga = int(arg("gradient_accumulation_steps", 1, "TrainingArguments default"))
-    spg = int(arg("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps") or ga)
+    per_device = number("per_device_train_batch_size", 8, "TrainingArguments default", least=1)
+    ga = number("gradient_accumulation_steps", 1, "TrainingArguments default", least=1)
+    spg = number("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps", least=1) or ga
     use_vllm = bool(arg("use_vllm", False, "GRPOConfig default"))
     isc = bool(arg("vllm_importance_sampling_correction", trl["importance_sampling_correction"],
                    "GRPOConfig default"))
@@ -204,7 +216,10 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     aname = adapter_file.name if adapter_file else "adapter_config.json"
     if adapter is not None:
         a = adapter
-        settings["lora_rank"] = int(a.get("r") or 8)
+        r = a.get("r") or 8
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 65536:
+            raise RunLogError(f"{aname}: r={r!r}: must be a whole number from 1 to 65536")
+        settings["lora_rank"] = r
         read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
         targets = a.get("target_modules")
         if isinstance(targets, str):
@@ -215,6 +230,8 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
                 or "all-linear"
             read["lora_targets"] = f"{aname}: target_modules"
         base_model = a.get("base_model_name_or_path")
+        if base_model is not None and not isinstance(base_model, str):
+            raise RunLogError(f"{aname}: base_model_name_or_path={base_model!r}: must be a string")
         if base_model:
             read["model"] = f"{base_model!r} ({aname}: base_model_name_or_path)"
     else:
@@ -246,7 +263,10 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
             runtime = as_number(str(state_file), "train_runtime", rec["train_runtime"])
         if "completions/mean_length" not in rec:
             continue
-        step = int(as_number(str(state_file), "step", rec.get("step", last_step + 1)))
+        step_v = as_number(str(state_file), "step", rec.get("step", last_step + 1))
+        if not 0 <= step_v <= 2**31:
+            raise RunLogError(f"{state_file}: step={rec.get('step')!r}: must be from 0 to 2**31")
+        step = int(step_v)
         batches = max(1.0, (step - last_step) / per_gen_steps)
         last_step = step
         cmean = as_number(str(state_file), "completions/mean_length", rec["completions/mean_length"])

@@ -13,16 +13,23 @@ timings ``timing_s/gen`` (search), ``timing_s/reward`` (reward), ``timing_s/old_
 ``kl_loss_coef`` and ``algorithm.use_kl_in_reward`` (the reference pass), ``model.lora_rank``
 (or ``model.lora.rank``), ``model.target_modules``, ``model.enable_gradient_checkpointing``,
 ``model.use_remove_padding``, ``model.path``, ``trainer.n_gpus_per_node × trainer.nnodes``.
+
+Limits (:mod:`allocopt.limits`): the log at most 512 MiB, read one line at a time (at most
+1 MiB a line); at most :data:`MAX_STEPS` (1,000,000) steps and 10,000 lines / 1 MiB of config
+dump; JSON lines nested at most 64 deep. Config numbers must be numbers (not strings), whole
+and in range (batch size, G, mini-batch size, GPUs >= 1); step numbers whole, 0 to 2**31;
+metrics finite. Else one line naming the file and the field.
 """
 
 from __future__ import annotations
 
 import ast
-import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+from allocopt.limits import MAX_DEPTH, MAX_LOG_BYTES, iter_lines, loads_json
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
                                      as_number, check_overrides)
 
@@ -31,6 +38,10 @@ _STEP = re.compile(r"^step:(\d+) - (.*)$")
 _OVERRIDE = re.compile(r"^\s*\+{0,2}([A-Za-z_][\w.]*)=(\S+?)\s*\\?$")
 PHASE_TIMERS = {"gen": "search", "reward": "reward", "old_log_prob": "learning",
                 "ref": "learning", "update_actor": "learning"}
+MAX_STEPS = 1_000_000
+"""Most training steps one log may hold."""
+_MAX_BLOCK_LINES = 10_000
+_MAX_BLOCK_CHARS = 2**20
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -63,41 +74,61 @@ def _scalar(text: str) -> Any:
 def parse_verl_log(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, float]]]]:
     """``(config, steps)``: the flattened config (dotted keys) and ``(step, metrics)`` per
     training step, from a console log or JSON lines. Raises :class:`RunLogError`."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise RunLogError(f"from_verl={str(path)!r}: cannot be read ({e.strerror or e})") from None
+    src = f"from_verl={str(path)!r}"
     config: dict[str, Any] = {}
     steps: dict[int, dict[str, float]] = {}
     block: list[str] | None = None
-    depth = 0
-    for raw in text.splitlines():
+    depth = chars = 0
+
+    def step_of(v: Any, n: int) -> dict[str, float]:
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise RunLogError(f"{src}: line {n}: step={v!r}: must be a whole number")
+        try:
+            f = float(v)
+        except ValueError:
+            raise RunLogError(f"{src}: line {n}: step={v!r}: must be a whole number") from None
+        if not (math.isfinite(f) and f.is_integer() and 0 <= f <= 2**31):
+            raise RunLogError(f"{src}: line {n}: step={v!r}: must be a whole number from 0 to 2**31")
+        if int(f) not in steps and len(steps) >= MAX_STEPS:
+            raise RunLogError(f"{src}: more than the limit of {MAX_STEPS} steps")
+        return steps.setdefault(int(f), {})
+
+    for n, raw in enumerate(iter_lines(path, MAX_LOG_BYTES, "from_verl", RunLogError, errors="replace"), 1):
         line = _PREFIX.sub("", raw.rstrip())
         if block is None and line.lstrip().startswith("{'"):  # pprint of the config
-            block, depth = [], 0
+            block, depth, chars = [], 0, 0
         if block is not None:
             block.append(line)
+            chars += len(line)
+            if len(block) > _MAX_BLOCK_LINES or chars > _MAX_BLOCK_CHARS:
+                raise RunLogError(f"{src}: line {n}: the config dump is over the limit of "
+                                  f"{_MAX_BLOCK_LINES} lines / 1 MiB")
             depth += line.count("{") - line.count("}")
+            if depth > MAX_DEPTH:
+                raise RunLogError(f"{src}: line {n}: the config dump is nested deeper than the "
+                                  f"limit of {MAX_DEPTH} levels")
             if depth <= 0:
                 try:
                     config.update(_flatten(ast.literal_eval("\n".join(block))))
-                except (ValueError, SyntaxError):
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                     pass  # not a config dump after all
                 block = None
             continue
         if line.startswith("{") and '"' in line:  # JSON lines (verl's file logger)
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+                rec = loads_json(line, f"{path}:{n}", "from_verl", RunLogError)
+            except RunLogError as e:
+                if "nested deeper" in str(e):
+                    raise
                 continue
             data = rec.get("data", rec) if isinstance(rec, dict) else None
             if isinstance(data, dict) and "step" in rec:
-                steps.setdefault(int(rec["step"]), {}).update(
-                    {k: v for k, v in data.items() if isinstance(v, (int, float))})
+                step_of(rec["step"], n).update(
+                    {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
             continue
         m = _STEP.match(line.strip())
         if m:
-            metrics = steps.setdefault(int(m.group(1)), {})
+            metrics = step_of(m.group(1), n)
             for part in m.group(2).split(" - "):
                 key, sep, value = part.rpartition(":")
                 if sep:
@@ -144,13 +175,23 @@ def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
         assumed[key] = f"{default!r} ({why})"
         return default
 
+    def num(key: str, v: Any, *, least: float, whole: bool = True) -> Any:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RunLogError(f"{src}: {key}={v!r}: must be a number, not {type(v).__name__}")
+        if not math.isfinite(v) or v < least or v > 2**31 or (whole and not float(v).is_integer()):
+            raise RunLogError(f"{src}: {key}={v!r}: must be {'a whole number' if whole else 'a finite number'} "
+                              f">= {least:g} (and at most 2**31)")
+        return int(v) if whole else float(v)
+
     train = [(s, m) for s, m in steps if "response_length/mean" in m]
     if not train:
         raise RunLogError(f"{src}: no training step with response_length/mean "
                           "(expected lines 'step:N - … - response_length/mean:…')")
     settings: dict[str, Any] = {"engine": "verl"}
-    batch = cfg("data.train_batch_size", None, "not in the log")
-    G = cfg("actor_rollout_ref.rollout.n", None, "not in the log")
+    batch = num("data.train_batch_size", cfg("data.train_batch_size", None, "not in the log"), least=1)
+    G = num("actor_rollout_ref.rollout.n", cfg("actor_rollout_ref.rollout.n", None, "not in the log"), least=1)
     for name, v in (("data.train_batch_size", batch), ("actor_rollout_ref.rollout.n", G)):
         if v is None and {"data.train_batch_size": "prompts",
                           "actor_rollout_ref.rollout.n": "group_size"}[name] not in given:
@@ -160,18 +201,22 @@ def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
         settings["prompts"] = int(batch)
     if G is not None:
         settings["group_size"] = int(G)
-    settings["update_passes"] = float(cfg("actor_rollout_ref.actor.ppo_epochs", 1, "verl default"))
-    mini = cfg("actor_rollout_ref.actor.ppo_mini_batch_size", batch, "verl: the whole batch")
+    settings["update_passes"] = float(num("actor_rollout_ref.actor.ppo_epochs",
+                                          cfg("actor_rollout_ref.actor.ppo_epochs", 1, "verl default"), least=1))
+    mini = num("actor_rollout_ref.actor.ppo_mini_batch_size",
+               cfg("actor_rollout_ref.actor.ppo_mini_batch_size", batch, "verl: the whole batch"), least=1)
     if mini:
         settings["minibatches"] = max(1, int(batch or mini) // int(mini))
     kl_loss = bool(cfg("actor_rollout_ref.actor.use_kl_loss", False, "verl default"))
     kl_reward = bool(cfg("algorithm.use_kl_in_reward", False, "verl default"))
-    coef = float(cfg("actor_rollout_ref.actor.kl_loss_coef", 0.001, "verl default")) if kl_loss \
-        else float(cfg("algorithm.kl_ctrl.kl_coef", 0.001, "verl default")) if kl_reward else 0.0
+    coef = num("actor_rollout_ref.actor.kl_loss_coef", cfg("actor_rollout_ref.actor.kl_loss_coef", 0.001,
+               "verl default"), least=0, whole=False) if kl_loss \
+        else num("algorithm.kl_ctrl.kl_coef", cfg("algorithm.kl_ctrl.kl_coef", 0.001, "verl default"),
+                 least=0, whole=False) if kl_reward else 0.0
     settings["beta"] = coef if (kl_loss or kl_reward) and coef > 0 else 0.0
     rank = cfg("actor_rollout_ref.model.lora_rank", 0, "verl default: full fine-tuning",
                "actor_rollout_ref.model.lora.rank")
-    settings["lora_rank"] = int(rank or 0)
+    settings["lora_rank"] = num("actor_rollout_ref.model.lora_rank", rank or 0, least=0)
     if settings["lora_rank"]:
         targets = cfg("actor_rollout_ref.model.target_modules", "all-linear", "verl default")
         if isinstance(targets, (list, tuple)):
@@ -188,8 +233,8 @@ def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
         settings["model"] = str(model)
     elif "model" not in given:
         raise RunLogError(f"{src}: actor_rollout_ref.model.path: not in the log; pass --model")
-    n_gpus = cfg("trainer.n_gpus_per_node", None, "not in the log")
-    nnodes = cfg("trainer.nnodes", 1, "verl default")
+    n_gpus = num("trainer.n_gpus_per_node", cfg("trainer.n_gpus_per_node", None, "not in the log"), least=1)
+    nnodes = num("trainer.nnodes", cfg("trainer.nnodes", 1, "verl default"), least=1)
     settings.update(given)
 
     logged: list[LoggedStep] = []
@@ -206,7 +251,7 @@ def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
         logged.append(LoggedStep(pm, as_number(where, "response_length/mean", m["response_length/mean"]),
                                  None if rmax is None else as_number(where, "response_length/max", rmax),
                                  1.0))
-        tokens_logged += m.get("perf/total_num_tokens", 0.0)
+        tokens_logged += as_number(where, "perf/total_num_tokens", m.get("perf/total_num_tokens", 0.0))
         for timer, phase in PHASE_TIMERS.items():
             if f"timing_s/{timer}" in m:
                 seconds[phase] += as_number(where, f"timing_s/{timer}", m[f"timing_s/{timer}"])

@@ -259,13 +259,22 @@ def verl_overrides(run: AskedRun, *, learning_rate: float, max_completion_length
 
 
 # ----------------------------------------------------------------------------- tell
+MAX_TOLD_FLOPS = 1e30
+"""Most FLOPs one phase of a told trial may report: about 30,000 years of a 1 EFLOP/s cluster;
+a larger count is a unit mistake, not a run."""
+SHARE_TARGETS = ("pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
+"""Targets that are shares of prompts (or a judge's score), so in [0, 1]; ``native_reward``
+is any finite number (the objective's own reward scale)."""
+
+
 def account_from_metrics(d: Mapping[str, Any]) -> FlopAccount | None:
     """A :class:`FlopAccount` from ``search_flops``/``learning_flops``/``reward_flops`` (executed;
     ``useful_*`` optional, else the same) at the top level or under ``breakdown``; ``None``
     when none is given.
 
     Raises:
-        ConfigError: a value that is not a non-negative number, or only some phases given.
+        ConfigError: a value that is not a number from 0 to :data:`MAX_TOLD_FLOPS`, or only
+            some phases given.
     """
     src = d.get("breakdown") if isinstance(d.get("breakdown"), Mapping) else d
     keys = ("search_flops", "learning_flops", "reward_flops")
@@ -276,8 +285,10 @@ def account_from_metrics(d: Mapping[str, Any]) -> FlopAccount | None:
         vals = {}
         for k in keys:
             v = src.get(prefix + k, src.get(k) if prefix else None)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{prefix}{k}={v!r}: must be a non-negative number of FLOPs")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or v > MAX_TOLD_FLOPS:
+                raise ConfigError(f"{prefix}{k}={v!r}: must be a number of FLOPs from 0 to "
+                                  f"{MAX_TOLD_FLOPS:.0e}")
             vals[k.split("_")[0]] = {"total": int(round(v))}
         return ComputeBreakdown(**vals)
 
@@ -289,7 +300,8 @@ def targets_from_metrics(d: Mapping[str, Any], spec: StudySpec) -> dict[str, flo
     either way (``pass@1`` or ``pass_at_1``).
 
     Raises:
-        ConfigError: a target is missing or not a finite number.
+        ConfigError: a target is missing, not a finite number, or (one of
+            :data:`SHARE_TARGETS`) outside [0, 1].
     """
     from allocopt.spec import TARGETS, target_key
 
@@ -302,6 +314,8 @@ def targets_from_metrics(d: Mapping[str, Any], spec: StudySpec) -> dict[str, flo
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ConfigError(f"{t}={v!r}: a target must be a finite number")
+        if t in SHARE_TARGETS and not 0 <= v <= 1:
+            raise ConfigError(f"{t}={v!r}: must be a share in [0, 1] (0.52, not 52)")
         out[k] = float(v)
     missing = [t for t, k in zip(spec.targets, spec.target_keys) if k not in out]
     if missing:
@@ -340,10 +354,16 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
 
     Returns:
         the metrics dict recorded.
+
+    Raises:
+        TellError: another ``tell`` of the same trial finished it first (two at once: one wins,
+            the other gets this one line). On SQLite the check and the writes hold an exclusive
+            ``flock`` on the database file, so the loser writes nothing; on a server database
+            Optuna's row lock refuses the loser's finishing write.
     """
     import optuna
 
-    from allocopt.study.storage import trial_handle
+    from allocopt.study.storage import sqlite_file_lock, trial_handle
 
     rec = TrialRecord.of(frozen)
     budget = rec.budget(spec.budget_flops)
@@ -354,17 +374,36 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     handle = trial_handle(study, frozen.number)
     if handle is None:
         raise KeyError(f"study {study.study_name!r} was not opened by open_study")
-    tid = handle[1]
+    storage, tid = handle
     trial = optuna.trial.Trial(study, tid)
     over = used > budget
+    constraint = math.log10(used / budget) if over else -1.0
+    finished = TellError(f"trial={frozen.number}: already finished (told by another tell at the same "
+                         "time); nothing changed")
+    with sqlite_file_lock(storage):  # one tell at a time per SQLite file: re-read, then write
+        if storage.get_trial(tid).state.is_finished():
+            raise finished
+        _write_told(study, trial, frozen.number, spec, targets, metrics, over, constraint, finished)
+    return metrics
+
+
+def _write_told(study: Any, trial: Any, number: int, spec: StudySpec, targets: Mapping[str, float],
+                metrics: Mapping[str, Any], over: bool, constraint: float, finished: TellError) -> None:
+    import optuna
+
     from allocopt.study.trial import set_dashboard_constraint
 
-    constraint = math.log10(used / budget) if over else -1.0
-    trial.set_constraint("budget", constraint)
-    set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
-    write_complete(trial, targets, metrics, over_budget=over, source="tell")  # as run_one_trial does
-    study.tell(frozen.number, [float(targets[k]) for k in spec.target_keys])
-    return metrics
+    try:
+        trial.set_constraint("budget", constraint)
+        set_dashboard_constraint(study, trial, constraint)  # as run_one_trial: optuna-dashboard's form too
+        write_complete(trial, targets, metrics, over_budget=over, source="tell")  # as run_one_trial does
+        study.tell(number, [float(targets[k]) for k in spec.target_keys])
+    except optuna.exceptions.UpdateFinishedTrialError:  # a server database's row lock
+        raise finished from None
+    except ValueError as e:  # Study.tell: "Cannot tell a COMPLETE trial."
+        if "Cannot tell" not in str(e):
+            raise
+        raise finished from None
 
 
 # ----------------------------------------------------------------------------- the folder

@@ -355,17 +355,81 @@ def check_storage_url(url: str) -> None:
     """Refuse a storage URL SQLAlchemy cannot read or has no dialect for, without connecting
     (so a typo fails before anything is recorded, in MLflow either).
 
+    Also refused: an in-memory SQLite database (``sqlite://``, ``sqlite:///:memory:``: the
+    results would vanish with the command), and a SQLite file that is not an Optuna storage
+    (another tool's database, whose tables Optuna would write into; or not SQLite at all),
+    read-only, without changing it.
+
     Raises:
         StorageError: one line naming the URL (password redacted) and what is allowed.
     """
     from sqlalchemy.engine import make_url
 
     try:
-        make_url(str(url)).get_dialect()
+        u = make_url(str(url))
+        u.get_dialect()
     except Exception as e:  # ArgumentError (not a URL), NoSuchModuleError (unknown dialect)
         raise StorageError(f"storage={redact_url(url)!r}: not a database URL SQLAlchemy can use "
                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); allowed: "
                            "sqlite:///FILE, postgresql://USER:PASS@HOST/DB, mysql://...") from None
+    if u.drivername.split("+")[0] == "sqlite":
+        db = u.database or ""
+        if db in ("", ":memory:") or db.startswith("file::memory:") or "memory" in str(u.query.get("mode", "")):
+            raise StorageError(f"storage={redact_url(url)!r}: an in-memory SQLite database; the study's "
+                               "results would vanish when the command ends; allowed: sqlite:///FILE, "
+                               "postgresql://USER:PASS@HOST/DB, mysql://...")
+        _check_sqlite_file(url, db)
+
+
+def _check_sqlite_file(url: str, db: str) -> None:
+    """Refuse an existing, non-empty SQLite file without Optuna's tables (read-only)."""
+    import sqlite3
+    from pathlib import Path
+
+    p = Path(db)
+    try:
+        if not p.is_file() or p.stat().st_size == 0:
+            return
+    except OSError:
+        return  # opening it says why
+    try:
+        con = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise StorageError(f"storage={redact_url(url)!r}: not an Optuna storage ({e}); give another "
+                           "file (sqlite:///FILE)") from None
+    if tables and not {"studies", "trials"} <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise StorageError(f"storage={redact_url(url)!r}: another tool's SQLite database (tables: "
+                           f"{shown}), not an Optuna storage; give another file (sqlite:///FILE)")
+
+
+@contextlib.contextmanager
+def sqlite_file_lock(storage: Any) -> Iterator[None]:
+    """An exclusive ``flock`` on a SQLite storage's database file while the block runs (one
+    process or thread at a time; SQLite's own locks are POSIX record locks, which ``flock``
+    does not touch, so it neither blocks nor is blocked by SQLite). Other storages: no lock
+    (their row locks make a second finishing write fail: ``UpdateFinishedTrialError``)."""
+    import fcntl
+
+    url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
+    path = None
+    if isinstance(url, str) and url.startswith("sqlite:///"):
+        from sqlalchemy.engine import make_url
+
+        path = make_url(url).database
+    if not path or not os.path.isfile(path):
+        yield
+        return
+    with open(path, "rb") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def make_storage(url: str) -> Any:

@@ -14,6 +14,7 @@ from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Work
 from allocopt.record import (TrialRecord, TrialRow, is_interrupted, records, write_complete, write_failed,
                              write_infeasible, write_interrupted, write_start)
 from allocopt.spec import StudySpec, allocation_of
+from allocopt.tracking.layout import BUDGET_GPU_HOURS, EXPECTED_GPU_HOURS, GPU_HOURS
 from allocopt.study.open import StudyError
 
 
@@ -93,9 +94,11 @@ def run_one_trial(
     fidelity = fidelity or rec.fidelity
     write_start(trial, budget_flops=budget, fidelity=fidelity)
     keys = spec.target_keys
+    tb = spec.time_budget  # a time budget: expected and measured GPU-hours beside the FLOPs
     params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
               "model": alloc.model or workload.policy.name, "budget_flops": budget,
-              "objective": spec.objective, "target": spec.target}
+              "objective": spec.objective, "target": spec.target,
+              **({BUDGET_GPU_HOURS: tb.gpu_hours, "gpus": tb.gpus} if tb is not None else {})}
     run_id = tracker.start_trial(trial.number, params, {"allocopt.objective": spec.objective,
                                                         "allocopt.fidelity": fidelity}) if tracker else None
     row = TrialRow(trial.number, "RUNNING", {k: v for k, v in rec.params.items() if k != "fidelity"},
@@ -166,7 +169,8 @@ def run_one_trial(
                          f"{', '.join(result.targets)}")
     metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
                "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
-               **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()}}
+               **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()},
+               **(gpu_hours(tb, plan, result) if tb is not None else {})}
     # allocopt's meter never overruns; a launched command (objective ``command``) can: flagged as tell does
     used = result.spent.executed.total_flops
     over = used > budget
@@ -182,6 +186,19 @@ def run_one_trial(
     if on_trial_end:
         on_trial_end(row, result)
     return row, result
+
+
+def gpu_hours(tb: Any, plan: TrialPlan, result: Any) -> dict[str, float]:
+    """Metrics of a finished trial under the time budget ``tb``: the plan's expected GPU-hours
+    at the study's profile and, when the objective timed its training phases, the measured ones
+    (:func:`allocopt.plan.throughput.measured_gpu_hours`, on ``tb.gpus`` GPUs)."""
+    from allocopt.plan.throughput import measured_gpu_hours
+
+    out = {EXPECTED_GPU_HOURS: tb.hours_of(plan.expected.executed)["total"]}
+    measured = measured_gpu_hours(result.wall_seconds, tb.gpus)
+    if measured is not None:
+        out[GPU_HOURS] = measured
+    return out
 
 
 def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:

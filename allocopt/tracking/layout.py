@@ -18,6 +18,14 @@ STATES = ("COMPLETE", "FAIL", "INFEASIBLE")
 from allocopt.plan.allocation import FIDELITIES  # noqa: E402,F401  (defined there)
 CURVE_FIELDS = ("cumulative_flops", "executed_flops", "reward_mean", "rows_trained", "wall_seconds")
 """Fields of one curve point (``IterationRecord``), besides ``iteration``."""
+EXPECTED_GPU_HOURS = "expected_gpu_hours"
+"""Metric of a finished trial under a time budget: GPU-hours the trial's
+plan is expected to take at the study's throughput profile (:meth:`allocopt.plan.throughput.TimeBudget.hours_of`)."""
+GPU_HOURS = "gpu_hours"
+"""Metric of a finished trial under a time budget: its measured GPU-hours, the training phases'
+wall seconds times the GPUs (:func:`allocopt.plan.throughput.measured_gpu_hours`)."""
+BUDGET_GPU_HOURS = "budget_gpu_hours"
+"""Param of a trial run under a time budget: the study's GPU-hours per trial."""
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 """Experiment tag the MLflow 3 UI reads (``server/js`` of mlflow 3.x): a classic-ML kind opens

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 from allocopt.flops import ConfigError
 
 POLARIS_ID = "POLARIS-Project/Polaris-Dataset-53K"
+POLARIS_ROWS = 53_291
+"""Rows of ``POLARIS-Project/Polaris-Dataset-53K`` (its train split), for plans made offline."""
 """Public dataset id of the training set (split ``train``)."""
 SAMPLE_PATH = Path(__file__).parent / "polaris_sample" / "train.jsonl"
 """The shipped Polaris-shaped test slice (GSM8K + MATH-500 rows; not Polaris)."""

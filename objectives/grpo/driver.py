@@ -71,8 +71,9 @@ def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> No
     loaded) unless it is what the plan priced: the plan's ``setup_fingerprint`` must be
     ``setup.fingerprint(policy)`` (a plan without a fingerprint is not checked), and its batch
     (the driver runs :attr:`TrialPlan.prompts_per_iteration`) one the set-up allows: from
-    ``ceil(min_batch_share × prompts)`` to its ``rollouts_per_iteration // G`` prompts
-    (:func:`allocopt.plan.allocation.min_prompts`). A mismatch names the priced fields where
+    ``ceil(min_batch_share × prompts)`` to its ``largest_rollouts_per_iteration // G`` prompts
+    (:func:`allocopt.plan.allocation.min_prompts`; the largest is ``rollouts_per_iteration``,
+    or ``max_rollouts_per_iteration`` with ``target_steps`` on). A mismatch names the priced fields where
     ``setup`` differs from the plan's own set-up
     (:meth:`~allocopt.plan.setup.TrainingSetup.priced_differences`), else the model's shape.
 
@@ -84,13 +85,15 @@ def check_setup(plan: TrialPlan, setup: TrainingSetup, policy: ModelShape) -> No
     if setup.lora_rank < 1:
         raise ConfigError(f"lora_rank={setup.lora_rank!r}: the driver trains LoRA adapters; must be >= 1")
     G = plan.group_size
-    most = max(1, setup.rollouts_per_iteration // G)
-    least = max(1, math.ceil(setup.min_batch_share * most - 1e-9))
+    most = max(1, setup.largest_rollouts_per_iteration // G)
+    least = max(1, math.ceil(setup.min_batch_share * max(1, setup.rollouts_per_iteration // G) - 1e-9))
     if not least <= plan.prompts_per_iteration <= most:
         raise SetupMismatch(
             f"prompts_per_iteration={plan.prompts_per_iteration!r}: the set-up runs {least} to "
             f"{most} prompts of G={G} per iteration (rollouts_per_iteration="
-            f"{setup.rollouts_per_iteration}, min_batch_share={setup.min_batch_share}); make the "
+            f"{setup.rollouts_per_iteration}, min_batch_share={setup.min_batch_share}, "
+            f"target_steps={setup.target_steps}, max_rollouts_per_iteration="
+            f"{setup.max_rollouts_per_iteration}); make the "
             "plan from the same TrainingSetup")
     got = setup.fingerprint(policy)
     if not plan.setup_fingerprint or got == plan.setup_fingerprint:

@@ -152,7 +152,21 @@ class QwenObjective:
         eng = self._measured.get("engine", s.engine)
         out = replace(s, engine=eng)
         lengths = self._lengths(out)
-        return replace(out, **lengths) if lengths else out
+        out = replace(out, **lengths) if lengths else out
+        return out if out.train_prompts else replace(out, train_prompts=self._train_prompts())
+
+    def _train_prompts(self) -> int | None:
+        """Prompts a trial trains on: the dataset's rows (counted when :meth:`_lengths` read
+        them, else :data:`~objectives.data.polaris.POLARIS_ROWS` for Polaris-53K; ``None`` for
+        another source not read), at most ``train_problems``, less the held-out slice."""
+        from objectives.data.polaris import POLARIS_ROWS
+
+        n = self._measured.get("rows") or (POLARIS_ROWS if self.settings.dataset == POLARIS_ID else None)
+        if n is None:
+            return None
+        if self.settings.train_problems:
+            n = min(n, self.settings.train_problems)
+        return max(1, n - self.settings.heldout_problems)
 
     def _policy_shape(self) -> ModelShape:
         if "policy" not in self._measured:
@@ -178,6 +192,7 @@ class QwenObjective:
 
             tok = self._tokenizer()
             rows = load_polaris(self.settings.dataset, limit=self.settings.train_problems)
+            self._measured["rows"] = len(rows)
             mean, _ = measure_prompt_tokens(tok, [r.problem for r in rows],
                                             sample=self.settings.prompt_sample, seed=0)
             out["prompt_tokens"] = mean

@@ -34,11 +34,13 @@ def tiny_setup() -> TrainingSetup:
     """The tiny world's training set-up before the world's model and lengths are filled in
     (:meth:`TinyObjective.setup`): LoRA r 8 (alpha 16), trl-cpu, 64 rollouts per iteration,
     completions up to 48 tokens, learning rate 1e-3; the PRMs are step verifiers, so no step
-    marker tokens. The lengths here (1 token) are placeholders, replaced by the measured ones."""
+    marker tokens. The lengths here (1 token) are placeholders, replaced by the measured ones.
+    ``target_steps`` off: the batch stays 64 at every budget (its studies' plans and the
+    trials already run against them stay as they were)."""
     return TrainingSetup(model="tiny", lora_rank=8, lora_alpha=16, engine="trl-cpu",
                          max_completion_length=48, learning_rate=1e-3, divide_lr_by_passes=False,
                          rollouts_per_iteration=64, prompt_tokens=1.0, completion_tokens=1.0,
-                         steps_per_completion=0.0)
+                         steps_per_completion=0.0, target_steps=None)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ class TinyObjective:
         c = statistics.fmean(len(x.solution) + 1 for x in train)  # + EOS; 1 char = 1 token
         s = self.settings.setup
         return replace(s, model=str(self.world().policy), prompt_tokens=p, completion_tokens=c,
-                       padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)))
+                       padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)),
+                       train_prompts=s.train_prompts or self.settings.train_problems)
 
     def workload(self) -> Workload:
         """The workload a plan is made for (:meth:`setup` on the world's models)."""

@@ -1,0 +1,658 @@
+"""The tiny world's ground truth, read from the measured grid (``benchmarks/tiny_grid.py``'s table).
+
+    python benchmarks/tiny_truth.py [--table benchmarks/tiny_grid/trials.csv] [--out DIR]
+                                    [--draws 2000] [--seed 0]
+
+Works on a partial table: every answer says which cells and seeds it rests on.
+
+**ρ\\* rule** (per reward system, target and fidelity): the G with every ρ level measured are
+used; per G the seed-means over the ρ levels are smoothed with the 3-point kernel
+``(1/4, 1/2, 1/4)`` (at the ends ``(2/3, 1/3)``), and ρ\\* (with G\\*) is the argmax of the
+smoothed curves over (G, ρ level). So ρ\\* is one of the measured levels (spacing 0.1).
+
+**Intervals**: a seeded bootstrap over seeds (``--draws`` draws): per draw, every cell's seeds
+are resampled with replacement (the same resample for all targets: the draws are paired), the
+rule is applied, and the 90 % interval is the 5 % and 95 % quantiles of the draws. A cell with
+one measured seed cannot be resampled: its draw adds Gaussian noise of the pooled seed-to-seed
+sd of that target and fidelity (cells with >= 2 seeds), or, where no cell has 2 seeds yet, the
+evaluation's binomial sd ``sqrt(p (1 - p) / 1000)`` (1000 problems) — a lower bound, since it
+leaves out training noise; the tables say which was used.
+
+**Regime**: :func:`allocopt.race.diagnose.regime_of` at (ρ\\*, reward share of compute at the
+optimum's cell) with the default :class:`allocopt.race.RaceSettings` thresholds (search-heavy
+below 0.4, update-heavy above 0.6, reward-heavy above a 0.3 share); the label of the point
+estimate and the share of draws that agree. A regime is *clear* when >= 80 % of draws give it.
+For comparison RACE's own estimator (:func:`allocopt.race.diagnose.diagnose_group`, the local
+quadratic with G offsets) is applied to the same rows.
+
+The paper's three questions:
+
+1. does a model-based reward (proxy_prm, prm) lower ρ\\*? mean ρ\\* of the model-based systems
+   minus that of the rule-based ones (sparse, structured, dense), per target, with its interval
+   and the share of draws below 0;
+2. do the targets disagree? per reward system, ρ\\*(t1) − ρ\\*(t2) for each pair of targets
+   (paired draws), and whether the regimes differ;
+3. how often would a pilot grid at 25 % have named the full budget's regime? per reward system
+   and target with both fidelities measured: the pilot table's regime against the full table's.
+
+Noise: the seed-to-seed sd of each target at a cell (cells with >= 2 seeds; median and pooled)
+against the evaluation's binomial sd at the cell's mean.
+
+Pilot design (:func:`pilot_design`): at no more pilot compute than ``studies/tiny.toml`` (30
+pilots at 25 %: 7.5 full runs, 6 pilots per reward system), each candidate design (RACE's own
+grid, or k measured ρ levels × one or two G; RACE's kernel width 0.2, 0.35 or 0.5) is replayed
+from the table's pilot rows (the ``tiny-table`` objective) and diagnosed by RACE; its same-regime
+rate is the share of (reward, target, replay) whose regime equals the full table's, over the
+pairs whose full regime is clear. Needs pilot rows; says so when there are none.
+
+Output: tables on stdout; in ``--out`` (default the table's folder) ``README.md`` (generated:
+coverage, tables, answers) and ``tiny_truth.png`` (each target against ρ per reward system,
+seeds as points, seed-means as lines per G).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from objectives import COMMON_TARGETS  # noqa: E402
+from objectives.tiny_table import DEFAULT_TABLE, Row, read_table  # noqa: E402
+
+REWARDS = ("sparse", "structured", "dense", "proxy_prm", "prm")
+MODEL_BASED = ("proxy_prm", "prm")
+RULE_BASED = ("sparse", "structured", "dense")
+EVAL_PROBLEMS = 1000
+"""Problems of the tiny objective's evaluation (``studies/tiny.toml``: ``eval_problems``)."""
+CLEAR = 0.8
+GRID_G = (2, 4, 8)
+GRID_LEVELS = 8
+GRID_SEEDS = {"full": 3, "pilot": 2}
+"""The grid ``benchmarks/tiny_grid.py`` runs by default (for the coverage table)."""
+
+
+def smooth(y: Any) -> Any:
+    """3-point smoothing ``(1/4, 1/2, 1/4)`` along the last axis (ends ``(2/3, 1/3)``);
+    a single level is returned as is. ``... x L`` -> ``... x L``."""
+    import numpy as np
+
+    y = np.asarray(y, dtype=float)
+    if y.shape[-1] < 2:
+        return y.copy()
+    out = np.empty_like(y)
+    out[..., 1:-1] = 0.25 * y[..., :-2] + 0.5 * y[..., 1:-1] + 0.25 * y[..., 2:]
+    out[..., 0] = (2 * y[..., 0] + y[..., 1]) / 3
+    out[..., -1] = (2 * y[..., -1] + y[..., -2]) / 3
+    return out
+
+
+def binomial_sd(p: float, n: int = EVAL_PROBLEMS) -> float:
+    """sd of a share ``p`` measured on ``n`` independent problems: ``sqrt(p (1 - p) / n)``."""
+    return math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
+@dataclass
+class Group:
+    """The measured cells of one (reward system, fidelity): ``values[g][level] -> seeds x targets``."""
+
+    reward: str
+    fidelity: str
+    levels: tuple[float, ...]
+    complete_g: tuple[int, ...]
+    """G measured at every ρ level (the ones ρ* is read from)."""
+    values: dict[int, dict[float, Any]] = field(default_factory=dict)
+    shares: dict[int, dict[float, float]] = field(default_factory=dict)
+    """Mean reward share of executed FLOPs per cell."""
+    trials: int = 0
+
+    @property
+    def min_seeds(self) -> int:
+        return min((len(self.values[g][x]) for g in self.complete_g for x in self.levels), default=0)
+
+
+def groups(rows: Sequence[Row]) -> dict[tuple[str, str], Group]:
+    """The table's rows by (reward, fidelity); every group shares the table's ρ levels."""
+    import numpy as np
+
+    levels = tuple(sorted({r.rho for r in rows}))
+    by: dict[tuple[str, str], dict[int, dict[float, list[Row]]]] = {}
+    for r in rows:
+        by.setdefault((r.reward, r.fidelity), {}).setdefault(r.group_size, {}).setdefault(r.rho, []).append(r)
+    out = {}
+    for (w, f), per_g in by.items():
+        g_done = tuple(sorted(g for g, c in per_g.items() if all(x in c for x in levels)))
+        grp = Group(w, f, levels, g_done, trials=sum(len(v) for c in per_g.values() for v in c.values()))
+        for g, c in per_g.items():
+            grp.values[g] = {x: np.array([[r.targets[t] for t in COMMON_TARGETS] for r in sorted(rs, key=lambda r: r.seed)])
+                             for x, rs in c.items()}
+            grp.shares[g] = {x: float(np.mean([r.reward_share for r in rs])) for x, rs in c.items()}
+        out[(w, f)] = grp
+    return out
+
+
+def pooled_sd(gs: Sequence[Group]) -> tuple[Any, int]:
+    """Pooled seed-to-seed sd per target over the cells with >= 2 seeds (``targets``,), and
+    the number of such cells (NaN sds when none)."""
+    import numpy as np
+
+    ss, dof, n = np.zeros(len(COMMON_TARGETS)), 0, 0
+    for grp in gs:
+        for c in grp.values.values():
+            for v in c.values():
+                if len(v) >= 2:
+                    ss += ((v - v.mean(0)) ** 2).sum(0)
+                    dof += len(v) - 1
+                    n += 1
+    return (np.sqrt(ss / dof) if dof else np.full(len(COMMON_TARGETS), np.nan)), n
+
+
+def rho_star(grp: Group, means: dict[int, Any]) -> tuple[Any, Any]:
+    """``(rho*, G*)`` per target (arrays of length ``targets``) from seed-means
+    ``means[g] -> levels x targets`` (the module's rule)."""
+    import numpy as np
+
+    gs = list(grp.complete_g)
+    curves = np.stack([smooth(means[g].T) for g in gs])  # G x targets x levels
+    k = curves.transpose(1, 0, 2).reshape(len(COMMON_TARGETS), -1).argmax(1)
+    gi, li = np.unravel_index(k, (len(gs), len(grp.levels)))
+    return np.array(grp.levels)[li], np.array(gs)[gi]
+
+
+@dataclass
+class Estimate:
+    """ρ* of one (reward, fidelity, target) with its bootstrap draws."""
+
+    reward: str
+    fidelity: str
+    target: str
+    rho: float
+    group_size: int
+    draws: Any
+    """ρ* per bootstrap draw."""
+    regime: str
+    regime_share: float
+    """Share of draws with the point estimate's regime."""
+    regime_draws: list[str]
+    reward_share: float
+    noise: str
+    """``seeds`` (every cell resampled), or how single-seed cells were perturbed."""
+    g_used: tuple[int, ...]
+    min_seeds: int
+    race: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        import numpy as np
+
+        return float(np.quantile(self.draws, 0.05)), float(np.quantile(self.draws, 0.95))
+
+    @property
+    def clear(self) -> bool:
+        return self.regime_share >= CLEAR
+
+
+def estimate(grp: Group, sd: Any, draws: int, rng: Any, settings: Any) -> list[Estimate]:
+    """ρ*, interval and regime of every target of one group (module docstring)."""
+    import numpy as np
+
+    from allocopt.race.diagnose import regime_of
+
+    gs = grp.complete_g
+    means = {g: np.stack([grp.values[g][x].mean(0) for x in grp.levels]) for g in gs}
+    point, point_g = rho_star(grp, means)
+    binom = {g: np.sqrt(np.clip(means[g] * (1 - means[g]), 0, None) / EVAL_PROBLEMS) for g in gs}
+    one_seed = any(len(grp.values[g][x]) < 2 for g in gs for x in grp.levels)
+    use_pooled = not np.isnan(sd).any()
+    noise = "seeds" if not one_seed else ("seeds + pooled seed sd for 1-seed cells" if use_pooled
+                                          else "binomial sd only (1 seed per cell; a lower bound)")
+    all_draws = np.empty((draws, len(COMMON_TARGETS)))
+    all_g = np.empty((draws, len(COMMON_TARGETS)), dtype=int)
+    for d in range(draws):
+        m = {}
+        for g in gs:
+            rows = []
+            for i, x in enumerate(grp.levels):
+                v = grp.values[g][x]
+                if len(v) >= 2:
+                    rows.append(v[rng.integers(0, len(v), len(v))].mean(0))
+                else:
+                    rows.append(v[0] + rng.standard_normal(len(COMMON_TARGETS)) * (sd if use_pooled else binom[g][i]))
+            m[g] = np.stack(rows)
+        all_draws[d], all_g[d] = rho_star(grp, m)
+    out = []
+    for k, t in enumerate(COMMON_TARGETS):
+        share = grp.shares[int(point_g[k])][float(point[k])]
+        lab = regime_of(float(point[k]), share, settings)
+        labs = [regime_of(float(r), grp.shares[int(g)][float(r)], settings) for r, g in zip(all_draws[:, k], all_g[:, k])]
+        out.append(Estimate(grp.reward, grp.fidelity, t, float(point[k]), int(point_g[k]), all_draws[:, k], lab,
+                            labs.count(lab) / len(labs), labs, share, noise, gs, grp.min_seeds))
+    return out
+
+
+def race_estimate(grp: Group, target: str, settings: Any, seed: int) -> dict[str, Any]:
+    """RACE's own ρ* estimator (:func:`allocopt.race.diagnose.diagnose_group`) on every measured
+    row of the group (all G, all seeds)."""
+    from allocopt.plan.allocation import Allocation
+    from allocopt.race.diagnose import Observation, diagnose_group
+
+    k = COMMON_TARGETS.index(target)
+    obs = []
+    for g, c in grp.values.items():
+        for x, v in c.items():
+            for y in v[:, k]:
+                obs.append(Observation(len(obs), Allocation(x, g, grp.reward), float(y), 0.0, 1.0, grp.fidelity,
+                                       grp.shares[g][x]))
+    d = diagnose_group(obs, (grp.levels[0], grp.levels[-1]), settings, seed=seed)
+    return {"rho": d.rho, "interval": d.rho_interval, "regime": d.regime, "probability": d.probability,
+            "n": d.num_trials}
+
+
+# ------------------------------------------------------------------------------ answers
+def q1_model_based(est: dict, draws: int) -> list[dict[str, Any]]:
+    """Per target: mean ρ* (model-based) − mean ρ* (rule-based), full budget."""
+    import numpy as np
+
+    out = []
+    for t in COMMON_TARGETS:
+        mb = [est[(w, "full", t)] for w in MODEL_BASED if (w, "full", t) in est]
+        rb = [est[(w, "full", t)] for w in RULE_BASED if (w, "full", t) in est]
+        if not mb or not rb:
+            out.append({"target": t, "answer": None, "model_based": [e.reward for e in mb],
+                        "rule_based": [e.reward for e in rb]})
+            continue
+        diff = np.mean([e.draws for e in mb], 0) - np.mean([e.draws for e in rb], 0)
+        point = float(np.mean([e.rho for e in mb]) - np.mean([e.rho for e in rb]))
+        out.append({"target": t, "answer": point, "interval": (float(np.quantile(diff, 0.05)), float(np.quantile(diff, 0.95))),
+                    "p_lower": float(np.mean(diff < 0)), "model_based": [e.reward for e in mb],
+                    "rule_based": [e.reward for e in rb]})
+    return out
+
+
+def q2_targets(est: dict) -> list[dict[str, Any]]:
+    """Per reward system and pair of targets: ρ*(t1) − ρ*(t2) (paired draws), full budget."""
+    import numpy as np
+
+    out = []
+    for w in REWARDS:
+        for i, t1 in enumerate(COMMON_TARGETS):
+            for t2 in COMMON_TARGETS[i + 1:]:
+                a, b = est.get((w, "full", t1)), est.get((w, "full", t2))
+                if a is None or b is None:
+                    continue
+                d = a.draws - b.draws
+                lo, hi = float(np.quantile(d, 0.05)), float(np.quantile(d, 0.95))
+                out.append({"reward": w, "pair": (t1, t2), "diff": a.rho - b.rho, "interval": (lo, hi),
+                            "disagree": lo > 0 or hi < 0, "regimes": (a.regime, b.regime),
+                            "p_regime_differs": float(np.mean([x != y for x, y in zip(a.regime_draws, b.regime_draws)]))})
+    return out
+
+
+def q3_pilots(est: dict) -> list[dict[str, Any]]:
+    """Per reward system and target with both fidelities: the pilot regime vs the full one."""
+    out = []
+    for w in REWARDS:
+        for t in COMMON_TARGETS:
+            f, p = est.get((w, "full", t)), est.get((w, "pilot", t))
+            if f is None or p is None:
+                continue
+            agree = sum(a == b for a, b in zip(p.regime_draws, f.regime_draws)) / len(f.regime_draws)
+            out.append({"reward": w, "target": t, "full": f.regime, "pilot": p.regime, "match": f.regime == p.regime,
+                        "p_match": agree, "clear": f.clear, "rho_full": f.rho, "rho_pilot": p.rho})
+    return out
+
+
+def noise_table(grs: dict) -> list[dict[str, Any]]:
+    """Per fidelity and target: seed-to-seed sd at cells with >= 2 seeds vs the binomial sd."""
+    import numpy as np
+
+    out = []
+    for f in ("full", "pilot"):
+        gs = [g for (w, ff), g in grs.items() if ff == f]
+        if not gs:
+            continue
+        pooled, n = pooled_sd(gs)
+        for k, t in enumerate(COMMON_TARGETS):
+            sds, bins, allmeans = [], [], []
+            for grp in gs:
+                for c in grp.values.values():
+                    for v in c.values():
+                        allmeans.append(float(v[:, k].mean()))
+                        if len(v) >= 2:
+                            sds.append(float(v[:, k].std(ddof=1)))
+                            bins.append(binomial_sd(float(v[:, k].mean())))
+            out.append({"fidelity": f, "target": t, "cells": n, "median_sd": float(np.median(sds)) if sds else math.nan,
+                        "pooled_sd": float(pooled[k]), "binomial_sd": float(np.median(bins)) if bins else
+                        binomial_sd(float(np.mean(allmeans))),
+                        "ratio": float(pooled[k]) / float(np.median(bins)) if bins else math.nan})
+    return out
+
+
+def coverage(grs: dict, other: Sequence[dict]) -> list[dict[str, Any]]:
+    out = []
+    for w in REWARDS:
+        for f in ("full", "pilot"):
+            grp = grs.get((w, f))
+            want = len(GRID_G) * GRID_LEVELS * GRID_SEEDS[f]
+            bad = sum(1 for r in other if r["reward"] == w and r["fidelity"] == f)
+            out.append({"reward": w, "fidelity": f, "trials": grp.trials if grp else 0, "of": want,
+                        "not_complete": bad, "complete_g": grp.complete_g if grp else (),
+                        "min_seeds": grp.min_seeds if grp else 0})
+    return out
+
+
+# ------------------------------------------------------------------------------ output
+def fmt_rho(e: Estimate) -> str:
+    lo, hi = e.interval
+    return f"{e.rho:.2f} [{lo:.2f},{hi:.2f}]"
+
+
+def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Every table and answer of the module docstring, as a dict (``lines``: the text)."""
+    import numpy as np
+
+    from allocopt.race import RaceSettings
+
+    settings = RaceSettings()
+    grs = groups(rows)
+    rng = np.random.default_rng(seed)
+    est: dict[tuple[str, str, str], Estimate] = {}
+    for f in ("full", "pilot"):
+        sd, _ = pooled_sd([g for (w, ff), g in grs.items() if ff == f])
+        for w in REWARDS:
+            grp = grs.get((w, f))
+            if grp is None or not grp.complete_g:
+                continue
+            for e in estimate(grp, sd, draws, rng, settings):
+                e.race = race_estimate(grp, e.target, settings, seed)
+                est[(w, f, e.target)] = e
+    cov = coverage(grs, other)
+    q1, q2, q3 = q1_model_based(est, draws), q2_targets(est), q3_pilots(est)
+    noise = noise_table(grs)
+    L: list[str] = []
+    total = len(rows) + len(other)
+    want = len(REWARDS) * len(GRID_G) * GRID_LEVELS * sum(GRID_SEEDS.values())
+    L.append(f"Coverage: {total} of {want} trials of the grid ({len(rows)} complete); per reward system and fidelity:")
+    L.append("| reward | fidelity | trials | of | not complete | G with all 8 ρ levels | min seeds at those |")
+    L.append("|---|---|---|---|---|---|---|")
+    for c in cov:
+        L.append(f"| {c['reward']} | {c['fidelity']} | {c['trials']} | {c['of']} | {c['not_complete']} | "
+                 f"{','.join(map(str, c['complete_g'])) or '—'} | {c['min_seeds'] or '—'} |")
+    L.append("")
+    L.append(f"ρ* per reward system and target (90 % bootstrap interval, {draws} draws; rule: argmax over G and "
+             "ρ level of the 3-point-smoothed seed-mean curves); regime (share of draws); RACE's local quadratic "
+             "on the same rows for comparison:")
+    L.append("| reward | fidelity | target | ρ* [90 %] | G* | regime (share) | reward share | RACE ρ* [90 %] | RACE regime | G used | min seeds | noise in the draws |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (w, f, t), e in est.items():
+        r = e.race
+        rr = "unknown" if math.isnan(r["rho"]) else f"{r['rho']:.2f} [{r['interval'][0]:.2f},{r['interval'][1]:.2f}]"
+        L.append(f"| {w} | {f} | {t} | {fmt_rho(e)} | {e.group_size} | {e.regime} ({e.regime_share:.2f}) | "
+                 f"{e.reward_share:.3f} | {rr} | {r['regime']} ({r['probability']:.2f}) | "
+                 f"{','.join(map(str, e.g_used))} | {e.min_seeds} | {e.noise} |")
+    if not est:
+        L.append("| (no reward system has a G measured at every ρ level yet) |||||||||||")
+    L.append("")
+    L.append("Q1. Does a model-based reward lower ρ*? mean ρ*(proxy_prm, prm) − mean ρ*(sparse, structured, dense), full budget:")
+    for a in q1:
+        if a["answer"] is None:
+            L.append(f"- {a['target']}: not answerable yet (model-based measured: {', '.join(a['model_based']) or 'none'}; "
+                     f"rule-based: {', '.join(a['rule_based']) or 'none'})")
+        else:
+            L.append(f"- {a['target']}: {a['answer']:+.2f} [{a['interval'][0]:+.2f},{a['interval'][1]:+.2f}], "
+                     f"P(< 0) = {a['p_lower']:.2f} (model-based: {', '.join(a['model_based'])}; rule-based: "
+                     f"{', '.join(a['rule_based'])})")
+    L.append("")
+    L.append("Q2. Do the targets disagree? ρ*(t1) − ρ*(t2) per reward system (paired draws), full budget:")
+    if not q2:
+        L.append("- not answerable yet: no reward system measured at every ρ level")
+    for a in q2:
+        lo, hi = a["interval"]
+        L.append(f"- {a['reward']}: {a['pair'][0]} − {a['pair'][1]} = {a['diff']:+.2f} [{lo:+.2f},{hi:+.2f}]"
+                 f"{' (disagree: interval excludes 0)' if a['disagree'] else ''}; regimes {a['regimes'][0]} / "
+                 f"{a['regimes'][1]}, P(regimes differ) = {a['p_regime_differs']:.2f}")
+    if q2:
+        n_dis = sum(a["disagree"] for a in q2)
+        L.append(f"- {n_dis} of {len(q2)} (reward, pair) comparisons have an interval that excludes 0")
+    L.append("")
+    L.append("Q3. Would a pilot grid at 25 % have named the full budget's regime?")
+    if not q3:
+        L.append("- not answerable yet: no reward system has both a full and a pilot curve measured at every ρ level "
+                 f"(pilot trials in the table: {sum(c['trials'] for c in cov if c['fidelity'] == 'pilot')})")
+    else:
+        m = sum(a["match"] for a in q3)
+        clear = [a for a in q3 if a["clear"]]
+        L.append(f"- same regime in {m} of {len(q3)} (reward, target) pairs; where the full regime is clear "
+                 f"(>= {CLEAR:.0%} of draws): {sum(a['match'] for a in clear)} of {len(clear)}")
+        for a in q3:
+            L.append(f"  - {a['reward']} {a['target']}: pilot {a['pilot']} (ρ* {a['rho_pilot']:.2f}) vs full {a['full']} "
+                     f"(ρ* {a['rho_full']:.2f}); P(match over draws) = {a['p_match']:.2f}")
+    L.append("")
+    L.append(f"Noise: seed-to-seed sd of each target at a cell (cells with >= 2 seeds) vs the evaluation's binomial sd "
+             f"sqrt(p(1-p)/{EVAL_PROBLEMS}):")
+    L.append("| fidelity | target | cells with >= 2 seeds | median sd | pooled sd | binomial sd | pooled / binomial |")
+    L.append("|---|---|---|---|---|---|---|")
+    for n in noise:
+        f = lambda x: "—" if math.isnan(x) else f"{x:.4f}"  # noqa: E731
+        L.append(f"| {n['fidelity']} | {n['target']} | {n['cells']} | {f(n['median_sd'])} | {f(n['pooled_sd'])} | "
+                 f"{f(n['binomial_sd'])} | {'—' if math.isnan(n['ratio']) else format(n['ratio'], '.2f')} |")
+    return {"estimates": est, "coverage": cov, "q1": q1, "q2": q2, "q3": q3, "noise": noise, "lines": L,
+            "groups": grs}
+
+
+# ------------------------------------------------------------------------------ pilot design
+STUDY_PILOTS = 30
+STUDY_PILOT_FRACTION = 0.25
+"""``studies/tiny.toml``: 30 pilots at 25 % of the budget (7.5 full runs of pilot compute)."""
+
+
+@dataclass(frozen=True)
+class Design:
+    """A pilot design per reward system: ``points`` (ρ, G) at the table's pilot budget, or RACE's
+    own grid (:func:`allocopt.race.pilot_grid`) with ``max_pilots`` when ``points`` is empty."""
+
+    name: str
+    points: tuple[tuple[float, int], ...] = ()
+    max_pilots: int = 0
+    bandwidth: float = 0.2
+    """RACE's kernel width in ρ (:attr:`allocopt.race.RaceSettings.bandwidth`, default 0.2): with
+    few pilots per reward system a wider kernel keeps enough effective pilots for the fit."""
+
+    def allocations(self, space: Any, reward: str, seed: int) -> list[Any]:
+        from allocopt.plan.allocation import Allocation
+        from allocopt.race import RaceSettings, pilot_grid
+
+        if self.points:
+            return [Allocation(x, g, reward) for x, g in self.points]
+        grid = pilot_grid(space, RaceSettings(max_pilots=self.max_pilots), seed)
+        return [p.allocation for p in grid if p.allocation.reward == reward]
+
+
+BANDWIDTHS = (0.2, 0.35, 0.5)
+"""Kernel widths tried (0.2: RACE's default)."""
+
+
+def candidate_designs(levels: Sequence[float], gs: Sequence[int], per_reward: int) -> list[Design]:
+    """Per kernel width (:data:`BANDWIDTHS`; the first design, RACE's own grid at the study's
+    pilot count and width 0.2, is what ``studies/tiny.toml`` runs): RACE's grid, then every
+    design of ``k`` evenly spaced measured ρ levels (k >= 3) × a set of one or two G with
+    ``k × |G| <= per_reward`` pilots per reward system."""
+    out = []
+    subsets = [(g,) for g in gs] + [(a, b) for i, a in enumerate(gs) for b in gs[i + 1:]]
+    for h in BANDWIDTHS:
+        out.append(Design(f"RACE grid, pilots={per_reward * len(REWARDS)}, bandwidth {h}", max_pilots=per_reward * len(REWARDS),
+                          bandwidth=h))
+        for sub in subsets:
+            for k in range(3, len(levels) + 1):
+                if k * len(sub) > per_reward:
+                    break
+                lv = sorted({levels[round(i * (len(levels) - 1) / (k - 1))] for i in range(k)})
+                out.append(Design(f"{k} rho levels x G={'/'.join(map(str, sub))}, bandwidth {h}",
+                                  tuple((x, g) for g in sub for x in lv), bandwidth=h))
+    return out
+
+
+def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
+                 per_reward: int = STUDY_PILOTS // len(REWARDS)) -> dict[str, Any]:
+    """Same-regime rate of each candidate design (:func:`candidate_designs`): per reward system
+    and target whose full-budget regime is clear, per draw, the design's pilots are replayed from
+    the table's pilot rows (:class:`objectives.tiny_table.TinyTableObjective`, one measured seed
+    per point, ρ interpolated) and diagnosed by RACE (:func:`allocopt.race.diagnose.diagnose_group`);
+    the rate is the share of (pair, draw) whose regime equals the full table's. ``{"note": ...}``
+    alone when the table has no pilot rows for a reward system with a clear regime."""
+    from allocopt.errors import ConfigError
+    from allocopt.race import RaceSettings
+    from allocopt.race.diagnose import Observation, diagnose_group
+    from allocopt.spec import SearchSpace
+    from objectives.tiny_table import TinyTableObjective
+
+    obj = TinyTableObjective(table=str(table))
+    clear = [e for (w, f, t), e in est.items() if f == "full" and e.clear]
+    if "pilot" not in obj.budgets:
+        return {"note": f"no pilot rows in the table yet ({len(clear)} (reward, target) pairs with a clear "
+                        "full-budget regime): the pilot design cannot be chosen from it"}
+    try:
+        pspace = obj.space("pilot")
+    except ConfigError as e:
+        return {"note": f"no reward system has pilot rows at every rho level yet ({e})"}
+    clear = [e for e in clear if e.reward in pspace.rewards]
+    if not clear:
+        return {"note": "no reward system with pilot rows at every rho level has a clear full-budget regime "
+                        f"(>= {CLEAR:.0%} of draws)"}
+    space = SearchSpace(rho=pspace.rho, group_sizes=pspace.group_sizes, rewards=REWARDS)
+    budget = obj.budgets["pilot"]
+    rows = []
+    for d in candidate_designs(obj.rho_levels, pspace.group_sizes, per_reward):
+        hits = unknown = n = 0
+        npts = 0
+        for e in clear:
+            for r in range(draws):
+                allocs = d.allocations(space, e.reward, seed + r)
+                npts = len(allocs)
+                obs = []
+                for i, a in enumerate(allocs):
+                    try:
+                        t, fl, _ = obj.lookup(a, budget, seed=1000 * r + i)
+                    except ConfigError:
+                        continue
+                    tot = sum(fl.values())
+                    obs.append(Observation(i, a, t[e.target], budget, budget / obj.full_budget_flops, "pilot",
+                                           fl["reward"] / tot if tot else math.nan))
+                settings = RaceSettings(bootstrap=50, bandwidth=d.bandwidth)
+                lab = diagnose_group(obs, pspace.rho, settings, seed=seed + r).regime if obs else "unknown"
+                hits += lab == e.regime
+                unknown += lab == "unknown"
+                n += 1
+        rows.append({"design": d.name, "pilots_per_reward": npts, "compute": npts * len(REWARDS) * budget / obj.full_budget_flops,
+                     "rate": hits / n, "unknown": unknown / n, "n": n})
+    return {"rows": rows, "pairs": [(e.reward, e.target, e.regime) for e in clear], "draws": draws}
+
+
+def plot(grs: dict, path: Path) -> None:
+    """Each target against ρ per reward system: seeds as points (full filled, pilot hollow),
+    seed-means as lines, one colour per G."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(len(COMMON_TARGETS), len(REWARDS), figsize=(3.2 * len(REWARDS), 2.6 * len(COMMON_TARGETS)),
+                             sharex=True, squeeze=False)
+    colours = {2: "tab:blue", 4: "tab:orange", 8: "tab:green"}
+    for j, w in enumerate(REWARDS):
+        for i, t in enumerate(COMMON_TARGETS):
+            ax = axes[i][j]
+            for f, style in (("full", "-"), ("pilot", ":")):
+                grp = grs.get((w, f))
+                if grp is None:
+                    continue
+                for g, c in sorted(grp.values.items()):
+                    xs = sorted(c)
+                    col = colours.get(g, "tab:gray")
+                    for x in xs:
+                        ys = c[x][:, i]
+                        ax.scatter([x] * len(ys), ys, s=10, color=col if f == "full" else "none", edgecolors=col,
+                                   linewidths=0.8)
+                    ax.plot(xs, [float(np.mean(c[x][:, i])) for x in xs], style, color=col, lw=1,
+                            label=f"G={g} {f}")
+            if not any((w, f) in grs for f in ("full", "pilot")):
+                ax.text(0.5, 0.5, "no trials yet", ha="center", va="center", transform=ax.transAxes, fontsize=8,
+                        color="grey")
+                ax.set_yticks([])
+            if i == 0:
+                ax.set_title(w, fontsize=9)
+            if j == 0:
+                ax.set_ylabel(t, fontsize=8)
+            if i == len(COMMON_TARGETS) - 1:
+                ax.set_xlabel("ρ", fontsize=8)
+            ax.tick_params(labelsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for row in axes:
+        for ax in row:
+            h, lab = ax.get_legend_handles_labels()
+            if len(h) > len(handles):
+                handles, labels = h, lab
+    if handles:
+        fig.legend(handles, labels, fontsize=7, loc="upper right")
+    fig.suptitle("tiny world, measured grid (points: seeds, filled full budget 3e11, hollow pilots 25 %; lines: seed-means)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.93, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", type=Path, default=DEFAULT_TABLE, help="grid table (CSV of benchmarks/tiny_grid.py)")
+    ap.add_argument("--out", type=Path, help="folder for README.md and tiny_truth.png (default: the table's folder)")
+    ap.add_argument("--draws", type=int, default=2000, help="bootstrap draws (default 2000)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    ap.add_argument("--design-draws", type=int, default=10, help="replays per pilot design and pair (default 10)")
+    a = ap.parse_args(argv)
+    if a.draws < 10:
+        print(f"--draws={a.draws}: must be >= 10", file=sys.stderr)
+        return 2
+    from allocopt.errors import ConfigError
+
+    try:
+        rows, other = read_table(a.table)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = a.out or a.table.parent
+    out.mkdir(parents=True, exist_ok=True)
+    rep = report(rows, other, a.draws, a.seed)
+    pd = pilot_design(rep["estimates"], a.table, a.design_draws, a.seed)
+    rep["lines"] += ["", f"Pilot design (4.): same-regime rate of pilot designs at no more pilot compute than "
+                     f"studies/tiny.toml ({STUDY_PILOTS} pilots at {STUDY_PILOT_FRACTION:.0%}: "
+                     f"{STUDY_PILOTS * STUDY_PILOT_FRACTION:g} full runs):"]
+    if "note" in pd:
+        rep["lines"].append(f"- not possible yet: {pd['note']}")
+    else:
+        rep["lines"].append(f"over {len(pd['pairs'])} (reward, target) pair(s) with a clear full regime x {pd['draws']} "
+                            f"draws: {', '.join(f'{w}/{t}: {g}' for w, t, g in pd['pairs'])}")
+        rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | same regime | unknown |", "|---|---|---|---|---|"]
+        for r in sorted(pd["rows"], key=lambda r: -r["rate"]):
+            rep["lines"].append(f"| {r['design']} | {r['pilots_per_reward']} | {r['compute']:.2f} | {r['rate']:.2f} | {r['unknown']:.2f} |")
+    text = "\n".join(rep["lines"])
+    print(text)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    head = ["# The tiny world's measured grid (generated)", "",
+            f"Generated by `python benchmarks/tiny_truth.py` on {stamp} from `{a.table.name}` "
+            f"({len(rows) + len(other)} trials; bootstrap seed {a.seed}). Regenerate it as the grid grows: "
+            "answers on a partial grid are preliminary, and each says what it rests on.", "",
+            "![each target against ρ per reward system](tiny_truth.png)", ""]
+    (out / "README.md").write_text("\n".join(head) + text + "\n")
+    plot(rep["groups"], out / "tiny_truth.png")
+    print(f"\nwrote {out / 'README.md'}, {out / 'tiny_truth.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The ``tiny-table`` objective: replays measured rows exactly, interpolates in ρ as documented,
+refuses what the table does not hold."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from allocopt.errors import ConfigError
+from allocopt.plan.allocation import Allocation, make_plan
+from objectives.tiny_table import TinyTableObjective, make
+from tiny_grid_table import LEVELS, ROOT, write_table
+
+
+def _rows(seeds=(0, 1), gs=(2, 4)):
+    out = []
+    for g in gs:
+        for i, x in enumerate(LEVELS):
+            for s in seeds:
+                # distinct, hand-readable values: pass@1 = 0.4 + 0.01 i + 0.001 s + 0.1 [G=4]
+                p = 0.4 + 0.01 * i + 0.001 * s + (0.1 if g == 4 else 0.0)
+                out.append(dict(reward="sparse", group_size=g, rho=x, seed=s, native_reward=p + 0.2,
+                                pass_at_1=p, judge=p + 0.3, search=1000 * (8 - i) + s, learning=1000 * (i + 1),
+                                reward_f=0))
+    return out
+
+
+@pytest.fixture
+def table(tmp_path):
+    return write_table(tmp_path / "trials.csv", _rows())
+
+
+def test_grid_point_returns_a_measured_row_exactly(table):
+    obj = TinyTableObjective(table=str(table))
+    plan = make_plan(3e11, Allocation(0.5, 4, "sparse"), obj.workload())
+    rows = [r for r in _rows() if r["group_size"] == 4 and r["rho"] == 0.5]
+    seen = set()
+    for seed in range(12):
+        res = obj.run(plan, seed=seed)
+        row = next(r for r in rows if abs(r["pass_at_1"] - res.targets["pass_at_1"]) < 1e-12)
+        assert res.targets == {"native_reward": row["native_reward"], "pass_at_1": row["pass_at_1"],
+                               "judge": row["judge"]}
+        b = res.breakdown
+        assert (b.search_flops, b.learning_flops, b.reward_flops) == (row["search"], row["learning"], 0)
+        seen.add(row["seed"])
+        assert obj.run(plan, seed=seed).targets == res.targets  # same trial, same answer
+    assert seen == {0, 1}  # other seeds draw the other measured seed
+
+
+def test_interpolation_in_rho_by_hand(tmp_path):
+    table = write_table(tmp_path / "t.csv", _rows(seeds=(0,)))
+    obj = TinyTableObjective(table=str(table))
+    # rho 0.43 between levels 0.4 (i = 2) and 0.5 (i = 3), w = 0.3, G = 2, seed 0:
+    # pass@1 = 0.7 * 0.42 + 0.3 * 0.43 = 0.423; search = 0.7 * 6000 + 0.3 * 5000 = 5700;
+    # learning = 0.7 * 3000 + 0.3 * 4000 = 3300
+    targets, flops, seed = obj.lookup(Allocation(0.43, 2, "sparse"), 3e11, seed=5)
+    assert targets["pass_at_1"] == pytest.approx(0.423, abs=1e-12)
+    assert targets["judge"] == pytest.approx(0.723, abs=1e-12)
+    assert flops == {"search": 5700, "learning": 3300, "reward": 0}
+    assert seed == 0
+    assert obj.mean_value(Allocation(0.43, 2, "sparse"), "pass_at_1") == pytest.approx(0.423, abs=1e-12)
+    near = TinyTableObjective(table=str(table), interpolate=False)
+    assert near.lookup(Allocation(0.43, 2, "sparse"), 3e11)[0]["pass_at_1"] == pytest.approx(0.42)
+    assert near.lookup(Allocation(0.47, 2, "sparse"), 3e11)[0]["pass_at_1"] == pytest.approx(0.43)
+
+
+@pytest.mark.parametrize("alloc, budget, words", [
+    (Allocation(0.95, 2, "sparse"), 3e11, "rho=0.95: outside the measured levels [0.2, 0.9]"),
+    (Allocation(0.5, 16, "sparse"), 3e11, "allocation=(sparse, G=16): not in the table"),
+    (Allocation(0.5, 2, "prm"), 3e11, "allocation=(prm, G=2): not in the table"),
+    (Allocation(0.5, 2, "sparse"), 1e11, "budget_flops=1e+11: the table measured 3e+11 (full) only"),
+])
+def test_refuses_outside_the_table_in_one_line(table, alloc, budget, words):
+    obj = TinyTableObjective(table=str(table))
+    with pytest.raises(ConfigError) as e:
+        obj.lookup(alloc, budget)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_optimum_space_and_missing_levels(tmp_path):
+    rows = _rows() + [r | {"group_size": 8} for r in _rows(gs=(2,)) if r["rho"] < 0.6]
+    obj = TinyTableObjective(table=str(write_table(tmp_path / "t.csv", rows)))
+    s = obj.space()
+    assert (s.rewards, s.group_sizes, s.rho) == (("sparse",), (2, 4), (0.2, 0.9))  # G=8 is partial
+    o = obj.optimum("pass_at_1")
+    # best seed-mean: G = 4, rho 0.9 (i = 7): 0.4 + 0.07 + 0.0005 + 0.1; worst G = 2, rho 0.2: 0.4005
+    assert o.allocation == Allocation(0.9, 4, "sparse")
+    assert o.value == pytest.approx(0.5705) and o.worst == pytest.approx(0.4005) and o.seeds == 2
+    with pytest.raises(ConfigError, match="level 0.6 of this"):
+        obj.lookup(Allocation(0.55, 8, "sparse"), 3e11)
+
+
+def test_registered_and_built_by_make(table):
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["allocopt.objectives"]
+    assert eps["tiny-table"] == "objectives.tiny_table:make"
+    assert make(table=str(table)).name == "tiny-table"
+    with pytest.raises(ValueError, match="setting 'noise'"):
+        make(table=str(table), noise=0.1)
+    with pytest.raises(ConfigError, match="no such file"):
+        make(table=str(table) + ".missing")
+
+
+def test_benchmark_harness_replays_the_table(tmp_path, monkeypatch):
+    """benchmarks/optimizers.py's tiny-table variant: the grid method's regret against the
+    table's optimum, by hand (one seed: the replay is the table itself)."""
+    import importlib.util
+    import sys
+
+    table = write_table(tmp_path / "t.csv", _rows(seeds=(0,)))
+    monkeypatch.setenv("ALLOCOPT_TINY_TABLE", str(table))
+    spec = importlib.util.spec_from_file_location("bench_optimizers_tt", ROOT / "benchmarks" / "optimizers.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_optimizers_tt"] = mod
+    spec.loader.exec_module(mod)
+    recs = {r["level"]: r for r in mod.run_job(("grid", "tiny-table", "pass_at_1", 0, mod.Config()))}
+    # grid order: G = 2 first, rho 0.2 .. 0.9; after 4 runs the best is G = 2, rho 0.5 (0.43);
+    # the optimum is G = 4, rho 0.9 (0.57), the worst G = 2, rho 0.2 (0.40): regret 0.14 of 0.17
+    assert recs[4.0]["rho"] == 0.5 and recs[4.0]["regret"] == pytest.approx(0.14)
+    assert recs[4.0]["regret_pct"] == pytest.approx(100 * 0.14 / 0.17)
+    assert recs[16.0]["regret"] == pytest.approx(0.0) and recs[16.0]["group_size"] == 4
+    assert mod.main(["--variants", "tiny-table", "--tiny-table", str(tmp_path / "none.csv"),
+                     "--out", str(tmp_path / "o")]) == 2

@@ -1,0 +1,102 @@
+"""benchmarks/tiny_truth.py: ρ* rule, regimes, the three answers and the noise, on constructed
+tables whose answers are known by construction."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from objectives.tiny_table import read_table
+from tiny_grid_table import LEVELS, ROOT, write_table
+
+spec = importlib.util.spec_from_file_location("tiny_truth", ROOT / "benchmarks" / "tiny_truth.py")
+tt = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("tiny_truth", tt)
+spec.loader.exec_module(tt)
+
+D = 0.004  # seed offsets -D, 0, +D: seed sd exactly D
+
+
+def _rows(peaks: dict[str, float], fidelity="full", seeds=(0, 1, 2), share=0.0):
+    out = []
+    for w, peak in peaks.items():
+        for g in (2, 4):
+            for x in LEVELS:
+                for s in seeds:
+                    # a tent of height 0.1 at the peak level, 0.03 per level away from it; G=4 +0.02
+                    y = 0.5 + max(0.0, 0.1 - 0.3 * abs(x - peak)) + (0.02 if g == 4 else 0) + D * (s - 1)
+                    out.append(dict(reward=w, group_size=g, rho=x, seed=s, fidelity=fidelity, native_reward=y,
+                                    pass_at_1=y, judge=y, search=1000, learning=1000,
+                                    reward_f=int(2000 * share / (1 - share))))
+    return out
+
+
+def test_smooth_by_hand():
+    assert tt.smooth([0.0, 1.0, 0.0]).tolist() == pytest.approx([1 / 3, 0.5, 1 / 3])
+    assert tt.smooth([[3.0, 0.0]])[0].tolist() == pytest.approx([2.0, 1.0])
+
+
+def test_rho_star_regimes_and_answers(tmp_path):
+    rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.5}, fidelity="pilot", seeds=(0, 2))
+    good, other = read_table(write_table(tmp_path / "t.csv", rows))
+    rep = tt.report(good, other, draws=200, seed=0)
+    est = rep["estimates"]
+    for t in ("native_reward", "pass_at_1", "judge"):
+        s, p = est[("sparse", "full", t)], est[("prm", "full", t)]
+        assert (s.rho, s.group_size, p.rho, p.group_size) == (0.7, 4, 0.3, 4)
+        assert s.regime == "update-heavy" and p.regime == "search-heavy"  # 0.7 > 0.6, 0.3 < 0.4, share 0
+        assert s.interval == (0.7, 0.7) and s.noise == "seeds"  # a 0.1 peak against sd 0.004: never moves
+    q1 = {a["target"]: a for a in rep["q1"]}
+    assert q1["pass_at_1"]["answer"] == pytest.approx(0.3 - 0.7) and q1["pass_at_1"]["p_lower"] == 1.0
+    assert not any(a["disagree"] for a in rep["q2"])  # all targets equal
+    q3 = rep["q3"]  # sparse pilots peak where the full runs do; prm pilots at 0.5 (balanced)
+    assert sum(a["match"] for a in q3) == 3 and len(q3) == 6
+    assert {a["pilot"] for a in q3 if a["reward"] == "prm"} == {"balanced"}
+    noise = {(n["fidelity"], n["target"]): n for n in rep["noise"]}
+    assert noise[("full", "pass_at_1")]["pooled_sd"] == pytest.approx(D)
+    assert noise[("pilot", "pass_at_1")]["pooled_sd"] == pytest.approx(2 ** 0.5 * D)  # seeds 0, 2: ±D
+
+
+def test_reward_heavy_and_partial_table(tmp_path):
+    rows = _rows({"prm": 0.5}, seeds=(1,), share=0.4)
+    rows = [r for r in rows if not (r["group_size"] == 2 and r["rho"] == 0.9)]  # G = 2 incomplete
+    good, other = read_table(write_table(tmp_path / "t.csv", rows))
+    rep = tt.report(good, other, draws=100)
+    e = rep["estimates"][("prm", "full", "pass_at_1")]
+    assert e.regime == "reward-heavy" and e.reward_share == pytest.approx(0.4, abs=1e-3)
+    assert e.g_used == (4,) and e.min_seeds == 1 and e.noise.startswith("binomial sd only")
+    text = "\n".join(rep["lines"])
+    assert "not answerable yet (model-based measured: prm; rule-based: none)" in text
+    assert "Q3" in text and "pilot trials in the table: 0" in text
+
+
+def test_main_writes_readme_and_figure_and_refuses_a_missing_table(tmp_path, capsys):
+    table = write_table(tmp_path / "t.csv", _rows({"sparse": 0.5}))
+    assert tt.main(["--table", str(table), "--draws", "50", "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "tiny_truth.png").stat().st_size > 1000
+    assert "| sparse | full | pass_at_1 | 0.50 [0.50,0.50] | 4 | balanced (1.00)" in (tmp_path / "o" / "README.md").read_text()
+    capsys.readouterr()
+    assert tt.main(["--table", str(tmp_path / "none.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and err.count("\n") == 1
+
+
+def test_pilot_design_on_a_table_with_pilots(tmp_path):
+    rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.3}, fidelity="pilot", seeds=(0, 2))
+    table = write_table(tmp_path / "t.csv", rows)
+    good, other = read_table(table)
+    rep = tt.report(good, other, draws=100)
+    pd = tt.pilot_design(rep["estimates"], table, draws=3)
+    assert len(pd["pairs"]) == 6  # 2 reward systems x 3 targets, all clear
+    first = pd["rows"][0]
+    assert first["design"] == "RACE grid, pilots=30, bandwidth 0.2" and first["pilots_per_reward"] == 6
+    # the study's design: 6 pilots over 2 G leave the local fit (3 + 1 coefficients) under one
+    # degree of freedom on Kish's effective size at width 0.2: RACE says unknown every time
+    assert first["unknown"] == 1.0 and first["compute"] == 7.5
+    assert all(r["compute"] <= 30 * 0.25 + 1e-9 for r in pd["rows"])
+    best = max(pd["rows"], key=lambda r: r["rate"])
+    assert best["rate"] == 1.0  # peaks of 0.1 against seed sd 0.004, pilots shaped as the full runs
+    empty = tt.pilot_design(rep["estimates"], write_table(tmp_path / "f.csv", _rows({"sparse": 0.7})))
+    assert empty["note"].startswith("no pilot rows in the table yet")
