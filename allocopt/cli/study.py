@@ -182,6 +182,8 @@ def print_plans(s: Any) -> None:
         out.print(line, highlight=False)
     if hasattr(obj, "length_sources"):
         out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+    if hasattr(obj, "engine_choice"):  # which engine the plans priced, and why (auto)
+        out.print(obj.engine_choice(), highlight=False, markup=False, soft_wrap=True)
 
 
 def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str]) -> None:
