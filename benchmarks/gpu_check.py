@@ -32,7 +32,7 @@ prints one row per size (fingerprint, plan) and exits 0, or 2 on a mismatch.
 Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 kv heads, head_dim 64, MLP 4864,
 tied embeddings) but the stand-in tokenizer's small vocabulary (a few hundred tokens, not
 151,936: the LM head is a negligible share of the FLOPs here, a large one in the real model),
-float32 (the trial's CPU precision), LoRA r 8, engine ``trl-vllm-cpu``, ``--cpu-rollouts`` (8)
+float32 (the trial's CPU precision), LoRA r 8, engine ``trl-vllm-cpu``, ρ 0.75, G 4, ``--cpu-rollouts`` (8)
 rollouts of at most ``--cpu-tokens`` (32) tokens per iteration on the shortest prompts of the
 shipped slice, ``--iterations`` (2) iterations. vLLM runs its model eagerly (compilation mode
 0: ``FlopCounterMode`` cannot trace its compiled graph). The table: rollout tokens/s, learning
@@ -246,7 +246,9 @@ def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path) -> dic
                           lora_alpha=16)
     policy = ModelShape.from_pretrained(str(folder))
     w = Workload(policy, setup)
-    alloc = Allocation(0.6, 4, "sparse")
+    # rho 0.75: with ~100-token prompts and 32-token completions a lower rho trains only a
+    # row or two per iteration
+    alloc = Allocation(0.75, 4, "sparse")
     one = make_plan(1e30, alloc, w)
     plan = make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)

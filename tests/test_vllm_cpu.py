@@ -146,7 +146,7 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     import objectives.qwen.eval as qe
     from allocopt.flops import ModelShape
     from allocopt.flops.grpo import GRPOStep, grpo_step_flops
-    from allocopt.plan.allocation import Allocation, make_plan, min_budget
+    from allocopt.plan.allocation import Allocation, make_plan
     from objectives.grpo.driver import engine_for
     from objectives.qwen.objective import QwenObjective
     from test_trial import PhaseCounter
@@ -157,8 +157,12 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     # without CUDA, trl-vllm runs (and its plans price) as trl-vllm-cpu: vLLM's rollouts, TRL's
     # CPU learning (its LM head over every position, full attention)
     assert obj.setup().engine == "trl-vllm-cpu" and w.setup.engine == "trl-vllm-cpu"
-    alloc = Allocation(0.5, 4, "sparse")
-    plan = make_plan(4 * min_budget(alloc, w), alloc, w)
+    # long prompts (~165 tokens), 16-token completions: rho 0.7 trains 1-2 of the 8 rows per
+    # iteration; a budget of 3.5 iterations, so that a batch of longer prompts than the plan's
+    # mean still fits the third
+    alloc = Allocation(0.7, 4, "sparse")
+    one = make_plan(1e30, alloc, w).per_iteration.executed.total_flops
+    plan = make_plan(3.5 * one, alloc, w)
     calls: list[dict] = []
     seen: dict = {}
     real_eval = qe.evaluate
