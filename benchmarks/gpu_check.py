@@ -32,7 +32,7 @@ prints one row per size (fingerprint, plan) and exits 0, or 2 on a mismatch.
 Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 kv heads, head_dim 64, MLP 4864,
 tied embeddings) but the stand-in tokenizer's small vocabulary (a few hundred tokens, not
 151,936: the LM head is a negligible share of the FLOPs here, a large one in the real model),
-float32 (the trial's CPU precision), LoRA r 8, engine ``trl-vllm-cpu``, ρ 0.75, G 4, ``--cpu-rollouts`` (8)
+float32 (the trial's CPU precision), LoRA r 8, engine ``trl-vllm-cpu``, ρ ``--cpu-rho`` (0.75), G 4, ``--cpu-rollouts`` (8)
 rollouts of at most ``--cpu-tokens`` (32) tokens per iteration on the shortest prompts of the
 shipped slice, ``--iterations`` (2) iterations. vLLM runs its model eagerly (compilation mode
 0: ``FlopCounterMode`` cannot trace its compiled graph). The table: rollout tokens/s, learning
@@ -210,7 +210,7 @@ def _rss_gib() -> tuple[float, float]:
     return kib(resource.RUSAGE_SELF), kib(resource.RUSAGE_CHILDREN)
 
 
-def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path) -> dict:
+def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path, rho: float = 0.75) -> dict:
     """One ``--cpu`` run (see the module): the driver under ``FlopCounterMode`` with vLLM's
     generation, start-up and weight sync left out, then the evaluation path."""
     import torch
@@ -246,9 +246,9 @@ def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path) -> dic
                           lora_alpha=16)
     policy = ModelShape.from_pretrained(str(folder))
     w = Workload(policy, setup)
-    # rho 0.75: with ~100-token prompts and 32-token completions a lower rho trains only a
-    # row or two per iteration
-    alloc = Allocation(0.75, 4, "sparse")
+    # rho 0.75 (default): with ~100-token prompts and 32-token completions a lower rho trains
+    # only a row or two per iteration
+    alloc = Allocation(rho, 4, "sparse")
     one = make_plan(1e30, alloc, w)
     plan = make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
@@ -278,6 +278,8 @@ def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path) -> dic
                           setup=setup, seed=0, on_batch=lambda p, c: completion_tokens.extend(c),
                           evaluate=lambda m: (kept.update(model=m), ({}, 0))[1])
     wall = time.perf_counter() - t0
+    print(f"gpu_check --cpu: trained {len(result.curves)} iterations in {wall:.0f}s ({result.spent.executed}); "
+          "now the vLLM evaluation", file=sys.stderr, flush=True)
     import gc
 
     gc.collect()
@@ -316,21 +318,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="no GPU: the 0.5B shape (small vocabulary) through vllm-cpu, float32")
     ap.add_argument("--cpu-rollouts", type=int, default=8, help="--cpu: rollouts per iteration (G 4)")
     ap.add_argument("--cpu-tokens", type=int, default=32, help="--cpu: completion limit (tokens)")
+    ap.add_argument("--cpu-rho", type=float, default=0.75, help="--cpu: the allocation's rho (G 4, sparse)")
     args = ap.parse_args(argv)
     if args.iterations is None:
         args.iterations = 2 if args.cpu else 3
     if args.cpu:
-        if args.iterations < 1 or args.cpu_rollouts < 4 or args.cpu_rollouts % 4 or args.cpu_tokens < 1:
+        if args.iterations < 1 or args.cpu_rollouts < 4 or args.cpu_rollouts % 4 or args.cpu_tokens < 1 \
+                or not 0 < args.cpu_rho < 1:
             print(f"gpu_check --cpu: --iterations {args.iterations} / --cpu-rollouts {args.cpu_rollouts} / "
-                  f"--cpu-tokens {args.cpu_tokens}: iterations >= 1, rollouts a multiple of 4 (G), "
-                  "tokens >= 1", file=sys.stderr)
+                  f"--cpu-tokens {args.cpu_tokens} / --cpu-rho {args.cpu_rho}: iterations >= 1, rollouts a "
+                  "multiple of 4 (G), tokens >= 1, rho in (0, 1)", file=sys.stderr)
             return 2
         reason = cpu_refuse_reason()
         if reason:
             print(reason, file=sys.stderr)
             return 2
         with tempfile.TemporaryDirectory(prefix="allocopt-cpu-check-") as tmp:
-            row = check_cpu(args.iterations, args.cpu_rollouts, args.cpu_tokens, Path(tmp))
+            row = check_cpu(args.iterations, args.cpu_rollouts, args.cpu_tokens, Path(tmp), args.cpu_rho)
         _print_rows(row)
         return 0
     sizes = [s.strip() for s in args.models.split(",") if s.strip()]
