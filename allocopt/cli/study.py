@@ -204,6 +204,8 @@ def print_plans(s: Any) -> None:
         out.print(line, highlight=False)
     if hasattr(obj, "length_sources"):
         out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+    if hasattr(obj, "engine_choice"):  # which engine the plans priced, and why (auto)
+        out.print(obj.engine_choice(), highlight=False, markup=False, soft_wrap=True)
 
 
 def batch_rule_line(setup: Any, plans: list) -> str | None:
