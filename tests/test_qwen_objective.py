@@ -253,7 +253,7 @@ def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_a
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    import objectives.qwen.objective as qwen_mod
+    from allocopt.plan import machine
     import objectives.qwen.eval as qe
     from allocopt.flops import LoRASpec, ModelShape, generation_flops
     from objectives.data.polaris import load_polaris, split_heldout
@@ -293,8 +293,8 @@ def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_a
     for name, mod in (("vllm", fake), ("vllm.lora", types.ModuleType("vllm.lora")),
                       ("vllm.lora.request", lora_mod)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(qwen_mod, "_cuda", lambda: True)
-    monkeypatch.setattr(qwen_mod, "_vllm", lambda: True)
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    monkeypatch.setattr(machine, "has_vllm", lambda: True)
     import objectives.rewards.prm as prm_mod
 
     judges = []

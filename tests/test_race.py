@@ -327,7 +327,7 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     assert all(v.regret >= 0 for v in r.validation if not math.isnan(v.pilot_rho))
     assert all(math.isnan(v.regret) for v in r.validation if math.isnan(v.pilot_rho))  # rho* unknown
     # run_race stores its answer itself (Optuna and the tracker), not only the race command
-    from allocopt.race.answer import recommendation_dict
+    from allocopt.answer import recommendation_dict
 
     assert st.user_attrs["recommendation"] == recommendation_dict(r.recommendation, s.target) == tracker.rec
     # resume: nothing is run again

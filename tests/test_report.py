@@ -79,7 +79,7 @@ FULL_RHOS = {"sparse": (0.5, 0.6, 0.7), "prm": (0.3, 0.4, 0.5)}
 @pytest.fixture(scope="module")
 def race_study():
     """In memory (fast): 10 pilots at 0.1 x budget, 6 full-budget trials, and the answer RACE
-    stores (allocopt.race.answer.recommendation_dict of a Recommendation)."""
+    stores (allocopt.answer.recommendation_dict of a Recommendation)."""
     return _race_study(store_answer=True)
 
 
@@ -87,7 +87,7 @@ def _race_study(store_answer):
     from dataclasses import asdict
 
     from allocopt.plan.allocation import Allocation
-    from allocopt.race.answer import recommendation_dict
+    from allocopt.answer import recommendation_dict
     from allocopt.race import RaceSettings, Recommendation
 
     spec = StudySpec(name="rr", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
@@ -258,7 +258,7 @@ def test_the_answer_paragraph_reads_as_one_sentence():
     from types import SimpleNamespace
 
     from allocopt.plan.allocation import Allocation
-    from allocopt.race.answer import recommendation_dict, recommendation_lines
+    from allocopt.answer import recommendation_dict, recommendation_lines
     from allocopt.query.report import recommendation_html
 
     close = [Allocation(0.58, 4, "dense"), Allocation(0.57, 4, "dense"), Allocation(0.62, 4, "structured")]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from allocopt.plan.allocation import Allocation, min_budget
-from allocopt.race.answer import recommendation_dict, recommendation_lines, short_error, trial_line
+from allocopt.answer import recommendation_dict, recommendation_lines, short_error, trial_line
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
 from allocopt.record import TrialRow, rows
@@ -227,7 +227,7 @@ def test_recommendation_lines():
 def test_recommendation_lines_name_the_set_within_noise():
     """A tiny-study answer (issue 16: name the set, not one winner): 3 allocations within one
     evaluation's noise over 2 reward systems, and another reward system likelier to be best."""
-    from allocopt.race.answer import from_dict
+    from allocopt.answer import from_dict
 
     rec = {"target": "pass@1", "allocation": {"rho": 0.55, "group_size": 8, "reward": "dense"},
            "mean": 0.5045, "level": 0.9, "prob_best": 0.31, "lower": 0.4936, "upper": 0.5151,

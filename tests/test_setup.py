@@ -299,7 +299,7 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
     from transformers import AutoConfig
     from typer.testing import CliRunner
 
-    import objectives.qwen.objective as qwen_mod
+    from allocopt.plan import machine
     from allocopt.plan.setup import setup_fingerprint
     from allocopt.cli import app
     from allocopt.flops import LoRASpec
@@ -319,8 +319,8 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
                                               "engine")} == \
         {"runner": "allocopt", "gradient_checkpointing": False,
          "importance_sampling_correction": False, "max_completion_length": 1024, "engine": "trl-vllm"}
-    monkeypatch.setattr(qwen_mod, "_cuda", lambda: True)
-    monkeypatch.setattr(qwen_mod, "_vllm", lambda: True)
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    monkeypatch.setattr(machine, "has_vllm", lambda: True)
     obj = QwenObjective.from_settings(**read_toml(f, "recipe")["recipe"], dataset=SAMPLE,
                                       lengths_file=str(tmp_path / "lengths.json"))
     setup = obj.setup()  # what run_here hands the driver

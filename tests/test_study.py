@@ -361,7 +361,7 @@ def test_run_study_from_python_stores_the_final_answer(tmp_path):
     from mlflow import MlflowClient
 
     from allocopt.race import RaceSettings
-    from allocopt.race.answer import recommendation_dict
+    from allocopt.answer import recommendation_dict
     from allocopt.study.open import make_sampler
     from allocopt.tracking import StudyTracker
 

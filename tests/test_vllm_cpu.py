@@ -5,7 +5,8 @@ through ``vllm.LLM(enable_lora=True)`` + ``LoRARequest`` with the trial's adapte
 
 * the private vLLM function :mod:`objectives.grpo.vllm_cpu` patches is the tested one (its
   signature and the two call sites it relies on), and the patch refuses other releases;
-* one real trial on a tiny head_dim-64 stand-in policy: the meter's search FLOPs against the
+* one real trial on a tiny head_dim-64 stand-in policy, planned and metered as
+  ``trl-vllm-cpu`` (realized ρ within 0.03 of the plan's): the meter's search FLOPs against the
   tokens vLLM really generated and prefilled (its outputs' token ids and prompt lengths) within
   1 %; its learning FLOPs against ``FlopCounterMode`` within 2 % (everything but vLLM:
   generation, engine start-up, weight sync); greedy vLLM evaluation with the trial's adapter
@@ -145,7 +146,7 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     import objectives.qwen.eval as qe
     from allocopt.flops import ModelShape
     from allocopt.flops.grpo import GRPOStep, grpo_step_flops
-    from allocopt.plan.allocation import Allocation, make_plan, min_budget
+    from allocopt.plan.allocation import Allocation, make_plan
     from objectives.grpo.driver import engine_for
     from objectives.qwen.objective import QwenObjective
     from test_trial import PhaseCounter
@@ -153,11 +154,15 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     obj = QwenObjective.from_settings(**settings(vllm_world, tmp_path, isolate=False))
     obj.check_available()
     w = obj.workload()
-    assert obj.setup().engine == "trl-vllm" and w.engine == "trl-vllm"
-    alloc = Allocation(0.5, 4, "sparse")
-    # on CPU, TRL trains with its LM head over every position, which the plan's trl-vllm
-    # (GPU) engine does not price: a budget that buys 2+ iterations at the CPU cost
-    plan = make_plan(12 * min_budget(alloc, w), alloc, w)
+    # without CUDA, trl-vllm runs (and its plans price) as trl-vllm-cpu: vLLM's rollouts, TRL's
+    # CPU learning (its LM head over every position, full attention)
+    assert obj.setup().engine == "trl-vllm-cpu" and w.setup.engine == "trl-vllm-cpu"
+    # long prompts (~165 tokens), 16-token completions: rho 0.7 trains 1-2 of the 8 rows per
+    # iteration; a budget of 3.5 iterations, so that a batch of longer prompts than the plan's
+    # mean still fits the third
+    alloc = Allocation(0.7, 4, "sparse")
+    one = make_plan(1e30, alloc, w).per_iteration.executed.total_flops
+    plan = make_plan(3.5 * one, alloc, w)
     calls: list[dict] = []
     seen: dict = {}
     real_eval = qe.evaluate
@@ -205,7 +210,7 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
 
     # search: what the meter charged against vLLM's own outputs of each rollout batch
     policy = ModelShape.from_pretrained(str(vllm_world["policy"]))
-    eng = engine_for("trl-vllm", AutoModelForCausalLM.from_pretrained(str(vllm_world["policy"])))
+    eng = engine_for(obj.setup().engine, AutoModelForCausalLM.from_pretrained(str(vllm_world["policy"])))
     G = plan.group_size
     from_vllm, prefilled, cached, distinct = 0, 0, 0, 0
     for c in train_calls:
@@ -229,6 +234,10 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
           f"(+ weight sync {seen['sync']:.3e} in {seen['syncs']} syncs, not metered; vLLM start-up "
           f"{seen['vllm_init']:.3e})\n  breakdown {spent}\n  targets {result.targets}, eval_flops "
           f"{result.eval_flops:.3e}")
+    print(f"  rho realized {spent.rho:.4f}, planned {plan.realized_rho:.4f} ({plan.iterations} "
+          f"iterations planned at {w.setup.prompt_tokens:.1f} prompt / {w.setup.completion_tokens:g} "
+          f"completion tokens; ran {len(result.curves)})")
+    assert abs(spent.rho - plan.realized_rho) <= 0.03  # the plan prices what the meter charges
     assert metered_search == pytest.approx(from_vllm, rel=0.01)
     assert spent.learning_flops == pytest.approx(measured_learning, rel=0.02)
     assert spent.reward_flops == 0 and 0 < spent.total_flops <= plan.budget_flops

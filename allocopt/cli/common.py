@@ -13,7 +13,7 @@ import contextlib
 from typing import Any, Iterator
 
 from allocopt.flops import ConfigError
-from allocopt.tracking.requests import PROBE_TIMEOUT_S, short_mlflow_requests  # noqa: F401
+from allocopt.tracking.requests import PROBE_TIMEOUT_S, short_mlflow_requests, short_reason  # noqa: F401
 
 
 def load_objective(name: str, settings: dict | None = None) -> Any:
@@ -84,7 +84,7 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True, 
         from allocopt.study.storage import redact_url
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
-                          f"({redact_url(_reason(e))})") from None
+                          f"({redact_url(short_reason(e))})") from None
 
 
 @contextlib.contextmanager
@@ -167,7 +167,7 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
     except Exception as e:
         from allocopt.study.storage import redact_url
 
-        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(_reason(e))}); "
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(short_reason(e))}); "
                           "check the server or path, or give --no-mlflow") from None
 
 
@@ -176,21 +176,6 @@ def _unique_race(e: BaseException) -> bool:
     ``UniqueViolation``, SQLite ``UNIQUE constraint failed``, MySQL ``Duplicate entry``)."""
     text = str(e).lower()
     return any(k in text for k in ("uniqueviolation", "duplicate key", "unique constraint", "duplicate entry"))
-
-
-def _reason(e: BaseException) -> str:
-    """The telling line of an MLflow / SQLAlchemy / requests error, at most 200 characters."""
-    import re
-
-    text = str(e)
-    for pattern in (r"\(\w+(?:\.\w+)*Error\) ([^\n]+)",  # (sqlite3.OperationalError) attempt to write...
-                    r"(Connection refused)", r"(Read timed out)", r"(Name or service not known)",
-                    r"(Failed to establish a new connection)", r"(Max retries exceeded)"):
-        m = re.search(pattern, text)
-        if m:
-            return m.group(1)[:200]
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 class _quiet_mlflow:

@@ -1,7 +1,7 @@
 """What a running study shows on stderr (rich): a line for each step before the first trial,
 the wall-time estimate before anything long starts, then a live line per trial (``pilot 3/30``
 or ``full run 2/12``, the trial's FLOPs against its budget, elapsed time) and one line per
-finished trial (:func:`allocopt.race.answer.trial_line`, at most 80 columns).
+finished trial (:func:`allocopt.answer.trial_line`, at most 80 columns).
 
 rich only; the estimate uses the objective's measured ``flops_per_second`` and
 ``overhead_seconds`` (:class:`allocopt.objective.Objective`).
@@ -128,7 +128,7 @@ class StudyDisplay:
                         info=f"it {rec.iteration + 1}, {meter.executed_flops:.2e} FLOPs")
 
     def on_end(self, row: Any, result: Any) -> None:
-        from allocopt.race.answer import trial_line
+        from allocopt.answer import trial_line
 
         fidelity = self._fidelity.get(row.number) or getattr(row, "fidelity", "full")
         kind = "pilot" if fidelity == "pilot" else "full"

@@ -247,7 +247,7 @@ def best(
                     and not where and fidelity == "full"):
         rec = None
     if rec:  # the study's one answer first; the trials below are its evidence
-        from allocopt.race.answer import from_dict, recommendation_lines
+        from allocopt.answer import from_dict, recommendation_lines
 
         for line in recommendation_lines(from_dict(rec), str(rec.get("target", key))):
             out.print(line, highlight=False, markup=False)

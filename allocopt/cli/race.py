@@ -270,7 +270,7 @@ def print_race(s: Any, res: Any, *, propose_only: bool = False, as_json: bool = 
     if res.validation:
         out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
     if res.recommendation is not None and not propose_only:  # stored by run_race
-        from allocopt.race.answer import recommendation_lines
+        from allocopt.answer import recommendation_lines
 
         for line in recommendation_lines(res.recommendation, s.target):
             out.print(line, highlight=False, markup=False)

@@ -204,6 +204,8 @@ def print_plans(s: Any) -> None:
         out.print(line, highlight=False)
     if hasattr(obj, "length_sources"):
         out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+    if hasattr(obj, "engine_choice"):  # which engine the plans priced, and why (auto)
+        out.print(obj.engine_choice(), highlight=False, markup=False, soft_wrap=True)
 
 
 def batch_rule_line(setup: Any, plans: list) -> str | None:
@@ -308,14 +310,14 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
         out.print("no complete full-budget trial yet")
         return
     out.print(_top_trials(done[:8], s))
-    from allocopt.race.answer import allocation_text, evidence_line, recommendation_lines
+    from allocopt.answer import allocation_text, evidence_line, recommendation_lines
     from allocopt.spec import allocation_of
 
-    rec = st.user_attrs.get("recommendation")  # RACE's answer (allocopt.race.answer.recommendation_dict)
+    rec = st.user_attrs.get("recommendation")  # RACE's answer (allocopt.answer.recommendation_dict)
     if not show_answer:
         pass
     elif rec:
-        from allocopt.race.answer import from_dict
+        from allocopt.answer import from_dict
 
         for line in recommendation_lines(from_dict(rec), s.target):
             out.print(line, highlight=False, markup=False)

@@ -89,6 +89,10 @@ class Engine:
     correction is on (TRL ``vllm_importance_sampling_correction``, default ``True``);
     ``always``: on every step (verl: ``ray_trainer.fit`` recomputes ``old_log_prob`` with the
     actor before each update). See :func:`old_logprobs_pass`."""
+    generation_attention: Attention | None = None
+    """How rollout prefill attention is executed where it differs from :attr:`attention`
+    (``None``: as :attr:`attention`): vLLM's own kernels (``causal``) on a machine where
+    training attention is ``full`` (``trl-vllm-cpu``)."""
     head_last_position: bool = False
     """With :attr:`lm_head_all_positions`, the head also scores the row's last position
     (``n`` positions rather than ``n - 1``): verl's ``dp_actor._forward_micro_batch`` with
@@ -98,6 +102,9 @@ class Engine:
     def __post_init__(self) -> None:
         if self.attention not in ("causal", "full"):
             raise ConfigError(f"engine.attention={self.attention!r}: must be causal or full")
+        if self.generation_attention not in (None, "causal", "full"):
+            raise ConfigError(f"engine.generation_attention={self.generation_attention!r}: "
+                              "must be causal, full or None")
         if self.old_logprobs not in ("reused", "is_correction", "always"):
             raise ConfigError(f"engine.old_logprobs={self.old_logprobs!r}: must be reused, "
                               "is_correction or always")
@@ -121,6 +128,16 @@ ENGINES: dict[str, Engine] = {
                        merged_lora_generation=True, padded_training=True,
                        lm_head_all_positions=False, head_recompute=True, attention="causal",
                        fused_attention=True, old_logprobs="is_correction"),
+    # TRL with vLLM rollouts on a machine without CUDA (vllm-cpu): vLLM's generation as in
+    # trl-vllm (no padding, prefix caching, merged adapters, its causal kernels), TRL's
+    # learning as in trl-cpu (no Triton: the fused LM head scores every position; full
+    # attention); old log-probs while the importance-sampling correction is on. Measured on
+    # CPU with vllm-cpu 0.31.0 and TRL 1.16 (tests/test_vllm_cpu.py)
+    "trl-vllm-cpu": Engine("trl-vllm-cpu", padded_generation=False, prefix_caching=True,
+                           merged_lora_generation=True, padded_training=True,
+                           lm_head_all_positions=True, head_recompute=True, attention="full",
+                           fused_attention=True, old_logprobs="is_correction",
+                           generation_attention="causal"),
     # verl (FSDP actor, use_remove_padding=True as in its GRPO examples, vLLM/SGLang rollouts):
     # rows packed without padding; the LM head over every token (dp_actor, no fused head);
     # vLLM prefix caching; LoRA served unmerged by vLLM (LoRARequest); flash attention;
@@ -131,6 +148,9 @@ ENGINES: dict[str, Engine] = {
                    fused_attention=True, old_logprobs="always", head_last_position=True),
 }
 """Engines by name; see each field of :class:`Engine`."""
+
+TRL_VLLM_ENGINES: tuple[str, ...] = ("trl-vllm", "trl-vllm-cpu")
+"""Engines whose rollouts TRL hands to vLLM (``GRPOConfig(use_vllm=True)``)."""
 
 
 def old_logprobs_pass(engine_name: str | Engine, update_passes: float, *, minibatches: int = 1,
@@ -329,6 +349,7 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     P_max = max(step.prompt_tokens)
     C_max = max(step.completion_tokens)
     attn: Attention = "causal" if useful else eng.attention
+    gen_attn: Attention = "causal" if useful else (eng.generation_attention or eng.attention)
 
     # --- search: one prefill + (T - 1) decode steps per completion (flops.generation_flops)
     # adapters in generation: none where the engine merges them (useful and executed alike:
@@ -340,11 +361,11 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         gens = Counter((p, c, not useful and eng.prefix_caching and i % step.group_size != 0)
                        for i, (p, c) in enumerate(rows))
         for (p, c, shared), m in gens.items():
-            g = generation_flops(policy, p, c, attention=attn, lora=gen_lora)
+            g = generation_flops(policy, p, c, attention=gen_attn, lora=gen_lora)
             search["prefill"] += 0 if shared else m * g["prefill"]
             search["decode"] += m * g["decode"]
     else:  # every row is as long as the longest prompt and the longest completion
-        g = generation_flops(policy, P_max, C_max, attention=attn, lora=gen_lora)
+        g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora)
         search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
 
     # --- reward: one reward-model forward over prompt + completion (+ step markers). Each row
@@ -444,5 +465,5 @@ def _scale(v: int, k: float) -> int:
     return v * int(k) if float(k).is_integer() else int(v * k)
 
 
-__all__ = ["ENGINES", "Engine", "GRPOStep", "OldLogprobs", "critic_shape", "engine", "grpo_step_flops",
+__all__ = ["ENGINES", "TRL_VLLM_ENGINES", "Engine", "GRPOStep", "OldLogprobs", "critic_shape", "engine", "grpo_step_flops",
            "old_logprobs_pass"]

@@ -177,7 +177,7 @@ def recommendation_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[s
     if not rec:
         return ["<p class='note'>No recommendation: the study stored none (plain Bayesian optimization "
                 "answers with its best observed trial, below).</p>"]
-    from allocopt.race.answer import from_dict, recommendation_lines
+    from allocopt.answer import from_dict, recommendation_lines
 
     a = rec["allocation"]
     target = str(rec.get("target", ""))

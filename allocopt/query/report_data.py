@@ -98,7 +98,7 @@ class StudyContext:
     """Per reward system, the lowest and highest ρ of those pilots (RACE fits over the space's
     ρ range, which a Latin-hypercube pilot set need not reach)."""
     recommendation: dict[str, Any] | None = None
-    """The one answer (:func:`allocopt.race.answer.recommendation_dict`)."""
+    """The one answer (:func:`allocopt.answer.recommendation_dict`)."""
     recommendation_source: str = ""
     """``stored by the study`` or ``computed by the report``."""
 
@@ -287,7 +287,7 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
             ctx.pilot_ranges[w] = (min(rhos), max(rhos))
     if (ctx.recommendation is None and compute_recommendation and race_attr and pilots
             and any(o.fidelity == "full" for o in obs) and not spec.multi_objective):
-        from allocopt.race.answer import recommendation_dict
+        from allocopt.answer import recommendation_dict
         from allocopt.race.recommend import final_recommendation
 
         rec = final_recommendation(obs, spec.space, settings, seed, level=LEVEL)

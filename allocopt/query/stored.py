@@ -97,7 +97,7 @@ def parent_runs(from_mlflow: Optional[List[str]], mlflow_uri: Optional[str]) -> 
 
 def stored_recommendation(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
                     mlflow_uri: Optional[str]) -> dict | None:
-    """The study's recommendation (:func:`allocopt.race.answer.recommendation_dict`, stored by a RACE
+    """The study's recommendation (:func:`allocopt.answer.recommendation_dict`, stored by a RACE
     study): the Optuna study's user attribute ``recommendation``, or for one ``--from-mlflow``
     experiment its parent run's ``allocopt.recommended.*`` tags and ``recommended_*`` metrics.
     ``None`` when there is none (plain BO, several experiments, nothing recorded yet)."""

@@ -200,7 +200,8 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     use_cpu = bool(arg("use_cpu", False, "TrainingArguments default"))
     settings.update(runner="trl", group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
                     minibatches=max(1, spg // max(1, ga)), importance_sampling_correction=isc,
-                    engine="trl-vllm" if use_vllm else ("trl-cpu" if use_cpu else "trl-gpu"))
+                    engine=("trl-vllm-cpu" if use_cpu else "trl-vllm") if use_vllm
+                    else ("trl-cpu" if use_cpu else "trl-gpu"))
     read["engine"] = "use_vllm / use_cpu" if args else "assumed"
     if not args:
         assumed["engine"] = f"{settings['engine']!r} (no training_args.bin)"

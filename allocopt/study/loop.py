@@ -204,9 +204,9 @@ def store_answer(study: Any, spec: StudySpec, rec: Any, tracker: Any = None) -> 
     a bare :class:`~allocopt.plan.allocation.Allocation`) in the Optuna study (user attribute
     ``recommendation``) and, with a tracker, on the MLflow parent run
     (:meth:`allocopt.tracking.StudyTracker.log_recommendation`). Returns the stored dict
-    (:func:`allocopt.race.answer.recommendation_dict`: allocation, target, interval in target
+    (:func:`allocopt.answer.recommendation_dict`: allocation, target, interval in target
     units)."""
-    from allocopt.race.answer import recommendation_dict
+    from allocopt.answer import recommendation_dict
 
     stored = recommendation_dict(rec, spec.target)
     study.set_user_attr("recommendation", stored)

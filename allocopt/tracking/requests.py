@@ -42,7 +42,7 @@ def short_reason(e: BaseException) -> str:
     URL in it with its password redacted (``Connection refused``, ``Read timed out``, ...)."""
     import re
 
-    from allocopt.study.storage import redact_url
+    from allocopt.redact import redact_url
 
     text = str(e)
     for pattern in (r"\(\w+(?:\.\w+)*Error\) ([^\n]+)",  # (sqlite3.OperationalError) attempt to write...

