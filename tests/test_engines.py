@@ -266,7 +266,8 @@ def test_trl_vllm_cpu_is_vllm_generation_and_trl_cpu_learning_by_hand():
     assert ex.learning["forward"] == ex.learning["old_logprobs"] == 2 * (lin + attn + head)
     # backward, full fine-tuning: 2x linear and head, fused SDPA 2.5x attention
     assert ex.learning["backward"] == 2 * (2 * lin + attn * 5 // 2 + 2 * head)
-    assert ex.learning["recompute"] == 2 * head  # the head's logits tiles, once more
+    assert ex.learning["head_recompute"] == 2 * head  # the head's logits tiles, once more
+    assert ex.learning["recompute"] == 0  # no checkpointing
     assert ex.learning["ref_logprobs"] == 0 and ex.reward_flops == 0
 
     spec = LoRASpec(4)
