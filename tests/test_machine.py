@@ -72,6 +72,7 @@ def test_plan_says_which_engine_auto_chose(cli, monkeypatch):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "turbo" in r.stderr
 
 
+@pytest.mark.slow  # ~29 s on 2 cores: a whole dry run of the qwen space
 def test_dry_run_says_which_engine_auto_chose(cli, qwen_world, tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "has_cuda", lambda: False)
     prm = str(qwen_world["prm"])
