@@ -137,7 +137,7 @@ def test_a_failed_ask_gives_its_trials_back(tmp_path, cli, monkeypatch):
 
     import optuna
 
-    import allocopt.cli.asktell as at
+    import allocopt.study.asktell as at
 
     url = f"sqlite:///{tmp_path}/o.db"
     (tmp_path / "f").write_text("")
@@ -148,7 +148,7 @@ def test_a_failed_ask_gives_its_trials_back(tmp_path, cli, monkeypatch):
     def full_disk(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(at, "_write_asked", full_disk)
+    monkeypatch.setattr(at, "write_asked_folder", full_disk)
     r = cli("ask", "--study", "a", "--storage", url, "--budget", "1e18", "--objective", "synthetic",
             "-n", "2", "--out", tmp_path / "asked", cwd=tmp_path)
     assert r.returncode == 2 and "No space left" in r.stderr and "2 reserved trial(s) given back" in r.stderr

@@ -285,25 +285,10 @@ def plan(
     throughput: Optional[Path] = _TIME["throughput"],
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
-    from allocopt.plan.allocation import Allocation, Workload, check_budget, default_reward_models, make_plan
+    from allocopt.plan.allocation import Allocation, Workload, default_reward_models, make_plan
+    from allocopt.plan.throughput import TimeBudget
 
-    from allocopt.cli.common import read_time_budget
-    from allocopt.plan.throughput import ThroughputProfile, TimeBudget, load_profile
-
-    # a FLOP budget, or a time budget turned into this allocation's FLOPs below
-    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour,
-                         throughput if budget_gpu_hours is not None or budget_usd is not None else None)
-    if budget is not None and t is not None:
-        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
-                          "(--budget-gpu-hours / --budget-usd), not both")
-    if budget is None and t is None:
-        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --budget-gpu-hours H "
-                          "with --throughput FILE")
-    if gpus is not None and t is None:
-        raise ConfigError("gpus: only used with a time budget (--budget-gpu-hours or --budget-usd)")
-    b = None if budget is None else check_budget(budget)  # parsed once, here: FLOPs from now on
-    profile = (ThroughputProfile.from_mapping(t["throughput"]) if t is not None
-               else load_profile(throughput) if throughput is not None else None)
+    b, t, profile = _plan_budget(budget, budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput)
     gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
     importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
                                              no_importance_sampling_correction)
@@ -340,6 +325,32 @@ def plan(
         if tb is not None:
             print_hours(p, tb, time_budget=t is not None)
         out.print(f"engine: {setup.engine} ({why})", highlight=False, markup=False, soft_wrap=True)
+
+
+def _plan_budget(budget: Optional[str], budget_gpu_hours: Optional[float], gpus: Optional[int],
+                 budget_usd: Optional[float], usd_per_gpu_hour: Optional[float],
+                 throughput: Optional[Path]) -> tuple[Optional[float], Optional[dict], Any]:
+    """``plan``'s budget, parsed once: ``(FLOPs or None, the time budget's flags or None, the
+    throughput profile or None)``; a time budget becomes the allocation's FLOPs later, when its
+    workload is known. One line (ConfigError) for both or neither, or ``--gpus`` alone."""
+    from allocopt.cli.common import read_time_budget
+    from allocopt.plan.allocation import check_budget
+    from allocopt.plan.throughput import ThroughputProfile, load_profile
+
+    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour,
+                         throughput if budget_gpu_hours is not None or budget_usd is not None else None)
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if budget is None and t is None:
+        raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --budget-gpu-hours H "
+                          "with --throughput FILE")
+    if gpus is not None and t is None:
+        raise ConfigError("gpus: only used with a time budget (--budget-gpu-hours or --budget-usd)")
+    b = None if budget is None else check_budget(budget)  # parsed once, here: FLOPs from now on
+    profile = (ThroughputProfile.from_mapping(t["throughput"]) if t is not None
+               else load_profile(throughput) if throughput is not None else None)
+    return b, t, profile
 
 
 def _engine_choice(engine: Optional[str], model: Optional[str]) -> tuple[Optional[str], str]:

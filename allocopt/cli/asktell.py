@@ -94,7 +94,7 @@ def ask(
     throughput: Optional[Path] = _TIME["throughput"],
 ) -> None:
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
-    from allocopt.study.asktell import FORMATS, reserve
+    from allocopt.study.asktell import FORMATS, reserve_and_write
     from allocopt.study.open import distributions
 
     if fmt not in FORMATS:
@@ -105,20 +105,8 @@ def ask(
         raise ConfigError(f"learning_rate={learning_rate!r}: must be > 0")
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out={str(out_dir)!r}: exists and is not a folder")
-    new = None
-    from allocopt.cli.common import read_time_budget
-
-    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput)
-    if budget is not None and t is not None:
-        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
-                          "(--budget-gpu-hours / --budget-usd), not both")
-    if spec_file is not None or budget is not None or target is not None or objective is not None or t:
-        from allocopt.plan.allocation import check_budget
-        from allocopt.spec import StudySpec
-
-        b = None if budget is None else check_budget(budget)
-        base = StudySpec.from_toml(spec_file, b, t) if spec_file else StudySpec(**(t or {}))
-        new = base.with_overrides(name=study, budget_flops=b, target=target, objective=objective)
+    new = _new_spec(study, spec_file, budget, target, objective,
+                    (budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput))
     _check_out(out_dir)  # before anything is reserved
     st, spec = _load(study, storage, new)
     workload = _workload_of(spec)
@@ -128,25 +116,34 @@ def ask(
     race = hasattr(st.sampler, "suggest")
     dists = distributions(spec, fidelity=True) if race else distributions(spec)
     lr = learning_rate or workload.setup.learning_rate
-    reserved: list[int] = []
-    try:  # a failure from here on gives the reserved trials back (asked again next time)
-        runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists, reserved=reserved)
-        shown = [_write_asked(run, out_dir, study=study, storage=storage, fmt=fmt, spec=spec,
-                              setup=workload.setup, learning_rate=lr, micro_batch=micro_batch,
-                              num_processes=num_processes) for run in runs]
-    except BaseException as e:
-        from allocopt.study.asktell import release
-
-        given = release(st, reserved)
-        if isinstance(e, OSError):
-            raise ConfigError(f"out={str(out_dir)!r}: cannot be written ({e.strerror or e}); "
-                              f"{len(given)} reserved trial(s) given back") from None
-        raise
+    runs, n_infeasible, shown = reserve_and_write(
+        st, spec, workload, n, fmt, dists, out_dir, study=study, storage=storage, learning_rate=lr,
+        micro_batch=micro_batch, num_processes=num_processes)
     print_asked(shown, spec, study=study, fmt=fmt, out_dir=out_dir, as_json=as_json)
     if n_infeasible:
         err.print(f"{n_infeasible} proposal(s) the budget cannot buy were recorded as INFEASIBLE", highlight=False)
     if len(runs) < n:
         raise ConfigError(f"num={n}: only {len(runs)} runnable trial(s) found in {20 * n} proposals")
+
+
+def _new_spec(study: str, spec_file: Optional[Path], budget: Optional[str], target: Optional[str],
+              objective: Optional[str], time: tuple) -> Any:
+    """The study ``ask`` makes when it is not there yet (from ``--spec`` and the flags), or
+    ``None`` when no flag describes one; the budget parsed once (FLOPs, or a time budget)."""
+    from allocopt.cli.common import read_time_budget
+
+    t = read_time_budget(*time)
+    if budget is not None and t is not None:
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    if spec_file is None and budget is None and target is None and objective is None and not t:
+        return None
+    from allocopt.plan.allocation import check_budget
+    from allocopt.spec import StudySpec
+
+    b = None if budget is None else check_budget(budget)
+    base = StudySpec.from_toml(spec_file, b, t) if spec_file else StudySpec(**(t or {}))
+    return base.with_overrides(name=study, budget_flops=b, target=target, objective=objective)
 
 
 def _check_out(out_dir: Path) -> None:
@@ -167,16 +164,6 @@ def _workload_of(spec: Any) -> Any:
     from allocopt.cli.common import objective_for_plans
 
     return objective_for_plans(spec).workload()
-
-
-def _write_asked(run: Any, out_dir: Path, *, study: str, storage: str, fmt: str, spec: Any, setup: Any,
-                 learning_rate: float, micro_batch: int, num_processes: int) -> dict[str, Any]:
-    """Write ``<out_dir>/trial-<N>/`` (:func:`allocopt.study.asktell.write_asked_folder`)."""
-    from allocopt.study.asktell import write_asked_folder
-
-    return write_asked_folder(run, out_dir / f"trial-{run.trial_number}", study=study, storage=storage,
-                              fmt=fmt, spec=spec, setup=setup, learning_rate=learning_rate,
-                              micro_batch=micro_batch, num_processes=num_processes)
 
 
 def print_asked(shown: list[dict[str, Any]], spec: Any, *, study: str, fmt: str, out_dir: Path,

@@ -457,3 +457,36 @@ def write_asked_folder(run: AskedRun, folder: Any, *, study: str, storage: str, 
         info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
     (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return {**info, "folder": str(folder)}
+
+
+def reserve_and_write(st: Any, spec: StudySpec, workload: Any, n: int, fmt: str, dists: Mapping[str, Any],
+                      out_dir: Any, *, study: str, storage: str, learning_rate: float, micro_batch: int,
+                      num_processes: int) -> tuple[list[AskedRun], int, list[dict[str, Any]]]:
+    """``allocopt ask``'s work: reserve ``n`` runnable trials (:func:`reserve`) and write each
+    one's folder under ``out_dir`` (:func:`write_asked_folder`, ``trial-<N>/``). A failure after
+    reserving gives the reserved trials back (:func:`release`: asked again next time).
+
+    Returns:
+        ``(runs, infeasible proposals recorded, what each ask.json holds)``.
+
+    Raises:
+        ConfigError: ``out_dir`` cannot be written (one line; the trials given back).
+    """
+    from pathlib import Path
+
+    from allocopt.errors import ConfigError
+
+    reserved: list[int] = []
+    try:
+        runs, n_infeasible = reserve(st, spec, workload, n, fmt, dists, reserved=reserved)
+        shown = [write_asked_folder(run, Path(out_dir) / f"trial-{run.trial_number}", study=study,
+                                    storage=storage, fmt=fmt, spec=spec, setup=workload.setup,
+                                    learning_rate=learning_rate, micro_batch=micro_batch,
+                                    num_processes=num_processes) for run in runs]
+    except BaseException as e:
+        given = release(st, reserved)
+        if isinstance(e, OSError):
+            raise ConfigError(f"out={str(out_dir)!r}: cannot be written ({e.strerror or e}); "
+                              f"{len(given)} reserved trial(s) given back") from None
+        raise
+    return runs, n_infeasible, shown
