@@ -230,8 +230,8 @@ def _account_run(run_arg: tuple[str, Path], overrides: dict[str, Any],
     title = f"{run.engine} run {run.source}: {run.steps} step(s)"
     out.print(breakdown_table(run.account, title))
     t = Table(title="Where each number came from")
-    t.add_column("field")
-    t.add_column("value / source")
+    t.add_column("field", overflow="fold")  # a log's field names are the point: wrapped, never cut
+    t.add_column("value / source", overflow="fold")
     t.add_column("how")
     for k, v in run.fields_read.items():
         t.add_row(k, v, "read")
