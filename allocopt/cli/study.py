@@ -340,8 +340,9 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     if running:  # this worker is done; another's trials are not: its answer may still change
         out.print(f"note: {running} trial(s) still running (other workers, or a dead one's until its "
                   f"heartbeat expires): this answer covers the finished ones; the last worker to "
-                  f"finish prints and stores the final answer (`allocopt best --study {s.name}` "
-                  "reads it)", highlight=False, markup=False)
+                  f"finish prints the final one" + (f" and stores it (`allocopt best --study {s.name}` "
+                  "reads it)" if n_pilots else f" (`allocopt best --study {s.name}` shows the best "
+                  "trials then)"), highlight=False, markup=False)
 
 
 def _top_trials(done: list[Any], s: Any) -> Table:
