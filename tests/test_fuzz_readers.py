@@ -24,6 +24,9 @@ from hypothesis import strategies as st
 
 from test_bad_inputs import MEMORY_LIMIT, TIMEOUT_S, _address_space_grows_at_most
 
+VALID_TIMEOUT_S = 120
+"""Seconds a still-valid fuzzed file may take: the command does its real work (a dry run)."""
+
 DATA = Path(__file__).resolve().parent / "data" / "runlogs"
 FUZZ_EXAMPLES = 12
 SLOW_EXAMPLES = 120
@@ -66,9 +69,11 @@ def contents(seed: bytes) -> st.SearchStrategy[bytes]:
 
 def _check(r, elapsed: float, what: str) -> None:
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-    assert elapsed < TIMEOUT_S, (what, elapsed)
     assert "Traceback" not in r.stderr, (what, r.stderr[-3000:])
     assert r.returncode in (0, 2), (what, r.returncode, lines[-5:])
+    # a refusal comes at once; a file that is still valid does the command's work (a truncated
+    # spec can fall back to the default space: a dry run over it prices its pilot grid)
+    assert elapsed < (TIMEOUT_S if r.returncode == 2 else VALID_TIMEOUT_S), (what, elapsed)
     if r.returncode == 2:
         assert len(lines) == 1 and lines[0].startswith("error: "), (what, lines[:5])
 
