@@ -347,7 +347,9 @@ def _check_sqlite_file(url: str, db: str) -> None:
     except sqlite3.Error as e:
         raise StorageError(f"storage={redact_url(url)!r}: not an Optuna storage ({e}); give another "
                            "file (sqlite:///FILE)") from None
-    if tables and not {"studies", "trials"} <= tables:
+    # Optuna's schema is created table by table: a file with some of its tables is Optuna's,
+    # being created by another worker at this moment (its first table is ``studies``)
+    if tables and not tables & {"studies", "trials", "version_info"}:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise StorageError(f"storage={redact_url(url)!r}: another tool's SQLite database (tables: "
                            f"{shown}), not an Optuna storage; give another file (sqlite:///FILE)")
