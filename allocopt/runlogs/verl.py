@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from allocopt.limits import MAX_DEPTH, MAX_LOG_BYTES, iter_lines, loads_json
+from allocopt.runlogs.scalars import scalar
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
                                      as_number, check_overrides)
 
@@ -53,22 +54,6 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix[:-1]] = d
     return out
-
-
-def _scalar(text: str) -> Any:
-    t = text.strip().strip("'\"")
-    low = t.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "none"):
-        return None
-    try:
-        return int(t)
-    except ValueError:
-        try:
-            return float(t)
-        except ValueError:
-            return t
 
 
 def parse_verl_log(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, float]]]]:
@@ -139,7 +124,7 @@ def parse_verl_log(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str
             continue
         o = _OVERRIDE.match(line)
         if o and "." in o.group(1):
-            config.setdefault(o.group(1), _scalar(o.group(2)))
+            config.setdefault(o.group(1), scalar(o.group(2)))
     return config, sorted(steps.items())
 
 
