@@ -88,12 +88,29 @@ def test_ctrl_c_is_forwarded_to_every_worker(tmp_path):
     assert (tmp_path / "0.stopped").exists() and (tmp_path / "1.stopped").exists()
 
 
-def test_workers_share_a_synthetic_study_each_with_its_gpu(tmp_path):
-    """Two workers on one SQLite study: every trial records the CUDA_VISIBLE_DEVICES of the
-    worker process that ran it, each worker keeps its own, both run trials."""
+BARRIER_JOB = r"""
+# a trial's command: note this worker's GPU, wait (at most 60 s) until both workers have a trial
+# running, then leave metrics. Neither worker can take every trial before the other has started.
+dir=$1
+touch "started.$CUDA_VISIBLE_DEVICES"
+i=0
+while [ ! -f started.0 ] || [ ! -f started.1 ]; do
+  i=$((i + 1)); [ $i -gt 600 ] && exit 7
+  sleep 0.1
+done
+echo '{"targets": {"pass@1": 0.5}, "search_flops": 1e18, "learning_flops": 1e18, "reward_flops": 0}' > "$dir/metrics.json"
+"""
+
+
+def test_workers_share_a_study_each_with_its_gpu(tmp_path):
+    """Two workers on one SQLite study (the ``command`` objective, whose job waits until both
+    workers run a trial): every trial records the CUDA_VISIBLE_DEVICES of the worker process that
+    ran it, each worker keeps its own, both run trials."""
+    (tmp_path / "job.sh").write_text(BARRIER_JOB)
     url = f"sqlite:///{tmp_path}/w.db"
     r = subprocess.run([sys.executable, "-m", "allocopt.cli", "workers", "--gpus", "0,1", "--",
-                        "--objective", "synthetic", "--budget", "1e19", "--trials", "6", "--pilots", "0",
+                        "--objective", "command", "--set", "command=sh job.sh {trial_dir}", "--set", "log=metrics",
+                        "--budget", "1e19", "--trials", "6", "--pilots", "0",
                         "--sampler", "random", "--no-mlflow", "--no-report", "--storage", url,
                         "--study-name", "w"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -102,7 +119,7 @@ def test_workers_share_a_synthetic_study_each_with_its_gpu(tmp_path):
     assert lines and all(x.startswith(("[gpu 0] ", "[gpu 1] ")) for x in lines)
     trials = optuna.load_study(study_name="w", storage=url).trials
     done = [t for t in trials if t.state.name == "COMPLETE"]
-    assert len(done) >= 6
+    assert len(done) >= 6, [(t.state.name, t.user_attrs.get("error")) for t in trials]
     by_worker: dict[str, set[str]] = {}
     for t in done:
         by_worker.setdefault(t.system_attrs["allocopt.worker"], set()).add(
