@@ -348,6 +348,7 @@ def test_cli_no_single_stored_target_exits_2_with_one_line(two_targets, capsys, 
     assert rc == 2 and err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow  # a fresh process end to end (CI runs -m slow)
 def test_cli_best_without_target_in_a_subprocess(studies):
     """The installed command line: `allocopt best --study a` answers for pass@1; across two
     MLflow experiments nothing names one target: one line, exit 2."""

@@ -114,6 +114,7 @@ def test_dry_run_lists_the_pilot_plans(tiny):
     assert "7.5e+10 FLOPs" in text.getvalue() and text.getvalue().count(" yes ") == usable
 
 
+@pytest.mark.slow  # a fresh process end to end (CI runs -m slow)
 def test_dry_run_tables_show_batch_and_moved_pilots(tmp_path):
     """`allocopt study --dry-run`: the plans table has each plan's batch (rollouts per
     iteration) and no empty note column; the pilot table shows the grid's rho only when a pilot

@@ -91,6 +91,7 @@ def test_study_where_every_trial_failed_exits_1(tmp_path, monkeypatch, capsys):
         f"{states.count('FAIL')} failed, {states.count('INFEASIBLE')} infeasible" in last
 
 
+@pytest.mark.slow  # a fresh process end to end (CI runs -m slow)
 def test_unreachable_mlflow_is_one_line_in_seconds_and_leaves_no_study(tmp_path):
     silent = socket.socket()  # accepts connections in the kernel and never answers
     silent.bind(("127.0.0.1", 0))

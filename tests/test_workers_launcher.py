@@ -102,6 +102,7 @@ echo '{"targets": {"pass@1": 0.5}, "search_flops": 1e18, "learning_flops": 1e18,
 """
 
 
+@pytest.mark.slow  # a fresh process end to end (CI runs -m slow)
 def test_workers_share_a_study_each_with_its_gpu(tmp_path):
     """Two workers on one SQLite study (the ``command`` objective, whose job waits until both
     workers run a trial): every trial records the CUDA_VISIBLE_DEVICES of the worker process that
