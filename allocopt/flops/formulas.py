@@ -326,6 +326,7 @@ def generation_flops(
     *,
     attention: Attention = "causal",
     lora: LoRASpec | None = None,
+    expert_folds: bool = False,
 ) -> dict[str, int]:
     """FLOPs of sampling one completion with a KV cache.
 
@@ -333,6 +334,11 @@ def generation_flops(
     position yields completion token 1. Each further token costs one decode step that feeds
     the previous token: step ``j`` (``j = 1 … T-1``) sees ``prompt + j`` keys. A completion of
     ``T`` tokens (EOS included) costs one prefill and ``T - 1`` decode steps.
+
+    With ``expert_folds`` (transformers ``generate`` on a peft model), every forward call (the
+    prefill and each decode step) folds the adapted expert weights once
+    (:meth:`LoRASpec.fold_flops`), and they cost nothing per token; a batch shares each call's
+    fold (count it once per batch, not per row).
 
     Returns:
         ``{"prefill", "decode", "total"}`` in FLOPs.
@@ -342,13 +348,16 @@ def generation_flops(
                           "need prompt_tokens >= 1 and completion_tokens >= 0")
     if completion_tokens == 0:
         return {"prefill": 0, "decode": 0, "total": 0}
-    prefill = forward_flops(shape, prompt_tokens, num_logits=1, attention=attention, lora=lora)
+    folds = int(bool(expert_folds and lora and lora.fold_parts(shape)))
+    prefill = forward_flops(shape, prompt_tokens, num_logits=1, attention=attention, lora=lora,
+                            expert_folds=folds)
     steps = completion_tokens - 1
     # Σ_{j=1}^{T-1} keys(prompt + j): one query per step (windowed layers: at most w keys),
     # the closed form of attention_keys for `steps` queries after `prompt` cached keys
     per_token = (2 * shape.matmul_params_per_token
-                 + (lora.adapter_flops_per_token(shape) if lora else 0)
-                 + 2 * shape.head_matmul_params)
+                 + (lora.adapter_flops_per_token(shape, folded=bool(folds)) if lora else 0)
+                 + 2 * shape.head_matmul_params
+                 + (lora.fold_flops(shape) * folds if lora else 0))
     decode = steps * per_token + attention_flops(shape, steps, prompt_tokens, "causal")
     return {"prefill": prefill, "decode": decode, "total": prefill + decode}
 

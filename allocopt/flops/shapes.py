@@ -609,9 +609,14 @@ def _sliding_window(config: Mapping[str, Any]) -> int | None:
 
 
 def _parse_targets(text: str) -> tuple[str, ...]:
+    """``all-linear``: :data:`MODULES`; else comma-separated names, ``experts`` standing for
+    ``experts.gate_up_proj,experts.down_proj``."""
     if text.strip() in ("all-linear", "all"):
         return MODULES
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+    out: list[str] = []
+    for t in (t.strip() for t in text.split(",") if t.strip()):
+        out += ["experts.gate_up_proj", "experts.down_proj"] if t == "experts" else [t]
+    return tuple(dict.fromkeys(out))
 
 
 
