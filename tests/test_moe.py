@@ -7,6 +7,8 @@
   projections. The routed experts run transformers' ``batched_mm`` implementation (every
   token through its top-k experts: what a grouped GEMM computes; the default loop over
   experts asks for data on the meta device). Eager attention (the full rectangle).
+* LoRA on the routed experts and the router: a real peft adapter (``target_parameters``, folded
+  per call) on small real weights against ``FlopCounterMode``; the per-token path by hand.
 * the shipped ``config.json`` of Qwen3-30B-A3B, Mixtral-8x7B and DeepSeek-V3 read into the
   fields each family uses, and their active parameters per token against the published ones.
 * sliding windows per layer against a brute-force count; rope-scaled contexts.
@@ -137,12 +139,109 @@ def test_moe_by_hand_qwen3_30b_a3b():
     assert forward_flops(s, 1, num_logits=1) == 48 * (2 * layer + attn_one_key) + 2 * 2048 * 151936
 
 
-def test_lora_on_moe_mlp_refused_in_one_line():
+def test_lora_on_moe_mlp_names_refused_in_one_line():
     s = ModelShape.from_pretrained(str(CONFIGS / "Mixtral-8x7B-v0.1"))
-    with pytest.raises(ConfigError, match=r"^lora_targets=q_proj,.*: LoRA on the MLP of a "
-                                          r"mixture-of-experts model \(down_proj\) is not counted"):
+    with pytest.raises(ConfigError, match=r"^lora_targets=q_proj,.*: down_proj on a "
+                                          r"mixture-of-experts model is not counted .*"
+                                          r"experts.gate_up_proj,experts.down_proj"):
         forward_flops(s, 4, lora=LoRASpec(8))
     assert forward_flops(s, 4, lora=LoRASpec(8, ("q_proj", "v_proj"))) > forward_flops(s, 4)
+    dense = ModelShape.from_pretrained(str(CONFIGS / "Qwen2.5-32B"))
+    with pytest.raises(ConfigError, match=r"^lora_targets=q_proj,experts.gate_up_proj,"
+                                          r"experts.down_proj: experts.down_proj: .* has no "
+                                          r"mixture-of-experts layers"):
+        forward_flops(dense, 4, lora=LoRASpec(8, "q_proj,experts"))
+
+
+# peft target_parameters -> allocopt's names (transformers 5: Qwen3MoeExperts, MixtralExperts,
+# Qwen2MoeExperts, DeepseekV3NaiveMoe hold the experts as 3-D gate_up_proj / down_proj)
+_EXPERT_PARAMS = {"experts.gate_up_proj": "mlp.experts.gate_up_proj",
+                  "experts.down_proj": "mlp.experts.down_proj", "router": "mlp.gate.weight"}
+
+
+@pytest.mark.parametrize("family,targets", [
+    ("qwen3-moe", ("experts.gate_up_proj", "experts.down_proj", "router")),
+    ("qwen2-moe", ("experts.down_proj", "router")),
+    ("mixtral", ("experts.gate_up_proj", "experts.down_proj")),
+    ("deepseek-v3", ("experts.gate_up_proj", "experts.down_proj", "router"))])
+def test_lora_on_experts_matches_flop_counter(family, targets):
+    """A real peft 0.21 adapter (``target_parameters``: peft's ``ParamWrapper`` folds
+    ``W + s·A_e B_e`` into each expert stack on every call) on small real weights (peft's
+    fold disables autocast, which the meta device refuses): a no-grad forward, a training
+    pass, and one with non-reentrant checkpointing, with and without an attention adapter;
+    then two rows in one call share the call's folds."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from tests.flop_utils import count_flops
+
+    cls, cfg, attn_targets = _families()[family]
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "batched_mm"
+    s = ModelShape.from_config(cfg.to_dict())
+    ids = torch.randint(0, 97, (1, N), generator=torch.Generator().manual_seed(0))
+    for attn in (attn_targets[:1], []):
+        torch.manual_seed(0)
+        pm = get_peft_model(cls(cfg), LoraConfig(
+            r=4, lora_alpha=8, target_modules=list(attn),
+            target_parameters=[_EXPERT_PARAMS[t] for t in targets]))
+        spec = LoRASpec(4, tuple(attn) + targets)
+        kw = dict(num_logits=N, attention="full", lora=spec, expert_folds=1)
+        with torch.no_grad():
+            measured, _ = count_flops(lambda: pm(input_ids=ids, use_cache=False))
+        assert measured == forward_flops(s, N, **kw)
+        pm.train()
+        train = lambda x: pm(input_ids=x, use_cache=False).logits.float().sum().backward()  # noqa: E731
+        measured, _ = count_flops(lambda: train(ids))
+        assert measured == training_flops(s, N, fused_attention=False, **kw)["total"]
+        pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        measured, _ = count_flops(lambda: train(ids))
+        gc = training_flops(s, N, fused_attention=False, gradient_checkpointing=True, **kw)["total"]
+        assert measured == gc
+    # two rows in one call: twice the tokens, one call's folds
+    measured, _ = count_flops(lambda: train(ids.repeat(2, 1)))
+    per_call = training_flops(s, N, fused_attention=False, gradient_checkpointing=True,
+                              **{**kw, "expert_folds": 2})["total"] - gc
+    assert per_call > 0 and measured == 2 * gc - per_call
+
+
+def test_lora_on_experts_per_token_by_hand():
+    """Qwen3-30B-A3B, rank 32 on the experts and the router, one token, the per-token path
+    (vLLM's fused-MoE LoRA; the useful count): each of the 8 routed experts' ``A_e``, ``B_e``
+    of gate_up (2048 -> 32 -> 1536) and down (768 -> 32 -> 2048), the router's (2048 -> 32 ->
+    128), 48 layers; folded (peft) instead: per call, the 128 experts' stacks twice and the
+    router once, nothing per token."""
+    s = ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B"))
+    spec = LoRASpec(32, "experts,router")
+    r = 32
+    per_token = 48 * (8 * 2 * r * (2048 + 1536) + 8 * 2 * r * (768 + 2048) + 2 * r * (2048 + 128))
+    assert forward_flops(s, 1, lora=spec) - forward_flops(s, 1) == per_token
+    fold = 48 * (2 * 2 * 128 * 2048 * 1536 * r + 2 * 2 * 128 * 768 * 2048 * r + 2 * 2048 * 128 * r)
+    assert forward_flops(s, 1, lora=spec, expert_folds=1) - forward_flops(s, 1) == fold
+    assert forward_flops(s, 5, lora=spec, expert_folds=3) - forward_flops(s, 5) == 3 * fold
+
+
+def test_account_prices_lora_on_experts(cli):
+    """The recipe and --lora-targets accept the expert names; verl (vLLM serves the adapters
+    per token in rollouts; peft folds them per micro-batch in the actor) and trl-vllm
+    (merged for rollouts) price them."""
+    import json
+
+    from allocopt.plan.recipe import price
+
+    model = str(CONFIGS / "Qwen3-30B-A3B")
+    kw = dict(model=model, lora_rank=32, engine="verl", prompts=4, group_size=8)
+    attn = price(**kw, lora_targets="q_proj,k_proj,v_proj,o_proj").executed
+    both = price(**kw, lora_targets="q_proj,k_proj,v_proj,o_proj,experts,router").executed
+    assert both.search_flops > attn.search_flops and both.learning_flops > attn.learning_flops
+    r = cli("account", "--model", model, "--engine", "verl", "--lora-rank", "32", "--prompts", "4",
+            "-G", "8", "--lora-targets", "q_proj,k_proj,v_proj,o_proj,experts,router", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total_flops"] == both.total_flops
+    r = cli("account", "--model", model, "--lora-rank", "32", "--lora-targets", "all-linear")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "experts.gate_up_proj,experts.down_proj" in r.stderr
 
 
 def test_account_prices_a_moe_model(tmp_path):
@@ -213,3 +312,25 @@ def test_rope_scaling_extends_the_context():
         "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}})
     assert llama.max_position_embeddings == 131072
     json.dumps(dataclasses.asdict(yarn))  # still a plain, loggable shape
+
+
+def test_grpo_step_folds_once_per_forward_call():
+    """The executed count folds the expert adapters once per forward call of
+    ``rows_per_forward`` trained rows: 8 rows in 2 calls pay 6 fewer folds per pass than 8
+    calls, in the old-policy pass and in the training pass (forward, backward, recompute);
+    the useful count (per token) does not move."""
+    from allocopt.flops.grpo import GRPOStep, grpo_step_flops
+
+    s = ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B"))
+    spec = LoRASpec(8, "q_proj,experts,router")
+    kw = dict(prompt_tokens=(20, 30), completion_tokens=(5, 6, 7, 8, 9, 10, 11, 12), group_size=4,
+              update_passes=2)
+    one, four = (grpo_step_flops(s, GRPOStep(**kw, rows_per_forward=b), lora=spec,
+                                 gradient_checkpointing=True, engine_name="verl")
+                 for b in (1, 4))
+    assert one.useful == four.useful
+    fold = spec.fold_flops(s)  # one call's forward folds
+    bwd = 2 * 48 * sum(spec.fold_parts(s).values())  # their factor gradients
+    saved = 6 * fold + 2 * 6 * (fold + bwd + fold)  # old pass; 2 passes x (fwd, bwd, recompute)
+    assert one.executed.learning_flops - four.executed.learning_flops == saved
+    assert one.executed.search == four.executed.search

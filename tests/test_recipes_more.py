@@ -222,3 +222,48 @@ def test_lengths_file_is_checked_against_the_given_limit(tmp_path, cli):
                       "--max-completion-length", "512")
     assert r.returncode == 2 and "max_completion_length=512" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------- verl overrides
+def test_verl_overrides_for_dynamic_sampling_and_a_critic():
+    """The plan's verl overrides carry what it priced: over-generation as the keys of verl's
+    DAPO recipe (``recipe/dapo/run_dapo_qwen2.5_32b.sh``: ``data.gen_batch_size``,
+    ``algorithm.filter_groups.enable/metric/max_num_gen_batches``; one generation batch per
+    step, as priced), a critic as ``algorithm.adv_estimator=gae`` and verl's ``critic.*``
+    keys (``verl/trainer/config/critic/critic.yaml``, verl 0.9.1)."""
+    from allocopt.plan.engines import verl_entrypoint, verl_overrides
+
+    def overrides(**setup_kw):
+        setup = TrainingSetup(model="Qwen/Qwen2.5-0.5B", engine="verl", lora_rank=0,
+                              rollouts_per_iteration=64 * setup_kw.pop("G", 8), **setup_kw)
+        w = Workload(ModelShape.from_pretrained(setup.model), setup)
+        G = setup.rollouts_per_iteration // 64
+        alloc = Allocation(rho=0.8, group_size=G, reward="sparse")
+        plan = make_plan(1e18, alloc, w)
+        ov = verl_overrides(plan, passes=2, iterations=plan.iterations, learning_rate=1e-6,
+                            max_completion_length=1024, gradient_checkpointing=True)
+        return plan, ov, dict(o.split("=", 1) for o in ov)
+
+    plan, ov, d = overrides(generated_per_trained=3)
+    P = plan.prompts_per_iteration  # the plan's own choice of prompts per iteration
+    assert d["algorithm.adv_estimator"] == "grpo" and d["data.train_batch_size"] == str(P)
+    assert [o for o in ov if o.startswith(("data.gen_batch_size", "algorithm.filter_groups"))] == [
+        f"data.gen_batch_size={3 * P}", "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=1"]
+    assert verl_entrypoint(ov) == "recipe.dapo.main_dapo"
+    assert not any(o.startswith("critic.") for o in ov)
+
+    # (a plan's Allocation asks G >= 2; PPO with a critic at G > 1 is verl's GAE with n samples)
+    plan, ov, d = overrides(critic="Qwen/Qwen2.5-1.5B", G=4)
+    assert plan.group_size == 4 and d["actor_rollout_ref.rollout.n"] == "4"
+    assert d["algorithm.adv_estimator"] == "gae"
+    assert [o for o in ov if o.startswith("critic.")] == [
+        "critic.enable=True", "critic.model.path=Qwen/Qwen2.5-1.5B", "critic.ppo_epochs=2",
+        f"critic.ppo_mini_batch_size={plan.prompts_per_iteration}", "critic.optim.lr=1e-05",
+        "critic.model.enable_gradient_checkpointing=True"]
+    assert verl_entrypoint(ov) == "verl.trainer.main_ppo"
+    assert not any(o.startswith(("data.gen_batch_size", "algorithm.filter_groups")) for o in ov)
+
+    _, ov, d = overrides()  # plain GRPO: neither
+    assert d["algorithm.adv_estimator"] == "grpo"
+    assert not any(o.startswith(("critic.", "data.gen_batch_size", "algorithm.filter_groups")) for o in ov)

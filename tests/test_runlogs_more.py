@@ -225,6 +225,17 @@ def test_nemo_rl_tensorboard_by_hand_and_its_own_flops():
                  for st in steps) / train_s
     line = run.fields_read["performance/train_flops_per_gpu"]
     assert f"NeMo-RL {theirs:.3g} TFLOP/s" in line and f"same seconds {ours:.3g}" in line
+    # the fixture's value is NeMo-RL's own: nemo_rl/utils/flops_formulas.py lines 127-167
+    # (qwen2), summed over the step's rows by FLOPTracker.track_batch, over policy_training
+    # seconds, per GPU (nemo_rl/algorithms/utils.py lines 861-874); written here in closed
+    # form per row of s tokens: 6·L·s·d²·(4 + s/d) + 18·L·s·d·f + 6·s·d·V (Qwen2.5-1.5B)
+    d, L, f, V = 1536, 28, 8960, 151936
+    nemo = lambda n: 6 * L * n * d * d * (4 + n / d) + 18 * L * n * d * f + 6 * n * d * V  # noqa: E731
+    for st, rows in zip(steps, VALUES["nemo_rl"]["rows"]):
+        assert len(rows) == 512 and st["train/total_num_tokens"] == sum(p + c for p, c in rows)
+        by_hand = sum(nemo(p + c) for p, c in rows) / st["timing/train/policy_training"] / 1e12 / 8
+        assert st["performance/train_flops_per_gpu"] == pytest.approx(by_hand, rel=1e-12)
+        assert f32(st["performance/train_flops_per_gpu"]) == pytest.approx(by_hand, rel=1e-6)  # as logged
 
 
 def test_cli_from_openrlhf_and_nemo_rl(capsys):

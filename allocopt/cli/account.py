@@ -125,7 +125,7 @@ def account(
     importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
     lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
-    lora_targets: Optional[str] = typer.Option(None, help=f"LoRA target modules (comma separated) or all-linear. \\[default: {D['lora_targets']}]"),
+    lora_targets: Optional[str] = typer.Option(None, help=f"LoRA target modules (comma separated) or all-linear; on a mixture-of-experts model also experts.gate_up_proj, experts.down_proj (both: experts) and router (peft target_parameters). \\[default: {D['lora_targets']}]"),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),

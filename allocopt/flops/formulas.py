@@ -59,6 +59,7 @@ def forward_flops(
     num_logits: int = 0,
     attention: Attention = "causal",
     lora: LoRASpec | None = None,
+    expert_folds: int = 0,
 ) -> int:
     """FLOPs of one forward over ``num_tokens`` new tokens of one sequence.
 
@@ -69,6 +70,9 @@ def forward_flops(
         num_logits: positions at which the output head is applied (``lm``: logits).
         attention: ``causal`` or ``full`` counting of attention (module docstring).
         lora: adapters active in this pass (unmerged adapters cost their own matmuls).
+        expert_folds: forward calls in this count whose adapted expert/router weights peft
+            folds (:meth:`LoRASpec.fold_flops`, each call's folds once; the folded experts
+            then cost nothing per token); 0: those adapters run per token (vLLM, useful).
 
     Returns:
         FLOPs (int). For a batch, sum over its rows (padded rows: pass padded lengths).
@@ -78,7 +82,10 @@ def forward_flops(
     # "Switch Transformers", §2.1: compute follows the active experts only)
     linear = 2 * shape.matmul_params_per_token * num_tokens
     # 2. LoRA adapters, unmerged: A (d_in -> r) then B (r -> d_out) on every token
-    adapters = (lora.adapter_flops_per_token(shape) if lora else 0) * num_tokens
+    folded = bool(expert_folds)
+    adapters = (lora.adapter_flops_per_token(shape, folded=folded) if lora else 0) * num_tokens
+    # 2b. peft's folds of the fused expert weights: once per forward call, not per token
+    adapters += lora.fold_flops(shape) * expert_folds if lora and folded else 0
     # 3. attention: scores QKᵀ (2·h·d_qk) and weighted sum PV (2·h·d_v) per (query, key),
     # each layer with its own window
     attn = attention_flops(shape, num_tokens, past_tokens, attention)
@@ -96,6 +103,7 @@ def backward_flops(
     lora: LoRASpec | None = None,
     input_requires_grad: bool = False,
     fused_attention: bool = True,
+    expert_folds: int = 0,
 ) -> dict[str, int]:
     """FLOPs of the backward pass of one forward (no KV cache) of one sequence.
 
@@ -118,6 +126,13 @@ def backward_flops(
     attention under autograd) each of the four products is paid only when its operand needs a
     gradient and nothing is recomputed: at most 2 × the attention forward. (Fix, measured with
     ``FlopCounterMode``: the fused case used to count 2 ×, missing the recomputed scores.)
+
+    Routed experts and the router under LoRA (:data:`~allocopt.flops.shapes.EXPERT_MODULES`):
+    per token (``expert_folds=0``), each of the ``k`` experts a token meets pays its adapter's
+    backward as a dense module does. Folded (peft, ``expert_folds`` calls): the folded weight
+    ``W' = W + s·A·B`` needs a gradient, so the experts' product pays its weight gradient
+    (``2·d_in·d_out`` per routed token, as much as its input gradient), and each call's fold
+    its two factor gradients (2 × one fold, :meth:`LoRASpec.fold_parts`).
 
     Returns:
         ``{"backward": FLOPs}`` split as ``{"backward_layers", "backward_head"}`` plus the total
@@ -149,6 +164,7 @@ def backward_flops(
 
     targets, r = lora.adapted(shape), lora.rank
     attn_mods = shape.attention_modules()
+    folded = frozenset(lora.fold_parts(shape)) if expert_folds else frozenset()
 
     def layer(grad_in: bool, moe: bool, window: int | None) -> tuple[int, bool]:
         """Backward FLOPs of one decoder layer whose input needs a gradient iff ``grad_in``,
@@ -163,11 +179,14 @@ def backward_flops(
             uses = mods[name][2] if len(mods[name]) > 2 else 1
             if input_grad:
                 cost += 2 * d_in * d_out * num_tokens * uses  # frozen W: input gradient only
-            if name in targets:
-                cost += 2 * r * d_out * num_tokens * 2  # B: weight grad + grad of A·x
-                cost += 2 * r * d_in * num_tokens  # A: weight grad
+            if name in folded:  # W' = W + s·A·B: its weight gradient, then A's and B's
+                cost += 2 * d_in * d_out * num_tokens * uses
+                cost += 2 * lora.fold_parts(shape)[name] * expert_folds
+            elif name in targets:  # per token (each of the `uses` routed experts)
+                cost += 2 * r * d_out * num_tokens * 2 * uses  # B: weight grad + grad of A·x
+                cost += 2 * r * d_in * num_tokens * uses  # A: weight grad
                 if input_grad:
-                    cost += 2 * r * d_in * num_tokens  # A: input grad
+                    cost += 2 * r * d_in * num_tokens * uses  # A: input grad
             return input_grad or name in targets
 
         if shape.kv_lora_rank:  # MLA: q through its latent (or one q_proj), k and v through theirs
@@ -190,12 +209,12 @@ def backward_flops(
             gate, up = module("gate_proj", h1), module("up_proj", h1)
             down = module("down_proj", gate or up)
             return cost, h1 or down
-        # MoE: the router, the routed experts and the shared expert's gate are frozen (input
-        # gradients only, when the layer's input needs one); the routing weights pass the
-        # gradient to the router's logits
-        module("router", h1)
-        module("experts.down_proj", module("experts.gate_up_proj", h1))
-        out = h1
+        # MoE: the router, the routed experts and the shared expert's gate, frozen, pay input
+        # gradients only, when the layer's input needs one (the routing weights pass the
+        # gradient to the router's logits); adapted ones (EXPERT_MODULES) their adapters' too
+        routed = module("router", h1)  # an adapted router passes gradients to its logits
+        routed = module("experts.down_proj", module("experts.gate_up_proj", h1)) or routed
+        out = h1 or routed
         if shape.shared_expert_intermediate_size:
             sg, su = module("shared.gate_proj", h1), module("shared.up_proj", h1)
             sd = module("shared.down_proj", sg or su)
@@ -229,6 +248,7 @@ def training_flops(
     head_recompute: bool = False,
     fused_attention: bool = True,
     reentrant_checkpoint: bool = False,
+    expert_folds: int = 0,
 ) -> dict[str, int]:
     """Forward + backward FLOPs of one training pass over one sequence (no KV cache).
 
@@ -254,19 +274,23 @@ def training_flops(
             recomputed) or per product (eager); see :func:`backward_flops`.
         reentrant_checkpoint: the checkpoint is torch's reentrant one
             (``use_reentrant=True``), which recomputes each layer's whole forward.
+        expert_folds: forward calls whose adapted expert weights peft folds (see
+            :func:`forward_flops`); the checkpoint's recompute folds them again.
 
     Returns:
         ``{"forward", "backward", "recompute"}`` in FLOPs (and ``"total"``).
     """
     if input_requires_grad is None:
         input_requires_grad = gradient_checkpointing and lora is not None
-    fwd = forward_flops(shape, num_tokens, num_logits=num_logits, attention=attention, lora=lora)
+    fwd = forward_flops(shape, num_tokens, num_logits=num_logits, attention=attention, lora=lora,
+                        expert_folds=expert_folds)
     bwd = backward_flops(shape, num_tokens, num_logits=num_logits, attention=attention, lora=lora,
                          input_requires_grad=input_requires_grad,
-                         fused_attention=fused_attention)["backward"]
+                         fused_attention=fused_attention, expert_folds=expert_folds)["backward"]
     recompute = 0
     if gradient_checkpointing:  # the decoder layers' forward again; the head is not checkpointed
-        recompute += forward_flops(shape, num_tokens, attention=attention, lora=lora)
+        recompute += forward_flops(shape, num_tokens, attention=attention, lora=lora,
+                                   expert_folds=expert_folds)
         if not reentrant_checkpoint:  # early stop: each layer's last matmul is not rerun
             recompute -= _unsaved_last_matmul(shape, lora) * num_tokens
     if head_recompute:
@@ -302,6 +326,7 @@ def generation_flops(
     *,
     attention: Attention = "causal",
     lora: LoRASpec | None = None,
+    expert_folds: bool = False,
 ) -> dict[str, int]:
     """FLOPs of sampling one completion with a KV cache.
 
@@ -309,6 +334,11 @@ def generation_flops(
     position yields completion token 1. Each further token costs one decode step that feeds
     the previous token: step ``j`` (``j = 1 … T-1``) sees ``prompt + j`` keys. A completion of
     ``T`` tokens (EOS included) costs one prefill and ``T - 1`` decode steps.
+
+    With ``expert_folds`` (transformers ``generate`` on a peft model), every forward call (the
+    prefill and each decode step) folds the adapted expert weights once
+    (:meth:`LoRASpec.fold_flops`), and they cost nothing per token; a batch shares each call's
+    fold (count it once per batch, not per row).
 
     Returns:
         ``{"prefill", "decode", "total"}`` in FLOPs.
@@ -318,13 +348,16 @@ def generation_flops(
                           "need prompt_tokens >= 1 and completion_tokens >= 0")
     if completion_tokens == 0:
         return {"prefill": 0, "decode": 0, "total": 0}
-    prefill = forward_flops(shape, prompt_tokens, num_logits=1, attention=attention, lora=lora)
+    folds = int(bool(expert_folds and lora and lora.fold_parts(shape)))
+    prefill = forward_flops(shape, prompt_tokens, num_logits=1, attention=attention, lora=lora,
+                            expert_folds=folds)
     steps = completion_tokens - 1
     # Σ_{j=1}^{T-1} keys(prompt + j): one query per step (windowed layers: at most w keys),
     # the closed form of attention_keys for `steps` queries after `prompt` cached keys
     per_token = (2 * shape.matmul_params_per_token
-                 + (lora.adapter_flops_per_token(shape) if lora else 0)
-                 + 2 * shape.head_matmul_params)
+                 + (lora.adapter_flops_per_token(shape, folded=bool(folds)) if lora else 0)
+                 + 2 * shape.head_matmul_params
+                 + (lora.fold_flops(shape) * folds if lora else 0))
     decode = steps * per_token + attention_flops(shape, steps, prompt_tokens, "causal")
     return {"prefill": prefill, "decode": decode, "total": prefill + decode}
 

@@ -230,6 +230,10 @@ class GRPOStep:
     Generation and reward are charged on every row; the old-policy and reference log-prob
     passes and the ``μ`` update passes on the trained rows only (verl's DAPO trainer cuts the
     batch to the kept groups before ``compute_log_prob``)."""
+    rows_per_forward: int = 1
+    """Trained rows in one forward call of the log-prob and loss passes (the micro-batch:
+    TRL ``per_device_train_batch_size``, verl ``ppo_micro_batch_size_per_gpu``). Only LoRA on
+    fused expert weights reads it: peft folds them once per call (executed count)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
@@ -254,6 +258,9 @@ class GRPOStep:
             raise ConfigError(f"minibatches={self.minibatches!r}: must be a positive integer")
         if self.reward_steps is not None and len(self.reward_steps) != len(self.completion_tokens):
             raise ConfigError("reward_steps: one entry per completion")
+        b = self.rows_per_forward
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ConfigError(f"rows_per_forward={b!r}: must be a positive integer")
         t = self.trained_prompts
         if t is not None and (isinstance(t, bool) or not isinstance(t, int)
                               or not 0 <= t <= len(self.prompt_tokens)):
@@ -367,6 +374,14 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     else:  # every row is as long as the longest prompt and the longest completion
         g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora)
         search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
+        if gen_lora is not None and gen_lora.fold_parts(policy):
+            # transformers generate on a peft model: the adapted expert weights are folded
+            # once per forward call of the whole batch (prefill, then each decode step)
+            g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora,
+                                 expert_folds=True)
+            fold = gen_lora.fold_flops(policy)
+            search = {"prefill": (g["prefill"] - fold) * len(rows) + fold,
+                      "decode": (g["decode"] - fold * (C_max - 1)) * len(rows) + fold * (C_max - 1)}
 
     # --- reward: one reward-model forward over prompt + completion (+ step markers). Each row
     # at its own length: reward models batch completions sorted by length (objectives.rewards.model_reward.
@@ -399,8 +414,13 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         return out
 
     seqs = Counter(shapes())  # identical rows are counted once, times their number
+    # LoRA on fused expert weights (executed): peft folds them once per forward call of
+    # step.rows_per_forward rows; counted per row below, then the calls' folds put right
+    folds = int(not useful and lora is not None and bool(lora.fold_parts(policy)))
+    calls = -(-len(trained) // step.rows_per_forward)
     logprob_pass = {  # no-grad forward: with adapters (old policy) or without (reference)
-        name: sum(m * forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters)
+        name: sum(m * forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters,
+                                    expert_folds=folds if adapters else 0)
                   for (n, k), m in seqs.items())
         for name, adapters in (("old", lora), ("ref", None))
     }
@@ -411,13 +431,24 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
                            # checkpoint needs (the useful count must not move with it)
                            gradient_checkpointing=gc and not useful,
                            # useful: each attention product whose gradient is needed, once
-                           fused_attention=(not useful and eng.fused_attention))
+                           fused_attention=(not useful and eng.fused_attention),
+                           expert_folds=folds)
         # the fused LM head's recomputed logits tiles, apart from the checkpoint's
         # recompute: they run with checkpointing off too (TRL's chunked fused head)
         t["head_recompute"] = 2 * policy.head_matmul_params * k \
             if eng.head_recompute and not useful else 0
         for key in train:
             train[key] += m * t[key]
+    if folds and len(trained) != calls:  # the folds of one call each, not one per row
+        (n, k), extra = next(iter(seqs)), calls - len(trained)
+        one = lambda f: forward_flops(policy, n, num_logits=k, attention=attn, lora=lora,  # noqa: E731
+                                      expert_folds=f)
+        logprob_pass["old"] += extra * (one(2) - one(1))
+        two = [training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
+                              gradient_checkpointing=gc, fused_attention=eng.fused_attention,
+                              expert_folds=f) for f in (1, 2)]
+        for key in ("forward", "backward", "recompute"):
+            train[key] += extra * (two[1][key] - two[0][key])
     mu = step.update_passes
     learning = {
         "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs_on(eng) else 0,

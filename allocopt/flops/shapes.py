@@ -374,23 +374,34 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class LoRASpec:
-    """LoRA adapters on a frozen base (Hu et al. 2021, "LoRA", §4.1: ``W + B·A``)."""
+    """LoRA adapters on a frozen base (Hu et al. 2021, "LoRA", §4.1: ``W + B·A``).
+
+    On a mixture-of-experts model the routed experts' fused 3-D weights are adapted by name
+    (:data:`EXPERT_MODULES`: peft's ``target_parameters``, e.g.
+    ``["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"]``): one adapter
+    per expert, ``A_e`` (``d_in -> r``) and ``B_e`` (``r -> d_out``), and the router's one.
+    Two ways to run them are counted (:meth:`adapter_flops_per_token`, :meth:`fold_flops`):
+    per token through its ``k`` routed experts (vLLM's fused-MoE LoRA; the useful count), or
+    folded into the whole expert stack on every forward call (peft 0.21's ``ParamWrapper``).
+    """
 
     rank: int = 16
     """``r``: adapter rank."""
     target_modules: tuple[str, ...] = MODULES
-    """Linear modules of every layer that carry an adapter (peft ``target_modules``;
-    ``all-linear`` is all seven)."""
+    """Modules of every layer that carry an adapter (peft ``target_modules``; ``all-linear``
+    is the seven of :data:`MODULES`), and on a mixture-of-experts model the fused expert
+    weights and the router by their :data:`EXPERT_MODULES` names (peft ``target_parameters``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ConfigError(f"lora_rank={self.rank!r}: must be a positive integer")
         if isinstance(self.target_modules, str):
             object.__setattr__(self, "target_modules", _parse_targets(self.target_modules))
-        bad = [m for m in self.target_modules if m not in MODULES + MLA_MODULES]
+        allowed = MODULES + MLA_MODULES + EXPERT_MODULES
+        bad = [m for m in self.target_modules if m not in allowed]
         if bad or not self.target_modules:
             raise ConfigError(f"lora_target_modules={list(self.target_modules)!r}: "
-                              f"allowed: {', '.join(MODULES + MLA_MODULES)} or all-linear")
+                              f"allowed: {', '.join(allowed)} or all-linear")
 
     def adapted(self, shape: ModelShape) -> frozenset[str]:
         """Names of ``shape``'s layer modules (:meth:`ModelShape.attention_modules`,
@@ -399,38 +410,85 @@ class LoRASpec:
         ``kv_a_proj_with_mqa`` and ``kv_b_proj``).
 
         Raises:
-            ConfigError: MLP targets on a mixture-of-experts model (peft's ``all-linear`` then
-                also wraps the routed experts, whose 3-D weights it folds with the adapter on
-                every forward, and the router: not counted)."""
+            ConfigError: expert targets on a dense model; ``gate_proj``/``up_proj``/``down_proj``
+                (or ``all-linear``) on a mixture-of-experts model: what peft then adapts depends
+                on the model type (peft 0.21.2 with transformers 5 turns them into
+                ``target_parameters`` on the fused experts, ``gate_up_proj`` at rank ``2r``, for
+                Qwen3-MoE and DeepSeek, into nothing for Mixtral, whose v4 names were
+                ``w1/w2/w3``, and into the shared expert only for Qwen2-MoE; the dense layers'
+                MLPs lose their adapters): name the expert weights instead."""
         t = set(self.target_modules)
         if shape.kv_lora_rank and self.target_modules == MODULES:  # all-linear: every projection
             t |= set(MLA_MODULES)
         mlp = t & {"gate_proj", "up_proj", "down_proj"}
+        experts = t & set(EXPERT_MODULES)
         if shape.moe_layers and mlp:
+            attn = ",".join(shape.attention_modules())
             raise ConfigError(
-                f"lora_targets={','.join(self.target_modules)}: LoRA on the MLP of a "
-                f"mixture-of-experts model ({sorted(mlp)[0]}) is not counted (peft wraps the "
-                "routed experts' 3-D weights and the router too); target attention projections "
-                f"only ({', '.join(shape.attention_modules())}) or fine-tune fully (lora_rank=0)")
+                f"lora_targets={','.join(self.target_modules)}: {sorted(mlp)[0]} on a "
+                "mixture-of-experts model is not counted (peft maps the MLP names onto the fused "
+                "experts differently per model type); name what carries an adapter: "
+                f"{attn},experts.gate_up_proj,experts.down_proj[,router] (peft target_modules "
+                "plus target_parameters), or fine-tune fully (lora_rank=0)")
+        if experts and not shape.moe_layers:
+            raise ConfigError(f"lora_targets={','.join(self.target_modules)}: "
+                              f"{sorted(experts)[0]}: {shape.name} has no mixture-of-experts "
+                              "layers; allowed: " + ", ".join(MODULES))
         return frozenset(t)
 
-    def adapter_flops_per_token(self, shape: ModelShape) -> int:
-        """Forward FLOPs of all adapters of the model per token: ``Σ 2·r·(d_in + d_out)`` over
-        the adapted modules (:meth:`adapted`) of every layer."""
+    def adapter_flops_per_token(self, shape: ModelShape, *, folded: bool = False) -> int:
+        """Forward FLOPs of all adapters of the model per token: ``Σ 2·r·(d_in + d_out)·uses``
+        over the adapted modules (:meth:`adapted`) of every layer; a routed expert's adapter
+        runs for each of the ``k`` experts a token is routed to (``uses = k``: the per-token
+        path, vLLM's fused-MoE LoRA). ``folded``: the expert and router adapters are folded
+        into their weights once per forward call instead (:meth:`fold_flops`) and cost
+        nothing per token."""
         t = self.adapted(shape)
+        if folded:
+            t = t - set(EXPERT_MODULES)
 
         def layer(moe: bool) -> int:
-            mods = {**shape.attention_modules(),
-                    **{m: (i, o) for m, (i, o, _) in shape.mlp_modules(moe).items()}}
-            return sum(2 * self.rank * (i + o) for m, (i, o) in mods.items() if m in t)
+            mods = {**{m: (i, o, 1) for m, (i, o) in shape.attention_modules().items()},
+                    **shape.mlp_modules(moe)}
+            return sum(2 * self.rank * (i + o) * u for m, (i, o, u) in mods.items() if m in t)
 
         n_moe = shape.num_moe_layers
         return (shape.num_layers - n_moe) * layer(False) + n_moe * layer(True)
+
+    def fold_parts(self, shape: ModelShape) -> dict[str, int]:
+        """FLOPs of one fold of each adapted expert/router weight of one MoE layer, as peft
+        0.21's ``ParamWrapper`` runs it on every forward call of the layer
+        (``peft/tuners/lora/layer.py``): the expert stack ``W + s·(A_e B_e)`` for all ``E``
+        experts, one ``baddbmm`` of ``E x d_in x r`` by ``E x r x d_out``:
+        ``2·E·d_in·d_out·r``; the router ``W + s·B·A``: one ``d_out x r`` by ``r x d_in``
+        product, ``2·d·E·r``."""
+        t = self.adapted(shape) & set(EXPERT_MODULES)
+        mods = shape.mlp_modules(True)
+        E, r = shape.num_experts, self.rank
+        return {m: (2 * (1 if m == "router" else E) * mods[m][0] * mods[m][1] * r)
+                for m in EXPERT_MODULES if m in t}
+
+    def fold_flops(self, shape: ModelShape) -> int:
+        """Forward FLOPs of one call's folds over all MoE layers (peft ``ParamWrapper``): each
+        expert stack's fold runs twice, since ``torch.nn.utils.parametrize.register_parametrization``
+        evaluates the parametrization once when peft registers it on every call and once when
+        the experts read it (cached after); the router's product runs once (peft computes its
+        delta before registering, and the parametrization then only adds). Measured with
+        ``FlopCounterMode`` (tests/test_moe.py)."""
+        parts = self.fold_parts(shape)
+        per_layer = sum(v if m == "router" else 2 * v for m, v in parts.items())
+        return shape.num_moe_layers * per_layer
 
 
 MLA_MODULES: tuple[str, ...] = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 """The attention projections of a multi-head latent attention layer besides ``q_proj`` and
 ``o_proj`` (DeepSeek-V2/V3)."""
+
+EXPERT_MODULES: tuple[str, ...] = ("experts.gate_up_proj", "experts.down_proj", "router")
+"""LoRA targets of a mixture-of-experts layer (names of :meth:`ModelShape.mlp_modules`): the
+routed experts' fused ``gate_up_proj`` (``E x 2·f_e x d`` in transformers 5) and ``down_proj``
+weights, and the router's ``gate.weight`` (peft ``target_parameters``
+``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``, ``mlp.gate.weight``)."""
 
 _EXTENSION_FIELDS = frozenset({
     "window_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_layers",
@@ -551,9 +609,14 @@ def _sliding_window(config: Mapping[str, Any]) -> int | None:
 
 
 def _parse_targets(text: str) -> tuple[str, ...]:
+    """``all-linear``: :data:`MODULES`; else comma-separated names, ``experts`` standing for
+    ``experts.gate_up_proj,experts.down_proj``."""
     if text.strip() in ("all-linear", "all"):
         return MODULES
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+    out: list[str] = []
+    for t in (t.strip() for t in text.split(",") if t.strip()):
+        out += ["experts.gate_up_proj", "experts.down_proj"] if t == "experts" else [t]
+    return tuple(dict.fromkeys(out))
 
 
 
@@ -591,7 +654,7 @@ def preset_names() -> list[str]:
     return [p.name for p in _PRESET_LIST]
 
 
-__all__ = ["ConfigError", "HeadKind", "LoRASpec", "MLA_MODULES", "MODULES", "ModelShape",
+__all__ = ["ConfigError", "EXPERT_MODULES", "HeadKind", "LoRASpec", "MLA_MODULES", "MODULES", "ModelShape",
            "preset_names"]
 
 

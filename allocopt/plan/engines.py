@@ -12,6 +12,25 @@ per pass over a rollout batch; the learning rate is per optimizer step::
                          processes × gradient_accumulation_steps   = N / G (verl multiplies by n)
                          = N
     iterations I         max_steps = I × μ                       trainer.total_training_steps = I
+    generated per        (not in TRL)                            data.gen_batch_size = K × N / G,
+      trained K > 1                                              algorithm.filter_groups.{enable,
+                                                                 metric, max_num_gen_batches=1}
+    critic               (not in TRL's GRPO)                     algorithm.adv_estimator=gae,
+                                                                 critic.{enable, model.path,
+                                                                 ppo_epochs, ppo_mini_batch_size, ...}
+
+Over-generation runs verl's DAPO trainer (``python -m recipe.dapo.main_dapo``; volcengine/verl
+``recipe/dapo/run_dapo_qwen2.5_32b.sh`` sets the same keys; later trees move it to
+``recipe.dapo.src.main_dapo``, and verl 0.9's ``trainer.use_v1`` replay buffer reads
+``algorithm.filter_groups`` too but refills one group at a time with no bound, which no
+budget can price ahead): it generates ``gen_batch_size``
+prompts × ``n``, keeps the groups whose ``filter_groups.metric`` varies, and trains the first
+``train_batch_size`` of them (``recipe/dapo/dapo_ray_trainer.py``). The plan priced one
+generation batch per step, so ``max_num_gen_batches=1``: a step never generates more, and a
+batch with too few kept groups stops verl with its own error (raise ``generated_per_trained``)
+rather than spending past the budget. The critic's keys are those of verl's ``critic`` config
+group (``verl/trainer/config/critic/critic.yaml``, verl 0.9.1); the critic is fully fine-tuned,
+``μ`` passes with one optimizer step each, as the plan priced it.
 
 Standard library only.
 """
@@ -22,7 +41,15 @@ from typing import Any
 
 from allocopt.flops import ConfigError
 
-__all__ = ["trl_grpo_config", "verl_overrides"]
+__all__ = ["DAPO_ENTRYPOINT", "PPO_ENTRYPOINT", "trl_grpo_config", "verl_entrypoint", "verl_overrides"]
+
+PPO_ENTRYPOINT = "verl.trainer.main_ppo"
+"""verl's PPO/GRPO trainer module (``python -m``)."""
+DAPO_ENTRYPOINT = "recipe.dapo.main_dapo"
+"""verl's DAPO recipe trainer module (dynamic sampling: ``algorithm.filter_groups``)."""
+FILTER_METRIC = "acc"
+"""``algorithm.filter_groups.metric``: the per-row value whose spread within a group keeps
+it (DAPO's recipe: ``acc``, the rule-based reward's accuracy)."""
 
 
 def trl_grpo_config(plan: Any, *, passes: int | None = None, iterations: int | None = None,
@@ -74,13 +101,21 @@ def trl_grpo_config(plan: Any, *, passes: int | None = None, iterations: int | N
 
 def verl_overrides(plan: Any, *, passes: int, iterations: int, learning_rate: float,
                    max_completion_length: int, temperature: float = 1.0, beta: float = 0.0,
-                   gradient_checkpointing: bool = False) -> list[str]:
-    """Hydra overrides for verl's ``main_ppo`` with ``algorithm.adv_estimator=grpo`` that realize
-    ``plan`` with ``passes`` passes and ``iterations`` iterations (see the module table). A
+                   gradient_checkpointing: bool = False,
+                   critic_learning_rate: float = 1e-5) -> list[str]:
+    """Hydra overrides for verl that realize ``plan`` with ``passes`` passes and ``iterations``
+    iterations (see the module table): ``main_ppo`` with ``algorithm.adv_estimator=grpo``; with
+    the plan's set-up over-generating (``generated_per_trained`` > 1) the DAPO trainer's
+    ``data.gen_batch_size`` and ``algorithm.filter_groups.*`` (run with
+    :func:`verl_entrypoint`); with a critic, ``algorithm.adv_estimator=gae`` and the
+    ``critic.*`` keys (``critic_learning_rate``: its per-step rate, verl's default 1e-5). A
     model-based reward names its reward model; a rule-based one expects the user's
     ``custom_reward_function``."""
     p = plan
-    out = ["algorithm.adv_estimator=grpo",
+    setup = getattr(p, "setup", None)
+    critic = getattr(setup, "critic", "") if setup is not None else ""
+    ratio = getattr(setup, "generated_per_trained", 1.0) if setup is not None else 1.0
+    out = [f"algorithm.adv_estimator={'gae' if critic else 'grpo'}",
            f"data.train_batch_size={p.prompts_per_iteration}",
            f"actor_rollout_ref.rollout.n={p.group_size}",
            f"actor_rollout_ref.actor.ppo_epochs={passes}",
@@ -98,4 +133,22 @@ def verl_overrides(plan: Any, *, passes: int, iterations: int, learning_rate: fl
         out += ["reward_model.enable=True", f"reward_model.model.path={p.reward_model}"]
     else:
         out += ["reward_model.enable=False"]
+    if ratio > 1:  # the same rounding as the plan's price (plan.recipe.generated_prompts)
+        gen = max(p.prompts_per_iteration, round(p.prompts_per_iteration * ratio))
+        out += [f"data.gen_batch_size={gen}", "algorithm.filter_groups.enable=True",
+                f"algorithm.filter_groups.metric={FILTER_METRIC}",
+                "algorithm.filter_groups.max_num_gen_batches=1"]
+    if critic:
+        out += ["critic.enable=True", f"critic.model.path={critic}",
+                f"critic.ppo_epochs={passes}",
+                f"critic.ppo_mini_batch_size={p.prompts_per_iteration}",
+                f"critic.optim.lr={critic_learning_rate!r}",
+                f"critic.model.enable_gradient_checkpointing={bool(gradient_checkpointing)}"]
     return out
+
+
+def verl_entrypoint(overrides: list[str]) -> str:
+    """The module to run ``overrides`` with: :data:`DAPO_ENTRYPOINT` when they filter groups
+    (verl's ``main_ppo`` has no ``gen_batch_size`` loop), else :data:`PPO_ENTRYPOINT`."""
+    dapo = "algorithm.filter_groups.enable=True" in overrides
+    return DAPO_ENTRYPOINT if dapo else PPO_ENTRYPOINT

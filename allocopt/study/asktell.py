@@ -40,7 +40,7 @@ from typing import Any, Mapping
 from allocopt.plan.allocation import (Allocation, InfeasiblePlan, TrialPlan, Workload,
                                  iteration_flops, make_plan, plan_workload)
 from allocopt.flops import ComputeBreakdown, ConfigError, FlopAccount
-from allocopt.plan.engines import trl_grpo_config, verl_overrides as _verl_overrides
+from allocopt.plan.engines import trl_grpo_config, verl_entrypoint, verl_overrides as _verl_overrides
 from allocopt.record import (TrialRecord, write_asked, write_complete, write_infeasible,
                              write_start)
 from allocopt.spec import SearchSpace, StudySpec
@@ -454,7 +454,7 @@ def write_asked_folder(run: AskedRun, folder: Any, *, study: str, storage: str, 
     else:
         ov = verl_overrides(run, learning_rate=learning_rate, **run_kw)
         (folder / "verl_overrides.txt").write_text("\n".join(ov) + "\n")
-        info.update(overrides=ov, command="python -m verl.trainer.main_ppo " + " ".join(ov))
+        info.update(overrides=ov, command=f"python -m {verl_entrypoint(ov)} " + " ".join(ov))
     (folder / "ask.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return {**info, "folder": str(folder)}
 

@@ -4,7 +4,9 @@ Run from the repository root: ``PYTHONPATH=$PWD python tests/data/runlogs/make_e
 (needs torch and tensorboard). The files are written by the writers those tools use, called as
 they call them: ``torch.utils.tensorboard.SummaryWriter.add_scalar`` / ``add_text`` /
 ``add_hparams``, and the console lines of ``print(args)`` and ``logger.info``. The values are
-R1-shaped numbers chosen for the tests (no public log of these recipes was found).
+R1-shaped numbers chosen for the tests (no public log of these recipes was found); NeMo-RL's
+per-row lengths are written out and its ``performance/train_flops_per_gpu`` is what NeMo-RL's
+own formula gives for them (:func:`nemo_rl_qwen2_flops`).
 """
 
 from __future__ import annotations
@@ -59,22 +61,63 @@ NEMO_CONFIG = {  # examples/configs/grpo_math_1B.yaml, the fields the importer r
     "cluster": {"gpus_per_node": 8, "num_nodes": 1},
     "logger": {"log_dir": "logs", "tensorboard_enabled": True},
 }
-NEMO_STEPS = [  # per step: train/*, performance/*, timing/train/* of grpo_train
-    {"train/loss": 0.021, "train/reward": 0.42, "train/mean_prompt_length": 118.4,
-     "train/mean_gen_tokens_per_sample": 301.7, "train/max_gen_tokens_per_sample": 394.0,
-     "train/total_num_tokens": 512 * (118.4 + 301.7), "train/global_valid_seqs": 512.0,
-     "performance/train_flops_per_gpu": 118.0,
-     "timing/train/generation": 14.2, "timing/train/reward_calculation": 0.6,
-     "timing/train/policy_and_reference_logprobs": 3.9, "timing/train/policy_training": 9.8,
-     "timing/train/total_step_time": 29.1},
-    {"train/loss": 0.017, "train/reward": 0.47, "train/mean_prompt_length": 121.0,
-     "train/mean_gen_tokens_per_sample": 288.2, "train/max_gen_tokens_per_sample": 392.0,
-     "train/total_num_tokens": 512 * (121.0 + 288.2), "train/global_valid_seqs": 512.0,
-     "performance/train_flops_per_gpu": 120.5,
-     "timing/train/generation": 13.6, "timing/train/reward_calculation": 0.6,
-     "timing/train/policy_and_reference_logprobs": 3.8, "timing/train/policy_training": 9.5,
-     "timing/train/total_step_time": 28.0},
+QWEN25_15B = dict(hs=1536, layers=28, ffn_hs=8960, vocab_size=151936)
+"""Qwen/Qwen2.5-1.5B's config.json fields NeMo-RL's FLOP formula reads
+(``nemo_rl/utils/flops_tracker.py`` lines 47-53: ``Qwen2Config`` -> ``qwen2``)."""
+
+
+def nemo_rl_qwen2_flops(seq_len: int, hs: int, layers: int, ffn_hs: int, vocab_size: int) -> float:
+    """NeMo-RL's training FLOPs of one sequence of ``seq_len`` tokens, as written in
+    NVIDIA-NeMo/RL at 7ea279a, ``nemo_rl/utils/flops_formulas.py`` lines 127-167 (``qwen2``,
+    ``gbs=1``: ``FLOPTracker.track_batch`` calls it once per row with that row's
+    ``input_lengths``, ``nemo_rl/utils/flops_tracker.py`` lines 161-183). Its own
+    assumptions, kept: 3 x the forward (forward + backward), q, k, v each ``d x d`` (no GQA),
+    causal attention at half the square, the LM head at every position."""
+    causal_self_attn = True
+    gated_linear_multiplier = 2
+    attention_flops = 3 * 2 * 1 * layers * seq_len * hs * hs * (
+        (2 + 1) + (seq_len / hs * 2 * (0.5 if causal_self_attn else 1)) + 1)
+    mlp_flops = 3 * 2 * 1 * layers * seq_len * hs * (1 + gated_linear_multiplier) * ffn_hs
+    vocab_flops = 3 * 2 * 1 * seq_len * hs * vocab_size
+    return attention_flops + mlp_flops + vocab_flops
+
+
+def _nemo_rows(step: int) -> list[tuple[int, int]]:
+    """(prompt, response) tokens of each of the 32 x 16 rows of a step (deterministic)."""
+    prompts = [96 + (7 * i + 5 * step) % 45 for i in range(32)]
+    return [(prompts[r // 16], 180 + (53 * r + 31 * step) % 215) for r in range(512)]
+
+
+_NEMO_TIMING = [  # timing/train/* of grpo_train (seconds), and the rest of its train/* scalars
+    {"train/loss": 0.021, "train/reward": 0.42, "timing/train/generation": 14.2,
+     "timing/train/reward_calculation": 0.6, "timing/train/policy_and_reference_logprobs": 3.9,
+     "timing/train/policy_training": 9.8, "timing/train/total_step_time": 29.1},
+    {"train/loss": 0.017, "train/reward": 0.47, "timing/train/generation": 13.6,
+     "timing/train/reward_calculation": 0.6, "timing/train/policy_and_reference_logprobs": 3.8,
+     "timing/train/policy_training": 9.5, "timing/train/total_step_time": 28.0},
 ]
+
+
+def _nemo_step(step: int, timing: dict) -> dict:
+    """One step's scalars from its rows: the length metrics, and
+    ``performance/train_flops_per_gpu`` as NeMo-RL computes it
+    (``nemo_rl/algorithms/utils.py`` lines 861-874: ``total_flops / policy_training seconds /
+    1e12 / num_ranks``, ``total_flops`` the ``FLOPTracker``'s sum over the step's rows,
+    ``nemo_rl/models/policy/lm_policy.py`` lines 786-790 and 834-836)."""
+    rows = _nemo_rows(step)
+    gpus = NEMO_CONFIG["cluster"]["gpus_per_node"] * NEMO_CONFIG["cluster"]["num_nodes"]
+    total_flops = sum(nemo_rl_qwen2_flops(p + c, **QWEN25_15B) for p, c in rows)
+    return {**timing,
+            "train/mean_prompt_length": sum(p for p, _ in rows) / len(rows),
+            "train/mean_gen_tokens_per_sample": sum(c for _, c in rows) / len(rows),
+            "train/max_gen_tokens_per_sample": float(max(c for _, c in rows)),
+            "train/total_num_tokens": float(sum(p + c for p, c in rows)),
+            "train/global_valid_seqs": float(len(rows)),
+            "performance/train_flops_per_gpu":
+                total_flops / timing["timing/train/policy_training"] / 1e12 / gpus}
+
+
+NEMO_STEPS = [_nemo_step(i, t) for i, t in enumerate(_NEMO_TIMING, start=1)]
 
 
 def _hierarchize(flat: dict) -> SimpleNamespace:  # openrlhf/utils/config.py hierarchize
@@ -131,7 +174,9 @@ def main() -> None:
     w.close()
     (HERE / "engine_fixture_values.json").write_text(json.dumps(
         {"openrlhf": {"args": OPENRLHF_ARGS, "steps": OPENRLHF_STEPS},
-         "nemo_rl": {"config": NEMO_CONFIG, "steps": NEMO_STEPS}}, indent=1) + "\n")
+         "nemo_rl": {"config": NEMO_CONFIG, "steps": NEMO_STEPS,
+                     "rows": [_nemo_rows(i) for i in range(1, len(NEMO_STEPS) + 1)]}},
+        indent=None) + "\n")
     print("wrote", HERE)
 
 
