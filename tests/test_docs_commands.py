@@ -2,7 +2,8 @@
 
 The ```bash blocks of README.md and docs/**/*.md (docs/index.md repeats the README) are read;
 their lines that start with ``allocopt `` or ``python `` (continued by a trailing ``\\``) are
-the documented commands. A block is marked in the Markdown by an HTML comment on the line
+the documented commands. The ```python blocks are read whole: each is one program, run as a
+file with this interpreter. A block is marked in the Markdown by an HTML comment on the line
 before it:
 
 * ``<!-- no-test: REASON -->``: not run (needs a GPU, the network, a server, your own paths);
@@ -12,7 +13,8 @@ before it:
 Each page's blocks run in order in one temporary folder of their own (so ``best`` finds the
 study an earlier block made), with the repository's ``studies/``, ``tests/``, ``examples/`` and
 ``benchmarks/`` linked in, the worktree first on ``PYTHONPATH``, and ``python`` meaning this
-interpreter. A command passes when it exits 0.
+interpreter. A command passes when it exits 0 and prints something; a Python block when it
+exits 0.
 """
 
 from __future__ import annotations
@@ -38,17 +40,20 @@ _MARK = re.compile(r"^<!--\s*(no-test|slow)\s*(?::\s*(.*?))?\s*-->$")
 class Block:
     page: str          # path relative to the repository
     line: int          # line of the opening fence
-    commands: tuple[str, ...]
+    commands: tuple[str, ...]  # bash: one documented command each; python: the block's source
     mark: str | None   # None, "slow" or "no-test"
     reason: str = ""
+    lang: str = "bash"  # "bash" or "python"
 
 
 def documented_blocks(path: Path) -> list[Block]:
-    """The ```bash blocks of ``path`` that hold at least one documented command, with marks."""
+    """The ```bash blocks of ``path`` that hold at least one documented command and its
+    non-empty ```python blocks, in file order, with marks."""
     lines = path.read_text().split("\n")
     blocks, i = [], 0
     while i < len(lines):
-        if lines[i].strip() != "```bash":
+        lang = lines[i].strip()[3:] if lines[i].strip() in ("```bash", "```python") else None
+        if lang is None:
             i += 1
             continue
         start = i
@@ -58,6 +63,13 @@ def documented_blocks(path: Path) -> list[Block]:
         while i < len(lines) and lines[i].strip() != "```":
             body.append(lines[i])
             i += 1
+        if lang == "python":
+            source = "\n".join(body).strip("\n")
+            if source.strip():
+                blocks.append(Block(str(path.relative_to(ROOT)), start + 1, (source + "\n",),
+                                    m.group(1) if m else None, (m.group(2) or "") if m else "", "python"))
+            i += 1
+            continue
         commands, cur = [], ""
         for raw in body:
             cur += raw.rstrip()
@@ -114,6 +126,15 @@ def test_documented_command_runs(block: Block, page_folder: Path):
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.pop("MLFLOW_TRACKING_URI", None)
+    if block.lang == "python":
+        script = page_folder / f"_block_{block.line}.py"
+        script.write_text(block.commands[0])
+        proc = subprocess.run([sys.executable, script.name], cwd=page_folder, env=env,
+                              capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (
+            f"{block.page}:{block.line}: the Python block exited {proc.returncode}\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return
     for command in block.commands:
         proc = subprocess.run(["bash", "-c", _shell(command)], cwd=page_folder, env=env,
                               capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
@@ -129,7 +150,8 @@ def test_blocks_are_found_and_marked():
 
     text = ("intro\n\n```bash\nallocopt best --study a   # comment\npip install x\n```\n\n"
             "<!-- no-test: needs a GPU -->\n```bash\nallocopt study --spec s.toml \\\n    --trials 2\n```\n"
-            "<!-- slow -->\n\n```bash\npython x.py\n```\n```python\nallocopt = 1\n```\n")
+            "<!-- slow -->\n\n```bash\npython x.py\n```\n```python\nallocopt = 1\n```\n"
+            "<!-- no-test: needs a trainer -->\n```python\nimport x\n\nx.y()\n```\n```python\n\n```\n")
     with tempfile.TemporaryDirectory(dir=ROOT) as d:
         p = Path(d) / "page.md"
         p.write_text(text)
@@ -137,14 +159,17 @@ def test_blocks_are_found_and_marked():
     assert [(b.line, b.commands, b.mark, b.reason) for b in got] == [
         (3, ("allocopt best --study a # comment",), None, ""),
         (9, ("allocopt study --spec s.toml --trials 2",), "no-test", "needs a GPU"),
-        (15, ("python x.py",), "slow", "")]
+        (15, ("python x.py",), "slow", ""),
+        (18, ("allocopt = 1\n",), None, ""),
+        (22, ("import x\n\nx.y()\n",), "no-test", "needs a trainer")]
+    assert [b.lang for b in got] == ["bash", "bash", "bash", "python", "python"]
 
 
 def test_readme_is_short_and_runs_commands():
     """The README fits on two screens and shows commands that run (not only skipped ones)."""
     assert len((ROOT / "README.md").read_text().split("\n")) <= 125
     blocks = documented_blocks(ROOT / "README.md")
-    assert sum(len(b.commands) for b in blocks if b.mark is None) >= 3
+    assert sum(len(b.commands) for b in blocks if b.mark is None and b.lang == "bash") >= 3
 
 
 def test_cli_reference_lists_every_command_and_option():
