@@ -223,6 +223,8 @@ def test_study_under_a_time_budget_shows_hours_in_best(cli, tmp_path):
             "--throughput", f, "--pilots", "0", "--trials", "2", "--no-mlflow", "--storage", db,
             "--study-name", "h", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    # each allocation's full budget is its own, below the FLOP ceiling: counted as full runs, not pilots
+    assert " 2/2 " in [x for x in r.stderr.splitlines() if x.startswith("full runs")][-1]
     trials = optuna.load_study(study_name="h", storage=db).get_trials()
     done = [t for t in trials if t.state.name == "COMPLETE"]
     assert done
