@@ -13,7 +13,8 @@ Any Optuna code can run RACE::
 
 Each trial gets an allocation (``rho``, ``group_size``, ``reward``, ``model``: the dimensions
 the space varies) and a **fidelity** parameter, ``pilot`` (a run at ``pilot_fraction ×
-budget_flops``) or ``full``. ``fidelity`` is an ordinary Optuna parameter
+budget_flops``; under a time budget, ``time_budget=``, ``pilot_fraction ×`` the FLOPs that
+allocation executes in the hours: an iso-time grid) or ``full``. ``fidelity`` is an ordinary Optuna parameter
 (``CategoricalDistribution(("pilot", "full"))``), so it is stored with the trial, seen by every
 worker on the same storage and kept by a retry. :meth:`RaceSampler.suggest` suggests them all
 and writes the user attributes ``fidelity``, ``budget_flops`` and ``race_pilot`` (a grid
