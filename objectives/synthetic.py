@@ -303,6 +303,10 @@ class SyntheticObjective:
     sleep_s: float = 0.0
     """Wall seconds each run waits before it returns (default 0: instant). Lets tests of many
     workers kill one mid-trial deterministically (``[objective_settings] sleep_s = 2``)."""
+    train_prompts: int | None = None
+    """Size of the training set plans count epochs over (``TrainingSetup.train_prompts``;
+    default ``None``: unknown, no epochs). Small values make plans pass over it many times
+    (the epochs warning), e.g. ``--set train_prompts=1000``."""
 
     def __post_init__(self) -> None:
         get_variant(self.variant)
@@ -315,7 +319,8 @@ class SyntheticObjective:
     def workload(self) -> Workload:
         """The default set-up on the policy's shape, with ``target_steps`` off (the batch stays
         64 at every budget: the known optimum and its tests price these plans)."""
-        return Workload(policy=model_shape(self.model), setup=TrainingSetup(target_steps=None))
+        return Workload(policy=model_shape(self.model),
+                        setup=TrainingSetup(target_steps=None, train_prompts=self.train_prompts))
 
     def optimum(self, target: str = "pass_at_1", budget_flops: float = B_REF,
                 space: SearchSpace | None = None) -> Optimum:

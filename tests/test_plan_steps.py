@@ -140,3 +140,27 @@ def test_plan_cli_shows_epochs_the_raised_batch_and_the_warning(cli):
     assert r.returncode == 0 and '"rollouts_per_iteration": 64' in r.stdout
     r = cli("plan", "--budget", "1e19", "--rho", "0.2", "--target-steps", "-3")
     assert r.returncode == 2 and "target_steps=-3" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_study_prints_each_trials_epochs_warning_once(cli, tmp_path):
+    """A synthetic study on a training set of 1,000 prompts at 1e19 FLOPs: every plan passes
+    over it hundreds of times; the live display prints each trial's warning once, as one line,
+    the same text the trial records (``plan_warning``), with epochs = iterations × prompts per
+    iteration / 1,000 (by hand from the recorded plan)."""
+    import optuna
+
+    db = f"sqlite:///{tmp_path}/s.db"
+    r = cli("study", "--objective", "synthetic", "--target", "pass@1", "--budget", "1e19", "--pilots", "0",
+            "--trials", "3", "--no-mlflow", "--storage", db, "--study-name", "e", "--set", "train_prompts=1000",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("warning: trial ")]
+    trials = optuna.load_study(study_name="e", storage=db).get_trials()
+    assert len(trials) == 3 and len(lines) == 3
+    for t in trials:
+        p = t.user_attrs["plan"]
+        epochs = p["iterations"] * p["prompts_per_iteration"] / 1000
+        assert p["epochs"] == pytest.approx(epochs) and epochs > MAX_EPOCHS
+        assert p["plan_warning"].startswith(f"epochs={epochs:.1f}: ")
+        assert [x for x in lines if x.startswith(f"warning: trial {t.number}: ")] == \
+            [f"warning: trial {t.number}: {p['plan_warning']}"]

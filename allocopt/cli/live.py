@@ -67,7 +67,11 @@ class StudyDisplay:
 
     Use as a context manager; pass :meth:`on_start`, :meth:`progress` and :meth:`on_end` as the
     study's callbacks (:func:`allocopt.study.loop.run_study`). A trial whose budget is below the
-    study's is counted as a pilot.
+    study's is counted as a pilot (under a time budget: below the FLOPs its plan's phase shares
+    buy in the hours, by more than ``√pilot_fraction``; each allocation's full budget is its
+    own). A trial whose plan passes over the training set more than
+    :data:`~allocopt.plan.allocation.MAX_EPOCHS` times gets its warning
+    (:attr:`~allocopt.plan.allocation.TrialPlan.warning`) as one line when it starts, once.
 
     Args:
         console: a rich Console (stderr).
@@ -88,6 +92,8 @@ class StudyDisplay:
         self.full = self.bar.add_task("starting", total=num_full, info="", count=f"0/{num_full}")
         self.trial = self.bar.add_task("trial", total=spec.budget_flops, info="", count="", visible=False)
         self._fidelity: dict[int, str] = {}
+        self._time = spec.time_budget
+        self._warned: set[int] = set()
         self._done = {"pilot": 0, "full": 0}
         self._total = {"pilot": 0, "full": num_full}
         self.best: Any = None
@@ -113,8 +119,20 @@ class StudyDisplay:
         self._total["pilot"] = n
         self.bar.update(self.pilots, total=n, visible=n > 0, description="pilots", count=f"0/{n}")
 
+    def _is_pilot(self, plan: Any) -> bool:
+        if plan is None:
+            return False
+        if self._time is None:
+            return plan.budget_flops < self.spec.budget_flops * (1 - 1e-9)
+        full = self._time.flops_for_breakdown(plan.expected.executed)  # this allocation's full budget
+        return plan.budget_flops < full * self.spec.pilot_fraction ** 0.5
+
     def on_start(self, number: int, alloc: Any, plan: Any) -> None:
-        pilot = plan is not None and plan.budget_flops < self.spec.budget_flops * (1 - 1e-9)
+        if plan is not None and plan.warning and number not in self._warned:
+            self._warned.add(number)
+            self.bar.console.print(f"warning: trial {number}: {plan.warning}", highlight=False, markup=False,
+                                   soft_wrap=True)  # one line: a worker's log is read with grep
+        pilot = self._is_pilot(plan)
         self._fidelity[number] = "pilot" if pilot else "full"
         kind = "pilot" if pilot else "full"
         what = f"{'pilot' if pilot else 'full run'} {self._done[kind] + 1}/{self._total[kind]}"

@@ -60,21 +60,27 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
     from allocopt.race.pilot_plans import MIN_PILOT_USE, fit_pilots, plan_pilot, usable_share
 
     settings = settings or RaceSettings(max_pilots=spec.pilots)
-    budget = spec.pilot_fraction * spec.budget_flops
+    tb = spec.time_budget
+    budget = lambda a: spec.budget_for(a, workload, spec.pilot_fraction)  # noqa: E731 - per allocation under a time budget
     grid = pilot_grid(spec.space, settings, spec.seed)
     fitted = fit_pilots(grid, spec.space.rho, budget, workload) if settings.fit_pilots else grid
-    t = Table(title=f"RACE pilots at {spec.pilot_fraction:g} x {spec.budget_flops:.3g} = {budget:.3g} FLOPs; nothing is run")
+    t = Table(title=(f"RACE pilots at {spec.pilot_fraction:g} x {tb.gpu_hours:g} GPU-hours = "
+                     f"{spec.pilot_fraction * tb.gpu_hours:.3g} GPU-hours each (FLOPs per allocation); nothing is run")
+              if tb else f"RACE pilots at {spec.pilot_fraction:g} x {spec.budget_flops:.3g} = "
+              f"{spec.pilot_fraction * spec.budget_flops:.3g} FLOPs; nothing is run")
     moved = sum(g.allocation != p.allocation for g, p in zip(grid, fitted))
-    for c in ("reward", "G", "rho", *(("grid rho",) if moved else ()), "batch", "iters", "got", "use", "usable"):
+    for c in ("reward", "G", "rho", *(("grid rho",) if moved else ()), *(("FLOPs",) if tb else ()), "batch",
+              "iters", "got", "use", "usable"):
         t.add_column(c, justify="left" if c in ("reward", "usable") else "right")
-    plans = [plan_pilot(p, budget, workload) for p in fitted]
+    plans = [plan_pilot(p, budget(p.allocation), workload) for p in fitted]
     for g, pp in zip(grid, plans):
         a = pp.point.allocation
         iters = "-" if pp.plan is None else f"{pp.admitted_iterations}/{pp.plan.iterations}"
         got = "-" if pp.admitted_iterations == 0 else f"{pp.realized_rho:.3f}"
         batch = "-" if pp.plan is None else str(pp.plan.rollouts_per_iteration)
         grid_rho = ("=" if g.allocation == a else f"{g.allocation.rho:.3f}",) if moved else ()
-        t.add_row(a.reward, str(a.group_size), f"{a.rho:.3f}", *grid_rho, batch, iters, got,
+        flops = (f"{budget(a):.3g}",) if tb else ()
+        t.add_row(a.reward, str(a.group_size), f"{a.rho:.3f}", *grid_rho, *flops, batch, iters, got,
                   f"{pp.budget_use:.0%}", "yes" if pp.usable else "[red]no[/]")
     t.caption = (("grid rho: the grid's rho of a pilot moved to the nearest usable one ('=': not "
                   "moved); " if moved else "")
@@ -130,8 +136,6 @@ def race(
     from allocopt.race import check_pilot_fraction
 
     s = read_spec(spec, budget, set_, time=dict(budget_gpu_hours=budget_gpu_hours, gpus=gpus, budget_usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour, throughput=throughput), target=target, objective=objective, name=study_name, seed=seed)
-    if s.time_budget is not None:
-        raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); use allocopt study --pilots 0 or a FLOP budget (--budget)")
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
@@ -190,7 +194,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
                            on_trial_start=live.on_start, on_trial_end=None if quiet else live.on_end,
                            progress=live.progress, verbose=verbose)
         if tracker:
-            tracker.log_text(_text(regime_table(res.diagnoses, res.pilot_budget_flops, s.target,
+            tracker.log_text(_text(regime_table(res.diagnoses, pilot_budget_text(s, res), s.target,
                                                 bool(s.space.models))), "regime_table.txt")
         return res
 
@@ -215,7 +219,7 @@ def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: 
         return None
     r = replace(s, trials=max(validations, 1))
     sampler = RaceSampler(r.space, budget_flops=r.budget_flops, pilot_fraction=r.pilot_fraction,
-                          workload=workload, settings=settings, seed=r.seed)
+                          workload=workload, settings=settings, seed=r.seed, time_budget=r.time_budget)
     study = open_study(r, storage, sampler)
     left = work_left(study, replace(r, trials=validations), sampler)
     return {**left, "study": study}
@@ -232,8 +236,10 @@ def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finis
             return
         if phase == "pilots":
             live.pilots_to_run(len(payload))
-            live.note(f"RACE {s.name}: {len(payload)} of {num_design} pilot run(s) to do at "
-                      f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
+            tb = s.time_budget
+            each = (f"{f:g} x {tb.gpu_hours:g} = {f * tb.gpu_hours:.3g} GPU-hours each (FLOPs per allocation)"
+                    if tb else f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
+            live.note(f"RACE {s.name}: {len(payload)} of {num_design} pilot run(s) to do at {each}")
             estimate = study_estimate(obj, s.budget_flops, num_full, len(payload), f)
             if estimate:
                 live.note(estimate)
@@ -244,6 +250,14 @@ def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finis
         elif phase == "diagnoses":
             live.step("proposing the full-budget runs (surrogate fit)")
     return on_phase
+
+
+def pilot_budget_text(s: Any, res: Any) -> float | str:
+    """The pilots' budget as the regime table's title gives it: FLOPs, or under a time budget
+    the hours each pilot gets (its allocation's FLOPs differ)."""
+    tb = s.time_budget
+    return (res.pilot_budget_flops if tb is None else
+            f"{s.pilot_fraction:g} x {tb.gpu_hours:g} = {s.pilot_fraction * tb.gpu_hours:.3g} GPU-hours each")
 
 
 def print_race(s: Any, res: Any, *, propose_only: bool = False, as_json: bool = False) -> None:
@@ -258,7 +272,7 @@ def print_race(s: Any, res: Any, *, propose_only: bool = False, as_json: bool = 
                "pilot_fraction": s.pilot_fraction, **res.to_dict(), "same_regime_rate_all": rate_all}
         sys.stdout.write(_json(doc) + "\n")
         return
-    out.print(regime_table(res.diagnoses, res.pilot_budget_flops, s.target, bool(s.space.models)))
+    out.print(regime_table(res.diagnoses, pilot_budget_text(s, res), s.target, bool(s.space.models)))
     if propose_only:
         out.print(f"{len(res.proposals)} proposal(s), ready to run (allocation, plan and TRL "
                   "hyperparameters):", highlight=False)

@@ -30,13 +30,15 @@ def _short_model(model: str | None) -> str:
     return str(model).split("/")[-1] if model else "-"
 
 
-def regime_table(diagnoses: list[Any], pilot_budget: float, target: str, show_model: bool) -> Group:
+def regime_table(diagnoses: list[Any], pilot_budget: float | str, target: str, show_model: bool) -> Group:
     """The regime of each reward system from its pilots (:class:`allocopt.race.RegimeDiagnosis`
     rows): ρ* ± sd, its 90 % credible interval, the G, the slopes at the ends of the ρ range, the
     reward share at ρ*, the regime and its probability. With ``show_model``, one section per
     policy model. At most 80 columns for the 5 reward systems' names; a renderable for
-    ``Console.print``."""
-    parts: list[Any] = [Text(f"RACE regimes from pilots at {pilot_budget:.2e} FLOPs each "
+    ``Console.print``. ``pilot_budget``: FLOPs of each pilot, or a text (a time budget: each
+    allocation's own FLOPs)."""
+    each = pilot_budget if isinstance(pilot_budget, str) else f"{pilot_budget:.2e} FLOPs each"
+    parts: list[Any] = [Text(f"RACE regimes from pilots at {each} "
                              f"(target {target})", style="italic")]
     models = list(dict.fromkeys(d.model for d in diagnoses)) if show_model else [None]
     notes = []

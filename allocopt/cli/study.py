@@ -71,8 +71,6 @@ def study(
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction)
     if dry_run:
         return print_plans(s)
-    if s.time_budget is not None and s.pilots != 0 and not s.multi_objective:
-        raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); give --pilots 0 (plain Bayesian optimization) or a FLOP budget (--budget)")
     s = _race_terms(s, pilots, replicates)
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose)
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
@@ -196,7 +194,7 @@ def print_plans(s: Any) -> None:
     line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
     if line:
         out.print(line, highlight=False, markup=False)
-    if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1 and s.time_budget is None:
+    if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
         from allocopt.cli.race import pilot_table
 
         table, line = pilot_table(s, workload)

@@ -80,9 +80,28 @@ def _observed_params(r: TrialRecord) -> dict[str, Any]:
     return p
 
 
-def observations(study: Any, spec: StudySpec, target: str | None = None) -> list[Observation]:
+def observations(study: Any, spec: StudySpec, target: str | None = None,
+                 workload: Any = None) -> list[Observation]:
     """Every complete (feasible, run) trial of ``study`` with a value for ``target``
-    (default ``spec.target``)."""
+    (default ``spec.target``).
+
+    ``budget_fraction`` is the trial's budget over its allocation's full budget:
+    ``spec.budget_flops`` under a FLOP budget; under a time budget the FLOPs that allocation
+    executes in the hours (:meth:`StudySpec.budget_for` on ``workload``; without a workload,
+    ``spec.pilot_fraction`` for a pilot and 1 for a full run, the fractions RACE gives them)."""
+    tb = spec.time_budget
+    full: dict[Any, float] = {}
+
+    def fraction(r: TrialRecord, budget: float) -> float:
+        if tb is None:
+            return budget / spec.budget_flops
+        if workload is None:
+            return spec.pilot_fraction if r.fidelity == "pilot" else 1.0
+        asked = allocation_of(spec, r.given_params)  # the budget was priced for it
+        if asked not in full:
+            full[asked] = spec.budget_for(asked, workload)
+        return budget / full[asked]
+
     from optuna.trial import TrialState
 
     key = target_key(target or spec.target)
@@ -96,7 +115,7 @@ def observations(study: Any, spec: StudySpec, target: str | None = None) -> list
         budget = r.budget(spec.budget_flops)
         out.append(Observation(
             number=t.number, allocation=allocation_of(spec, _observed_params(r)), value=float(r.targets[key]),
-            budget_flops=budget, budget_fraction=budget / spec.budget_flops,
+            budget_flops=budget, budget_fraction=fraction(r, budget),
             fidelity=r.fidelity,
             reward_share=(m.get("reward_flops", 0) / total) if total else math.nan))
     return out

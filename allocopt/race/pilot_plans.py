@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from allocopt.plan.allocation import (RHO_TOLERANCE, Allocation, InfeasiblePlan, TrialPlan, Workload,
                                  expected_flops, iteration_flops, make_plan, min_last_rows,
@@ -157,13 +157,14 @@ def rho_spacing(points: Sequence[PilotPoint], lo: float, hi: float) -> float:
     return (hi - lo) / max(1, max(per.values(), default=1))
 
 
-def fit_pilots(points: Sequence[PilotPoint], rho_range: tuple[float, float], budget_flops: float,
-               workload: Workload) -> list[PilotPoint]:
+def fit_pilots(points: Sequence[PilotPoint], rho_range: tuple[float, float],
+               budget_flops: float | Callable[[Allocation], float], workload: Workload) -> list[PilotPoint]:
     """``points`` with each unusable pilot moved to the nearest usable ρ at most half the
     design's ρ spacing away (:func:`rho_spacing`) and inside ``rho_range``, searched in steps of
     :data:`RHO_STEP`; a pilot with no usable ρ there, or one the workload cannot price (a
     :class:`~allocopt.flops.ConfigError`), stays where it is. Repeats of one point move
-    together. Deterministic."""
+    together. Deterministic. ``budget_flops``: the pilot budget (FLOPs), or a function of the
+    allocation (a time budget gives each allocation its own)."""
     lo, hi = rho_range
     radius = rho_spacing(points, lo, hi) / 2
     moved: dict[Allocation, Allocation] = {}
@@ -189,9 +190,10 @@ def fit_pilots(points: Sequence[PilotPoint], rho_range: tuple[float, float], bud
     return out
 
 
-def _usable(a: Allocation, budget_flops: float, workload: Workload) -> bool:
+def _usable(a: Allocation, budget_flops: float | Callable[[Allocation], float], workload: Workload) -> bool:
     try:
-        return plan_pilot(PilotPoint(a), budget_flops, workload).usable
+        b = budget_flops(a) if callable(budget_flops) else budget_flops
+        return plan_pilot(PilotPoint(a), b, workload).usable
     except ConfigError:
         return True  # not priceable here: leave it where it is
 

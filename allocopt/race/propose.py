@@ -59,7 +59,7 @@ class Proposal:
     """Share of the round's posterior samples in which this allocation (for an extra pilot: the
     full-budget allocation it informs) is the full-budget maximizer (Thompson sampling)."""
     cost: float
-    """Compute in full-budget runs (``budget_flops / spec.budget_flops``)."""
+    """Compute in full-budget runs of its allocation (1, or the pilot fraction)."""
     predicted_mean: float
     """Surrogate mean of the target at the full budget, at this allocation (for an extra pilot:
     at the full-budget allocation it informs)."""
@@ -148,7 +148,8 @@ class PlanCache:
 
 
 def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], spec: StudySpec, settings: RaceSettings,
-               plans: Callable[[float, Allocation], TrialPlan | None]) -> "Proposal | None":
+               plans: Callable[[float, Allocation], TrialPlan | None],
+               full_budget: Callable[[Allocation], float]) -> "Proposal | None":
     """A repeat of the leading full run when the surrogate cannot separate it from the best full
     run of another cell or G (posterior means within one evaluation's noise) and it has run at
     most ``settings.replicates`` times; else ``None``."""
@@ -166,17 +167,19 @@ def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], spec: Study
     copies = sum(1 for b in full if same_run(b, "full", lead, "full", settings.rho_match))
     if copies > settings.replicates:
         return None
-    plan = plans(spec.budget_flops, lead) if plans is not None else None
+    budget = full_budget(lead)
+    plan = plans(budget, lead) if plans is not None else None
     if plans is not None and plan is None:
         return None
-    return Proposal(lead, "full", spec.budget_flops, plan, 0.0, 1.0, float(mean[order[0]]), float(sd[order[0]]),
+    return Proposal(lead, "full", budget, plan, 0.0, 1.0, float(mean[order[0]]), float(sd[order[0]]),
                     replicate=True)
 
 
 def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | None, *,
             existing: Sequence[tuple[Allocation, str]] = (), q: int = 1, pilot_fraction: float = 0.1,
             allow_pilots: bool = True, settings: RaceSettings = RaceSettings(), surrogate: Any = None,
-            plans: Callable[[float, Allocation], TrialPlan | None] | None = None) -> list[Proposal]:
+            plans: Callable[[float, Allocation], TrialPlan | None] | None = None,
+            full_budget: Callable[[Allocation], float] | None = None) -> list[Proposal]:
     """Up to ``q`` runs to do next, by Thompson sampling of the full-budget maximizer.
 
     1. Candidates: the full-budget grid (``rho_grid`` ρ values × G × reward × model), pruned to
@@ -214,6 +217,10 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
         existing: runs already done or queued (:func:`existing_runs`).
         allow_pilots: offer pilot-fidelity runs too.
         surrogate: a fitted surrogate (:func:`fit_surrogate`).
+        full_budget: FLOPs of a full-budget run of an allocation (a time budget gives each its
+            own: :meth:`allocopt.study.sampler.RaceSampler.full_budget`); default
+            ``spec.budget_flops`` for every one. A run at fidelity fraction ``f`` gets ``f ×``
+            its allocation's.
     """
     import torch
 
@@ -222,6 +229,8 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
     enc = sur.encoding
     if plans is None and workload is not None:
         plans = PlanCache(workload)
+    if full_budget is None:
+        full_budget = lambda a: spec.budget_flops  # noqa: E731 - one FLOP budget for every allocation
     space = spec.space
     cands = _full_candidates(space, settings)
     X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
@@ -254,8 +263,9 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
         if plans is None:  # no workload: feasibility unchecked
             taken.append((a, fidelity))
             return _UNCHECKED
-        plan = plans(frac * spec.budget_flops, a)
-        if plan is None or plan.expected.executed.total_flops > frac * spec.budget_flops:
+        budget = frac * full_budget(a)
+        plan = plans(budget, a)
+        if plan is None or plan.expected.executed.total_flops > budget:
             return None
         taken.append((a, fidelity))
         return plan
@@ -273,18 +283,18 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
             gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / pilot_fraction
             plan = try_run(z, "pilot", pilot_fraction) if gain_pilot > gain_full else None
             if plan is not None:
-                out.append(Proposal(z, "pilot", pilot_fraction * spec.budget_flops, _plan(plan), p_best,
+                out.append(Proposal(z, "pilot", pilot_fraction * full_budget(z), _plan(plan), p_best,
                                     pilot_fraction, float(mean[i]), float(sd[i])))
                 return True
         plan = try_run(a, "full", 1.0)
         if plan is None:
             return False
-        out.append(Proposal(a, "full", spec.budget_flops, _plan(plan), p_best, 1.0, float(mean[i]),
+        out.append(Proposal(a, "full", full_budget(a), _plan(plan), p_best, 1.0, float(mean[i]),
                             float(sd[i])))
         return True
 
     if settings.replicates and not exploring and q >= 1:
-        rep = _replicate(sur, existing, spec, settings, plans)
+        rep = _replicate(sur, existing, spec, settings, plans, full_budget)
         if rep is not None:
             out.append(rep)
             taken.append((rep.allocation, "full"))

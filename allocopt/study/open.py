@@ -31,16 +31,13 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     import optuna
 
     if spec.pilots != 0 and not spec.multi_objective:
-        if spec.time_budget is not None:
-            from allocopt.flops import ConfigError
-
-            raise ConfigError("pilots: RACE under a time budget is not supported yet (its pilots run at fractions of one FLOP budget, and a time budget gives each allocation its own); give --pilots 0 (plain Bayesian optimization) or a FLOP budget (--budget)")
         from allocopt.race.design import RaceSettings
         from allocopt.study.sampler import RaceSampler
 
         settings = race_settings or RaceSettings(max_pilots=spec.pilots)
         return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
-                           workload=workload, settings=settings, seed=spec.seed)
+                           workload=workload, settings=settings, seed=spec.seed,
+                           time_budget=spec.time_budget)
     # workers of one study started by `allocopt workers` (ALLOCOPT_WORKER = 0, 1, ...) draw
     # different random start-up proposals: the same seed would make them propose the same ones
     import os

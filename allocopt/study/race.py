@@ -125,7 +125,7 @@ def run_race(
         raise ConfigError(f"validations={validations!r}: must be an integer >= 0")
     s = replace(spec, pilot_fraction=f, trials=max(validations, 1))
     sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=f, workload=workload,
-                          settings=settings, seed=s.seed)
+                          settings=settings, seed=s.seed, time_budget=s.time_budget)
     emit = on_phase or (lambda phase, payload: None)
     study = open_study(s, storage, sampler)
     result = RaceResult(study, sampler.budget_of("pilot"), [], [], [], [], [], sampler.timings)
@@ -152,7 +152,7 @@ def run_race(
     kw = dict(objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
               on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose)
     run_study(s, pilots_only=True, **kw)
-    obs = observations(study, s)
+    obs = observations(study, s, workload=workload)
     pilots = [o for o in obs if o.fidelity == "pilot" and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
     result.diagnoses = diagnose(pilots, s.space, settings, sampler.seed)
     emit("diagnoses", result.diagnoses)
@@ -174,7 +174,7 @@ def run_race(
     run_study(s, on_answer=lambda rec, sur: answer.append((rec, sur)), **kw)
     if answer:
         result.recommendation, sur = answer[0]
-        result.validation = validate(result.diagnoses, observations(study, s), s, settings, surrogate=sur)
+        result.validation = validate(result.diagnoses, observations(study, s, workload=workload), s, settings, surrogate=sur)
         emit("validation", result.validation)
     elif result.recommendation is not None:  # no full run yet: the pilots' best diagnosis
         store_answer(study, s, result.recommendation, tracker)

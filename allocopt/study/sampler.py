@@ -13,7 +13,8 @@ Any Optuna code can run RACE::
 
 Each trial gets an allocation (``rho``, ``group_size``, ``reward``, ``model``: the dimensions
 the space varies) and a **fidelity** parameter, ``pilot`` (a run at ``pilot_fraction ×
-budget_flops``) or ``full``. ``fidelity`` is an ordinary Optuna parameter
+budget_flops``; under a time budget, ``time_budget=``, ``pilot_fraction ×`` the FLOPs that
+allocation executes in the hours: an iso-time grid) or ``full``. ``fidelity`` is an ordinary Optuna parameter
 (``CategoricalDistribution(("pilot", "full"))``), so it is stored with the trial, seen by every
 worker on the same storage and kept by a retry. :meth:`RaceSampler.suggest` suggests them all
 and writes the user attributes ``fidelity``, ``budget_flops`` and ``race_pilot`` (a grid
@@ -56,7 +57,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from allocopt.flops import ConfigError
 from allocopt.plan.allocation import Allocation, Workload, check_budget
+from allocopt.plan.throughput import TimeBudget
 from allocopt.study.claims import CLAIM_ATTR, clashes, with_claims, write_claim
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
 from allocopt.race.diagnose import Observation, observed_params
@@ -127,6 +130,14 @@ class RaceSampler(optuna.samplers.BaseSampler):
             extra-pilot budget, proposal grid).
         seed: seed of the pilot design, the surrogate and the random fallback
             (``settings.seed`` wins when set).
+        time_budget: a :class:`~allocopt.plan.throughput.TimeBudget` (GPU-hours at a
+            throughput profile) instead of one FLOP budget: each allocation's full budget is
+            the FLOPs it executes in those hours (:meth:`full_budget`), a pilot's is
+            ``pilot_fraction`` of its own, and observations, proposals and the recommendation
+            put every run at its share of its own allocation's budget (full runs at 1, pilots
+            at ``pilot_fraction``), so allocations are compared under the same rule. Needs
+            ``workload``; ``budget_flops`` is then only the ceiling (the hours at the fastest
+            phase).
 
     Attributes:
         decisions: this sampler's :class:`RaceDecision` by trial number.
@@ -135,26 +146,34 @@ class RaceSampler(optuna.samplers.BaseSampler):
             (:func:`allocopt.race.recommend`) had the study stopped there.
 
     Raises:
-        ConfigError: bad budget, pilot fraction, settings or a space without a ρ range.
+        ConfigError: bad budget, pilot fraction, settings or a space without a ρ range; a
+            time budget without a workload, or with a profile of another set-up.
     """
 
     def __init__(self, space: SearchSpace, *, budget_flops: float, pilot_fraction: float = 0.1,
                  workload: Workload | None = None, settings: RaceSettings | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, time_budget: TimeBudget | None = None) -> None:
         self.space = space
         self.budget_flops = check_budget(budget_flops)
         self.pilot_fraction = check_pilot_fraction(pilot_fraction)
         self.settings = settings or RaceSettings()
         self.seed = seed if self.settings.seed is None else self.settings.seed
         self.workload = workload
+        self.time_budget = time_budget
+        if time_budget is not None and workload is None:
+            raise ConfigError("time_budget: RACE under a time budget needs the workload (each "
+                              "allocation's FLOPs come from its plan's phase shares)")
+        time = {} if time_budget is None else dict(budget_gpu_hours=time_budget.gpu_hours, gpus=time_budget.gpus,
+                                                  throughput=time_budget.profile.to_dict())
+        self._spec = StudySpec(name="race", budget_flops=self.budget_flops, space=space,
+                               seed=self.seed, pilot_fraction=self.pilot_fraction, **time)
+        self._full: dict[Allocation, float] = {}
         self.design: list[PilotPoint] = pilot_grid(space, self.settings, self.seed)
         if workload is not None and self.settings.fit_pilots:  # every pilot usable where it can be
             from allocopt.race.pilot_plans import fit_pilots
 
-            self.design = fit_pilots(self.design, space.rho, self.budget_of("pilot"), workload)
+            self.design = fit_pilots(self.design, space.rho, lambda a: self.budget_of("pilot", a), workload)
         self.distributions = space_distributions(space, fidelity=True)
-        self._spec = StudySpec(name="race", budget_flops=self.budget_flops, space=space,
-                               seed=self.seed, pilot_fraction=self.pilot_fraction)
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
         self._plans = PlanCache(workload) if workload is not None else None
         self.decisions: dict[int, RaceDecision] = {}
@@ -190,11 +209,23 @@ class RaceSampler(optuna.samplers.BaseSampler):
         return self._random.sample_independent(study, trial, param_name, param_distribution)
 
     # ------------------------------------------------------------------ for the trial's runner
-    def budget_of(self, fidelity: str) -> float:
-        """FLOPs of a run at ``fidelity`` (``pilot`` or ``full``)."""
+    def full_budget(self, allocation: Allocation | None = None) -> float:
+        """FLOPs of a full-budget run of ``allocation``: ``budget_flops`` under a FLOP budget;
+        under a time budget the FLOPs it executes in the hours
+        (:meth:`allocopt.spec.StudySpec.budget_for`; ``allocation=None``: the ceiling
+        ``budget_flops``). Raises :class:`ConfigError` (a profile of another set-up)."""
+        if self.time_budget is None or allocation is None:
+            return self.budget_flops
+        if allocation not in self._full:
+            self._full[allocation] = self._spec.budget_for(allocation, self.workload)
+        return self._full[allocation]
+
+    def budget_of(self, fidelity: str, allocation: Allocation | None = None) -> float:
+        """FLOPs of a run of ``allocation`` at ``fidelity`` (``pilot`` or ``full``):
+        ``pilot_fraction`` (pilots) or 1 × :meth:`full_budget`."""
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity={fidelity!r}: allowed: {', '.join(FIDELITIES)}")
-        return self.budget_flops * (self.pilot_fraction if fidelity == "pilot" else 1.0)
+        return self.full_budget(allocation) * (self.pilot_fraction if fidelity == "pilot" else 1.0)
 
     def decision(self, trial: FrozenTrial | optuna.Trial) -> RaceDecision:
         """What ``trial`` runs: this sampler's decision for it, or for a trial that came with its
@@ -205,8 +236,8 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     def _given(self, trial: FrozenTrial | optuna.Trial) -> RaceDecision:
         r = TrialRecord.of(trial)  # a live trial: its own parameters only
-        return RaceDecision("given", allocation_in(self.space, r.given_params), r.fidelity,
-                            r.budget(self.budget_of(r.fidelity)))
+        a = allocation_in(self.space, r.given_params)
+        return RaceDecision("given", a, r.fidelity, r.budget(self.budget_of(r.fidelity, a)))
 
     def suggest(self, trial: optuna.Trial) -> RaceDecision:
         """Suggest every parameter of the space and the fidelity on ``trial`` (values chosen by
@@ -283,14 +314,15 @@ class RaceSampler(optuna.samplers.BaseSampler):
                     and not params_of(t) and not t.system_attrs.get(CLAIM_ATTR))
         if ahead < len(todo):
             p = todo[ahead]
-            return RaceDecision("pilot", p.allocation, "pilot", self.budget_of("pilot"), pilot=p)
+            return RaceDecision("pilot", p.allocation, "pilot", self.budget_of("pilot", p.allocation), pilot=p)
         props = self._propose(study, trials, q=1, skip=trial.number)
         if props:
             p = props[0]
             return RaceDecision("proposal", p.allocation, p.fidelity, p.budget_flops, proposal=p)
         params = {n: self._random.sample_independent(study, trial, n, dist)
                   for n, dist in self.distributions.items() if n != FIDELITY_PARAM}
-        return RaceDecision("random", allocation_in(self.space, params), "full", self.budget_flops)
+        a = allocation_in(self.space, params)
+        return RaceDecision("random", a, "full", self.budget_of("full", a))
 
     def _observations(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[Observation]:
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
@@ -303,11 +335,13 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     def _observation(self, t: FrozenTrial, value: float) -> Observation:
         r = TrialRecord.of(t)
-        budget = r.budget(self.budget_of(r.fidelity))
+        asked = allocation_in(self.space, r.given_params)  # the budget was priced for it
+        full = self.full_budget(asked)
+        budget = r.budget(self.budget_of(r.fidelity, asked))
         m = r.metrics
         total = m.get("total_flops") or 0
         return Observation(number=t.number, allocation=allocation_in(self.space, observed_params(t)),
-                           value=value, budget_flops=budget, budget_fraction=budget / self.budget_flops,
+                           value=value, budget_flops=budget, budget_fraction=budget / full,
                            fidelity=r.fidelity,
                            reward_share=(m.get("reward_flops", 0) / total) if total else math.nan)
 
@@ -335,15 +369,15 @@ class RaceSampler(optuna.samplers.BaseSampler):
                    and fidelity_of(t) == "full"]
         if pending:  # constant liar (CL-min) at the fitted hyperparameters
             lie = min(o.value for o in obs)
-            lies = [Observation(t.number, allocation_in(self.space, params_of(t)), lie,
-                                self.budget_flops, 1.0, "full", math.nan) for t in pending]
+            lies = [Observation(t.number, a, lie, self.budget_of("full", a), 1.0, "full", math.nan)
+                    for t in pending for a in (allocation_in(self.space, params_of(t)),)]
             sur = fit_surrogate(obs + lies, self.space, seed=self.seed + len(obs) + len(lies),
                                 init=sur.raw, fit=False)
         f = self.pilot_fraction
         allow = (self._extra_pilots(trials, skip) + 1) * f <= self.settings.extra_pilot_budget + 1e-12
         out = propose(obs, self._spec, self.workload, existing=runs_of(trials, self.space, skip), q=q,
                       pilot_fraction=f, allow_pilots=allow, settings=self.settings, surrogate=sur,
-                      plans=self._plans)
+                      plans=self._plans, full_budget=self.full_budget)
         self.timings["proposal_seconds"].append(time.perf_counter() - t0)
         return out
 
