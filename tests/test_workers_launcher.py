@@ -63,6 +63,21 @@ def test_launcher_refuses_bad_input(cli):
     assert r.returncode == 2 and "--dry-run" in r.stderr
 
 
+@pytest.mark.parametrize("args, stray", [
+    (("study", "--budget", "1e19"), "'study' is before --"),  # the study command named, no --
+    (("--budget", "1e19", "--objective", "synthetic"), "'--budget' is before --"),  # no --
+    (("--budget", "1e19", "--", "--trials", "2"), "'--budget' is before --"),  # some before, some after
+    (("--", "study", "--budget", "1e19"), "'study' after --"),
+])
+def test_study_args_only_after_dashes(cli, args, stray):
+    """Study arguments before ``--`` (or the word ``study``) are refused in one line that says
+    how to pass them, and no worker starts (none could: ``--gpus 0`` with a bad spec would)."""
+    r = cli("workers", "--gpus", "0", *args)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and r.stdout == "", r.stdout + r.stderr
+    assert stray in err[0] and "pass" in err[0] and "after --, e.g. allocopt workers --gpus 0,1 -- --budget" in err[0]
+
+
 def test_ctrl_c_is_forwarded_to_every_worker(tmp_path):
     """SIGINT to the launcher reaches each worker (in its own process group); the launcher exits
     with the workers' worst code."""
