@@ -143,3 +143,62 @@ def test_workers_share_a_study_each_with_its_gpu(tmp_path):
     # the two workers' random start-up proposals differ (seeded spec seed + worker index)
     first = {t.system_attrs["allocopt.cuda_visible_devices"]: t.params for t in sorted(done, key=lambda t: t.number)[::-1]}
     assert first["0"] != first["1"]
+
+
+def test_workers_run_exactly_the_trials_asked(tmp_path):
+    """Three workers (the launcher, one subprocess each) on one SQLite study with ``--trials 5``
+    and 1 s trials: exactly 5 trials complete. (Each worker counted only the finished trials
+    before: all three finished their first trial together, saw 3 < 5 and started one more each,
+    6 in all; with N workers up to N - 1 too many.) A worker that asked at the same moment as
+    another for the last trial gives it back unsampled (PRUNED, ``released``)."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "workers", "--gpus", "0,1,2", "--",
+                        "--objective", "synthetic", "--set", "sleep_s=1", "--budget", "1e19", "--trials", "5",
+                        "--pilots", "0", "--sampler", "random", "--no-mlflow", "--no-report",
+                        "--storage", url, "--study-name", "t"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1",
+                                          "ALLOCOPT_GRACE_S": "8"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    trials = optuna.load_study(study_name="t", storage=url).trials
+    states = [t.state.name for t in trials]
+    assert states.count("COMPLETE") == 5, states
+    assert set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert all(t.user_attrs.get("released") and not t.params for t in trials if t.state.name == "PRUNED")
+    assert len({t.system_attrs["allocopt.worker"] for t in trials if t.state.name == "COMPLETE"}) >= 2
+    print(f"three workers, --trials 5: {states.count('COMPLETE')} complete, {states.count('PRUNED')} released")
+
+
+def test_running_full_counts_live_workers_only(tmp_path, monkeypatch):
+    """What a worker counts as running: a trial named by a live worker, and one just asked (not
+    named yet); not a trial whose worker process is gone, nor one reserved by ``allocopt ask``
+    (no name, asked longer than a heartbeat interval ago)."""
+    import datetime
+    import socket
+
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import running_full
+    from allocopt.study.open import open_study
+    from allocopt.study.storage import WORKER_ATTR, storage_of
+
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "2")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "600")
+    spec = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
+                     sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9)))
+    st = open_study(spec, f"sqlite:///{tmp_path}/r.db")
+    storage = storage_of(st)
+    sid = storage.get_study_id_from_name("r")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a process that has exited
+    live, gone, reserved, fresh = (st.ask() for _ in range(4))
+    for t, who in ((live, f"{socket.gethostname()}:{os.getpid()}"), (gone, f"{socket.gethostname()}:{dead}")):
+        tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
+        storage.set_trial_system_attr(tid, WORKER_ATTR, who)
+        storage.record_heartbeat(tid)
+    assert running_full(st) == 4 - 1  # the gone worker's trial is not running
+    time.sleep(2.2)  # `reserved` and `fresh` are now older than the interval: reservations
+    assert running_full(st) == 1
+    assert running_full(st, below=live.number) == 0
+    tid = storage.get_trial_id_from_study_id_trial_number(sid, fresh.number)
+    storage.set_trial_system_attr(tid, WORKER_ATTR, f"{socket.gethostname()}:{os.getpid()}")
+    assert running_full(st) == 2 and running_full(st, below=fresh.number) == 1
+    assert datetime.datetime.now() > reserved.datetime_start

@@ -28,7 +28,7 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.record import TrialRecord, TrialRow, records
+from allocopt.record import TrialRecord, TrialRow, params_of, records
 from allocopt.study.trial import log_final, run_one_trial
 
 
@@ -56,6 +56,14 @@ def run_study(
     several targets) the sampler decides each trial's fidelity: RACE pilots (at
     ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
     then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
+
+    Several workers on one study (``allocopt workers``, or ``allocopt study`` started on each
+    host) share the count: a worker asks for a new full-budget trial only while the finished
+    ones and those other workers are running (:func:`running_full`) are short of
+    ``spec.trials``, else it waits for them (:func:`wait_for_others`; a killed worker's trial
+    is re-run); two workers asking for the last trial at once are told apart by trial number,
+    the later one gives its trial back unsampled (Optuna ``PRUNED``, user attribute
+    ``released``). So ``spec.trials`` full-budget trials finish in all, not one more per worker.
 
     The final answer is stored by the loop itself, so a Python caller gets it as the command
     line does: with the tracker, the counts and the best full-budget trial on the MLflow parent
@@ -130,12 +138,25 @@ def run_study(
     cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
                                    + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
                                    if race else 0)
+
+    def admit(trial: Any) -> str | None:  # None: run it; a reason: give it back unsampled
+        given = params_of(study.get_trials(deepcopy=False)[trial.number])  # a retry or enqueued trial
+        if pilots_only or given or (race and sampler.pilots_left(study)):
+            return None  # always run (RACE pilots do not count)
+        ahead = finished_full(study) + running_full(study, below=trial.number)
+        return (f"the study had its {spec.trials} full-budget trial(s), finished or running on other "
+                "workers") if ahead >= spec.trials else None
+
     for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
         # the count is reached: the work it stood for runs exactly once
+        if not pilots_only:  # other workers' running trials complete the count: wait for them
+            wait_for_others(study, spec)
         if not retries_waiting(study) and ((sampler.pilots_left(study) == 0) if pilots_only
                                            else (finished_full(study) >= spec.trials)):
             break
-        with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
+        with worker_trial(study, dists, admit) as trial:  # stale trials failed first; heartbeat on
+            if trial is None:  # another worker asked first for the last trial(s): released
+                continue
             if race:
                 sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
             run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
@@ -162,6 +183,40 @@ def finished_full(study: Any) -> int:
     return sum(1 for r in recs
                if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
                    r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
+
+
+def running_full(study: Any, *, below: int | None = None) -> int:
+    """Full-budget trials workers are running now (:func:`allocopt.study.storage.live_trials`:
+    named by a live worker, or just asked; not reserved by ``allocopt ask``, not stale), a
+    RACE trial still being sampled counted as full; ``below``: numbered below it."""
+    from allocopt.record import fidelity_of
+    from allocopt.study.storage import live_trials
+
+    return sum(1 for t in live_trials(study, below=below) if fidelity_of(t) == "full")
+
+
+def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None) -> int:
+    """Wait while other workers' running full-budget trials would complete ``spec.trials``
+    (:func:`finished_full` + :func:`running_full` reach it, this worker has nothing to run):
+    ``--trials T`` is the total over every worker, none starts a trial beyond it. Every poll
+    (``poll_s``, default the heartbeat interval, seconds) settles dead workers' trials
+    (:func:`allocopt.study.storage.reconcile_on_open`): a killed worker's trial is failed and
+    its re-run queued, which this worker then runs; one interrupted, or one that fails to
+    start, leaves room for a new trial. Returns the number of polls."""
+    import time
+
+    from allocopt.study.storage import heartbeat_settings, reconcile_on_open
+
+    poll = heartbeat_settings()[0] if poll_s is None else poll_s
+    polls = 0
+    while not retries_waiting(study):
+        done = finished_full(study)
+        if done >= spec.trials or done + running_full(study) < spec.trials:
+            break
+        time.sleep(poll)
+        polls += 1
+        reconcile_on_open(study, spec.targets)
+    return polls
 
 
 def retries_waiting(study: Any) -> int:
