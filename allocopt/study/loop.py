@@ -116,7 +116,7 @@ def run_study(
     study = study if study is not None else open_study(spec, storage, sampler)
     n = len(study.get_trials(deepcopy=False))
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
-        sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
+        sampler = make_sampler(replace(spec, seed=resumed_seed(spec.seed, n)), workload=workload)
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
     if tracker:  # runs of trials settled when the study was opened (killed workers) end now
         tracker.reconcile(study)
@@ -172,6 +172,16 @@ def run_study(
             if on_answer:
                 on_answer(rec, sur)
     return study
+
+
+def resumed_seed(seed: int, n: int) -> int:
+    """The sampler seed of a run that resumes a study of ``n`` trials: drawn from ``(seed, n)``
+    by NumPy's ``SeedSequence`` (in [0, 2**32)), not ``seed + n``, which workers started at
+    different moments would share (``seed + 1`` is the second worker's seed on a fresh study:
+    :func:`allocopt.study.open.make_sampler` adds the worker index)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, n]).generate_state(1)[0])
 
 
 def finished_full(study: Any) -> int:

@@ -49,7 +49,7 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     import os
 
     worker = os.environ.get("ALLOCOPT_WORKER", "0")
-    seed = spec.seed + (int(worker) if worker.isdigit() else 0)
+    seed = (spec.seed + (int(worker) if worker.isdigit() else 0)) % 2**32
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     import torch
