@@ -46,6 +46,7 @@ def run_study(
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
     on_answer: Callable[[Any, Any], None] | None = None,
+    on_wait: Callable[[int, int], None] | None = None,
     verbose: bool = False,
 ) -> Any:
     """The one study loop: ask the sampler, run the trial, tell the result, until the study has
@@ -83,6 +84,8 @@ def run_study(
         study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
         on_answer: called as ``(recommendation, surrogate)`` once RACE's final answer is stored.
+        on_wait: called as ``(finished, running)`` (full-budget trials) when this worker starts
+            waiting for other workers' trials (:func:`wait_for_others`).
         verbose: show the libraries' warnings and log lines during trials (hidden by default,
             :mod:`allocopt.study.quiet`).
 
@@ -150,7 +153,7 @@ def run_study(
     for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
         # the count is reached: the work it stood for runs exactly once
         if not pilots_only:  # other workers' running trials complete the count: wait for them
-            wait_for_others(study, spec)
+            wait_for_others(study, spec, on_wait=on_wait)
         if not retries_waiting(study) and ((sampler.pilots_left(study) == 0) if pilots_only
                                            else (finished_full(study) >= spec.trials)):
             break
@@ -205,14 +208,16 @@ def running_full(study: Any, *, below: int | None = None) -> int:
     return sum(1 for t in live_trials(study, below=below) if fidelity_of(t) == "full")
 
 
-def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None) -> int:
+def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None,
+                    on_wait: Callable[[int, int], None] | None = None) -> int:
     """Wait while other workers' running full-budget trials would complete ``spec.trials``
     (:func:`finished_full` + :func:`running_full` reach it, this worker has nothing to run):
     ``--trials T`` is the total over every worker, none starts a trial beyond it. Every poll
     (``poll_s``, default the heartbeat interval, seconds) settles dead workers' trials
     (:func:`allocopt.study.storage.reconcile_on_open`): a killed worker's trial is failed and
     its re-run queued, which this worker then runs; one interrupted, or one that fails to
-    start, leaves room for a new trial. Returns the number of polls."""
+    start, leaves room for a new trial. ``on_wait(finished, running)`` is called when the wait
+    begins. Returns the number of polls."""
     import time
 
     from allocopt.study.storage import heartbeat_settings, reconcile_on_open
@@ -221,8 +226,11 @@ def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None) ->
     polls = 0
     while not retries_waiting(study):
         done = finished_full(study)
-        if done >= spec.trials or done + running_full(study) < spec.trials:
+        running = running_full(study)
+        if done >= spec.trials or done + running < spec.trials:
             break
+        if polls == 0 and on_wait is not None:
+            on_wait(done, running)
         time.sleep(poll)
         polls += 1
         reconcile_on_open(study, spec.targets)
