@@ -151,8 +151,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
                              on_trial_start=live.on_start, on_trial_end=live.on_end,
                              progress=live.progress, verbose=verbose,
                              on_wait=lambda done, running: live.note(
-                                 f"waiting for {running} full run(s) on other workers ({done} of {s.trials} "
-                                 "finished; --trials counts every worker's)"))
+                                 f"waiting for {running} full run(s) on other workers ({done} of {s.trials} done)"))
 
     return tracked(s, storage, mlflow_uri, no_mlflow, work)
 
