@@ -290,3 +290,47 @@ def test_two_workers_start_together_on_fresh_sqlite_files(tmp_path):
     keys = [(t.params["reward"], t.params["group_size"], round(t.params["rho"], 4)) for t in full]
     assert 3 <= len(full) <= 4 and len(set(keys)) == len(keys)
     assert all(t.state.name == "COMPLETE" for t in st.trials)
+
+
+def _alloc_distance(a: dict, b: dict, rho_range: float) -> float:
+    """How far apart two plain-BO proposals are: |Δρ| as a share of the ρ range, plus 1 for a
+    different group size and 1 for a different reward system."""
+    return (abs(a["rho"] - b["rho"]) / rho_range + float(a["group_size"] != b["group_size"])
+            + float(a["reward"] != b["reward"]))
+
+
+def test_botorch_takes_other_workers_running_trials_as_pending(tmp_path, monkeypatch):
+    """Two handles on one SQLite study (two workers), the same sampler seed and the same six
+    complete trials: the first worker's proposal x is RUNNING when the second asks, and the
+    second proposes elsewhere (distance above 0.05: 5 % of the ρ range, or another G or reward
+    system). Control: with x no longer running, a third handle with the same seed proposes x
+    again, so the difference comes from x pending in the acquisition (BoTorch's X_pending), not
+    from chance."""
+    from allocopt.study.open import distributions, make_sampler
+
+    monkeypatch.setenv("ALLOCOPT_WORKER", "0")  # every handle the same seed
+    url = f"sqlite:///{tmp_path}/bo.db"
+    spec = _spec(name="bo", sampler="botorch", startup_trials=4)
+    dists = distributions(spec)
+    a = open_study(spec, url)
+    # six complete trials, as the loop records them (a satisfied budget constraint)
+    for rho, g, r in [(0.25, 2, "sparse"), (0.45, 8, "prm"), (0.6, 2, "prm"), (0.75, 8, "sparse"),
+                      (0.85, 2, "prm"), (0.35, 8, "sparse")]:
+        a.enqueue_trial({"rho": rho, "group_size": g, "reward": r})
+        t = a.ask(dists)
+        t.set_constraint("budget", -1.0)
+        a.tell(t, 0.6 - (rho - 0.55) ** 2 + 0.05 * (r == "prm") + 0.02 * (g == 8))
+    a.sampler = make_sampler(spec)
+    x = a.ask(dists)  # worker A: RUNNING at x
+    b = open_study(spec, url)  # worker B, another handle on the same file
+    b.sampler = make_sampler(spec)
+    y = b.ask(dists)
+    d = _alloc_distance(x.params, y.params, 0.9 - 0.2)
+    assert d > 0.05, (x.params, y.params)
+    a.tell(x, state=optuna.trial.TrialState.FAIL)
+    b.tell(y, state=optuna.trial.TrialState.FAIL)
+    c = open_study(spec, url)
+    c.sampler = make_sampler(spec)
+    z = c.ask(dists)  # the same data, nothing running: x again
+    assert _alloc_distance(x.params, z.params, 0.7) < 1e-3, (x.params, z.params)
+    print(f"proposals: x={x.params} y={y.params} (distance {d:.3f}); without x pending: {z.params}")

@@ -63,6 +63,21 @@ def test_launcher_refuses_bad_input(cli):
     assert r.returncode == 2 and "--dry-run" in r.stderr
 
 
+@pytest.mark.parametrize("args, stray", [
+    (("study", "--budget", "1e19"), "'study' is before --"),  # the study command named, no --
+    (("--budget", "1e19", "--objective", "synthetic"), "'--budget' is before --"),  # no --
+    (("--budget", "1e19", "--", "--trials", "2"), "'--budget' is before --"),  # some before, some after
+    (("--", "study", "--budget", "1e19"), "'study' after --"),
+])
+def test_study_args_only_after_dashes(cli, args, stray):
+    """Study arguments before ``--`` (or the word ``study``) are refused in one line that says
+    how to pass them, and no worker starts (none could: ``--gpus 0`` with a bad spec would)."""
+    r = cli("workers", "--gpus", "0", *args)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and r.stdout == "", r.stdout + r.stderr
+    assert stray in err[0] and "pass" in err[0] and "after --, e.g. allocopt workers --gpus 0,1 -- --budget" in err[0]
+
+
 def test_ctrl_c_is_forwarded_to_every_worker(tmp_path):
     """SIGINT to the launcher reaches each worker (in its own process group); the launcher exits
     with the workers' worst code."""
@@ -129,3 +144,87 @@ def test_workers_share_a_study_each_with_its_gpu(tmp_path):
     # the two workers' random start-up proposals differ (seeded spec seed + worker index)
     first = {t.system_attrs["allocopt.cuda_visible_devices"]: t.params for t in sorted(done, key=lambda t: t.number)[::-1]}
     assert first["0"] != first["1"]
+
+
+def test_workers_run_exactly_the_trials_asked(tmp_path):
+    """Three workers (the launcher, one subprocess each) on one SQLite study with ``--trials 5``
+    and 1 s trials: exactly 5 trials complete. (Each worker counted only the finished trials
+    before: all three finished their first trial together, saw 3 < 5 and started one more each,
+    6 in all; with N workers up to N - 1 too many.) A worker that asked at the same moment as
+    another for the last trial gives it back unsampled (PRUNED, ``released``)."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    r = subprocess.run([sys.executable, "-m", "allocopt.cli", "workers", "--gpus", "0,1,2", "--",
+                        "--objective", "synthetic", "--set", "sleep_s=1", "--budget", "1e19", "--trials", "5",
+                        "--pilots", "0", "--sampler", "random", "--no-mlflow", "--no-report",
+                        "--storage", url, "--study-name", "t"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1",
+                                          "ALLOCOPT_GRACE_S": "8"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    trials = optuna.load_study(study_name="t", storage=url).trials
+    states = [t.state.name for t in trials]
+    assert states.count("COMPLETE") == 5, states
+    assert set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert all(t.user_attrs.get("released") and not t.params for t in trials if t.state.name == "PRUNED")
+    assert len({t.system_attrs["allocopt.worker"] for t in trials if t.state.name == "COMPLETE"}) >= 2
+    print(f"three workers, --trials 5: {states.count('COMPLETE')} complete, {states.count('PRUNED')} released")
+
+
+def test_running_full_counts_live_workers_only(tmp_path, monkeypatch):
+    """What a worker counts as running: a trial named by a live worker, and one just asked (not
+    named yet); not a trial whose worker process is gone, nor one reserved by ``allocopt ask``
+    (no name, asked longer than a heartbeat interval ago)."""
+    import datetime
+    import socket
+
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import running_full
+    from allocopt.study.open import open_study
+    from allocopt.study.storage import WORKER_ATTR, storage_of
+
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "2")
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "600")
+    spec = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
+                     sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9)))
+    st = open_study(spec, f"sqlite:///{tmp_path}/r.db")
+    storage = storage_of(st)
+    sid = storage.get_study_id_from_name("r")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a process that has exited
+    live, gone, reserved, fresh = (st.ask() for _ in range(4))
+    for t, who in ((live, f"{socket.gethostname()}:{os.getpid()}"), (gone, f"{socket.gethostname()}:{dead}")):
+        tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
+        storage.set_trial_system_attr(tid, WORKER_ATTR, who)
+        storage.record_heartbeat(tid)
+    assert running_full(st) == 4 - 1  # the gone worker's trial is not running
+    time.sleep(2.2)  # `reserved` and `fresh` are now older than the interval: reservations
+    assert running_full(st) == 1
+    assert running_full(st, below=live.number) == 0
+    tid = storage.get_trial_id_from_study_id_trial_number(sid, fresh.number)
+    storage.set_trial_system_attr(tid, WORKER_ATTR, f"{socket.gethostname()}:{os.getpid()}")
+    assert running_full(st) == 2 and running_full(st, below=fresh.number) == 1
+    assert datetime.datetime.now() > reserved.datetime_start
+
+
+def test_worker_seeds_differ_in_any_start_order(monkeypatch):
+    """Random start-up proposals of two workers differ however they start: fresh (seed +
+    worker index), or one resuming a study the other has begun (its seed drawn from the seed and
+    the trial count; ``seed + trials`` collided: worker 0 resuming after 1 trial drew worker
+    1's seed + 1 = the fresh worker 1's)."""
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import resumed_seed
+    from allocopt.study.open import make_sampler
+
+    from dataclasses import replace
+
+    spec = StudySpec(name="s", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
+                     sampler="random", pilots=0, seed=7, space=SearchSpace(rho=(0.2, 0.9)))
+    dist = {"rho": optuna.distributions.FloatDistribution(0.2, 0.9)}
+
+    def first(worker: int, n: int) -> float:
+        monkeypatch.setenv("ALLOCOPT_WORKER", str(worker))
+        s = spec if n == 0 else replace(spec, seed=resumed_seed(spec.seed, n))
+        return optuna.create_study(sampler=make_sampler(s)).ask(dist).params["rho"]
+
+    draws = [first(w, n) for w in (0, 1) for n in (0, 1, 2)]
+    assert len(set(draws)) == len(draws), draws
+    assert first(1, 0) == first(1, 0)  # and each is reproducible

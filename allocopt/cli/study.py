@@ -147,7 +147,9 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
             live.step("opening the study and its sampler")
             return run_study(s, objective=obj, workload=workload, study=opened, tracker=tracker,
                              on_trial_start=live.on_start, on_trial_end=live.on_end,
-                             progress=live.progress, verbose=verbose)
+                             progress=live.progress, verbose=verbose,
+                             on_wait=lambda done, running: live.note(
+                                 f"waiting for {running} full run(s) on other workers ({done} of {s.trials} done)"))
 
     return tracked(s, storage, mlflow_uri, no_mlflow, work)
 

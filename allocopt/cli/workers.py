@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from allocopt.flops import ConfigError
+
+EXAMPLE = "allocopt workers --gpus 0,1 -- --budget 1e19 --objective synthetic"
+_AFTER = "allocopt.workers.after_dashes"
+
+
+class _WorkersCommand(TyperCommand):
+    """Keeps what came after ``--`` apart: click hands every extra argument over in one list,
+    so a study argument given before ``--`` could not be told from one given after it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[_AFTER] = list(args[args.index("--") + 1:]) if "--" in args else None
+        return super().parse_args(ctx, args)
+
 
 
 def workers(
@@ -20,17 +35,33 @@ def workers(
     """
     from allocopt.study.workers import parse_gpus, run_workers
 
-    args = list(ctx.args)
-    if not args:
-        raise ConfigError("study args: none given; put the `allocopt study` arguments after --, e.g. "
-                          "allocopt workers --gpus 0,1 -- --spec study.toml")
-    if args[0] == "study":  # `allocopt workers --gpus 0,1 -- study --spec ...` reads as well
-        args = args[1:]
+    args = study_args(list(ctx.args), ctx.meta.get(_AFTER))
     code = run_workers(parse_gpus(gpus), args)
     raise typer.Exit(code)
 
 
+def study_args(extra: list[str], after: list[str] | None) -> list[str]:
+    """The study's arguments: ``after``, what followed ``--`` (``None``: no ``--``), checked
+    against ``extra``, every argument click did not take as the launcher's own.
+
+    Raises:
+        ConfigError: no ``--`` or nothing after it, an argument before ``--`` (a study option
+            or the word ``study``), or ``study`` right after ``--``; one line saying to pass
+            the study's arguments after ``--``.
+    """
+    stray = extra[:len(extra) - len(after)] if after is not None else extra
+    if stray:
+        raise ConfigError(f"study args: {stray[0]!r} is before --; workers run `allocopt study` themselves: "
+                          f"pass the study's arguments after --, e.g. {EXAMPLE}")
+    if not after:
+        raise ConfigError(f"study args: none given; pass the study's arguments after --, e.g. {EXAMPLE}")
+    if after[0] == "study":
+        raise ConfigError("study args: 'study' after --; workers run `allocopt study` themselves: pass "
+                          f"only the study's arguments after --, e.g. {EXAMPLE}")
+    return after
+
+
 def register(app: typer.Typer) -> None:
     """Add ``workers`` to the ``allocopt`` app."""
-    app.command(name="workers", context_settings={"allow_extra_args": True,
-                                                  "ignore_unknown_options": True})(workers)
+    app.command(name="workers", cls=_WorkersCommand,
+                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(workers)

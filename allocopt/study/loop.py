@@ -28,7 +28,7 @@ from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
 from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
                                  open_study)
-from allocopt.record import TrialRecord, TrialRow, records
+from allocopt.record import TrialRecord, TrialRow, params_of, records
 from allocopt.study.trial import log_final, run_one_trial
 
 
@@ -46,6 +46,7 @@ def run_study(
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
     on_answer: Callable[[Any, Any], None] | None = None,
+    on_wait: Callable[[int, int], None] | None = None,
     verbose: bool = False,
 ) -> Any:
     """The one study loop: ask the sampler, run the trial, tell the result, until the study has
@@ -56,6 +57,14 @@ def run_study(
     several targets) the sampler decides each trial's fidelity: RACE pilots (at
     ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
     then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
+
+    Several workers on one study (``allocopt workers``, or ``allocopt study`` started on each
+    host) share the count: a worker asks for a new full-budget trial only while the finished
+    ones and those other workers are running (:func:`running_full`) are short of
+    ``spec.trials``, else it waits for them (:func:`wait_for_others`; a killed worker's trial
+    is re-run); two workers asking for the last trial at once are told apart by trial number,
+    the later one gives its trial back unsampled (Optuna ``PRUNED``, user attribute
+    ``released``). So ``spec.trials`` full-budget trials finish in all, not one more per worker.
 
     The final answer is stored by the loop itself, so a Python caller gets it as the command
     line does: with the tracker, the counts and the best full-budget trial on the MLflow parent
@@ -75,6 +84,8 @@ def run_study(
         study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
         on_answer: called as ``(recommendation, surrogate)`` once RACE's final answer is stored.
+        on_wait: called as ``(finished, running)`` (full-budget trials) when this worker starts
+            waiting for other workers' trials (:func:`wait_for_others`).
         verbose: show the libraries' warnings and log lines during trials (hidden by default,
             :mod:`allocopt.study.quiet`).
 
@@ -108,7 +119,7 @@ def run_study(
     study = study if study is not None else open_study(spec, storage, sampler)
     n = len(study.get_trials(deepcopy=False))
     if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
-        sampler = make_sampler(replace(spec, seed=(spec.seed + n) % 2**32), workload=workload)
+        sampler = make_sampler(replace(spec, seed=resumed_seed(spec.seed, n)), workload=workload)
     on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
     if tracker:  # runs of trials settled when the study was opened (killed workers) end now
         tracker.reconcile(study)
@@ -130,12 +141,25 @@ def run_study(
     cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
                                    + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
                                    if race else 0)
+
+    def admit(trial: Any) -> str | None:  # None: run it; a reason: give it back unsampled
+        given = params_of(study.get_trials(deepcopy=False)[trial.number])  # a retry or enqueued trial
+        if pilots_only or given or (race and sampler.pilots_left(study)):
+            return None  # always run (RACE pilots do not count)
+        ahead = finished_full(study) + running_full(study, below=trial.number)
+        return (f"the study had its {spec.trials} full-budget trial(s), finished or running on other "
+                "workers") if ahead >= spec.trials else None
+
     for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
         # the count is reached: the work it stood for runs exactly once
+        if not pilots_only:  # other workers' running trials complete the count: wait for them
+            wait_for_others(study, spec, on_wait=on_wait)
         if not retries_waiting(study) and ((sampler.pilots_left(study) == 0) if pilots_only
                                            else (finished_full(study) >= spec.trials)):
             break
-        with worker_trial(study, dists) as trial:  # stale trials failed first; heartbeat on
+        with worker_trial(study, dists, admit) as trial:  # stale trials failed first; heartbeat on
+            if trial is None:  # another worker asked first for the last trial(s): released
+                continue
             if race:
                 sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
             run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
@@ -153,6 +177,16 @@ def run_study(
     return study
 
 
+def resumed_seed(seed: int, n: int) -> int:
+    """The sampler seed of a run that resumes a study of ``n`` trials: drawn from ``(seed, n)``
+    by NumPy's ``SeedSequence`` (in [0, 2**32)), not ``seed + n``, which workers started at
+    different moments would share (``seed + 1`` is the second worker's seed on a fresh study:
+    :func:`allocopt.study.open.make_sampler` adds the worker index)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, n]).generate_state(1)[0])
+
+
 def finished_full(study: Any) -> int:
     """Full-budget trials that count towards ``spec.trials``: complete ones and failed ones (a
     failed run would fail again); an interrupted or killed trial that is run again (a trial
@@ -162,6 +196,45 @@ def finished_full(study: Any) -> int:
     return sum(1 for r in recs
                if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
                    r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
+
+
+def running_full(study: Any, *, below: int | None = None) -> int:
+    """Full-budget trials workers are running now (:func:`allocopt.study.storage.live_trials`:
+    named by a live worker, or just asked; not reserved by ``allocopt ask``, not stale), a
+    RACE trial still being sampled counted as full; ``below``: numbered below it."""
+    from allocopt.record import fidelity_of
+    from allocopt.study.storage import live_trials
+
+    return sum(1 for t in live_trials(study, below=below) if fidelity_of(t) == "full")
+
+
+def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None,
+                    on_wait: Callable[[int, int], None] | None = None) -> int:
+    """Wait while other workers' running full-budget trials would complete ``spec.trials``
+    (:func:`finished_full` + :func:`running_full` reach it, this worker has nothing to run):
+    ``--trials T`` is the total over every worker, none starts a trial beyond it. Every poll
+    (``poll_s``, default the heartbeat interval, seconds) settles dead workers' trials
+    (:func:`allocopt.study.storage.reconcile_on_open`): a killed worker's trial is failed and
+    its re-run queued, which this worker then runs; one interrupted, or one that fails to
+    start, leaves room for a new trial. ``on_wait(finished, running)`` is called when the wait
+    begins. Returns the number of polls."""
+    import time
+
+    from allocopt.study.storage import heartbeat_settings, reconcile_on_open
+
+    poll = heartbeat_settings()[0] if poll_s is None else poll_s
+    polls = 0
+    while not retries_waiting(study):
+        done = finished_full(study)
+        running = running_full(study)
+        if done >= spec.trials or done + running < spec.trials:
+            break
+        if polls == 0 and on_wait is not None:
+            on_wait(done, running)
+        time.sleep(poll)
+        polls += 1
+        reconcile_on_open(study, spec.targets)
+    return polls
 
 
 def retries_waiting(study: Any) -> int:

@@ -21,6 +21,9 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     """The Optuna sampler of the study: :class:`allocopt.study.sampler.RaceSampler` (RACE pilots, then
     surrogate proposals) unless ``spec.pilots == 0`` or the study has several targets; else the
     one ``spec.sampler`` names (several targets: BoTorch's qLogNEHVI hypervolume acquisition).
+    Other workers' RUNNING trials are pending points of the BoTorch acquisition
+    (:func:`_ei_candidates`; Optuna's ``GPSampler`` conditions on them itself), and workers started
+    by ``allocopt workers`` are seeded ``spec.seed`` + their index (``ALLOCOPT_WORKER``).
     torch fits run on one thread (5–12× faster on 2 cores).
 
     Args:
@@ -43,7 +46,7 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     import os
 
     worker = os.environ.get("ALLOCOPT_WORKER", "0")
-    seed = spec.seed + (int(worker) if worker.isdigit() else 0)
+    seed = (spec.seed + (int(worker) if worker.isdigit() else 0)) % 2**32
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     import torch
@@ -53,12 +56,40 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.startup_trials)
     from optuna_integration import BoTorchSampler
 
-    if spec.multi_objective:  # noisy targets: qLogNEHVI (log noisy expected hypervolume improvement)
-        from optuna_integration.botorch import qnehvi_candidates_func
+    return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials, consider_running_trials=True,
+                          candidates_func=_hypervolume_candidates if spec.multi_objective else _ei_candidates)
 
-        return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials,
-                              candidates_func=qnehvi_candidates_func)
-    return BoTorchSampler(seed=seed, n_startup_trials=spec.startup_trials)
+
+def _ei_candidates(train_x: Any, train_obj: Any, train_con: Any, bounds: Any, pending_x: Any) -> Any:
+    """BoTorchSampler's proposal for one target, with other workers' RUNNING trials pending.
+
+    ``train_x`` ``n x d`` (complete trials' encoded parameters), ``train_obj`` ``n x 1``,
+    ``train_con`` ``n x c`` or ``None`` (the ``budget`` constraint), ``bounds`` ``2 x d``,
+    ``pending_x`` ``p x d``: the RUNNING trials' parameters (``consider_running_trials``).
+    With nothing pending: log expected improvement (``logei_candidates_func``, BoTorch's
+    ``LogExpectedImprovement``: what one worker always used). With pending points: Monte-Carlo
+    log expected improvement with them as BoTorch's ``X_pending`` (``qlogei_candidates_func``:
+    ``qLogExpectedImprovement(..., X_pending=pending_x)``, the candidate's improvement taken
+    jointly with the pending points' outcomes drawn from the posterior, i.e. fantasies; Ament et
+    al. 2023, "Unexpected improvements to expected improvement"; what Optuna's ``GPSampler``
+    does with running trials), so a point next to one already running gains almost nothing and
+    parallel workers propose different allocations. Returns ``1 x d`` (the candidate).
+    """
+    from optuna_integration.botorch import logei_candidates_func, qlogei_candidates_func
+
+    if pending_x is None or pending_x.shape[0] == 0:
+        return logei_candidates_func(train_x, train_obj, train_con, bounds, None)
+    return qlogei_candidates_func(train_x, train_obj, train_con, bounds, pending_x)
+
+
+def _hypervolume_candidates(train_x: Any, train_obj: Any, train_con: Any, bounds: Any, pending_x: Any) -> Any:
+    """Several targets: qLogNEHVI (log noisy expected hypervolume improvement,
+    ``qnehvi_candidates_func``), RUNNING trials as its ``X_pending`` (shapes as
+    :func:`_ei_candidates`)."""
+    from optuna_integration.botorch import qnehvi_candidates_func
+
+    pending = None if pending_x is None or pending_x.shape[0] == 0 else pending_x
+    return qnehvi_candidates_func(train_x, train_obj, train_con, bounds, pending)
 
 
 def distributions(spec: StudySpec, *, fidelity: bool = False) -> dict[str, Any]:

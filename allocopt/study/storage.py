@@ -458,32 +458,105 @@ def fail_stale(study: Any) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+def live_trials(study: Any, *, below: int | None = None) -> list[Any]:
+    """RUNNING trials that workers are running now: those with a worker's name
+    (:data:`WORKER_ATTR`, written with the first heartbeat) whose process is not known to be
+    gone (:func:`_owner_gone`), and those asked less than one heartbeat interval ago that have
+    no name yet (a worker names its trial at once; the interval leaves it time on a loaded
+    machine). Trials reserved by ``allocopt ask`` (no name, older) are not counted: they are
+    told whenever their runs end, or never. Stale ones are not either: :func:`fail_stale`
+    (called first) has failed them. ``below``: only trials numbered below it.
+
+    Returns:
+        the FrozenTrials, by number.
+    """
+    import datetime
+
+    from optuna.trial import TrialState
+
+    fail_stale(study)
+    interval = heartbeat_settings()[0]
+    now = datetime.datetime.now()
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if below is not None and t.number >= below:
+            continue
+        if WORKER_ATTR in t.system_attrs:
+            if not _owner_gone(t):
+                out.append(t)
+        elif t.datetime_start is not None and (now - t.datetime_start).total_seconds() < interval:
+            out.append(t)
+    return out
+
+
+def release(study: Any, trial: Any, why: str) -> None:
+    """Give back a trial asked but not to be run (it was not sampled, nothing ran): told
+    ``PRUNED`` in Optuna with the user attribute ``released`` saying ``why``. It counts as no
+    run anywhere (no parameters, not COMPLETE or FAIL) and has no MLflow run."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("released", why)
+    study.tell(trial, state=TrialState.PRUNED)
+
+
 @contextlib.contextmanager
-def worker_trial(study: Any, distributions: Mapping[str, Any]) -> Iterator[Any]:
-    """One trial of a worker: fail dead workers' trials (:func:`fail_stale`), ask a trial with
-    ``distributions``, and keep its heartbeat (:func:`heartbeat`) while the block runs it.
+def worker_trial(study: Any, distributions: Mapping[str, Any],
+                 admit: Callable[[Any], str | None] | None = None) -> Iterator[Any]:
+    """One trial of a worker: fail dead workers' trials (:func:`fail_stale`), ask a trial, keep
+    its heartbeat (:func:`heartbeat`) while the block runs it, and sample ``distributions`` on
+    it once it is admitted.
 
     Ctrl-C during the ask and the heartbeat's set-up is held until the trial carries its
     heartbeat, then raised, so the trial is failed at once rather than left RUNNING without a
     heartbeat (which would read as reserved by ``allocopt ask``).
 
+    Args:
+        study: the opened study.
+        distributions: the parameters every trial gets, sampled by the study's sampler.
+        admit: called with the asked trial (numbered, named for its worker, not sampled yet):
+            ``None`` runs it; a reason gives it back unsampled (:func:`release`), and the block
+            gets ``None``. The trial numbers of an RDB storage are the order in which workers
+            asked, so a check on trials numbered below this one decides races between workers
+            the same way in each of them.
+
     Yields:
-        the asked :class:`optuna.trial.Trial`.
+        the asked :class:`optuna.trial.Trial` with its parameters, or ``None`` (released).
     """
     with _held_interrupts() as held:
         fail_stale(study)
-        trial = study.ask(dict(distributions))
+        trial = study.ask()
         beat = heartbeat(study, trial)
         beat.__enter__()
     try:
         if held:
             raise KeyboardInterrupt
+        why = admit(trial) if admit is not None else None
+        if why is not None:
+            release(study, trial, why)
+            trial = None
+        else:
+            for name, dist in distributions.items():
+                _suggest(trial, name, dist)
         yield trial
     except BaseException:
         if not beat.__exit__(*sys.exc_info()):
             raise
     else:
         beat.__exit__(None, None, None)
+
+
+def _suggest(trial: Any, name: str, dist: Any) -> Any:
+    """``trial.suggest_*`` for one distribution (float, int or categorical), through the study's
+    sampler as ``study.ask(distributions)`` would."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(dist, FloatDistribution):
+        return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, list(dist.choices))
+    raise TypeError(f"distribution of {name!r}: {dist!r} is not float, int or categorical")
 
 
 @contextlib.contextmanager
@@ -566,4 +639,4 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
            "StorageError", "fail_stale", "reconcile_on_open", "recorded_values", "requeue_interrupted", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
-           "redact_url", "register", "settled", "without_password", "stale_callback", "storage_of", "worker_name", "worker_trial"]
+           "redact_url", "register", "settled", "without_password", "stale_callback", "storage_of", "worker_name", "worker_trial", "live_trials", "release"]
