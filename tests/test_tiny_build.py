@@ -324,20 +324,40 @@ def test_other_settings_do_not_use_the_shipped_world(monkeypatch, tmp_path):
 
 
 # --------------------------------------------------------------------------- full build
+_PRM_BYTES = (
+    "the shipped PRMs were trained on 2026-12-01 (full 05:30, proxy 05:30 and again 08:13, "
+    "byte-identical) in an environment whose float results differ from this machine's: with "
+    "the same code (train_prm unchanged since d5dd5a5 but for imports), torch 2.13.0+cpu and "
+    "transformers 5.24.0, the full PRM trained here from the shipped policy gives other bytes "
+    "(final loss 0.00783401 vs the manifest's 0.00783581), the same in two processes, while "
+    "the code of 7cba01b gives that commit's 2026-11-30 proxy PRM byte for byte here (and "
+    "ATEN_CPU_CAPABILITY=avx2 with MKL/oneDNN held to AVX2 gives a third file); a "
+    "rebuild here is deterministic but not the shipped PRMs, which the measured numbers "
+    "(docs, calibration, the tiny grid) were made with")
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(reason="2026-12-02, first run in CI's slow pass: a build from scratch here gives the "
-                          "shipped policy byte for byte but other prm/proxy_prm weights (same python, torch "
-                          "2.13.0+cpu, transformers 5.24.0); not yet explained: an open finding, not a pass",
-                   strict=False)
 def test_full_build_reproduces_the_shipped_world(tmp_path):
-    # ~8 min on one thread: the script that made the shipped files makes them again, byte for
-    # byte (same machine type and library versions as the shipped manifest's "versions")
+    # ~8 min on one idle thread (~55 min at load 3): the script that made the shipped files
+    # makes them again, byte for byte (same machine type and library versions as the shipped
+    # manifest's "versions"): the tokenizer and the policy always; the PRMs only where the
+    # float results match those of the environment that trained them (_PRM_BYTES: xfail)
     start = time.perf_counter()
     paths = build_world(tmp_path / "world")
     elapsed = time.perf_counter() - start
     manifest = paths.read_manifest()
     shipped = json.loads((tm.SHIPPED_DIR / tm.MANIFEST).read_text())
-    assert manifest["checksums"] == shipped["checksums"], (manifest["versions"], shipped["versions"])
+
+    def part(checksums, names):
+        return {k: v for k, v in checksums.items() if k.split("/")[0] in names}
+
+    versions = (manifest["versions"], shipped["versions"])
+    assert part(manifest["checksums"], ("tokenizer", "policy")) \
+        == part(shipped["checksums"], ("tokenizer", "policy")), versions
+    assert manifest["metrics"]["policy"] == shipped["metrics"]["policy"]
+    prms = ("prm", "proxy_prm")
+    if part(manifest["checksums"], prms) != part(shipped["checksums"], prms):
+        pytest.xfail(_PRM_BYTES)
     metrics = manifest["metrics"]
     policy = metrics["policy"]
     assert 0.25 <= policy["native_sampled_accuracy"] <= 0.55, policy

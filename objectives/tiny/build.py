@@ -13,7 +13,10 @@
                    wall time per part, library versions
 
 Everything runs on one CPU thread (set for the build, restored afterwards) with fixed seeds,
-so the same settings on the same machine give byte-identical weights. The recipe and the
+so the same settings on the same machine give byte-identical weights. (The shipped PRMs
+were trained on 2026-12-01 where float results differed from this machine type's: a
+rebuild here gives the shipped tokenizer and policy byte for byte, PRMs of other bytes.)
+The recipe and the
 manifest are :mod:`objectives.tiny.manifest`'s, the training :mod:`objectives.tiny.train`'s,
 the PRMs' measurement :mod:`objectives.tiny.prm_eval`'s. A folder whose
 manifest matches the settings and whose files match their checksums is returned as it is
