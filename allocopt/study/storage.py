@@ -427,10 +427,15 @@ def make_storage(url: str) -> Any:
     interval, grace = heartbeat_settings()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeat_interval is an experimental argument
-        storage = optuna.storages.RDBStorage(
-            url, heartbeat_interval=interval, grace_period=grace,
-            heartbeat_stale_trial_callback=StaleTrialCallback(),
-            engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+        if scheme == "sqlite":
+            storage = optuna.storages.RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
+                                                 heartbeat_stale_trial_callback=StaleTrialCallback())
+        else:  # a server that goes away (restarted) is waited for (allocopt.study.reconnect)
+            from allocopt.study.reconnect import retrying_storage
+
+            storage = retrying_storage(url, heartbeat_interval=interval, grace_period=grace,
+                                       heartbeat_stale_trial_callback=StaleTrialCallback(),
+                                       engine_kwargs={"pool_pre_ping": True})
     return storage
 
 
