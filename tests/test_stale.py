@@ -199,6 +199,8 @@ def test_sigkill_during_the_last_trial_then_resume_at_once(tmp_path):
     p = start(tmp_path, spec(tmp_path, trials=2, sleep_s=0.0))
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
+    assert "study 'f': settled 1 stale trial(s) a stopped worker left: 1 failed (trial 1); re-queued 1 to run " \
+        "again\n" in err, err
     ts = check_consistent(tmp_path, 2, kept)
     assert [t.state.name for t in ts] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert ts[2].system_attrs["failed_trial"] == 1 and ts[2].params == ts[1].params
