@@ -20,6 +20,7 @@ error                      base            raised when
 :class:`TrialScoreError`   RuntimeError    a trial returned a target that is not a number
 :class:`BudgetExhausted`   RuntimeError    the next iteration could pass the budget
 :class:`TrackingError`     RuntimeError    something did not reach MLflow
+:class:`StorageUnreachable`  RuntimeError  the study's database server stayed away too long
 =========================  ==============  ===================================================
 """
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["BudgetExhausted", "ConfigError", "InfeasiblePlan", "ObjectiveUnavailable", "QueryError",
-           "RunLogError", "StorageError", "StudyError", "TellError", "TrackingError", "TrialFailed",
+           "RunLogError", "StorageError", "StorageUnreachable", "StudyError", "TellError", "TrackingError", "TrialFailed",
            "TrialScoreError"]
 
 
@@ -98,3 +99,8 @@ class BudgetExhausted(RuntimeError):
 
 class TrackingError(RuntimeError):
     """Part of what a trial or study should log did not reach MLflow (the message says what)."""
+
+
+class StorageUnreachable(RuntimeError):
+    """The study's database server (PostgreSQL, MySQL) did not answer for the bounded wait
+    (:mod:`allocopt.study.reconnect`); the message is one line saying what to do (resume)."""

@@ -50,7 +50,7 @@ def _killed_trial(study, *, whole: bool, owner: str):
     return t
 
 
-def test_a_gone_workers_trial_is_settled_when_the_study_is_opened(tmp_path, monkeypatch):
+def test_a_gone_workers_trial_is_settled_when_the_study_is_opened(tmp_path, monkeypatch, capfd):
     """Owner gone (same host, no such process): a half-written trial is failed and its work
     enqueued once (decision only, not the half result); a whole one is finished from its record;
     a live owner's trial and an ``ask`` reservation (no worker) are left alone; opening again
@@ -68,7 +68,11 @@ def test_a_gone_workers_trial_is_settled_when_the_study_is_opened(tmp_path, monk
     whole = _killed_trial(st, whole=True, owner=f"{host}:{_dead_pid()}")
     live = _killed_trial(st, whole=False, owner=f"{host}:{1}")  # pid 1 is alive
     asked = st.ask(distributions(_spec()))
+    capfd.readouterr()
     st2 = open_study(_spec(), url)
+    assert capfd.readouterr().err == (
+        f"study 'st': settled 2 stale trial(s) a stopped worker left: 1 finished from its record "
+        f"(trial {whole.number}), 1 failed (trial {half.number}); re-queued 1 to run again\n")
     ts = st2.get_trials(deepcopy=False)
     states = {t.number: t.state.name for t in ts}
     assert states[half.number] == "FAIL" and states[whole.number] == "COMPLETE"
@@ -80,9 +84,10 @@ def test_a_gone_workers_trial_is_settled_when_the_study_is_opened(tmp_path, monk
     assert "state" not in again[0].user_attrs and again[0].user_attrs["fidelity"] == "full"
     open_study(_spec(), url)
     assert len(open_study(_spec(), url).get_trials(deepcopy=False)) == len(ts)  # nothing added twice
+    assert capfd.readouterr().err == ""  # nothing settled: no line
 
 
-def test_an_interrupted_trial_runs_again_before_new_proposals(tmp_path, mlflow_store):
+def test_an_interrupted_trial_runs_again_before_new_proposals(tmp_path, mlflow_store, capfd):
     """A Ctrl-C'd trial (FAIL, error ``interrupted``) is enqueued once when the study is opened;
     the resumed study runs that allocation first, and the study still ends with its count."""
     from allocopt.objective import get_objective
@@ -98,9 +103,11 @@ def test_an_interrupted_trial_runs_again_before_new_proposals(tmp_path, mlflow_s
     st.tell(t, state=__import__("optuna").trial.TrialState.FAIL)
     params = st.get_trials(deepcopy=False)[0].params
     obj = get_objective("synthetic")
+    capfd.readouterr()
     st = run_study(_spec(), objective=obj, workload=obj.workload(), storage=url)
     ts = st.get_trials(deepcopy=False)
     assert [t.state.name for t in ts] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert "study 'st': settled: 1 interrupted (trial 0); re-queued 1 to run again\n" in capfd.readouterr().err
     assert ts[1].params == params and ts[1].system_attrs["failed_trial"] == 0
     assert len({tuple(sorted(t.params.items())) for t in ts[1:]}) == 2
 
@@ -192,6 +199,8 @@ def test_sigkill_during_the_last_trial_then_resume_at_once(tmp_path):
     p = start(tmp_path, spec(tmp_path, trials=2, sleep_s=0.0))
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
+    assert "study 'f': settled 1 stale trial(s) a stopped worker left: 1 failed (trial 1); re-queued 1 to run " \
+        "again\n" in err, err
     ts = check_consistent(tmp_path, 2, kept)
     assert [t.state.name for t in ts] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert ts[2].system_attrs["failed_trial"] == 1 and ts[2].params == ts[1].params

@@ -133,7 +133,15 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
     from allocopt.tracking.layout import TAG_STUDY
     from allocopt.tracking.tracker import _artifact_location, _resolve_uri
 
+    from allocopt.tracking.requests import local_store_problem
+
     uri = _resolve_uri(mlflow_uri)
+    problem = local_store_problem(uri)  # a read-only folder: MLflow retries ~110 s before failing
+    if problem:
+        from allocopt.study.storage import redact_url
+
+        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({problem}); "
+                          "give a writable store or --no-mlflow")
     try:
         from mlflow import MlflowClient
 

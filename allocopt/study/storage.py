@@ -222,7 +222,8 @@ def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
        parameters and no re-run yet is enqueued to run again (:func:`requeue_interrupted`).
 
     Trials RUNNING without a heartbeat (reserved by ``allocopt ask``) and other live workers'
-    trials are left alone. A no-op for a study without heartbeats (in memory).
+    trials are left alone. A no-op for a study without heartbeats (in memory). When anything
+    was settled, one line on stderr says what (:func:`settled_line`).
 
     Returns:
         ``{"finished": [...], "failed": [...], "requeued": [...]}``: trial numbers.
@@ -237,6 +238,7 @@ def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
     if storage is None or not getattr(storage, "heartbeat_interval", None):
         return out
     sid = storage.get_study_id_from_name(study.study_name)
+    count_before = len(study.get_trials(deepcopy=False))
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not _owner_gone(t):
             continue
@@ -259,7 +261,35 @@ def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
                             - before - set(out["failed"]))
     out["requeued"] = requeue_interrupted(study)
     _SETTLED[study] = out
+    line = settled_line(study.study_name, out, len(study.get_trials(deepcopy=False)) - count_before)
+    if line:
+        sys.stderr.write(line + "\n")
     return out
+
+
+def settled_line(study_name: str, out: Mapping[str, list[int]], queued: int) -> str | None:
+    """The line :func:`reconcile_on_open` prints, or ``None`` when nothing was settled; ``queued``
+    is the number of trials it enqueued to run again (the failed ones' and the interrupted ones').
+
+    >>> settled_line("s", {"finished": [4], "failed": [5, 6], "requeued": []}, 2)
+    "study 's': settled 3 stale trial(s) a stopped worker left: 1 finished from its record (trial 4), 2 failed (trials 5, 6); re-queued 2 to run again"
+    """
+    stale = len(out["finished"]) + len(out["failed"])
+    if not stale and not queued:
+        return None
+    def numbers(xs: list[int]) -> str:
+        return ("trial " if len(xs) == 1 else "trials ") + ", ".join(map(str, xs))
+
+    parts = []
+    if out["finished"]:
+        parts.append(f"{len(out['finished'])} finished from its record ({numbers(out['finished'])})")
+    if out["failed"]:
+        parts.append(f"{len(out['failed'])} failed ({numbers(out['failed'])})")
+    if out["requeued"]:
+        parts.append(f"{len(out['requeued'])} interrupted ({numbers(out['requeued'])})")
+    head = f"study {study_name!r}: settled {stale} stale trial(s) a stopped worker left" if stale else \
+        f"study {study_name!r}: settled"
+    return f"{head}: {', '.join(parts)}; re-queued {queued} to run again"
 
 
 def settled(study: Any) -> dict[str, list[int]]:
@@ -397,10 +427,15 @@ def make_storage(url: str) -> Any:
     interval, grace = heartbeat_settings()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeat_interval is an experimental argument
-        storage = optuna.storages.RDBStorage(
-            url, heartbeat_interval=interval, grace_period=grace,
-            heartbeat_stale_trial_callback=StaleTrialCallback(),
-            engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+        if scheme == "sqlite":
+            storage = optuna.storages.RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
+                                                 heartbeat_stale_trial_callback=StaleTrialCallback())
+        else:  # a server that goes away (restarted) is waited for (allocopt.study.reconnect)
+            from allocopt.study.reconnect import retrying_storage
+
+            storage = retrying_storage(url, heartbeat_interval=interval, grace_period=grace,
+                                       heartbeat_stale_trial_callback=StaleTrialCallback(),
+                                       engine_kwargs={"pool_pre_ping": True})
     return storage
 
 
@@ -638,5 +673,5 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 
 __all__ = ["GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "MAX_RETRY", "StaleTrialCallback",
-           "StorageError", "fail_stale", "reconcile_on_open", "recorded_values", "requeue_interrupted", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
+           "StorageError", "fail_stale", "reconcile_on_open", "settled_line", "recorded_values", "requeue_interrupted", "heartbeat", "on_stale", "heartbeat_settings", "make_storage",
            "redact_url", "register", "settled", "without_password", "stale_callback", "storage_of", "worker_name", "worker_trial", "live_trials", "release"]

@@ -1,6 +1,7 @@
 """Bounded MLflow requests: a first request to an unreachable tracking server fails in seconds.
 
-Standard library only (MLflow reads the environment variables set here).
+Standard library only (MLflow reads the environment variables set here); a local store is
+checked for writing before MLflow is asked (:func:`local_store_problem`).
 """
 
 from __future__ import annotations
@@ -53,3 +54,56 @@ def short_reason(e: BaseException) -> str:
             return redact_url(m.group(1)[:200])
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return redact_url((lines[0] if lines else type(e).__name__)[:200])
+
+
+def local_store_problem(uri: str) -> str | None:
+    """Why the local MLflow store ``uri`` cannot be written, in a few words, or ``None``.
+
+    Checked before MLflow is asked, in milliseconds: MLflow retries opening a SQLite store
+    whose folder is read-only ten times with backoff (``create_sqlalchemy_engine_with_retry``,
+    about 110 s) before it fails. ``sqlite:///<path>``: the file, when it exists, opens for
+    writing, and a file can be made in its folder (SQLite writes a journal there) or in the
+    nearest existing folder above it (MLflow makes the missing ones). ``file:`` stores and plain
+    paths: MLflow 3 refuses them unless ``MLFLOW_ALLOW_FILE_STORE=true``; with it, the folder
+    is checked as above. Servers (``http(s)://``, ``databricks``) and in-memory SQLite:
+    ``None`` (their probe is a bounded request).
+
+    >>> local_store_problem("http://127.0.0.1:5000") is None
+    True
+    """
+    import os
+    import tempfile
+    from urllib.parse import unquote, urlparse
+
+    if uri.startswith("sqlite:///"):
+        if ":memory:" in uri:
+            return None
+        path = uri[len("sqlite:///"):].split("?", 1)[0]
+        path = path if path.startswith("/") else os.path.abspath(path)
+        folder = os.path.dirname(path) or "."
+    elif uri.startswith("file:") or "://" not in uri:
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+            return ("MLflow 3 refuses file stores: use sqlite:///<folder>/mlflow.db, or set "
+                    "MLFLOW_ALLOW_FILE_STORE=true")
+        folder = unquote(urlparse(uri).path) if uri.startswith("file:") else uri
+        path = None
+    else:
+        return None
+    existing = os.path.abspath(folder)
+    while not os.path.isdir(existing):
+        if os.path.exists(existing):
+            return f"{existing} is not a folder"
+        existing = os.path.dirname(existing)
+    if path is not None and os.path.exists(path):
+        try:
+            with open(path, "r+b"):
+                pass
+        except OSError as e:
+            return f"{path} is not writable ({e.strerror or e})"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".allocopt-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{existing} is not writable ({e.strerror or e})"
+    return None

@@ -228,7 +228,9 @@ and their runs are spooled and replayed (:class:`allocopt.tracking.spool.Spooled
         self.client.log_artifact(self.parent_run_id, str(path))
 
     def close(self, status: str = "FINISHED") -> None:
-        """End trial runs still open (KILLED) and the parent run (``status``). Idempotent."""
+        """End trial runs still open (KILLED) and the parent run (``status``); a spool left by an
+        outage is tried once more, unless ``status`` is ``KILLED`` (an interrupt ends at once; the
+        next open of the study sends it). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -243,7 +245,9 @@ and their runs are spooled and replayed (:class:`allocopt.tracking.spool.Spooled
             self.client.set_terminated(self.parent_run_id, status)
         except Exception as e:  # noqa: BLE001
             errors.append(f"{self.parent_run_id}: {e}")
-        if not self.client.try_replay(force=True):
+        # one more try to send the spool, unless interrupted (a Ctrl-C during an outage ends the
+        # study at once; a hung server would hold it for another request timeout)
+        if not self.client.try_replay(force=status != "KILLED"):
             self.client._say(f"MLflow still unreachable: {self.client.pending} write(s) kept in "
                              f"{self.client.path}; they are sent the next time this study opens MLflow "
                              "(run the same command again)")
