@@ -33,9 +33,8 @@ err = Console(stderr=True)
 
 
 
-from allocopt.cli.common import time_flags  # noqa: E402
+from allocopt.cli.common import takes_time_budget  # noqa: E402
 
-_TIME = time_flags()
 
 def fmt_flops(v: float) -> str:
     """FLOPs in scientific notation, e.g. ``1.234e+15``."""
@@ -201,6 +200,7 @@ def print_run_sources(run: Any, rates: Any) -> None:
         out.print(r)
 
 
+@takes_time_budget
 def plan(
     budget: Optional[str] = typer.Option(None, help="FLOP budget of the run (search + learning + reward), e.g. 1e19; or give a time budget (--budget-gpu-hours / --budget-usd with --throughput)."),
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
@@ -231,17 +231,13 @@ def plan(
     max_rollouts: Optional[int] = typer.Option(None, help=f"Largest batch (completions per iteration) --target-steps may raise the batch to. \\[default: {D['max_rollouts_per_iteration']}]"),
     train_prompts: Optional[int] = typer.Option(None, help="Prompts in the training set (Polaris-53K: 53,291): the plan shows its epochs over it and warns above 4. \\[default: unknown]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
-    gpus: Optional[int] = _TIME["gpus"],
-    budget_usd: Optional[float] = _TIME["budget_usd"],
-    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
-    throughput: Optional[Path] = _TIME["throughput"],
+    time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
     from allocopt.plan.allocation import Allocation, Workload, default_reward_models, make_plan
     from allocopt.plan.throughput import TimeBudget
 
-    b, t, profile = _plan_budget(budget, budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput)
+    b, t, profile = _plan_budget(budget, time or {})
     gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
     importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
                                              no_importance_sampling_correction)
@@ -280,9 +276,7 @@ def plan(
         out.print(f"engine: {setup.engine} ({why})", highlight=False, markup=False, soft_wrap=True)
 
 
-def _plan_budget(budget: Optional[str], budget_gpu_hours: Optional[float], gpus: Optional[int],
-                 budget_usd: Optional[float], usd_per_gpu_hour: Optional[float],
-                 throughput: Optional[Path]) -> tuple[Optional[float], Optional[dict], Any]:
+def _plan_budget(budget: Optional[str], time: dict) -> tuple[Optional[float], Optional[dict], Any]:
     """``plan``'s budget, parsed once: ``(FLOPs or None, the time budget's flags or None, the
     throughput profile or None)``; a time budget becomes the allocation's FLOPs later, when its
     workload is known. One line (ConfigError) for both or neither, or ``--gpus`` alone."""
@@ -290,8 +284,10 @@ def _plan_budget(budget: Optional[str], budget_gpu_hours: Optional[float], gpus:
     from allocopt.plan.allocation import check_budget
     from allocopt.plan.throughput import ThroughputProfile, load_profile
 
-    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour,
-                         throughput if budget_gpu_hours is not None or budget_usd is not None else None)
+    budget_gpu_hours, gpus, budget_usd, throughput = (time.get(k) for k in (
+        "budget_gpu_hours", "gpus", "budget_usd", "throughput"))
+    t = read_time_budget(**{**time, "throughput": throughput if budget_gpu_hours is not None
+                            or budget_usd is not None else None})
     if budget is not None and t is not None:
         raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
                           "(--budget-gpu-hours / --budget-usd), not both")
