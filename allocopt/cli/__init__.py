@@ -77,7 +77,7 @@ def _plain_metavars(typer_app: typer.Typer) -> None:
     """Typer (0.29) shows a type beside every option, ``<bool>`` for an on/off flag too (which
     takes no value) and ``<list[str]>`` for a repeatable one; at 80 columns that column squeezes
     the option names to a cut-off sliver. A flag shows no type, a repeatable option its
-    element's type followed by ``…`` (give it again for another value); ``--help`` none either
+    element's type followed by ``...`` (give it again for another value); ``--help`` none either
     (:class:`_Command`)."""
     import inspect
     import typing
@@ -97,7 +97,7 @@ def _plain_metavars(typer_app: typer.Typer) -> None:
                 opt.metavar = ""
             elif typing.get_origin(hint) is list or (args and typing.get_origin(args[0]) is list):
                 inner = typing.get_args(hint if typing.get_origin(hint) is list else args[0])[0]
-                opt.metavar = f"<{getattr(inner, '__name__', 'str')}>…"
+                opt.metavar = f"<{getattr(inner, '__name__', 'str')}>..."
 
 
 _reflow_help(app)
