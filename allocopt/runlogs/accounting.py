@@ -101,10 +101,13 @@ def _account_recipe(recipe: Path | None, given: Mapping[str, Any]) -> Accounting
 def _import_run(kind: str, path: Path, overrides: Mapping[str, Any]) -> ImportedRun:
     """The run at ``path`` read by the importer ``kind`` names (one of :data:`RUN_SOURCES`);
     its :class:`RunLogError` becomes a :class:`ConfigError` with the same line."""
-    from allocopt import runlogs
+    from allocopt.runlogs.nemo_rl import import_nemo_rl
+    from allocopt.runlogs.openrlhf import import_openrlhf
+    from allocopt.runlogs.trl import import_trl
+    from allocopt.runlogs.verl import import_verl
 
-    importer = {"from_trl": runlogs.import_trl, "from_verl": runlogs.import_verl,
-                "from_openrlhf": runlogs.import_openrlhf, "from_nemo_rl": runlogs.import_nemo_rl}[kind]
+    importer = {"from_trl": import_trl, "from_verl": import_verl, "from_openrlhf": import_openrlhf,
+                "from_nemo_rl": import_nemo_rl}[kind]
     try:
         return importer(path, **overrides)
     except RunLogError as e:
