@@ -133,3 +133,24 @@ def test_study_with_race_pilots_passes_set_to_the_objective(tmp_path, run):
         flat = observe(p["rho"], p["group_size"], p["reward"], b, variant="flat", noise=0)["pass_at_1"]
         paper = observe(p["rho"], p["group_size"], p["reward"], b, variant="paper", noise=0)["pass_at_1"]
         assert t.value == pytest.approx(flat, abs=1e-12) and abs(flat - paper) > 1e-6
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_every_help_shows_each_option_whole_and_no_type_for_a_flag(cli, columns):
+    """``--help`` of every command, at 80 and 120 columns: each visible option's long name is
+    shown whole (typer's table once cut ``--importance-sampling-correction`` to
+    ``--importance-sampling-cor…`` at 80), and a flag shows no ``<bool>`` type (it takes no value)."""
+    import re
+
+    import typer.main
+
+    from allocopt.cli import app
+
+    for name, cmd in typer.main.get_command(app).commands.items():
+        r = cli(name, "--help", env={"COLUMNS": columns})
+        assert r.returncode == 0, (name, r.stderr)
+        shown = set(re.findall(r"^│\s{1,5}(?:\*\s+)?(--[\w-]+…?)", r.stdout, re.M))  # the name column
+        wanted = {o for p in cmd.params if not getattr(p, "hidden", False) for o in p.opts
+                  if o.startswith("--")} | {"--help"}
+        assert shown == wanted, (name, columns, sorted(shown ^ wanted))
+        assert "<bool>" not in r.stdout, (name, columns)

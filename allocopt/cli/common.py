@@ -395,6 +395,51 @@ def time_flags() -> dict:
     }
 
 
+TIME_FLAGS = ("budget_gpu_hours", "gpus", "budget_usd", "usd_per_gpu_hour", "throughput")
+"""The parameters of :func:`time_flags`, in the order :func:`read_time_budget` takes them."""
+
+
+def bundled_options(bundle: str, options: dict[str, tuple[Any, Any]]) -> Any:
+    """A decorator: the command's keyword parameter ``bundle`` becomes the typer ``options``
+    (parameter name -> ``(type, typer.Option)``), shown and parsed where ``bundle`` stands;
+    the command receives their values as one dict ``bundle`` (name -> value). Options several
+    commands share are so written once, and read as one thing."""
+    import functools
+    import inspect
+
+    def decorate(command: Any) -> Any:
+        @functools.wraps(command)
+        def with_bundle(**kwargs: Any) -> Any:
+            values = {k: kwargs.pop(k) for k in options}
+            return command(**kwargs, **{bundle: values})
+
+        sig = inspect.signature(command, eval_str=True)
+        params = []
+        for p in sig.parameters.values():  # the options stand where the bundle stands (--help order)
+            params += [p] if p.name != bundle else [
+                inspect.Parameter(k, p.kind, default=opt, annotation=kind) for k, (kind, opt) in options.items()]
+        with_bundle.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        with_bundle.__annotations__ = {**{k: v for k, v in command.__annotations__.items() if k != bundle},
+                                       **{k: kind for k, (kind, _) in options.items()}}
+        return with_bundle
+
+    return decorate
+
+
+def takes_time_budget(command: Any) -> Any:
+    """``command`` with the time-budget options (:func:`time_flags`) in place of its keyword
+    parameter ``time`` (:func:`bundled_options`): it receives them as one dict ``time``
+    (:data:`TIME_FLAGS` -> value, for ``read_time_budget(**time)``). Shared by ``plan``,
+    ``study``, ``race`` and ``ask``."""
+    from pathlib import Path
+    from typing import Optional
+
+    types = {"budget_gpu_hours": Optional[float], "gpus": Optional[int], "budget_usd": Optional[float],
+             "usd_per_gpu_hour": Optional[float], "throughput": Optional[Path]}
+    flags = time_flags()
+    return bundled_options("time", {k: (types[k], flags[k]) for k in TIME_FLAGS})(command)
+
+
 def read_time_budget(budget_gpu_hours: float | None = None, gpus: int | None = None,
                      budget_usd: float | None = None, usd_per_gpu_hour: float | None = None,
                      throughput: Any = None) -> dict | None:

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
+from allocopt.cli.common import bundled_options
 from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.query.stored import parent_run_id, stored_objectives, stored_recommendation, stored_target
 
@@ -34,6 +35,12 @@ _FROM_MLFLOW = typer.Option(None, "--from-mlflow", help="MLflow experiment (allo
 _MLFLOW_URI = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db].")
 _WHERE = typer.Option(None, "--where", help="Filter, repeatable (all must hold): KEY=VALUE, KEY!=VALUE, KEY>N, KEY>=N, KEY<N, KEY<=N; e.g. reward=prm, 'rho>0.5', group_size=8.")
 _JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
+_FIDELITY = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all.")
+_reads_trials = bundled_options("trials", {
+    "study": (Optional[str], _STUDY), "storage": (str, _STORAGE),
+    "from_mlflow": (Optional[List[str]], _FROM_MLFLOW), "mlflow_uri": (Optional[str], _MLFLOW_URI),
+    "where": (Optional[List[str]], _WHERE)})
+"""The options naming the trials a query reads, as one dict ``trials`` (``_load(**trials, ...)``)."""
 
 
 def _out() -> Console:
@@ -170,20 +177,18 @@ def _spec(key: str) -> str:
 
 
 # ---------------------------------------------------------------------------- pareto
+@_reads_trials
 def pareto(
     objectives: Optional[str] = typer.Option(None, "--objectives", help="Comma-separated targets or fields, e.g. pass@1,judge or judge,total_flops \\[default: the study's targets, when it has two or more]."),
-    study: Optional[str] = _STUDY,
-    storage: str = _STORAGE,
-    from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
-    mlflow_uri: Optional[str] = _MLFLOW_URI,
+    trials: Optional[dict] = None,  # --study, --storage, --from-mlflow, --mlflow-uri, --where
     directions: Optional[str] = typer.Option(None, "--directions", help="Comma-separated maximize/minimize, one per objective \\[default: maximize targets, minimize *_flops]."),
-    where: Optional[List[str]] = _WHERE,
-    fidelity: str = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all."),
+    fidelity: str = _FIDELITY,
     as_json: bool = _JSON,
 ) -> None:
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
-    rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
-    names = _split(objectives, "objectives") if objectives else stored_objectives(study, storage, from_mlflow, mlflow_uri)
+    rows, source, study = _load(**trials, fidelity=fidelity)
+    names = _split(objectives, "objectives") if objectives else stored_objectives(
+        study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
     print_front(rows, names, _split(directions, "directions") if directions else None, source, fidelity, as_json)
 
 
@@ -212,28 +217,26 @@ def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], so
 
 
 # ------------------------------------------------------------------------------ best
+@_reads_trials
 def best(
     target: Optional[str] = typer.Option(None, "--target", help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (or a field such as total_flops) \\[default: the study's target, when it has one]."),
-    study: Optional[str] = _STUDY,
-    storage: str = _STORAGE,
-    from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
-    mlflow_uri: Optional[str] = _MLFLOW_URI,
+    trials: Optional[dict] = None,  # --study, --storage, --from-mlflow, --mlflow-uri, --where
     direction: Optional[str] = typer.Option(None, "--direction", help="maximize or minimize \\[default: maximize targets, minimize *_flops]."),
-    where: Optional[List[str]] = _WHERE,
-    fidelity: str = typer.Option("full", "--fidelity", help="Trials of this fidelity: full (whole budget), pilot, or all."),
+    fidelity: str = _FIDELITY,
     as_json: bool = _JSON,
 ) -> None:
     """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
     from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
 
-    rows, source, study = _load(study, storage, from_mlflow, mlflow_uri, where, fidelity)
+    rows, source, study = _load(**trials, fidelity=fidelity)
+    stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
     if target is None:
-        target = stored_target(study, storage, from_mlflow, mlflow_uri)
+        target = stored_target(*stored)
     (key,) = check_fields(rows, [target], "target")
     d = direction or default_direction(key)
     b = best_of(rows, key, d)
     per = best_per(rows, key, "reward", d)
-    rec = stored_recommendation(study, storage, from_mlflow, mlflow_uri)
+    rec = stored_recommendation(*stored)
     if as_json:
         _print_json({"source": source, "target": field_label(key), "direction": d, "recommendation": rec,
                      "best": row_dict(b) if b else None,
@@ -244,7 +247,7 @@ def best(
     # evidence) only when this query asks the same; a filtered, pilot or other-target query
     # gets its best trial alone (it once labelled a pilot or another target's trial evidence)
     if rec and not (field_label(key) == str(rec.get("target", field_label(key)))
-                    and not where and fidelity == "full"):
+                    and not trials["where"] and fidelity == "full"):
         rec = None
     if rec:  # the study's one answer first; the trials below are its evidence
         from allocopt.answer import from_dict, recommendation_lines

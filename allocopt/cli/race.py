@@ -32,9 +32,8 @@ err = Console(stderr=True)
 
 
 
-from allocopt.cli.common import time_flags  # noqa: E402
+from allocopt.cli.common import takes_time_budget  # noqa: E402
 
-_TIME = time_flags()
 
 def _json(obj: Any) -> str:
     """Strict JSON (NaN and infinities as ``null``)."""
@@ -95,6 +94,7 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
     return t, line
 
 
+@takes_time_budget
 def race(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
@@ -114,11 +114,7 @@ def race(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
     extra_pilot_budget: Optional[float] = typer.Option(None, "--extra-pilot-budget", help="Compute, in full-budget runs, the proposals may spend on extra pilots. \\[default: 0]"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
-    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
-    gpus: Optional[int] = _TIME["gpus"],
-    budget_usd: Optional[float] = _TIME["budget_usd"],
-    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
-    throughput: Optional[Path] = _TIME["throughput"],
+    time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
 ) -> None:
@@ -135,7 +131,7 @@ def race(
 
     from allocopt.race import check_pilot_fraction
 
-    s = read_spec(spec, budget, set_, time=dict(budget_gpu_hours=budget_gpu_hours, gpus=gpus, budget_usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour, throughput=throughput), target=target, objective=objective, name=study_name, seed=seed)
+    s = read_spec(spec, budget, set_, time=time, target=target, objective=objective, name=study_name, seed=seed)
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")

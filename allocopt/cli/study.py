@@ -25,14 +25,14 @@ from rich.table import Table
 from allocopt.cli.common import fail
 from allocopt.study.storage import DEFAULT_STORAGE
 from allocopt.cli.account import fmt_flops
-from allocopt.cli.common import time_flags
+from allocopt.cli.common import takes_time_budget
 from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
-_TIME = time_flags()
 
 
+@takes_time_budget
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
@@ -48,11 +48,7 @@ def study(
     pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
-    budget_gpu_hours: Optional[float] = _TIME["budget_gpu_hours"],
-    gpus: Optional[int] = _TIME["gpus"],
-    budget_usd: Optional[float] = _TIME["budget_usd"],
-    usd_per_gpu_hour: Optional[float] = _TIME["usd_per_gpu_hour"],
-    throughput: Optional[Path] = _TIME["throughput"],
+    time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
     replicates: Optional[int] = typer.Option(None, help="RACE: extra seeds of the leading full run when it is within one evaluation's noise of another cell's best; each counts as a full trial. \\[default: 0]"),
@@ -67,7 +63,7 @@ def study(
     from allocopt.cli.common import read_spec
 
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
-    s = read_spec(spec, budget, set_, time=dict(budget_gpu_hours=budget_gpu_hours, gpus=gpus, budget_usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour, throughput=throughput), target=tgt, objective=objective, trials=trials, name=study_name,
+    s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction)
     if dry_run:
         return print_plans(s)

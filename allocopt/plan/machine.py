@@ -48,19 +48,19 @@ def resolve_engine(asked: str, *, cuda: bool, vllm: bool, policy_params: int,
         policy_params: the policy's parameter count.
         max_cpu_params: the largest policy ``auto`` trains on CPU.
     """
-    size = f"{policy_params / 1e6:.1f}M parameters"
+    # each reason fits one line of at most 100 columns after "engine: trl-vllm-cpu ("
+    size = f"{policy_params / 1e9:.2f}B" if policy_params >= 1e9 else f"{policy_params / 1e6:.1f}M"
+    size, cap = f"{size} params", f"{max_cpu_params / 1e6:g}M"
     if asked == "auto":
         if cuda:
             return ("trl-vllm", "auto: CUDA and vLLM here") if vllm else \
                 ("trl-gpu", "auto: CUDA here, vLLM not installed (transformers generate)")
         if policy_params <= max_cpu_params:
-            return "trl-cpu", f"auto: no CUDA here, policy {size} <= max_cpu_params {max_cpu_params:,}"
-        return "trl-vllm", (f"auto: no CUDA here, policy {size} > max_cpu_params {max_cpu_params:,}: "
-                            "priced for the GPU run it is meant for")
+            return "trl-cpu", f"auto: no CUDA here, policy {size} <= max_cpu_params {cap}"
+        return "trl-vllm", f"auto: no CUDA here, policy {size} > max_cpu_params {cap}: priced for a GPU"
     if asked == "trl-vllm" and not cuda:
         if vllm:
-            return "trl-vllm-cpu", ("asked trl-vllm; no CUDA here and vLLM importable (vllm-cpu): "
-                                    "vLLM rollouts, TRL's CPU learning")
+            return "trl-vllm-cpu", "asked trl-vllm; no CUDA here, vllm-cpu: vLLM rollouts, TRL learning on CPU"
         return asked, "as set; no CUDA or vLLM here: priced as it runs on a GPU"
     return asked, "as set"
 

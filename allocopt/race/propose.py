@@ -222,23 +222,65 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
             ``spec.budget_flops`` for every one. A run at fidelity fraction ``f`` gets ``f ×``
             its allocation's.
     """
-    import torch
-
     seed = spec.seed if settings.seed is None else settings.seed
     sur = surrogate if surrogate is not None else fit_surrogate(obs, spec.space, seed=seed)
-    enc = sur.encoding
     if plans is None and workload is not None:
         plans = PlanCache(workload)
     if full_budget is None:
         full_budget = lambda a: spec.budget_flops  # noqa: E731 - one FLOP budget for every allocation
-    space = spec.space
+    pool = _candidate_pool(sur, spec.space, existing, settings)
+    picker = _Picker(sur, pool, spec, settings, plans, list(existing), pilot_fraction, allow_pilots,
+                     full_budget)
+    if settings.replicates and not pool.exploring and q >= 1:
+        rep = _replicate(sur, existing, spec, settings, plans, full_budget)
+        if rep is not None:
+            picker.out.append(rep)
+            picker.taken.append((rep.allocation, "full"))
+    _pick_by_samples(picker, q)
+    if len(picker.out) < q:  # the likely maximizers are all repeats or infeasible: the rest by upper bound
+        _pick_by_upper_bound(picker, q)
+    return picker.out
+
+
+@dataclass
+class _Pool:
+    """The full-budget candidates of a round and what the surrogate says of them (``n`` of them;
+    ``k`` kept; ``S`` posterior samples)."""
+
+    cands: list[Allocation]
+    X: Any
+    """Encoded candidates, ``n x d``."""
+    mean: Any
+    """Posterior mean of each candidate's full-budget target, ``n``."""
+    sd: Any
+    """Posterior sd, ``n``."""
+    keep: Any
+    """Indices into ``cands`` of the candidates in play, by upper bound, ``k`` (at most 400)."""
+    draws: Any
+    """Joint posterior samples over the kept candidates, ``S x k`` (the posterior mean
+    repeated while exploring cells)."""
+    wins: Any
+    """Share of the samples in which each kept candidate is the maximizer, ``k``."""
+    exploring: bool
+    """Cells without a full run are the only candidates (``settings.explore_cells_after``)."""
+
+
+def _candidate_pool(sur: Any, space: SearchSpace, existing: Sequence[tuple[Allocation, str]],
+                    settings: RaceSettings) -> _Pool:
+    """Steps 1 and 2 of :func:`propose`: the full-budget grid, pruned to the candidates whose
+    upper bound (mean + 2.5 sd) reaches the best lower bound (or, exploring, to the untested
+    cells), at most 400 by upper bound, and ``settings.thompson_samples`` joint samples over them."""
+    import torch
+
+    enc = sur.encoding
     cands = _full_candidates(space, settings)
     X = enc.tensor([enc.row(a.rho, a.group_size, a.reward, a.model, 1.0) for a in cands])
     mean, sd = sur.predict(X)
     full_cells = {(b.reward, b.model) for b, fb in existing if fb == "full"}
     missing = {(a.reward, a.model) for a in cands} - full_cells
     n_full = sum(1 for _, fb in existing if fb == "full")
-    if missing and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after:
+    exploring = bool(missing) and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after
+    if exploring:
         # cells without a full run first: the pilots' ranking of the cells is not trusted untested
         keep = torch.tensor([k for k, a in enumerate(cands) if (a.reward, a.model) in missing])
     else:
@@ -246,76 +288,100 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
     keep = keep[torch.argsort((mean + 2.5 * sd)[keep], descending=True)[:400]]
     draws = sur.sample(X[keep].unsqueeze(0), settings.thompson_samples)[:, 0, :]  # S x k
     wins = torch.bincount(draws.argmax(-1), minlength=len(keep)).double() / draws.shape[0]
-    exploring = bool(missing) and settings.explore_cells_after is not None and n_full >= settings.explore_cells_after
     if exploring:  # an untested cell is tested at its best posterior mean (not at one sample's
         # maximizer: a run off a sharp peak would make the cell look worse than it is)
         draws = mean[keep].expand(draws.shape[0], -1)
-    taken = list(existing)
-    out: list[Proposal] = []
-    decades = math.log10(1.0 / pilot_fraction)
-    drift = sur.drift[0]
-    noise2 = sur.noise_sd ** 2
-    lo, hi = space.rho
+    return _Pool(cands, X, mean, sd, keep, draws, wins, exploring)
 
-    def try_run(a: Allocation, fidelity: str, frac: float) -> TrialPlan | None:
-        if any(same_run(a, fidelity, b, fb, settings.rho_match) for b, fb in taken):
+
+class _Picker:
+    """Step 3 of :func:`propose`: offers candidates of ``pool`` one at a time, each as a full
+    run or an extra pilot, and keeps the accepted ones (``out``) and every run taken so far
+    (``taken``: existing, queued and proposed) so that none repeats another."""
+
+    def __init__(self, sur: Any, pool: _Pool, spec: StudySpec, settings: RaceSettings,
+                 plans: Callable[[float, Allocation], TrialPlan | None] | None,
+                 taken: list[tuple[Allocation, str]], pilot_fraction: float, allow_pilots: bool,
+                 full_budget: Callable[[Allocation], float]):
+        self.sur, self.pool, self.spec, self.settings, self.plans = sur, pool, spec, settings, plans
+        self.full_budget = full_budget  # FLOPs of an allocation's full-budget run
+        self.taken, self.out = taken, []
+        self.pilot_fraction, self.allow_pilots = pilot_fraction, allow_pilots
+        self.tried: set[int] = set()  # offered (accepted or refused): never offered again
+
+    def try_run(self, a: Allocation, fidelity: str, frac: float) -> TrialPlan | None:
+        """The plan of ``a`` at ``frac`` of the budget, taken; ``None`` for a repeat of a run
+        taken or a plan that does not fit (``_UNCHECKED`` without a workload)."""
+        if any(same_run(a, fidelity, b, fb, self.settings.rho_match) for b, fb in self.taken):
             return None
-        if plans is None:  # no workload: feasibility unchecked
-            taken.append((a, fidelity))
+        if self.plans is None:  # no workload: feasibility unchecked
+            self.taken.append((a, fidelity))
             return _UNCHECKED
-        budget = frac * full_budget(a)
-        plan = plans(budget, a)
+        budget = frac * self.full_budget(a)
+        plan = self.plans(budget, a)
         if plan is None or plan.expected.executed.total_flops > budget:
             return None
-        taken.append((a, fidelity))
+        self.taken.append((a, fidelity))
         return plan
 
-    def offer(i: int, p_best: float) -> bool:
-        """Propose candidate ``i`` (as a pilot when that is worth more); ``False`` when it is a
-        repeat or has no feasible plan."""
-        a = cands[i]
-        if allow_pilots:
-            z = replace(a, rho=round(min(max(a.rho - drift * decades, lo), hi), 4))
-            zrow = enc.tensor([enc.row(z.rho, z.group_size, z.reward, z.model, pilot_fraction)])
-            cov, var_z = sur.covariance_with(X[i:i + 1], zrow)
-            v = float(sd[i]) ** 2
+    def offer(self, i: int, p_best: float) -> bool:
+        """Propose candidate ``i`` (as a pilot when its variance reduction per unit of compute
+        beats the full run's); ``False`` when it is a repeat or has no feasible plan."""
+        pool, sur, spec, frac = self.pool, self.sur, self.spec, self.pilot_fraction
+        a = pool.cands[i]
+        mean, sd = float(pool.mean[i]), float(pool.sd[i])
+        if self.allow_pilots:
+            lo, hi = spec.space.rho
+            drift = sur.drift[0]
+            z = replace(a, rho=round(min(max(a.rho - drift * math.log10(1.0 / frac), lo), hi), 4))
+            zrow = sur.encoding.tensor([sur.encoding.row(z.rho, z.group_size, z.reward, z.model, frac)])
+            cov, var_z = sur.covariance_with(pool.X[i:i + 1], zrow)
+            noise2 = sur.noise_sd ** 2
+            v = sd ** 2
             gain_full = v * v / (v + noise2)
-            gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / pilot_fraction
-            plan = try_run(z, "pilot", pilot_fraction) if gain_pilot > gain_full else None
+            gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / frac
+            plan = self.try_run(z, "pilot", frac) if gain_pilot > gain_full else None
             if plan is not None:
-                out.append(Proposal(z, "pilot", pilot_fraction * full_budget(z), _plan(plan), p_best,
-                                    pilot_fraction, float(mean[i]), float(sd[i])))
+                self.out.append(Proposal(z, "pilot", frac * self.full_budget(z), _plan(plan), p_best,
+                                         frac, mean, sd))
                 return True
-        plan = try_run(a, "full", 1.0)
+        plan = self.try_run(a, "full", 1.0)
         if plan is None:
             return False
-        out.append(Proposal(a, "full", full_budget(a), _plan(plan), p_best, 1.0, float(mean[i]),
-                            float(sd[i])))
+        self.out.append(Proposal(a, "full", self.full_budget(a), _plan(plan), p_best, 1.0, mean, sd))
         return True
 
-    if settings.replicates and not exploring and q >= 1:
-        rep = _replicate(sur, existing, spec, settings, plans, full_budget)
-        if rep is not None:
-            out.append(rep)
-            taken.append((rep.allocation, "full"))
-    tried: set[int] = set()  # offered (accepted or refused): never offered again
-    for j in range(draws.shape[0]):
-        if len(out) >= q:
+
+def _pick_by_samples(picker: _Picker, q: int) -> None:
+    """Sample ``j``'s maximizer is pick ``j``: a candidate already offered, refused or (while
+    exploring) in a cell the batch already tests passes to that sample's next best."""
+    import torch
+
+    pool = picker.pool
+    for j in range(pool.draws.shape[0]):
+        if len(picker.out) >= q:
             break
-        for k in torch.argsort(draws[j], descending=True).tolist():
-            i = int(keep[k])
-            if exploring and any(p.fidelity == "full" and (p.allocation.reward, p.allocation.model)
-                                 == (cands[i].reward, cands[i].model) for p in out):
+        for k in torch.argsort(pool.draws[j], descending=True).tolist():
+            i = int(pool.keep[k])
+            cell = (pool.cands[i].reward, pool.cands[i].model)
+            if pool.exploring and any(p.fidelity == "full" and (p.allocation.reward, p.allocation.model)
+                                      == cell for p in picker.out):
                 continue  # one full run per untested cell and batch
-            if i not in tried:
-                tried.add(i)
-                if offer(i, float(wins[k])):
+            if i not in picker.tried:
+                picker.tried.add(i)
+                if picker.offer(i, float(pool.wins[k])):
                     break
-    if len(out) < q:  # the likely maximizers are all repeats or infeasible: the rest by upper bound
-        for i in torch.argsort(mean + 2.5 * sd, descending=True).tolist():
-            if len(out) >= q or len(tried) >= len(keep) + 200:
-                break
-            if i not in tried:
-                tried.add(i)
-                offer(i, 0.0)
-    return out
+
+
+def _pick_by_upper_bound(picker: _Picker, q: int) -> None:
+    """The candidates not yet offered, by upper bound (mean + 2.5 sd), until ``q`` proposals or
+    200 offers past the kept ones."""
+    import torch
+
+    pool = picker.pool
+    for i in torch.argsort(pool.mean + 2.5 * pool.sd, descending=True).tolist():
+        if len(picker.out) >= q or len(picker.tried) >= len(pool.keep) + 200:
+            break
+        if i not in picker.tried:
+            picker.tried.add(i)
+            picker.offer(i, 0.0)

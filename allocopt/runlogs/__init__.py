@@ -10,11 +10,12 @@ over the log. Bad or missing input raises :class:`RunLogError` with one line nam
 the field and what is wrong.
 """
 
+from allocopt.runlogs.accounting import Accounting, account_any
 from allocopt.runlogs.common import ImportedRun, RunLogError
 from allocopt.runlogs.nemo_rl import import_nemo_rl
 from allocopt.runlogs.openrlhf import import_openrlhf
 from allocopt.runlogs.trl import import_trl
 from allocopt.runlogs.verl import import_verl
 
-__all__ = ["ImportedRun", "RunLogError", "import_nemo_rl", "import_openrlhf", "import_trl",
+__all__ = ["Accounting", "ImportedRun", "account_any", "RunLogError", "import_nemo_rl", "import_openrlhf", "import_trl",
            "import_verl"]

@@ -141,3 +141,45 @@ def as_number(source: str, key: str, v: Any) -> float:
     if isinstance(v, bool) or not math.isfinite(f):
         raise RunLogError(f"{source}: {key}={v!r}: not a finite number")
     return f
+
+
+@dataclass
+class StepLog:
+    """A run's training steps as an importer reads them: their lengths (:class:`LoggedStep`),
+    and the wall seconds of each phase summed over them from the log's timers."""
+
+    timers: Mapping[str, str]
+    """Log key of a timer (seconds per step) -> phase (``search``, ``learning``, ``reward``)."""
+    steps: list[LoggedStep] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    timed: bool = False
+    """Whether any step had a timer."""
+
+    def add(self, where: str, record: Mapping[str, Any], step: LoggedStep) -> None:
+        """One step read from ``record`` (its timers summed into :attr:`seconds`). Raises
+        :class:`RunLogError` for a timer that is not a number."""
+        self.steps.append(step)
+        for key, phase in self.timers.items():
+            if key in record:
+                self.seconds[phase] += as_number(where, key, record[key])
+                self.timed = True
+
+    @property
+    def phase_seconds(self) -> dict[str, float] | None:
+        """:attr:`seconds`, or ``None`` when no step was timed."""
+        return self.seconds if self.timed else None
+
+    def account(self, source: str, settings: dict[str, Any], read: dict[str, str],
+                assumed: dict[str, str], *, lengths: str, rows: str, per_row: str, timers: str,
+                rows_tolerance: float = 0.0) -> FlopAccount:
+        """:func:`account_steps` of the steps, with where their numbers came from noted in
+        ``read`` and ``assumed``: ``lengths`` (the length keys), ``rows`` (when a step's weight is
+        off 1 by more than ``rows_tolerance``), ``per_row`` (the assumed spread), ``timers``
+        (when timed: which timer counts as which phase)."""
+        read["lengths"] = lengths
+        if any(abs(s.weight - 1.0) > rows_tolerance for s in self.steps):
+            read["rows"] = rows
+        assumed["per-row lengths"] = per_row
+        if self.timed:
+            read["phase_seconds"] = timers
+        return account_steps(source, settings, self.steps)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
+from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog,
                                      as_number, check_overrides)
 from allocopt.runlogs.scalars import event_files, read_event_hparams, read_event_scalars
 
@@ -113,9 +113,7 @@ def import_nemo_rl(path: str | Path, **overrides: Any) -> ImportedRun:
     devices = int(cfg("cluster.num_nodes")) * int(cfg("cluster.gpus_per_node"))
     settings.update(given)
 
-    logged: list[LoggedStep] = []
-    seconds = {"search": 0.0, "learning": 0.0, "reward": 0.0}
-    timed = False
+    log = StepLog(PHASE_TIMERS)
     nemo_rate: list[tuple[float, float]] = []  # (TFLOP/s per GPU, policy_training seconds)
     for s, m in train:
         where = f"{src}: step {s}"
@@ -131,23 +129,18 @@ def import_nemo_rl(path: str | Path, **overrides: Any) -> ImportedRun:
         if "train/total_num_tokens" in m and prompt + gen > 0:
             trained = as_number(where, "train/total_num_tokens", m["train/total_num_tokens"]) / (prompt + gen)
             weight = trained / rows
-        logged.append(LoggedStep(prompt, gen, gmax, weight))
-        for key, phase in PHASE_TIMERS.items():
-            if key in m:
-                seconds[phase] += as_number(where, key, m[key])
-                timed = True
+        log.add(where, m, LoggedStep(prompt, gen, gmax, weight))
         if "performance/train_flops_per_gpu" in m and "timing/train/policy_training" in m:
             nemo_rate.append((m["performance/train_flops_per_gpu"], m["timing/train/policy_training"]))
-    read["lengths"] = ("per step: train/mean_prompt_length, train/mean_gen_tokens_per_sample, "
-                       "train/max_gen_tokens_per_sample")
-    if any(abs(s.weight - 1.0) > 0.01 for s in logged):
-        read["rows"] = "per step: train/total_num_tokens / (prompt + response means)"
-    assumed["per-row lengths"] = ("prompts all at the mean; responses one row at the logged "
-                                  "max, the rest equal (the logged mean kept)")
-    if timed:
-        read["phase_seconds"] = ("timing/train/generation -> search; reward_calculation -> "
-                                 "reward; policy_and_reference_logprobs + policy_training -> learning")
-    acct = account_steps(src, settings, logged)
+    acct = log.account(
+        src, settings, read, assumed,
+        lengths=("per step: train/mean_prompt_length, train/mean_gen_tokens_per_sample, "
+                 "train/max_gen_tokens_per_sample"),
+        rows="per step: train/total_num_tokens / (prompt + response means)", rows_tolerance=0.01,
+        per_row="prompts all at the mean; responses one row at the logged max, the rest equal (the "
+                "logged mean kept)",
+        timers=("timing/train/generation -> search; reward_calculation -> reward; "
+                "policy_and_reference_logprobs + policy_training -> learning"))
     if nemo_rate:
         secs = sum(t for _, t in nemo_rate)
         theirs = sum(r * t for r, t in nemo_rate) / secs  # TFLOP/s per GPU, time-weighted
@@ -158,6 +151,6 @@ def import_nemo_rl(path: str | Path, **overrides: Any) -> ImportedRun:
             f"NeMo-RL {theirs:.3g} TFLOP/s per GPU in policy_training; allocopt's update "
             f"(forward + backward{' + recompute' if ln.get('recompute') else ''}) over the "
             f"same seconds {ours:.3g} ({ours / theirs - 1:+.1%})")
-    return ImportedRun(account=acct, steps=len(logged), engine="verl", fields_read=read,
-                       fields_assumed=assumed, phase_seconds=seconds if timed else None,
+    return ImportedRun(account=acct, steps=len(log.steps), engine="verl", fields_read=read,
+                       fields_assumed=assumed, phase_seconds=log.phase_seconds,
                        num_devices=devices, source=str(path), settings=settings)

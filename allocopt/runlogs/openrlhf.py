@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
+from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog,
                                      as_number, check_overrides)
 from allocopt.runlogs.scalars import (event_files, parse_call_dump, parse_flags,
                                       read_event_scalars, read_text)
@@ -160,9 +160,7 @@ def import_openrlhf(path: str | Path, **overrides: Any) -> ImportedRun:
     settings.update(given)
 
     rows_planned = settings["prompts"] * settings["group_size"]
-    logged: list[LoggedStep] = []
-    seconds = {"search": 0.0, "learning": 0.0, "reward": 0.0}
-    timed = False
+    log = StepLog(PHASE_TIMERS)
     for s, m in train:
         where = f"{src}: step {s}"
         resp = as_number(where, "response_length", m.get("response_length",
@@ -175,20 +173,14 @@ def import_openrlhf(path: str | Path, **overrides: Any) -> ImportedRun:
                               f"response_length={resp:g}")
         rows = m.get("rollout/num_samples")
         weight = 1.0 if rows is None else as_number(where, "rollout/num_samples", rows) / rows_planned
-        logged.append(LoggedStep(prompt, resp, None, weight))
-        for key, phase in PHASE_TIMERS.items():
-            if key in m:
-                seconds[phase] += as_number(where, key, m[key])
-                timed = True
-    read["lengths"] = "per step: total_length - response_length (prompt), response_length"
-    if any(s.weight != 1.0 for s in logged):
-        read["rows"] = "per step: rollout/num_samples (rows trained)"
-    assumed["per-row lengths"] = ("all rows at the logged means (OpenRLHF logs no maximum "
-                                  "length)")
-    if timed:
-        read["phase_seconds"] = ("timing/generation -> search; timing/make_experience + "
-                                 "timing/ppo_train -> learning (reward inside make_experience)")
-    acct = account_steps(src, settings, logged)
-    return ImportedRun(account=acct, steps=len(logged), engine="verl", fields_read=read,
-                       fields_assumed=assumed, phase_seconds=seconds if timed else None,
+        log.add(where, m, LoggedStep(prompt, resp, None, weight))
+    acct = log.account(
+        src, settings, read, assumed,
+        lengths="per step: total_length - response_length (prompt), response_length",
+        rows="per step: rollout/num_samples (rows trained)",
+        per_row="all rows at the logged means (OpenRLHF logs no maximum length)",
+        timers=("timing/generation -> search; timing/make_experience + timing/ppo_train -> "
+                "learning (reward inside make_experience)"))
+    return ImportedRun(account=acct, steps=len(log.steps), engine="verl", fields_read=read,
+                       fields_assumed=assumed, phase_seconds=log.phase_seconds,
                        num_devices=devices, source=str(path), settings=settings)

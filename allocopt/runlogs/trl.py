@@ -31,6 +31,7 @@ steps_per_generation / gradient_accumulation_steps`` optimizer steps.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,24 +161,64 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     :func:`~allocopt.runlogs.argsfile.read_training_args` gives them), ``adapter`` peft's
     ``adapter_config.json`` (``None``: full fine-tuning). :func:`import_trl` reads the files;
     :mod:`allocopt.runlogs.live` passes a running trainer's own objects. The paths only name
-    the sources in messages. Raises :class:`RunLogError` as :func:`import_trl`."""
+    the sources in messages. Raises :class:`RunLogError` as :func:`import_trl`.
+
+    In order: the set-up from ``GRPOConfig`` (:func:`_config_settings`), LoRA and the model from
+    the adapter (:func:`_adapter_settings`), the overrides on top, the logged rollout batches
+    (:func:`_logged_batches`), the mean prompt from ``num_tokens`` (:func:`_prompt_mean`), and
+    the account of those batches (:func:`~allocopt.runlogs.common.account_steps`).
+    """
     src = source
     given = check_overrides(f"from_trl={src!r}", overrides)
     read: dict[str, str] = {k: "given" for k in given}
     assumed: dict[str, str] = {}
+    config = _ConfigReader(args, args_file, read, assumed)
+    settings, batches_every = _config_settings(config, given)
+    settings.update(_adapter_settings(adapter, adapter_file, given, src, read, assumed))
+    settings.update(given)
+    if "prompts" in given:  # the rollout batch over all processes, so no world size to assume
+        assumed.pop("world_size", None)
+    rows = settings["prompts"] * settings["group_size"]
+    log = _logged_batches(history, state_file, rows, batches_every, args.get("max_completion_length"),
+                          check_whole=("world_size" in assumed and "prompts" not in given))
+    read["completion lengths"] = f"{state_file.name}: completions/mean_length, completions/max_length"
+    prompt_mean = _prompt_mean(log, overrides, args, state_file, rows, read, assumed)
+    logged = [LoggedStep(prompt_mean, s.completion_mean, s.completion_max, s.weight) for s in log.steps]
+    assumed["per-row lengths"] = ("prompts all at the mean; completions one row at the logged "
+                                  "max, the rest equal (the logged mean kept)")
+    if settings["engine"] not in ENGINES:
+        raise RunLogError(f"from_trl={src!r}: engine={settings['engine']!r}: allowed: {', '.join(ENGINES)}")
+    acct = account_steps(f"from_trl={src!r}", settings, logged)
+    if log.runtime is not None:
+        read["train_runtime"] = f"{state_file.name}: {log.runtime:g} s (not split by phase)"
+    return ImportedRun(account=acct, steps=round(log.batches), engine=settings["engine"],
+                       fields_read=read, fields_assumed=assumed, phase_seconds=None,
+                       num_devices=None, source=src, settings=settings)
 
-    def arg(key: str, default: Any, why: str) -> Any:
-        if key in args and args[key] is not None:
-            read[key] = f"{args[key]!r} ({args_file.name if args_file else 'args'})"
-            return args[key]
-        assumed[key] = f"{default!r} ({why})"
+
+class _ConfigReader:
+    """``GRPOConfig`` fields read from ``args``: each value read is noted in ``read`` (with the
+    file), each default taken in ``assumed`` (with why)."""
+
+    def __init__(self, args: dict[str, Any], args_file: Path | None, read: dict[str, str],
+                 assumed: dict[str, str]):
+        self.args, self.args_file, self.read, self.assumed = args, args_file, read, assumed
+
+    def arg(self, key: str, default: Any, why: str) -> Any:
+        """``args[key]``, or ``default`` (noted as assumed, ``why``) when absent or ``None``."""
+        if key in self.args and self.args[key] is not None:
+            self.read[key] = f"{self.args[key]!r} ({self.args_file.name if self.args_file else 'args'})"
+            return self.args[key]
+        self.assumed[key] = f"{default!r} ({why})"
         return default
 
-    def number(key: str, default: Any, why: str, *, least: float, whole: bool = True) -> Any:
-        v = arg(key, default, why)
+    def number(self, key: str, default: Any, why: str, *, least: float, whole: bool = True) -> Any:
+        """:meth:`arg` checked as a finite number >= ``least`` (whole unless ``whole=False``),
+        at most 2**31. Raises :class:`RunLogError` naming the file and the field."""
+        v = self.arg(key, default, why)
         if v is None:
             return None
-        where = f"{args_file}: {key}={v!r}"
+        where = f"{self.args_file}: {key}={v!r}"
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RunLogError(f"{where}: must be a number, not {type(v).__name__}")
         if not math.isfinite(v) or v < least or (whole and not float(v).is_integer()) or v > 2**31:
@@ -185,44 +226,57 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
                               f">= {least:g} (and at most 2**31)")
         return int(v) if whole else float(v)
 
-    settings: dict[str, Any] = {}
-    G = number("num_generations", 8, "GRPOConfig default", least=2)
-    mu = float(number("num_iterations", 1, "GRPOConfig default", least=1))
-    beta = number("beta", 0.0, "GRPOConfig default", least=0, whole=False)
+
+def _config_settings(config: _ConfigReader, given: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """The recipe settings ``GRPOConfig`` says (G, mu, beta, checkpointing, minibatches, IS
+    correction, engine; ``prompts`` from the rollout batch unless given), TRL's defaults where it
+    is silent; and the optimizer steps between two rollout batches (``num_iterations ×
+    steps_per_generation / gradient_accumulation_steps``)."""
+    G = config.number("num_generations", 8, "GRPOConfig default", least=2)
+    mu = float(config.number("num_iterations", 1, "GRPOConfig default", least=1))
+    beta = config.number("beta", 0.0, "GRPOConfig default", least=0, whole=False)
     trl = RUNNERS["trl"]  # GRPOConfig's defaults, where training_args.bin does not say
-    gc = bool(arg("gradient_checkpointing", trl["gradient_checkpointing"], "GRPOConfig default"))
-    per_device = number("per_device_train_batch_size", 8, "TrainingArguments default", least=1)
-    ga = number("gradient_accumulation_steps", 1, "TrainingArguments default", least=1)
-    spg = number("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps", least=1) or ga
-    use_vllm = bool(arg("use_vllm", False, "GRPOConfig default"))
-    isc = bool(arg("vllm_importance_sampling_correction", trl["importance_sampling_correction"],
-                   "GRPOConfig default"))
-    use_cpu = bool(arg("use_cpu", False, "TrainingArguments default"))
-    settings.update(runner="trl", group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
-                    minibatches=max(1, spg // max(1, ga)), importance_sampling_correction=isc,
-                    engine=("trl-vllm-cpu" if use_cpu else "trl-vllm") if use_vllm
-                    else ("trl-cpu" if use_cpu else "trl-gpu"))
+    gc = bool(config.arg("gradient_checkpointing", trl["gradient_checkpointing"], "GRPOConfig default"))
+    per_device = config.number("per_device_train_batch_size", 8, "TrainingArguments default", least=1)
+    ga = config.number("gradient_accumulation_steps", 1, "TrainingArguments default", least=1)
+    spg = config.number("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps", least=1) or ga
+    use_vllm = bool(config.arg("use_vllm", False, "GRPOConfig default"))
+    isc = bool(config.arg("vllm_importance_sampling_correction", trl["importance_sampling_correction"],
+                          "GRPOConfig default"))
+    use_cpu = bool(config.arg("use_cpu", False, "TrainingArguments default"))
+    settings: dict[str, Any] = dict(
+        runner="trl", group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
+        minibatches=max(1, spg // max(1, ga)), importance_sampling_correction=isc,
+        engine=("trl-vllm-cpu" if use_cpu else "trl-vllm") if use_vllm else ("trl-cpu" if use_cpu else "trl-gpu"))
+    read, assumed, args, args_file = config.read, config.assumed, config.args, config.args_file
     read["engine"] = "use_vllm / use_cpu" if args else "assumed"
     if not args:
         assumed["engine"] = f"{settings['engine']!r} (no training_args.bin)"
         del read["engine"]
-    world, rows = _world_and_rows(args, args_file, per_device, spg, read, assumed)
+    _, rows = _world_and_rows(args, args_file, per_device, spg, read, assumed)
     if "prompts" not in given:
         if rows % G:
             raise RunLogError(f"{args_file}: rollout batch = {rows} completions is not a multiple "
                               f"of num_generations={G}")
         settings["prompts"] = rows // G
+    return settings, mu * spg / max(1, ga)
 
+
+def _adapter_settings(adapter: dict[str, Any] | None, adapter_file: Path | None, given: dict[str, Any],
+                      src: str, read: dict[str, str], assumed: dict[str, str]) -> dict[str, Any]:
+    """``lora_rank``, ``lora_targets`` and ``model`` from peft's ``adapter_config.json`` (no
+    adapter: full fine-tuning). Raises :class:`RunLogError` for a bad ``r`` or base model name,
+    or when neither the adapter nor ``given`` names the model."""
+    settings: dict[str, Any] = {}
     base_model = None
     aname = adapter_file.name if adapter_file else "adapter_config.json"
     if adapter is not None:
-        a = adapter
-        r = a.get("r") or 8
+        r = adapter.get("r") or 8
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 65536:
             raise RunLogError(f"{aname}: r={r!r}: must be a whole number from 1 to 65536")
         settings["lora_rank"] = r
         read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
-        targets = a.get("target_modules")
+        targets = adapter.get("target_modules")
         if isinstance(targets, str):
             targets = MODULE_NAMES if targets == "all-linear" else [targets]
         if targets:  # names or module paths ("model.layers.0.self_attn.q_proj")
@@ -230,7 +284,7 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
             settings["lora_targets"] = ",".join(t for t in MODULE_NAMES if t in names) \
                 or "all-linear"
             read["lora_targets"] = f"{aname}: target_modules"
-        base_model = a.get("base_model_name_or_path")
+        base_model = adapter.get("base_model_name_or_path")
         if base_model is not None and not isinstance(base_model, str):
             raise RunLogError(f"{aname}: base_model_name_or_path={base_model!r}: must be a string")
         if base_model:
@@ -245,54 +299,81 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
             "no adapter_config.json"
         raise RunLogError(f"from_trl={src!r}: model: the folder names no base model ({why}); "
                           "pass --model")
-    settings.update(given)
-    if "prompts" in given:  # the rollout batch over all processes, so no world size to assume
-        assumed.pop("world_size", None)
+    return settings
 
-    limit = args.get("max_completion_length")
-    world_assumed = "world_size" in assumed
-    # one rollout batch every generate_every optimizer steps
-    per_gen_steps = mu * spg / max(1, ga)
-    logged: list[LoggedStep] = []
-    tokens_total, completion_total, batches_total, last_step = 0.0, 0.0, 0.0, 0
-    runtime = None
-    rollout_rows = settings["prompts"] * settings["group_size"]
+
+@dataclass
+class _Log:
+    """The rollout batches ``log_history`` covers (prompt lengths not yet known: 0)."""
+
+    steps: list[LoggedStep]
+    tokens: float
+    """The last ``num_tokens`` logged (prompt + completion tokens so far; 0 when never logged)."""
+    completion_tokens: float
+    """Completion tokens of all logged batches (mean length × rows × batches)."""
+    batches: float
+    """Rollout batches the log covers."""
+    runtime: float | None
+    """``train_runtime`` in seconds, when logged."""
+
+
+def _logged_batches(history: list[Any], state_file: Path, rows: int, batches_every: float, limit: Any,
+                    *, check_whole: bool) -> _Log:
+    """The records of ``history`` with ``completions/mean_length``, as rollout batches of
+    ``rows`` completions, one every ``batches_every`` optimizer steps. ``check_whole``: the
+    process count was assumed, so each one-batch record's mean × rows must be whole tokens.
+    Raises :class:`RunLogError` for bad numbers or no such record."""
+    log = _Log([], 0.0, 0.0, 0.0, None)
+    last_step = 0
     for rec in history:
         if not isinstance(rec, dict):
             continue
         if "train_runtime" in rec:
-            runtime = as_number(str(state_file), "train_runtime", rec["train_runtime"])
+            log.runtime = as_number(str(state_file), "train_runtime", rec["train_runtime"])
         if "completions/mean_length" not in rec:
             continue
         step_v = as_number(str(state_file), "step", rec.get("step", last_step + 1))
         if not 0 <= step_v <= 2**31:
             raise RunLogError(f"{state_file}: step={rec.get('step')!r}: must be from 0 to 2**31")
         step = int(step_v)
-        batches = max(1.0, (step - last_step) / per_gen_steps)
+        batches = max(1.0, (step - last_step) / batches_every)
         last_step = step
         cmean = as_number(str(state_file), "completions/mean_length", rec["completions/mean_length"])
         cmax = rec.get("completions/max_length")
         cmax = None if cmax is None else as_number(str(state_file), "completions/max_length", cmax)
         _check_lengths(state_file, step, cmean, cmax, limit)
-        if world_assumed and batches == 1 and "prompts" not in given:
-            total_len = cmean * rollout_rows  # a sum of whole lengths over the gathered rows
-            if abs(total_len - round(total_len)) > 1e-3 * max(1.0, total_len) ** 0.5:
-                raise RunLogError(
-                    f"{state_file}: step {step}: completions/mean_length={cmean:g} x {rollout_rows} "
-                    "rows is not a whole number of tokens, so the rollout batch is not "
-                    f"{rollout_rows} completions (TRL averages over all processes); training_args.bin "
-                    "names no process count: pass --prompts = prompts per rollout batch over all "
-                    "processes")
-        logged.append(LoggedStep(0.0, cmean, cmax, batches))
-        completion_total += cmean * rollout_rows * batches
-        batches_total += batches
+        if check_whole and batches == 1:
+            _check_whole_tokens(state_file, step, cmean, rows)
+        log.steps.append(LoggedStep(0.0, cmean, cmax, batches))
+        log.completion_tokens += cmean * rows * batches
+        log.batches += batches
         if "num_tokens" in rec:
-            tokens_total = as_number(str(state_file), "num_tokens", rec["num_tokens"])
-    if not logged:
+            log.tokens = as_number(str(state_file), "num_tokens", rec["num_tokens"])
+    if not log.steps:
         raise RunLogError(f"{state_file}: log_history: no record with completions/mean_length")
-    read["completion lengths"] = f"{state_file.name}: completions/mean_length, completions/max_length"
-    if tokens_total and "prompt_tokens" not in overrides:
-        prompt_mean = (tokens_total - completion_total) / (rollout_rows * batches_total)
+    return log
+
+
+def _check_whole_tokens(state_file: Path, step: int, cmean: float, rows: int) -> None:
+    """A batch's mean completion length × its rows is a sum of whole lengths; else the batch is
+    not ``rows`` completions (the process count was assumed wrong): :class:`RunLogError`."""
+    total_len = cmean * rows  # a sum of whole lengths over the gathered rows
+    if abs(total_len - round(total_len)) > 1e-3 * max(1.0, total_len) ** 0.5:
+        raise RunLogError(
+            f"{state_file}: step {step}: completions/mean_length={cmean:g} x {rows} "
+            "rows is not a whole number of tokens, so the rollout batch is not "
+            f"{rows} completions (TRL averages over all processes); training_args.bin "
+            "names no process count: pass --prompts = prompts per rollout batch over all "
+            "processes")
+
+
+def _prompt_mean(log: _Log, overrides: dict[str, Any], args: dict[str, Any], state_file: Path,
+                 rows: int, read: dict[str, str], assumed: dict[str, str]) -> float:
+    """Mean prompt tokens: ``(num_tokens - completion tokens) / rows`` over the logged batches,
+    else the ``prompt_tokens`` override, else 103 (assumed). Raises :class:`RunLogError` when
+    that is below 1 or above ``vllm_max_model_length`` (wrong G, batch or process count)."""
+    if log.tokens and "prompt_tokens" not in overrides:
+        prompt_mean = (log.tokens - log.completion_tokens) / (rows * log.batches)
         read["prompt_tokens"] = (f"{state_file.name}: (num_tokens - completion tokens) / rows = "
                                  f"{prompt_mean:.2f}")
     else:
@@ -300,23 +381,13 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
         if "prompt_tokens" not in overrides:
             assumed["prompt_tokens"] = f"{prompt_mean:g} (no num_tokens in the log)"
     if prompt_mean < 1:
-        raise RunLogError(f"{state_file}: num_tokens={tokens_total:g}: fewer tokens than the "
-                          f"logged completions of {rollout_rows} rows per rollout batch; are G, "
+        raise RunLogError(f"{state_file}: num_tokens={log.tokens:g}: fewer tokens than the "
+                          f"logged completions of {rows} rows per rollout batch; are G, "
                           "the batch size and the process count right?")
     vmax = args.get("vllm_max_model_length")
     if isinstance(vmax, (int, float)) and vmax and prompt_mean > vmax:
-        raise RunLogError(f"{state_file}: num_tokens={tokens_total:g} gives a mean prompt of "
+        raise RunLogError(f"{state_file}: num_tokens={log.tokens:g} gives a mean prompt of "
                           f"{prompt_mean:.1f} tokens, above vllm_max_model_length={vmax}: the "
-                          f"tokens cannot come from {rollout_rows} rows per rollout batch; pass "
+                          f"tokens cannot come from {rows} rows per rollout batch; pass "
                           "--prompts (prompts per rollout batch over all processes)")
-    logged = [LoggedStep(prompt_mean, s.completion_mean, s.completion_max, s.weight) for s in logged]
-    assumed["per-row lengths"] = ("prompts all at the mean; completions one row at the logged "
-                                  "max, the rest equal (the logged mean kept)")
-    if settings["engine"] not in ENGINES:
-        raise RunLogError(f"from_trl={src!r}: engine={settings['engine']!r}: allowed: {', '.join(ENGINES)}")
-    acct = account_steps(f"from_trl={src!r}", settings, logged)
-    if runtime is not None:
-        read["train_runtime"] = f"{state_file.name}: {runtime:g} s (not split by phase)"
-    return ImportedRun(account=acct, steps=round(batches_total), engine=settings["engine"],
-                       fields_read=read, fields_assumed=assumed, phase_seconds=None,
-                       num_devices=None, source=src, settings=settings)
+    return prompt_mean

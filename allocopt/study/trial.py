@@ -86,14 +86,104 @@ def run_one_trial(
         StudyError: the objective does not report the study's target.
         KeyboardInterrupt: after marking the trial failed.
     """
-    from optuna.trial import TrialState
-
     rec = TrialRecord.of(trial)
     alloc = allocation_of(spec, trial.params)
     budget = float(budget_flops if budget_flops is not None else rec.budget(spec.budget_for(alloc, workload)))
     fidelity = fidelity or rec.fidelity
+    run = _start(study, trial, spec, rec, alloc, budget, fidelity, workload, tracker, on_trial_end)
+    try:
+        plan = _realizable_plan(budget, alloc, workload)
+    except InfeasiblePlan as e:
+        return run.infeasible(e, None)
+    if on_trial_start:
+        on_trial_start(trial.number, alloc, plan)
+    bind = getattr(objective, "bind_trial", None)  # optional: an objective that names its trial's files
+    if bind is not None:
+        bind(study=study.study_name, number=trial.number, fidelity=fidelity, spec=spec)
+    try:
+        result = _run_objective(objective, plan, trial, spec, progress, verbose)
+    except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
+        return run.infeasible(e, plan)
+    except KeyboardInterrupt:
+        _record_interrupt(study, trial, tracker, run.run_id, plan)
+        raise
+    except Exception as e:  # the objective failed: record it and go on
+        if interrupted_by(e):  # a Ctrl-C that a library wrapped (e.g. Python 3.11's __set_name__)
+            _record_interrupt(study, trial, tracker, run.run_id, plan)
+            raise KeyboardInterrupt from e
+        return run.failed(e, plan)
+    if any(k not in result.targets for k in spec.target_keys):
+        raise StudyError(f"target={spec.target!r}: the {spec.objective} objective reports "
+                         f"{', '.join(result.targets)}")
+    return run.complete(result, plan, _trial_metrics(result, plan, budget, spec.time_budget))
+
+
+class _TrialRun:
+    """One trial under way: its row, MLflow run and callback, and how it ends (infeasible,
+    failed or complete), each told to Optuna, written to the trial record and finished in MLflow."""
+
+    def __init__(self, study: Any, trial: Any, spec: StudySpec, budget: float, row: TrialRow,
+                 tracker: Any, run_id: Any, on_trial_end: Callable[[TrialRow, Any], None] | None):
+        self.study, self.trial, self.spec, self.budget, self.row = study, trial, spec, budget, row
+        self.tracker, self.run_id, self.on_trial_end = tracker, run_id, on_trial_end
+
+    def _end(self, state: str, result: Any, metrics: dict[str, Any], plan: TrialPlan | None,
+             error: str | None, curves: list[Any] = ()) -> tuple[TrialRow, Any]:
+        if self.tracker:
+            self.tracker.finish_trial(self.run_id, state=state, metrics=metrics, curves=list(curves),
+                                      plan=plan.to_dict() if plan is not None else None, error=error)
+        if self.on_trial_end:
+            self.on_trial_end(self.row, result)
+        return self.row, result
+
+    def infeasible(self, e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
+        """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
+        study, trial = self.study, self.trial
+        excess = math.log10(max(e.min_budget_flops, 1) / self.budget) if e.min_budget_flops else 1.0
+        trial.set_constraint("budget", max(excess, 1e-6))
+        set_dashboard_constraint(study, trial, max(excess, 1e-6))
+        dashboard_note(trial, f"**Infeasible, never run** (a violated `budget` constraint; the value 0 "
+                              f"is a placeholder): {e}")
+        write_infeasible(trial, str(e))
+        study.tell(trial, [0.0] * len(self.spec.target_keys))
+        self.row.state, self.row.error = "INFEASIBLE", str(e)
+        return self._end("INFEASIBLE", None, {}, plan, str(e))
+
+    def failed(self, e: Exception, plan: TrialPlan) -> tuple[TrialRow, None]:
+        """Record an objective that raised: FAIL with its error and what it spent, if it says."""
+        from optuna.trial import TrialState
+
+        spent = getattr(getattr(e, "result", None), "spent", None)
+        err = f"{type(e).__name__}: {e}"
+        metrics = spent.to_dict() if spent is not None else {}
+        write_failed(self.trial, err, metrics)
+        self.study.tell(self.trial, state=TrialState.FAIL)
+        self.row.state, self.row.error, self.row.metrics = "FAIL", err, metrics
+        return self._end("FAIL", None, metrics, plan, err + "\n" + traceback.format_exc())
+
+    def complete(self, result: Any, plan: TrialPlan, metrics: dict[str, Any]) -> tuple[TrialRow, Any]:
+        """Record a scored run: its targets told, its spend against the budget as the constraint
+        (allocopt's meter never overruns; a launched command can: flagged as tell does)."""
+        study, trial, keys = self.study, self.trial, self.spec.target_keys
+        used = result.spent.executed.total_flops
+        over = used > self.budget
+        constraint = math.log10(used / self.budget) if over else -1.0
+        trial.set_constraint("budget", constraint)
+        set_dashboard_constraint(study, trial, constraint)
+        write_complete(trial, result.targets, metrics, plan=plan.to_dict(), over_budget=over or None)
+        study.tell(trial, [float(result.targets[k]) for k in keys])
+        self.row.state, self.row.targets = "COMPLETE", dict(result.targets)
+        self.row.metrics = {**metrics, "value": result.targets[keys[0]]}
+        return self._end("COMPLETE", result, {**result.targets, **metrics}, plan, None,
+                         [c.__dict__ for c in result.curves])
+
+
+def _start(study: Any, trial: Any, spec: StudySpec, rec: TrialRecord, alloc: Allocation, budget: float,
+           fidelity: str, workload: Workload, tracker: Any,
+           on_trial_end: Callable[[TrialRow, Any], None] | None) -> _TrialRun:
+    """Write the trial's budget and fidelity, start its MLflow run with its parameters (and the
+    time budget's, when there is one) and return it under way (row state ``RUNNING``)."""
     write_start(trial, budget_flops=budget, fidelity=fidelity)
-    keys = spec.target_keys
     tb = spec.time_budget  # a time budget: expected and measured GPU-hours beside the FLOPs
     params = {"rho": alloc.rho, "group_size": alloc.group_size, "reward": alloc.reward,
               "model": alloc.model or workload.policy.name, "budget_flops": budget,
@@ -103,89 +193,41 @@ def run_one_trial(
                                                         "allocopt.fidelity": fidelity}) if tracker else None
     row = TrialRow(trial.number, "RUNNING", {k: v for k, v in rec.params.items() if k != "fidelity"},
                    fidelity=fidelity)
+    return _TrialRun(study, trial, spec, budget, row, tracker, run_id, on_trial_end)
 
-    def _infeasible(e: InfeasiblePlan, plan: TrialPlan | None) -> tuple[TrialRow, None]:
-        """Record a plan the budget cannot buy: a violated constraint, nothing spent."""
-        excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
-        trial.set_constraint("budget", max(excess, 1e-6))
-        set_dashboard_constraint(study, trial, max(excess, 1e-6))
-        dashboard_note(trial, f"**Infeasible, never run** (a violated `budget` constraint; the value 0 "
-                              f"is a placeholder): {e}")
-        write_infeasible(trial, str(e))
-        study.tell(trial, [0.0] * len(keys))
-        row.state, row.error = "INFEASIBLE", str(e)
-        if tracker:
-            tracker.finish_trial(run_id, state="INFEASIBLE", metrics={}, curves=[],
-                                 plan=plan.to_dict() if plan is not None else None, error=str(e))
-        if on_trial_end:
-            on_trial_end(row, None)
-        return row, None
 
-    try:
-        plan = make_plan(budget, alloc, workload)
-        if not plan.realizable:
-            raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
-                                 min_budget_flops=0)
-    except InfeasiblePlan as e:
-        return _infeasible(e, None)
-    if on_trial_start:
-        on_trial_start(trial.number, alloc, plan)
+def _realizable_plan(budget: float, alloc: Allocation, workload: Workload) -> TrialPlan:
+    """:func:`make_plan`; raises :class:`InfeasiblePlan` too when its ρ is not realizable."""
+    plan = make_plan(budget, alloc, workload)
+    if not plan.realizable:
+        raise InfeasiblePlan(f"rho={alloc.rho:.4f} is not realizable (nearest {plan.realized_rho:.4f})",
+                             min_budget_flops=0)
+    return plan
+
+
+def _run_objective(objective: Any, plan: TrialPlan, trial: Any, spec: StudySpec,
+                   progress: Callable[..., None] | None, verbose: bool) -> Any:
+    """The objective's result for ``plan`` (quiet unless ``verbose``). Raises :class:`TrialScoreError` for a
+    target that is not a finite number, and whatever the objective raises."""
     from allocopt.study.quiet import quiet
 
-    bind = getattr(objective, "bind_trial", None)  # optional: an objective that names its trial's files
-    if bind is not None:
-        bind(study=study.study_name, number=trial.number, fidelity=fidelity, spec=spec)
-    try:
-        with quiet(verbose):
-            result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
-        bad = {k: result.targets[k] for k in keys if k in result.targets
-               and not (isinstance(result.targets[k], (int, float)) and math.isfinite(result.targets[k]))}
-        if bad:  # a NaN score is a failed trial everywhere (Optuna would fail it; so do we)
-            raise TrialScoreError(f"target {', '.join(f'{k}={v!r}' for k, v in bad.items())}: "
-                                  "not a finite number", result)
-    except InfeasiblePlan as e:  # the run's meter refused even the first iteration: nothing spent
-        return _infeasible(e, plan)
-    except KeyboardInterrupt:
-        _record_interrupt(study, trial, tracker, run_id, plan)
-        raise
-    except Exception as e:  # the objective failed: record it and go on
-        if interrupted_by(e):  # a Ctrl-C that a library wrapped (e.g. Python 3.11's __set_name__)
-            _record_interrupt(study, trial, tracker, run_id, plan)
-            raise KeyboardInterrupt from e
-        spent = getattr(getattr(e, "result", None), "spent", None)
-        err = f"{type(e).__name__}: {e}"
-        metrics = spent.to_dict() if spent is not None else {}
-        write_failed(trial, err, metrics)
-        study.tell(trial, state=TrialState.FAIL)
-        row.state, row.error, row.metrics = "FAIL", err, metrics
-        if tracker:
-            tracker.finish_trial(run_id, state="FAIL", metrics=metrics, curves=[], plan=plan.to_dict(),
-                                 error=err + "\n" + traceback.format_exc())
-        if on_trial_end:
-            on_trial_end(row, None)
-        return row, None
-    if any(k not in result.targets for k in keys):
-        raise StudyError(f"target={spec.target!r}: the {spec.objective} objective reports "
-                         f"{', '.join(result.targets)}")
-    metrics = {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
-               "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
-               **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()},
-               **(gpu_hours(tb, plan, result) if tb is not None else {})}
-    # allocopt's meter never overruns; a launched command (objective ``command``) can: flagged as tell does
-    used = result.spent.executed.total_flops
-    over = used > budget
-    constraint = math.log10(used / budget) if over else -1.0
-    trial.set_constraint("budget", constraint)
-    set_dashboard_constraint(study, trial, constraint)
-    write_complete(trial, result.targets, metrics, plan=plan.to_dict(), over_budget=over or None)
-    study.tell(trial, [float(result.targets[k]) for k in keys])
-    row.state, row.targets, row.metrics = "COMPLETE", dict(result.targets), {**metrics, "value": result.targets[keys[0]]}
-    if tracker:
-        tracker.finish_trial(run_id, state="COMPLETE", metrics={**result.targets, **metrics},
-                             curves=[c.__dict__ for c in result.curves], plan=plan.to_dict(), error=None)
-    if on_trial_end:
-        on_trial_end(row, result)
-    return row, result
+    with quiet(verbose):
+        result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)
+    bad = {k: result.targets[k] for k in spec.target_keys if k in result.targets
+           and not (isinstance(result.targets[k], (int, float)) and math.isfinite(result.targets[k]))}
+    if bad:  # a NaN score is a failed trial everywhere (Optuna would fail it; so do we)
+        raise TrialScoreError(f"target {', '.join(f'{k}={v!r}' for k, v in bad.items())}: "
+                              "not a finite number", result)
+    return result
+
+
+def _trial_metrics(result: Any, plan: TrialPlan, budget: float, tb: Any) -> dict[str, Any]:
+    """A complete trial's metrics: its spend by phase, budget use, eval FLOPs, planned ρ, wall
+    seconds per phase and, under a time budget ``tb``, its GPU-hours (:func:`gpu_hours`)."""
+    return {**result.spent.to_dict(), "budget_utilization": result.spent.executed.total_flops / budget,
+            "eval_flops": result.eval_flops, "planned_rho": plan.realized_rho,
+            **{f"{k}_wall_seconds": v for k, v in result.wall_seconds.items()},
+            **(gpu_hours(tb, plan, result) if tb is not None else {})}
 
 
 def gpu_hours(tb: Any, plan: TrialPlan, result: Any) -> dict[str, float]:
