@@ -87,6 +87,8 @@ def _plain_metavars(typer_app: typer.Typer) -> None:
     for info in typer_app.registered_commands:
         if info.cls in (None, typer.core.TyperCommand) or isinstance(info.cls, DefaultPlaceholder):
             info.cls = _Command
+        elif not issubclass(info.cls, _HelpWithoutType):  # a command's own class (workers')
+            info.cls = type(info.cls.__name__, (_HelpWithoutType, info.cls), {})
         hints = typing.get_type_hints(info.callback)
         for name, param in inspect.signature(info.callback).parameters.items():
             opt, hint = param.default, hints.get(name)
