@@ -299,3 +299,20 @@ def test_trl_vllm_cpu_is_vllm_generation_and_trl_cpu_learning_by_hand():
     assert mine.useful.learning == {**vllm.useful.learning, "weight_sync": 0}
     assert ENGINES["trl-vllm-cpu"].old_logprobs == "is_correction"
     assert not old_logprobs_pass("trl-vllm-cpu", 1, importance_sampling_correction=False)
+
+
+@pytest.mark.parametrize("targets,rank", [("all-linear", 4), (["q_proj", "v_proj"], 8)])
+def test_weight_sync_merge_is_what_peft_runs(targets, rank):
+    """trl-vllm-cpu's ``weight_sync``: TRL 1.16's colocate sync (``VLLMGeneration.
+    _iter_named_params``) runs peft ``merge_adapter`` then ``unmerge_adapter``; their FLOPs
+    under ``FlopCounterMode`` are the meter's 2 x ``LoRASpec.merge_flops``."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    src = inspect.getsource(VLLMGeneration._iter_named_params)
+    assert src.index("model.merge_adapter()") < src.index("model.unmerge_adapter()")
+    model = lora(tiny_causal_lm(), targets, rank)
+    spec = LoRASpec(rank, "all-linear" if targets == "all-linear" else tuple(targets))
+    measured, _ = count_flops(lambda: (model.merge_adapter(), model.unmerge_adapter()))
+    step = GRPOStep(prompt_tokens=(3,), completion_tokens=(2, 4), group_size=2)
+    metered = grpo_step_flops(shape_of(model), step, lora=spec, engine_name="trl-vllm-cpu")
+    assert metered.executed.learning["weight_sync"] == 2 * spec.merge_flops(shape_of(model)) == measured > 0
