@@ -260,7 +260,18 @@ def test_trl_vllm_cpu_is_vllm_generation_and_trl_cpu_learning_by_hand():
     prefill = 2 * 144 * 3 + 16 * 6 + 80
     # decode: completion 2 -> 1 step at 4 keys; completion 4 -> 3 steps at 4, 5, 6 keys
     decode = (2 * 144 + 80 + 16 * 4) + 3 * (2 * 144 + 80) + 16 * (4 + 5 + 6)
-    assert ex.search == {"prefill": prefill, "decode": decode}
+    # vllm-cpu's prefix cache serves whole 128-token blocks that leave the last prompt token to
+    # compute: none of a 3-token prompt, so the group's second row prefills it again
+    assert ENGINES["trl-vllm-cpu"].prefix_cache_block == 128
+    assert ex.search == {"prefill": 2 * prefill, "decode": decode}
+    # with blocks of 2 tokens the second row reuses ⌊(3 - 1) / 2⌋ · 2 = 2 tokens and prefills
+    # the third: linear 2*144, its query over 3 keys 16 * 3, the head 80
+    two = dataclasses.replace(ENGINES["trl-vllm-cpu"], prefix_cache_block=2)
+    assert grpo_step_flops(TOY, step, engine_name=two).executed.search == {
+        "prefill": prefill + 2 * 144 + 16 * 3 + 80, "decode": decode}
+    # a block of 1 token: the second row recomputes the last prompt token only, the same
+    assert grpo_step_flops(TOY, step, engine_name=dataclasses.replace(two, prefix_cache_block=1)
+                           ).executed.search["prefill"] == prefill + 2 * 144 + 16 * 3 + 80
     # training rows padded to 3 + 4 = 7 tokens, full attention (7 x 7 keys), head on 6 positions
     lin, attn, head = 2 * 144 * 7, 16 * 7 * 7, 80 * 6
     assert ex.learning["forward"] == ex.learning["old_logprobs"] == 2 * (lin + attn + head)
@@ -276,8 +287,32 @@ def test_trl_vllm_cpu_is_vllm_generation_and_trl_cpu_learning_by_hand():
     vllm = grpo_step_flops(TOY, wide, lora=spec, gradient_checkpointing=True, engine_name="trl-vllm")
     cpu = grpo_step_flops(TOY, dataclasses.replace(wide, old_logprobs=True), lora=spec,
                           gradient_checkpointing=True, engine_name="trl-cpu")
-    assert mine.executed.search == vllm.executed.search
-    assert mine.executed.learning == cpu.executed.learning
-    assert mine.useful == vllm.useful  # useful FLOPs do not depend on how they run
+    # prompts 5 and 9 are shorter than a 128-token block: every row prefills its prompt
+    assert mine.executed.search == {"prefill": 2 * vllm.executed.search["prefill"],
+                                    "decode": vllm.executed.search["decode"]}
+    # TRL's weight sync merges and unmerges the rank-4 adapters of all seven projections
+    # (d_in · d_out summed over them: 144): 2 x 2·4·144 FLOPs
+    assert mine.executed.learning == {**cpu.executed.learning, "weight_sync": 2 * 2 * 4 * 144}
+    assert mine.useful.learning["weight_sync"] == 0
+    # useful FLOPs do not depend on how they run (the weight sync is no useful work)
+    assert mine.useful.search == vllm.useful.search and mine.useful.reward == vllm.useful.reward
+    assert mine.useful.learning == {**vllm.useful.learning, "weight_sync": 0}
     assert ENGINES["trl-vllm-cpu"].old_logprobs == "is_correction"
     assert not old_logprobs_pass("trl-vllm-cpu", 1, importance_sampling_correction=False)
+
+
+@pytest.mark.parametrize("targets,rank", [("all-linear", 4), (["q_proj", "v_proj"], 8)])
+def test_weight_sync_merge_is_what_peft_runs(targets, rank):
+    """trl-vllm-cpu's ``weight_sync``: TRL 1.16's colocate sync (``VLLMGeneration.
+    _iter_named_params``) runs peft ``merge_adapter`` then ``unmerge_adapter``; their FLOPs
+    under ``FlopCounterMode`` are the meter's 2 x ``LoRASpec.merge_flops``."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    src = inspect.getsource(VLLMGeneration._iter_named_params)
+    assert src.index("model.merge_adapter()") < src.index("model.unmerge_adapter()")
+    model = lora(tiny_causal_lm(), targets, rank)
+    spec = LoRASpec(rank, "all-linear" if targets == "all-linear" else tuple(targets))
+    measured, _ = count_flops(lambda: (model.merge_adapter(), model.unmerge_adapter()))
+    step = GRPOStep(prompt_tokens=(3,), completion_tokens=(2, 4), group_size=2)
+    metered = grpo_step_flops(shape_of(model), step, lora=spec, engine_name="trl-vllm-cpu")
+    assert metered.executed.learning["weight_sync"] == 2 * spec.merge_flops(shape_of(model)) == measured > 0

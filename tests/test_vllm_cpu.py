@@ -146,8 +146,8 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     from trl.generation.vllm_generation import VLLMGeneration
 
     import objectives.qwen.eval as qe
-    from allocopt.flops import ModelShape
-    from allocopt.flops.grpo import GRPOStep, grpo_step_flops
+    from allocopt.flops import ModelShape, forward_flops, generation_flops
+    from allocopt.flops.grpo import GRPOStep, engine, grpo_step_flops
     from allocopt.plan.allocation import Allocation, make_plan
     from objectives.grpo.driver import engine_for
     from objectives.qwen.objective import QwenObjective
@@ -214,33 +214,46 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     policy = ModelShape.from_pretrained(str(vllm_world["policy"]))
     eng = engine_for(obj.setup().engine, AutoModelForCausalLM.from_pretrained(str(vllm_world["policy"])))
     G = plan.group_size
-    from_vllm, prefilled, cached, distinct = 0, 0, 0, 0
+    from_vllm, prefilled, cached, modelled, executed = 0, 0, 0, 0, 0
+    B = engine(eng).prefix_cache_block
     for c in train_calls:
         p_tok = [len(p) for p, _, _, _ in c["outputs"]][::G]
         c_tok = [max(1, len(t)) for _, t, _, _ in c["outputs"]]
         step = GRPOStep(prompt_tokens=p_tok, completion_tokens=c_tok, group_size=G)
         acct = grpo_step_flops(policy, step, lora=obj.setup().lora, engine_name=eng)
         from_vllm += sum(acct.executed.search.values())
-        prefilled += sum(len(p) - k for p, _, k, _ in c["outputs"])
-        distinct += sum(p_tok)
-        cached += sum(k for _, _, k, _ in c["outputs"])
+        for i, (p, t, k, _) in enumerate(c["outputs"]):
+            prefilled += len(p) - k
+            cached += k
+            modelled += len(p) - (0 if i % G == 0 else (len(p) - 1) // B * B)
+            # what vLLM executed, by its own count of cached prompt tokens: the uncached
+            # prompt tokens over the cached ones, then one decode step per further token
+            executed += forward_flops(policy, len(p) - k, past_tokens=k, num_logits=1) \
+                + generation_flops(policy, len(p), max(1, len(t)))["decode"]
     metered_search = spent.search_flops
-    # learning: FlopCounterMode over everything but vLLM (its generation, start-up, weight sync)
-    measured_learning = seen["learning"] - seen["vllm_init"] - seen["sync"]
+    # learning: FlopCounterMode over everything but vLLM (its generation and start-up); the
+    # weight sync's adapter merge and unmerge (peft, on TRL's side) is metered as weight_sync
+    measured_learning = seen["learning"] - seen["vllm_init"]
     print(f"\ntrl-vllm on CPU: {len(result.curves)} iterations, wall {wall:.1f}s "
           f"{ {k: round(v, 2) for k, v in result.wall_seconds.items()} }\n"
-          f"  search metered {metered_search:.4e}, from vLLM's outputs {from_vllm:.4e}; prompt tokens "
-          f"vLLM prefilled {prefilled}, served from its prefix cache {cached} (the meter's prefix caching "
-          f"prefills each group's prompt once: {distinct})\n"
-          f"  learning metered {spent.learning_flops:.4e}, FlopCounterMode {measured_learning:.4e} "
-          f"(+ weight sync {seen['sync']:.3e} in {seen['syncs']} syncs, not metered; vLLM start-up "
-          f"{seen['vllm_init']:.3e})\n  breakdown {spent}\n  targets {result.targets}, eval_flops "
-          f"{result.eval_flops:.3e}")
+          f"  search metered {metered_search:.4e}, from vLLM's outputs {from_vllm:.4e}, executed by "
+          f"vLLM's own cached-token counts {executed:.4e} (metered/executed {metered_search / executed:.5f}); "
+          f"prompt tokens vLLM prefilled {prefilled}, served from its prefix cache {cached} (the meter's "
+          f"{B}-token blocks: {modelled})\n"
+          f"  learning metered {spent.learning_flops:.4e}, FlopCounterMode {measured_learning:.4e}; weight "
+          f"sync metered {spent.learning['weight_sync']:.4e}, FlopCounterMode {seen['sync']:.4e} in "
+          f"{seen['syncs']} syncs; vLLM start-up {seen['vllm_init']:.3e}\n  breakdown {spent}\n"
+          f"  targets {result.targets}, eval_flops {result.eval_flops:.3e}")
     print(f"  rho realized {spent.rho:.4f}, planned {plan.realized_rho:.4f} ({plan.iterations} "
           f"iterations planned at {w.setup.prompt_tokens:.1f} prompt / {w.setup.completion_tokens:g} "
           f"completion tokens; ran {len(result.curves)})")
     assert abs(spent.rho - plan.realized_rho) <= 0.03  # the plan prices what the meter charges
     assert metered_search == pytest.approx(from_vllm, rel=0.01)
+    assert prefilled == modelled  # vLLM's block-granular prefix cache, token for token
+    assert metered_search == pytest.approx(executed, rel=0.01)
+    # TRL merges and unmerges the adapters at each sync (peft's B·A, one matmul each)
+    assert seen["syncs"] == len(train_calls)
+    assert spent.learning["weight_sync"] == seen["sync"] > 0
     assert spent.learning_flops == pytest.approx(measured_learning, rel=0.02)
     assert spent.reward_flops == 0 and 0 < spent.total_flops <= plan.budget_flops
 

@@ -55,7 +55,8 @@ class Engine:
     every row pays ``generation_flops(P_max, C_max)``, decode attention over the padded cache
     included)."""
     prefix_caching: bool
-    """The prompt is prefilled once per prompt, not once per completion (vLLM)."""
+    """The prompt is prefilled once per prompt, not once per completion (vLLM); how much the
+    group's other rows still prefill: :attr:`prefix_cache_block`."""
     merged_lora_generation: bool
     """Rollouts use merged weights, so adapters cost nothing there (vLLM weight sync)."""
     padded_training: bool
@@ -93,6 +94,22 @@ class Engine:
     """How rollout prefill attention is executed where it differs from :attr:`attention`
     (``None``: as :attr:`attention`): vLLM's own kernels (``causal``) on a machine where
     training attention is ``full`` (``trl-vllm-cpu``)."""
+    prefix_cache_block: int = 0
+    """With :attr:`prefix_caching`: ``0``, a group's other rows prefill nothing; ``B > 0``,
+    vLLM's block-granular prefix caching with blocks of ``B`` tokens: a row whose prompt a
+    group-mate already holds reuses the longest run of whole cached blocks that leaves at
+    least its last prompt token to compute, ``⌊(P - 1) / B⌋ · B`` tokens, and prefills the
+    other ``P - ⌊(P - 1) / B⌋ · B`` attending to them (vLLM v1
+    ``KVCacheManager.get_computed_blocks``: ``max_cache_hit_length = num_tokens - 1``, hits in
+    whole blocks). vllm-cpu's default block is 128 tokens (``vllm/platforms/cpu.py``
+    ``check_and_update_config``), so a ~165-token prompt is prefilled ~1.2 times per row,
+    not once per group."""
+    lora_sync_merge: bool = False
+    """With LoRA, each weight sync to the rollout engine merges the adapters into the base
+    weights and unmerges them after (TRL 1.16 ``VLLMGeneration._iter_named_params``: peft
+    ``merge_adapter`` then ``unmerge_adapter``, each forming ``B·A`` of every adapter once,
+    :meth:`~allocopt.flops.LoRASpec.merge_flops`); one sync per rollout batch. Charged as
+    ``learning["weight_sync"]`` (executed only)."""
     head_last_position: bool = False
     """With :attr:`lm_head_all_positions`, the head also scores the row's last position
     (``n`` positions rather than ``n - 1``): verl's ``dp_actor._forward_micro_batch`` with
@@ -105,6 +122,10 @@ class Engine:
         if self.generation_attention not in (None, "causal", "full"):
             raise ConfigError(f"engine.generation_attention={self.generation_attention!r}: "
                               "must be causal, full or None")
+        if isinstance(self.prefix_cache_block, bool) or not isinstance(self.prefix_cache_block, int) \
+                or self.prefix_cache_block < 0:
+            raise ConfigError(f"engine.prefix_cache_block={self.prefix_cache_block!r}: must be an "
+                              "integer >= 0 (tokens per cached block; 0: none recomputed)")
         if self.old_logprobs not in ("reused", "is_correction", "always"):
             raise ConfigError(f"engine.old_logprobs={self.old_logprobs!r}: must be reused, "
                               "is_correction or always")
@@ -131,13 +152,15 @@ ENGINES: dict[str, Engine] = {
     # TRL with vLLM rollouts on a machine without CUDA (vllm-cpu): vLLM's generation as in
     # trl-vllm (no padding, prefix caching, merged adapters, its causal kernels), TRL's
     # learning as in trl-cpu (no Triton: the fused LM head scores every position; full
-    # attention); old log-probs while the importance-sampling correction is on. Measured on
-    # CPU with vllm-cpu 0.31.0 and TRL 1.16 (tests/test_vllm_cpu.py)
+    # attention); old log-probs while the importance-sampling correction is on; vllm-cpu's
+    # prefix cache in blocks of 128 tokens; the adapters merged and unmerged at each weight
+    # sync. Measured on CPU with vllm-cpu 0.31.0 and TRL 1.16 (tests/test_vllm_cpu.py)
     "trl-vllm-cpu": Engine("trl-vllm-cpu", padded_generation=False, prefix_caching=True,
                            merged_lora_generation=True, padded_training=True,
                            lm_head_all_positions=True, head_recompute=True, attention="full",
                            fused_attention=True, old_logprobs="is_correction",
-                           generation_attention="causal"),
+                           generation_attention="causal", prefix_cache_block=128,
+                           lora_sync_merge=True),
     # verl (FSDP actor, use_remove_padding=True as in its GRPO examples, vLLM/SGLang rollouts):
     # rows packed without padding; the LM head over every token (dp_actor, no fused head);
     # vLLM prefix caching; LoRA served unmerged by vLLM (LoRARequest); flash attention;
@@ -325,7 +348,8 @@ def grpo_step_flops(
         ``learning`` {old_logprobs, ref_logprobs, forward, backward, recompute (gradient
         checkpointing's), head_recompute (the engine's fused LM head recomputing its logits
         tiles in backward, with or without checkpointing), and with a
-        critic critic_values, critic_forward, critic_backward, critic_recompute} and
+        critic critic_values, critic_forward, critic_backward, critic_recompute; with LoRA on an
+        engine with :attr:`Engine.lora_sync_merge`, weight_sync} and
         ``reward`` {reward_model}, in FLOPs. *Useful* FLOPs count the real tokens with causal
         attention, logits where the loss needs them, no gradient-checkpointing recompute (nor
         the input gradients only the checkpoint asks for), no adapters in generation on an
@@ -367,9 +391,14 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         # identical rows are counted once, times their number (FLOPs are ints: exact)
         gens = Counter((p, c, not useful and eng.prefix_caching and i % step.group_size != 0)
                        for i, (p, c) in enumerate(rows))
+        B = eng.prefix_cache_block
         for (p, c, shared), m in gens.items():
             g = generation_flops(policy, p, c, attention=gen_attn, lora=gen_lora)
-            search["prefill"] += 0 if shared else m * g["prefill"]
+            if shared and B and c:  # the tokens past the whole cached blocks, over the cache
+                k = (p - 1) // B * B
+                g["prefill"] = forward_flops(policy, p - k, past_tokens=k, num_logits=1,
+                                             attention=gen_attn, lora=gen_lora)
+            search["prefill"] += 0 if shared and not B else m * g["prefill"]
             search["decode"] += m * g["decode"]
     else:  # every row is as long as the longest prompt and the longest completion
         g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora)
@@ -455,6 +484,8 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
         "ref_logprobs": logprob_pass["ref"] if step.reference else 0,
         **{key: _scale(v, mu) for key, v in train.items()},
     }
+    if eng.lora_sync_merge and lora is not None:  # merge + unmerge, once per rollout batch
+        learning["weight_sync"] = 0 if useful else 2 * lora.merge_flops(policy)
     if critic is not None:
         learning.update(_critic(critic, step, seqs, gc, eng, attn, useful=useful))
     return ComputeBreakdown(search=search, learning=learning, reward=reward)

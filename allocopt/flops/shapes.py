@@ -479,6 +479,24 @@ class LoRASpec:
         per_layer = sum(v if m == "router" else 2 * v for m, v in parts.items())
         return shape.num_moe_layers * per_layer
 
+    def merge_flops(self, shape: ModelShape) -> int:
+        """FLOPs of forming every adapter's weight update once: ``Σ 2·r·d_in·d_out`` (the
+        matmul ``B·A`` of a ``d_out x r`` and an ``r x d_in`` matrix) over the adapted modules
+        (:meth:`adapted`) of every layer (a fused expert stack: its ``E`` experts' products). peft's ``merge_adapter`` and ``unmerge_adapter`` each
+        run it (``LoraLayer.get_delta_weight``); the scaling and the add to the base weight are
+        elementwise, not counted."""
+        t = self.adapted(shape)
+
+        def layer(moe: bool) -> int:
+            mods = {**shape.attention_modules(),
+                    **{m: (i, o) for m, (i, o, _) in shape.mlp_modules(moe).items()}}
+            # a fused expert stack forms all E experts' updates (peft ParamWrapper); the router one
+            return sum(2 * self.rank * i * o * (shape.num_experts if m in EXPERT_MODULES and m != "router" else 1)
+                       for m, (i, o) in mods.items() if m in t)
+
+        n_moe = shape.num_moe_layers
+        return (shape.num_layers - n_moe) * layer(False) + n_moe * layer(True)
+
 
 MLA_MODULES: tuple[str, ...] = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 """The attention projections of a multi-head latent attention layer besides ``q_proj`` and
