@@ -65,7 +65,8 @@ def settings(world, tmp_path, **over) -> dict:
             "judge_model": prm, "dataset": SAMPLE, "heldout_problems": 4, "eval_problems": 2,
             "max_completion_length": C, "completion_tokens": C, "rollouts_per_iteration": 8,
             "lora_rank": 8, "lora_alpha": 16, "lengths_file": str(tmp_path / "lengths.json"),
-            "engine": "trl-vllm", **over}
+            # the batch stays 8 at every budget (target_steps would raise it toward 8,192 rollouts)
+            "target_steps": 0, "engine": "trl-vllm", **over}
 
 
 # ---------------------------------------------------------------- the patched private API
