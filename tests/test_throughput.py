@@ -225,6 +225,8 @@ def test_study_under_a_time_budget_shows_hours_in_best(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     # each allocation's full budget is its own, below the FLOP ceiling: counted as full runs, not pilots
     assert " 2/2 " in [x for x in r.stderr.splitlines() if x.startswith("full runs")][-1]
+    # the estimate is the budget's hours (2 runs x 1 GPU-hour on 1 GPU), not the FLOP ceiling
+    assert "estimated wall time: about 2.0 h for 2 full run(s) of 1 GPU-hours" in " ".join(r.stderr.split())
     trials = optuna.load_study(study_name="h", storage=db).get_trials()
     done = [t for t in trials if t.state.name == "COMPLETE"]
     assert done
@@ -235,3 +237,34 @@ def test_study_under_a_time_budget_shows_hours_in_best(cli, tmp_path):
     r = cli("best", "--study", "h", "--storage", db, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "expected GPU-hours" in r.stdout
+
+
+def test_study_estimate_under_a_time_budget_comes_from_the_hours():
+    """Under a time budget the estimate is the budget's hours, not the FLOP ceiling at the
+    objective's FLOP/s: by hand, 10 GPU-hours on 4 GPUs is 2.5 h (9000 s) of training per full
+    run, 0.25 of it per pilot, plus 15 s each: 30 × (2250 + 15) + 12 × (9000 + 15) = 176130 s
+    = 2.0 days; (30 × 0.25 + 12) × 10 = 195 GPU-hours in all, $487.5 at $2.5 per GPU-hour."""
+    from types import SimpleNamespace
+
+    from allocopt.cli.live import study_estimate
+
+    p = ThroughputProfile(gpu="H100", setup_fingerprint="*", search_prefill=1e14, search_decode=1e13,
+                          learning=2e14)
+    tb = TimeBudget(gpu_hours=10.0, profile=p, gpus=4)
+    obj = SimpleNamespace(flops_per_second=1e10, overhead_seconds=15.0)
+    ceiling = 10 * 3600 * 2e14  # what StudySpec puts in budget_flops: the hours at the fastest phase
+    text = " ".join(study_estimate(obj, ceiling, 12, 30, 0.25, time_budget=tb).split())
+    assert text.startswith(f"estimated wall time: about {176130 / 86400:.1f} days for 30 pilot(s) of 2.5 GPU-hours "
+                           "and 12 full run(s) of 10 GPU-hours (195 GPU-hours in all;"), text
+    assert "10 GPU-hours / 4 GPU(s) = 2.5 h" in text
+    # the same line in dollars when the user gave --budget-usd (price 2.5: $25 a full run)
+    usd = " ".join(study_estimate(obj, ceiling, 12, 30, 0.25, time_budget=tb, usd_per_gpu_hour=2.5).split())
+    assert "30 pilot(s) of $6.25 and 12 full run(s) of $25 ($487.5 in all at $2.5 per GPU-hour;" in usd, usd
+    # the FLOP ceiling priced at the objective's rate would say 12 × 7.2e18 / 1e10 s: not used
+    assert study_estimate(obj, ceiling, 12, time_budget=tb) == study_estimate(obj, 1.0, 12, time_budget=tb)
+    # no measured FLOP/s needed: the budget prices the runs
+    bare = " ".join(study_estimate(SimpleNamespace(), ceiling, 2, time_budget=tb).split())
+    assert bare.startswith("estimated wall time: about 5.0 h for 2 full run(s) of 10 GPU-hours"), bare
+    assert study_estimate(obj, ceiling, 0, 0, 0.25, time_budget=tb) is None  # nothing left to run
+    # a FLOP budget keeps its estimate: 12 × (15 + 3e11 / 1e10) = 540 s
+    assert study_estimate(obj, 3e11, 12).startswith("estimated wall time: about 9.0 min for 12 full run(s) of 3e+11 FLOPs")
