@@ -268,3 +268,35 @@ def test_study_estimate_under_a_time_budget_comes_from_the_hours():
     assert study_estimate(obj, ceiling, 0, 0, 0.25, time_budget=tb) is None  # nothing left to run
     # a FLOP budget keeps its estimate: 12 × (15 + 3e11 / 1e10) = 540 s
     assert study_estimate(obj, 3e11, 12).startswith("estimated wall time: about 9.0 min for 12 full run(s) of 3e+11 FLOPs")
+
+
+def test_race_dollar_budget_is_the_equivalent_gpu_hour_budget(cli, tmp_path):
+    """``race --budget-usd 700 --usd-per-gpu-hour 5`` is 140 GPU-hours: the same pilots and
+    full runs, each allocation with the FLOPs of ``race --budget-gpu-hours 140``, which by hand
+    are its share (0.1 a pilot, 1 a full run) of ``140 · 3600 / ((1 - ρ) / 1e13 + ρ / 1e14)``
+    (search 1e13 FLOP/s, learning 1e14, rule-based rewards); the estimate says dollars."""
+    import optuna
+
+    H, TS, TL, F = 140.0, 1e13, 1e14, 0.1
+    prof = save_profile(ThroughputProfile(gpu="test", setup_fingerprint="*", search_prefill=TS,
+                                          search_decode=TS, learning=TL, reward=TL), tmp_path / "p.toml")
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "t"\nobjective = "synthetic"\ntarget = "pass@1"\nseed = 0\n'
+                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4]\nrewards = ["dense"]\n')
+    got = {}
+    for name, budget in (("h", ["--budget-gpu-hours", H]), ("usd", ["--budget-usd", 700, "--usd-per-gpu-hour", 5])):
+        db = f"sqlite:///{tmp_path}/{name}.db"
+        r = cli("race", "--spec", spec, *budget, "--throughput", prof, "--pilot-fraction", F,
+                "--max-pilots", "4", "--validations", "1", "--no-mlflow", "--storage", db, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        st = optuna.load_study(study_name="t", storage=db)
+        got[name] = [(t.user_attrs["fidelity"], t.params["rho"], t.user_attrs["budget_flops"])
+                     for t in st.get_trials() if t.state.name == "COMPLETE"]
+        if name == "usd":  # 4 pilots of 0.1 x $700 and 1 full run of $700
+            assert "4 pilot(s) of $70 and 1 full run(s) of $700 ($980 in all at $5 per GPU-hour;" \
+                in " ".join(r.stderr.split()), r.stderr
+    assert got["usd"] == got["h"]  # same seed, same budget: the same trials and FLOPs
+    assert sorted(f for f, _, _ in got["usd"]) == ["full"] + ["pilot"] * 4
+    for fidelity, rho, flops in got["usd"]:
+        share = F if fidelity == "pilot" else 1.0
+        assert flops == pytest.approx(share * H * 3600 / ((1 - rho) / TS + rho / TL), rel=0.01)
