@@ -77,25 +77,48 @@ def test_flop_budget_unchanged():
     assert s.budget_for(Allocation(0.5, 4, "sparse"), None) == 3e11
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD_TIME_BUDGETS = [
     (["--budget-gpu-hours", "10"], "throughput source"),
     (["--budget", "1e18", "--budget-gpu-hours", "10", "--throughput", "{prof}"], "not both"),
+    (["--budget", "1e18", "--budget-usd", "10", "--usd-per-gpu-hour", "2", "--throughput", "{prof}"], "not both"),
     (["--budget-usd", "100"], "usd-per-gpu-hour"),
+    (["--budget-usd", "100", "--usd-per-gpu-hour", "2"], "throughput source"),
     (["--budget-gpu-hours", "10", "--throughput", "{other}"], "another set-up"),
+    (["--budget-gpu-hours", "10", "--throughput", "{prof}", "--gpu", "A100"], "throughput.gpu='H100': measured on another GPU"),
     (["--budget-gpu-hours", "10", "--throughput", "{neg}"], "search_decode=-1"),
+    (["--budget-gpu-hours", "10", "--throughput", "{zero}"], "learning=0"),
     (["--budget-gpu-hours", "0", "--throughput", "{prof}"], "budget_gpu_hours=0"),
-])
-def test_bad_time_budgets_one_line_exit_2(cli, tmp_path, args, needle):
+    (["--budget", "1e18", "--gpu", "H100"], "gpu: only used with a time budget"),
+]
+
+
+def _bad_budget_argv(tmp_path: Path, args: list[str]) -> list[str]:
     base = dict(gpu="H100", search_prefill=1e14, search_decode=1e13, learning=2e14)
     files = {"prof": ThroughputProfile(setup_fingerprint="*", **base),
              "other": ThroughputProfile(setup_fingerprint="000000000000", **base)}
     paths = {k: save_profile(v, tmp_path / f"{k}.toml") for k, v in files.items()}
     (tmp_path / "neg.toml").write_text('gpu = "H100"\nsetup_fingerprint = "*"\nsearch_decode = -1\n')
-    paths["neg"] = tmp_path / "neg.toml"
-    argv = [a.format(**{k: str(v) for k, v in paths.items()}) for a in args]
-    r = cli("plan", "--rho", "0.5", *argv)
+    (tmp_path / "zero.toml").write_text('gpu = "H100"\nsetup_fingerprint = "*"\nsearch_decode = 1e13\nlearning = 0\n')
+    paths.update(neg=tmp_path / "neg.toml", zero=tmp_path / "zero.toml")
+    return [a.format(**{k: str(v) for k, v in paths.items()}) for a in args]
+
+
+@pytest.mark.parametrize("args,needle", BAD_TIME_BUDGETS)
+def test_bad_time_budgets_one_line_exit_2(cli, tmp_path, args, needle):
+    r = cli("plan", "--rho", "0.5", *_bad_budget_argv(tmp_path, args))
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,needle", BAD_TIME_BUDGETS)
+def test_race_bad_time_budgets_one_line_exit_2_nothing_recorded(cli, tmp_path, args, needle):
+    """``race`` refuses the same time budgets in one line, exit 2, before its study exists."""
+    db = tmp_path / "r.db"
+    r = cli("race", "--objective", "synthetic", "--target", "pass@1", "--no-mlflow",
+            "--storage", f"sqlite:///{db}", *_bad_budget_argv(tmp_path, args), cwd=tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+    assert not db.exists() or not __import__("optuna").get_all_study_names(f"sqlite:///{db}")
 
 
 def test_study_both_budgets_refused(cli, tmp_path):
