@@ -316,6 +316,7 @@ def test_race_dollar_budget_is_the_equivalent_gpu_hour_budget(cli, tmp_path):
         got[name] = [(t.user_attrs["fidelity"], t.params["rho"], t.user_attrs["budget_flops"])
                      for t in st.get_trials() if t.state.name == "COMPLETE"]
         if name == "usd":  # 4 pilots of 0.1 x $700 and 1 full run of $700
+            assert "4 of 4 pilot run(s) to do at 0.1 x $700 = $70 each (14 GPU-hours;" in " ".join(r.stderr.split())
             assert "4 pilot(s) of $70 and 1 full run(s) of $700 ($980 in all at $5 per GPU-hour;" \
                 in " ".join(r.stderr.split()), r.stderr
     assert got["usd"] == got["h"]  # same seed, same budget: the same trials and FLOPs

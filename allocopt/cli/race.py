@@ -238,8 +238,14 @@ def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finis
         if phase == "pilots":
             live.pilots_to_run(len(payload))
             tb = s.time_budget
-            each = (f"{f:g} x {tb.gpu_hours:g} = {f * tb.gpu_hours:.3g} GPU-hours each (FLOPs per allocation)"
-                    if tb else f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
+            if tb and usd_per_gpu_hour:  # --budget-usd: the user's units
+                usd = tb.gpu_hours * usd_per_gpu_hour
+                each = (f"{f:g} x ${usd:.4g} = ${f * usd:.4g} each ({f * tb.gpu_hours:.3g} GPU-hours; "
+                        "FLOPs per allocation)")
+            elif tb:
+                each = f"{f:g} x {tb.gpu_hours:g} = {f * tb.gpu_hours:.3g} GPU-hours each (FLOPs per allocation)"
+            else:
+                each = f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each"
             live.note(f"RACE {s.name}: {len(payload)} of {num_design} pilot run(s) to do at {each}")
             estimate = study_estimate(obj, s.budget_flops, num_full, len(payload), f,
                                       time_budget=tb, usd_per_gpu_hour=usd_per_gpu_hour)
