@@ -77,25 +77,48 @@ def test_flop_budget_unchanged():
     assert s.budget_for(Allocation(0.5, 4, "sparse"), None) == 3e11
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD_TIME_BUDGETS = [
     (["--budget-gpu-hours", "10"], "throughput source"),
     (["--budget", "1e18", "--budget-gpu-hours", "10", "--throughput", "{prof}"], "not both"),
+    (["--budget", "1e18", "--budget-usd", "10", "--usd-per-gpu-hour", "2", "--throughput", "{prof}"], "not both"),
     (["--budget-usd", "100"], "usd-per-gpu-hour"),
+    (["--budget-usd", "100", "--usd-per-gpu-hour", "2"], "throughput source"),
     (["--budget-gpu-hours", "10", "--throughput", "{other}"], "another set-up"),
+    (["--budget-gpu-hours", "10", "--throughput", "{prof}", "--gpu", "A100"], "throughput.gpu='H100': measured on another GPU"),
     (["--budget-gpu-hours", "10", "--throughput", "{neg}"], "search_decode=-1"),
+    (["--budget-gpu-hours", "10", "--throughput", "{zero}"], "learning=0"),
     (["--budget-gpu-hours", "0", "--throughput", "{prof}"], "budget_gpu_hours=0"),
-])
-def test_bad_time_budgets_one_line_exit_2(cli, tmp_path, args, needle):
+    (["--budget", "1e18", "--gpu", "H100"], "gpu: only used with a time budget"),
+]
+
+
+def _bad_budget_argv(tmp_path: Path, args: list[str]) -> list[str]:
     base = dict(gpu="H100", search_prefill=1e14, search_decode=1e13, learning=2e14)
     files = {"prof": ThroughputProfile(setup_fingerprint="*", **base),
              "other": ThroughputProfile(setup_fingerprint="000000000000", **base)}
     paths = {k: save_profile(v, tmp_path / f"{k}.toml") for k, v in files.items()}
     (tmp_path / "neg.toml").write_text('gpu = "H100"\nsetup_fingerprint = "*"\nsearch_decode = -1\n')
-    paths["neg"] = tmp_path / "neg.toml"
-    argv = [a.format(**{k: str(v) for k, v in paths.items()}) for a in args]
-    r = cli("plan", "--rho", "0.5", *argv)
+    (tmp_path / "zero.toml").write_text('gpu = "H100"\nsetup_fingerprint = "*"\nsearch_decode = 1e13\nlearning = 0\n')
+    paths.update(neg=tmp_path / "neg.toml", zero=tmp_path / "zero.toml")
+    return [a.format(**{k: str(v) for k, v in paths.items()}) for a in args]
+
+
+@pytest.mark.parametrize("args,needle", BAD_TIME_BUDGETS)
+def test_bad_time_budgets_one_line_exit_2(cli, tmp_path, args, needle):
+    r = cli("plan", "--rho", "0.5", *_bad_budget_argv(tmp_path, args))
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,needle", BAD_TIME_BUDGETS)
+def test_race_bad_time_budgets_one_line_exit_2_nothing_recorded(cli, tmp_path, args, needle):
+    """``race`` refuses the same time budgets in one line, exit 2, before its study exists."""
+    db = tmp_path / "r.db"
+    r = cli("race", "--objective", "synthetic", "--target", "pass@1", "--no-mlflow",
+            "--storage", f"sqlite:///{db}", *_bad_budget_argv(tmp_path, args), cwd=tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+    assert not db.exists() or not __import__("optuna").get_all_study_names(f"sqlite:///{db}")
 
 
 def test_study_both_budgets_refused(cli, tmp_path):
@@ -225,6 +248,8 @@ def test_study_under_a_time_budget_shows_hours_in_best(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     # each allocation's full budget is its own, below the FLOP ceiling: counted as full runs, not pilots
     assert " 2/2 " in [x for x in r.stderr.splitlines() if x.startswith("full runs")][-1]
+    # the estimate is the budget's hours (2 runs x 1 GPU-hour on 1 GPU), not the FLOP ceiling
+    assert "estimated wall time: about 2.0 h for 2 full run(s) of 1 GPU-hours" in " ".join(r.stderr.split())
     trials = optuna.load_study(study_name="h", storage=db).get_trials()
     done = [t for t in trials if t.state.name == "COMPLETE"]
     assert done
@@ -235,3 +260,67 @@ def test_study_under_a_time_budget_shows_hours_in_best(cli, tmp_path):
     r = cli("best", "--study", "h", "--storage", db, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "expected GPU-hours" in r.stdout
+
+
+def test_study_estimate_under_a_time_budget_comes_from_the_hours():
+    """Under a time budget the estimate is the budget's hours, not the FLOP ceiling at the
+    objective's FLOP/s: by hand, 10 GPU-hours on 4 GPUs is 2.5 h (9000 s) of training per full
+    run, 0.25 of it per pilot, plus 15 s each: 30 × (2250 + 15) + 12 × (9000 + 15) = 176130 s
+    = 2.0 days; (30 × 0.25 + 12) × 10 = 195 GPU-hours in all, $487.5 at $2.5 per GPU-hour."""
+    from types import SimpleNamespace
+
+    from allocopt.cli.live import study_estimate
+
+    p = ThroughputProfile(gpu="H100", setup_fingerprint="*", search_prefill=1e14, search_decode=1e13,
+                          learning=2e14)
+    tb = TimeBudget(gpu_hours=10.0, profile=p, gpus=4)
+    obj = SimpleNamespace(flops_per_second=1e10, overhead_seconds=15.0)
+    ceiling = 10 * 3600 * 2e14  # what StudySpec puts in budget_flops: the hours at the fastest phase
+    text = " ".join(study_estimate(obj, ceiling, 12, 30, 0.25, time_budget=tb).split())
+    assert text.startswith(f"estimated wall time: about {176130 / 86400:.1f} days for 30 pilot(s) of 2.5 GPU-hours "
+                           "and 12 full run(s) of 10 GPU-hours (195 GPU-hours in all;"), text
+    assert "10 GPU-hours / 4 GPU(s) = 2.5 h" in text
+    # the same line in dollars when the user gave --budget-usd (price 2.5: $25 a full run)
+    usd = " ".join(study_estimate(obj, ceiling, 12, 30, 0.25, time_budget=tb, usd_per_gpu_hour=2.5).split())
+    assert "30 pilot(s) of $6.25 and 12 full run(s) of $25 ($487.5 in all at $2.5 per GPU-hour;" in usd, usd
+    # the FLOP ceiling priced at the objective's rate would say 12 × 7.2e18 / 1e10 s: not used
+    assert study_estimate(obj, ceiling, 12, time_budget=tb) == study_estimate(obj, 1.0, 12, time_budget=tb)
+    # no measured FLOP/s needed: the budget prices the runs
+    bare = " ".join(study_estimate(SimpleNamespace(), ceiling, 2, time_budget=tb).split())
+    assert bare.startswith("estimated wall time: about 5.0 h for 2 full run(s) of 10 GPU-hours"), bare
+    assert study_estimate(obj, ceiling, 0, 0, 0.25, time_budget=tb) is None  # nothing left to run
+    # a FLOP budget keeps its estimate: 12 × (15 + 3e11 / 1e10) = 540 s
+    assert study_estimate(obj, 3e11, 12).startswith("estimated wall time: about 9.0 min for 12 full run(s) of 3e+11 FLOPs")
+
+
+def test_race_dollar_budget_is_the_equivalent_gpu_hour_budget(cli, tmp_path):
+    """``race --budget-usd 700 --usd-per-gpu-hour 5`` is 140 GPU-hours: the same pilots and
+    full runs, each allocation with the FLOPs of ``race --budget-gpu-hours 140``, which by hand
+    are its share (0.1 a pilot, 1 a full run) of ``140 · 3600 / ((1 - ρ) / 1e13 + ρ / 1e14)``
+    (search 1e13 FLOP/s, learning 1e14, rule-based rewards); the estimate says dollars."""
+    import optuna
+
+    H, TS, TL, F = 140.0, 1e13, 1e14, 0.1
+    prof = save_profile(ThroughputProfile(gpu="test", setup_fingerprint="*", search_prefill=TS,
+                                          search_decode=TS, learning=TL, reward=TL), tmp_path / "p.toml")
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "t"\nobjective = "synthetic"\ntarget = "pass@1"\nseed = 0\n'
+                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4]\nrewards = ["dense"]\n')
+    got = {}
+    for name, budget in (("h", ["--budget-gpu-hours", H]), ("usd", ["--budget-usd", 700, "--usd-per-gpu-hour", 5])):
+        db = f"sqlite:///{tmp_path}/{name}.db"
+        r = cli("race", "--spec", spec, *budget, "--throughput", prof, "--pilot-fraction", F,
+                "--max-pilots", "4", "--validations", "1", "--no-mlflow", "--storage", db, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        st = optuna.load_study(study_name="t", storage=db)
+        got[name] = [(t.user_attrs["fidelity"], t.params["rho"], t.user_attrs["budget_flops"])
+                     for t in st.get_trials() if t.state.name == "COMPLETE"]
+        if name == "usd":  # 4 pilots of 0.1 x $700 and 1 full run of $700
+            assert "4 of 4 pilot run(s) to do at 0.1 x $700 = $70 each (14 GPU-hours;" in " ".join(r.stderr.split())
+            assert "4 pilot(s) of $70 and 1 full run(s) of $700 ($980 in all at $5 per GPU-hour;" \
+                in " ".join(r.stderr.split()), r.stderr
+    assert got["usd"] == got["h"]  # same seed, same budget: the same trials and FLOPs
+    assert sorted(f for f, _, _ in got["usd"]) == ["full"] + ["pilot"] * 4
+    for fidelity, rho, flops in got["usd"]:
+        share = F if fidelity == "pilot" else 1.0
+        assert flops == pytest.approx(share * H * 3600 / ((1 - rho) / TS + rho / TL), rel=0.01)

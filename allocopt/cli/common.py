@@ -392,10 +392,11 @@ def time_flags() -> dict:
         "budget_usd": typer.Option(None, "--budget-usd", help="Time budget in dollars: GPU-hours = this / --usd-per-gpu-hour."),
         "usd_per_gpu_hour": typer.Option(None, "--usd-per-gpu-hour", help="Price of one GPU-hour in dollars, with --budget-usd."),
         "throughput": typer.Option(None, "--throughput", help="Throughput profile (TOML/JSON: FLOP/s per GPU per phase; allocopt account --from-verl LOG --save-throughput FILE writes one)."),
+        "gpu": typer.Option(None, "--gpu", help="GPU the runs will use (e.g. H100-80GB), with a time budget: a --throughput profile measured on another GPU (its gpu field, case aside) is refused. \\[default: not checked]"),
     }
 
 
-TIME_FLAGS = ("budget_gpu_hours", "gpus", "budget_usd", "usd_per_gpu_hour", "throughput")
+TIME_FLAGS = ("budget_gpu_hours", "gpus", "budget_usd", "usd_per_gpu_hour", "throughput", "gpu")
 """The parameters of :func:`time_flags`, in the order :func:`read_time_budget` takes them."""
 
 
@@ -435,30 +436,37 @@ def takes_time_budget(command: Any) -> Any:
     from typing import Optional
 
     types = {"budget_gpu_hours": Optional[float], "gpus": Optional[int], "budget_usd": Optional[float],
-             "usd_per_gpu_hour": Optional[float], "throughput": Optional[Path]}
+             "usd_per_gpu_hour": Optional[float], "throughput": Optional[Path], "gpu": Optional[str]}
     flags = time_flags()
     return bundled_options("time", {k: (types[k], flags[k]) for k in TIME_FLAGS})(command)
 
 
 def read_time_budget(budget_gpu_hours: float | None = None, gpus: int | None = None,
                      budget_usd: float | None = None, usd_per_gpu_hour: float | None = None,
-                     throughput: Any = None) -> dict | None:
+                     throughput: Any = None, gpu: str | None = None) -> dict | None:
     """The time budget of the flags as :class:`~allocopt.spec.StudySpec` fields
-    (``budget_gpu_hours``, ``gpus``, ``throughput``), ``None`` when none is given.
+    (``budget_gpu_hours``, ``gpus``, ``throughput``), ``None`` when none is given. ``gpu``: the
+    GPU the runs will use, checked against the profile's (``None``: not checked); the set-up's
+    fingerprint is checked per allocation, once its workload is known
+    (:meth:`~allocopt.spec.StudySpec.budget_for`).
 
     Raises:
         ConfigError: hours and dollars both; dollars without a price; no throughput source;
-            a bad profile file or value (one line)."""
+            a bad profile file or value; a profile measured on another GPU than ``gpu`` (one
+            line)."""
     from allocopt.plan.throughput import gpu_hours_of, load_profile, time_budget
 
     hours = gpu_hours_of(gpu_hours=budget_gpu_hours, usd=budget_usd, usd_per_gpu_hour=usd_per_gpu_hour)
     if hours is None:
-        if gpus is not None or throughput is not None:
-            raise ConfigError(("gpus" if gpus is not None else "throughput") + ": only used with a time "
-                              "budget; give --budget-gpu-hours H or --budget-usd D")
+        given = [n for n, v in (("gpus", gpus), ("throughput", throughput), ("gpu", gpu)) if v is not None]
+        if given:
+            raise ConfigError(f"{given[0]}: only used with a time budget; give --budget-gpu-hours H or "
+                              "--budget-usd D")
         return None
     profile = None if throughput is None else load_profile(throughput)
     tb = time_budget(gpu_hours=hours, gpus=1 if gpus is None else gpus, profile=profile)
+    if gpu is not None:  # the set-up (fingerprint) is checked per allocation, later
+        tb.profile.check_for(tb.profile.setup_fingerprint, gpu)
     return {"budget_gpu_hours": tb.gpu_hours, "gpus": tb.gpus, "throughput": tb.profile.to_dict()}
 
 

@@ -4,7 +4,8 @@ or ``full run 2/12``, the trial's FLOPs against its budget, elapsed time) and on
 finished trial (:func:`allocopt.answer.trial_line`, at most 80 columns).
 
 rich only; the estimate uses the objective's measured ``flops_per_second`` and
-``overhead_seconds`` (:class:`allocopt.objective.Objective`).
+``overhead_seconds`` (:class:`allocopt.objective.Objective`), or under a time budget the
+budget's hours.
 """
 
 from __future__ import annotations
@@ -35,14 +36,28 @@ def duration(seconds: float) -> str:
 
 
 def study_estimate(obj: Any, budget_flops: float, num_full: int, num_pilots: int = 0,
-                   pilot_fraction: float = 0.0) -> str | None:
+                   pilot_fraction: float = 0.0, time_budget: Any = None,
+                   usd_per_gpu_hour: float | None = None) -> str | None:
     """The study's wall-time estimate as one sentence: ``num_pilots`` trials at
-    ``pilot_fraction × budget_flops`` and ``num_full`` at ``budget_flops``, each spending its
-    whole budget (:func:`estimated_seconds` per trial: the objective's overhead plus FLOPs over
-    its measured FLOP/s). ``None`` when the objective has no measured throughput or nothing is
-    left to run."""
+    ``pilot_fraction`` of the full budget and ``num_full`` at the full budget, each spending its
+    whole budget. ``None`` when nothing is left to run, or (FLOP budget) when the objective has
+    no measured throughput.
+
+    FLOP budget (``time_budget`` ``None``): :func:`estimated_seconds` per trial, the
+    objective's overhead plus ``budget_flops`` (× ``pilot_fraction``) over its measured FLOP/s.
+    Time budget (a :class:`~allocopt.plan.throughput.TimeBudget`): the budget itself prices
+    each trial, whatever its allocation: a full run trains for ``gpu_hours / gpus`` wall hours
+    (its FLOPs are what that time buys at the profile's per-phase rates), a pilot
+    ``pilot_fraction`` of that, each plus the objective's ``overhead_seconds``; ``budget_flops``
+    (the FLOP ceiling, the hours at the fastest phase) is not used. The runs are stated in
+    GPU-hours, or in dollars at ``usd_per_gpu_hour`` (the user gave ``--budget-usd``)."""
+    if num_full + num_pilots == 0:
+        return None
+    overhead = getattr(obj, "overhead_seconds", 0.0) or 0.0
+    if time_budget is not None:
+        return _time_estimate(time_budget, num_full, num_pilots, pilot_fraction, overhead, usd_per_gpu_hour)
     full = estimated_seconds(obj, budget_flops)
-    if full is None or num_full + num_pilots == 0:
+    if full is None:
         return None
     pilot = estimated_seconds(obj, pilot_fraction * budget_flops) if num_pilots else 0.0
     total = num_pilots * (pilot or 0.0) + num_full * full
@@ -50,8 +65,27 @@ def study_estimate(obj: Any, budget_flops: float, num_full: int, num_pilots: int
         + ([f"{num_full} full run(s) of {budget_flops:.3g} FLOPs"] if num_full else [])
     return (f"estimated wall time: about {duration(total)} for {' and '.join(parts)} (at "
             f"{obj.flops_per_second:.2g} FLOP/s, the objective's measured rate, plus "
-            f"{getattr(obj, 'overhead_seconds', 0.0):.0f} s per trial for loading and evaluation; "
+            f"{overhead:.0f} s per trial for loading and evaluation; "
             "more on a busy machine)")
+
+
+def _time_estimate(tb: Any, num_full: int, num_pilots: int, pilot_fraction: float, overhead: float,
+                   usd_per_gpu_hour: float | None) -> str:
+    """:func:`study_estimate` under a time budget ``tb``: the budget's hours, not the FLOP ceiling."""
+    wall = tb.gpu_hours / tb.gpus * 3600  # a full run's training, seconds on tb.gpus GPUs
+    total = num_pilots * (pilot_fraction * wall + overhead) + num_full * (wall + overhead)
+    gpu_hours = (num_pilots * pilot_fraction + num_full) * tb.gpu_hours
+
+    def cost(h: float) -> str:
+        return f"${h * usd_per_gpu_hour:.4g}" if usd_per_gpu_hour else f"{h:.3g} GPU-hours"
+
+    parts = ([f"{num_pilots} pilot(s) of {cost(pilot_fraction * tb.gpu_hours)}"] if num_pilots else []) \
+        + ([f"{num_full} full run(s) of {cost(tb.gpu_hours)}"] if num_full else [])
+    price = f" at ${usd_per_gpu_hour:g} per GPU-hour" if usd_per_gpu_hour else ""
+    return (f"estimated wall time: about {duration(total)} for {' and '.join(parts)} "
+            f"({cost(gpu_hours)} in all{price}; the time budget prices each run: a full run trains "
+            f"{tb.gpu_hours:g} GPU-hours / {tb.gpus} GPU(s) = {duration(wall)}, a pilot "
+            f"{pilot_fraction:g} of that, plus {overhead:.0f} s per trial for loading and evaluation)")
 
 
 def finished_line(study: Any, s: Any) -> str:

@@ -138,7 +138,8 @@ def race(
     settings = race_settings(max_pilots=max_pilots, repeats=repeats, replicates=replicates,
                              batch_size=batch_size, extra_pilot_budget=extra_pilot_budget)
     res, _ = race_live(s, settings, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
-                       validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose)
+                       validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose,
+                       usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
     print_race(s, res, propose_only=propose_only, as_json=as_json)
 
 
@@ -153,11 +154,13 @@ def race_settings(**given: Any) -> Any:
 
 def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
               validations: int, propose_only: bool = False, quiet: bool = False,
-              verbose: bool = False) -> tuple[Any, Any]:
+              verbose: bool = False, usd_per_gpu_hour: Optional[float] = None) -> tuple[Any, Any]:
     """:func:`allocopt.study.race.run_race` of ``s`` with a live display on stderr (none with
     ``quiet``) and the study's MLflow tracker (:func:`allocopt.cli.common.tracked`); the regime
     table goes on the parent run. Bad input (pilot fraction, space, pilot count, a budget too
-    small, storage) is refused before anything is recorded. Returns ``(RaceResult, tracker)``."""
+    small, storage) is refused before anything is recorded. ``usd_per_gpu_hour``
+    (``--budget-usd``): the wall-time estimate states the runs in dollars. Returns
+    ``(RaceResult, tracker)``."""
     from dataclasses import replace
 
     from allocopt.cli.common import check_storage, load_workload, tracked
@@ -186,7 +189,8 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
             res = run_race(s, objective=obj, workload=workload, storage=storage, tracker=tracker,
                            pilot_fraction=s.pilot_fraction, validations=validations,
                            propose_only=propose_only, settings=settings,
-                           on_phase=_on_phase(live, s, obj, len(design), 0 if propose_only else num_full, done),
+                           on_phase=_on_phase(live, s, obj, len(design), 0 if propose_only else num_full, done,
+                                              usd_per_gpu_hour),
                            on_trial_start=live.on_start, on_trial_end=None if quiet else live.on_end,
                            progress=live.progress, verbose=verbose)
         if tracker:
@@ -221,7 +225,8 @@ def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: 
     return {**left, "study": study}
 
 
-def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finished: bool = False) -> Any:
+def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finished: bool = False,
+              usd_per_gpu_hour: Optional[float] = None) -> Any:
     """What the live display says at each phase of the race (nothing for a finished study)."""
     from allocopt.cli.live import study_estimate
 
@@ -233,10 +238,17 @@ def _on_phase(live: Any, s: Any, obj: Any, num_design: int, num_full: int, finis
         if phase == "pilots":
             live.pilots_to_run(len(payload))
             tb = s.time_budget
-            each = (f"{f:g} x {tb.gpu_hours:g} = {f * tb.gpu_hours:.3g} GPU-hours each (FLOPs per allocation)"
-                    if tb else f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each")
+            if tb and usd_per_gpu_hour:  # --budget-usd: the user's units
+                usd = tb.gpu_hours * usd_per_gpu_hour
+                each = (f"{f:g} x ${usd:.4g} = ${f * usd:.4g} each ({f * tb.gpu_hours:.3g} GPU-hours; "
+                        "FLOPs per allocation)")
+            elif tb:
+                each = f"{f:g} x {tb.gpu_hours:g} = {f * tb.gpu_hours:.3g} GPU-hours each (FLOPs per allocation)"
+            else:
+                each = f"{f:g} x {s.budget_flops:.3e} = {f * s.budget_flops:.3e} FLOPs each"
             live.note(f"RACE {s.name}: {len(payload)} of {num_design} pilot run(s) to do at {each}")
-            estimate = study_estimate(obj, s.budget_flops, num_full, len(payload), f)
+            estimate = study_estimate(obj, s.budget_flops, num_full, len(payload), f,
+                                      time_budget=tb, usd_per_gpu_hour=usd_per_gpu_hour)
             if estimate:
                 live.note(estimate)
         elif phase == "proposals":

@@ -68,7 +68,8 @@ def study(
     if dry_run:
         return print_plans(s)
     s = _race_terms(s, pilots, replicates)
-    run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose)
+    run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
+               usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
         from allocopt.cli.race import print_race, race_live, race_settings
 
@@ -111,11 +112,12 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
 
 
 def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
-               verbose: bool = False) -> tuple[Any, Any]:
+               verbose: bool = False, usd_per_gpu_hour: Optional[float] = None) -> tuple[Any, Any]:
     """:func:`allocopt.study.loop.run_study` of ``s`` (plain BO) with a live display on stderr
     and the study's MLflow tracker (:func:`allocopt.cli.common.tracked`). Bad input (a budget
     no allocation can use, the storage, MLflow's store, the study's terms) is refused before
-    anything is recorded. Returns ``(study, tracker)``."""
+    anything is recorded. ``usd_per_gpu_hour`` (``--budget-usd``): the wall-time estimate
+    states the runs in dollars. Returns ``(study, tracker)``."""
     from allocopt.cli.common import check_storage, load_workload, probe_tracking, tracked
     from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
     from allocopt.study.loop import run_study, work_left
@@ -137,7 +139,8 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
 
     def work(tracker: Any) -> Any:
         with StudyDisplay(err, s, num_full=to_do, disable=not to_do) as live:  # a resumed study counts its runs left
-            estimate = study_estimate(obj, s.budget_flops, to_do)
+            estimate = study_estimate(obj, s.budget_flops, to_do, time_budget=s.time_budget,
+                                      usd_per_gpu_hour=usd_per_gpu_hour)
             if estimate:
                 live.note(estimate)
             live.step("opening the study and its sampler")
