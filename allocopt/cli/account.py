@@ -110,13 +110,13 @@ CRITIC_HELP = ("PPO value model (preset, folder with config.json, or hub id), fu
                "(forward + backward) are learning; GAE costs 0 FLOPs. Allows -G 1. \\[default: none]")
 
 
-MICRO_HELP = ("Trained rows per GPU in one forward call of the update: verl "
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (no default: verl requires it "
+MICRO_HELP = ("Trained rows per GPU in one forward call of the update: verl's actor "
+              "ppo_micro_batch_size_per_gpu (no default: verl requires it "
               "unless use_dynamic_bsz), TRL per_device_train_batch_size (default 8). Only LoRA on "
               "MoE experts reads it: peft folds the expert adapters once per call. "
               "\\[default: 1, allocopt's driver]")
-LOG_PROB_MICRO_HELP = ("Rows per GPU in one forward call of the old-policy log-prob pass: verl "
-                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (no default); "
+LOG_PROB_MICRO_HELP = ("Rows per GPU in one forward call of the old-policy log-prob pass: verl's "
+                       "rollout log_prob_micro_batch_size_per_gpu (no default); "
                        "TRL uses per_device_train_batch_size. \\[default: --micro-batch-size]")
 
 
