@@ -376,6 +376,10 @@ def test_split_micro_batches_match_flop_counter():
                                 lora=spec, gradient_checkpointing=True, engine_name="verl").executed
                 for lp, b in ((1, 1), (3, 2)))
     assert one.learning["old_logprobs"] > 0
+    # the reference pass (verl with LoRA: the actor under peft's disable_adapter) folds nothing
+    with torch.no_grad(), pm.disable_adapter():
+        ref, _ = count_flops(lambda: [pm(input_ids=c, use_cache=False) for c in ids.split(3)])
+    assert ref == 6 * forward_flops(s, N, num_logits=N, attention="full")
     assert per_row - split == one.learning_flops - two.learning_flops > 0
     # by hand: the old pass 6 -> 2 calls, each update pass 6 -> 3 calls (forward, backward
     # of the factors, recompute)
