@@ -434,7 +434,6 @@ def test_account_reads_micro_batches(cli, tmp_path):
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8}.items())
     steps = "step:1 - response_length/mean:300 - response_length/max:300 - prompt_length/mean:100\n"
     log = tmp_path / "v.log"
-    log.write_text(cfg + "\n" + steps)
     # target_parameters as verl's pprint shows a list
     log.write_text(cfg + "\n" + "{'actor_rollout_ref': {'model': {'target_parameters': "
                    "['mlp.experts.gate_up_proj', 'mlp.experts.down_proj', 'mlp.gate.weight']}}}\n" + steps)
