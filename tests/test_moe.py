@@ -334,3 +334,117 @@ def test_grpo_step_folds_once_per_forward_call():
     saved = 6 * fold + 2 * 6 * (fold + bwd + fold)  # old pass; 2 passes x (fwd, bwd, recompute)
     assert one.executed.learning_flops - four.executed.learning_flops == saved
     assert one.executed.search == four.executed.search
+
+
+def test_split_micro_batches_match_flop_counter():
+    """verl's micro-batch split, run for real: a peft adapter on the experts and router of a
+    shrunk Qwen3-MoE; 6 trained rows of 10 tokens; the old-policy pass in no-grad calls of
+    ``log_prob_micro_batch_size`` rows, then mu = 2 update passes with checkpointing in calls
+    of ``micro_batch_size`` rows (verl 0.9.1 ``prepare_micro_batches``: ``len / mb`` chunks).
+    What the split (3 rows a log-prob call, 2 an update call) saves against one row a call,
+    measured with ``FlopCounterMode``, equals what the count saves (folds only: the tokens are
+    the same)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from allocopt.flops.grpo import GRPOStep, grpo_step_flops
+    from tests.flop_utils import count_flops
+
+    cls, cfg, _ = _families()["qwen3-moe"]
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "batched_mm"
+    s = ModelShape.from_config(cfg.to_dict())
+    torch.manual_seed(0)
+    pm = get_peft_model(cls(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                             target_parameters=list(_EXPERT_PARAMS.values())))
+    pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(0, 97, (6, N), generator=torch.Generator().manual_seed(0))
+
+    def run(log_prob_mb: int, mb: int) -> None:
+        with torch.no_grad():
+            for chunk in ids.split(log_prob_mb):
+                pm(input_ids=chunk, use_cache=False)
+        for _ in range(2):
+            for chunk in ids.split(mb):
+                pm(input_ids=chunk, use_cache=False).logits.float().sum().backward()
+
+    (per_row, _), (split, _) = (count_flops(lambda: run(*b)) for b in ((1, 1), (3, 2)))
+    spec = LoRASpec(4, "q_proj,experts,router")
+    kw = dict(prompt_tokens=(4, 4, 4), completion_tokens=(6,) * 6, group_size=2, update_passes=2)
+    one, two = (grpo_step_flops(s, GRPOStep(**kw, rows_per_forward=b, logprob_rows_per_forward=lp),
+                                lora=spec, gradient_checkpointing=True, engine_name="verl").executed
+                for lp, b in ((1, 1), (3, 2)))
+    assert one.learning["old_logprobs"] > 0
+    # the reference pass (verl with LoRA: the actor under peft's disable_adapter) folds nothing
+    with torch.no_grad(), pm.disable_adapter():
+        ref, _ = count_flops(lambda: [pm(input_ids=c, use_cache=False) for c in ids.split(3)])
+    assert ref == 6 * forward_flops(s, N, num_logits=N, attention="full")
+    assert per_row - split == one.learning_flops - two.learning_flops > 0
+    # by hand: the old pass 6 -> 2 calls, each update pass 6 -> 3 calls (forward, backward
+    # of the factors, recompute)
+    fold, bwd = spec.fold_flops(s), _fold_backward(spec, s)
+    assert one.learning_flops - two.learning_flops == 4 * fold + 2 * 3 * (fold + bwd + fold)
+
+
+def _fold_backward(spec: LoRASpec, s: ModelShape) -> int:
+    """The factor gradients of one call's folds: the gradients of ``A`` and ``B`` of each
+    adapted expert stack / router product, twice its forward product, per MoE layer."""
+    return 2 * s.num_moe_layers * sum(spec.fold_parts(s).values())
+
+
+def test_account_reads_micro_batches(cli, tmp_path):
+    """--micro-batch-size / --log-prob-micro-batch-size and the recipe keys price the folds
+    per call; a verl log's micro-batch sizes are read; dynamic batch size with LoRA on
+    experts is refused in one line unless the rows per call are given."""
+    import json
+
+    from allocopt.plan.recipe import price
+    from allocopt.runlogs import RunLogError, import_verl
+
+    model = str(CONFIGS / "Qwen3-30B-A3B")
+    kw = dict(model=model, lora_rank=8, engine="verl", prompts=4, group_size=8, update_passes=2,
+              lora_targets="q_proj,experts,router", gradient_checkpointing=True)
+    base = price(**kw).executed
+    split = price(**kw, micro_batch_size=4, log_prob_micro_batch_size=8).executed
+    spec, s = LoRASpec(8, "q_proj,experts,router"), ModelShape.from_pretrained(model)
+    fold = spec.fold_flops(s)
+    assert base.search == split.search
+    # 32 rows: old pass 32 -> 4 calls; each of 2 update passes 32 -> 8 calls
+    assert base.learning_flops - split.learning_flops == 28 * fold + 2 * 24 * (
+        2 * fold + _fold_backward(spec, s))
+    (tmp_path / "r.toml").write_text("micro_batch_size = 4\nlog_prob_micro_batch_size = 8\n")
+    args = ["account", "--model", model, "--engine", "verl", "--lora-rank", "8", "--prompts", "4",
+            "-G", "8", "--update-passes", "2", "--lora-targets", "q_proj,experts,router",
+            "--gradient-checkpointing", "--json"]
+    for extra in (["--micro-batch-size", "4", "--log-prob-micro-batch-size", "8"],
+                  ["--recipe", str(tmp_path / "r.toml")]):
+        r = cli(*args, *extra)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["total_flops"] == split.total_flops
+    r = cli(*args[:-1], "--micro-batch-size", "0")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "micro_batch_size" in r.stderr
+    # a verl log with LoRA on experts: micro-batches read from the config
+    cfg = "\n".join(f"{k}={v} \\" for k, v in {
+        "data.train_batch_size": 4, "actor_rollout_ref.rollout.n": 8,
+        "actor_rollout_ref.actor.ppo_epochs": 2, "actor_rollout_ref.model.path": model,
+        "actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": "q_proj",
+        "actor_rollout_ref.model.enable_gradient_checkpointing": "True",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8}.items())
+    steps = "step:1 - response_length/mean:300 - response_length/max:300 - prompt_length/mean:100\n"
+    log = tmp_path / "v.log"
+    # target_parameters as verl's pprint shows a list
+    log.write_text(cfg + "\n" + "{'actor_rollout_ref': {'model': {'target_parameters': "
+                   "['mlp.experts.gate_up_proj', 'mlp.experts.down_proj', 'mlp.gate.weight']}}}\n" + steps)
+    run = import_verl(log)
+    assert run.settings["lora_targets"] == "q_proj,experts.gate_up_proj,experts.down_proj,router"
+    assert (run.settings["micro_batch_size"], run.settings["log_prob_micro_batch_size"]) == (4, 8)
+    same = price(**{**kw, "lora_targets": run.settings["lora_targets"]}, prompt_tokens=100,
+                 completion_tokens=300, micro_batch_size=4, log_prob_micro_batch_size=8)
+    assert run.account == same
+    log.write_text(log.read_text().replace("8 \\\n", "8 \\\nactor_rollout_ref.actor.use_dynamic_bsz=True \\\n", 1))
+    with pytest.raises(RunLogError, match="use_dynamic_bsz=True.*--micro-batch-size") as e:
+        import_verl(log)
+    assert "\n" not in str(e.value)
+    assert import_verl(log, micro_batch_size=4, log_prob_micro_batch_size=8).account == same

@@ -259,11 +259,28 @@ def test_verl_overrides_for_dynamic_sampling_and_a_critic():
     assert d["algorithm.adv_estimator"] == "gae"
     assert [o for o in ov if o.startswith("critic.")] == [
         "critic.enable=True", "critic.model.path=Qwen/Qwen2.5-1.5B", "critic.ppo_epochs=2",
-        f"critic.ppo_mini_batch_size={plan.prompts_per_iteration}", "critic.optim.lr=1e-05",
-        "critic.model.enable_gradient_checkpointing=True"]
+        f"critic.ppo_mini_batch_size={plan.prompts_per_iteration}",
+        "critic.ppo_micro_batch_size_per_gpu=1", "critic.forward_micro_batch_size_per_gpu=1",
+        "critic.optim.lr=1e-05", "critic.model.enable_gradient_checkpointing=True"]
     assert verl_entrypoint(ov) == "verl.trainer.main_ppo"
     assert not any(o.startswith(("data.gen_batch_size", "algorithm.filter_groups")) for o in ov)
 
-    _, ov, d = overrides()  # plain GRPO: neither
+    plan, ov, d = overrides()  # plain GRPO: neither
     assert d["algorithm.adv_estimator"] == "grpo"
     assert not any(o.startswith(("critic.", "data.gen_batch_size", "algorithm.filter_groups")) for o in ov)
+    # the micro-batches the plan priced (one row a call: GRPOStep.rows_per_forward = 1),
+    # which verl requires without use_dynamic_bsz (verl/workers/engine_workers.py asserts them)
+    mb = ("actor.ppo_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu",
+          "ref.log_prob_micro_batch_size_per_gpu")
+    assert d["actor_rollout_ref.actor.use_dynamic_bsz"] == "False"
+    assert [d[f"actor_rollout_ref.{k}"] for k in mb] == ["1"] * 3
+    # a larger one: the largest divisor of the rows per GPU (verl asserts the division)
+    rows = plan.prompts_per_iteration * plan.group_size
+    ov = verl_overrides(plan, passes=1, iterations=1, learning_rate=1e-6, max_completion_length=1024,
+                        micro_batch=rows // 2 + 1, num_gpus=2)
+    d = dict(o.split("=", 1) for o in ov)
+    assert [d[f"actor_rollout_ref.{k}"] for k in mb] == [str(rows // 2)] * 3
+    g = next(g for g in range(2, rows + 2) if rows % g)
+    with pytest.raises(ConfigError, match=f"num_gpus={g}: must divide the {rows} rollouts"):
+        verl_overrides(plan, passes=1, iterations=1, learning_rate=1e-6,
+                       max_completion_length=1024, num_gpus=g)

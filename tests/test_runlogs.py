@@ -69,7 +69,8 @@ def test_verl_jsonl_and_override_lines_equal_the_console_log(tmp_path):
         ("model.path", "Qwen/Qwen2.5-3B-Instruct"), ("rollout.n", 5), ("actor.ppo_epochs", 1),
         ("actor.ppo_mini_batch_size", 16), ("actor.use_kl_loss", "True"),
         ("actor.kl_loss_coef", 0.04), ("model.lora_rank", 32), ("model.target_modules", "all-linear"),
-        ("model.enable_gradient_checkpointing", "True"), ("model.use_remove_padding", "True"))]
+        ("model.enable_gradient_checkpointing", "True"), ("model.use_remove_padding", "True"),
+        ("actor.ppo_micro_batch_size_per_gpu", 16), ("rollout.log_prob_micro_batch_size_per_gpu", 32))]
     lines += ["    data.train_batch_size=64 \\", "    trainer.n_gpus_per_node=1 \\"]
     lines += [json.dumps({"step": s, "data": m}) for s, m in steps]
     f = tmp_path / "metrics.jsonl"

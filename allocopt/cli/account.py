@@ -110,6 +110,16 @@ CRITIC_HELP = ("PPO value model (preset, folder with config.json, or hub id), fu
                "(forward + backward) are learning; GAE costs 0 FLOPs. Allows -G 1. \\[default: none]")
 
 
+MICRO_HELP = ("Trained rows per GPU in one forward call of the update: verl's actor "
+              "ppo_micro_batch_size_per_gpu (no default: verl requires it "
+              "unless use_dynamic_bsz), TRL per_device_train_batch_size (default 8). Only LoRA on "
+              "MoE experts reads it: peft folds the expert adapters once per call. "
+              "\\[default: 1, allocopt's driver]")
+LOG_PROB_MICRO_HELP = ("Rows per GPU in one forward call of the old-policy log-prob pass: verl's "
+                       "rollout log_prob_micro_batch_size_per_gpu (no default); "
+                       "TRL uses per_device_train_batch_size. \\[default: --micro-batch-size]")
+
+
 def account(
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="TOML file with the recipe (keys as the long flags, with _); flags override it."),
     model: Optional[str] = typer.Option(None, help=f"Policy: preset (Qwen/Qwen2.5-1.5B …), folder with config.json, or hub id. \\[default: {D['model']}]"),
@@ -123,6 +133,8 @@ def account(
     steps: Optional[int] = typer.Option(None, help="GRPO steps (rollout batches). \\[default: 1]"),
     update_passes: Optional[float] = typer.Option(None, help="Passes over each rollout batch, each a forward + backward of every row: these cost FLOPs (mu; TRL num_iterations, verl ppo_epochs). \\[default: 1]"),
     minibatches: Optional[int] = typer.Option(None, help="Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size; TRL steps_per_generation / gradient_accumulation_steps). FLOP-free: they split a pass; > 1 makes the old-policy log-prob pass run. \\[default: 1]"),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help=MICRO_HELP),
+    log_prob_micro_batch_size: Optional[int] = typer.Option(None, "--log-prob-micro-batch-size", help=LOG_PROB_MICRO_HELP),
     beta: Optional[float] = typer.Option(None, help="KL coefficient; > 0 adds a reference pass. \\[default: 0]"),
     importance_sampling_correction: Optional[bool] = typer.Option(None, "--importance-sampling-correction", rich_help_panel=SWITCHES, help="TRL's importance-sampling correction of vLLM rollouts: with trl-vllm it runs the old-policy log-prob pass every step (a floor of ~0.55 under rho); the --no- form: off. \\[default: the runner's: allocopt off, trl on]"),
     no_importance_sampling_correction: bool = _OFF("--no-importance-sampling-correction"),
@@ -154,7 +166,8 @@ def account(
                  completion_max=completion_max, length_distribution=length_distribution,
                  lengths=None if lengths is None else str(lengths),
                  prompts=prompts, group_size=group_size, steps=steps, update_passes=update_passes,
-                 minibatches=minibatches, beta=beta, lora_rank=lora_rank, lora_targets=lora_targets,
+                 minibatches=minibatches, micro_batch_size=micro_batch_size,
+                 log_prob_micro_batch_size=log_prob_micro_batch_size, beta=beta, lora_rank=lora_rank, lora_targets=lora_targets,
                  importance_sampling_correction=_switch("importance_sampling_correction",
                                                         importance_sampling_correction,
                                                         no_importance_sampling_correction),

@@ -254,9 +254,18 @@ class GRPOStep:
     passes and the ``μ`` update passes on the trained rows only (verl's DAPO trainer cuts the
     batch to the kept groups before ``compute_log_prob``)."""
     rows_per_forward: int = 1
-    """Trained rows in one forward call of the log-prob and loss passes (the micro-batch:
-    TRL ``per_device_train_batch_size``, verl ``ppo_micro_batch_size_per_gpu``). Only LoRA on
-    fused expert weights reads it: peft folds them once per call (executed count)."""
+    """Trained rows in one forward call of the update passes (the micro-batch: TRL
+    ``per_device_train_batch_size``, verl ``actor.ppo_micro_batch_size_per_gpu``). Only LoRA
+    on fused expert weights reads it: peft folds them once per call (executed count), so a
+    pass over ``R`` rows folds ``ceil(R / rows_per_forward)`` times (verl 0.9.1 asserts each
+    GPU's rows are a multiple of it, ``verl/workers/engine/utils.py`` ``prepare_micro_batches``,
+    so the calls over all GPUs are ``R / rows_per_forward``; TRL's are the same)."""
+    logprob_rows_per_forward: int | None = None
+    """Trained rows in one forward call of the old-policy log-prob pass (verl
+    ``rollout.log_prob_micro_batch_size_per_gpu``; TRL computes it in chunks of
+    ``per_device_train_batch_size``); ``None``: :attr:`rows_per_forward`. The reference pass
+    runs without adapters (peft's ``disable_adapter``: no fold), so no micro-batch of its own
+    moves the count."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
@@ -281,9 +290,11 @@ class GRPOStep:
             raise ConfigError(f"minibatches={self.minibatches!r}: must be a positive integer")
         if self.reward_steps is not None and len(self.reward_steps) != len(self.completion_tokens):
             raise ConfigError("reward_steps: one entry per completion")
-        b = self.rows_per_forward
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ConfigError(f"rows_per_forward={b!r}: must be a positive integer")
+        for name in ("rows_per_forward", "logprob_rows_per_forward"):
+            b = getattr(self, name)
+            if (b is not None or name == "rows_per_forward") and (
+                    isinstance(b, bool) or not isinstance(b, int) or b < 1):
+                raise ConfigError(f"{name}={b!r}: must be a positive integer")
         t = self.trained_prompts
         if t is not None and (isinstance(t, bool) or not isinstance(t, int)
                               or not 0 <= t <= len(self.prompt_tokens)):
@@ -446,7 +457,8 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
     # LoRA on fused expert weights (executed): peft folds them once per forward call of
     # step.rows_per_forward rows; counted per row below, then the calls' folds put right
     folds = int(not useful and lora is not None and bool(lora.fold_parts(policy)))
-    calls = -(-len(trained) // step.rows_per_forward)
+    calls = -(-len(trained) // step.rows_per_forward)  # of one update pass
+    logprob_calls = -(-len(trained) // (step.logprob_rows_per_forward or step.rows_per_forward))
     logprob_pass = {  # no-grad forward: with adapters (old policy) or without (reference)
         name: sum(m * forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters,
                                     expert_folds=folds if adapters else 0)
@@ -468,11 +480,11 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
             if eng.head_recompute and not useful else 0
         for key in train:
             train[key] += m * t[key]
-    if folds and len(trained) != calls:  # the folds of one call each, not one per row
+    if folds and trained:  # the folds of one call each, not one per row
         (n, k), extra = next(iter(seqs)), calls - len(trained)
         one = lambda f: forward_flops(policy, n, num_logits=k, attention=attn, lora=lora,  # noqa: E731
                                       expert_folds=f)
-        logprob_pass["old"] += extra * (one(2) - one(1))
+        logprob_pass["old"] += (logprob_calls - len(trained)) * (one(2) - one(1))
         two = [training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
                               gradient_checkpointing=gc, fused_attention=eng.fused_attention,
                               expert_folds=f) for f in (1, 2)]

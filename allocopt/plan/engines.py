@@ -102,7 +102,8 @@ def trl_grpo_config(plan: Any, *, passes: int | None = None, iterations: int | N
 def verl_overrides(plan: Any, *, passes: int, iterations: int, learning_rate: float,
                    max_completion_length: int, temperature: float = 1.0, beta: float = 0.0,
                    gradient_checkpointing: bool = False,
-                   critic_learning_rate: float = 1e-5) -> list[str]:
+                   critic_learning_rate: float = 1e-5, micro_batch: int = 1,
+                   num_gpus: int = 1) -> list[str]:
     """Hydra overrides for verl that realize ``plan`` with ``passes`` passes and ``iterations``
     iterations (see the module table): ``main_ppo`` with ``algorithm.adv_estimator=grpo``; with
     the plan's set-up over-generating (``generated_per_trained`` > 1) the DAPO trainer's
@@ -110,8 +111,25 @@ def verl_overrides(plan: Any, *, passes: int, iterations: int, learning_rate: fl
     :func:`verl_entrypoint`); with a critic, ``algorithm.adv_estimator=gae`` and the
     ``critic.*`` keys (``critic_learning_rate``: its per-step rate, verl's default 1e-5). A
     model-based reward names its reward model; a rule-based one expects the user's
-    ``custom_reward_function``."""
+    ``custom_reward_function``.
+
+    The micro-batches (rows per GPU and forward call of the actor's update, old-policy and
+    reference log-prob passes: ``*.ppo_micro_batch_size_per_gpu``,
+    ``*.log_prob_micro_batch_size_per_gpu``, which verl requires without ``use_dynamic_bsz``)
+    are the largest divisor of the rollouts per GPU (``N / num_gpus``) at most
+    ``micro_batch`` (verl asserts the division), with ``use_dynamic_bsz=False``: the plan's
+    price folds LoRA on experts once per call of ``micro_batch`` rows (default 1).
+
+    Raises:
+        ConfigError: ``N`` is not a multiple of ``num_gpus``, or ``micro_batch`` < 1."""
     p = plan
+    N = p.prompts_per_iteration * p.group_size
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1 or N % num_gpus:
+        raise ConfigError(f"num_gpus={num_gpus!r}: must divide the {N} rollouts per iteration")
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ConfigError(f"micro_batch={micro_batch!r}: must be a positive integer")
+    per_gpu = N // num_gpus
+    b = max(d for d in range(1, min(micro_batch, per_gpu) + 1) if per_gpu % d == 0)
     setup = getattr(p, "setup", None)
     critic = getattr(setup, "critic", "") if setup is not None else ""
     ratio = getattr(setup, "generated_per_trained", 1.0) if setup is not None else 1.0
@@ -128,7 +146,11 @@ def verl_overrides(plan: Any, *, passes: int, iterations: int, learning_rate: fl
            "algorithm.use_kl_in_reward=False",
            f"actor_rollout_ref.model.enable_gradient_checkpointing={bool(gradient_checkpointing)}",
            f"actor_rollout_ref.model.path={p.policy}",
-           f"trainer.total_training_steps={iterations}"]
+           f"trainer.total_training_steps={iterations}",
+           "actor_rollout_ref.actor.use_dynamic_bsz=False",
+           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b}",
+           f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b}",
+           f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b}"]
     if p.reward_model:
         out += ["reward_model.enable=True", f"reward_model.model.path={p.reward_model}"]
     else:
@@ -142,6 +164,8 @@ def verl_overrides(plan: Any, *, passes: int, iterations: int, learning_rate: fl
         out += ["critic.enable=True", f"critic.model.path={critic}",
                 f"critic.ppo_epochs={passes}",
                 f"critic.ppo_mini_batch_size={p.prompts_per_iteration}",
+                f"critic.ppo_micro_batch_size_per_gpu={b}",
+                f"critic.forward_micro_batch_size_per_gpu={b}",
                 f"critic.optim.lr={critic_learning_rate!r}",
                 f"critic.model.enable_gradient_checkpointing={bool(gradient_checkpointing)}"]
     return out

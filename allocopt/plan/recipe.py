@@ -56,6 +56,16 @@ class AccountedRun:
     """Optimizer steps per pass (verl train_batch_size / ppo_mini_batch_size, TRL
     steps_per_generation / gradient_accumulation_steps). FLOP-free: they split the rows of a
     pass; more than one makes the old-policy log-prob pass run."""
+    micro_batch_size: int = 1
+    """Trained rows per device in one forward call of the update (verl
+    ``actor.ppo_micro_batch_size_per_gpu``, which verl requires unless ``use_dynamic_bsz``;
+    TRL ``per_device_train_batch_size``, default 8; allocopt's driver: 1). Only LoRA on fused
+    expert weights reads it (peft folds them once per call:
+    :attr:`~allocopt.flops.grpo.GRPOStep.rows_per_forward`)."""
+    log_prob_micro_batch_size: int = 0
+    """Rows per device in one forward call of the old-policy log-prob pass (verl
+    ``rollout.log_prob_micro_batch_size_per_gpu``); 0: ``micro_batch_size`` (TRL's is
+    ``per_device_train_batch_size``)."""
     reward_model: str = ""
     """Reward model (preset, folder or hub id); empty = rule-based reward (0 FLOPs)."""
     lengths: str = ""
@@ -72,7 +82,8 @@ class AccountedRun:
         for f in ("reward_model", "lengths", "length_distribution"):
             if not isinstance(getattr(self, f), str):
                 raise ConfigError(f"{f}={getattr(self, f)!r}: must be a string")
-        for f, lo in (("prompts", 1), ("group_size", 1), ("steps", 1), ("minibatches", 1)):
+        for f, lo in (("prompts", 1), ("group_size", 1), ("steps", 1), ("minibatches", 1),
+                      ("micro_batch_size", 1), ("log_prob_micro_batch_size", 0)):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{f}={v!r}: must be an integer >= {lo}")
@@ -172,7 +183,8 @@ def grpo_steps(setup: TrainingSetup, run: AccountedRun) -> list[GRPOStep]:
     n = gen * run.group_size
     reward_steps = (round(setup.steps_per_completion),) * n
     kw = dict(update_passes=run.update_passes, reference=setup.reference,
-              minibatches=run.minibatches,
+              minibatches=run.minibatches, rows_per_forward=run.micro_batch_size,
+              logprob_rows_per_forward=run.log_prob_micro_batch_size or None,
               importance_sampling_correction=setup.importance_sampling_correction,
               trained_prompts=None if gen == run.prompts else run.prompts)
     if run.lengths:

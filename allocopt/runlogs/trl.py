@@ -247,6 +247,9 @@ def _config_settings(config: _ConfigReader, given: dict[str, Any]) -> tuple[dict
     settings: dict[str, Any] = dict(
         runner="trl", group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
         minibatches=max(1, spg // max(1, ga)), importance_sampling_correction=isc,
+        # rows per forward call of the loss and the old/ref log-prob passes (TRL chunks both
+        # by per_device_train_batch_size): LoRA on MoE experts folds once per call
+        micro_batch_size=int(per_device),
         engine=("trl-vllm-cpu" if use_cpu else "trl-vllm") if use_vllm else ("trl-cpu" if use_cpu else "trl-gpu"))
     read, assumed, args, args_file = config.read, config.assumed, config.args, config.args_file
     read["engine"] = "use_vllm / use_cpu" if args else "assumed"

@@ -44,6 +44,10 @@ MAX_STEPS = 1_000_000
 _MAX_BLOCK_LINES = 10_000
 _MAX_BLOCK_CHARS = 2**20
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+EXPERT_PARAMETERS = {"experts.gate_up_proj": "experts.gate_up_proj",
+                     "experts.down_proj": "experts.down_proj", "gate.weight": "router"}
+"""``model.target_parameters`` (peft ``target_parameters``, matched by suffix) -> allocopt's
+LoRA target names (:data:`allocopt.flops.shapes.EXPERT_MODULES`)."""
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -128,6 +132,43 @@ def parse_verl_log(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str
     return config, sorted(steps.items())
 
 
+def n_gpus_of(cfg: Any, num: Any) -> int:
+    """GPUs of the actor (``trainer.n_gpus_per_node × trainer.nnodes``; 1 when not logged)."""
+    n = num("trainer.n_gpus_per_node", cfg("trainer.n_gpus_per_node", 1, "not in the log"), least=1)
+    return int(n) * int(num("trainer.nnodes", cfg("trainer.nnodes", 1, "verl default"), least=1))
+
+
+def _micro_batches(settings: dict[str, Any], cfg: Any, num: Any, given: dict[str, Any],
+                   gpus: int, src: str, assumed: dict[str, str], *, experts: bool) -> None:
+    """``micro_batch_size`` and ``log_prob_micro_batch_size`` (rows per GPU per forward call)
+    from verl's ``actor.ppo_micro_batch_size_per_gpu`` and
+    ``rollout.log_prob_micro_batch_size_per_gpu`` (or the deprecated global sizes over the
+    GPUs, as verl normalizes them). With ``actor.use_dynamic_bsz`` verl packs each micro-batch
+    up to ``ppo_max_token_len_per_gpu`` tokens, so the rows per call depend on the lengths:
+    with LoRA on experts (the only count they move) that is refused unless given."""
+    a, r = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    if cfg(a + "use_dynamic_bsz", False, "verl default") is True:
+        if experts and "micro_batch_size" not in given:
+            raise RunLogError(
+                f"{src}: {a}use_dynamic_bsz=True: verl packs micro-batches by token count "
+                f"({a}ppo_max_token_len_per_gpu), so the expert-adapter folds per call are not "
+                "in the log; pass --micro-batch-size (and --log-prob-micro-batch-size) ROWS, "
+                "the mean rows per micro-batch per GPU")
+        return
+    for key, (per_gpu, total) in (("micro_batch_size", ("ppo_micro_batch_size_per_gpu", a + "ppo_micro_batch_size")),
+                                  ("log_prob_micro_batch_size", ("log_prob_micro_batch_size_per_gpu",
+                                                                 r + "log_prob_micro_batch_size"))):
+        base = a if key == "micro_batch_size" else r
+        v = num(base + per_gpu, cfg(base + per_gpu, None, "not in the log"), least=1)
+        if v is None:
+            t = num(total, cfg(total, None, "not in the log"), least=1)
+            v = None if t is None else max(1, int(t) // gpus)
+        if v is not None:
+            settings[key] = int(v)
+        elif experts:
+            assumed[key] = "1 (not in the log: verl requires it; one fold per row, an upper bound)"
+
+
 def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
     """Account the verl run whose console log (or JSON-lines metrics file) is ``path``.
 
@@ -206,7 +247,12 @@ def import_verl(path: str | Path, **overrides: Any) -> ImportedRun:
         targets = cfg("actor_rollout_ref.model.target_modules", "all-linear", "verl default")
         if isinstance(targets, (list, tuple)):
             targets = ",".join(t for t in MODULES if t in set(targets)) or "all-linear"
-        settings["lora_targets"] = str(targets)
+        params = cfg("actor_rollout_ref.model.target_parameters", None, "verl default: none")
+        experts = [name for p in (params if isinstance(params, (list, tuple)) else [])
+                   for suffix, name in EXPERT_PARAMETERS.items() if str(p).endswith(suffix)]
+        settings["lora_targets"] = ",".join([str(targets), *dict.fromkeys(experts)])
+        _micro_batches(settings, cfg, num, given, n_gpus_of(cfg, num), src, assumed,
+                       experts=bool(experts))
     settings["gradient_checkpointing"] = bool(cfg(
         "actor_rollout_ref.model.enable_gradient_checkpointing", True, "verl default"))
     rmpad = cfg("actor_rollout_ref.model.use_remove_padding", True, "verl GRPO examples")
