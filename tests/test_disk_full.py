@@ -82,8 +82,15 @@ def _ran(tmp: Path) -> list[dict]:
     return [json.loads(ln) for ln in p.read_text().splitlines()] if p.exists() else []
 
 
-def _fill(disk: Path) -> Path:
-    """Write a ballast file until the disk refuses (ENOSPC): nothing left on it."""
+def _fill(disk: Path, how: str):
+    """Leave nothing free on ``disk`` and return what frees it again: ``ballast``, a file written
+    until the disk refuses (ENOSPC), deleted afterwards; ``remount``, the tmpfs shrunk to what it
+    holds (``mount -o remount,size=``), enlarged afterwards."""
+    if how == "remount":
+        used_k = -(-(shutil.disk_usage(disk).used) // 1024)
+        subprocess.run(["mount", "-o", f"remount,size={used_k}k", str(disk)], check=True)
+        assert shutil.disk_usage(disk).free < 4096
+        return lambda: subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
     ballast = disk / "ballast"
     with open(ballast, "wb", buffering=0) as fh:
         try:
@@ -92,12 +99,14 @@ def _fill(disk: Path) -> Path:
         except OSError as e:
             assert e.errno == 28, e
     assert shutil.disk_usage(disk).free < 4096
-    return ballast
+    return ballast.unlink
 
 
 @pytest.mark.slow  # two study processes, ~40 s on 2 loaded cores
-def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk):
-    """The disk fills while trial 2 runs: its recording fails. One line naming the files and what
+@pytest.mark.parametrize("how", ["ballast", "remount"])
+def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk, how):
+    """The disk fills while trial 2 runs (a ballast file, or the tmpfs shrunk to what it holds):
+    its recording fails. One line naming the files and what
     to do, no traceback, exit 1. Space freed, the same command: trials 0 and 1 kept as they were,
     trial 2 settled (failed) and its allocation run again once, nothing RUNNING, one MLflow run
     per trial matching Optuna."""
@@ -113,7 +122,7 @@ def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk):
         assert time.time() - t < 180
         time.sleep(0.1)
     time.sleep(0.5)
-    ballast = _fill(disk)
+    free_space = _fill(disk, how)
     t0 = time.time()
     (tmp_path / "hold").unlink()
     out, err = p.communicate(timeout=120)
@@ -128,10 +137,14 @@ def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk):
     kept = {t.number: (t.params, t.values) for t in before if t.state.name == "COMPLETE"}
     assert sorted(kept) == [0, 1], [(t.number, t.state.name) for t in before]
     cut = next(t for t in before if t.number == 2)
-    print(f"\ndisk full: exit {p.returncode} after {first_line_s:.1f} s; before resume: "
-          f"{[(t.number, t.state.name, t.user_attrs.get('state')) for t in before]}")
+    c = MlflowClient(f"sqlite:///{disk}/m.db")
+    exp = c.get_experiment_by_name("allocopt/f")
+    left = {r.data.tags.get("allocopt.trial_number", "parent"): r.info.status
+            for r in c.search_runs([exp.experiment_id], max_results=1000)}
+    print(f"\ndisk full ({how}): exit {p.returncode} after {first_line_s:.1f} s; before resume: "
+          f"{[(t.number, t.state.name, t.user_attrs.get('state')) for t in before]}; mlflow {left}")
 
-    ballast.unlink()  # space freed
+    free_space()
     p = _start(tmp_path, disk, f)
     out, err = p.communicate(timeout=180)
     assert p.returncode == 0, err
@@ -152,8 +165,6 @@ def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk):
     assert starts.count(cut_key) == 2, starts  # the cut-short run and its one re-run
     assert len(starts) == len(ts), (starts, states)  # nothing else ran twice
 
-    c = MlflowClient(f"sqlite:///{disk}/m.db")
-    exp = c.get_experiment_by_name("allocopt/f")
     by_trial: dict[int, list[str]] = {}
     parents = []
     for r in c.search_runs([exp.experiment_id], max_results=1000):
