@@ -69,9 +69,9 @@ def _spec(tmp: Path, trials: int, hold_from: int) -> Path:
     return f
 
 
-def _start(tmp: Path, disk: Path, f: Path) -> subprocess.Popen:
+def _start(tmp: Path, disk: Path, f: Path, optuna_dir: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", RUN, "study", "--spec", str(f),
-                             "--storage", f"sqlite:///{disk}/o.db", "--mlflow-uri", f"sqlite:///{disk}/m.db"],
+                             "--storage", f"sqlite:///{optuna_dir or disk}/o.db", "--mlflow-uri", f"sqlite:///{disk}/m.db"],
                             cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "TMPDIR": str(disk),
                                  "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "3"})
@@ -178,3 +178,64 @@ def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk, h
             (t.number, t.state.name, by_trial)
     assert parents == ["FINISHED"], parents
     print(f"after resume: optuna {states}; mlflow {dict(sorted(by_trial.items()))}; parents {parents}")
+
+
+def _mlflow_states(uri: str) -> tuple[dict[int, list[str]], list[str]]:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("allocopt/f")
+    by_trial: dict[int, list[str]] = {}
+    parents = []
+    for r in c.search_runs([exp.experiment_id], max_results=1000):
+        if r.data.tags.get("allocopt.role") == "trial":
+            by_trial.setdefault(int(r.data.tags["allocopt.trial_number"]), []).append(r.info.status)
+        else:
+            parents.append(r.info.status)
+    return by_trial, parents
+
+
+@pytest.mark.slow  # two study processes, ~35 s on 2 loaded cores
+def test_only_mlflows_disk_full_after_optuna_complete(tmp_path, disk):
+    """Optuna's file on a disk with room, MLflow's store on the one that fills while trial 2
+    runs: Optuna records trial 2 COMPLETE, MLflow cannot end its run. One line naming MLflow's
+    file, exit 1; after freeing space the same command keeps trial 2 (not run again), ends its
+    run FINISHED with its target, and finishes the study."""
+    import optuna
+
+    f = _spec(tmp_path, trials=4, hold_from=2)
+    (tmp_path / "hold").write_text("")
+    p = _start(tmp_path, disk, f, optuna_dir=tmp_path)
+    t = time.time()
+    while sum(r["event"] == "start" for r in _ran(tmp_path)) < 3:
+        assert p.poll() is None, p.communicate()
+        assert time.time() - t < 180
+        time.sleep(0.1)
+    time.sleep(0.5)
+    free_space = _fill(disk, "ballast")
+    t0 = time.time()
+    (tmp_path / "hold").unlink()
+    out, err = p.communicate(timeout=120)
+    first_line_s = time.time() - t0
+    assert p.returncode == 1 and "Traceback" not in err, (p.returncode, err)
+    lines = [ln for ln in err.splitlines() if "disk full" in ln]
+    assert len(lines) == 1 and f"{disk}/m.db" in lines[0] and "o.db" not in lines[0], err
+    storage = f"sqlite:///{tmp_path}/o.db"
+    before = optuna.load_study(study_name="f", storage=storage).get_trials(deepcopy=False)
+    left = _mlflow_states(f"sqlite:///{disk}/m.db")
+    print(f"\nmlflow-only disk full: exit {p.returncode} after {first_line_s:.1f} s; before resume: "
+          f"{[(t.number, t.state.name) for t in before]}; mlflow {left}")
+    assert [(t.number, t.state.name) for t in before] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
+    assert left[0][2] == ["RUNNING"], left
+
+    free_space()
+    p = _start(tmp_path, disk, f, optuna_dir=tmp_path)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0 and "Traceback" not in err, err
+    ts = optuna.load_study(study_name="f", storage=storage).get_trials(deepcopy=False)
+    assert [(t.number, t.state.name) for t in ts] == [(n, "COMPLETE") for n in range(4)]  # trial 2 kept
+    assert [t.values for t in ts[:3]] == [t.values for t in before]
+    assert len([r for r in _ran(tmp_path) if r["event"] == "start"]) == 4  # nothing ran twice
+    by_trial, parents = _mlflow_states(f"sqlite:///{disk}/m.db")
+    assert by_trial == {n: ["FINISHED"] for n in range(4)} and parents == ["FINISHED"], (by_trial, parents)
+    print(f"after resume: mlflow {by_trial}; parents {parents}")

@@ -537,9 +537,9 @@ class _DiskFullRecords:
 
 
 def disk_full_line(storage: str, tracker: Any) -> str:
-    """The one line for a disk that filled up mid-study: each local file of the study's records
-    (Optuna's SQLite file, MLflow's SQLite store and its artifacts, the spool) with the free space
-    left on its disk, and what to do."""
+    """The one line for a disk that filled up mid-study: the local files of the study's records
+    (Optuna's SQLite file, MLflow's SQLite store, the spool) on a disk with under 1 MiB free (all
+    of them, when none is) with the free space left, and what to do."""
     import shutil
 
     files = []
@@ -550,13 +550,17 @@ def disk_full_line(storage: str, tracker: Any) -> str:
     spool = getattr(getattr(tracker, "client", None), "path", None)
     if spool is not None and getattr(tracker.client, "_spool_on", False):
         files.append(str(spool))
-    where = []
+    where, full = [], []
     for f in dict.fromkeys(files):
         try:
             free = shutil.disk_usage(os.path.dirname(os.path.abspath(f)) or ".").free
-            where.append(f"{f} ({free / 2**20:.1f} MiB free)")
         except OSError:
             where.append(f)
+            continue
+        where.append(f"{f} ({free / 2**20:.1f} MiB free)")
+        if free < 2**20:  # the full one(s), when the records are on several disks
+            full.append(where[-1])
+    where = full or where
     return ("disk full while recording the study" + (f" in {', '.join(where)}" if where else "")
             + ": finished trials are kept; free space on that disk (or point --storage / --mlflow-uri "
             "elsewhere) and run the same command: the cut-short trial is settled and run again")
