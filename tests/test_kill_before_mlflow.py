@@ -3,7 +3,9 @@ nothing stays RUNNING). The study runs in a subprocess through a wrapper that ma
 allocopt calls to end a trial's run (:meth:`allocopt.tracking.trials.TrialRuns.finish_trial`,
 or its last step ``_end``, which sets the run's status) SIGKILL its own process on trial N; the
 same command then resumes: Optuna's COMPLETE is kept, the run is reconciled to FINISHED with the
-trial's targets, the trial is not run again, and the study ends with its count.
+trial's targets, the trial is not run again, and the study ends with its count. One case kills
+a step earlier, after the trial's record is written whole but before Optuna's ``tell``: the
+resume finishes it from its record (one line says so), also without running it again.
 """
 
 import os
@@ -38,6 +40,16 @@ def _end(self, run_id, status):
     return orig_end(self, run_id, status)
 
 trials.TrialRuns.finish_trial, trials.TrialRuns._end = finish_trial, _end
+
+import allocopt.study.trial as st
+orig_write_complete = st.write_complete
+
+def write_complete(trial, *a, **kw):
+    orig_write_complete(trial, *a, **kw)
+    if WHERE == "tell" and trial.number == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)  # the record whole, Optuna not yet told
+
+st.write_complete = write_complete
 from allocopt.cli import main
 main()
 '''
@@ -54,8 +66,9 @@ def _start(tmp: Path, f: Path, kill_at: int, where: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow  # two study processes per case, ~25 s each on 2 loaded cores
-@pytest.mark.parametrize("kill_at,where", [(1, "finish_trial"), (2, "finish_trial"), (2, "_end")],
-                         ids=["mid-study-before-finish", "last-trial-before-finish", "last-trial-before-end"])
+@pytest.mark.parametrize("kill_at,where", [(1, "finish_trial"), (2, "finish_trial"), (2, "_end"), (2, "tell")],
+                         ids=["mid-study-before-finish", "last-trial-before-finish", "last-trial-before-end",
+                              "last-trial-before-tell"])
 def test_sigkill_between_optuna_complete_and_mlflow_end(tmp_path, kill_at, where):
     from mlflow import MlflowClient
 
@@ -66,11 +79,13 @@ def test_sigkill_between_optuna_complete_and_mlflow_end(tmp_path, kill_at, where
     out, err = p.communicate(timeout=180)
     assert p.returncode == -9, (p.returncode, err)  # killed by its own SIGKILL
     ts = optuna_trials(tmp_path)
-    assert [(t.number, t.state.name) for t in ts] == [(n, "COMPLETE") for n in range(kill_at + 1)]
+    told = "RUNNING" if where == "tell" else "COMPLETE"  # before tell: the record whole, the trial RUNNING
+    assert [(t.number, t.state.name) for t in ts] == [(n, "COMPLETE") for n in range(kill_at)] + [(kill_at, told)]
     by_trial, _ = mlflow_runs(tmp_path)
     assert by_trial[kill_at] == ["RUNNING"], by_trial  # what the kill left
+    before = [(t.number, t.state.name) for t in ts]
     kept = completed(tmp_path)
-    value = ts[kill_at].values[0]
+    value = ts[kill_at].values[0] if where != "tell" else ts[kill_at].user_attrs["targets"]["pass_at_1"]
 
     t0 = time.time()
     p = _start(tmp_path, f, -1, where)  # the same command, nothing killed
@@ -78,6 +93,8 @@ def test_sigkill_between_optuna_complete_and_mlflow_end(tmp_path, kill_at, where
     resumed_s = time.time() - t0
     assert p.returncode == 0, err
     assert "Traceback" not in err
+    if where == "tell":
+        assert f"1 finished from its record (trial {kill_at})" in err, err
     ts = check_consistent(tmp_path, 3, kept)  # nothing RUNNING, runs match, no allocation twice
     assert [(t.number, t.state.name) for t in ts] == [(n, "COMPLETE") for n in range(3)]  # no re-run
     assert len([r for r in ran(tmp_path) if r["event"] == "start"]) == 3
@@ -88,5 +105,5 @@ def test_sigkill_between_optuna_complete_and_mlflow_end(tmp_path, kill_at, where
     assert run.info.status == "FINISHED" and run.data.tags["allocopt.state"] == "COMPLETE"
     assert run.data.metrics["pass_at_1"] == value  # the trial's targets, from Optuna's record
     by_trial, parents = mlflow_runs(tmp_path)
-    print(f"\n{where} at trial {kill_at}: resumed in {resumed_s:.1f} s; optuna "
+    print(f"\nSIGKILL before {where} at trial {kill_at}: killed state optuna {before}; resumed in {resumed_s:.1f} s; optuna "
           f"{[(t.number, t.state.name) for t in ts]}; mlflow {dict(sorted(by_trial.items()))}; parents {parents}")
