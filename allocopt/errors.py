@@ -21,6 +21,7 @@ error                      base            raised when
 :class:`BudgetExhausted`   RuntimeError    the next iteration could pass the budget
 :class:`TrackingError`     RuntimeError    something did not reach MLflow
 :class:`StorageUnreachable`  RuntimeError  the study's database server stayed away too long
+:class:`DiskFull`          RuntimeError    a disk under the study's records filled up
 =========================  ==============  ===================================================
 """
 
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BudgetExhausted", "ConfigError", "InfeasiblePlan", "ObjectiveUnavailable", "QueryError",
+__all__ = ["BudgetExhausted", "ConfigError", "DiskFull", "InfeasiblePlan", "ObjectiveUnavailable", "QueryError",
            "RunLogError", "StorageError", "StorageUnreachable", "StudyError", "TellError", "TrackingError", "TrialFailed",
-           "TrialScoreError"]
+           "TrialScoreError", "disk_full"]
 
 
 class ConfigError(ValueError):
@@ -104,3 +105,31 @@ class TrackingError(RuntimeError):
 class StorageUnreachable(RuntimeError):
     """The study's database server (PostgreSQL, MySQL) did not answer for the bounded wait
     (:mod:`allocopt.study.reconnect`); the message is one line saying what to do (resume)."""
+
+
+class DiskFull(RuntimeError):
+    """A disk under the study's records (Optuna's SQLite file, MLflow's store, the spool) filled
+    up mid-study; the message is one line naming the files, their free space and what to do
+    (free space, run the same command: finished trials are kept, the cut-short one is settled
+    and run again when the study is next opened, :mod:`allocopt.study.storage`)."""
+
+
+_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether a full disk is in ``error``'s chain (``__cause__`` / ``__context__``): an
+    :class:`OSError` with ``errno`` ENOSPC or EDQUOT, or SQLite's ``database or disk is full``
+    (SQLAlchemy, Optuna and MLflow wrap it in their own errors)."""
+    import errno
+
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(f in str(e).lower() for f in _FULL):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

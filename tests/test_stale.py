@@ -207,3 +207,28 @@ def test_sigkill_during_the_last_trial_then_resume_at_once(tmp_path):
     key = lambda r: (r["rho"], r["group_size"], r["reward"])  # noqa: E731
     assert [key(r) for r in ran(tmp_path) if r["event"] == "start"].count(key(killed)) == 2  # killed + once
     print(f"sigkill during last trial: resumed in {time.time() - t0:.1f} s")
+
+
+def test_disk_full_is_found_in_an_error_chain():
+    """What the study command turns into its one disk-full line (tests/test_disk_full.py runs it
+    on a real tmpfs): ENOSPC / EDQUOT, or SQLite's message wrapped by SQLAlchemy and Optuna."""
+    import errno
+    import sqlite3
+
+    from allocopt.errors import disk_full
+
+    def chained(inner: BaseException, outer: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as e:
+                raise outer from e
+        except BaseException as e:
+            return e
+
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert disk_full(chained(sqlite3.OperationalError("database or disk is full"),
+                             RuntimeError("An exception is raised during the commit.")))
+    assert not disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not disk_full(chained(sqlite3.OperationalError("database is locked"), RuntimeError("commit")))

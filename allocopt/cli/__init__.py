@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""
     import warnings
 
-    from allocopt.errors import StorageUnreachable
+    from allocopt.errors import DiskFull, StorageUnreachable
     from allocopt.plan.allocation import InfeasiblePlan
 
     # a warning is one line ("warning: ..."), like an error, not Python's two with the source line
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, InfeasiblePlan) as e:
         fail(f"error: {e}", 2)
     except StorageUnreachable as e:  # the database server stayed away: what is finished is kept
+        fail(f"error: {e}", 1)
+    except DiskFull as e:  # a disk under the records filled up: what is finished is kept
         fail(f"error: {e}", 1)
     except OSError as e:  # a path that is a folder, exists already, cannot be written
         fail(f"error: {e.filename or ''}: {e.strerror or e}", 2)

@@ -9,9 +9,11 @@ its run tracked by :func:`tracked`.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from typing import Any, Iterator
 
+from allocopt.errors import DiskFull, disk_full
 from allocopt.flops import ConfigError
 from allocopt.tracking.requests import PROBE_TIMEOUT_S, short_mlflow_requests, short_reason  # noqa: F401
 
@@ -501,6 +503,10 @@ def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, wo
         tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow, storage=storage)
     status = "FAILED"  # the parent run is FINISHED only when the work ends normally
     guard = one_interrupt()
+    import logging
+
+    quiet_full = _DiskFullRecords()  # MLflow's store logs each failed write with its traceback
+    logging.getLogger("mlflow.store.db.utils").addFilter(quiet_full)
     try:
         with guard:
             result = work(tracker)
@@ -511,10 +517,61 @@ def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, wo
         status = "KILLED"
         fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
              "to resume", guard.exit_code)
+    except Exception as e:
+        if disk_full(e):
+            raise DiskFull(disk_full_line(storage, tracker)) from None
+        raise
     finally:
         with one_interrupt(raise_first=False):
-            close_tracker(tracker, spec.name, storage, status)
+            try:
+                close_tracker(tracker, spec.name, storage, status)
+            except Exception as e:  # noqa: BLE001
+                if status == "FINISHED":  # the work's own error (above) is the one to report
+                    if disk_full(e):
+                        raise DiskFull(disk_full_line(storage, tracker)) from None
+                    raise
+            finally:
+                logging.getLogger("mlflow.store.db.utils").removeFilter(quiet_full)
     return result, tracker
+
+
+class _DiskFullRecords:
+    """A logging filter that drops records of a full disk (the one line is said once, by
+    :func:`tracked`)."""
+
+    def filter(self, record: Any) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (disk_full(exc) if exc is not None else "database or disk is full" in record.getMessage())
+
+
+def disk_full_line(storage: str, tracker: Any) -> str:
+    """The one line for a disk that filled up mid-study: the local files of the study's records
+    (Optuna's SQLite file, MLflow's SQLite store, the spool) on a disk with under 1 MiB free (all
+    of them, when none is) with the free space left, and what to do."""
+    import shutil
+
+    files = []
+    uris = [storage] + ([tracker.tracking_uri] if tracker is not None else [])
+    for uri in uris:
+        if isinstance(uri, str) and uri.startswith("sqlite:///"):
+            files.append(uri[len("sqlite:///"):].split("?", 1)[0])
+    spool = getattr(getattr(tracker, "client", None), "path", None)
+    if spool is not None and getattr(tracker.client, "_spool_on", False):
+        files.append(str(spool))
+    where, full = [], []
+    for f in dict.fromkeys(files):
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(f)) or ".").free
+        except OSError:
+            where.append(f)
+            continue
+        where.append(f"{f} ({free / 2**20:.1f} MiB free)")
+        if free < 2**20:  # the full one(s), when the records are on several disks
+            full.append(where[-1])
+    where = full or where
+    return ("disk full while recording the study" + (f" in {', '.join(where)}" if where else "")
+            + ": finished trials are kept; free space on that disk (or point --storage / --mlflow-uri "
+            "elsewhere) and run the same command: the cut-short trial is settled and run again")
 
 
 def objective_for_plans(spec: Any) -> Any:
