@@ -89,9 +89,9 @@ class ModelShape:
     v_head_dim: int = 0
     """Width of one value head when it differs from :attr:`head_dim` (MLA); 0: ``head_dim``."""
     model_type: str | None = None
-    """``config.json``'s ``model_type`` (``qwen3_moe``, ``mixtral``, ...); ``None`` for a preset.
-    On a mixture-of-experts model it decides what peft adapts for the MLP names
-    (:meth:`LoRASpec.ranks`)."""
+    """``config.json``'s ``model_type`` (``qwen3_moe``, ``mixtral``, ...) of a mixture-of-experts
+    model, where it decides what peft adapts for the MLP names (:meth:`LoRASpec.ranks`);
+    ``None`` for a dense model or a preset."""
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -188,7 +188,10 @@ class ModelShape:
             max_position_embeddings=_context(config),
             sliding_window=_sliding_window(config),
             window_layers=_window_layers(config),
-            model_type=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+            # kept for a MoE model only (where it decides what peft adapts): a dense shape
+            # stays equal to its preset
+            model_type=config.get("model_type") if extra.get("moe_layers")
+            and isinstance(config.get("model_type"), str) else None,
             **extra,
         )
 
@@ -341,10 +344,8 @@ class ModelShape:
         that are at their defaults (so a dense model's dict is what it was before they
         existed, and fingerprints made from it stay stable)."""
         defaults = {f.name: f.default for f in fields(self)}
-        # model_type decides FLOPs only on a MoE model (peft's MLP-name mapping)
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()
-                if k != "name" and not (k in _EXTENSION_FIELDS and v == defaults[k])
-                and not (k == "model_type" and not self.moe_layers)}
+                if k != "name" and not (k in _EXTENSION_FIELDS and v == defaults[k])}
 
     @property
     def head_matmul_params(self) -> int:
