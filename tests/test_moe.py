@@ -517,7 +517,8 @@ def test_lora_mlp_names_on_moe_as_peft_maps_them(family, targets, adapted):
     """A real peft 0.21.2 ``LoraConfig(target_modules=...)`` under transformers 5 on each shrunk
     family: the modules it adapts and their ranks are what :meth:`LoRASpec.ranks` says (by
     ``config.json``'s ``model_type``), and its forward (no grad) and training pass cost what
-    ``forward_flops`` / ``training_flops`` count, measured with ``FlopCounterMode``. (The
+    ``forward_flops`` / ``training_flops`` count (and with non-reentrant checkpointing),
+    measured with ``FlopCounterMode``. (The
     third column says in words what peft adapts, for the reader; the assertions compare
     peft's own layers.)"""
     torch = pytest.importorskip("torch")
@@ -544,8 +545,13 @@ def test_lora_mlp_names_on_moe_as_peft_maps_them(family, targets, adapted):
         measured, _ = count_flops(lambda: pm(input_ids=ids, use_cache=False))
     assert measured == forward_flops(s, N, **kw)
     pm.train()
-    measured, _ = count_flops(lambda: pm(input_ids=ids, use_cache=False).logits.float().sum().backward())
+    train = lambda: pm(input_ids=ids, use_cache=False).logits.float().sum().backward()  # noqa: E731
+    measured, _ = count_flops(train)
     assert measured == training_flops(s, N, fused_attention=False, **kw)["total"]
+    pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    measured, _ = count_flops(train)
+    assert measured == training_flops(s, N, fused_attention=False, gradient_checkpointing=True,
+                                      **kw)["total"]
 
 
 def test_lora_mlp_names_on_moe_by_hand():
