@@ -140,10 +140,13 @@ def test_moe_by_hand_qwen3_30b_a3b():
 
 
 def test_lora_on_moe_mlp_names_refused_in_one_line():
-    s = ModelShape.from_pretrained(str(CONFIGS / "Mixtral-8x7B-v0.1"))
-    with pytest.raises(ConfigError, match=r"^lora_targets=q_proj,.*: down_proj on a "
-                                          r"mixture-of-experts model is not counted .*"
-                                          r"experts.gate_up_proj,experts.down_proj"):
+    """The MLP names on a MoE model whose model_type is not mapped (here: none given) are
+    refused, naming the explicit targets."""
+    s = dataclasses.replace(ModelShape.from_pretrained(str(CONFIGS / "Mixtral-8x7B-v0.1")),
+                            model_type=None)
+    with pytest.raises(ConfigError, match=r"^lora_targets=all-linear: down_proj on a "
+                                          r"mixture-of-experts model of model_type=None is not "
+                                          r"counted .*experts.gate_up_proj,experts.down_proj"):
         forward_flops(s, 4, lora=LoRASpec(8))
     assert forward_flops(s, 4, lora=LoRASpec(8, ("q_proj", "v_proj"))) > forward_flops(s, 4)
     dense = ModelShape.from_pretrained(str(CONFIGS / "Qwen2.5-32B"))
@@ -222,7 +225,7 @@ def test_lora_on_experts_per_token_by_hand():
     assert forward_flops(s, 5, lora=spec, expert_folds=3) - forward_flops(s, 5) == 3 * fold
 
 
-def test_account_prices_lora_on_experts(cli):
+def test_account_prices_lora_on_experts(cli, tmp_path):
     """The recipe and --lora-targets accept the expert names; verl (vLLM serves the adapters
     per token in rollouts; peft folds them per micro-batch in the actor) and trl-vllm
     (merged for rollouts) price them."""
@@ -235,13 +238,21 @@ def test_account_prices_lora_on_experts(cli):
     attn = price(**kw, lora_targets="q_proj,k_proj,v_proj,o_proj").executed
     both = price(**kw, lora_targets="q_proj,k_proj,v_proj,o_proj,experts,router").executed
     assert both.search_flops > attn.search_flops and both.learning_flops > attn.learning_flops
-    r = cli("account", "--model", model, "--engine", "verl", "--lora-rank", "32", "--prompts", "4",
-            "-G", "8", "--lora-targets", "q_proj,k_proj,v_proj,o_proj,experts,router", "--json")
+    args_all = ("account", "--model", model, "--engine", "verl", "--lora-rank", "32", "--prompts",
+                "4", "-G", "8")
+    r = cli(*args_all, "--lora-targets", "q_proj,k_proj,v_proj,o_proj,experts,router", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total_flops"] == both.total_flops
-    r = cli("account", "--model", model, "--lora-rank", "32", "--lora-targets", "all-linear")
+    # all-linear: peft adapts the experts (gate_up at 2r), the router and attention
+    r = cli(*args_all, "--lora-targets", "all-linear", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total_flops"] == price(**kw, lora_targets="all-linear").executed.total_flops
+    # a MoE config whose model_type is not mapped: one line, naming the explicit targets
+    cfg = json.loads((CONFIGS / "Qwen3-30B-A3B" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "olmoe"}))
+    r = cli("account", "--model", str(tmp_path), "--lora-rank", "32", "--lora-targets", "all-linear")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "experts.gate_up_proj,experts.down_proj" in r.stderr
+    assert "model_type='olmoe'" in r.stderr and "experts.gate_up_proj,experts.down_proj" in r.stderr
 
 
 def test_account_prices_a_moe_model(tmp_path):
@@ -448,3 +459,123 @@ def test_account_reads_micro_batches(cli, tmp_path):
         import_verl(log)
     assert "\n" not in str(e.value)
     assert import_verl(log, micro_batch_size=4, log_prob_micro_batch_size=8).account == same
+
+
+# ------------------------------------------- the MLP names on a MoE model, as peft maps them
+def _peft_adapted(pm) -> dict[tuple[bool, str], int]:
+    """What a real peft model carries: ``(in a MoE layer?, allocopt's module name) → rank``,
+    read from peft's own layers (``LoraLayer.r``; a ``ParamWrapper``'s ``parameter_name``)."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import ParamWrapper
+
+    out: dict[tuple[bool, str], int] = {}
+    for name, mod in pm.named_modules():
+        if not isinstance(mod, LoraLayer) or "default" not in mod.r:
+            continue
+        path = name.split(".layers.", 1)[1].split(".")  # "2.mlp.experts.base_layer" -> parts
+        layer = pm.base_model.model.model.layers[int(path[0])]
+        moe = hasattr(layer.mlp, "experts")
+        if isinstance(mod, ParamWrapper):
+            key = "router" if mod.parameter_name == "weight" else f"experts.{mod.parameter_name}"
+        elif path[1] == "self_attn":
+            key = path[2]
+        elif path[2] == "shared_expert":
+            key = f"shared.{path[3]}"
+        else:  # mlp.gate_proj of a dense layer, mlp.shared_expert_gate
+            key = path[2]
+        out[(moe, key)] = mod.r["default"]
+    return out
+
+
+def _allocopt_adapted(spec: LoRASpec, s: ModelShape) -> dict[tuple[bool, str], int]:
+    ranks = spec.ranks(s)
+    out = {}
+    for moe in ({True, False} if s.num_moe_layers < s.num_layers else {True}):
+        names = {**s.attention_modules(), **s.mlp_modules(moe)}
+        out.update({(moe, m): r for m, r in ranks.items() if m in names})
+    return out
+
+
+_MLP = ["gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.mark.parametrize("family,targets,adapted", [
+    # experts (gate_up at 2r) and the router; layer 1's dense MLP loses its adapters
+    ("qwen3-moe", "all-linear", "attention,experts.gate_up_proj@2r,experts.down_proj,router"),
+    ("qwen3-moe", _MLP, "experts.gate_up_proj@2r,experts.down_proj"),
+    ("qwen3-moe", ["q_proj", "v_proj"] + _MLP, "q_proj,v_proj,experts.gate_up_proj@2r,experts.down_proj"),
+    # no conversion: the shared expert's Linear modules (and its gate under all-linear), and
+    # the dense layer 1's MLP
+    ("qwen2-moe", "all-linear", "attention,shared.*,shared_expert_gate,dense MLP"),
+    ("qwen2-moe", _MLP, "shared.*,dense MLP"),
+    ("mixtral", "all-linear", "attention,experts.gate_up_proj@2r,experts.down_proj,router"),
+    ("mixtral", ["q_proj", "v_proj"] + _MLP, "q_proj,v_proj"),
+    # the shared expert and the dense layer 0 lose their adapters
+    ("deepseek-v3", "all-linear", "MLA attention,experts.gate_up_proj@2r,experts.down_proj,router"),
+    ("deepseek-v3", _MLP, "experts.gate_up_proj@2r,experts.down_proj")])
+def test_lora_mlp_names_on_moe_as_peft_maps_them(family, targets, adapted):
+    """A real peft 0.21.2 ``LoraConfig(target_modules=...)`` under transformers 5 on each shrunk
+    family: the modules it adapts and their ranks are what :meth:`LoRASpec.ranks` says (by
+    ``config.json``'s ``model_type``), and its forward (no grad) and training pass cost what
+    ``forward_flops`` / ``training_flops`` count (and with non-reentrant checkpointing),
+    measured with ``FlopCounterMode``. (The
+    third column says in words what peft adapts, for the reader; the assertions compare
+    peft's own layers.)"""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from tests.flop_utils import count_flops
+
+    cls, cfg, _ = _families()[family]
+    if family == "qwen2-moe":  # a dense layer too (mlp_only_layers), to see it keep its adapters
+        d = {k: v for k, v in cfg.to_dict().items() if k != "layer_types"}
+        cfg = type(cfg)(**{**d, "num_hidden_layers": 3, "mlp_only_layers": [1]})
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "batched_mm"
+    s = ModelShape.from_config(cfg.to_dict())
+    assert s.model_type == cfg.model_type
+    spec = LoRASpec(4, targets if isinstance(targets, str) else ",".join(targets))
+    torch.manual_seed(0)
+    pm = get_peft_model(cls(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    assert _peft_adapted(pm) == _allocopt_adapted(spec, s)
+    ids = torch.randint(0, 97, (1, N), generator=torch.Generator().manual_seed(0))
+    kw = dict(num_logits=N, attention="full", lora=spec, expert_folds=1)
+    with torch.no_grad():
+        measured, _ = count_flops(lambda: pm(input_ids=ids, use_cache=False))
+    assert measured == forward_flops(s, N, **kw)
+    pm.train()
+    train = lambda: pm(input_ids=ids, use_cache=False).logits.float().sum().backward()  # noqa: E731
+    measured, _ = count_flops(train)
+    assert measured == training_flops(s, N, fused_attention=False, **kw)["total"]
+    pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    measured, _ = count_flops(train)
+    assert measured == training_flops(s, N, fused_attention=False, gradient_checkpointing=True,
+                                      **kw)["total"]
+
+
+def test_lora_mlp_names_on_moe_by_hand():
+    """Qwen3-30B-A3B, ``all-linear`` at rank 8, one token's forward, the per-token path: peft
+    adapts q, k, v, o (rank 8), the fused experts' gate_up (rank 16: gate and up fused) and
+    down (rank 8) of the 8 routed experts, and the router (rank 8), in all 48 layers."""
+    s = ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B"))
+    attn = 2 * 8 * ((2048 + 4096) + 2 * (2048 + 512) + (4096 + 2048))
+    experts = 8 * (2 * 16 * (2048 + 1536) + 2 * 8 * (768 + 2048))
+    router = 2 * 8 * (2048 + 128)
+    assert forward_flops(s, 1, lora=LoRASpec(8, "all-linear")) - forward_flops(s, 1) == \
+        48 * (attn + experts + router)
+
+
+def test_lora_mlp_names_refused_where_peft_refuses_or_unknown():
+    mixtral = ModelShape.from_pretrained(str(CONFIGS / "Mixtral-8x7B-v0.1"))
+    with pytest.raises(ConfigError, match=r"^lora_targets=gate_proj,up_proj,down_proj: "
+                                          r"model_type='mixtral' has no module named"):
+        forward_flops(mixtral, 4, lora=LoRASpec(8, "gate_proj,up_proj,down_proj"))
+    qwen3 = ModelShape.from_pretrained(str(CONFIGS / "Qwen3-30B-A3B"))
+    with pytest.raises(ConfigError, match=r"gate_proj without up_proj: peft refuses"):
+        forward_flops(qwen3, 4, lora=LoRASpec(8, "q_proj,gate_proj"))
+    unknown = dataclasses.replace(qwen3, model_type="olmoe")
+    with pytest.raises(ConfigError, match=r"^lora_targets=all-linear: down_proj on a mixture-of-"
+                                          r"experts model of model_type='olmoe' is not counted .*"
+                                          r"experts.gate_up_proj,experts.down_proj"):
+        forward_flops(unknown, 4, lora=LoRASpec(8))

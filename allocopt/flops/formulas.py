@@ -162,7 +162,8 @@ def backward_flops(
         head = 2 * head_fwd
         return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
 
-    targets, r = lora.adapted(shape), lora.rank
+    ranks = lora.ranks(shape)
+    targets = frozenset(ranks)
     attn_mods = shape.attention_modules()
     folded = frozenset(lora.fold_parts(shape)) if expert_folds else frozenset()
 
@@ -183,6 +184,7 @@ def backward_flops(
                 cost += 2 * d_in * d_out * num_tokens * uses
                 cost += 2 * lora.fold_parts(shape)[name] * expert_folds
             elif name in targets:  # per token (each of the `uses` routed experts)
+                r = ranks[name]
                 cost += 2 * r * d_out * num_tokens * 2 * uses  # B: weight grad + grad of A·x
                 cost += 2 * r * d_in * num_tokens * uses  # A: weight grad
                 if input_grad:
@@ -305,10 +307,10 @@ def _unsaved_last_matmul(shape: ModelShape, lora: LoRASpec | None) -> int:
     (DeepSeek: added to the routed output). A MoE layer without one ends in the routed
     experts, whose output the routing-weight product saves; a gated shared expert's output is
     saved by the gate's product: those layers rerun whole."""
-    t = lora.adapted(shape) if lora else frozenset()
+    t = lora.ranks(shape) if lora else {}
 
     def last(name: str, d_in: int, d_out: int) -> int:
-        return 2 * lora.rank * d_out if lora is not None and name in t else 2 * d_in * d_out
+        return 2 * t[name] * d_out if name in t else 2 * d_in * d_out
 
     f, d = shape.intermediate_size, shape.hidden_size
     dense = last("down_proj", f, d)

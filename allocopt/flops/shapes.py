@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Literal, Mapping
 
 HeadKind = Literal["lm", "score", "prm", "value"]
@@ -88,6 +88,10 @@ class ModelShape:
     :attr:`head_dim` is the whole query/key width ``qk_nope_head_dim + qk_rope_head_dim``."""
     v_head_dim: int = 0
     """Width of one value head when it differs from :attr:`head_dim` (MLA); 0: ``head_dim``."""
+    model_type: str | None = None
+    """``config.json``'s ``model_type`` (``qwen3_moe``, ``mixtral``, ...) of a mixture-of-experts
+    model, where it decides what peft adapts for the MLP names (:meth:`LoRASpec.ranks`);
+    ``None`` for a dense model or a preset."""
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -126,6 +130,8 @@ class ModelShape:
                 f"num_kv_heads={self.num_kv_heads}: must divide num_heads={self.num_heads}")
         if self.head not in ("lm", "score", "prm", "value"):
             raise ConfigError(f"head={self.head!r}: must be one of lm, score, prm, value")
+        if self.model_type is not None and not isinstance(self.model_type, str):
+            raise ConfigError(f"model_type={self.model_type!r}: must be a string")
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -182,6 +188,10 @@ class ModelShape:
             max_position_embeddings=_context(config),
             sliding_window=_sliding_window(config),
             window_layers=_window_layers(config),
+            # kept for a MoE model only (where it decides what peft adapts): a dense shape
+            # stays equal to its preset
+            model_type=config.get("model_type") if extra.get("moe_layers")
+            and isinstance(config.get("model_type"), str) else None,
             **extra,
         )
 
@@ -392,11 +402,20 @@ class LoRASpec:
     is the seven of :data:`MODULES`), and on a mixture-of-experts model the fused expert
     weights and the router by their :data:`EXPERT_MODULES` names (peft ``target_parameters``)."""
 
+    all_linear: bool = field(default=False, init=False)
+    """The targets were given as ``all-linear`` (or are the default seven, :data:`MODULES`, as a
+    tuple); names written out, even all seven, are not (peft adds the router of a converted
+    mixture-of-experts model, and Qwen2-MoE's ``shared_expert_gate``, only for ``all-linear``)."""
+
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ConfigError(f"lora_rank={self.rank!r}: must be a positive integer")
         if isinstance(self.target_modules, str):
+            object.__setattr__(self, "all_linear", self.target_modules.strip() in ("all-linear", "all"))
             object.__setattr__(self, "target_modules", _parse_targets(self.target_modules))
+        else:
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+            object.__setattr__(self, "all_linear", self.target_modules == MODULES)
         allowed = MODULES + MLA_MODULES + EXPERT_MODULES
         bad = [m for m in self.target_modules if m not in allowed]
         if bad or not self.target_modules:
@@ -405,36 +424,95 @@ class LoRASpec:
 
     def adapted(self, shape: ModelShape) -> frozenset[str]:
         """Names of ``shape``'s layer modules (:meth:`ModelShape.attention_modules`,
-        :meth:`ModelShape.mlp_modules`) that carry an adapter: the names given, as peft matches
-        them (on an MLA model ``all-linear`` also covers ``q_a_proj``, ``q_b_proj``,
-        ``kv_a_proj_with_mqa`` and ``kv_b_proj``).
+        :meth:`ModelShape.mlp_modules`) that carry an adapter: the keys of :meth:`ranks`.
 
         Raises:
-            ConfigError: expert targets on a dense model; ``gate_proj``/``up_proj``/``down_proj``
-                (or ``all-linear``) on a mixture-of-experts model: what peft then adapts depends
-                on the model type (peft 0.21.2 with transformers 5 turns them into
-                ``target_parameters`` on the fused experts, ``gate_up_proj`` at rank ``2r``, for
-                Qwen3-MoE and DeepSeek, into nothing for Mixtral, whose v4 names were
-                ``w1/w2/w3``, and into the shared expert only for Qwen2-MoE; the dense layers'
-                MLPs lose their adapters): name the expert weights instead."""
+            ConfigError: as :meth:`ranks`."""
+        return frozenset(self.ranks(shape))
+
+    def ranks(self, shape: ModelShape) -> dict[str, int]:
+        """Each adapted module of ``shape``'s layers (names of
+        :meth:`ModelShape.attention_modules`, :meth:`ModelShape.mlp_modules`) → its adapter's
+        rank, as peft 0.21 with transformers 5 adapts them: the names given, on an MLA model
+        ``all-linear`` also ``q_a_proj``, ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``.
+
+        On a mixture-of-experts model the MLP names (``gate_proj``, ``up_proj``,
+        ``down_proj``; ``all-linear`` names them all) go where peft sends them, per
+        :attr:`ModelShape.model_type` (:data:`PEFT_MOE_CONVERSION`; peft
+        ``peft/utils/transformers_weight_conversion.py``, ``_convert_peft_config_moe``, run by
+        ``BaseTuner.inject_adapter`` under transformers 5):
+
+        * ``qwen3_moe``, ``deepseek_v3`` (transformers ``conversion_mapping.
+          _MODEL_TO_CONVERSION_PATTERN`` → ``qwen2_moe``): ``gate_proj`` + ``up_proj`` become
+          ``target_parameters`` ``gate_up_proj`` at rank ``2r`` (peft's ``rank_pattern``: the
+          two fused), ``down_proj`` becomes ``down_proj`` at ``r``; the names leave
+          ``target_modules``, so the dense layers' MLPs and DeepSeek's shared experts lose
+          their adapters; ``all-linear`` adds the router (``gate`` → ``gate.weight``).
+        * ``mixtral`` (peft adds it to that table): ``all-linear`` adapts ``gate_up_proj`` at
+          ``2r``, ``down_proj`` and the router (its v4 names ``w1``, ``w3``, ``w2``,
+          ``gate``); the written-out MLP names match nothing (peft refuses them when nothing
+          else is targeted).
+        * ``qwen2_moe`` (no conversion): the names match the ``nn.Linear`` modules that have
+          them, the shared expert's and any dense layer's; ``all-linear`` also the shared
+          expert's gate (``Linear(d, 1)``); the fused experts and the router are not adapted.
+
+        Measured with real peft adapters on each family (tests/test_moe.py).
+
+        Raises:
+            ConfigError: expert targets on a dense model; MLP names on a mixture-of-experts
+                model whose ``model_type`` is not one of the above (the line names the
+                explicit targets); ``gate_proj`` without ``up_proj`` (or the other way) where
+                peft fuses them (peft raises); on Mixtral, written-out MLP names alone."""
         t = set(self.target_modules)
-        if shape.kv_lora_rank and self.target_modules == MODULES:  # all-linear: every projection
+        if shape.kv_lora_rank and self.all_linear:  # all-linear: every projection
             t |= set(MLA_MODULES)
         mlp = t & {"gate_proj", "up_proj", "down_proj"}
         experts = t & set(EXPERT_MODULES)
-        if shape.moe_layers and mlp:
-            attn = ",".join(shape.attention_modules())
-            raise ConfigError(
-                f"lora_targets={','.join(self.target_modules)}: {sorted(mlp)[0]} on a "
-                "mixture-of-experts model is not counted (peft maps the MLP names onto the fused "
-                "experts differently per model type); name what carries an adapter: "
-                f"{attn},experts.gate_up_proj,experts.down_proj[,router] (peft target_modules "
-                "plus target_parameters), or fine-tune fully (lora_rank=0)")
+        targets = ",".join(self.target_modules) if not self.all_linear else "all-linear"
         if experts and not shape.moe_layers:
-            raise ConfigError(f"lora_targets={','.join(self.target_modules)}: "
+            raise ConfigError(f"lora_targets={targets}: "
                               f"{sorted(experts)[0]}: {shape.name} has no mixture-of-experts "
                               "layers; allowed: " + ", ".join(MODULES))
-        return frozenset(t)
+        r = self.rank
+        out = {m: r for m in t - mlp}
+        if not (shape.moe_layers and mlp):
+            return {**out, **{m: r for m in mlp}}
+        kind = shape.model_type
+        if kind not in PEFT_MOE_CONVERSION:
+            attn = ",".join(shape.attention_modules())
+            raise ConfigError(
+                f"lora_targets={targets}: {sorted(mlp)[0]} on a mixture-of-experts model of "
+                f"model_type={kind!r} is not counted (peft maps the MLP names per model type; "
+                f"counted: {', '.join(PEFT_MOE_CONVERSION)}); name what carries an adapter: "
+                f"{attn},experts.gate_up_proj,experts.down_proj[,router] (peft target_modules "
+                "plus target_parameters), or fine-tune fully (lora_rank=0)")
+        pattern = PEFT_MOE_CONVERSION[kind]
+        if pattern is None:  # qwen2_moe: plain nn.Linear matching, shared expert and dense MLPs
+            out.update({m: r for m in mlp})
+            if shape.shared_expert_intermediate_size:
+                out.update({f"shared.{m}": r for m in mlp})
+                if self.all_linear and shape.shared_expert_gate:
+                    out["shared_expert_gate"] = r
+            return out
+        if pattern == "mixtral" and not self.all_linear:
+            if not out:
+                raise ConfigError(
+                    f"lora_targets={targets}: model_type={kind!r} has no module named "
+                    f"{sorted(mlp)[0]} (peft: target modules not found; its experts are "
+                    "experts.gate_up_proj,experts.down_proj, its router router)")
+            return out  # the MLP names match nothing
+        if pattern == "qwen2_moe" and len(mlp & {"gate_proj", "up_proj"}) == 1:
+            raise ConfigError(f"lora_targets={targets}: {sorted(mlp & {'gate_proj', 'up_proj'})[0]} "
+                              f"without {sorted({'gate_proj', 'up_proj'} - mlp)[0]}: peft refuses "
+                              f"on model_type={kind!r} (they are fused into experts.gate_up_proj); "
+                              "name both or neither")
+        if self.all_linear or {"gate_proj", "up_proj"} <= mlp:
+            out["experts.gate_up_proj"] = 2 * r  # peft rank_pattern: the two fused
+        if "down_proj" in mlp:
+            out["experts.down_proj"] = r
+        if self.all_linear:
+            out["router"] = r
+        return out
 
     def adapter_flops_per_token(self, shape: ModelShape, *, folded: bool = False) -> int:
         """Forward FLOPs of all adapters of the model per token: ``Σ 2·r·(d_in + d_out)·uses``
@@ -443,14 +521,14 @@ class LoRASpec:
         path, vLLM's fused-MoE LoRA). ``folded``: the expert and router adapters are folded
         into their weights once per forward call instead (:meth:`fold_flops`) and cost
         nothing per token."""
-        t = self.adapted(shape)
+        ranks = self.ranks(shape)
         if folded:
-            t = t - set(EXPERT_MODULES)
+            ranks = {m: r for m, r in ranks.items() if m not in EXPERT_MODULES}
 
         def layer(moe: bool) -> int:
             mods = {**{m: (i, o, 1) for m, (i, o) in shape.attention_modules().items()},
                     **shape.mlp_modules(moe)}
-            return sum(2 * self.rank * (i + o) * u for m, (i, o, u) in mods.items() if m in t)
+            return sum(2 * ranks[m] * (i + o) * u for m, (i, o, u) in mods.items() if m in ranks)
 
         n_moe = shape.num_moe_layers
         return (shape.num_layers - n_moe) * layer(False) + n_moe * layer(True)
@@ -462,11 +540,11 @@ class LoRASpec:
         experts, one ``baddbmm`` of ``E x d_in x r`` by ``E x r x d_out``:
         ``2·E·d_in·d_out·r``; the router ``W + s·B·A``: one ``d_out x r`` by ``r x d_in``
         product, ``2·d·E·r``."""
-        t = self.adapted(shape) & set(EXPERT_MODULES)
+        ranks = self.ranks(shape)
         mods = shape.mlp_modules(True)
-        E, r = shape.num_experts, self.rank
-        return {m: (2 * (1 if m == "router" else E) * mods[m][0] * mods[m][1] * r)
-                for m in EXPERT_MODULES if m in t}
+        E = shape.num_experts
+        return {m: (2 * (1 if m == "router" else E) * mods[m][0] * mods[m][1] * ranks[m])
+                for m in EXPERT_MODULES if m in ranks}
 
     def fold_flops(self, shape: ModelShape) -> int:
         """Forward FLOPs of one call's folds over all MoE layers (peft ``ParamWrapper``): each
@@ -485,14 +563,14 @@ class LoRASpec:
         (:meth:`adapted`) of every layer (a fused expert stack: its ``E`` experts' products). peft's ``merge_adapter`` and ``unmerge_adapter`` each
         run it (``LoraLayer.get_delta_weight``); the scaling and the add to the base weight are
         elementwise, not counted."""
-        t = self.adapted(shape)
+        ranks = self.ranks(shape)
 
         def layer(moe: bool) -> int:
             mods = {**shape.attention_modules(),
                     **{m: (i, o) for m, (i, o, _) in shape.mlp_modules(moe).items()}}
             # a fused expert stack forms all E experts' updates (peft ParamWrapper); the router one
-            return sum(2 * self.rank * i * o * (shape.num_experts if m in EXPERT_MODULES and m != "router" else 1)
-                       for m, (i, o) in mods.items() if m in t)
+            return sum(2 * ranks[m] * i * o * (shape.num_experts if m in EXPERT_MODULES and m != "router" else 1)
+                       for m, (i, o) in mods.items() if m in ranks)
 
         n_moe = shape.num_moe_layers
         return (shape.num_layers - n_moe) * layer(False) + n_moe * layer(True)
@@ -508,10 +586,18 @@ routed experts' fused ``gate_up_proj`` (``E x 2·f_e x d`` in transformers 5) an
 weights, and the router's ``gate.weight`` (peft ``target_parameters``
 ``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``, ``mlp.gate.weight``)."""
 
+PEFT_MOE_CONVERSION: dict[str, str | None] = {
+    "qwen3_moe": "qwen2_moe", "deepseek_v3": "qwen2_moe", "mixtral": "mixtral", "qwen2_moe": None}
+"""``model_type`` → the pattern by which peft 0.21.2 under transformers 5 re-targets the MLP
+names of a mixture-of-experts model (transformers ``conversion_mapping.
+_MODEL_TO_CONVERSION_PATTERN``, to which peft's ``utils/transformers_weight_conversion.py``
+adds ``mixtral``; ``None``: not converted). The model types measured here
+(:meth:`LoRASpec.ranks`); others are refused."""
+
 _EXTENSION_FIELDS = frozenset({
     "window_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_layers",
     "shared_expert_intermediate_size", "shared_expert_gate", "q_lora_rank", "kv_lora_rank",
-    "qk_rope_head_dim", "v_head_dim"})
+    "qk_rope_head_dim", "v_head_dim", "model_type"})
 
 _ENC_DEC_KEYS = ("encoder_layers", "num_decoder_layers", "decoder_layers")
 
@@ -673,6 +759,7 @@ def preset_names() -> list[str]:
 
 
 __all__ = ["ConfigError", "EXPERT_MODULES", "HeadKind", "LoRASpec", "MLA_MODULES", "MODULES", "ModelShape",
+           "PEFT_MOE_CONVERSION",
            "preset_names"]
 
 
