@@ -111,7 +111,7 @@ class DiskFull(RuntimeError):
     """A disk under the study's records (Optuna's SQLite file, MLflow's store, the spool) filled
     up mid-study; the message is one line naming the files, their free space and what to do
     (free space, run the same command: finished trials are kept, the cut-short one is settled
-    and run again when the study is next opened, :mod:`allocopt.study.storage`)."""
+    and run again when the study is next opened, :mod:`allocopt.study.settle`)."""
 
 
 _FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")

@@ -13,7 +13,8 @@ import optuna
 import pytest
 
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study.storage import StorageError, heartbeat, heartbeat_settings, redact_url
+from allocopt.study.hold import heartbeat, heartbeat_settings
+from allocopt.study.storage import StorageError, redact_url
 from allocopt.study.open import StudyError, open_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def test_opening_never_touches_running_trials_postgres(pg_database, monkeypatch)
     stale one (no heartbeat for the grace period) is failed and retried exactly once."""
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
-    from allocopt.study.storage import fail_stale
+    from allocopt.study.hold import fail_stale
 
     a = open_study(_spec(), pg_database)
     dist = {"rho": optuna.distributions.FloatDistribution(0.2, 0.9)}

@@ -179,7 +179,8 @@ def test_running_full_counts_live_workers_only(tmp_path, monkeypatch):
     from allocopt.spec import SearchSpace, StudySpec
     from allocopt.study.loop import running_full
     from allocopt.study.open import open_study
-    from allocopt.study.storage import WORKER_ATTR, storage_of
+    from allocopt.study.handles import storage_of
+    from allocopt.study.hold import WORKER_ATTR
 
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "2")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "600")

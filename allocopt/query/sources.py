@@ -56,7 +56,7 @@ def study_names(storage: str) -> list[str]:
 
 def open_study_for_query(storage: str, study_name: str) -> Any:
     """The Optuna study ``study_name`` in ``storage``, loaded (never created), with what
-    stopped workers left settled first (:func:`allocopt.study.storage.reconcile_on_open`; best
+    stopped workers left settled first (:func:`allocopt.study.settle.reconcile_on_open`; best
     effort: a store that cannot be written is read as it is).
 
     Raises:
@@ -71,7 +71,9 @@ def open_study_for_query(storage: str, study_name: str) -> Any:
 
         raise QueryError(f"study={study_name!r}: not found in {redact_url(storage)}; known: {', '.join(names) or 'none'}")
     try:  # settle what stopped workers left, as every opening does (best effort: a read-only
-        from allocopt.study.storage import make_storage, reconcile_on_open, register  # store is still read)
+        from allocopt.study.handles import register  # store is still read)
+        from allocopt.study.settle import reconcile_on_open
+        from allocopt.study.storage import make_storage
 
         store = make_storage(storage)
         study = optuna.load_study(study_name=study_name, storage=store)

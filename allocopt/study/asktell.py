@@ -3,7 +3,7 @@ config, and record what came back (tell).
 
 ``ask`` reserves trials with Optuna's ``study.ask()`` (the study's own sampler, so pilots and
 proposals are what a worker would run) and leaves them RUNNING *without* a heartbeat, which
-:mod:`allocopt.study.storage` reads as "reserved for a run launched elsewhere": no worker fails them.
+:mod:`allocopt.study.hold` reads as "reserved for a run launched elsewhere": no worker fails them.
 Each gets a plan (:func:`allocopt.plan.allocation.make_plan`) realized with whole update passes,
 as TRL (``num_iterations``) and verl (``ppo_epochs``) run them: the whole-pass count nearest the
 plan's ρ, and the iterations that count buys within the budget (:class:`AskedRun`). Neither
@@ -186,7 +186,7 @@ def release(study: Any, numbers: list[int]) -> list[int]:
     """Give back trials reserved by a command that then failed (an unwritable ``--out``, an
     error, Ctrl-C): each still RUNNING is failed as interrupted
     (:func:`allocopt.record.write_interrupted`), so the next opening of the study enqueues its
-    work to be asked again (:func:`allocopt.study.storage.requeue_interrupted`) instead of
+    work to be asked again (:func:`allocopt.study.settle.requeue_interrupted`) instead of
     leaving it RUNNING for ever. Best effort per trial.
 
     Returns:
@@ -196,7 +196,7 @@ def release(study: Any, numbers: list[int]) -> list[int]:
     from optuna.trial import TrialState
 
     from allocopt.record import write_interrupted
-    from allocopt.study.storage import trial_handle
+    from allocopt.study.handles import trial_handle
 
     done = []
     for number in numbers:
@@ -363,7 +363,8 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     """
     import optuna
 
-    from allocopt.study.storage import sqlite_file_lock, trial_handle
+    from allocopt.study.handles import trial_handle
+    from allocopt.study.storage import sqlite_file_lock
 
     rec = TrialRecord.of(frozen)
     budget = rec.budget(spec.budget_flops)

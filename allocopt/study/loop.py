@@ -10,7 +10,7 @@ avoid it. A feasible one runs the objective; its targets and breakdown go into t
 user attributes and into MLflow (:mod:`allocopt.tracking`). A trial that raises is failed in
 Optuna and MLflow with its error and the study goes on. Running the same study name again
 resumes it: finished trials are kept; Ctrl-C marks the running trial failed, a killed worker's
-trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.study.storage`).
+trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.study.hold`, :mod:`allocopt.study.settle`).
 
 The loop is here (:func:`run_study`, and :func:`dry_run`); opening a study is
 :mod:`allocopt.study.open`, running and recording one trial :mod:`allocopt.study.trial`.
@@ -101,7 +101,8 @@ def run_study(
 
     from allocopt.objective import objective_targets
     from allocopt.study.sampler import RaceSampler
-    from allocopt.study.storage import on_stale, worker_trial
+    from allocopt.study.hold import worker_trial
+    from allocopt.study.settle import on_stale
 
     try:
         declared = objective_targets(getattr(objective, "name", spec.objective))
@@ -199,11 +200,11 @@ def finished_full(study: Any) -> int:
 
 
 def running_full(study: Any, *, below: int | None = None) -> int:
-    """Full-budget trials workers are running now (:func:`allocopt.study.storage.live_trials`:
+    """Full-budget trials workers are running now (:func:`allocopt.study.hold.live_trials`:
     named by a live worker, or just asked; not reserved by ``allocopt ask``, not stale), a
     RACE trial still being sampled counted as full; ``below``: numbered below it."""
     from allocopt.record import fidelity_of
-    from allocopt.study.storage import live_trials
+    from allocopt.study.hold import live_trials
 
     return sum(1 for t in live_trials(study, below=below) if fidelity_of(t) == "full")
 
@@ -214,13 +215,14 @@ def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None,
     (:func:`finished_full` + :func:`running_full` reach it, this worker has nothing to run):
     ``--trials T`` is the total over every worker, none starts a trial beyond it. Every poll
     (``poll_s``, default the heartbeat interval, seconds) settles dead workers' trials
-    (:func:`allocopt.study.storage.reconcile_on_open`): a killed worker's trial is failed and
+    (:func:`allocopt.study.settle.reconcile_on_open`): a killed worker's trial is failed and
     its re-run queued, which this worker then runs; one interrupted, or one that fails to
     start, leaves room for a new trial. ``on_wait(finished, running)`` is called when the wait
     begins. Returns the number of polls."""
     import time
 
-    from allocopt.study.storage import heartbeat_settings, reconcile_on_open
+    from allocopt.study.hold import heartbeat_settings
+    from allocopt.study.settle import reconcile_on_open
 
     poll = heartbeat_settings()[0] if poll_s is None else poll_s
     polls = 0

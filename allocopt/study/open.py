@@ -128,7 +128,7 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
     :class:`~optuna.samplers.RandomSampler` (seeded ``spec.seed``) until the caller sets
     ``study.sampler`` (:func:`make_sampler`; the loop does). ``storage`` ``None``: in memory.
 
-    Opening settles what stopped workers left (:func:`allocopt.study.storage.reconcile_on_open`:
+    Opening settles what stopped workers left (:func:`allocopt.study.settle.reconcile_on_open`:
     a gone worker's trial finished from its whole record or failed and run again once, stale
     ones after the grace period, Ctrl-C'd ones enqueued to run again); it never touches a live
     worker's RUNNING trial or a trial reserved by ``allocopt ask``.
@@ -139,7 +139,9 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
     """
     import optuna
 
-    from allocopt.study.storage import StorageError, make_storage, reconcile_on_open, redact_url, register
+    from allocopt.study.handles import register
+    from allocopt.study.settle import reconcile_on_open
+    from allocopt.study.storage import StorageError, make_storage, redact_url
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact_url(storage)
