@@ -256,6 +256,11 @@ def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path, rho: f
     plan = make_plan(one.per_iteration.executed.total_flops * (iterations + 0.5), alloc, w)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
 
+    # torch's FlopCounterMode counts 0 for the CPU SDPA kernels unless taught them (the tests' helper)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from flop_utils import register_cpu_sdpa_flops
+
+    register_cpu_sdpa_flops()
     counter = FlopCounterMode(display=False)
     outside = {"vllm": 0}
 
