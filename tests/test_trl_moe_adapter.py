@@ -76,6 +76,10 @@ def test_saved_peft_adapter_imports_as_the_direct_account(family, lora, direct, 
     # the adapter is read, not defaulted: other targets cost otherwise
     assert run.account.executed.total_flops != \
         import_trl(folder, lora_targets="o_proj").account.executed.total_flops
+    # a live run (the callback) reads the trainer's own peft config: the same targets
+    from allocopt.runlogs.live import _adapter
+    from allocopt.runlogs.trl import adapter_targets
+    assert adapter_targets(_adapter(pm), 4) == run.settings["lora_targets"]
     r = cli("account", "--from-trl", str(folder), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total_flops"] == same.account.executed.total_flops

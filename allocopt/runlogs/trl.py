@@ -91,6 +91,10 @@ def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_confi
                               "modules only are not counted; allowed: null")
     targets = adapter.get("target_modules")
     params = adapter.get("target_parameters") or []
+    if isinstance(targets, (set, frozenset, tuple)):  # a live peft config's (not from JSON)
+        targets = sorted(targets)
+    if isinstance(params, (set, frozenset, tuple)):
+        params = sorted(params)
     if targets is not None and not isinstance(targets, (str, list)):
         raise RunLogError(f"{aname}: target_modules={targets!r}: must be a string or a list")
     if not isinstance(params, list):
