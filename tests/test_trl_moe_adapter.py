@@ -123,3 +123,21 @@ def test_unmappable_adapter_is_one_line_exit_2(fields, says, tmp_path, cli):
     r = cli("account", "--from-trl", str(folder))
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
+
+
+def test_module_paths_on_some_layers_only_refused(tmp_path, cli):
+    """peft saves module paths (the shipped dense run: all seven on both layers); a name on
+    one layer of two would be counted on both, so it is refused in one line."""
+    adapter = json.loads((TRL / "adapter_config.json").read_text())
+    base = json.loads((TRL / "base" / "config.json").read_text())
+    (tmp_path / "a").mkdir()
+    whole = _folder(tmp_path / "a", adapter, base)
+    assert import_trl(whole).settings["lora_targets"] == ",".join(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    part = dict(adapter, target_modules=[t for t in adapter["target_modules"]
+                                         if t != "model.layers.1.self_attn.q_proj"])
+    (tmp_path / "b").mkdir()
+    folder = _folder(tmp_path / "b", part, base)
+    r = cli("account", "--from-trl", str(folder))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "target_modules: q_proj on layers [0] of 2" in r.stderr

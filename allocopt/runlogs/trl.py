@@ -289,6 +289,8 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     settings, batches_every = _config_settings(config, given)
     settings.update(_adapter_settings(adapter, adapter_file, given, src, read, assumed))
     settings.update(given)
+    if adapter is not None and "lora_targets" not in given and settings.get("lora_rank"):
+        _check_path_layers(adapter, settings["model"], adapter_file, src)
     if "prompts" in given:  # the rollout batch over all processes, so no world size to assume
         assumed.pop("world_size", None)
     rows = settings["prompts"] * settings["group_size"]
@@ -307,6 +309,39 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     return ImportedRun(account=acct, steps=round(log.batches), engine=settings["engine"],
                        fields_read=read, fields_assumed=assumed, phase_seconds=None,
                        num_devices=None, source=src, settings=settings)
+
+
+def _check_path_layers(adapter: dict[str, Any], model: str, adapter_file: Path | None, src: str) -> None:
+    """``target_modules`` given as module paths (``model.layers.3.self_attn.q_proj``, as peft
+    saves ``all-linear`` where names repeat) are counted on every layer
+    (:func:`adapter_targets`); so each name must be on every layer of ``model`` (an MLP name of
+    a mixture-of-experts model: on every dense layer at least, the routed ones having none).
+    Raises :class:`RunLogError` in one line for paths on some layers only."""
+    from allocopt.flops import ConfigError
+    from allocopt.plan.hub import model_shape
+
+    targets = adapter.get("target_modules")
+    layers: dict[str, set[int]] = {}
+    for t in targets if isinstance(targets, (list, tuple, set, frozenset)) else []:
+        m = re.search(r"(?:^|\.)layers\.(\d+)\.", str(t))
+        if m:
+            layers.setdefault(str(t).rsplit(".", 1)[-1], set()).add(int(m.group(1)))
+    if not layers:
+        return
+    try:
+        shape = model_shape(model)
+    except ConfigError as e:
+        raise RunLogError(f"from_trl={src!r}: {e}") from None
+    every = set(range(shape.num_layers))
+    moe = set(shape.moe_layers or ())
+    aname = adapter_file.name if adapter_file else "adapter_config.json"
+    for name, seen in sorted(layers.items()):
+        need = every - moe if moe and name in ("gate_proj", "up_proj", "down_proj") else \
+            moe if name == "shared_expert_gate" else every
+        if not need <= seen <= every:
+            raise RunLogError(f"{aname}: target_modules: {name} on layers {sorted(seen)} of "
+                              f"{shape.num_layers}: adapters on some layers only are not counted; "
+                              "allowed: the name on every layer")
 
 
 class _ConfigReader:
