@@ -31,18 +31,131 @@ steps_per_generation / gradient_accumulation_steps`` optimizer steps.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from allocopt.flops.grpo import ENGINES
+from allocopt.flops.shapes import EXPERT_MODULES, MLA_MODULES, MODULES
 from allocopt.runlogs.argsfile import read_training_args
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
                                      as_number, check_overrides)
 from allocopt.limits import MAX_CONFIG_BYTES, MAX_STATE_BYTES, read_json
 from allocopt.plan.setup import RUNNERS
 
-MODULE_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MODULE_NAMES = MODULES
+"""The seven projections ``all-linear`` names on a dense model (:data:`~allocopt.flops.shapes.MODULES`)."""
+
+_PARAM_SUFFIXES: dict[str, str] = {"gate_up_proj": "experts.gate_up_proj",
+                                   "down_proj": "experts.down_proj", "gate.weight": "router"}
+"""peft ``target_parameters`` (matched, as peft does, by the parameter path's suffix) ->
+allocopt's :data:`~allocopt.flops.shapes.EXPERT_MODULES` names: the fused routed experts
+(``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``; peft's conversion writes the bare
+``gate_up_proj``, ``down_proj``) and the router (``mlp.gate.weight``)."""
+
+_ATTENTION_SETS = (frozenset(MODULES[:4]), frozenset(("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                                                     "kv_b_proj", "o_proj")))
+"""The attention projections ``all-linear`` adapts: standard, and multi-head latent attention."""
+
+
+def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_config.json") -> str:
+    """The ``lora_targets`` (:class:`~allocopt.flops.shapes.LoRASpec`) of a saved peft
+    ``adapter_config.json`` at rank ``r``: what peft adapts for it equals what
+    :meth:`LoRASpec.ranks <allocopt.flops.shapes.LoRASpec.ranks>` counts.
+
+    peft 0.21 under transformers 5 saves the config after converting a mixture-of-experts
+    model's MLP names in place (``peft/utils/transformers_weight_conversion.py``): ``all-linear``
+    on Qwen3-MoE, Mixtral or DeepSeek-V3 is saved as the attention projections in
+    ``target_modules``, ``["gate_up_proj", "down_proj", "gate.weight"]`` in
+    ``target_parameters`` and ``rank_pattern={".*\\.gate_up_proj": 2r}`` (gate and up fused);
+    the written-out ``gate_proj, up_proj, down_proj`` as the same without ``gate.weight``;
+    on Qwen2-MoE ``all-linear`` as module paths (the shared expert's, ``shared_expert_gate``).
+    So: ``gate_up_proj`` at ``2r`` (the conversion) reads as ``gate_proj,up_proj``; at ``r``
+    as ``experts.gate_up_proj``; ``down_proj`` as ``experts.down_proj``; ``gate.weight`` as
+    ``router``; all attention projections with the converted experts and the router, or with
+    ``shared_expert_gate``, as ``all-linear``. ``alpha_pattern`` scales, it costs nothing.
+
+    Returns:
+        a ``lora_targets`` string (comma separated, or ``all-linear``).
+
+    Raises:
+        RunLogError: one line naming the field and value, for what cannot be counted: a target
+            module or parameter that is none of allocopt's names, a ``rank_pattern`` other
+            than the fused ``gate_up_proj`` at ``2r``, ``layers_to_transform`` /
+            ``layers_pattern`` / ``exclude_modules`` (adapters on some layers only).
+    """
+    for key in ("layers_to_transform", "layers_pattern", "exclude_modules"):
+        if adapter.get(key) not in (None, [], ""):
+            raise RunLogError(f"{aname}: {key}={adapter[key]!r}: adapters on some layers or "
+                              "modules only are not counted; allowed: null")
+    targets = adapter.get("target_modules")
+    params = adapter.get("target_parameters") or []
+    if isinstance(targets, (set, frozenset, tuple)):  # a live peft config's (not from JSON)
+        targets = sorted(targets)
+    if isinstance(params, (set, frozenset, tuple)):
+        params = sorted(params)
+    if targets is not None and not isinstance(targets, (str, list)):
+        raise RunLogError(f"{aname}: target_modules={targets!r}: must be a string or a list")
+    if not isinstance(params, list):
+        raise RunLogError(f"{aname}: target_parameters={params!r}: must be a list")
+    if isinstance(targets, str) and targets in ("all-linear", "all"):
+        if params:
+            raise RunLogError(f"{aname}: target_parameters={params!r} with target_modules="
+                              f"{targets!r}: peft saves all-linear converted; not counted")
+        return "all-linear"
+    names: list[str] = []
+    for t in ([targets] if isinstance(targets, str) else targets or []):
+        parts = str(t).split(".")  # a name, or a module path "model.layers.0.mlp.shared_expert.up_proj"
+        if parts[-1] not in MODULES + MLA_MODULES + ("shared_expert_gate",):
+            raise RunLogError(f"{aname}: target_modules: {str(t)!r}: not counted; allowed: "
+                              f"{', '.join(MODULES + MLA_MODULES)}, shared_expert_gate (or module "
+                              "paths ending in one), all-linear")
+        names.append(parts[-1])
+    experts: list[str] = []
+    for p in params:
+        name = next((v for k, v in _PARAM_SUFFIXES.items()
+                     if str(p) == k or str(p).endswith("." + k)), None)
+        if name is None:
+            raise RunLogError(f"{aname}: target_parameters: {str(p)!r}: not counted; allowed: "
+                              "parameter paths ending in " + ", ".join(_PARAM_SUFFIXES))
+        experts.append(name)
+    pattern = adapter.get("rank_pattern") or {}
+    if not isinstance(pattern, dict):
+        raise RunLogError(f"{aname}: rank_pattern={pattern!r}: must be an object")
+    fused = False
+    for key, rank in pattern.items():
+        try:
+            hits_fused = re.fullmatch(rf"(.*\.)?({key})", "model.layers.0.mlp.experts.gate_up_proj")
+        except re.error:
+            hits_fused = None
+        if hits_fused and rank == 2 * r and "experts.gate_up_proj" in experts:
+            fused = True
+            continue
+        raise RunLogError(f"{aname}: rank_pattern: {key!r}: {rank!r}: per-module ranks are not "
+                          f"counted; allowed: peft's fused gate_up_proj at 2r = {2 * r}")
+    uniq = set(names)
+    if fused:  # peft converted gate_proj + up_proj (written out or all-linear)
+        experts = [e for e in experts if e != "experts.gate_up_proj"]
+        if any(a <= uniq for a in _ATTENTION_SETS) and uniq <= set(MODULES) | set(MLA_MODULES) \
+                and {"experts.down_proj", "router"} <= set(experts):
+            return "all-linear"
+        names += ["gate_proj", "up_proj"]
+        if "down_proj" in params:  # converted from the MLP name, as the user wrote it
+            experts.remove("experts.down_proj")
+            names.append("down_proj")
+    if "shared_expert_gate" in uniq:  # Qwen2-MoE: peft adds it only for all-linear
+        if uniq == set(MODULES) | {"shared_expert_gate"} and not experts:
+            return "all-linear"
+        raise RunLogError(f"{aname}: target_modules: 'shared_expert_gate' with "
+                          f"{sorted(uniq - {'shared_expert_gate'})}: not counted; allowed: with "
+                          "all seven projections (all-linear)")
+    order = MODULES + MLA_MODULES + EXPERT_MODULES
+    out = [m for m in order if m in set(names) | set(experts)]  # duplicates (module paths) once
+    if not out:
+        raise RunLogError(f"{aname}: target_modules={targets!r}, target_parameters={params!r}: "
+                          "no adapter named; allowed: " + ", ".join(order) + ", all-linear")
+    return ",".join(out)
 
 
 def _find(folder: Path, name: str) -> Path | None:
@@ -176,6 +289,8 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     settings, batches_every = _config_settings(config, given)
     settings.update(_adapter_settings(adapter, adapter_file, given, src, read, assumed))
     settings.update(given)
+    if adapter is not None and "lora_targets" not in given and settings.get("lora_rank"):
+        _check_path_layers(adapter, settings["model"], adapter_file, src)
     if "prompts" in given:  # the rollout batch over all processes, so no world size to assume
         assumed.pop("world_size", None)
     rows = settings["prompts"] * settings["group_size"]
@@ -194,6 +309,39 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     return ImportedRun(account=acct, steps=round(log.batches), engine=settings["engine"],
                        fields_read=read, fields_assumed=assumed, phase_seconds=None,
                        num_devices=None, source=src, settings=settings)
+
+
+def _check_path_layers(adapter: dict[str, Any], model: str, adapter_file: Path | None, src: str) -> None:
+    """``target_modules`` given as module paths (``model.layers.3.self_attn.q_proj``, as peft
+    saves ``all-linear`` where names repeat) are counted on every layer
+    (:func:`adapter_targets`); so each name must be on every layer of ``model`` (an MLP name of
+    a mixture-of-experts model: on every dense layer at least, the routed ones having none).
+    Raises :class:`RunLogError` in one line for paths on some layers only."""
+    from allocopt.flops import ConfigError
+    from allocopt.plan.hub import model_shape
+
+    targets = adapter.get("target_modules")
+    layers: dict[str, set[int]] = {}
+    for t in targets if isinstance(targets, (list, tuple, set, frozenset)) else []:
+        m = re.search(r"(?:^|\.)layers\.(\d+)\.", str(t))
+        if m:
+            layers.setdefault(str(t).rsplit(".", 1)[-1], set()).add(int(m.group(1)))
+    if not layers:
+        return
+    try:
+        shape = model_shape(model)
+    except ConfigError as e:
+        raise RunLogError(f"from_trl={src!r}: {e}") from None
+    every = set(range(shape.num_layers))
+    moe = set(shape.moe_layers or ())
+    aname = adapter_file.name if adapter_file else "adapter_config.json"
+    for name, seen in sorted(layers.items()):
+        need = every - moe if moe and name in ("gate_proj", "up_proj", "down_proj") else \
+            moe if name == "shared_expert_gate" else every
+        if not need <= seen <= every:
+            raise RunLogError(f"{aname}: target_modules: {name} on layers {sorted(seen)} of "
+                              f"{shape.num_layers}: adapters on some layers only are not counted; "
+                              "allowed: the name on every layer")
 
 
 class _ConfigReader:
@@ -279,14 +427,9 @@ def _adapter_settings(adapter: dict[str, Any] | None, adapter_file: Path | None,
             raise RunLogError(f"{aname}: r={r!r}: must be a whole number from 1 to 65536")
         settings["lora_rank"] = r
         read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
-        targets = adapter.get("target_modules")
-        if isinstance(targets, str):
-            targets = MODULE_NAMES if targets == "all-linear" else [targets]
-        if targets:  # names or module paths ("model.layers.0.self_attn.q_proj")
-            names = {str(t).rsplit(".", 1)[-1] for t in targets}
-            settings["lora_targets"] = ",".join(t for t in MODULE_NAMES if t in names) \
-                or "all-linear"
-            read["lora_targets"] = f"{aname}: target_modules"
+        settings["lora_targets"] = adapter_targets(adapter, r, aname)
+        read["lora_targets"] = (f"{settings['lora_targets']} ({aname}: target_modules, "
+                                "target_parameters, rank_pattern)")
         base_model = adapter.get("base_model_name_or_path")
         if base_model is not None and not isinstance(base_model, str):
             raise RunLogError(f"{aname}: base_model_name_or_path={base_model!r}: must be a string")
