@@ -115,6 +115,8 @@ def test_converted_all_linear_by_hand(tmp_path):
     (dict(target_modules=["q_proj", "lm_head"]), "target_modules: 'lm_head': not counted"),
     (dict(rank_pattern={"q_proj": 16}), "rank_pattern: 'q_proj': 16: per-module ranks"),
     (dict(layers_to_transform=[0, 1]), "layers_to_transform=[0, 1]: adapters on some layers"),
+    (dict(modules_to_save=["lm_head"]), "modules_to_save=['lm_head']: modules trained whole"),
+    (dict(use_dora=True), "use_dora=True: DoRA is not counted"),
     (dict(target_parameters="mlp.experts.gate_up_proj"), "target_parameters='mlp.experts.gate_up_proj': must be a list")])
 def test_unmappable_adapter_is_one_line_exit_2(fields, says, tmp_path, cli):
     folder = _hand(tmp_path, **fields)

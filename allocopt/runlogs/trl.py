@@ -83,12 +83,20 @@ def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_confi
         RunLogError: one line naming the field and value, for what cannot be counted: a target
             module or parameter that is none of allocopt's names, a ``rank_pattern`` other
             than the fused ``gate_up_proj`` at ``2r``, ``layers_to_transform`` /
-            ``layers_pattern`` / ``exclude_modules`` (adapters on some layers only).
+            ``layers_pattern`` / ``exclude_modules`` (adapters on some layers only),
+            ``modules_to_save`` (modules trained whole) or ``use_dora``.
     """
     for key in ("layers_to_transform", "layers_pattern", "exclude_modules"):
         if adapter.get(key) not in (None, [], ""):
             raise RunLogError(f"{aname}: {key}={adapter[key]!r}: adapters on some layers or "
                               "modules only are not counted; allowed: null")
+    # modules trained whole beside the adapter (e.g. lm_head) and DoRA's magnitude vectors cost
+    # FLOPs the LoRA count has no term for: refused rather than left out
+    if adapter.get("modules_to_save") not in (None, [], ""):
+        raise RunLogError(f"{aname}: modules_to_save={adapter['modules_to_save']!r}: modules trained "
+                          "whole beside the adapter are not counted; allowed: null")
+    if adapter.get("use_dora") not in (None, False):
+        raise RunLogError(f"{aname}: use_dora={adapter['use_dora']!r}: DoRA is not counted; allowed: false")
     targets = adapter.get("target_modules")
     params = adapter.get("target_parameters") or []
     if isinstance(targets, (set, frozenset, tuple)):  # a live peft config's (not from JSON)
