@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from test_faults import mlflow_runs
+
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 ROOT = TESTS.parent
@@ -165,34 +167,13 @@ def test_a_real_full_disk_mid_trial_then_free_space_and_resume(tmp_path, disk, h
     assert starts.count(cut_key) == 2, starts  # the cut-short run and its one re-run
     assert len(starts) == len(ts), (starts, states)  # nothing else ran twice
 
-    by_trial: dict[int, list[str]] = {}
-    parents = []
-    for r in c.search_runs([exp.experiment_id], max_results=1000):
-        if r.data.tags.get("allocopt.role") == "trial":
-            by_trial.setdefault(int(r.data.tags["allocopt.trial_number"]), []).append(r.info.status)
-        else:
-            parents.append(r.info.status)
+    by_trial, parents = mlflow_runs(disk)
     want = {"COMPLETE": {"FINISHED"}, "FAIL": {"FAILED", "KILLED"}}
     for t in ts:
         assert len(by_trial.get(t.number, [])) == 1 and by_trial[t.number][0] in want[t.state.name], \
             (t.number, t.state.name, by_trial)
     assert parents == ["FINISHED"], parents
     print(f"after resume: optuna {states}; mlflow {dict(sorted(by_trial.items()))}; parents {parents}")
-
-
-def _mlflow_states(uri: str) -> tuple[dict[int, list[str]], list[str]]:
-    from mlflow import MlflowClient
-
-    c = MlflowClient(uri)
-    exp = c.get_experiment_by_name("allocopt/f")
-    by_trial: dict[int, list[str]] = {}
-    parents = []
-    for r in c.search_runs([exp.experiment_id], max_results=1000):
-        if r.data.tags.get("allocopt.role") == "trial":
-            by_trial.setdefault(int(r.data.tags["allocopt.trial_number"]), []).append(r.info.status)
-        else:
-            parents.append(r.info.status)
-    return by_trial, parents
 
 
 @pytest.mark.slow  # two study processes, ~35 s on 2 loaded cores
@@ -222,7 +203,7 @@ def test_only_mlflows_disk_full_after_optuna_complete(tmp_path, disk):
     assert len(lines) == 1 and f"{disk}/m.db" in lines[0] and "o.db" not in lines[0], err
     storage = f"sqlite:///{tmp_path}/o.db"
     before = optuna.load_study(study_name="f", storage=storage).get_trials(deepcopy=False)
-    left = _mlflow_states(f"sqlite:///{disk}/m.db")
+    left = mlflow_runs(disk)
     print(f"\nmlflow-only disk full: exit {p.returncode} after {first_line_s:.1f} s; before resume: "
           f"{[(t.number, t.state.name) for t in before]}; mlflow {left}")
     assert [(t.number, t.state.name) for t in before] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
@@ -236,6 +217,6 @@ def test_only_mlflows_disk_full_after_optuna_complete(tmp_path, disk):
     assert [(t.number, t.state.name) for t in ts] == [(n, "COMPLETE") for n in range(4)]  # trial 2 kept
     assert [t.values for t in ts[:3]] == [t.values for t in before]
     assert len([r for r in _ran(tmp_path) if r["event"] == "start"]) == 4  # nothing ran twice
-    by_trial, parents = _mlflow_states(f"sqlite:///{disk}/m.db")
+    by_trial, parents = mlflow_runs(disk)
     assert by_trial == {n: ["FINISHED"] for n in range(4)} and parents == ["FINISHED"], (by_trial, parents)
     print(f"after resume: mlflow {by_trial}; parents {parents}")

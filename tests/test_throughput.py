@@ -129,6 +129,18 @@ def test_study_both_budgets_refused(cli, tmp_path):
     assert r.returncode == 2 and "not both" in r.stderr
 
 
+def _race_files(tmp_path, search: float, learning: float, group_sizes: str, rewards: str):
+    """A throughput profile (search and learning FLOP/s, rule-based rewards) and a synthetic
+    RACE study file over rho 0.2-0.9 and the given G and rewards (TOML lists)."""
+    prof = save_profile(ThroughputProfile(gpu="test", setup_fingerprint="*", search_prefill=search,
+                                          search_decode=search, learning=learning, reward=learning),
+                        tmp_path / "p.toml")
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "t"\nobjective = "synthetic"\ntarget = "pass@1"\nseed = 0\n'
+                    f'[space]\nrho = [0.2, 0.9]\ngroup_sizes = {group_sizes}\nrewards = {rewards}\n')
+    return prof, spec
+
+
 def test_race_under_a_time_budget_gives_each_allocation_its_own_flops(cli, tmp_path):
     """RACE under 140 GPU-hours with search 10x slower than learning (1e13 vs 1e14 FLOP/s),
     rule-based rewards (0 reward FLOPs): every trial's budget is its share (0.1 for a pilot, 1
@@ -144,11 +156,7 @@ def test_race_under_a_time_budget_gives_each_allocation_its_own_flops(cli, tmp_p
     from objectives.synthetic import SyntheticObjective
 
     H, TS, TL, F = 140.0, 1e13, 1e14, 0.1
-    prof = save_profile(ThroughputProfile(gpu="test", setup_fingerprint="*", search_prefill=TS,
-                                          search_decode=TS, learning=TL, reward=TL), tmp_path / "p.toml")
-    spec = tmp_path / "s.toml"
-    spec.write_text('name = "t"\nobjective = "synthetic"\ntarget = "pass@1"\nseed = 0\n'
-                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "dense"]\n')
+    prof, spec = _race_files(tmp_path, TS, TL, "[4, 8]", '["sparse", "dense"]')
     db = f"sqlite:///{tmp_path}/s.db"
     r = cli("race", "--spec", spec, "--budget-gpu-hours", H, "--throughput", prof, "--pilot-fraction", F,
             "--max-pilots", "10", "--validations", "2", "--no-mlflow", "--storage", db, cwd=tmp_path)
@@ -301,11 +309,7 @@ def test_race_dollar_budget_is_the_equivalent_gpu_hour_budget(cli, tmp_path):
     import optuna
 
     H, TS, TL, F = 140.0, 1e13, 1e14, 0.1
-    prof = save_profile(ThroughputProfile(gpu="test", setup_fingerprint="*", search_prefill=TS,
-                                          search_decode=TS, learning=TL, reward=TL), tmp_path / "p.toml")
-    spec = tmp_path / "s.toml"
-    spec.write_text('name = "t"\nobjective = "synthetic"\ntarget = "pass@1"\nseed = 0\n'
-                    '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4]\nrewards = ["dense"]\n')
+    prof, spec = _race_files(tmp_path, TS, TL, "[4]", '["dense"]')
     got = {}
     for name, budget in (("h", ["--budget-gpu-hours", H]), ("usd", ["--budget-usd", 700, "--usd-per-gpu-hour", 5])):
         db = f"sqlite:///{tmp_path}/{name}.db"
