@@ -335,3 +335,51 @@ def test_botorch_takes_other_workers_running_trials_as_pending(tmp_path, monkeyp
     z = c.ask(dists)  # the same data, nothing running: x again
     assert _alloc_distance(x.params, z.params, 0.7) < 1e-3, (x.params, z.params)
     print(f"proposals: x={x.params} y={y.params} (distance {d:.3f}); without x pending: {z.params}")
+
+
+def test_a_worker_samples_after_the_workers_that_asked_before_it(tmp_path, monkeypatch):
+    """Two handles on one SQLite study ask at the same moment (trials n and n+1, both RUNNING,
+    neither sampled): the later one waits until the earlier one's allocation is set, then samples
+    with it pending and proposes elsewhere. Without the wait both would propose from the same
+    data: the same allocation twice (seen with two workers on fast trials)."""
+    import threading
+
+    from allocopt.study.hold import _suggest, worker_trial
+    from allocopt.study.open import distributions, make_sampler
+
+    monkeypatch.setenv("ALLOCOPT_WORKER", "0")  # the same seed for both handles
+    monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "60")  # A's unnamed trial stays live all along
+    monkeypatch.setenv("ALLOCOPT_GRACE_S", "600")
+    url = f"sqlite:///{tmp_path}/order.db"
+    spec = _spec(name="order", sampler="botorch", startup_trials=4)
+    dists = distributions(spec)
+    a = open_study(spec, url)
+    for rho, g, r in [(0.25, 2, "sparse"), (0.45, 8, "prm"), (0.6, 2, "prm"), (0.75, 8, "sparse"),
+                      (0.85, 2, "prm"), (0.35, 8, "sparse")]:
+        a.enqueue_trial({"rho": rho, "group_size": g, "reward": r})
+        t = a.ask(dists)
+        t.set_constraint("budget", -1.0)
+        a.tell(t, 0.6 - (rho - 0.55) ** 2 + 0.05 * (r == "prm") + 0.02 * (g == 8))
+    a.sampler = make_sampler(spec)
+    first = a.ask()  # worker A has asked, not sampled yet (live: asked < one heartbeat ago)
+    b = open_study(spec, url)
+    b.sampler = make_sampler(spec)
+    got: dict = {}
+
+    def worker_b():
+        with worker_trial(b, dists) as t:
+            got["params"] = dict(t.params)
+            got["at"] = time.monotonic()
+            b.tell(t, state=optuna.trial.TrialState.FAIL)
+
+    th = threading.Thread(target=worker_b)
+    th.start()
+    time.sleep(3.0)
+    assert "params" not in got  # B waits: A's trial (numbered below) has no allocation yet
+    for name, dist in dists.items():  # A samples now
+        _suggest(first, name, dist)
+    sampled_at = time.monotonic()
+    th.join(timeout=120)
+    assert got["at"] >= sampled_at
+    assert _alloc_distance(first.params, got["params"], 0.9 - 0.2) > 0.05, (first.params, got["params"])
+    a.tell(first, state=optuna.trial.TrialState.FAIL)

@@ -190,6 +190,7 @@ def worker_trial(study: Any, distributions: Mapping[str, Any],
             release(study, trial, why)
             trial = None
         else:
+            wait_for_earlier_proposals(study, trial.number, tuple(distributions))
             for name, dist in distributions.items():
                 _suggest(trial, name, dist)
         yield trial
@@ -198,6 +199,40 @@ def worker_trial(study: Any, distributions: Mapping[str, Any],
             raise
     else:
         beat.__exit__(None, None, None)
+
+
+PROPOSAL_WAIT_S = 60.0
+"""Longest wait, in seconds, for the workers' trials numbered below this one to be sampled
+(:func:`wait_for_earlier_proposals`); past it the trial is sampled anyway."""
+
+
+def wait_for_earlier_proposals(study: Any, number: int, names: tuple[str, ...],
+                               timeout_s: float = PROPOSAL_WAIT_S, poll_s: float = 0.2) -> float:
+    """Wait until every trial another worker is running now (:func:`live_trials`) numbered below
+    ``number`` carries all of ``names`` as parameters, so that the sampler of trial ``number``
+    sees their allocations as running (BoTorch's pending points; GPSampler and TPE read running
+    trials' parameters too). Workers that ask at the same moment then propose one after another in
+    trial-number order instead of twice the same allocation from the same data; a worker alone
+    (nothing below it running) does not wait.
+
+    Args:
+        study: the opened study.
+        number: the trial about to be sampled.
+        names: the parameters every trial gets.
+        timeout_s: longest wait (a stuck worker's trial is failed as stale by then or ignored).
+        poll_s: seconds between looks at the storage.
+
+    Returns:
+        the seconds waited.
+    """
+    import time
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if all(all(n in t.params for n in names) for t in live_trials(study, below=number)):
+            break
+        time.sleep(poll_s)
+    return time.monotonic() - t0
 
 
 def _suggest(trial: Any, name: str, dist: Any) -> Any:
@@ -294,4 +329,4 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 __all__ = ["DEVICES_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "WORKER_ATTR", "fail_stale",
            "heartbeat", "heartbeat_settings", "live_trials", "owner_gone", "release",
-           "worker_name", "worker_trial"]
+           "wait_for_earlier_proposals", "worker_name", "worker_trial"]
