@@ -239,3 +239,60 @@ def test_only_mlflows_disk_full_after_optuna_complete(tmp_path, disk):
     by_trial, parents = _mlflow_states(f"sqlite:///{disk}/m.db")
     assert by_trial == {n: ["FINISHED"] for n in range(4)} and parents == ["FINISHED"], (by_trial, parents)
     print(f"after resume: mlflow {by_trial}; parents {parents}")
+
+
+@pytest.mark.slow  # a study, three asks and two tells on a tmpfs: ~30 s on 2 loaded cores
+def test_ask_and_tell_on_a_real_full_disk(tmp_path, disk, cli):
+    """``ask`` and ``tell`` with the study's Optuna file on a tmpfs that is full: one line
+    naming the file and what to do, exit 1, no traceback, nothing recorded lost. Space freed:
+    the same ``tell`` records the trial; no trial the failed ``ask`` reserved is left RUNNING."""
+    import optuna
+
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import run_study
+    from objectives.synthetic import SyntheticObjective
+
+    url = f"sqlite:///{disk}/o.db"
+    s = StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
+                  sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
+                                                                rewards=("sparse", "dense")))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    r = cli("ask", "--study", "at", "--storage", url, "--out", tmp_path / "asked", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    asked = [t.number for t in optuna.load_study(study_name="at", storage=url).trials if t.state.name == "RUNNING"]
+    assert len(asked) == 1
+    (tmp_path / "m.json").write_text(json.dumps({"pass@1": 0.42, "search_flops": 3e17, "learning_flops": 5e17,
+                                                 "reward_flops": 1e17}))
+    before = [(t.number, t.state.name, t.params, t.values)
+              for t in optuna.load_study(study_name="at", storage=url).trials]
+    free_space = _fill(disk, "ballast")
+
+    said = []  # printed at the end: the cli fixture captures what is printed between its calls
+
+    def one_line(r, what):
+        said.append(f"{what} on a full disk: exit {r.returncode}; stderr: {r.stderr!r}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "disk full" in lines[0] and f"{disk}/o.db" in lines[0], r.stderr
+        assert "free space" in lines[0]
+
+    tell = ("tell", "--study", "at", "--storage", url, "--trial", str(asked[0]), "--metrics", "m.json", "--no-mlflow")
+    one_line(cli(*tell, cwd=tmp_path), "tell")
+    one_line(cli("ask", "--study", "at", "--storage", url, "-n", "2", "--out", tmp_path / "asked2",
+                 cwd=tmp_path), "ask")
+    free_space()
+    after = optuna.load_study(study_name="at", storage=url).trials
+    said.append(f"after both, space freed: {[(t.number, t.state.name) for t in after]}")
+    assert [(t.number, t.state.name, t.params, t.values) for t in after][:len(before)] == before  # nothing lost
+
+    r = cli(*tell, cwd=tmp_path)  # the failed tell, repeated
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = cli("best", "--study", "at", "--storage", url, cwd=tmp_path)  # the next open
+    assert r.returncode == 0, r.stderr
+    ts = optuna.load_study(study_name="at", storage=url).trials
+    said.append(f"after the tell repeated and the next open: {[(t.number, t.state.name) for t in ts]}")
+    print("\n" + "\n".join(said))
+    assert ts[asked[0]].state.name == "COMPLETE" and ts[asked[0]].values == [0.42]
+    assert all(t.state.name != "RUNNING" for t in ts), [(t.number, t.state.name) for t in ts]
+    assert [(t.number, t.state.name, t.params, t.values) for t in ts if t.number != asked[0]][:2] == before[:2]

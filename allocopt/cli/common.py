@@ -544,6 +544,32 @@ class _DiskFullRecords:
         return not (disk_full(exc) if exc is not None else "database or disk is full" in record.getMessage())
 
 
+@contextlib.contextmanager
+def disk_full_as_one_line(storage: str, tracker: Any = None) -> Iterator[None]:
+    """Within the block, an error that is a full disk under the study's records (Optuna's
+    SQLite file, MLflow's store: :func:`allocopt.errors.disk_full`) becomes :class:`DiskFull`
+    with :func:`disk_full_line` (one line naming the file, exit 1), as :func:`tracked` does for
+    a study; ``tracker`` is the MLflow tracker or a zero-argument callable returning it (or
+    ``None``). MLflow's store's own log of each failed write is silenced meanwhile.
+
+    Raises:
+        DiskFull: the disk filled up (what was finished is kept; the same command again).
+    """
+    import logging
+
+    quiet = _DiskFullRecords()
+    logger = logging.getLogger("mlflow.store.db.utils")
+    logger.addFilter(quiet)
+    try:
+        yield
+    except Exception as e:
+        if disk_full(e):
+            raise DiskFull(disk_full_line(storage, tracker() if callable(tracker) else tracker)) from None
+        raise
+    finally:
+        logger.removeFilter(quiet)
+
+
 def disk_full_line(storage: str, tracker: Any) -> str:
     """The one line for a disk that filled up mid-study: the local files of the study's records
     (Optuna's SQLite file, MLflow's SQLite store, the spool) on a disk with under 1 MiB free (all
