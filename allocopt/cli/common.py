@@ -562,6 +562,8 @@ def disk_full_as_one_line(storage: str, tracker: Any = None) -> Iterator[None]:
     logger.addFilter(quiet)
     try:
         yield
+    except ConfigError:  # already one line (e.g. ask's --out on a full disk: that folder, not the records)
+        raise
     except Exception as e:
         if disk_full(e):
             raise DiskFull(disk_full_line(storage, tracker() if callable(tracker) else tracker)) from None
