@@ -270,17 +270,18 @@ def test_ask_and_tell_on_a_real_full_disk(tmp_path, disk, cli):
 
     said = []  # printed at the end: the cli fixture captures what is printed between its calls
 
-    def one_line(r, what):
+    def one_line(r, what, then):
         said.append(f"{what} on a full disk: exit {r.returncode}; stderr: {r.stderr!r}")
         assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "disk full" in lines[0] and f"{disk}/o.db" in lines[0], r.stderr
-        assert "free space" in lines[0]
+        assert "free space" in lines[0] and lines[0].endswith(then), r.stderr
 
     tell = ("tell", "--study", "at", "--storage", url, "--trial", str(asked[0]), "--metrics", "m.json", "--no-mlflow")
-    one_line(cli(*tell, cwd=tmp_path), "tell")
+    one_line(cli(*tell, cwd=tmp_path), "tell", f"run the same command: it records trial {asked[0]}")
     one_line(cli("ask", "--study", "at", "--storage", url, "-n", "2", "--out", tmp_path / "asked2",
-                 cwd=tmp_path), "ask")
+                 cwd=tmp_path), "ask", "run the same command: it reserves anew (a trial cut short is given "
+             "back when the study is next opened)")
     free_space()
     after = optuna.load_study(study_name="at", storage=url).trials
     said.append(f"after both, space freed: {[(t.number, t.state.name) for t in after]}")

@@ -108,7 +108,8 @@ def ask(
     _check_out(out_dir)  # before anything is reserved
     from allocopt.cli.common import disk_full_as_one_line
 
-    with disk_full_as_one_line(storage):  # a full disk under the study's file: one line, exit 1
+    with disk_full_as_one_line(storage, again="it reserves anew (a trial cut short is given back when "
+                               "the study is next opened)"):  # a full disk under the study's file: one line, exit 1
         _ask(study, storage, new, n, fmt, out_dir, learning_rate, micro_batch, num_processes, as_json)
 
 
@@ -217,7 +218,7 @@ def tell(
     from allocopt.cli.common import disk_full_as_one_line
 
     tracker: list[Any] = [None]
-    with disk_full_as_one_line(storage, lambda: tracker[0]):  # a full disk: one line naming the file, exit 1
+    with disk_full_as_one_line(storage, lambda: tracker[0], again=f"it records trial {trial}"):  # one line, exit 1
         _tell(study, trial, data, metrics, storage, from_trl, from_verl, mlflow_uri, no_mlflow, tracker)
 
 
