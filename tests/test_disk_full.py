@@ -220,3 +220,123 @@ def test_only_mlflows_disk_full_after_optuna_complete(tmp_path, disk):
     by_trial, parents = mlflow_runs(disk)
     assert by_trial == {n: ["FINISHED"] for n in range(4)} and parents == ["FINISHED"], (by_trial, parents)
     print(f"after resume: mlflow {by_trial}; parents {parents}")
+
+
+@pytest.mark.slow  # a study, three asks and two tells on a tmpfs: ~30 s on 2 loaded cores
+def test_ask_and_tell_on_a_real_full_disk(tmp_path, disk, cli):
+    """``ask`` and ``tell`` with the study's Optuna file on a tmpfs that is full: one line
+    naming the file and what to do, exit 1, no traceback, nothing recorded lost. Space freed:
+    the same ``tell`` records the trial; no trial the failed ``ask`` reserved is left RUNNING."""
+    import optuna
+
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import run_study
+    from objectives.synthetic import SyntheticObjective
+
+    url = f"sqlite:///{disk}/o.db"
+    s = StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
+                  sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
+                                                                rewards=("sparse", "dense")))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    r = cli("ask", "--study", "at", "--storage", url, "--out", tmp_path / "asked", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    asked = [t.number for t in optuna.load_study(study_name="at", storage=url).trials if t.state.name == "RUNNING"]
+    assert len(asked) == 1
+    (tmp_path / "m.json").write_text(json.dumps({"pass@1": 0.42, "search_flops": 3e17, "learning_flops": 5e17,
+                                                 "reward_flops": 1e17}))
+    before = [(t.number, t.state.name, t.params, t.values)
+              for t in optuna.load_study(study_name="at", storage=url).trials]
+    free_space = _fill(disk, "ballast")
+
+    said = []  # printed at the end: the cli fixture captures what is printed between its calls
+
+    def one_line(r, what, then):
+        said.append(f"{what} on a full disk: exit {r.returncode}; stderr: {r.stderr!r}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "disk full" in lines[0] and f"{disk}/o.db" in lines[0], r.stderr
+        assert "free space" in lines[0] and lines[0].endswith(then), r.stderr
+
+    tell = ("tell", "--study", "at", "--storage", url, "--trial", str(asked[0]), "--metrics", "m.json", "--no-mlflow")
+    one_line(cli(*tell, cwd=tmp_path), "tell", f"run the same command: it records trial {asked[0]}")
+    one_line(cli("ask", "--study", "at", "--storage", url, "-n", "2", "--out", tmp_path / "asked2",
+                 cwd=tmp_path), "ask", "run the same command: it reserves anew (a trial cut short is given "
+             "back when the study is next opened)")
+    free_space()
+    after = optuna.load_study(study_name="at", storage=url).trials
+    said.append(f"after both, space freed: {[(t.number, t.state.name) for t in after]}")
+    assert [(t.number, t.state.name, t.params, t.values) for t in after][:len(before)] == before  # nothing lost
+
+    r = cli(*tell, cwd=tmp_path)  # the failed tell, repeated
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = cli("best", "--study", "at", "--storage", url, cwd=tmp_path)  # the next open
+    assert r.returncode == 0, r.stderr
+    ts = optuna.load_study(study_name="at", storage=url).trials
+    said.append(f"after the tell repeated and the next open: {[(t.number, t.state.name) for t in ts]}")
+    print("\n" + "\n".join(said))
+    assert ts[asked[0]].state.name == "COMPLETE" and ts[asked[0]].values == [0.42]
+    assert all(t.state.name != "RUNNING" for t in ts), [(t.number, t.state.name) for t in ts]
+    assert [(t.number, t.state.name, t.params, t.values) for t in ts if t.number != asked[0]][:2] == before[:2]
+
+
+@pytest.mark.slow  # a study and two asks on a tmpfs: ~25 s on 2 loaded cores
+def test_an_ask_cut_short_by_a_full_disk_after_reserving_leaves_nothing_running(tmp_path, disk, cli, monkeypatch):
+    """The worst moment for ``ask``: its trial is created (RUNNING) and then the disk fills
+    (before its plan is recorded), so giving it back fails too. One line naming the file,
+    exit 1; space freed, the next opening of the study (``best``) leaves no trial RUNNING and
+    the trials finished before are kept as they were. (The ``ask`` runs in this process, which
+    lives on: the reservation is settled for its age, past the grace period; an ``ask`` process
+    that is gone has it settled at once.) The next ``ask`` takes its work first."""
+    import optuna
+
+    import allocopt.study.asktell as asktell
+    from allocopt.spec import SearchSpace, StudySpec
+    from allocopt.study.loop import run_study
+    from objectives.synthetic import SyntheticObjective
+
+    url = f"sqlite:///{disk}/o.db"
+    s = StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
+                  sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
+                                                                rewards=("sparse", "dense")))
+    obj = SyntheticObjective()
+    run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    before = [(t.number, t.state.name, t.params, t.values)
+              for t in optuna.load_study(study_name="at", storage=url).trials]
+    real, freed = asktell.write_start, []
+
+    def fill_then_write(trial, **kw):  # the disk fills between the reservation and its record
+        if not freed:
+            freed.append(_fill(disk, "ballast"))
+        return real(trial, **kw)
+
+    monkeypatch.setattr(asktell, "write_start", fill_then_write)
+    r = cli("ask", "--study", "at", "--storage", url, "--out", tmp_path / "asked", cwd=tmp_path)
+    monkeypatch.setattr(asktell, "write_start", real)
+    assert freed, "the disk was not filled"
+    freed[0]()
+    cut = [(t.number, t.state.name) for t in optuna.load_study(study_name="at", storage=url).trials]
+    said = [f"ask cut short: exit {r.returncode}; stderr {r.stderr!r}; trials then {cut}"]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "disk full" in lines[0] and f"{disk}/o.db" in lines[0], r.stderr
+    assert not (tmp_path / "asked").exists() or not any((tmp_path / "asked").iterdir())
+
+    time.sleep(2.5)  # the cut reservation's ask (this process: alive) is past the grace period
+    r = cli("best", "--study", "at", "--storage", url, cwd=tmp_path,  # the next open
+            env={"ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "2"})
+    assert r.returncode == 0, r.stderr
+    ts = optuna.load_study(study_name="at", storage=url).trials
+    said.append(f"after the next open: {[(t.number, t.state.name) for t in ts]}; stderr {r.stderr!r}")
+    assert all(t.state.name != "RUNNING" for t in ts), [(t.number, t.state.name) for t in ts]
+    assert [(t.number, t.state.name, t.params, t.values) for t in ts][:len(before)] == before
+    cut_trial = ts[len(before)]
+    assert cut_trial.state.name == "FAIL"
+    r = cli("ask", "--study", "at", "--storage", url, "--out", tmp_path / "asked", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ts = optuna.load_study(study_name="at", storage=url).trials
+    again = [t for t in ts if t.system_attrs.get("failed_trial") == cut_trial.number]
+    assert len(again) == 1 and again[0].params == cut_trial.params and again[0].state.name == "RUNNING", \
+        [(t.number, t.state.name, t.system_attrs.get("failed_trial")) for t in ts]
+    said.append(f"the next ask: {[(t.number, t.state.name, t.system_attrs.get('failed_trial')) for t in ts]}")
+    print("\n" + "\n".join(said))

@@ -125,3 +125,69 @@ def test_a_long_outage_is_one_line_and_the_same_command_resumes(tmp_path, server
     assert sum(t.state.name == "COMPLETE" for t in ts) == 5 and all(t.state.name != "RUNNING" for t in ts)
     done = [(r["rho"], r["group_size"], r["reward"]) for r in ran(tmp_path) if r["event"] == "end"]
     assert len(set(done)) == len(done) - (len(ended) - len(before)), (done, ended, before)
+
+
+def _lines_until(p: subprocess.Popen, seen: list[str], text: str, timeout: float) -> None:
+    """Until a line of ``p``'s stderr (read into ``seen`` by a thread) contains ``text``."""
+    t = time.monotonic()
+    while not any(text in ln for ln in seen):
+        assert p.poll() is None, (p.returncode, seen)
+        assert time.monotonic() - t < timeout, seen
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # a server of its own, two studies: ~60 s on 2 loaded cores
+def test_ctrl_c_during_the_storage_wait_exits_at_once_and_the_same_command_resumes(tmp_path, server):
+    """Server stopped mid-study, the study says "connection lost" and waits (up to 120 s):
+    Ctrl-C then ends it within seconds, exit 130, one line, no traceback; once the server is
+    back the same command finishes the study with the finished trials kept and nothing RUNNING."""
+    import signal
+    import threading
+
+    from test_faults import ran, wait_for_start
+
+    p = _study(tmp_path, server.url, 5, sleep_s=1.0)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
+    wait_for_start(tmp_path, 3, p, timeout=180)
+    server.stop()
+    _lines_until(p, seen, "connection lost", timeout=60)
+    time.sleep(1.0)  # inside the wait's backoff
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(timeout=60)
+    finally:
+        took = time.monotonic() - t0
+        if p.poll() is None:
+            p.kill()
+    reader.join(timeout=10)
+    err = "".join(seen)
+    print(f"\nCtrl-C in the storage wait: exit {p.returncode} after {took:.1f} s; stderr:\n{err}")
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert took < 10, took  # not the 120 s wait
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted") and "run the same command" in last, err
+    assert sum(ln.startswith(("interrupted", "error")) for ln in err.splitlines()) == 1, err
+
+    server.start()
+    ended = [r["seed"] for r in ran(tmp_path) if r["event"] == "end"]
+    ts = _trials(server.url)
+    before = {t.number: t.params for t in ts if t.state.name == "COMPLETE"}
+    running = {t.number for t in ts if t.state.name == "RUNNING"}
+    print(f"after Ctrl-C, server back: {[(t.number, t.state.name) for t in ts]}; ended {ended}")
+    assert len(before) >= 2
+    p = _study(tmp_path, server.url, 5)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and "Traceback" not in err, err
+    ts = _trials(server.url)
+    print(f"after resume: {[(t.number, t.state.name) for t in ts]}")
+    assert {t.number: t.params for t in ts if t.number in before} == before  # kept as they were
+    assert sum(t.state.name == "COMPLETE" for t in ts) == 5 and all(t.state.name != "RUNNING" for t in ts)
+    cut = [t for t in ts if t.state.name == "FAIL"]  # the trial the Ctrl-C cut short: run again once
+    assert {c.number for c in cut} == running, (running, [(t.number, t.state.name) for t in ts])
+    for c in cut:
+        again = [t for t in ts if t.system_attrs.get("failed_trial") == c.number]
+        assert len(again) == 1 and again[0].params == c.params and again[0].state.name == "COMPLETE", \
+            [(t.number, t.state.name, t.system_attrs) for t in ts]

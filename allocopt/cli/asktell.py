@@ -53,6 +53,10 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     try:
         names = optuna.study.get_all_study_names(make_storage(storage))
     except Exception as e:  # noqa: BLE001 - bad URL, unreachable server, missing driver
+        from allocopt.errors import disk_full
+
+        if disk_full(e):  # the file's disk is full: disk_full_as_one_line's line, not "cannot be opened"
+            raise
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
     if study_name not in names and new is not None:
@@ -90,8 +94,7 @@ def ask(
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
 ) -> None:
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
-    from allocopt.study.asktell import FORMATS, reserve_and_write
-    from allocopt.study.open import distributions
+    from allocopt.study.asktell import FORMATS
 
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r}: allowed: {', '.join(FORMATS)}")
@@ -103,6 +106,19 @@ def ask(
         raise ConfigError(f"out={str(out_dir)!r}: exists and is not a folder")
     new = _new_spec(study, spec_file, budget, target, objective, time or {})
     _check_out(out_dir)  # before anything is reserved
+    from allocopt.cli.common import disk_full_as_one_line
+
+    with disk_full_as_one_line(storage, again="it reserves anew (a trial cut short is given back when "
+                               "the study is next opened)"):  # a full disk under the study's file: one line, exit 1
+        _ask(study, storage, new, n, fmt, out_dir, learning_rate, micro_batch, num_processes, as_json)
+
+
+def _ask(study: str, storage: str, new: Any, n: int, fmt: str, out_dir: Path, learning_rate: Optional[float],
+         micro_batch: int, num_processes: int, as_json: bool) -> None:
+    """``ask``'s work once its options are checked."""
+    from allocopt.study.asktell import reserve_and_write
+    from allocopt.study.open import distributions
+
     st, spec = _load(study, storage, new)
     workload = _workload_of(spec)
     from allocopt.study.open import make_sampler
@@ -196,11 +212,21 @@ def tell(
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
 ) -> None:
     """Record a reserved trial: its targets and the compute it actually spent."""
-    from allocopt.study.asktell import TellError, check_tellable, record, targets_from_metrics
-
     if from_trl is not None and from_verl is not None:
         raise ConfigError("from_trl/from_verl: give one of them, not both")
     data = _read_metrics(metrics)
+    from allocopt.cli.common import disk_full_as_one_line
+
+    tracker: list[Any] = [None]
+    with disk_full_as_one_line(storage, lambda: tracker[0], again=f"it records trial {trial}"):  # one line, exit 1
+        _tell(study, trial, data, metrics, storage, from_trl, from_verl, mlflow_uri, no_mlflow, tracker)
+
+
+def _tell(study: str, trial: int, data: dict[str, Any], metrics: Path, storage: str, from_trl: Optional[Path],
+          from_verl: Optional[Path], mlflow_uri: Optional[str], no_mlflow: bool, held: list[Any]) -> None:
+    """``tell``'s work once the metrics are read; the MLflow tracker is put in ``held[0]``."""
+    from allocopt.study.asktell import TellError, check_tellable, record, targets_from_metrics
+
     st, spec = _load(study, storage)
     try:
         frozen = check_tellable(st, trial)
@@ -216,7 +242,7 @@ def tell(
         from allocopt.cli.common import make_tracker
 
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        tracker = make_tracker(spec.name, mlflow_uri)
+        tracker = held[0] = make_tracker(spec.name, mlflow_uri)
     try:
         m = record(st, frozen, spec, targets, spent, extra=extra)
     except TellError as e:  # another tell of this trial won

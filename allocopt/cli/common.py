@@ -544,10 +544,40 @@ class _DiskFullRecords:
         return not (disk_full(exc) if exc is not None else "database or disk is full" in record.getMessage())
 
 
-def disk_full_line(storage: str, tracker: Any) -> str:
+@contextlib.contextmanager
+def disk_full_as_one_line(storage: str, tracker: Any = None, again: str | None = None) -> Iterator[None]:
+    """Within the block, an error that is a full disk under the study's records (Optuna's
+    SQLite file, MLflow's store: :func:`allocopt.errors.disk_full`) becomes :class:`DiskFull`
+    with :func:`disk_full_line` (one line naming the file, exit 1), as :func:`tracked` does for
+    a study; ``tracker`` is the MLflow tracker or a zero-argument callable returning it (or
+    ``None``); ``again``: what running the same command does then (:func:`disk_full_line`).
+    MLflow's store's own log of each failed write is silenced meanwhile.
+
+    Raises:
+        DiskFull: the disk filled up (what was finished is kept; the same command again).
+    """
+    import logging
+
+    quiet = _DiskFullRecords()
+    logger = logging.getLogger("mlflow.store.db.utils")
+    logger.addFilter(quiet)
+    try:
+        yield
+    except ConfigError:  # already one line (e.g. ask's --out on a full disk: that folder, not the records)
+        raise
+    except Exception as e:
+        if disk_full(e):
+            raise DiskFull(disk_full_line(storage, tracker() if callable(tracker) else tracker, again)) from None
+        raise
+    finally:
+        logger.removeFilter(quiet)
+
+
+def disk_full_line(storage: str, tracker: Any, again: str | None = None) -> str:
     """The one line for a disk that filled up mid-study: the local files of the study's records
     (Optuna's SQLite file, MLflow's SQLite store, the spool) on a disk with under 1 MiB free (all
-    of them, when none is) with the free space left, and what to do."""
+    of them, when none is) with the free space left, and what to do; ``again`` says what the
+    same command does then (default: a study's, the cut-short trial settled and run again)."""
     import shutil
 
     files = []
@@ -571,7 +601,7 @@ def disk_full_line(storage: str, tracker: Any) -> str:
     where = full or where
     return ("disk full while recording the study" + (f" in {', '.join(where)}" if where else "")
             + ": finished trials are kept; free space on that disk (or point --storage / --mlflow-uri "
-            "elsewhere) and run the same command: the cut-short trial is settled and run again")
+            "elsewhere) and run the same command: " + (again or "the cut-short trial is settled and run again"))
 
 
 def objective_for_plans(spec: Any) -> Any:

@@ -145,7 +145,11 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
     Returns:
         ``(runs, infeasible)``: the reserved runs and how many proposals were infeasible.
     """
+    import os
+    import socket
+
     from allocopt.study.claims import reserving
+    from allocopt.study.hold import ASKING_ATTR
 
     runs: list[AskedRun] = []
     infeasible = 0
@@ -156,6 +160,9 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
             trial = study.ask(dict(distributions))
         if reserved is not None:
             reserved.append(trial.number)
+        # who reserves it: a reservation cut short (no `asked` record) whose ask is gone is
+        # failed when the study is next opened (allocopt.study.settle.reconcile_on_open)
+        trial.storage.set_trial_system_attr(trial._trial_id, ASKING_ATTR, f"{socket.gethostname()}:{os.getpid()}")
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             with reserving():
                 study.sampler.suggest(trial)

@@ -39,6 +39,10 @@ GRACE_PERIOD_S = 60
 (``ALLOCOPT_GRACE_S``)."""
 WORKER_ATTR = "allocopt.worker"
 """System attribute of a trial: ``<host>:<pid>`` of the worker that runs it."""
+ASKING_ATTR = "allocopt.asking"
+"""System attribute of a trial reserved by ``allocopt ask``: ``<host>:<pid>`` of the ``ask``
+that reserved it (a reservation whose ``asked`` record is missing and whose ``ask`` is gone
+was cut short: :func:`allocopt.study.settle.reconcile_on_open` fails it)."""
 DEVICES_ATTR = "allocopt.cuda_visible_devices"
 """System attribute of a trial: the ``CUDA_VISIBLE_DEVICES`` of the worker that runs it, when
 set (``allocopt workers --gpus`` sets one per worker)."""
@@ -84,9 +88,14 @@ def owner_gone(trial: Any) -> bool:
     by ``allocopt ask``) or of another host is never taken for gone here: the grace period
     decides for those. (A pid reused by an unrelated process reads as alive: the grace period
     then fails the trial, later.)"""
+    return process_gone(trial.system_attrs.get(WORKER_ATTR))
+
+
+def process_gone(who: Any) -> bool:
+    """Whether ``who`` (``<host>:<pid>``) names a process of this host, not this one, that no
+    longer exists; ``False`` for anything else (another host, not such a string)."""
     import socket
 
-    who = trial.system_attrs.get(WORKER_ATTR)
     if not isinstance(who, str) or ":" not in who:
         return False
     host, _, pid = who.rpartition(":")
@@ -111,6 +120,44 @@ def fail_stale(study: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)
+
+
+def release_cut_reservations(study: Any, storage: Any) -> list[int]:
+    """Fail, as interrupted (so its work is asked again once), each RUNNING trial that
+    ``allocopt ask`` began to reserve (:data:`ASKING_ATTR`) but never finished reserving (no
+    ``asked`` record): the ``ask`` failed half-way (a full disk, a kill) and could not give it
+    back. Only when that ``ask``'s process is gone (this host) or the trial is older than the
+    grace period (another host): an ``ask`` reserving right now is left alone.
+
+    Returns:
+        the numbers failed.
+    """
+    import datetime
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from allocopt.record import ASKED, write_interrupted
+
+    _, grace = heartbeat_settings()
+    sid = storage.get_study_id_from_name(study.study_name)
+    now = datetime.datetime.now()
+    done = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = t.system_attrs.get(ASKING_ATTR)
+        if who is None or t.user_attrs.get(ASKED) is not None:
+            continue
+        old = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > grace
+        if not (process_gone(who) or old):
+            continue
+        tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
+        try:
+            write_interrupted(optuna.trial.Trial(study, tid))
+            if storage.set_trial_state_values(tid, state=TrialState.FAIL):
+                done.append(t.number)
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            continue  # told or settled by another process first
+    return done
 
 
 def live_trials(study: Any, *, below: int | None = None) -> list[Any]:
@@ -327,6 +374,6 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
         pass  # unusable: the trial has a heartbeat, so it is failed after the grace period
 
 
-__all__ = ["DEVICES_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "WORKER_ATTR", "fail_stale",
-           "heartbeat", "heartbeat_settings", "live_trials", "owner_gone", "release",
+__all__ = ["ASKING_ATTR", "DEVICES_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "WORKER_ATTR", "fail_stale",
+           "heartbeat", "heartbeat_settings", "live_trials", "owner_gone", "process_gone", "release",
            "wait_for_earlier_proposals", "worker_name", "worker_trial"]

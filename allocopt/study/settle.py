@@ -25,7 +25,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from allocopt.study.handles import _STORAGES
-from allocopt.study.hold import fail_stale, owner_gone
+from allocopt.study.hold import fail_stale, owner_gone, release_cut_reservations
 
 MAX_RETRY = 1
 """How often a dead worker's trial is run again (by another worker, or on resume)."""
@@ -124,7 +124,11 @@ def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
        record when the record is whole (:func:`recorded_values`: told COMPLETE with the
        recorded targets), else failed and its work enqueued to run again once (the
        stale-heartbeat callback, :class:`StaleTrialCallback`);
-    2. RUNNING trials silent for the grace period (any host) are failed the same way
+    2. a reservation of ``allocopt ask`` cut short (no ``asked`` record: the ``ask`` failed
+       half-way, e.g. on a full disk, and could not give it back) whose ``ask`` is gone or that
+       is older than the grace period is failed as interrupted
+       (:func:`allocopt.study.hold.release_cut_reservations`); RUNNING trials silent for the
+       grace period (any host) are failed the same way
        (Optuna's ``fail_stale_trials``; a whole record becomes a COMPLETE trial of its own);
     3. a trial stopped by Ctrl-C / SIGTERM (:func:`allocopt.record.is_interrupted`) with
        parameters and no re-run yet is enqueued to run again (:func:`requeue_interrupted`).
@@ -163,6 +167,7 @@ def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
                     cb(study, copy.deepcopy(storage.get_trial(tid)))
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
             continue  # another process settled it first
+    out["failed"] += release_cut_reservations(study, storage)
     before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
     fail_stale(study)
     out["failed"] += sorted({t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
