@@ -615,4 +615,6 @@ def objective_for_plans(spec: Any) -> Any:
     try:
         return get_objective(spec.objective, **spec.objective_settings)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"objective={spec.objective!r}: {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0]
+        named = f"objective={spec.objective!r}: "
+        raise ConfigError(first if first.startswith(named) else named + first) from None

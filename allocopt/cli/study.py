@@ -168,7 +168,8 @@ def print_plans(s: Any) -> None:
     head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
             if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
     t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # 80 columns, nothing cut
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+              padding=(0, 0) if tb else (0, 1))  # 80 columns, nothing cut (a time budget's two more columns too)
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
     epochs = any(p is not None and p.epochs is not None for _, p, _ in plans)
@@ -186,7 +187,7 @@ def print_plans(s: Any) -> None:
                       f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
                       *((("-" if p.epochs is None else f"{p.epochs:.1f}"),) if epochs else ()),
                       share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
-                      *((f"{p.budget_flops:.2e}", f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
+                      *((f"{p.budget_flops:.2e}".replace("e+", "e"), f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
                       *((note,) if notes else ()))
     t.caption = ("got: realized rho; mu: update passes; batch: rollouts per iteration; "
                  + ("ep: epochs, passes over the training set; " if epochs else "")
