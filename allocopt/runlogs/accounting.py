@@ -73,7 +73,9 @@ def account_any(recipe: Path | None = None, *, runs: Mapping[str, Path | None] |
     run = _import_run(kind, path, {k: v for k, v in given.items() if v is not None})
     rates = run.achieved(peak_tflops)
     profile = _save_profile(run, save_throughput, gpu) if save_throughput is not None else None
-    return Accounting(run.account, f"{run.engine} run {run.source}: {run.steps} step(s)",
+    tool = {"from_trl": "TRL", "from_verl": "verl", "from_openrlhf": "OpenRLHF", "from_nemo_rl": "NeMo-RL"}[kind]
+    priced = "" if tool.lower() == run.engine.lower() or kind == "from_trl" else f" (priced with the {run.engine} engine model)"
+    return Accounting(run.account, f"{tool} run {run.source}: {run.steps} step(s){priced}",
                       {**run.to_dict(), "achieved": rates}, run=run, rates=rates, profile=profile)
 
 
