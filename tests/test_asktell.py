@@ -210,6 +210,7 @@ def test_ask_reserved_trials_are_left_to_tell(tmp_path, monkeypatch, cli):
     assert [t.state.name for t in st.trials].count("RUNNING") == 1
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds (CI runs -m slow)
 def test_race_pilots_reserved_by_ask_outlive_the_grace_period(tmp_path, monkeypatch, cli):
     """RACE's sampler claims each pilot it hands out; a claim written for ``ask`` carries no
     heartbeat, so the pilot is still RUNNING (and told) after the grace period has passed."""

@@ -67,6 +67,7 @@ def test_default_variant_is_unchanged():
     assert response(0.45, 8, "prm", variant="flat") == pytest.approx(0.36 + 0.03 + 0.04)
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds (CI runs -m slow)
 def test_budget_drift_and_model_size_shift():
     # +0.03 in rho* per decade of budget, every variant
     for v in VARIANTS:

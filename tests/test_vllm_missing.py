@@ -19,6 +19,7 @@ if importlib.util.find_spec("vllm") is not None:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds (CI runs -m slow)
 def test_trl_vllm_without_vllm_is_one_line_exit_2(qwen_world, tmp_path):
     prm = str(qwen_world["prm"])
     sets = {"model": str(qwen_world["policy"]), "reward_model_prm": prm, "reward_model_proxy_prm": prm,

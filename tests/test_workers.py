@@ -52,6 +52,7 @@ def _spec(**kw):
     return StudySpec(**{**base, **kw})
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds (CI runs -m slow)
 def test_opening_never_touches_running_trials_postgres(pg_database, monkeypatch):
     """A second worker opening the study leaves the first worker's live trial RUNNING; a
     stale one (no heartbeat for the grace period) is failed and retried exactly once."""

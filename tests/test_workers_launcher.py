@@ -146,6 +146,7 @@ def test_workers_share_a_study_each_with_its_gpu(tmp_path):
     assert first["0"] != first["1"]
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds (CI runs -m slow)
 def test_workers_run_exactly_the_trials_asked(tmp_path):
     """Three workers (the launcher, one subprocess each) on one SQLite study with ``--trials 5``
     and 1 s trials: exactly 5 trials complete. (Each worker counted only the finished trials

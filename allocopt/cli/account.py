@@ -116,7 +116,7 @@ MICRO_HELP = ("Trained rows per GPU in one forward call of the update: verl's ac
               "MoE experts reads it: peft folds the expert adapters once per call. "
               "\\[default: 1, allocopt's driver]")
 LOG_PROB_MICRO_HELP = ("Rows per GPU in one forward call of the old-policy log-prob pass: verl's "
-                       "rollout log_prob_micro_batch_size_per_gpu (no default); "
+                       "rollout log-prob micro batch size per GPU (no default); "
                        "TRL uses per_device_train_batch_size. \\[default: --micro-batch-size]")
 
 
