@@ -110,6 +110,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow  # a whole study or build end to end, several seconds (CI runs -m slow)
 def test_failed_commands_fail_their_trials_and_the_study_goes_on(cli, command_objective, tmp_path):
     (tmp_path / "job.sh").write_text(JOB)
     url = f"sqlite:///{tmp_path}/s.db"

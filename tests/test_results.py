@@ -418,6 +418,7 @@ def test_no_forms_still_switch_off(capsys):
     assert e.value.code == 2 and "both given" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a whole study or build end to end, several seconds (CI runs -m slow)
 def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys, mlflow_store):
     """At its end a study logs `allocopt report`'s page and figures into its MLflow parent run
     (artifacts report/); a report that fails costs one line, never the finished study."""

@@ -93,6 +93,7 @@ def test_failed_trial_is_recorded_and_study_goes_on(tmp_path):
     assert sum(r.state == "COMPLETE" for r in rs.values()) == 4
 
 
+@pytest.mark.slow  # a whole study or build end to end, several seconds (CI runs -m slow)
 def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
     """Resume: a killed worker's trial (stale heartbeat) is failed and run again once with the
     same allocation; a trial reserved by `allocopt ask` (RUNNING, no heartbeat) is left alone."""
@@ -353,6 +354,7 @@ def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     assert "interrupted (Ctrl-C; each run again): 2 trial(s)" in out
 
 
+@pytest.mark.slow  # a whole study or build end to end, several seconds (CI runs -m slow)
 def test_run_study_from_python_stores_the_final_answer(tmp_path):
     """A Python caller of run_study (RACE sampler: pilots, then full runs) gets the one answer
     stored as the command line stores it: in the Optuna study and on the MLflow parent run."""

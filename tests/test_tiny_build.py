@@ -252,6 +252,7 @@ def test_corrupted_cache_is_rebuilt_whole(quick, tmp_path, monkeypatch):
     assert build_world(copy.root, **QUICK) == copy and counter.calls == 1  # now a hit
 
 
+@pytest.mark.slow  # a whole study or build end to end, several seconds (CI runs -m slow)
 def test_interrupted_build_leaves_no_half_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(tb, "train_prm", _raiser(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
