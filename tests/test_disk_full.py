@@ -222,13 +222,8 @@ def test_only_mlflows_disk_full_after_optuna_complete(tmp_path, disk):
     print(f"after resume: mlflow {by_trial}; parents {parents}")
 
 
-@pytest.mark.slow  # a study, three asks and two tells on a tmpfs: ~30 s on 2 loaded cores
-def test_ask_and_tell_on_a_real_full_disk(tmp_path, disk, cli):
-    """``ask`` and ``tell`` with the study's Optuna file on a tmpfs that is full: one line
-    naming the file and what to do, exit 1, no traceback, nothing recorded lost. Space freed:
-    the same ``tell`` records the trial; no trial the failed ``ask`` reserved is left RUNNING."""
-    import optuna
-
+def _two_trial_study(disk: Path) -> str:
+    """A finished 2-trial synthetic study (random sampler) in ``<disk>/o.db``; its URL."""
     from allocopt.spec import SearchSpace, StudySpec
     from allocopt.study.loop import run_study
     from objectives.synthetic import SyntheticObjective
@@ -239,6 +234,17 @@ def test_ask_and_tell_on_a_real_full_disk(tmp_path, disk, cli):
                                                                 rewards=("sparse", "dense")))
     obj = SyntheticObjective()
     run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    return url
+
+
+@pytest.mark.slow  # a study, three asks and two tells on a tmpfs: ~30 s on 2 loaded cores
+def test_ask_and_tell_on_a_real_full_disk(tmp_path, disk, cli):
+    """``ask`` and ``tell`` with the study's Optuna file on a tmpfs that is full: one line
+    naming the file and what to do, exit 1, no traceback, nothing recorded lost. Space freed:
+    the same ``tell`` records the trial; no trial the failed ``ask`` reserved is left RUNNING."""
+    import optuna
+
+    url = _two_trial_study(disk)
     r = cli("ask", "--study", "at", "--storage", url, "--out", tmp_path / "asked", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     asked = [t.number for t in optuna.load_study(study_name="at", storage=url).trials if t.state.name == "RUNNING"]
@@ -291,16 +297,7 @@ def test_an_ask_cut_short_by_a_full_disk_after_reserving_leaves_nothing_running(
     import optuna
 
     import allocopt.study.asktell as asktell
-    from allocopt.spec import SearchSpace, StudySpec
-    from allocopt.study.loop import run_study
-    from objectives.synthetic import SyntheticObjective
-
-    url = f"sqlite:///{disk}/o.db"
-    s = StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
-                  sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
-                                                                rewards=("sparse", "dense")))
-    obj = SyntheticObjective()
-    run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    url = _two_trial_study(disk)
     before = [(t.number, t.state.name, t.params, t.values)
               for t in optuna.load_study(study_name="at", storage=url).trials]
     real, freed = asktell.write_start, []

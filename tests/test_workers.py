@@ -294,6 +294,17 @@ def test_two_workers_start_together_on_fresh_sqlite_files(tmp_path):
     assert all(t.state.name == "COMPLETE" for t in st.trials)
 
 
+def _six_complete(study, dists) -> None:
+    """Six complete trials, as the loop records them (a satisfied budget constraint), on a
+    smooth target with its optimum near rho 0.55, prm and G 8."""
+    for rho, g, r in [(0.25, 2, "sparse"), (0.45, 8, "prm"), (0.6, 2, "prm"), (0.75, 8, "sparse"),
+                      (0.85, 2, "prm"), (0.35, 8, "sparse")]:
+        study.enqueue_trial({"rho": rho, "group_size": g, "reward": r})
+        t = study.ask(dists)
+        t.set_constraint("budget", -1.0)
+        study.tell(t, 0.6 - (rho - 0.55) ** 2 + 0.05 * (r == "prm") + 0.02 * (g == 8))
+
+
 def _alloc_distance(a: dict, b: dict, rho_range: float) -> float:
     """How far apart two plain-BO proposals are: |Δρ| as a share of the ρ range, plus 1 for a
     different group size and 1 for a different reward system."""
@@ -315,13 +326,7 @@ def test_botorch_takes_other_workers_running_trials_as_pending(tmp_path, monkeyp
     spec = _spec(name="bo", sampler="botorch", startup_trials=4)
     dists = distributions(spec)
     a = open_study(spec, url)
-    # six complete trials, as the loop records them (a satisfied budget constraint)
-    for rho, g, r in [(0.25, 2, "sparse"), (0.45, 8, "prm"), (0.6, 2, "prm"), (0.75, 8, "sparse"),
-                      (0.85, 2, "prm"), (0.35, 8, "sparse")]:
-        a.enqueue_trial({"rho": rho, "group_size": g, "reward": r})
-        t = a.ask(dists)
-        t.set_constraint("budget", -1.0)
-        a.tell(t, 0.6 - (rho - 0.55) ** 2 + 0.05 * (r == "prm") + 0.02 * (g == 8))
+    _six_complete(a, dists)
     a.sampler = make_sampler(spec)
     x = a.ask(dists)  # worker A: RUNNING at x
     b = open_study(spec, url)  # worker B, another handle on the same file
@@ -355,12 +360,7 @@ def test_a_worker_samples_after_the_workers_that_asked_before_it(tmp_path, monke
     spec = _spec(name="order", sampler="botorch", startup_trials=4)
     dists = distributions(spec)
     a = open_study(spec, url)
-    for rho, g, r in [(0.25, 2, "sparse"), (0.45, 8, "prm"), (0.6, 2, "prm"), (0.75, 8, "sparse"),
-                      (0.85, 2, "prm"), (0.35, 8, "sparse")]:
-        a.enqueue_trial({"rho": rho, "group_size": g, "reward": r})
-        t = a.ask(dists)
-        t.set_constraint("budget", -1.0)
-        a.tell(t, 0.6 - (rho - 0.55) ** 2 + 0.05 * (r == "prm") + 0.02 * (g == 8))
+    _six_complete(a, dists)
     a.sampler = make_sampler(spec)
     first = a.ask()  # worker A has asked, not sampled yet (live: asked < one heartbeat ago)
     b = open_study(spec, url)
