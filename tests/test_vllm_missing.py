@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("vllm") is not None:
-    pytest.skip("vLLM is installed here: tests/test_vllm_cpu.py runs engine=trl-vllm",
-                allow_module_level=True)
+# for the machine without vLLM (where vLLM is installed, tests/test_vllm_cpu.py runs engine=trl-vllm)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                                reason="vLLM is installed here: tests/test_vllm_cpu.py runs engine=trl-vllm")
 
 ROOT = Path(__file__).resolve().parents[1]
 
