@@ -2,8 +2,9 @@
 
 Every reward system × every G of the tiny study's space × ρ at ``--rho-levels`` evenly spaced
 levels over its range, at the full budget (``--budget``, 3e11 FLOPs as ``studies/tiny.toml``)
-with ``--full-seeds`` seeds and at the pilot budget (``--pilot-fraction`` of it, 25 % as the
-tiny study) with ``--pilot-seeds`` seeds. Each trial is one real run of the ``tiny`` objective
+with ``--full-seeds`` seeds and at each pilot budget (``--pilot-fractions`` of it: 25 % as the
+tiny study by default, fidelity ``pilot``; another fraction is fidelity ``pilot<percent>``, e.g.
+``pilot10``, optionally at ``--pilot-group-sizes`` only) with ``--pilot-seeds`` seeds. Each trial is one real run of the ``tiny`` objective
 (TRL GRPO + LoRA on the CPU, scored on every target: ``native_reward``, ``pass_at_1``,
 ``judge``), exactly as a study runs it: :func:`allocopt.plan.allocation.make_plan` and
 ``objective.run(plan, seed=seed)``. Nothing is simulated.
@@ -22,6 +23,8 @@ Usage::
     python benchmarks/tiny_grid.py --estimate      # how many trials are left and how long
     nice -n 10 python benchmarks/tiny_grid.py      # run (resumes)
     python benchmarks/tiny_grid.py --limit 4       # at most 4 more trials, then stop
+    python benchmarks/tiny_grid.py --fidelities pilot   # only the 25 % pilots (the cheap quarter)
+    python benchmarks/tiny_grid.py --pilot-fractions 0.25 0.1 --pilot-group-sizes 4  # + pilots at 10 %, G 4
 """
 
 from __future__ import annotations
@@ -58,18 +61,27 @@ class Cell:
         return (self.reward, self.group_size, f"{self.rho:.4f}", self.fidelity, self.seed)
 
 
+def fidelity_name(pilot_fraction: float) -> str:
+    """The table's fidelity label of pilots at ``pilot_fraction`` of the budget: ``pilot`` for the
+    tiny study's 25 %, ``pilot<percent>`` for another fraction (``pilot10`` at 10 %)."""
+    return "pilot" if abs(pilot_fraction - 0.25) < 1e-9 else f"pilot{pilot_fraction * 100:g}"
+
+
 def grid(args: argparse.Namespace) -> list[Cell]:
-    """Every trial of the grid, breadth first (seed rank, then fidelity, then the cells)."""
+    """Every trial of the grid, breadth first (seed rank, then fidelity, then the cells); pilot
+    fidelities only at ``--pilot-group-sizes`` (default every G)."""
     lo, hi = args.rho_range
     levels = [round(lo + (hi - lo) * i / (args.rho_levels - 1), 4) for i in range(args.rho_levels)]
+    fids = [("full", args.full_seeds, args.budget, args.group_sizes)]
+    fids += [(fidelity_name(f), args.pilot_seeds, args.budget * f, args.pilot_group_sizes or args.group_sizes)
+             for f in args.pilot_fractions]
     out = []
     for rank in range(max(args.full_seeds, args.pilot_seeds)):
-        for fidelity, seeds, budget in (("full", args.full_seeds, args.budget),
-                                        ("pilot", args.pilot_seeds, args.budget * args.pilot_fraction)):
+        for fidelity, seeds, budget, gs in fids:
             if rank >= seeds:
                 continue
             for reward in args.rewards:
-                for g in args.group_sizes:
+                for g in gs:
                     for rho in levels:
                         out.append(Cell(reward, g, rho, fidelity, budget, rank))
     return out
@@ -148,44 +160,58 @@ def append(table: Path, curves_file: Path, row: dict, curves: list[dict]) -> Non
 
 
 def mean_wall(table: Path) -> dict[str, float]:
-    """Mean wall seconds per fidelity of the finished trials (for the estimate)."""
+    """Median wall seconds per fidelity of the finished trials (for the estimate; the median,
+    since trials run beside other work took up to 10x longer)."""
     out: dict[str, list[float]] = {}
     if table.exists():
         with table.open(newline="") as f:
             for r in csv.DictReader(f):
                 if r["wall_seconds"]:
                     out.setdefault(r["fidelity"], []).append(float(r["wall_seconds"]))
-    return {k: sum(v) / len(v) for k, v in out.items()}
+    return {k: sorted(v)[len(v) // 2] for k, v in out.items()}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=3e11, help="full budget, FLOPs (default 3e11)")
-    p.add_argument("--pilot-fraction", type=float, default=0.25)
+    p.add_argument("--pilot-fractions", "--pilot-fraction", type=float, nargs="+", default=[0.25],
+                   help="pilot budgets as fractions of --budget (default 0.25, the tiny study's); "
+                        "fidelity 'pilot' at 0.25, 'pilot10' at 0.1, ...")
+    p.add_argument("--pilot-group-sizes", type=int, nargs="+", default=None,
+                   help="G of the pilot cells (default: --group-sizes)")
     p.add_argument("--rho-range", type=float, nargs=2, default=(0.2, 0.9))
     p.add_argument("--rho-levels", type=int, default=8)
     p.add_argument("--group-sizes", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--rewards", nargs="+", default=["sparse", "structured", "dense", "proxy_prm", "prm"])
     p.add_argument("--full-seeds", type=int, default=3)
     p.add_argument("--pilot-seeds", type=int, default=2)
+    p.add_argument("--fidelities", nargs="+", default=None,
+                   help="run only these fidelities (full, pilot, pilot10, ...; e.g. the pilots first: "
+                        "they take a quarter of the time); default all")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit", type=int, default=None, help="run at most this many trials, then stop")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--estimate", action="store_true", help="print what is left and how long; run nothing")
     args = p.parse_args()
-    if args.rho_levels < 2 or not 0 < args.pilot_fraction < 1 or args.workers < 1:
-        sys.exit("error: --rho-levels >= 2, 0 < --pilot-fraction < 1 and --workers >= 1")
+    if args.rho_levels < 2 or not all(0 < f < 1 for f in args.pilot_fractions) or args.workers < 1:
+        sys.exit("error: --rho-levels >= 2, 0 < --pilot-fractions < 1 and --workers >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
     table, curves_file = args.out / "trials.csv", args.out / "curves.jsonl"
     cells = grid(args)
     done = done_keys(table)
     todo = [c for c in cells if c.key() not in done]
+    n_done = len(cells) - len(todo)
+    if args.fidelities:
+        todo = [c for c in todo if c.fidelity in args.fidelities]
     walls = mean_wall(table)
-    guess = {"full": walls.get("full", 75.0), "pilot": walls.get("pilot", 25.0)}
+    # a fidelity without finished trials yet: the full trials' mean scaled by its budget share
+    full_wall = walls.get("full", 75.0)
+    guess = {c.fidelity: walls.get(c.fidelity, max(10.0, full_wall * c.budget_flops / args.budget)) for c in cells}
     left_s = sum(guess[c.fidelity] for c in todo) / args.workers
-    print(f"grid: {len(cells)} trials, {len(cells) - len(todo)} done, {len(todo)} left; "
+    print(f"grid: {len(cells)} trials, {n_done} done, {len(todo)} left"
+          f"{' in ' + '/'.join(args.fidelities) if args.fidelities else ''}; "
           f"about {left_s / 3600:.1f} h with {args.workers} workers "
-          f"(mean wall per trial: full {guess['full']:.0f} s, pilot {guess['pilot']:.0f} s"
+          f"(mean wall per trial: {', '.join(f'{k} {v:.0f} s' for k, v in guess.items())}"
           f"{'' if walls else ', guessed'})", flush=True)
     if args.estimate or not todo:
         return

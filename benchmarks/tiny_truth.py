@@ -39,11 +39,12 @@ Noise: the seed-to-seed sd of each target at a cell (cells with >= 2 seeds; medi
 against the evaluation's binomial sd at the cell's mean.
 
 Pilot design (:func:`pilot_design`): at no more pilot compute than ``studies/tiny.toml`` (30
-pilots at 25 %: 7.5 full runs, 6 pilots per reward system), each candidate design (RACE's own
-grid, or k measured ρ levels × one or two G; RACE's kernel width 0.2, 0.35 or 0.5) is replayed
-from the table's pilot rows (the ``tiny-table`` objective) and diagnosed by RACE; its same-regime
-rate is the share of (reward, target, replay) whose regime equals the full table's, over the
-pairs whose full regime is clear. Needs pilot rows; says so when there are none.
+pilots at 25 %: 7.5 full runs), at every pilot fraction the table measured (25 %: 6 pilots per
+reward system; 10 %: 15), each candidate design (RACE's own grid, or k measured ρ levels × a set
+of G; RACE's kernel width 0.2, 0.35 or 0.5) is replayed from the table's pilot rows (the
+``tiny-table`` objective) and diagnosed by RACE; its same-regime rate is the share of (reward,
+target, replay) whose regime equals the full table's, over the pairs whose full regime is clear.
+Needs pilot rows; says so when there are none.
 
 Output: tables on stdout; in ``--out`` (default the table's folder) ``README.md`` (generated:
 coverage, tables, answers) and ``tiny_truth.png`` (each target against ρ per reward system,
@@ -74,7 +75,14 @@ CLEAR = 0.8
 GRID_G = (2, 4, 8)
 GRID_LEVELS = 8
 GRID_SEEDS = {"full": 3, "pilot": 2}
-"""The grid ``benchmarks/tiny_grid.py`` runs by default (for the coverage table)."""
+"""The grid ``benchmarks/tiny_grid.py`` runs by default (for the coverage table); another pilot
+fidelity (``pilot10``: pilots at 10 %, ``--pilot-fractions``) has the pilots' seeds."""
+
+
+def fidelities(grs: dict) -> list[str]:
+    """The table's fidelities, ``full`` first, then the pilots by budget, largest first."""
+    budget = {f: g.budget_flops for (w, f), g in grs.items()}
+    return sorted(budget, key=lambda f: (f != "full", -budget[f]))
 
 
 def smooth(y: Any) -> Any:
@@ -106,6 +114,7 @@ class Group:
     levels: tuple[float, ...]
     complete_g: tuple[int, ...]
     """G measured at every ρ level (the ones ρ* is read from)."""
+    budget_flops: float = 0.0
     values: dict[int, dict[float, Any]] = field(default_factory=dict)
     shares: dict[int, dict[float, float]] = field(default_factory=dict)
     """Mean reward share of executed FLOPs per cell."""
@@ -127,7 +136,9 @@ def groups(rows: Sequence[Row]) -> dict[tuple[str, str], Group]:
     out = {}
     for (w, f), per_g in by.items():
         g_done = tuple(sorted(g for g, c in per_g.items() if all(x in c for x in levels)))
-        grp = Group(w, f, levels, g_done, trials=sum(len(v) for c in per_g.values() for v in c.values()))
+        first = next(iter(next(iter(per_g.values())).values()))[0]
+        grp = Group(w, f, levels, g_done, budget_flops=first.budget_flops,
+                    trials=sum(len(v) for c in per_g.values() for v in c.values()))
         for g, c in per_g.items():
             grp.values[g] = {x: np.array([[r.targets[t] for t in COMMON_TARGETS] for r in sorted(rs, key=lambda r: r.seed)])
                              for x, rs in c.items()}
@@ -294,16 +305,20 @@ def q2_targets(est: dict) -> list[dict[str, Any]]:
 
 
 def q3_pilots(est: dict) -> list[dict[str, Any]]:
-    """Per reward system and target with both fidelities: the pilot regime vs the full one."""
+    """Per pilot fidelity, reward system and target with a full curve too: the pilot grid's
+    regime vs the full budget's."""
     out = []
-    for w in REWARDS:
-        for t in COMMON_TARGETS:
-            f, p = est.get((w, "full", t)), est.get((w, "pilot", t))
-            if f is None or p is None:
-                continue
-            agree = sum(a == b for a, b in zip(p.regime_draws, f.regime_draws)) / len(f.regime_draws)
-            out.append({"reward": w, "target": t, "full": f.regime, "pilot": p.regime, "match": f.regime == p.regime,
-                        "p_match": agree, "clear": f.clear, "rho_full": f.rho, "rho_pilot": p.rho})
+    pilots = sorted({f for (_, f, _) in est if f != "full"}, key=lambda f: (f != "pilot", f))
+    for pf in pilots:
+        for w in REWARDS:
+            for t in COMMON_TARGETS:
+                f, p = est.get((w, "full", t)), est.get((w, pf, t))
+                if f is None or p is None:
+                    continue
+                agree = sum(a == b for a, b in zip(p.regime_draws, f.regime_draws)) / len(f.regime_draws)
+                out.append({"fidelity": pf, "reward": w, "target": t, "full": f.regime, "pilot": p.regime,
+                            "match": f.regime == p.regime, "p_match": agree, "clear": f.clear,
+                            "rho_full": f.rho, "rho_pilot": p.rho})
     return out
 
 
@@ -312,10 +327,8 @@ def noise_table(grs: dict) -> list[dict[str, Any]]:
     import numpy as np
 
     out = []
-    for f in ("full", "pilot"):
+    for f in fidelities(grs):
         gs = [g for (w, ff), g in grs.items() if ff == f]
-        if not gs:
-            continue
         pooled, n = pooled_sd(gs)
         for k, t in enumerate(COMMON_TARGETS):
             sds, bins, allmeans = [], [], []
@@ -334,11 +347,14 @@ def noise_table(grs: dict) -> list[dict[str, Any]]:
 
 
 def coverage(grs: dict, other: Sequence[dict]) -> list[dict[str, Any]]:
+    """Per reward system and fidelity (the default grid's two, then any other measured): trials
+    measured against the default grid's count (other pilot fidelities: at the pilots' seeds)."""
     out = []
+    fids = list(dict.fromkeys(["full", "pilot", *fidelities(grs)]))
     for w in REWARDS:
-        for f in ("full", "pilot"):
+        for f in fids:
             grp = grs.get((w, f))
-            want = len(GRID_G) * GRID_LEVELS * GRID_SEEDS[f]
+            want = len(GRID_G) * GRID_LEVELS * GRID_SEEDS.get(f, GRID_SEEDS["pilot"])
             bad = sum(1 for r in other if r["reward"] == w and r["fidelity"] == f)
             out.append({"reward": w, "fidelity": f, "trials": grp.trials if grp else 0, "of": want,
                         "not_complete": bad, "complete_g": grp.complete_g if grp else (),
@@ -362,7 +378,7 @@ def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: 
     grs = groups(rows)
     rng = np.random.default_rng(seed)
     est: dict[tuple[str, str, str], Estimate] = {}
-    for f in ("full", "pilot"):
+    for f in fidelities(grs):
         sd, _ = pooled_sd([g for (w, ff), g in grs.items() if ff == f])
         for w in REWARDS:
             grp = grs.get((w, f))
@@ -420,18 +436,23 @@ def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: 
         n_dis = sum(a["disagree"] for a in q2)
         L.append(f"- {n_dis} of {len(q2)} (reward, pair) comparisons have an interval that excludes 0")
     L.append("")
-    L.append("Q3. Would a pilot grid at 25 % have named the full budget's regime?")
+    L.append("Q3. Would a pilot grid at 25 % have named the full budget's regime? (the same for any other pilot "
+             "fraction measured)")
     if not q3:
         L.append("- not answerable yet: no reward system has both a full and a pilot curve measured at every ρ level "
-                 f"(pilot trials in the table: {sum(c['trials'] for c in cov if c['fidelity'] == 'pilot')})")
-    else:
-        m = sum(a["match"] for a in q3)
-        clear = [a for a in q3 if a["clear"]]
-        L.append(f"- same regime in {m} of {len(q3)} (reward, target) pairs; where the full regime is clear "
-                 f"(>= {CLEAR:.0%} of draws): {sum(a['match'] for a in clear)} of {len(clear)}")
-        for a in q3:
+                 f"(pilot trials in the table: {sum(c['trials'] for c in cov if c['fidelity'] != 'full')})")
+    for pf in dict.fromkeys(a["fidelity"] for a in q3):
+        qs = [a for a in q3 if a["fidelity"] == pf]
+        m = sum(a["match"] for a in qs)
+        clear = [a for a in qs if a["clear"]]
+        frac = next(g.budget_flops for (w, f), g in grs.items() if f == pf) / next(
+            g.budget_flops for (w, f), g in grs.items() if f == "full")
+        L.append(f"- pilots at {frac:.0%} ({pf}): same regime in {m} of {len(qs)} (reward, target) pairs "
+                 f"(P(match) over draws, mean: {sum(a['p_match'] for a in qs) / len(qs):.2f}); where the full regime "
+                 f"is clear (>= {CLEAR:.0%} of draws): {sum(a['match'] for a in clear)} of {len(clear)}")
+        for a in qs:
             L.append(f"  - {a['reward']} {a['target']}: pilot {a['pilot']} (ρ* {a['rho_pilot']:.2f}) vs full {a['full']} "
-                     f"(ρ* {a['rho_full']:.2f}); P(match over draws) = {a['p_match']:.2f}")
+                     f"(ρ* {a['rho_full']:.2f}{', clear' if a['clear'] else ''}); P(match over draws) = {a['p_match']:.2f}")
     L.append("")
     L.append(f"Noise: seed-to-seed sd of each target at a cell (cells with >= 2 seeds) vs the evaluation's binomial sd "
              f"sqrt(p(1-p)/{EVAL_PROBLEMS}):")
@@ -477,34 +498,42 @@ BANDWIDTHS = (0.2, 0.35, 0.5)
 """Kernel widths tried (0.2: RACE's default)."""
 
 
-def candidate_designs(levels: Sequence[float], gs: Sequence[int], per_reward: int) -> list[Design]:
+def candidate_designs(levels: Sequence[float], gs: Sequence[int], per_reward: int,
+                      label: str = "") -> list[Design]:
     """Per kernel width (:data:`BANDWIDTHS`; the first design, RACE's own grid at the study's
     pilot count and width 0.2, is what ``studies/tiny.toml`` runs): RACE's grid, then every
-    design of ``k`` evenly spaced measured ρ levels (k >= 3) × a set of one or two G with
-    ``k × |G| <= per_reward`` pilots per reward system."""
+    design of ``k`` evenly spaced measured ρ levels (k >= 3) × a set of G (any non-empty subset
+    of ``gs``) with ``k × |G| <= per_reward`` pilots per reward system. ``label`` (e.g. ``at
+    25 %``) is appended to each name."""
+    from itertools import combinations
+
     out = []
-    subsets = [(g,) for g in gs] + [(a, b) for i, a in enumerate(gs) for b in gs[i + 1:]]
+    subsets = [c for n in range(1, len(gs) + 1) for c in combinations(gs, n)]
+    tail = f" {label}" if label else ""
     for h in BANDWIDTHS:
-        out.append(Design(f"RACE grid, pilots={per_reward * len(REWARDS)}, bandwidth {h}", max_pilots=per_reward * len(REWARDS),
-                          bandwidth=h))
+        out.append(Design(f"RACE grid, pilots={per_reward * len(REWARDS)}, bandwidth {h}{tail}",
+                          max_pilots=per_reward * len(REWARDS), bandwidth=h))
         for sub in subsets:
             for k in range(3, len(levels) + 1):
                 if k * len(sub) > per_reward:
                     break
                 lv = sorted({levels[round(i * (len(levels) - 1) / (k - 1))] for i in range(k)})
-                out.append(Design(f"{k} rho levels x G={'/'.join(map(str, sub))}, bandwidth {h}",
+                out.append(Design(f"{k} rho levels x G={'/'.join(map(str, sub))}, bandwidth {h}{tail}",
                                   tuple((x, g) for g in sub for x in lv), bandwidth=h))
     return out
 
 
 def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
-                 per_reward: int = STUDY_PILOTS // len(REWARDS)) -> dict[str, Any]:
-    """Same-regime rate of each candidate design (:func:`candidate_designs`): per reward system
-    and target whose full-budget regime is clear, per draw, the design's pilots are replayed from
-    the table's pilot rows (:class:`objectives.tiny_table.TinyTableObjective`, one measured seed
+                 compute: float = STUDY_PILOTS * STUDY_PILOT_FRACTION) -> dict[str, Any]:
+    """Same-regime rate of each candidate design (:func:`candidate_designs`) at every pilot
+    fidelity of the table, each at no more than ``compute`` full runs of pilot compute (at
+    fraction ``f``: ``floor(compute / f) // 5`` pilots per reward system). Per reward system and
+    target whose full-budget regime is clear, per draw, the design's pilots are replayed from the
+    table's pilot rows (:class:`objectives.tiny_table.TinyTableObjective`, one measured seed
     per point, ρ interpolated) and diagnosed by RACE (:func:`allocopt.race.diagnose.diagnose_group`);
     the rate is the share of (pair, draw) whose regime equals the full table's. ``{"note": ...}``
-    alone when the table has no pilot rows for a reward system with a clear regime."""
+    alone when no pilot fidelity has rows at every ρ level for a reward system with a clear regime;
+    ``notes`` lists the pilot fidelities left out and why."""
     from allocopt.errors import ConfigError
     from allocopt.race import RaceSettings
     from allocopt.race.diagnose import Observation, diagnose_group
@@ -512,50 +541,60 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
     from objectives.tiny_table import TinyTableObjective
 
     obj = TinyTableObjective(table=str(table))
-    clear = [e for (w, f, t), e in est.items() if f == "full" and e.clear]
-    if "pilot" not in obj.budgets:
-        return {"note": f"no pilot rows in the table yet ({len(clear)} (reward, target) pairs with a clear "
+    clear_all = [e for (w, f, t), e in est.items() if f == "full" and e.clear]
+    pilots = sorted((f for f in obj.budgets if f != "full"), key=lambda f: -obj.budgets[f])
+    if not pilots:
+        return {"note": f"no pilot rows in the table yet ({len(clear_all)} (reward, target) pairs with a clear "
                         "full-budget regime): the pilot design cannot be chosen from it"}
-    try:
-        pspace = obj.space("pilot")
-    except ConfigError as e:
-        return {"note": f"no reward system has pilot rows at every rho level yet ({e})"}
-    clear = [e for e in clear if e.reward in pspace.rewards]
-    if not clear:
-        return {"note": "no reward system with pilot rows at every rho level has a clear full-budget regime "
-                        f"(>= {CLEAR:.0%} of draws)"}
-    space = SearchSpace(rho=pspace.rho, group_sizes=pspace.group_sizes, rewards=REWARDS)
-    budget = obj.budgets["pilot"]
-    rows = []
-    for d in candidate_designs(obj.rho_levels, pspace.group_sizes, per_reward):
-        hits = unknown = n = 0
-        npts = 0
-        for e in clear:
-            for r in range(draws):
-                allocs = d.allocations(space, e.reward, seed + r)
-                npts = len(allocs)
-                obs = []
-                for i, a in enumerate(allocs):
-                    try:
-                        t, fl, _ = obj.lookup(a, budget, seed=1000 * r + i)
-                    except ConfigError:
-                        continue
-                    tot = sum(fl.values())
-                    obs.append(Observation(i, a, t[e.target], budget, budget / obj.full_budget_flops, "pilot",
-                                           fl["reward"] / tot if tot else math.nan))
-                settings = RaceSettings(bootstrap=50, bandwidth=d.bandwidth)
-                lab = diagnose_group(obs, pspace.rho, settings, seed=seed + r).regime if obs else "unknown"
-                hits += lab == e.regime
-                unknown += lab == "unknown"
-                n += 1
-        rows.append({"design": d.name, "pilots_per_reward": npts, "compute": npts * len(REWARDS) * budget / obj.full_budget_flops,
-                     "rate": hits / n, "unknown": unknown / n, "n": n})
-    return {"rows": rows, "pairs": [(e.reward, e.target, e.regime) for e in clear], "draws": draws}
+    rows, notes, pairs = [], [], set()
+    for pf in pilots:
+        frac = obj.budgets[pf] / obj.full_budget_flops
+        try:
+            pspace = obj.space(pf)
+        except ConfigError as e:
+            notes.append(f"{pf}: no reward system has pilot rows at every rho level yet ({e})")
+            continue
+        clear = [e for e in clear_all if e.reward in pspace.rewards]
+        if not clear:
+            notes.append(f"{pf}: no reward system with pilot rows at every rho level has a clear full-budget "
+                         f"regime (>= {CLEAR:.0%} of draws)")
+            continue
+        pairs |= {(e.reward, e.target, e.regime) for e in clear}
+        space = SearchSpace(rho=pspace.rho, group_sizes=pspace.group_sizes, rewards=REWARDS)
+        budget = obj.budgets[pf]
+        per_reward = int(compute / frac + 1e-9) // len(REWARDS)
+        for d in candidate_designs(obj.rho_levels, pspace.group_sizes, per_reward, f"at {frac:.0%}"):
+            hits = unknown = n = npts = 0
+            for e in clear:
+                for r in range(draws):
+                    allocs = d.allocations(space, e.reward, seed + r)
+                    npts = len(allocs)
+                    obs = []
+                    for i, a in enumerate(allocs):
+                        try:
+                            t, fl, _ = obj.lookup(a, budget, seed=1000 * r + i)
+                        except ConfigError:
+                            continue
+                        tot = sum(fl.values())
+                        obs.append(Observation(i, a, t[e.target], budget, frac, "pilot",
+                                               fl["reward"] / tot if tot else math.nan))
+                    settings = RaceSettings(bootstrap=50, bandwidth=d.bandwidth)
+                    lab = diagnose_group(obs, pspace.rho, settings, seed=seed + r).regime if obs else "unknown"
+                    hits += lab == e.regime
+                    unknown += lab == "unknown"
+                    n += 1
+            rows.append({"design": d.name, "fidelity": pf, "fraction": frac, "pilots_per_reward": npts,
+                         "compute": npts * len(REWARDS) * frac, "rate": hits / n, "unknown": unknown / n, "n": n,
+                         "pairs": len(clear)})
+    if not rows:
+        return {"note": "; ".join(notes)}
+    return {"rows": rows, "pairs": sorted(pairs), "draws": draws, "notes": notes}
 
 
 def plot(grs: dict, path: Path) -> None:
-    """Each target against ρ per reward system: seeds as points (full filled, pilot hollow),
-    seed-means as lines, one colour per G."""
+    """Each target against ρ per reward system: seeds as points (full filled, pilots hollow),
+    seed-means as lines (full solid, 25 % pilots dotted, other pilot fractions dashed), one
+    colour per G."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -568,7 +607,8 @@ def plot(grs: dict, path: Path) -> None:
     for j, w in enumerate(REWARDS):
         for i, t in enumerate(COMMON_TARGETS):
             ax = axes[i][j]
-            for f, style in (("full", "-"), ("pilot", ":")):
+            for f in fidelities(grs):
+                style = {"full": "-", "pilot": ":"}.get(f, "--")
                 grp = grs.get((w, f))
                 if grp is None:
                     continue
@@ -581,7 +621,7 @@ def plot(grs: dict, path: Path) -> None:
                                    linewidths=0.8)
                     ax.plot(xs, [float(np.mean(c[x][:, i])) for x in xs], style, color=col, lw=1,
                             label=f"G={g} {f}")
-            if not any((w, f) in grs for f in ("full", "pilot")):
+            if not any((w, f) in grs for f in fidelities(grs)):
                 ax.text(0.5, 0.5, "no trials yet", ha="center", va="center", transform=ax.transAxes, fontsize=8,
                         color="grey")
                 ax.set_yticks([])
@@ -637,9 +677,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         rep["lines"].append(f"over {len(pd['pairs'])} (reward, target) pair(s) with a clear full regime x {pd['draws']} "
                             f"draws: {', '.join(f'{w}/{t}: {g}' for w, t, g in pd['pairs'])}")
-        rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | same regime | unknown |", "|---|---|---|---|---|"]
-        for r in sorted(pd["rows"], key=lambda r: -r["rate"]):
-            rep["lines"].append(f"| {r['design']} | {r['pilots_per_reward']} | {r['compute']:.2f} | {r['rate']:.2f} | {r['unknown']:.2f} |")
+        rep["lines"] += [f"- left out: {n}" for n in pd["notes"]]
+        rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | pairs | same regime | unknown |",
+                         "|---|---|---|---|---|---|"]
+        for r in sorted(pd["rows"], key=lambda r: (-r["rate"], r["compute"])):
+            rep["lines"].append(f"| {r['design']} | {r['pilots_per_reward']} | {r['compute']:.2f} | {r['pairs']} | "
+                                f"{r['rate']:.2f} | {r['unknown']:.2f} |")
     text = "\n".join(rep["lines"])
     print(text)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from objectives.tiny_table import read_table
-from tiny_grid_table import LEVELS, ROOT, write_table
+from tiny_grid_table import LEVELS, ROOT, grid_runner, write_table
 
 spec = importlib.util.spec_from_file_location("tiny_truth", ROOT / "benchmarks" / "tiny_truth.py")
 tt = importlib.util.module_from_spec(spec)
@@ -91,7 +91,7 @@ def test_pilot_design_on_a_table_with_pilots(tmp_path):
     pd = tt.pilot_design(rep["estimates"], table, draws=3)
     assert len(pd["pairs"]) == 6  # 2 reward systems x 3 targets, all clear
     first = pd["rows"][0]
-    assert first["design"] == "RACE grid, pilots=30, bandwidth 0.2" and first["pilots_per_reward"] == 6
+    assert first["design"] == "RACE grid, pilots=30, bandwidth 0.2 at 25%" and first["pilots_per_reward"] == 6
     # the study's design: 6 pilots over 2 G leave the local fit (3 + 1 coefficients) under one
     # degree of freedom on Kish's effective size at width 0.2: RACE says unknown every time
     assert first["unknown"] == 1.0 and first["compute"] == 7.5
@@ -100,3 +100,48 @@ def test_pilot_design_on_a_table_with_pilots(tmp_path):
     assert best["rate"] == 1.0  # peaks of 0.1 against seed sd 0.004, pilots shaped as the full runs
     empty = tt.pilot_design(rep["estimates"], write_table(tmp_path / "f.csv", _rows({"sparse": 0.7})))
     assert empty["note"].startswith("no pilot rows in the table yet")
+
+
+def test_a_second_pilot_fraction_is_answered_and_designed_apart(tmp_path):
+    # pilots at 25 % peak where the full runs do; pilots at 10 % (fidelity pilot10) peak at 0.3
+    rows = (_rows({"sparse": 0.7}) + _rows({"sparse": 0.7}, fidelity="pilot", seeds=(0, 2))
+            + [dict(r, budget_flops=3e10) for r in _rows({"sparse": 0.3}, fidelity="pilot10", seeds=(0, 2))])
+    table = write_table(tmp_path / "t.csv", rows)
+    good, other = read_table(table)
+    rep = tt.report(good, other, draws=100)
+    assert tt.fidelities(rep["groups"]) == ["full", "pilot", "pilot10"]
+    q3 = {(a["fidelity"], a["target"]): a for a in rep["q3"]}
+    assert len(q3) == 6
+    assert all(q3[("pilot", t)]["match"] for t in ("native_reward", "pass_at_1", "judge"))
+    assert q3[("pilot10", "pass_at_1")]["pilot"] == "search-heavy" and not q3[("pilot10", "pass_at_1")]["match"]
+    text = "\n".join(rep["lines"])
+    assert "- pilots at 25% (pilot): same regime in 3 of 3" in text
+    assert "- pilots at 10% (pilot10): same regime in 0 of 3" in text
+    pd = tt.pilot_design(rep["estimates"], table, draws=2)
+    by = {r["design"]: r for r in pd["rows"]}
+    # 7.5 full runs of pilot compute: 30 pilots at 25 % (6 per reward), 75 at 10 % (15 per reward);
+    # under a cap of 75 RACE runs its whole grid, 6 levels x 2 G x 5 rewards = 60 pilots: 6.0 runs
+    race10 = by["RACE grid, pilots=75, bandwidth 0.2 at 10%"]
+    assert race10["pilots_per_reward"] == 12 and race10["compute"] == pytest.approx(6.0)
+    assert by["5 rho levels x G=2/4, bandwidth 0.2 at 10%"]["pilots_per_reward"] == 10
+    assert "8 rho levels x G=2/4, bandwidth 0.2 at 10%" not in by  # 16 pilots > 15
+    assert all(r["compute"] <= 7.5 + 1e-9 for r in pd["rows"])
+    assert max(r["rate"] for r in pd["rows"] if r["fidelity"] == "pilot10") == 0.0  # they peak at 0.3
+    assert max(r["rate"] for r in pd["rows"] if r["fidelity"] == "pilot") == 1.0
+
+
+def test_grid_runner_names_and_orders_the_pilot_fractions():
+    import argparse
+
+    g = grid_runner()
+    assert (g.fidelity_name(0.25), g.fidelity_name(0.1), g.fidelity_name(0.5)) == ("pilot", "pilot10", "pilot50")
+    args = argparse.Namespace(rho_range=(0.2, 0.9), rho_levels=8, budget=3e11, pilot_fractions=[0.25, 0.1],
+                              pilot_group_sizes=[4], group_sizes=[2, 4, 8], rewards=["sparse", "prm"],
+                              full_seeds=3, pilot_seeds=2)
+    cells = g.grid(args)
+    # full: 2 rewards x 3 G x 8 levels x 3 seeds; each pilot fraction: 2 x 1 G x 8 x 2 seeds
+    assert len(cells) == 144 + 32 + 32
+    assert {c.budget_flops for c in cells if c.fidelity == "pilot10"} == {3e10}
+    assert {c.group_size for c in cells if c.fidelity != "full"} == {4}
+    assert [c.fidelity for c in cells[:48]] == ["full"] * 48  # breadth first: every first seed first
+    assert len({c.key() for c in cells}) == len(cells)

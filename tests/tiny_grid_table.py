@@ -11,13 +11,19 @@ ROOT = Path(__file__).resolve().parents[1]
 LEVELS = tuple(round(0.2 + 0.1 * i, 4) for i in range(8))
 
 
+def grid_runner():
+    """``benchmarks/tiny_grid.py`` as a module (loaded once)."""
+    if "tiny_grid" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("tiny_grid", ROOT / "benchmarks" / "tiny_grid.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_grid"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["tiny_grid"]
+
+
 def grid_columns() -> tuple[str, ...]:
     """The columns the grid runner writes (read from the runner itself)."""
-    spec = importlib.util.spec_from_file_location("tiny_grid", ROOT / "benchmarks" / "tiny_grid.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tiny_grid", mod)
-    spec.loader.exec_module(mod)
-    return mod.COLUMNS
+    return grid_runner().COLUMNS
 
 
 def write_table(path: Path, rows: list[dict]) -> Path:
