@@ -18,6 +18,9 @@ Standard library only. A study file (``studies/*.toml``)::
     [objective_settings]      # passed to the objective
     eval_problems = 300
 
+    [race]                    # optional: RACE's settings (allocopt.race.RaceSettings)
+    bandwidth = 0.35
+
 CLI flags override file values (:meth:`StudySpec.with_overrides`).
 """
 
@@ -137,6 +140,11 @@ class StudySpec:
     fields as a table)."""
     space: SearchSpace = field(default_factory=SearchSpace)
     objective_settings: Mapping[str, Any] = field(default_factory=dict)
+    race: Mapping[str, Any] = field(default_factory=dict)
+    """RACE's settings (a ``[race]`` table): any field of :class:`allocopt.race.RaceSettings` but
+    ``max_pilots`` (this study's :attr:`pilots`) and ``seed`` (:attr:`seed`), e.g.
+    ``bandwidth = 0.35``, ``rho_levels = 6``, ``repeats = 2``; checked as RaceSettings checks
+    them (:func:`allocopt.race.design.settings_for`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -177,6 +185,11 @@ class StudySpec:
         if not isinstance(self.objective_settings, Mapping):
             raise ConfigError(f"objective_settings={self.objective_settings!r}: must be a table")
         object.__setattr__(self, "objective_settings", dict(self.objective_settings))
+        if not isinstance(self.race, Mapping):
+            raise ConfigError(f"race={self.race!r}: must be a table ([race] with RACE's settings, e.g. bandwidth)")
+        from allocopt.race.design import check_race_table  # standard library only, as this module
+
+        object.__setattr__(self, "race", check_race_table(self.race))
         if self.budget_gpu_hours is not None or self.throughput is not None:
             tb = self.time_budget  # checks hours, GPUs and profile
             if tb is None:

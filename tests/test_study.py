@@ -144,6 +144,10 @@ def test_bad_storage_url():
     ("target = 'bleu'", "target"),
     ("objective = 'nope'", "objective"),
     ("colour = 'red'", "unknown key"),
+    ("[race]\nbandwidth = -1", "race.bandwidth=-1: must be a positive number"),
+    ("[race]\nbandwith = 0.3", "race.bandwith: unknown RACE setting; allowed: bandwidth"),
+    ("[race]\nmax_pilots = 12", "race.max_pilots: set by the study's 'pilots', not in [race]"),
+    ("race = 3", "race=3: must be a table"),
 ])
 def test_cli_bad_spec_exit_2(tmp_path, toml, needle, cli):
     f = tmp_path / "s.toml"
@@ -255,6 +259,41 @@ def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
                                        "--storage", f"sqlite:///{tmp_path}/w.db", *extra])
         assert res.exit_code == 0, res.output
         assert seen[-1] == want
+
+
+def test_the_study_files_race_table_reaches_race_and_flags_go_over_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import allocopt.cli.race as cr
+    from allocopt.cli import app
+
+    seen = []
+
+    def race_live(s, settings, **kw):
+        seen.append(settings)
+        return SimpleNamespace(study=SimpleNamespace(user_attrs={}), answer=None), None
+
+    monkeypatch.setattr(cr, "race_live", race_live)
+    monkeypatch.setattr(cr, "print_race", lambda *a, **k: None)
+    monkeypatch.setattr("allocopt.cli.study.print_study_summary", lambda *a, **k: None)
+    f = tmp_path / "s.toml"
+    f.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\npilots = 20\n'
+                 '[space]\ngroup_sizes = [4]\nrewards = ["sparse", "prm"]\n'
+                 '[race]\nbandwidth = 0.35\nrho_levels = 4\nrepeats = 2\n')
+    url = f"sqlite:///{tmp_path}/w.db"
+    for cmd in (["study"], ["race"], ["race", "--repeats", "3", "--max-pilots", "8"]):
+        res = CliRunner().invoke(app, [*cmd, "--spec", str(f), "--no-mlflow", "--storage", url])
+        assert res.exit_code == 0, res.output
+    st, ra, flags = seen
+    assert (st.bandwidth, st.rho_levels, st.repeats, st.max_pilots) == (0.35, 4, 2, 20)
+    assert ra == st  # race --spec runs the study file's settings and pilot count too
+    assert (flags.bandwidth, flags.rho_levels, flags.repeats, flags.max_pilots) == (0.35, 4, 3, 8)
+    # the dry run prices the pilots of that grid: 4 rho levels x G 4 x 2 reward systems, twice each
+    res = CliRunner().invoke(app, ["study", "--spec", str(f), "--dry-run"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "16 of 16 pilots usable" in res.output, res.output
 
 
 @pytest.mark.slow

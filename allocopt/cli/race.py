@@ -54,11 +54,12 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
     per iteration its plan runs, the iterations
     the meter is expected to admit of the plan's, the realized ρ, the expected use of the pilot
     budget and whether it is usable; with one summary line."""
-    from allocopt.race import RaceSettings, pilot_grid
+    from allocopt.race import pilot_grid
+    from allocopt.race.design import settings_for
     from allocopt.plan.allocation import RHO_TOLERANCE
     from allocopt.race.pilot_plans import MIN_PILOT_USE, fit_pilots, plan_pilot, usable_share
 
-    settings = settings or RaceSettings(max_pilots=spec.pilots)
+    settings = settings or settings_for(spec)
     tb = spec.time_budget
     budget = lambda a: spec.budget_for(a, workload, spec.pilot_fraction)  # noqa: E731 - per allocation under a time budget
     grid = pilot_grid(spec.space, settings, spec.seed)
@@ -135,21 +136,14 @@ def race(
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
-    settings = race_settings(max_pilots=max_pilots, repeats=repeats, replicates=replicates,
-                             batch_size=batch_size, extra_pilot_budget=extra_pilot_budget)
+    from allocopt.race.design import settings_for
+
+    settings = settings_for(s, max_pilots=max_pilots, repeats=repeats, replicates=replicates,
+                            batch_size=batch_size, extra_pilot_budget=extra_pilot_budget)
     res, _ = race_live(s, settings, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
                        validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose,
                        usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
     print_race(s, res, propose_only=propose_only, as_json=as_json)
-
-
-def race_settings(**given: Any) -> Any:
-    """:class:`allocopt.race.RaceSettings` with the flags that were given (``None``: default)."""
-    from dataclasses import replace
-
-    from allocopt.race import RaceSettings
-
-    return replace(RaceSettings(), **{k: v for k, v in given.items() if v is not None})
 
 
 def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,

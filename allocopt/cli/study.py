@@ -71,9 +71,10 @@ def study(
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
                usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
     if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
-        from allocopt.cli.race import print_race, race_live, race_settings
+        from allocopt.cli.race import print_race, race_live
+        from allocopt.race.design import settings_for
 
-        res, tracker = race_live(s, race_settings(max_pilots=s.pilots, replicates=replicates),
+        res, tracker = race_live(s, settings_for(s, replicates=replicates),
                                  validations=s.trials, **run)
         print_race(s, res)
         st = res.study  # race printed its answer, if it made one
@@ -101,10 +102,11 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
                   "pilots (as --pilots 0)", highlight=False)
         return replace(s, pilots=0)
     if s.pilots != 0:
-        from allocopt.race import RaceSettings, pilot_grid
+        from allocopt.race import pilot_grid
+        from allocopt.race.design import settings_for
 
         try:
-            pilot_grid(s.space, RaceSettings(max_pilots=s.pilots), s.seed)
+            pilot_grid(s.space, settings_for(s), s.seed)
         except ConfigError as e:
             name = f"--pilots {s.pilots}" if pilots is not None else f"pilots={s.pilots} (study file)"
             raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None

@@ -59,7 +59,7 @@ numpy, Optuna and (through the surrogate) torch are imported inside functions.
 
 from __future__ import annotations
 from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
-                                  check_pilot_fraction, pilot_grid)
+                                  check_pilot_fraction, check_race_table, pilot_grid, settings_for)
 from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
                                     observations, observed_params, regime_of, share_fit)
 from allocopt.race.fit import SurrogateCache, fit_surrogate
@@ -69,7 +69,7 @@ from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 
 __all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
            "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
-           "check_pilot_fraction", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
+           "check_pilot_fraction", "check_race_table", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
            "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
-           "runs_of", "same_regime_rate", "same_run", "share_fit",
+           "runs_of", "same_regime_rate", "same_run", "settings_for", "share_fit",
            "observed_params", "validate"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 from allocopt.plan.allocation import FIDELITIES, Allocation  # noqa: F401  (FIDELITIES re-exported)
 from allocopt.flops import ConfigError
@@ -132,6 +132,36 @@ class RaceSettings:
         if self.max_pilots is not None:
             return self.max_pilots
         return max(60, (len(space.group_sizes) + 3) * len(cells(space)))
+
+
+NOT_IN_RACE_TABLE = {"max_pilots": "pilots", "seed": "seed"}
+"""RaceSettings fields a study file's ``[race]`` table may not set, and the study key that does."""
+
+
+def check_race_table(table: Mapping[str, Any]) -> dict[str, Any]:
+    """A study file's ``[race]`` table, checked: every key a field of :class:`RaceSettings` but
+    those of :data:`NOT_IN_RACE_TABLE`, every value as RaceSettings checks it (lists become
+    tuples). Raises :class:`ConfigError` with one line naming the key."""
+    known = {f.name for f in fields(RaceSettings)} - set(NOT_IN_RACE_TABLE)
+    for k in table:
+        if k in NOT_IN_RACE_TABLE:
+            raise ConfigError(f"race.{k}: set by the study's {NOT_IN_RACE_TABLE[k]!r}, not in [race]")
+        if k not in known:
+            raise ConfigError(f"race.{k}: unknown RACE setting; allowed: {', '.join(sorted(known))}")
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+    try:
+        RaceSettings(**out)
+    except ConfigError as e:
+        raise ConfigError(f"race.{e}") from None
+    return out
+
+
+def settings_for(spec: Any, **flags: Any) -> "RaceSettings":
+    """The :class:`RaceSettings` a study runs: its ``[race]`` table (:attr:`StudySpec.race`),
+    ``max_pilots`` from its ``pilots``, then every flag given (``None`` left out) over them.
+    Raises :class:`ConfigError` for a bad flag value."""
+    given = {"max_pilots": spec.pilots, **{k: v for k, v in flags.items() if v is not None}}
+    return RaceSettings(**{**dict(spec.race), **given})
 
 
 def check_pilot_fraction(pilot_fraction: Any) -> float:

@@ -29,15 +29,16 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     Args:
         spec: the study.
         workload: what plans are made for (RACE proposes feasible plans only when given).
-        race_settings: :class:`allocopt.race.RaceSettings` (default: ``max_pilots = spec.pilots``).
+        race_settings: :class:`allocopt.race.RaceSettings` (default:
+            :func:`allocopt.race.design.settings_for`: the study's ``[race]`` table, ``max_pilots = spec.pilots``).
     """
     import optuna
 
     if spec.pilots != 0 and not spec.multi_objective:
-        from allocopt.race.design import RaceSettings
+        from allocopt.race.design import settings_for
         from allocopt.study.sampler import RaceSampler
 
-        settings = race_settings or RaceSettings(max_pilots=spec.pilots)
+        settings = race_settings or settings_for(spec)
         return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
                            workload=workload, settings=settings, seed=spec.seed,
                            time_budget=spec.time_budget)
