@@ -82,8 +82,9 @@ TABLE = "tiny-table"
 """The replay variant: the tiny world's measured grid (:mod:`objectives.tiny_table`), not a test
 function. Its budget is the table's full budget (3e11 FLOPs), its space the largest product of
 reward systems × G the table has measured at every ρ level, its optimum the table's own, its
-noise the measured seeds; RACE's pilots run at 25 % of the budget when the table has pilot rows
-for that space, else at the full budget (noted in the results). Table path:
+noise the measured seeds; RACE runs the tiny study's design (:func:`table_race_terms`:
+``studies/tiny.toml``'s pilots, pilot fraction and ``[race]`` table), its pilots at the full
+budget when the table has no pilot rows at that fraction for the space (noted in the results). Table path:
 ``$ALLOCOPT_TINY_TABLE`` or ``--tiny-table`` (default ``benchmarks/tiny_grid/trials.csv``)."""
 ALL_VARIANTS: tuple[str, ...] = (*VARIANTS, TABLE)
 METHODS: tuple[str, ...] = ("grid", "random", "tpe", "gp", "botorch", "allocopt")
@@ -148,22 +149,33 @@ def budget_of(variant: str) -> float:
     return table_objective().full_budget_flops if variant == TABLE else BUDGET
 
 
-def table_pilot_fraction() -> float:
-    """RACE's pilot fraction on ``tiny-table``: the table's pilot budget share when it has pilot
-    rows at every ρ level of the benchmark space, else 1.0 (pilots at the full budget)."""
-    from allocopt.errors import ConfigError
+TINY_STUDY = Path(__file__).resolve().parents[1] / "studies" / "tiny.toml"
+"""The study whose RACE terms the ``tiny-table`` variant replays (``$ALLOCOPT_TINY_STUDY`` or
+``--tiny-study``)."""
 
+
+def table_race_terms() -> tuple[float, Any, str]:
+    """``(pilot fraction, RaceSettings, note)`` of RACE on ``tiny-table``: the tiny study's
+    (``studies/tiny.toml``, or ``$ALLOCOPT_TINY_STUDY``: its ``pilots``, ``pilot_fraction`` and
+    ``[race]`` table, :func:`allocopt.race.design.settings_for`), so the replay runs the design a
+    tiny study runs. When the table has no pilot rows at that fraction for every (reward, G) of
+    the benchmark space, the pilots run at the full budget (fraction 1.0) and the note says so."""
+    from allocopt.errors import ConfigError
+    from allocopt.race.design import settings_for
+
+    spec = StudySpec.from_toml(os.environ.get("ALLOCOPT_TINY_STUDY", str(TINY_STUDY)))
+    settings = settings_for(spec)
     obj = table_objective()
-    if "pilot" not in obj.budgets:
-        return 1.0
+    f = spec.pilot_fraction
     try:
-        ps = obj.space("pilot")
-    except ConfigError:
-        return 1.0
+        fid = obj.fidelity_of(f * obj.full_budget_flops)
+        ps = obj.space(fid)
+    except ConfigError as e:
+        return 1.0, settings, f"pilots at the full budget: the table has no pilot rows at {f:g} for this space ({e})"
     s = obj.space("full")
     if set(s.rewards) <= set(ps.rewards) and set(s.group_sizes) <= set(ps.group_sizes):
-        return obj.budgets["pilot"] / obj.full_budget_flops
-    return 1.0
+        return obj.budgets[fid] / obj.full_budget_flops, settings, ""
+    return 1.0, settings, f"pilots at the full budget: the table's {fid} rows do not cover this space"
 
 
 def bench_workload(variant: str):
@@ -316,7 +328,8 @@ def allocopt_available() -> bool:
 
 def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tuple[Trajectory, dict[str, Any]]:
     """One RACE on the synthetic objective, as a trajectory of recommendations: its pilot grid
-    (RACE's defaults: sized to the space, at 0.1 × the budget), then proposals until ``compute``
+    (RACE's defaults: sized to the space, at 0.1 × the budget; ``tiny-table``: the tiny study's
+    design, :func:`table_race_terms`), then proposals until ``compute``
     full-budget runs are spent, ``batch`` per round (each round: :class:`allocopt.race.SurrogateCache`
     gives the surrogate of every run so far, :func:`allocopt.race.recommend` the recommendation,
     :func:`allocopt.race.propose` the next ``batch`` runs). This is the loop a study runs (one
@@ -332,10 +345,9 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
     obj = table_objective() if table else SyntheticObjective(variant=problem.variant)
     budget = budget_of(problem.variant)
     spec = problem.spec(seed)
-    settings = RaceSettings()
+    f, settings, note = table_race_terms() if table else (0.1, RaceSettings(), "")
     wl = bench_workload(problem.variant)
     plans = PlanCache(wl)
-    f = table_pilot_fraction() if table else 0.1
     obs: list = []
     existing: list = []
     out: Trajectory = []
@@ -378,7 +390,7 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
     info = {"fit_seconds": fit_s, "proposal_seconds": prop_s, "proposal_trials": prop_n,
             "num_pilots": n_pilots, "num_full": sum(1 for o in obs if o.fidelity == "full"),
             "refits": cache.fits, "compute": cost,
-            "note": f"pilots at {f:g} of the budget (the table has no pilot rows for this space)" if table and f == 1.0 else ""}
+            "note": note}
     return out, info
 
 
@@ -848,6 +860,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "the measured tiny-world grid)")
     ap.add_argument("--tiny-table", help="grid table the tiny-table variant replays (default "
                     "benchmarks/tiny_grid/trials.csv)")
+    ap.add_argument("--tiny-study", help="study file whose RACE terms (pilots, pilot_fraction, [race]) the "
+                    "tiny-table variant replays (default studies/tiny.toml)")
     ap.add_argument("--methods", help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--workers", type=int, help="processes (default: min(2, cores))")
     ap.add_argument("--caps", help="most compute per method, e.g. gp=40,botorch=16 (default tpe=160, gp=80, botorch=16)")
@@ -876,6 +890,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         os.environ["ALLOCOPT_TINY_TABLE"] = str(Path(a.tiny_table).resolve())
+    if a.tiny_study:
+        from allocopt.errors import ConfigError
+
+        try:
+            StudySpec.from_toml(a.tiny_study)
+        except ConfigError as e:
+            print(f"--tiny-study={a.tiny_study!r}: {e}", file=sys.stderr)
+            return 2
+        os.environ["ALLOCOPT_TINY_STUDY"] = str(Path(a.tiny_study).resolve())
     for name, allowed in (("variants", ALL_VARIANTS), ("methods", METHODS)):
         val = getattr(a, name)
         if val:

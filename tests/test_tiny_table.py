@@ -101,6 +101,31 @@ def test_registered_and_built_by_make(table):
         make(table=str(table) + ".missing")
 
 
+def test_the_replayed_race_runs_the_tiny_studys_design(tmp_path, monkeypatch):
+    """benchmarks/optimizers.py's RACE on tiny-table takes the pilot count, pilot fraction and
+    [race] table of the study file, its pilots at the full budget where the table has none."""
+    import importlib.util
+    import sys
+
+    rows = _rows() + [dict(r, fidelity="pilot") for r in _rows()]
+    monkeypatch.setenv("ALLOCOPT_TINY_TABLE", str(write_table(tmp_path / "t.csv", rows)))
+    spec = importlib.util.spec_from_file_location("bench_optimizers_terms", ROOT / "benchmarks" / "optimizers.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_optimizers_terms"] = mod
+    spec.loader.exec_module(mod)
+    study = tmp_path / "s.toml"
+    head = 'budget_flops = 3e11\ntarget = "pass@1"\npilots = 10\n'
+    study.write_text(head + "pilot_fraction = 0.25\n[race]\nbandwidth = 0.35\nrho_levels = 5\n")
+    monkeypatch.setenv("ALLOCOPT_TINY_STUDY", str(study))
+    f, settings, note = mod.table_race_terms()
+    assert (f, settings.max_pilots, settings.bandwidth, settings.rho_levels, note) == (0.25, 10, 0.35, 5, "")
+    study.write_text(head + "pilot_fraction = 0.1\n")  # the table has no pilots at 10 %
+    f, settings, note = mod.table_race_terms()
+    assert (f, settings.bandwidth) == (1.0, 0.2) and "no pilot rows at 0.1" in note
+    assert mod.main(["--variants", "tiny-table", "--tiny-study", str(tmp_path / "none.toml"),
+                     "--out", str(tmp_path / "o")]) == 2
+
+
 def test_benchmark_harness_replays_the_table(tmp_path, monkeypatch):
     """benchmarks/optimizers.py's tiny-table variant: the grid method's regret against the
     table's optimum, by hand (one seed: the replay is the table itself)."""
