@@ -154,3 +154,12 @@ def test_every_help_shows_each_option_whole_and_no_type_for_a_flag(cli, columns)
                   if o.startswith("--")} | {"--help"}
         assert shown == wanted, (name, columns, sorted(shown ^ wanted))
         assert "<bool>" not in r.stdout, (name, columns)
+
+
+def test_version_prints_the_installed_version_and_the_root_help_lists_it(cli):
+    from importlib.metadata import version
+
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"allocopt {version('allocopt')}", r.stdout
+    h = cli("--help", env={"COLUMNS": "80"})
+    assert "--version" in h.stdout and "<bool>" not in h.stdout

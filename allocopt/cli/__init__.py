@@ -49,6 +49,24 @@ app = typer.Typer(
     cls=_Group,
 )
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("allocopt")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            v = "unknown (not installed: pip install -e .)"
+        typer.echo(f"allocopt {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, metavar="",
+                                            help="Print allocopt's version and exit.")) -> None:
+    """The app's options (``--version``); its help is the app's."""
+
+
 from allocopt.cli.account import breakdown_table, fmt_flops  # noqa: E402,F401 (re-exported)
 from allocopt.cli.common import fail  # noqa: E402
 from allocopt.cli import account, asktell, query, race, study, trial, workers  # noqa: E402
