@@ -98,6 +98,8 @@ ROWS = [
     ("study: storage URL typo", ["study", *SYN, "--budget", "1e18", "--storage", "bogus://x",
                                  "--mlflow-uri", "sqlite:///{tmp}/m.db"],
      ["storage='bogus://x'", "not a database URL", "allowed: sqlite"]),  # m.db not made either
+    ("study: storage URL typo in a dry run", ["study", *SYN, "--budget", "1e18", "--storage", "bogus://x", "--dry-run"],
+     ["storage='bogus://x'", "not a database URL", "allowed: sqlite"]),
     ("study: storage URL typo, no pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "0", "--storage",
                                             "postgresq://u@h/db", "--mlflow-uri", "sqlite:///{tmp}/m.db"],
      ["storage='postgresq://u@h/db'", "allowed: sqlite"]),

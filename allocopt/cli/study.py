@@ -65,7 +65,10 @@ def study(
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction)
-    if dry_run:
+    if dry_run:  # the storage URL is checked (no connection, nothing written): the real run would refuse it
+        from allocopt.cli.common import check_storage
+
+        check_storage(storage)
         return print_plans(s)
     s = _race_terms(s, pilots, replicates)
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
