@@ -114,6 +114,27 @@ def test_pilot_grid_full_when_small_space_filling_when_large():
         pilot_grid(SPACE, RaceSettings(max_pilots=11))  # 6 each needed
 
 
+def test_pilot_grid_at_some_g_only():
+    """pilot_group_sizes: the grid at those G (the full runs keep the whole space): 30 pilots over
+    5 reward systems at G 4 only are the whole 6-level grid (6 x 1 x 5), not a hypercube of 6
+    over 3 G; the fit's need falls to 3 + 0 offsets + 1 = 4 a reward system."""
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8),
+                        rewards=("sparse", "structured", "dense", "proxy_prm", "prm"))
+    g = pilot_grid(space, RaceSettings(max_pilots=30, pilot_group_sizes=(4,)))
+    assert len(g) == 30 and {p.allocation.group_size for p in g} == {4}
+    assert sorted({p.allocation.rho for p in g}) == [0.2, 0.34, 0.48, 0.62, 0.76, 0.9]
+    assert len(pilot_grid(space, RaceSettings(max_pilots=20, pilot_group_sizes=(4,)))) == 20  # 4 each: enough
+    with pytest.raises(ConfigError, match="needs at least 20"):
+        pilot_grid(space, RaceSettings(max_pilots=19, pilot_group_sizes=(4,)))
+    assert RaceSettings(pilot_group_sizes=[2, 8]).pilot_group_sizes == (2, 8)  # a TOML list
+    assert RaceSettings(pilot_group_sizes=(4,)).pilot_cap(space) == 60  # max(60, 4 x 5)
+    with pytest.raises(ConfigError, match="G 3 is not in the space's group_sizes"):
+        pilot_grid(space, RaceSettings(pilot_group_sizes=(3,)))
+    for bad in ((), (4, 4), (1,), (True,)):
+        with pytest.raises(ConfigError, match="pilot_group_sizes"):
+            RaceSettings(pilot_group_sizes=bad)
+
+
 def test_pilot_grid_sized_to_the_space_unless_given():
     """By default every reward system x model gets the len(G) + 3 pilots its local fit needs
     (the model-size space: 15 cells x 7 = 105 > 60); a max_pilots given is a hard limit."""

@@ -1,7 +1,7 @@
 """RACE pilot design: settings, the IsoFLOP pilot grid, the pilot fraction.
 
-The grid (:func:`pilot_grid`): ``rho_levels`` evenly spaced ρ × every G × every reward system
-(× model). When that grid has more than ``max_pilots`` points, each reward system (× model) gets
+The grid (:func:`pilot_grid`): ``rho_levels`` evenly spaced ρ × every G (or the
+``pilot_group_sizes`` among them) × every reward system (× model). When that grid has more than ``max_pilots`` points, each reward system (× model) gets
 ``max_pilots // cells`` points of a seeded Latin hypercube over ρ, with G dealt out evenly and
 shuffled. Each point runs ``repeats`` times (different seeds). All pilots run at one budget,
 ``pilot_fraction × budget_flops`` (an IsoFLOP design). See :mod:`allocopt.race`.
@@ -92,6 +92,10 @@ class RaceSettings:
     """Posterior samples for the full-budget regime probability."""
     seed: int | None = None
     """Seed of the pilot design, bootstrap and surrogate; ``None``: the study's seed."""
+    pilot_group_sizes: tuple[int, ...] | None = None
+    """G of the pilot grid (each one of the space's); ``None``: every G of the space. Fewer G
+    leave more pilots per G for the local fit at the same pilot count (its parameters are 3 plus
+    one per further G); the full runs still range over every G of the space."""
     fit_pilots: bool = True
     """Given a workload, move each pilot whose plan at the pilot budget is not usable (not
     realizable, or spending under 85 % of it) to the nearest usable ρ within half a stratum
@@ -109,6 +113,15 @@ class RaceSettings:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= {least}")
+        pg = self.pilot_group_sizes
+        if pg is not None:
+            if isinstance(pg, list):
+                pg = tuple(pg)
+                object.__setattr__(self, "pilot_group_sizes", pg)
+            if (not isinstance(pg, tuple) or not pg or len(set(pg)) < len(pg)
+                    or any(isinstance(g, bool) or not isinstance(g, int) or g < 2 for g in pg)):
+                raise ConfigError(f"pilot_group_sizes={pg!r}: must be distinct integers >= 2 (G of the "
+                                  "space), or None for every G")
         for name in ("search_heavy_below", "update_heavy_above", "reward_heavy_share"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
@@ -131,7 +144,18 @@ class RaceSettings:
         pilots for its local fit)."""
         if self.max_pilots is not None:
             return self.max_pilots
-        return max(60, (len(space.group_sizes) + 3) * len(cells(space)))
+        return max(60, (len(self.pilot_gs(space)) + 3) * len(cells(space)))
+
+    def pilot_gs(self, space: SearchSpace) -> tuple[int, ...]:
+        """G of the pilot grid over ``space``: :attr:`pilot_group_sizes`, or every G of it.
+        Raises :class:`ConfigError` for a G the space does not have."""
+        if self.pilot_group_sizes is None:
+            return tuple(space.group_sizes)
+        bad = [g for g in self.pilot_group_sizes if g not in space.group_sizes]
+        if bad:
+            raise ConfigError(f"pilot_group_sizes={list(self.pilot_group_sizes)}: G {bad[0]} is not in the "
+                              f"space's group_sizes {list(space.group_sizes)}")
+        return tuple(self.pilot_group_sizes)
 
 
 NOT_IN_RACE_TABLE = {"max_pilots": "pilots", "seed": "seed"}
@@ -210,7 +234,7 @@ def pilot_grid(space: SearchSpace, settings: RaceSettings = RaceSettings(), seed
     if not lo < hi:
         raise ConfigError(f"space.rho={list(space.rho)!r}: RACE needs a range of rho (low < high)")
     cs = cells(space)
-    gs = space.group_sizes
+    gs = settings.pilot_gs(space)
     points: list[Allocation] = []
     cap = settings.pilot_cap(space)
     if settings.rho_levels * len(gs) * len(cs) <= cap:
