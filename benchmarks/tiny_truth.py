@@ -469,62 +469,103 @@ def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: 
 # ------------------------------------------------------------------------------ pilot design
 STUDY_PILOTS = 30
 STUDY_PILOT_FRACTION = 0.25
-"""``studies/tiny.toml``: 30 pilots at 25 % of the budget (7.5 full runs of pilot compute)."""
+"""The tiny study's pilot design before the table chose one (``studies/tiny.toml`` until
+2026-12-02: 30 pilots at 25 % of the budget, RACE's default grid and kernel width): 7.5 full runs
+of pilot compute, the most a candidate design may spend."""
 
 
 @dataclass(frozen=True)
 class Design:
-    """A pilot design per reward system: ``points`` (ρ, G) at the table's pilot budget, or RACE's
-    own grid (:func:`allocopt.race.pilot_grid`) with ``max_pilots`` when ``points`` is empty."""
+    """A RACE pilot design a study file can state: ``pilots`` (``max_pilots``) at
+    ``pilot_fraction``, and the ``[race]`` settings ``rho_levels``, ``pilot_group_sizes`` and
+    ``bandwidth``; its pilots are RACE's own grid (:func:`allocopt.race.pilot_grid`: the whole
+    grid when it fits under ``pilots``, else a Latin hypercube in ρ)."""
 
-    name: str
-    points: tuple[tuple[float, int], ...] = ()
-    max_pilots: int = 0
+    pilots: int
+    pilot_fraction: float
+    rho_levels: int = 6
+    pilot_group_sizes: tuple[int, ...] | None = None
+    """``None``: every G of the space."""
     bandwidth: float = 0.2
     """RACE's kernel width in ρ (:attr:`allocopt.race.RaceSettings.bandwidth`, default 0.2): with
     few pilots per reward system a wider kernel keeps enough effective pilots for the fit."""
 
-    def allocations(self, space: Any, reward: str, seed: int) -> list[Any]:
-        from allocopt.plan.allocation import Allocation
-        from allocopt.race import RaceSettings, pilot_grid
+    def settings(self, **kw: Any) -> Any:
+        from allocopt.race import RaceSettings
 
-        if self.points:
-            return [Allocation(x, g, reward) for x, g in self.points]
-        grid = pilot_grid(space, RaceSettings(max_pilots=self.max_pilots), seed)
-        return [p.allocation for p in grid if p.allocation.reward == reward]
+        return RaceSettings(max_pilots=self.pilots, rho_levels=self.rho_levels,
+                            pilot_group_sizes=self.pilot_group_sizes, bandwidth=self.bandwidth, **kw)
+
+    def allocations(self, space: Any, reward: str, seed: int) -> list[Any]:
+        from allocopt.race import pilot_grid
+
+        return [p.allocation for p in pilot_grid(space, self.settings(), seed) if p.allocation.reward == reward]
+
+    def name(self, space: Any) -> str:
+        from allocopt.race import pilot_grid
+
+        grid = pilot_grid(space, self.settings(), 0)
+        n = len(grid) // len(REWARDS)
+        gs = "/".join(map(str, self.pilot_group_sizes or space.group_sizes))
+        full = len({p.allocation.rho for p in grid}) == self.rho_levels
+        how = f"{self.rho_levels} rho levels x G={gs}" if full else f"hypercube of {n} over G={gs}"
+        return f"{how} ({len(grid)} pilots at {self.pilot_fraction:.0%}), bandwidth {self.bandwidth}"
+
+    def study_file(self) -> str:
+        """The study-file lines of this design (``pilots``, ``pilot_fraction``, ``[race]``)."""
+        race = [f"rho_levels = {self.rho_levels}", f"bandwidth = {self.bandwidth}"]
+        if self.pilot_group_sizes:
+            race.insert(1, f"pilot_group_sizes = {list(self.pilot_group_sizes)}")
+        return f"pilots = {self.pilots}, pilot_fraction = {self.pilot_fraction:g}, [race] " + ", ".join(race)
 
 
 BANDWIDTHS = (0.2, 0.35, 0.5)
 """Kernel widths tried (0.2: RACE's default)."""
 
 
-def candidate_designs(levels: Sequence[float], gs: Sequence[int], per_reward: int,
-                      label: str = "") -> list[Design]:
-    """Per kernel width (:data:`BANDWIDTHS`; the first design, RACE's own grid at the study's
-    pilot count and width 0.2, is what ``studies/tiny.toml`` runs): RACE's grid, then every
-    design of ``k`` evenly spaced measured ρ levels (k >= 3) × a set of G (any non-empty subset
-    of ``gs``) with ``k × |G| <= per_reward`` pilots per reward system. ``label`` (e.g. ``at
-    25 %``) is appended to each name."""
+def candidate_designs(levels: Sequence[float], gs: Sequence[int], per_reward: int, fraction: float) -> list[Design]:
+    """At pilot ``fraction`` with at most ``per_reward`` pilots a reward system, per kernel width
+    (:data:`BANDWIDTHS`): RACE's default grid (6 ρ levels, every G; a hypercube of
+    ``per_reward`` when the grid does not fit: the first design at 25 %, width 0.2, is what
+    ``studies/tiny.toml`` ran), and for every non-empty set of G, every whole grid of k ρ levels
+    (3 <= k <= the table's levels) with ``k × |G| <= per_reward``."""
     from itertools import combinations
 
+    n = per_reward * len(REWARDS)
     out = []
-    subsets = [c for n in range(1, len(gs) + 1) for c in combinations(gs, n)]
-    tail = f" {label}" if label else ""
+    subsets = [c for m in range(1, len(gs) + 1) for c in combinations(gs, m)]
     for h in BANDWIDTHS:
-        out.append(Design(f"RACE grid, pilots={per_reward * len(REWARDS)}, bandwidth {h}{tail}",
-                          max_pilots=per_reward * len(REWARDS), bandwidth=h))
+        if per_reward >= len(gs) + 3:
+            out.append(Design(n, fraction, 6, None, h))
         for sub in subsets:
             for k in range(3, len(levels) + 1):
                 if k * len(sub) > per_reward:
                     break
-                lv = sorted({levels[round(i * (len(levels) - 1) / (k - 1))] for i in range(k)})
-                out.append(Design(f"{k} rho levels x G={'/'.join(map(str, sub))}, bandwidth {h}{tail}",
-                                  tuple((x, g) for g in sub for x in lv), bandwidth=h))
+                pg = None if len(sub) == len(gs) else tuple(sub)
+                if pg is None and k == 6 and k * len(sub) <= per_reward:
+                    continue  # RACE's default grid, above
+                out.append(Design(k * len(sub) * len(REWARDS), fraction, k, pg, h))
     return out
 
 
+BASELINE = Design(STUDY_PILOTS, STUDY_PILOT_FRACTION)
+"""The tiny study's design before (:data:`STUDY_PILOTS`)."""
+
+
+def study_design(path: Path) -> Design:
+    """The pilot design a study file runs (its ``pilots``, ``pilot_fraction`` and ``[race]``'s
+    ``rho_levels``, ``pilot_group_sizes``, ``bandwidth``)."""
+    from allocopt.race.design import settings_for
+    from allocopt.spec import StudySpec
+
+    spec = StudySpec.from_toml(path)
+    st = settings_for(spec)
+    return Design(st.pilot_cap(spec.space), spec.pilot_fraction, st.rho_levels, st.pilot_group_sizes, st.bandwidth)
+
+
 def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
-                 compute: float = STUDY_PILOTS * STUDY_PILOT_FRACTION) -> dict[str, Any]:
+                 compute: float = STUDY_PILOTS * STUDY_PILOT_FRACTION,
+                 extra: Sequence[Design] = (BASELINE,)) -> dict[str, Any]:
     """Same-regime rate of each candidate design (:func:`candidate_designs`) at every pilot
     fidelity of the table, each at no more than ``compute`` full runs of pilot compute (at
     fraction ``f``: ``floor(compute / f) // 5`` pilots per reward system). Per reward system and
@@ -533,9 +574,9 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
     per point, ρ interpolated) and diagnosed by RACE (:func:`allocopt.race.diagnose.diagnose_group`);
     the rate is the share of (pair, draw) whose regime equals the full table's. ``{"note": ...}``
     alone when no pilot fidelity has rows at every ρ level for a reward system with a clear regime;
-    ``notes`` lists the pilot fidelities left out and why."""
+    ``notes`` lists the pilot fidelities left out and why. ``extra`` designs (the baseline, the
+    study file's) are replayed too at a fraction the table measured, whatever their compute."""
     from allocopt.errors import ConfigError
-    from allocopt.race import RaceSettings
     from allocopt.race.diagnose import Observation, diagnose_group
     from allocopt.spec import SearchSpace
     from objectives.tiny_table import TinyTableObjective
@@ -563,7 +604,9 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
         space = SearchSpace(rho=pspace.rho, group_sizes=pspace.group_sizes, rewards=REWARDS)
         budget = obj.budgets[pf]
         per_reward = int(compute / frac + 1e-9) // len(REWARDS)
-        for d in candidate_designs(obj.rho_levels, pspace.group_sizes, per_reward, f"at {frac:.0%}"):
+        designs = candidate_designs(obj.rho_levels, pspace.group_sizes, per_reward, frac)
+        designs += [d for d in extra if abs(d.pilot_fraction - frac) < 1e-9 and d not in designs]
+        for d in designs:
             hits = unknown = n = npts = 0
             for e in clear:
                 for r in range(draws):
@@ -578,12 +621,13 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
                         tot = sum(fl.values())
                         obs.append(Observation(i, a, t[e.target], budget, frac, "pilot",
                                                fl["reward"] / tot if tot else math.nan))
-                    settings = RaceSettings(bootstrap=50, bandwidth=d.bandwidth)
-                    lab = diagnose_group(obs, pspace.rho, settings, seed=seed + r).regime if obs else "unknown"
+                    lab = (diagnose_group(obs, pspace.rho, d.settings(bootstrap=50), seed=seed + r).regime
+                           if obs else "unknown")
                     hits += lab == e.regime
                     unknown += lab == "unknown"
                     n += 1
-            rows.append({"design": d.name, "fidelity": pf, "fraction": frac, "pilots_per_reward": npts,
+            rows.append({"design": d.name(space), "study_file": d.study_file(), "spec": d, "fidelity": pf,
+                         "fraction": frac, "pilots_per_reward": npts,
                          "compute": npts * len(REWARDS) * frac, "rate": hits / n, "unknown": unknown / n, "n": n,
                          "pairs": len(clear)})
     if not rows:
@@ -654,6 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=2000, help="bootstrap draws (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     ap.add_argument("--design-draws", type=int, default=10, help="replays per pilot design and pair (default 10)")
+    ap.add_argument("--study", type=Path, default=Path(__file__).resolve().parents[1] / "studies" / "tiny.toml",
+                    help="study file whose pilot design is replayed beside the candidates (default studies/tiny.toml)")
     a = ap.parse_args(argv)
     if a.draws < 10:
         print(f"--draws={a.draws}: must be >= 10", file=sys.stderr)
@@ -668,21 +714,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = a.out or a.table.parent
     out.mkdir(parents=True, exist_ok=True)
     rep = report(rows, other, a.draws, a.seed)
-    pd = pilot_design(rep["estimates"], a.table, a.design_draws, a.seed)
-    rep["lines"] += ["", f"Pilot design (4.): same-regime rate of pilot designs at no more pilot compute than "
-                     f"studies/tiny.toml ({STUDY_PILOTS} pilots at {STUDY_PILOT_FRACTION:.0%}: "
-                     f"{STUDY_PILOTS * STUDY_PILOT_FRACTION:g} full runs):"]
+    current = study_design(a.study)
+    pd = pilot_design(rep["estimates"], a.table, a.design_draws, a.seed, extra=(BASELINE, current))
+    rep["lines"] += ["", f"Pilot design (4.): same-regime rate of pilot designs at no more pilot compute than the "
+                     f"tiny study spent before ({STUDY_PILOTS} pilots at {STUDY_PILOT_FRACTION:.0%}: "
+                     f"{STUDY_PILOTS * STUDY_PILOT_FRACTION:g} full runs); the study file's design: "
+                     f"{current.study_file()}:"]
     if "note" in pd:
         rep["lines"].append(f"- not possible yet: {pd['note']}")
     else:
         rep["lines"].append(f"over {len(pd['pairs'])} (reward, target) pair(s) with a clear full regime x {pd['draws']} "
                             f"draws: {', '.join(f'{w}/{t}: {g}' for w, t, g in pd['pairs'])}")
         rep["lines"] += [f"- left out: {n}" for n in pd["notes"]]
+        rows = sorted(pd["rows"], key=lambda r: (-r["rate"], r["unknown"], r["compute"]))
+        cap = STUDY_PILOTS * STUDY_PILOT_FRACTION + 1e-9
+        best = next((r for r in rows if r["compute"] <= cap), None)
         rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | pairs | same regime | unknown |",
                          "|---|---|---|---|---|---|"]
-        for r in sorted(pd["rows"], key=lambda r: (-r["rate"], r["compute"])):
-            rep["lines"].append(f"| {r['design']} | {r['pilots_per_reward']} | {r['compute']:.2f} | {r['pairs']} | "
+        for r in rows:
+            tag = [t for t, d in (("before", BASELINE), ("the study file's", current)) if r["spec"] == d]
+            tag += ["best"] if r is best else []
+            rep["lines"].append(f"| {r['design']}{' (' + ', '.join(tag) + ')' if tag else ''} | "
+                                f"{r['pilots_per_reward']} | {r['compute']:.2f} | {r['pairs']} | "
                                 f"{r['rate']:.2f} | {r['unknown']:.2f} |")
+        base = next((r for r in rows if r["spec"] == BASELINE), None)
+        if best is not None:
+            rep["lines"].append(f"- best (highest same-regime rate, then fewest unknown, then least compute): "
+                                f"{best['design']}: {best['rate']:.2f}" + (f" vs {base['rate']:.2f} before" if base else "")
+                                + f"; as a study file: {best['study_file']}")
     text = "\n".join(rep["lines"])
     print(text)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

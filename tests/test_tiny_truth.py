@@ -91,7 +91,9 @@ def test_pilot_design_on_a_table_with_pilots(tmp_path):
     pd = tt.pilot_design(rep["estimates"], table, draws=3)
     assert len(pd["pairs"]) == 6  # 2 reward systems x 3 targets, all clear
     first = pd["rows"][0]
-    assert first["design"] == "RACE grid, pilots=30, bandwidth 0.2 at 25%" and first["pilots_per_reward"] == 6
+    assert first["spec"] == tt.BASELINE and first["pilots_per_reward"] == 6
+    assert first["design"] == "hypercube of 6 over G=2/4 (30 pilots at 25%), bandwidth 0.2"
+    assert first["study_file"] == "pilots = 30, pilot_fraction = 0.25, [race] rho_levels = 6, bandwidth = 0.2"
     # the study's design: 6 pilots over 2 G leave the local fit (3 + 1 coefficients) under one
     # degree of freedom on Kish's effective size at width 0.2: RACE says unknown every time
     assert first["unknown"] == 1.0 and first["compute"] == 7.5
@@ -121,10 +123,13 @@ def test_a_second_pilot_fraction_is_answered_and_designed_apart(tmp_path):
     by = {r["design"]: r for r in pd["rows"]}
     # 7.5 full runs of pilot compute: 30 pilots at 25 % (6 per reward), 75 at 10 % (15 per reward);
     # under a cap of 75 RACE runs its whole grid, 6 levels x 2 G x 5 rewards = 60 pilots: 6.0 runs
-    race10 = by["RACE grid, pilots=75, bandwidth 0.2 at 10%"]
+    race10 = by["6 rho levels x G=2/4 (60 pilots at 10%), bandwidth 0.2"]
     assert race10["pilots_per_reward"] == 12 and race10["compute"] == pytest.approx(6.0)
-    assert by["5 rho levels x G=2/4, bandwidth 0.2 at 10%"]["pilots_per_reward"] == 10
-    assert "8 rho levels x G=2/4, bandwidth 0.2 at 10%" not in by  # 16 pilots > 15
+    assert race10["study_file"] == "pilots = 75, pilot_fraction = 0.1, [race] rho_levels = 6, bandwidth = 0.2"
+    assert by["5 rho levels x G=2/4 (50 pilots at 10%), bandwidth 0.2"]["pilots_per_reward"] == 10
+    assert by["8 rho levels x G=4 (40 pilots at 10%), bandwidth 0.35"]["study_file"].endswith(
+        "rho_levels = 8, pilot_group_sizes = [4], bandwidth = 0.35")
+    assert not any(n.startswith("8 rho levels x G=2/4") for n in by)  # 16 pilots > 15
     assert all(r["compute"] <= 7.5 + 1e-9 for r in pd["rows"])
     assert max(r["rate"] for r in pd["rows"] if r["fidelity"] == "pilot10") == 0.0  # they peak at 0.3
     assert max(r["rate"] for r in pd["rows"] if r["fidelity"] == "pilot") == 1.0
@@ -145,3 +150,20 @@ def test_grid_runner_names_and_orders_the_pilot_fractions():
     assert {c.group_size for c in cells if c.fidelity != "full"} == {4}
     assert [c.fidelity for c in cells[:48]] == ["full"] * 48  # breadth first: every first seed first
     assert len({c.key() for c in cells}) == len(cells)
+
+
+def test_main_names_the_best_design_against_the_one_before(tmp_path, capsys):
+    rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.3}, fidelity="pilot", seeds=(0, 2))
+    table = write_table(tmp_path / "t.csv", rows)
+    study = tmp_path / "s.toml"
+    study.write_text('budget_flops = 3e11\npilots = 20\npilot_fraction = 0.25\n'
+                     '[space]\ngroup_sizes = [2, 4]\nrewards = ["sparse", "prm"]\n'
+                     '[race]\nrho_levels = 4\npilot_group_sizes = [4]\nbandwidth = 0.5\n')
+    assert tt.study_design(study) == tt.Design(20, 0.25, 4, (4,), 0.5)
+    assert tt.main(["--table", str(table), "--draws", "50", "--design-draws", "2", "--study", str(study),
+                    "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "| hypercube of 6 over G=2/4 (30 pilots at 25%), bandwidth 0.2 (before) | 6 | 7.50 |" in out
+    assert "| 4 rho levels x G=4 (20 pilots at 25%), bandwidth 0.5 (the study file's" in out
+    best = [ln for ln in out.splitlines() if ln.startswith("- best (highest same-regime rate")]
+    assert len(best) == 1 and ": 1.00 vs 0.00 before; as a study file: pilots = " in best[0]
