@@ -572,7 +572,10 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
     target whose full-budget regime is clear, per draw, the design's pilots are replayed from the
     table's pilot rows (:class:`objectives.tiny_table.TinyTableObjective`, one measured seed
     per point, ρ interpolated) and diagnosed by RACE (:func:`allocopt.race.diagnose.diagnose_group`);
-    the rate is the share of (pair, draw) whose regime equals the full table's. ``{"note": ...}``
+    the rate is the share of (pair, draw) whose regime equals the full table's, and
+    ``rho_error`` the mean ``|ρ*(pilots) − ρ*(full)|`` over the draws RACE named a ρ* in (a
+    design biased to the middle of the range matches "balanced" regimes without finding ρ*:
+    this column tells them apart). ``{"note": ...}``
     alone when no pilot fidelity has rows at every ρ level for a reward system with a clear regime;
     ``notes`` lists the pilot fidelities left out and why. ``extra`` designs (the baseline, the
     study file's) are replayed too at a fraction the table measured, whatever their compute."""
@@ -608,6 +611,7 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
         designs += [d for d in extra if abs(d.pilot_fraction - frac) < 1e-9 and d not in designs]
         for d in designs:
             hits = unknown = n = npts = 0
+            errs: list[float] = []
             for e in clear:
                 for r in range(draws):
                     allocs = d.allocations(space, e.reward, seed + r)
@@ -621,14 +625,17 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
                         tot = sum(fl.values())
                         obs.append(Observation(i, a, t[e.target], budget, frac, "pilot",
                                                fl["reward"] / tot if tot else math.nan))
-                    lab = (diagnose_group(obs, pspace.rho, d.settings(bootstrap=50), seed=seed + r).regime
-                           if obs else "unknown")
+                    diag = diagnose_group(obs, pspace.rho, d.settings(bootstrap=50), seed=seed + r) if obs else None
+                    lab = diag.regime if diag else "unknown"
+                    if diag is not None and math.isfinite(diag.rho):
+                        errs.append(abs(diag.rho - e.rho))
                     hits += lab == e.regime
                     unknown += lab == "unknown"
                     n += 1
             rows.append({"design": d.name(space), "study_file": d.study_file(), "spec": d, "fidelity": pf,
                          "fraction": frac, "pilots_per_reward": npts,
                          "compute": npts * len(REWARDS) * frac, "rate": hits / n, "unknown": unknown / n, "n": n,
+                         "rho_error": sum(errs) / len(errs) if errs else math.nan,
                          "pairs": len(clear)})
     if not rows:
         return {"note": "; ".join(notes)}
@@ -729,14 +736,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = sorted(pd["rows"], key=lambda r: (-r["rate"], r["unknown"], r["compute"]))
         cap = STUDY_PILOTS * STUDY_PILOT_FRACTION + 1e-9
         best = next((r for r in rows if r["compute"] <= cap), None)
-        rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | pairs | same regime | unknown |",
-                         "|---|---|---|---|---|---|"]
+        rep["lines"] += ["| design | pilots per reward | pilot compute (full runs) | pairs | same regime | unknown | "
+                         "mean abs(ρ* pilots − ρ* full) |", "|---|---|---|---|---|---|---|"]
         for r in rows:
             tag = [t for t, d in (("before", BASELINE), ("the study file's", current)) if r["spec"] == d]
             tag += ["best"] if r is best else []
             rep["lines"].append(f"| {r['design']}{' (' + ', '.join(tag) + ')' if tag else ''} | "
                                 f"{r['pilots_per_reward']} | {r['compute']:.2f} | {r['pairs']} | "
-                                f"{r['rate']:.2f} | {r['unknown']:.2f} |")
+                                f"{r['rate']:.2f} | {r['unknown']:.2f} | "
+                                f"{'—' if math.isnan(r['rho_error']) else format(r['rho_error'], '.3f')} |")
         base = next((r for r in rows if r["spec"] == BASELINE), None)
         if best is not None:
             rep["lines"].append(f"- best (highest same-regime rate, then fewest unknown, then least compute): "
