@@ -101,7 +101,7 @@ def test_pilot_design_on_a_table_with_pilots(tmp_path):
     assert all(r["compute"] <= 30 * 0.25 + 1e-9 for r in pd["rows"])
     best = max(pd["rows"], key=lambda r: r["rate"])
     assert best["rate"] == 1.0  # peaks of 0.1 against seed sd 0.004, pilots shaped as the full runs
-    assert best["rho_error"] < 0.05  # the pilots' vertex sits at the full runs' tent peak (0.7, 0.3)
+    assert best["rho_error"] < 0.1  # the vertex within one level spacing of the tent peaks (0.7, 0.3)
     assert math.isnan(first["rho_error"])  # unknown every time: no rho* named
     empty = tt.pilot_design(rep["estimates"], write_table(tmp_path / "f.csv", _rows({"sparse": 0.7})))
     assert empty["note"].startswith("no pilot rows in the table yet")
