@@ -146,3 +146,34 @@ def test_benchmark_harness_replays_the_table(tmp_path, monkeypatch):
     assert recs[16.0]["regret"] == pytest.approx(0.0) and recs[16.0]["group_size"] == 4
     assert mod.main(["--variants", "tiny-table", "--tiny-table", str(tmp_path / "none.csv"),
                      "--out", str(tmp_path / "o")]) == 2
+
+
+@pytest.mark.slow  # a whole RACE study (surrogate fits) on a constructed table: ~15 s
+def test_a_race_study_replays_the_table_end_to_end(tmp_path):
+    """``allocopt study`` with objective tiny-table: pilots at the table's 25 % rows, full runs
+    at its full rows; every trial's targets and FLOPs are the table's (interpolated in rho)."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    rows = _rows() + [dict(r, fidelity="pilot") for r in _rows()]
+    table = write_table(tmp_path / "t.csv", rows)
+    study = tmp_path / "s.toml"
+    study.write_text('name = "tt"\nobjective = "tiny-table"\nbudget_flops = 3e11\ntarget = "pass@1"\ntrials = 2\n'
+                     'pilots = 12\npilot_fraction = 0.25\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4]\n'
+                     f'rewards = ["sparse"]\n[race]\nbandwidth = 0.35\n[objective_settings]\ntable = "{table}"\n')
+    url = f"sqlite:///{tmp_path}/s.db"
+    p = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(study), "--no-mlflow",
+                        "--storage", url], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Pilot regime against the full-budget regime" in p.stdout
+    obj = TinyTableObjective(table=str(table))
+    trials = [t for t in optuna.load_study(study_name="tt", storage=url).trials if t.state.name == "COMPLETE"]
+    fid = [t.user_attrs["fidelity"] for t in trials]
+    assert fid.count("pilot") == 12 and fid.count("full") == 2  # 6 rho levels x 2 G, then 2 full runs
+    for t in trials:
+        a = Allocation(t.params["rho"], t.params.get("group_size", 2), "sparse")
+        budget = 7.5e10 if t.user_attrs["fidelity"] == "pilot" else 3e11
+        want = obj.mean_value(a, "pass_at_1", budget)  # two seeds 0.001 apart: the drawn one is within 0.0005
+        assert t.value == pytest.approx(want, abs=0.0005 + 1e-9), (t.number, t.params)
