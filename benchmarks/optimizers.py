@@ -338,6 +338,7 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
     The recommendation after a run is RACE's own from the runs made so far, charged all the
     compute spent until then; nothing before the pilots are done. Run ``i`` draws its noise
     with seed ``spec.seed + i`` (as a study's trial ``i``)."""
+    from allocopt.errors import InfeasiblePlan
     from allocopt.race import (Observation, PlanCache, RaceSettings, SurrogateCache, pilot_grid, propose,
                                recommend)
 
@@ -360,7 +361,10 @@ def run_allocopt(problem: Problem, seed: int, compute: float, batch: int) -> tup
         plan = plans(frac * budget, a)
         if plan is None:  # infeasible: recorded, costs nothing
             return
-        y = obj.run(plan, seed=spec.seed + n).targets[problem.target]
+        try:
+            y = obj.run(plan, seed=spec.seed + n).targets[problem.target]
+        except InfeasiblePlan:  # tiny-table: the measured trials there were infeasible; likewise
+            return
         obs.append(Observation(n, a, y, frac * budget, frac, fidelity, math.nan))
         cost += frac
         out.append((cost, out[-1][1] if out else None))

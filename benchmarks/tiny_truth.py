@@ -86,18 +86,21 @@ def fidelities(grs: dict) -> list[str]:
 
 
 def smooth(y: Any) -> Any:
-    """3-point smoothing ``(1/4, 1/2, 1/4)`` along the last axis (ends ``(2/3, 1/3)``);
-    a single level is returned as is. ``... x L`` -> ``... x L``."""
+    """3-point smoothing ``(1/4, 1/2, 1/4)`` along the last axis, the weights renormalized over
+    the levels present (so the ends are ``(2/3, 1/3)``); a NaN level (measured infeasible) stays
+    NaN and lends no weight to its neighbours. ``... x L`` -> ``... x L``."""
     import numpy as np
 
     y = np.asarray(y, dtype=float)
-    if y.shape[-1] < 2:
-        return y.copy()
-    out = np.empty_like(y)
-    out[..., 1:-1] = 0.25 * y[..., :-2] + 0.5 * y[..., 1:-1] + 0.25 * y[..., 2:]
-    out[..., 0] = (2 * y[..., 0] + y[..., 1]) / 3
-    out[..., -1] = (2 * y[..., -1] + y[..., -2]) / 3
-    return out
+    m = ~np.isnan(y)
+    v = np.where(m, y, 0.0)
+    num, den = 0.5 * v, 0.5 * m.astype(float)
+    num[..., 1:] += 0.25 * v[..., :-1]
+    den[..., 1:] += 0.25 * m[..., :-1]
+    num[..., :-1] += 0.25 * v[..., 1:]
+    den[..., :-1] += 0.25 * m[..., 1:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(m, num / np.where(den > 0, den, 1.0), np.nan)
 
 
 def binomial_sd(p: float, n: int = EVAL_PROBLEMS) -> float:
@@ -116,28 +119,46 @@ class Group:
     """G measured at every ρ level (the ones ρ* is read from)."""
     budget_flops: float = 0.0
     values: dict[int, dict[float, Any]] = field(default_factory=dict)
+    infeasible: dict[int, set] = field(default_factory=dict)
+    """Levels per G whose every measured trial was infeasible (the budget could not buy one iteration)."""
     shares: dict[int, dict[float, float]] = field(default_factory=dict)
     """Mean reward share of executed FLOPs per cell."""
     trials: int = 0
 
     @property
     def min_seeds(self) -> int:
-        return min((len(self.values[g][x]) for g in self.complete_g for x in self.levels), default=0)
+        return min((len(self.values[g][x]) for g in self.complete_g for x in self.levels if x in self.values[g]),
+                   default=0)
+
+    def level_means(self, g: int) -> Any:
+        """Seed-means at G ``g``, ``levels x targets`` (NaN rows at infeasible levels)."""
+        import numpy as np
+
+        nan = np.full(len(COMMON_TARGETS), np.nan)
+        return np.stack([self.values[g][x].mean(0) if x in self.values[g] else nan for x in self.levels])
 
 
-def groups(rows: Sequence[Row]) -> dict[tuple[str, str], Group]:
-    """The table's rows by (reward, fidelity); every group shares the table's ρ levels."""
+def groups(rows: Sequence[Row], other: Sequence[dict] = ()) -> dict[tuple[str, str], Group]:
+    """The table's rows by (reward, fidelity); every group shares the table's ρ levels. ``other``:
+    the table's other rows; a level whose every trial was infeasible counts as measured (a G
+    with every level measured or infeasible is complete; ρ* is read at its feasible levels)."""
     import numpy as np
 
+    bad: dict[tuple[str, str], dict[int, set]] = {}
+    for r in other:
+        if r.get("status") == "infeasible":
+            bad.setdefault((r["reward"], r["fidelity"]), {}).setdefault(int(r["group_size"]), set()).add(
+                round(float(r["rho"]), 4))
     levels = tuple(sorted({r.rho for r in rows}))
     by: dict[tuple[str, str], dict[int, dict[float, list[Row]]]] = {}
     for r in rows:
         by.setdefault((r.reward, r.fidelity), {}).setdefault(r.group_size, {}).setdefault(r.rho, []).append(r)
     out = {}
     for (w, f), per_g in by.items():
-        g_done = tuple(sorted(g for g, c in per_g.items() if all(x in c for x in levels)))
+        inf = {g: {x for x in bad.get((w, f), {}).get(g, set()) if x not in c} for g, c in per_g.items()}
+        g_done = tuple(sorted(g for g, c in per_g.items() if all(x in c or x in inf[g] for x in levels)))
         first = next(iter(next(iter(per_g.values())).values()))[0]
-        grp = Group(w, f, levels, g_done, budget_flops=first.budget_flops,
+        grp = Group(w, f, levels, g_done, budget_flops=first.budget_flops, infeasible=inf,
                     trials=sum(len(v) for c in per_g.values() for v in c.values()))
         for g, c in per_g.items():
             grp.values[g] = {x: np.array([[r.targets[t] for t in COMMON_TARGETS] for r in sorted(rs, key=lambda r: r.seed)])
@@ -170,6 +191,7 @@ def rho_star(grp: Group, means: dict[int, Any]) -> tuple[Any, Any]:
 
     gs = list(grp.complete_g)
     curves = np.stack([smooth(means[g].T) for g in gs])  # G x targets x levels
+    curves = np.where(np.isnan(curves), -np.inf, curves)  # an infeasible level is never rho*
     k = curves.transpose(1, 0, 2).reshape(len(COMMON_TARGETS), -1).argmax(1)
     gi, li = np.unravel_index(k, (len(gs), len(grp.levels)))
     return np.array(grp.levels)[li], np.array(gs)[gi]
@@ -215,10 +237,10 @@ def estimate(grp: Group, sd: Any, draws: int, rng: Any, settings: Any) -> list[E
     from allocopt.race.diagnose import regime_of
 
     gs = grp.complete_g
-    means = {g: np.stack([grp.values[g][x].mean(0) for x in grp.levels]) for g in gs}
+    means = {g: grp.level_means(g) for g in gs}
     point, point_g = rho_star(grp, means)
     binom = {g: np.sqrt(np.clip(means[g] * (1 - means[g]), 0, None) / EVAL_PROBLEMS) for g in gs}
-    one_seed = any(len(grp.values[g][x]) < 2 for g in gs for x in grp.levels)
+    one_seed = any(len(grp.values[g][x]) < 2 for g in gs for x in grp.levels if x in grp.values[g])
     use_pooled = not np.isnan(sd).any()
     noise = "seeds" if not one_seed else ("seeds + pooled seed sd for 1-seed cells" if use_pooled
                                           else "binomial sd only (1 seed per cell; a lower bound)")
@@ -229,8 +251,10 @@ def estimate(grp: Group, sd: Any, draws: int, rng: Any, settings: Any) -> list[E
         for g in gs:
             rows = []
             for i, x in enumerate(grp.levels):
-                v = grp.values[g][x]
-                if len(v) >= 2:
+                v = grp.values[g].get(x)
+                if v is None:  # infeasible level
+                    rows.append(np.full(len(COMMON_TARGETS), np.nan))
+                elif len(v) >= 2:
                     rows.append(v[rng.integers(0, len(v), len(v))].mean(0))
                 else:
                     rows.append(v[0] + rng.standard_normal(len(COMMON_TARGETS)) * (sd if use_pooled else binom[g][i]))
@@ -375,7 +399,7 @@ def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: 
     from allocopt.race import RaceSettings
 
     settings = RaceSettings()
-    grs = groups(rows)
+    grs = groups(rows, other)
     rng = np.random.default_rng(seed)
     est: dict[tuple[str, str, str], Estimate] = {}
     for f in fidelities(grs):
@@ -579,7 +603,7 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
     alone when no pilot fidelity has rows at every ρ level for a reward system with a clear regime;
     ``notes`` lists the pilot fidelities left out and why. ``extra`` designs (the baseline, the
     study file's) are replayed too at a fraction the table measured, whatever their compute."""
-    from allocopt.errors import ConfigError
+    from allocopt.errors import ConfigError, InfeasiblePlan
     from allocopt.race.diagnose import Observation, diagnose_group
     from allocopt.spec import SearchSpace
     from objectives.tiny_table import TinyTableObjective
@@ -620,7 +644,7 @@ def pilot_design(est: dict, table: Path, draws: int = 10, seed: int = 0,
                     for i, a in enumerate(allocs):
                         try:
                             t, fl, _ = obj.lookup(a, budget, seed=1000 * r + i)
-                        except ConfigError:
+                        except (ConfigError, InfeasiblePlan):  # infeasible: a study records it, at no cost
                             continue
                         tot = sum(fl.values())
                         obs.append(Observation(i, a, t[e.target], budget, frac, "pilot",

@@ -19,6 +19,11 @@ Lookup of a trial with allocation (ρ, G, reward) and budget ``B``:
   and every FLOP item (rounded to the nearest int); at a measured level (within 1e-6) the row itself,
   exactly. ``interpolate=False``: the nearest level (the lower one on a tie). ρ outside the
   measured levels is refused;
+* **infeasible levels**: a level whose measured trials were all infeasible (the budget could not
+  buy their first iteration: the PRM rewards at ρ 0.9, G 2 on a pilot budget) answers a trial
+  at it with :class:`allocopt.errors.InfeasiblePlan`, as the real trial did (a study records it
+  infeasible, at no cost); between an infeasible and a measured level the nearer one decides
+  (infeasible, or that level's row alone: no interpolation toward a run that never ran);
 * **seed**: one of the measured seeds of the cell (seeds present at both neighbours when
   interpolating), drawn by a generator seeded by ``(seed, reward, G, ρ, fidelity)``: the same
   trial gives the same answer, other seeds draw other measured seeds (with one measured seed,
@@ -40,7 +45,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from allocopt.errors import ConfigError
+from allocopt.errors import ConfigError, InfeasiblePlan
 from allocopt.flops import ComputeBreakdown, FlopAccount
 from allocopt.objective import TrialResult
 from allocopt.plan.allocation import Allocation, TrialPlan, Workload
@@ -103,6 +108,18 @@ def read_table(path: str | Path = DEFAULT_TABLE) -> tuple[list[Row], list[dict[s
     return rows, other
 
 
+def _least_budget(row: dict[str, str]) -> int:
+    """The least budget (FLOPs) an infeasible row's message names ("... is 7.736e+10", "...
+    needs 3.84e+10 FLOPs"), else just over the row's budget."""
+    import re
+
+    m = re.search(r"(?:smallest budget that runs one iteration is|needs) ([0-9.e+]+)", row.get("error") or "")
+    try:
+        return int(float(m.group(1).rstrip("."))) if m else int(float(row["budget_flops"])) + 1
+    except ValueError:
+        return int(float(row["budget_flops"])) + 1
+
+
 @dataclass(frozen=True)
 class TableOptimum:
     """The table's own optimum of one target at one fidelity (seed-means of measured cells)."""
@@ -133,15 +150,26 @@ class TinyTableObjective:
     """The table's full budget (FLOPs); fidelities are named by budget / this."""
     name: str = "tiny-table"
     _cells: dict = field(default_factory=dict, init=False, repr=False)
+    _infeasible: dict = field(default_factory=dict, init=False, repr=False)
+    """``(reward, G, fidelity) -> {rho: least budget that buys one iteration}`` of the levels
+    whose every measured trial was infeasible."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.interpolate, bool):
             raise ValueError(f"interpolate={self.interpolate!r}: must be true or false")
         if not (isinstance(self.full_budget_flops, (int, float)) and self.full_budget_flops > 0):
             raise ValueError(f"full_budget_flops={self.full_budget_flops!r}: must be FLOPs > 0")
-        rows, _ = read_table(self.table)
+        rows, other = read_table(self.table)
         for r in rows:
             self._cells.setdefault((r.reward, r.group_size, r.fidelity), {}).setdefault(r.rho, {})[r.seed] = r
+        for r in other:
+            if r.get("status") != "infeasible":
+                continue
+            key, rho = (r["reward"], int(r["group_size"]), r["fidelity"]), round(float(r["rho"]), 4)
+            if self._cells.get(key, {}).get(rho):
+                continue  # another seed ran: the level is measured
+            self._cells.setdefault(key, {})
+            self._infeasible.setdefault(key, {})[rho] = _least_budget(r)
         if not self._cells:
             raise ConfigError(f"table={self.table!r}: no complete trial yet")
 
@@ -158,7 +186,8 @@ class TinyTableObjective:
 
     @cached_property
     def rho_levels(self) -> tuple[float, ...]:
-        return tuple(sorted({rho for cell in self._cells.values() for rho in cell}))
+        return tuple(sorted({rho for cell in self._cells.values() for rho in cell}
+                            | {rho for bad in self._infeasible.values() for rho in bad}))
 
     def fidelity_of(self, budget_flops: float) -> str:
         """The fidelity measured at ``budget_flops`` (within 2 %); :class:`ConfigError` if none."""
@@ -169,12 +198,14 @@ class TinyTableObjective:
         raise ConfigError(f"budget_flops={budget_flops:.4g}: the table measured {have} only")
 
     def complete_cells(self, fidelity: str = "full") -> dict[tuple[str, int], int]:
-        """``(reward, G) -> fewest seeds over ρ levels`` for pairs measured at every ρ level."""
+        """``(reward, G) -> fewest seeds over the feasible ρ levels`` for pairs measured at every
+        ρ level (a level measured infeasible counts as measured)."""
         out = {}
         for (w, g, f), cell in self._cells.items():
-            if f == fidelity and all(rho in cell for rho in self.rho_levels):
-                out[(w, g)] = min(len(cell[rho]) for rho in self.rho_levels)
-        return out
+            bad = self._infeasible.get((w, g, f), {})
+            if f == fidelity and all(rho in cell or rho in bad for rho in self.rho_levels):
+                out[(w, g)] = min((len(cell[rho]) for rho in self.rho_levels if rho in cell), default=0)
+        return {k: v for k, v in out.items() if v}
 
     def space(self, fidelity: str = "full") -> SearchSpace:
         """The largest product space (reward systems × G × the measured ρ range) whose every cell
@@ -202,8 +233,10 @@ class TinyTableObjective:
                               f"{fidelity}; it holds {', '.join(f'{w}/G={g}' for w, g in have) or 'nothing'}")
         return cell
 
-    def _neighbours(self, rho: float, cell: dict) -> list[tuple[float, float]]:
-        """``[(level, weight), ...]`` of the measured levels ``rho`` is read from."""
+    def _neighbours(self, rho: float, cell: dict, bad: dict | None = None) -> list[tuple[float, float]]:
+        """``[(level, weight), ...]`` of the measured levels ``rho`` is read from; ``bad``: the
+        cell's infeasible levels (module docstring: the nearer level decides; raises
+        :class:`InfeasiblePlan` when it is infeasible)."""
         lv = self.rho_levels
         if not lv[0] - RHO_MATCH <= rho <= lv[-1] + RHO_MATCH:
             raise ConfigError(f"rho={rho:.4g}: outside the measured levels [{lv[0]}, {lv[-1]}]")
@@ -217,6 +250,14 @@ class TinyTableObjective:
             hi = min(x for x in lv if x > rho)
             w = (rho - lo) / (hi - lo)
             pts = [(lo, 1.0 - w), (hi, w)]
+        bad = bad or {}
+        if any(x in bad for x, _ in pts):
+            near = min(pts, key=lambda p: (abs(p[0] - rho), -p[1]))[0]
+            if near in bad:
+                raise InfeasiblePlan(f"rho={rho:.4g}: the measured trials at rho {near} of this reward system and "
+                                     "G were infeasible at this budget (it cannot buy their first iteration)",
+                                     min_budget_flops=bad[near])
+            pts = [(near, 1.0)]
         for x, _ in pts:
             if not cell.get(x):
                 raise ConfigError(f"rho={rho:.4g}: level {x} of this (reward, G, fidelity) is not measured yet")
@@ -226,7 +267,7 @@ class TinyTableObjective:
         """``(targets, executed FLOPs by phase, measured seed used)`` of a trial (module docstring)."""
         fidelity = self.fidelity_of(budget_flops)
         cell = self._cell(a, fidelity)
-        pts = self._neighbours(float(a.rho), cell)
+        pts = self._neighbours(float(a.rho), cell, self._infeasible.get((a.reward, a.group_size, fidelity)))
         common = set.intersection(*(set(cell[x]) for x, _ in pts))
         rng = random.Random(f"{seed}|{a.reward}|{a.group_size}|{float(a.rho):.6f}|{fidelity}")
         if common:
@@ -244,10 +285,10 @@ class TinyTableObjective:
 
     def mean_value(self, a: Allocation, target: str, budget_flops: float | None = None) -> float:
         """Seed-mean of ``target`` at ``a`` (interpolated as a trial is): the noise-free value
-        regret is measured with."""
+        regret is measured with. Raises :class:`InfeasiblePlan` where a trial would."""
         fidelity = self.fidelity_of(budget_flops or self.full_budget_flops)
         cell = self._cell(a, fidelity)
-        pts = self._neighbours(float(a.rho), cell)
+        pts = self._neighbours(float(a.rho), cell, self._infeasible.get((a.reward, a.group_size, fidelity)))
         return sum(w * sum(r.targets[target] for r in cell[x].values()) / len(cell[x]) for x, w in pts)
 
     def optimum(self, target: str = "pass_at_1", budget_flops: float | None = None,
@@ -256,9 +297,11 @@ class TinyTableObjective:
         (default :meth:`space`) at ``budget_flops`` (default the full budget)."""
         budget = budget_flops or self.full_budget_flops
         space = space or self.space(self.fidelity_of(budget))
+        fid = self.fidelity_of(budget)
         vals = [(self.mean_value(Allocation(x, g, w), target, budget), -x, Allocation(x, g, w))
                 for w in space.rewards for g in space.group_sizes for x in self.rho_levels
-                if space.rho[0] - RHO_MATCH <= x <= space.rho[1] + RHO_MATCH]
+                if space.rho[0] - RHO_MATCH <= x <= space.rho[1] + RHO_MATCH
+                and x not in self._infeasible.get((w, g, fid), {})]
         best = max(vals, key=lambda v: (v[0], v[1]))
         cell = self._cell(best[2], self.fidelity_of(budget))
         return TableOptimum(best[2], best[0], min(v[0] for v in vals), len(cell[best[2].rho]))
@@ -279,7 +322,8 @@ class TinyTableObjective:
 
     def run(self, plan: TrialPlan, *, seed: int = 0, progress: Any = None) -> TrialResult:
         """A measured trial of ``plan``'s allocation and budget (module docstring). Raises
-        :class:`ConfigError` (one line) for an allocation or budget outside the table."""
+        :class:`ConfigError` (one line) for an allocation or budget outside the table,
+        :class:`InfeasiblePlan` where the measured trials were infeasible."""
         targets, flops, _ = self.lookup(plan.allocation, plan.budget_flops, seed)
         bd = ComputeBreakdown(search={"measured": flops["search"]}, learning={"measured": flops["learning"]},
                               reward={"measured": flops["reward"]} if flops["reward"] else {})

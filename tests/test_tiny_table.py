@@ -101,6 +101,29 @@ def test_registered_and_built_by_make(table):
         make(table=str(table) + ".missing")
 
 
+def test_a_level_measured_infeasible_answers_infeasible_and_the_nearer_level_decides(tmp_path):
+    from allocopt.errors import InfeasiblePlan
+
+    msg = ("budget_flops=3.000e+11: the first iteration's exact cost once generated (3.2e+11 FLOPs) does not fit; "
+           "the smallest budget that runs one iteration is 3.2e+11")
+    rows = [r for r in _rows() if not (r["group_size"] == 2 and r["rho"] == 0.9)]
+    rows += [dict(reward="sparse", group_size=2, rho=0.9, seed=s, status="infeasible", error=msg,
+                  native_reward="", pass_at_1="", judge="") for s in (0, 1)]
+    obj = TinyTableObjective(table=str(write_table(tmp_path / "t.csv", rows)))
+    assert obj.complete_cells() == {("sparse", 2): 2, ("sparse", 4): 2}  # the infeasible level counts as measured
+    for rho in (0.9, 0.86):  # at the level, and nearer to it than to 0.8
+        with pytest.raises(InfeasiblePlan, match="rho 0.9 of this reward system and G were infeasible") as e:
+            obj.lookup(Allocation(rho, 2, "sparse"), 3e11)
+        assert e.value.min_budget_flops == 320_000_000_000
+    t, fl, seed = obj.lookup(Allocation(0.84, 2, "sparse"), 3e11, seed=0)  # nearer 0.8: its row, not interpolated
+    assert t["pass_at_1"] == pytest.approx(0.4 + 0.01 * 6 + 0.001 * seed) and fl["search"] == 2000 + seed
+    with pytest.raises(InfeasiblePlan):
+        obj.run(make_plan(3e11, Allocation(0.9, 2, "sparse"), obj.workload()), seed=0)
+    # the optimum is over feasible levels: G 4, rho 0.9 (0.57); the worst G 2, rho 0.2 (0.40)
+    o = obj.optimum("pass_at_1")
+    assert (o.allocation.group_size, o.allocation.rho) == (4, 0.9) and o.worst == pytest.approx(0.4005)
+
+
 def test_the_replayed_race_runs_the_tiny_studys_design(tmp_path, monkeypatch):
     """benchmarks/optimizers.py's RACE on tiny-table takes the pilot count, pilot fraction and
     [race] table of the study file, its pilots at the full budget where the table has none."""

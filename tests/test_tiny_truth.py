@@ -170,3 +170,23 @@ def test_main_names_the_best_design_against_the_one_before(tmp_path, capsys):
     assert "| 4 rho levels x G=4 (20 pilots at 25%), bandwidth 0.5 (the study file's" in out
     best = [ln for ln in out.splitlines() if ln.startswith("- best (highest same-regime rate")]
     assert len(best) == 1 and ": 1.00 vs 0.00 before; as a study file: pilots = " in best[0]
+
+
+def test_an_infeasible_level_is_measured_but_never_rho_star(tmp_path):
+    import numpy as np
+
+    # by hand: [1, 0, nan, 3] -> (2*1+0)/3, (0.25+0)/0.75, nan, 3 (no weight from the NaN)
+    got = tt.smooth([1.0, 0.0, np.nan, 3.0])
+    assert got[:2].tolist() == pytest.approx([2 / 3, 1 / 3]) and np.isnan(got[2]) and got[3] == pytest.approx(3.0)
+    rows = _rows({"prm": 0.9})  # the tent peaks at 0.9 ...
+    rows = [r for r in rows if not (r["group_size"] == 4 and r["rho"] == 0.9)]  # ... which is infeasible at G 4
+    rows += [dict(reward="prm", group_size=4, rho=0.9, seed=s, status="infeasible", native_reward="",
+                  pass_at_1="", judge="", error="too small") for s in (0, 1, 2)]
+    good, other = read_table(write_table(tmp_path / "t.csv", rows))
+    rep = tt.report(good, other, draws=100)
+    grp = rep["groups"][("prm", "full")]
+    assert grp.complete_g == (2, 4) and grp.infeasible[4] == {0.9}
+    e = rep["estimates"][("prm", "full", "pass_at_1")]
+    # G 4 (+0.02) at 0.8 (0.59, smoothed with 0.7 only: (2*0.59 + 0.56)/3 = 0.58) against
+    # G 2 at 0.9 (0.60 end-smoothed with 0.8: (2*0.60 + 0.57)/3 = 0.59): G 2, rho 0.9 wins
+    assert (e.rho, e.group_size) == (0.9, 2)
