@@ -218,15 +218,18 @@ def main() -> None:
     if args.limit is not None:
         todo = todo[:args.limit]
     ctx = mp.get_context("spawn")
-    n = 0
+    n, t0 = 0, time.monotonic()
     with ctx.Pool(args.workers, initializer=_init_worker, maxtasksperchild=20) as pool:
         try:
             for row, curves in pool.imap_unordered(run_cell, todo):
                 append(table, curves_file, row, curves)
                 n += 1
+                # what is left at the medians, scaled by how this run's pace compares with them so far
+                pace = (time.monotonic() - t0) / max(1e-9, sum(guess[c.fidelity] for c in todo[:n]) / args.workers)
+                eta = pace * sum(guess[c.fidelity] for c in todo[n:]) / args.workers
                 print(f"[{n}/{len(todo)}] {row['fidelity']} {row['reward']} G={row['group_size']} "
                       f"rho={row['rho']} seed={row['seed']}: {row['status']} pass@1={row['pass_at_1']} "
-                      f"({row['wall_seconds']} s)", flush=True)
+                      f"({row['wall_seconds']} s; about {eta / 60:.0f} min left)", flush=True)
         except KeyboardInterrupt:
             pool.terminate()
             print(f"stopped after {n} trials; run again to continue", file=sys.stderr)
