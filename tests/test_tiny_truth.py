@@ -190,3 +190,25 @@ def test_an_infeasible_level_is_measured_but_never_rho_star(tmp_path):
     # G 4 (+0.02) at 0.8 (0.59, smoothed with 0.7 only: (2*0.59 + 0.56)/3 = 0.58) against
     # G 2 at 0.9 (0.60 end-smoothed with 0.8: (2*0.60 + 0.57)/3 = 0.59): G 2, rho 0.9 wins
     assert (e.rho, e.group_size) == (0.9, 2)
+
+
+@pytest.mark.slow  # two whole RACE studies (surrogate fits) on a constructed table: ~30 s
+def test_the_race_replay_scores_pilot_regimes_against_the_tables(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("tiny_race_replay", ROOT / "benchmarks" / "tiny_race_replay.py")
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    # sparse peaks at 0.7 (update-heavy), prm at 0.3 (search-heavy), pilots shaped as the full runs
+    rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.3}, fidelity="pilot", seeds=(0, 2))
+    table = write_table(tmp_path / "t.csv", rows)
+    head = ('budget_flops = 3e11\ntarget = "pass@1"\ntrials = 2\npilot_fraction = 0.25\n'
+            '[space]\ngroup_sizes = [2, 4]\nrewards = ["sparse", "prm"]\n')
+    few, whole = tmp_path / "few.toml", tmp_path / "whole.toml"
+    few.write_text("pilots = 12\n" + head)  # a hypercube of 6 over 2 G a reward system: unknown
+    whole.write_text("pilots = 16\n" + head + "[race]\nrho_levels = 8\npilot_group_sizes = [4]\nbandwidth = 0.35\n")
+    assert rr.main(["--study", str(few), str(whole), "--seeds", "1", "--table", str(table), "--draws", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "sparse update-heavy (rho* 0.70, clear), prm search-heavy (rho* 0.30, clear)" in out
+    rows = {ln.split("|")[1].strip(): ln.split("|") for ln in out.splitlines() if ln.startswith("| ") and ".toml" in ln}
+    assert rows["few.toml"][3].strip() == "0.00" and rows["few.toml"][4].strip() == "1.00"  # every pilot regime unknown
+    assert rows["whole.toml"][3].strip() == "1.00" and rows["whole.toml"][4].strip() == "0.00"
+    assert rr.main(["--study", str(tmp_path / "none.toml")]) == 2
