@@ -159,7 +159,7 @@ def append(table: Path, curves_file: Path, row: dict, curves: list[dict]) -> Non
         f.write(json.dumps({**key, "curves": curves}) + "\n")
 
 
-def mean_wall(table: Path) -> dict[str, float]:
+def median_wall(table: Path) -> dict[str, float]:
     """Median wall seconds per fidelity of the finished trials (for the estimate; the median,
     since trials run beside other work took up to 10x longer)."""
     out: dict[str, list[float]] = {}
@@ -203,15 +203,15 @@ def main() -> None:
     n_done = len(cells) - len(todo)
     if args.fidelities:
         todo = [c for c in todo if c.fidelity in args.fidelities]
-    walls = mean_wall(table)
-    # a fidelity without finished trials yet: the full trials' mean scaled by its budget share
+    walls = median_wall(table)
+    # a fidelity without finished trials yet: the full trials' median scaled by its budget share
     full_wall = walls.get("full", 75.0)
     guess = {c.fidelity: walls.get(c.fidelity, max(10.0, full_wall * c.budget_flops / args.budget)) for c in cells}
     left_s = sum(guess[c.fidelity] for c in todo) / args.workers
     print(f"grid: {len(cells)} trials, {n_done} done, {len(todo)} left"
           f"{' in ' + '/'.join(args.fidelities) if args.fidelities else ''}; "
           f"about {left_s / 3600:.1f} h with {args.workers} workers "
-          f"(mean wall per trial: {', '.join(f'{k} {v:.0f} s' for k, v in guess.items())}"
+          f"(median wall per trial: {', '.join(f'{k} {v:.0f} s' for k, v in guess.items())}"
           f"{'' if walls else ', guessed'})", flush=True)
     if args.estimate or not todo:
         return

@@ -83,6 +83,11 @@ def replay(study: Path, seed: int, table: Path) -> dict[str, Any]:
             "spec": spec, "objective": obj}
 
 
+def _allocation(a: Any) -> str:
+    """``rho=0.58 G=4 dense`` (``none`` when the study recommended nothing)."""
+    return "none" if a is None else f"rho={a.rho:.2f} G={a.group_size} {a.reward}"
+
+
 def summarize(study: Path, runs: Sequence[dict], truth: dict, target: str) -> dict[str, Any]:
     """The columns of the module docstring for one study file's runs."""
     key = target_key(target)
@@ -148,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in range(a.seeds):
             runs.append(replay(p, s, a.table))
             print(f"  {p.name} seed {s}: pilots " + ", ".join(f"{w} {g}" for w, g in runs[-1]["pilots"].items())
-                  + f"; recommended {runs[-1]['recommended']}; {runs[-1]['seconds']:.0f} s", flush=True)
+                  + f"; recommended {_allocation(runs[-1]['recommended'])}; {runs[-1]['seconds']:.0f} s", flush=True)
         out.append(summarize(p, runs, truth, target))
     print()
     print(f"| study file | seeds | pilot regime = the table's (clear: {len(out[0]['clear'])} reward systems) | "

@@ -418,7 +418,7 @@ def report(rows: Sequence[Row], other: Sequence[dict], draws: int = 2000, seed: 
     total = len(rows) + len(other)
     want = sum(c["of"] for c in cov)  # the default grid's, and any other pilot fidelity measured
     L.append(f"Coverage: {total} of {want} trials of the grid ({len(rows)} complete); per reward system and fidelity:")
-    L.append("| reward | fidelity | trials | of | not complete | G with all 8 ρ levels | min seeds at those |")
+    L.append("| reward | fidelity | trials | of | not complete | G with all 8 ρ levels measured (complete or all infeasible) | min seeds at those |")
     L.append("|---|---|---|---|---|---|---|")
     for c in cov:
         L.append(f"| {c['reward']} | {c['fidelity']} | {c['trials']} | {c['of']} | {c['not_complete']} | "
@@ -734,6 +734,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.draws < 10:
         print(f"--draws={a.draws}: must be >= 10", file=sys.stderr)
+        return 2
+    if a.design_draws < 1:
+        print(f"--design-draws={a.design_draws}: must be >= 1", file=sys.stderr)
         return 2
     from allocopt.errors import ConfigError
 

@@ -11,7 +11,7 @@ and an allocation outside the table is refused.
 Lookup of a trial with allocation (ρ, G, reward) and budget ``B``:
 
 * **fidelity**: the measured budget equal to ``B`` (within 2 %; the grid has the full budget
-  3e11 FLOPs and the pilot budget 25 % of it); another budget is refused;
+  3e11 FLOPs and pilot budgets at 25 % and 10 % of it); another budget is refused;
 * **reward, G**: exact; another is refused;
 * **ρ**: ``interpolate=True`` (default): linear interpolation between the two neighbouring
   measured ρ levels ``ρ_lo ≤ ρ ≤ ρ_hi`` of the same seed,
@@ -90,22 +90,42 @@ def read_table(path: str | Path = DEFAULT_TABLE) -> tuple[list[Row], list[dict[s
     if not path.is_file():
         raise ConfigError(f"table={str(path)!r}: no such file; run benchmarks/tiny_grid.py to measure one")
     rows, other = [], []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        need = {"reward", "group_size", "rho", "fidelity", "budget_flops", "seed", "status",
-                *COMMON_TARGETS, *(c for _, c in PHASE_COLUMNS)}
-        missing = need - set(reader.fieldnames or ())
-        if missing:
-            raise ConfigError(f"table={str(path)!r}: missing column(s) {', '.join(sorted(missing))}")
-        for r in reader:
-            if r["status"] != "complete" or any(r[t] == "" for t in COMMON_TARGETS):
-                other.append(r)
-                continue
-            rows.append(Row(r["reward"], int(r["group_size"]), round(float(r["rho"]), 4), r["fidelity"],
-                            float(r["budget_flops"]), int(r["seed"]),
-                            {t: float(r[t]) for t in COMMON_TARGETS},
-                            {p: int(float(r[c] or 0)) for p, c in PHASE_COLUMNS}))
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            need = {"reward", "group_size", "rho", "fidelity", "budget_flops", "seed", "status",
+                    *COMMON_TARGETS, *(c for _, c in PHASE_COLUMNS)}
+            missing = need - set(reader.fieldnames or ())
+            if missing:
+                raise ConfigError(f"table={str(path)!r}: missing column(s) {', '.join(sorted(missing))}")
+            for r in reader:
+                if r["status"] != "complete" or any(r[t] == "" for t in COMMON_TARGETS):
+                    other.append(r)
+                    continue
+                rows.append(_row(r, path, reader.line_num))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"table={str(path)!r}: not a CSV table of benchmarks/tiny_grid.py ({e})") from None
     return rows, other
+
+
+def _row(r: dict[str, str], path: Path, line: int) -> Row:
+    """One complete row of the table; :class:`ConfigError` naming the line and field when a value
+    is not a number."""
+    field = "group_size"
+    try:
+        group_size, field = int(r["group_size"]), "rho"
+        rho, field = round(float(r["rho"]), 4), "budget_flops"
+        budget, field = float(r["budget_flops"]), "seed"
+        seed = int(r["seed"])
+        targets = {}
+        for field in COMMON_TARGETS:
+            targets[field] = float(r[field])
+        flops = {}
+        for p, field in PHASE_COLUMNS:
+            flops[p] = int(float(r[field] or 0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"table={str(path)!r}: line {line}: {field}={r.get(field)!r} is not a number") from None
+    return Row(r["reward"], group_size, rho, r["fidelity"], budget, seed, targets, flops)
 
 
 def _least_budget(row: dict[str, str]) -> int:

@@ -200,3 +200,37 @@ def test_a_race_study_replays_the_table_end_to_end(tmp_path):
         budget = 7.5e10 if t.user_attrs["fidelity"] == "pilot" else 3e11
         want = obj.mean_value(a, "pass_at_1", budget)  # two seeds 0.001 apart: the drawn one is within 0.0005
         assert t.value == pytest.approx(want, abs=0.0005 + 1e-9), (t.number, t.params)
+
+
+def test_a_table_that_is_not_text_or_has_a_bad_number_is_one_line(tmp_path):
+    from objectives.tiny_table import read_table
+
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match=r"bin.csv.*not a CSV table of benchmarks/tiny_grid.py"):
+        read_table(binary)
+    rows = _rows(seeds=(0,), gs=(2,))
+    rows[3]["group_size"] = "two"
+    with pytest.raises(ConfigError, match=r"line 5: group_size='two' is not a number"):
+        read_table(write_table(tmp_path / "t.csv", rows))
+    rows = _rows(seeds=(0,), gs=(2,))
+    rows[0]["judge"] = "high"
+    with pytest.raises(ConfigError, match=r"line 2: judge='high' is not a number"):
+        read_table(write_table(tmp_path / "u.csv", rows))
+
+
+def test_a_replayed_trial_prints_no_iterations_or_walls_it_does_not_have(tmp_path):
+    # the trial command's report of a tiny-table trial: the measured row's targets and FLOPs,
+    # and no "0 iterations", empty wall times or 0 evaluation FLOPs (the table keeps none)
+    from typer.testing import CliRunner
+
+    from allocopt.cli import app
+
+    table = write_table(tmp_path / "trials.csv", _rows(seeds=(0,)))
+    r = CliRunner().invoke(app, ["trial", "--objective", "tiny-table", "--set", f"table={table}",
+                                 "--budget", "3e11", "--rho", "0.5", "--group-size", "4",
+                                 "--reward", "sparse"], env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert "0.5300" in r.output  # pass@1 at rho 0.5 (level 3), G 4, seed 0: 0.4 + 0.03 + 0.1
+    assert "iterations" not in r.output and "wall time" not in r.output and "evaluation" not in r.output
+    assert "of budget" in r.output

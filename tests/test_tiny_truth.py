@@ -212,3 +212,10 @@ def test_the_race_replay_scores_pilot_regimes_against_the_tables(tmp_path, capsy
     assert rows["few.toml"][3].strip() == "0.00" and rows["few.toml"][4].strip() == "1.00"  # every pilot regime unknown
     assert rows["whole.toml"][3].strip() == "1.00" and rows["whole.toml"][4].strip() == "0.00"
     assert rr.main(["--study", str(tmp_path / "none.toml")]) == 2
+
+
+def test_main_refuses_a_design_draw_count_below_one_in_one_line(tmp_path, capsys):
+    table = write_table(tmp_path / "t.csv", _rows({"sparse": 0.5}))
+    assert tt.main(["--table", str(table), "--design-draws", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "--design-draws=0: must be >= 1\n"

@@ -100,7 +100,7 @@ def race(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
     target: Optional[str] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it)."),
-    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world) or synthetic (test function). \\[default: the spec's, else qwen]"),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1). \\[default: the spec's, else 0.1]"),
     validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
     propose_only: bool = typer.Option(False, "--propose-only", help="Run the pilots, then print the proposals as ready-to-run plans (JSON) without running them."),

@@ -37,7 +37,7 @@ def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
     target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
-    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world) or synthetic (test function). \\[default: the spec's, else qwen]"),
+    objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
     storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL (sqlite:///…, postgresql://…)."),

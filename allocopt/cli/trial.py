@@ -35,7 +35,7 @@ def trial(
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
     group_size: int = typer.Option(4, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
     reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
-    objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world)."),
+    objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world; tiny-table: its measured grid, replayed; qwen: GPU; synthetic; command)."),
     seed: int = typer.Option(0, help="Random seed of the trial."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     yes: bool = typer.Option(False, "--yes", help=f"Run even when the estimated wall time (from the objective's measured FLOP/s) is above {TRIAL_WALL_LIMIT_S / 3600:g} h."),
@@ -116,11 +116,19 @@ def print_trial(p: Any, res: Any) -> None:
     for k, v in res.targets.items():
         t.add_row(k.replace("pass_at_1", "pass@1"), f"{v:.4f}")
     out.print(t)
-    out.print(breakdown_table(res.spent, f"Compute spent ({len(res.curves)} iterations, "
+    # an objective without a training loop here (tiny-table replays measured trials) has no
+    # iteration records, wall times or evaluation FLOPs to show: those parts are left out
+    iterations = f"{len(res.curves)} iterations, " if res.curves else ""
+    out.print(breakdown_table(res.spent, f"Compute spent ({iterations}"
                                          f"{res.spent.executed.total_flops / b:.1%} of budget; "
                                          f"planned rho {p.realized_rho:.3f})"))
-    walls = ", ".join(f"{k} {v:.1f}s" for k, v in res.wall_seconds.items())
-    out.print(f"wall time: {walls}; evaluation {fmt_flops(res.eval_flops)} FLOPs (outside the budget)")
+    parts = []
+    if res.wall_seconds:
+        parts.append("wall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in res.wall_seconds.items()))
+    if res.eval_flops:
+        parts.append(f"evaluation {fmt_flops(res.eval_flops)} FLOPs (outside the budget)")
+    if parts:
+        out.print("; ".join(parts))
 
 
 def register(app: typer.Typer) -> None:
