@@ -143,3 +143,18 @@ def test_module_paths_on_some_layers_only_refused(tmp_path, cli):
     r = cli("account", "--from-trl", str(folder))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "target_modules: q_proj on layers [0] of 2" in r.stderr
+
+
+def test_a_layer_index_too_long_for_an_int_is_not_a_layer_path():
+    # found by the fuzzed readers (tests/test_fuzz_readers.py): a module path whose layer index
+    # has 5,000 digits was a ValueError from int() (Python's 4,300-digit limit), a traceback;
+    # such a name is no layer path (an index has at most 9 digits here) and is left to the
+    # target-name checks, while a real path is still checked against the model's layers
+    from allocopt.errors import RunLogError
+    from allocopt.runlogs.trl import _check_path_layers
+
+    huge = {"target_modules": [f"model.layers.{'1' * 5000}.self_attn.q_proj"]}
+    assert _check_path_layers(huge, "Qwen/Qwen2.5-0.5B-Instruct", None, "trl") is None
+    some = {"target_modules": ["model.layers.3.self_attn.q_proj"]}
+    with pytest.raises(RunLogError, match="some layers"):
+        _check_path_layers(some, "Qwen/Qwen2.5-0.5B-Instruct", None, "trl")

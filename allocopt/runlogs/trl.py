@@ -331,7 +331,7 @@ def _check_path_layers(adapter: dict[str, Any], model: str, adapter_file: Path |
     targets = adapter.get("target_modules")
     layers: dict[str, set[int]] = {}
     for t in targets if isinstance(targets, (list, tuple, set, frozenset)) else []:
-        m = re.search(r"(?:^|\.)layers\.(\d+)\.", str(t))
+        m = re.search(r"(?:^|\.)layers\.(\d{1,9})\.", str(t))
         if m:
             layers.setdefault(str(t).rsplit(".", 1)[-1], set()).add(int(m.group(1)))
     if not layers:
