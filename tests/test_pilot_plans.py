@@ -49,7 +49,9 @@ def test_the_tiny_study_pilots_are_usable(tiny):
     # system, chosen on the measured grid) is one pilot short of issue 17's 95 % bar: 66 of 70
     # (94.3 %). The four that are not are the PRM rewards' pilots at rho 0.9 with G 2 and 4: one
     # iteration there costs more than 10 % of 3e11 (the measured grid's 10 % trials there were
-    # infeasible too); a study records them infeasible at no cost.
+    # infeasible too); a study records them infeasible at no cost. (The real study found 7 more
+    # infeasible: plans that buy one iteration at 96-99 % of the budget, refused by the trial's own
+    # admission; docs/explanation/benchmarks/tiny-grid.md.)
     spec, workload = tiny
     budget = spec.pilot_fraction * spec.budget_flops
     grid = pilot_grid(spec.space, settings_for(spec), spec.seed)
