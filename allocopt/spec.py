@@ -143,8 +143,9 @@ class StudySpec:
     race: Mapping[str, Any] = field(default_factory=dict)
     """RACE's settings (a ``[race]`` table): any field of :class:`allocopt.race.RaceSettings` but
     ``max_pilots`` (this study's :attr:`pilots`) and ``seed`` (:attr:`seed`), e.g.
-    ``bandwidth = 0.35``, ``rho_levels = 6``, ``repeats = 2``; checked as RaceSettings checks
-    them (:func:`allocopt.race.design.settings_for`)."""
+    ``bandwidth = 0.35``, ``rho_levels = 6``, ``repeats = 2``; checked by RACE, which sits below
+    this module (:func:`allocopt.race.design.check_race_table`, called by
+    :func:`~allocopt.race.design.settings_for` and by the commands as they read a study file)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -187,9 +188,7 @@ class StudySpec:
         object.__setattr__(self, "objective_settings", dict(self.objective_settings))
         if not isinstance(self.race, Mapping):
             raise ConfigError(f"race={self.race!r}: must be a table ([race] with RACE's settings, e.g. bandwidth)")
-        from allocopt.race.design import check_race_table  # standard library only, as this module
-
-        object.__setattr__(self, "race", check_race_table(self.race))
+        object.__setattr__(self, "race", dict(self.race))  # its keys and values: RACE checks them
         if self.budget_gpu_hours is not None or self.throughput is not None:
             tb = self.time_budget  # checks hours, GPUs and profile
             if tb is None:

@@ -127,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")  # Optuna's ExperimentalWarning on metric names, per study
     from allocopt.errors import ConfigError
+    from allocopt.race.design import settings_for
     from allocopt.spec import StudySpec
 
     if a.seeds < 1 or a.draws < 10:
@@ -134,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         specs = [StudySpec.from_toml(p) for p in a.study]
+        for s in specs:
+            settings_for(s)  # a bad [race] entry: one line now, not a traceback in the first replay
         if not a.table.is_file():
             raise ConfigError(f"table={str(a.table)!r}: no such file; run benchmarks/tiny_grid.py to measure one")
     except ConfigError as e:

@@ -742,13 +742,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         rows, other = read_table(a.table)
+        current = study_design(a.study)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out or a.table.parent
     out.mkdir(parents=True, exist_ok=True)
     rep = report(rows, other, a.draws, a.seed)
-    current = study_design(a.study)
     pd = pilot_design(rep["estimates"], a.table, a.design_draws, a.seed, extra=(BASELINE, current))
     rep["lines"] += ["", f"Pilot design (4.): same-regime rate of pilot designs at no more pilot compute than the "
                      f"tiny study spent before ({STUDY_PILOTS} pilots at {STUDY_PILOT_FRACTION:.0%}: "

@@ -192,11 +192,17 @@ def test_an_infeasible_level_is_measured_but_never_rho_star(tmp_path):
     assert (e.rho, e.group_size) == (0.9, 2)
 
 
+def _replay_module():
+    """``benchmarks/tiny_race_replay.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("tiny_race_replay", ROOT / "benchmarks" / "tiny_race_replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.slow  # two whole RACE studies (surrogate fits) on a constructed table: ~30 s
 def test_the_race_replay_scores_pilot_regimes_against_the_tables(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("tiny_race_replay", ROOT / "benchmarks" / "tiny_race_replay.py")
-    rr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rr)
+    rr = _replay_module()
     # sparse peaks at 0.7 (update-heavy), prm at 0.3 (search-heavy), pilots shaped as the full runs
     rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.3}, fidelity="pilot", seeds=(0, 2))
     table = write_table(tmp_path / "t.csv", rows)
@@ -219,3 +225,15 @@ def test_main_refuses_a_design_draw_count_below_one_in_one_line(tmp_path, capsys
     assert tt.main(["--table", str(table), "--design-draws", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "--design-draws=0: must be >= 1\n"
+
+
+def test_a_study_file_with_a_bad_race_entry_is_one_line_in_both_benchmarks(tmp_path, capsys):
+    # the [race] table is checked by RACE (below the study file's module): both benchmarks that
+    # read a study file say so in one line, exit 2, before any replay
+    table = write_table(tmp_path / "t.csv", _rows({"sparse": 0.5}))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("budget_flops = 3e11\n[race]\nbandwith = 0.3\n")
+    assert tt.main(["--table", str(table), "--study", str(bad)]) == 2
+    assert _replay_module().main(["--table", str(table), "--study", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.startswith("error: race.bandwith: unknown RACE setting") for line in err), err

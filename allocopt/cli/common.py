@@ -357,8 +357,8 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
     (``time``: the flags of :func:`time_flags`), ``spec.budget_for(allocation, workload)``.
 
     Raises:
-        ConfigError: no budget (neither ``--budget`` nor ``--spec``), a bad budget, a bad file
-            or setting (one line).
+        ConfigError: no budget (neither ``--budget`` nor ``--spec``), a bad budget, a bad file,
+            setting or ``[race]`` entry (one line).
     """
     from dataclasses import replace
 
@@ -380,6 +380,9 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
         s = StudySpec(**(t or {})).with_overrides(budget_flops=b, **overrides)
     if set_:
         s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
+    from allocopt.race.design import check_race_table
+
+    check_race_table(s.race)  # a bad [race] key is refused now, before anything is opened
     return s
 
 

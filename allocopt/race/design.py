@@ -183,9 +183,9 @@ def check_race_table(table: Mapping[str, Any]) -> dict[str, Any]:
 def settings_for(spec: Any, **flags: Any) -> "RaceSettings":
     """The :class:`RaceSettings` a study runs: its ``[race]`` table (:attr:`StudySpec.race`),
     ``max_pilots`` from its ``pilots``, then every flag given (``None`` left out) over them.
-    Raises :class:`ConfigError` for a bad flag value."""
+    Raises :class:`ConfigError` for a bad ``[race]`` key or value, or a bad flag value."""
     given = {"max_pilots": spec.pilots, **{k: v for k, v in flags.items() if v is not None}}
-    return RaceSettings(**{**dict(spec.race), **given})
+    return RaceSettings(**{**check_race_table(spec.race), **given})
 
 
 def check_pilot_fraction(pilot_fraction: Any) -> float:
