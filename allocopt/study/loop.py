@@ -97,51 +97,20 @@ def run_study(
         ConfigError: RACE on a space without a ρ range.
         KeyboardInterrupt: after marking the running trial failed (it is re-run on resume).
     """
-    from optuna.trial import TrialState
-
-    from allocopt.objective import objective_targets
     from allocopt.study.sampler import RaceSampler
     from allocopt.study.hold import worker_trial
-    from allocopt.study.settle import on_stale
 
-    try:
-        declared = objective_targets(getattr(objective, "name", spec.objective))
-    except ValueError:
-        declared = None
-    missing = [t for t, k in zip(spec.targets, spec.target_keys) if declared is not None and k not in declared]
-    if missing:
-        raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
-                         f"{', '.join(declared or ())}")
+    check_targets(spec, objective)
     given = sampler is not None
     sampler = sampler if given else make_sampler(spec, workload=workload)
     race = isinstance(sampler, RaceSampler)
     if pilots_only and not race:
         raise ValueError("pilots_only needs a RaceSampler")
-    study = study if study is not None else open_study(spec, storage, sampler)
-    n = len(study.get_trials(deepcopy=False))
-    if n and not given and not race:  # resumed: a fresh seed, or it would propose the same points again
-        sampler = make_sampler(replace(spec, seed=resumed_seed(spec.seed, n)), workload=workload)
-    on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
-    if tracker:  # runs of trials settled when the study was opened (killed workers) end now
-        tracker.reconcile(study)
-    study.sampler = sampler
-    study.set_user_attr("spec", spec.to_dict())
-    name_objectives(study, spec)
-    if tracker:
-        tracker.log_spec(spec.to_dict())
-    if race:
-        from dataclasses import asdict
-
-        study.set_user_attr("race", {"pilot_fraction": sampler.pilot_fraction,
-                                     "settings": asdict(sampler.settings)})
+    study, sampler = prepare_study(spec, study if study is not None else open_study(spec, storage, sampler),
+                                   sampler, resample=not given and not race, workload=workload,
+                                   tracker=tracker)
     dists = distributions(spec, fidelity=race)
-
-    # every ask runs a trial (the queue's first); the cap only guards against a sampler that
-    # never proposes a full run
-    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) + 2
-    cap = spec.trials + waiting + (len(sampler.design) + 2 * spec.trials
-                                   + math.ceil(sampler.settings.extra_pilot_budget / sampler.pilot_fraction)
-                                   if race else 0)
+    cap = trial_cap(study, spec, sampler if race else None)
 
     def admit(trial: Any) -> str | None:  # None: run it; a reason: give it back unsampled
         given = params_of(study.get_trials(deepcopy=False)[trial.number])  # a retry or enqueued trial
@@ -166,16 +135,79 @@ def run_study(
             run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
                           on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress,
                           verbose=verbose)
+    finish_study(study, spec, sampler if race and not pilots_only else None, tracker, on_answer)
+    return study
+
+
+def check_targets(spec: StudySpec, objective: Any) -> None:
+    """Raises :class:`StudyError` when the objective declares its targets and one of the
+    study's is not among them (an objective that declares none is not checked)."""
+    from allocopt.objective import objective_targets
+
+    try:
+        declared = objective_targets(getattr(objective, "name", spec.objective))
+    except ValueError:
+        declared = None
+    missing = [t for t, k in zip(spec.targets, spec.target_keys) if declared is not None and k not in declared]
+    if missing:
+        raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
+                         f"{', '.join(declared or ())}")
+
+
+def prepare_study(spec: StudySpec, study: Any, sampler: Any, *, resample: bool, workload: Workload,
+                  tracker: Any) -> tuple[Any, Any]:
+    """The opened ``study`` made ready to run: what stopped workers left settled (and their
+    MLflow runs ended), the spec, objective names and RACE's settings recorded, ``sampler`` set.
+    ``resample``: a resumed study gets a sampler with a fresh seed (:func:`resumed_seed`), or it
+    would propose the same points again. Returns ``(study, sampler)``."""
+    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.settle import on_stale
+
+    n = len(study.get_trials(deepcopy=False))
+    if n and resample:
+        sampler = make_sampler(replace(spec, seed=resumed_seed(spec.seed, n)), workload=workload)
+    on_stale(study, tracker)  # its MLflow run ends FAILED with a dead worker's trial
+    if tracker:  # runs of trials settled when the study was opened (killed workers) end now
+        tracker.reconcile(study)
+    study.sampler = sampler
+    study.set_user_attr("spec", spec.to_dict())
+    name_objectives(study, spec)
+    if tracker:
+        tracker.log_spec(spec.to_dict())
+    if isinstance(sampler, RaceSampler):
+        from dataclasses import asdict
+
+        study.set_user_attr("race", {"pilot_fraction": sampler.pilot_fraction,
+                                     "settings": asdict(sampler.settings)})
+    return study, sampler
+
+
+def trial_cap(study: Any, spec: StudySpec, race: Any = None) -> int:
+    """Most asks the loop makes: every ask runs a trial (the queue's first), so the cap only
+    guards against a sampler that never proposes a full run. ``race``: the RaceSampler, whose
+    pilots and extra pilots come on top."""
+    from optuna.trial import TrialState
+
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) + 2
+    extra = (len(race.design) + 2 * spec.trials
+             + math.ceil(race.settings.extra_pilot_budget / race.pilot_fraction)) if race is not None else 0
+    return spec.trials + waiting + extra
+
+
+def finish_study(study: Any, spec: StudySpec, race: Any, tracker: Any,
+                 on_answer: Callable[[Any, Any], None] | None) -> None:
+    """The study's final answer, stored by the loop itself: the counts and the best full-budget
+    trial on the MLflow parent run; with ``race`` (the RaceSampler, after a whole race) RACE's
+    recommendation (:func:`final_answer`, :func:`store_answer`), then ``on_answer``."""
     if tracker:
         tracker.reconcile(study)
         log_final(study, spec, tracker)
-    if race and not pilots_only:
-        rec, sur = final_answer(study, spec, sampler)
+    if race is not None:
+        rec, sur = final_answer(study, spec, race)
         if rec is not None:
             store_answer(study, spec, rec, tracker)
             if on_answer:
                 on_answer(rec, sur)
-    return study
 
 
 def resumed_seed(seed: int, n: int) -> int:
