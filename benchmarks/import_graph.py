@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,43 +75,14 @@ def arrows(known: dict[str, Path]) -> set[tuple[str, str]]:
 
 
 def circles(nodes: list[str], edges: set[tuple[str, str]]) -> list[list[str]]:
-    """Strongly connected components (Tarjan), largest first."""
-    out_of: dict[str, list[str]] = {n: [] for n in nodes}
-    for a, b in edges:
-        out_of[a].append(b)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = [0]
-    sys.setrecursionlimit(10_000)
+    """Strongly connected components (networkx's, iterative: no recursion limit to raise), each
+    sorted, largest first."""
+    import networkx as nx
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in out_of[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            found.append(sorted(component))
-
-    for n in nodes:
-        if n not in index:
-            visit(n)
-    return sorted(found, key=len, reverse=True)
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from(edges)
+    return sorted((sorted(c) for c in nx.strongly_connected_components(g)), key=len, reverse=True)
 
 
 def floors(nodes: list[str], edges: set[tuple[str, str]], components: list[list[str]]) -> int:

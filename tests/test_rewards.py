@@ -343,3 +343,21 @@ def test_rule_based_rewards_never_raise_on_random_text():
             assert 0.0 <= value <= 1.0
     for line in ("(" * 400 + "1+1" + ")" * 400 + "=2", "1+" * 20000 + "1=20001", "-" * 10000 + "1=1"):
         assert all(not e.correct for e in find_equations(line))  # too deep / too long: never credited
+
+
+def test_nesting_depth_is_a_fixed_limit_not_the_interpreters():
+    # a side nested deeper than MAX_NESTING is never credited, whatever the recursion limit (a
+    # program that raised it, as benchmarks/import_graph.py once did in the test session, made
+    # the 400-deep line below credited); up to the limit it is evaluated as usual
+    import sys
+
+    from objectives.rewards.step_parsing import MAX_NESTING
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        assert all(not e.correct for e in find_equations("(" * 400 + "1+1" + ")" * 400 + "=2"))
+        assert all(not e.correct for e in find_equations("(" * (MAX_NESTING + 1) + "1+1" + ")" * (MAX_NESTING + 1) + "=2"))
+    finally:
+        sys.setrecursionlimit(old)
+    assert [e.correct for e in find_equations("(" * MAX_NESTING + "1+1" + ")" * MAX_NESTING + "=2")] == [True]

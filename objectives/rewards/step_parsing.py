@@ -26,6 +26,9 @@ _FINAL_RE = re.compile(r"^\s*####[ \t]*\S")
 FINAL_MARKER = "#### "
 """What starts the final-answer line (GSM8K convention)."""
 MAX_EXPR_CHARS = 1000
+MAX_NESTING = 50
+"""Most nested parentheses and unary signs an expression side may have; a deeper one is never
+credited (it was the interpreter's recursion limit, which a program can raise)."""
 """Equations with a side longer than this (characters) count as wrong, unevaluated."""
 
 
@@ -172,7 +175,7 @@ class _Evaluator:
     mixed numbers (recursive descent)."""
 
     def __init__(self, tokens: list[str]) -> None:
-        self.tokens, self.i = tokens, 0
+        self.tokens, self.i, self.depth = tokens, 0, 0
 
     def run(self) -> Fraction:
         value = self.expr()
@@ -206,16 +209,16 @@ class _Evaluator:
 
     def unary(self) -> Fraction:
         t = self.peek()
-        if t in ("-", "+"):
-            self.i += 1
-            return -self.unary() if t == "-" else self.unary()
-        if t == "(":
-            self.i += 1
-            value = self.expr()
-            if self.peek() != ")":
-                raise _Malformed
-            self.i += 1
-            return value
+        if t in ("-", "+", "("):
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise RecursionError(f"nested deeper than {MAX_NESTING}")  # never credited
+            try:
+                return self._nested(t)
+            finally:
+                self.depth -= 1
+        if t is None or not _is_num(t):
+            raise _Malformed
         if t is None or not _is_num(t):
             raise _Malformed
         self.i += 1
@@ -226,6 +229,17 @@ class _Evaluator:
             self.i += 3  # mixed number 3 1/2
             value += Fraction(int(a), int(b))
         return value
+
+    def _nested(self, t: str) -> Fraction:
+        """A unary sign's operand or a parenthesized expression (``t``: the token at ``i``)."""
+        self.i += 1
+        if t == "(":
+            value = self.expr()
+            if self.peek() != ")":
+                raise _Malformed
+            self.i += 1
+            return value
+        return -self.unary() if t == "-" else self.unary()
 
 
 def _is_num(token: str) -> bool:
