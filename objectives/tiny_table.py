@@ -110,22 +110,19 @@ def read_table(path: str | Path = DEFAULT_TABLE) -> tuple[list[Row], list[dict[s
 
 def _row(r: dict[str, str], path: Path, line: int) -> Row:
     """One complete row of the table; :class:`ConfigError` naming the line and field when a value
-    is not a number."""
-    field = "group_size"
-    try:
-        group_size, field = int(r["group_size"]), "rho"
-        rho, field = round(float(r["rho"]), 4), "budget_flops"
-        budget, field = float(r["budget_flops"]), "seed"
-        seed = int(r["seed"])
-        targets = {}
-        for field in COMMON_TARGETS:
-            targets[field] = float(r[field])
-        flops = {}
-        for p, field in PHASE_COLUMNS:
-            flops[p] = int(float(r[field] or 0))
-    except (TypeError, ValueError):
-        raise ConfigError(f"table={str(path)!r}: line {line}: {field}={r.get(field)!r} is not a number") from None
-    return Row(r["reward"], group_size, rho, r["fidelity"], budget, seed, targets, flops)
+    is not a number (an empty FLOP column is 0)."""
+
+    def num(field: str, kind: type = float, empty: float | None = None) -> Any:
+        if r.get(field) == "" and empty is not None:
+            return empty
+        try:
+            return kind(r[field])
+        except (TypeError, ValueError):
+            raise ConfigError(f"table={str(path)!r}: line {line}: {field}={r.get(field)!r} is not a number") from None
+
+    return Row(r["reward"], num("group_size", int), round(num("rho"), 4), r["fidelity"], num("budget_flops"),
+               num("seed", int), {t: num(t) for t in COMMON_TARGETS},
+               {p: int(num(c, empty=0)) for p, c in PHASE_COLUMNS})
 
 
 def _least_budget(row: dict[str, str]) -> int:

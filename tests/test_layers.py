@@ -4,24 +4,14 @@ imports count too, since a lazy import is still an arrow)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _graph():
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "benchmarks" / "import_graph.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tiny_grid_table import benchmark_module
 
 
 @pytest.mark.parametrize("rooms", ["modules", "packages"])
 def test_no_import_circle(rooms):
-    g = _graph()
+    g = benchmark_module("import_graph")
     known = g.modules()
     nodes, edges = sorted(known), g.arrows(known)
     if rooms == "packages":

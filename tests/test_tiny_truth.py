@@ -3,19 +3,14 @@ tables whose answers are known by construction."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 
 import pytest
 
 from objectives.tiny_table import read_table
-from tiny_grid_table import LEVELS, ROOT, grid_runner, write_table
+from tiny_grid_table import LEVELS, benchmark_module, grid_runner, write_table
 
-spec = importlib.util.spec_from_file_location("tiny_truth", ROOT / "benchmarks" / "tiny_truth.py")
-tt = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("tiny_truth", tt)
-spec.loader.exec_module(tt)
+tt = benchmark_module("tiny_truth")
 
 D = 0.004  # seed offsets -D, 0, +D: seed sd exactly D
 
@@ -192,17 +187,9 @@ def test_an_infeasible_level_is_measured_but_never_rho_star(tmp_path):
     assert (e.rho, e.group_size) == (0.9, 2)
 
 
-def _replay_module():
-    """``benchmarks/tiny_race_replay.py`` as a module."""
-    spec = importlib.util.spec_from_file_location("tiny_race_replay", ROOT / "benchmarks" / "tiny_race_replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.slow  # two whole RACE studies (surrogate fits) on a constructed table: ~30 s
 def test_the_race_replay_scores_pilot_regimes_against_the_tables(tmp_path, capsys):
-    rr = _replay_module()
+    rr = benchmark_module("tiny_race_replay")
     # sparse peaks at 0.7 (update-heavy), prm at 0.3 (search-heavy), pilots shaped as the full runs
     rows = _rows({"sparse": 0.7, "prm": 0.3}) + _rows({"sparse": 0.7, "prm": 0.3}, fidelity="pilot", seeds=(0, 2))
     table = write_table(tmp_path / "t.csv", rows)
@@ -234,6 +221,6 @@ def test_a_study_file_with_a_bad_race_entry_is_one_line_in_both_benchmarks(tmp_p
     bad = tmp_path / "bad.toml"
     bad.write_text("budget_flops = 3e11\n[race]\nbandwith = 0.3\n")
     assert tt.main(["--table", str(table), "--study", str(bad)]) == 2
-    assert _replay_module().main(["--table", str(table), "--study", str(bad)]) == 2
+    assert benchmark_module("tiny_race_replay").main(["--table", str(table), "--study", str(bad)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(line.startswith("error: race.bandwith: unknown RACE setting") for line in err), err

@@ -1,4 +1,5 @@
-"""Helper for the tiny-table tests: write a grid table in the format of benchmarks/tiny_grid.py."""
+"""Helper for the tiny-table tests: write a grid table in the format of benchmarks/tiny_grid.py;
+load a benchmark script as a module."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ ROOT = Path(__file__).resolve().parents[1]
 LEVELS = tuple(round(0.2 + 0.1 * i, 4) for i in range(8))
 
 
+def benchmark_module(name: str):
+    """``benchmarks/<name>.py`` as the module ``name`` (loaded once)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def grid_runner():
     """``benchmarks/tiny_grid.py`` as a module (loaded once)."""
-    if "tiny_grid" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("tiny_grid", ROOT / "benchmarks" / "tiny_grid.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["tiny_grid"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["tiny_grid"]
+    return benchmark_module("tiny_grid")
 
 
 def grid_columns() -> tuple[str, ...]:
