@@ -56,6 +56,8 @@ class Cell:
     fidelity: str
     budget_flops: float
     seed: int
+    model: str | None = None
+    """The policy size (``--model``); ``None``: the world's own policy, no ``model`` column."""
 
     def key(self) -> tuple:
         return (self.reward, self.group_size, f"{self.rho:.4f}", self.fidelity, self.seed)
@@ -83,7 +85,7 @@ def grid(args: argparse.Namespace) -> list[Cell]:
             for reward in args.rewards:
                 for g in gs:
                     for rho in levels:
-                        out.append(Cell(reward, g, rho, fidelity, budget, rank))
+                        out.append(Cell(reward, g, rho, fidelity, budget, rank, args.model))
     return out
 
 
@@ -116,13 +118,15 @@ def run_cell(cell: Cell) -> tuple[dict, list[dict]]:
 
     if _OBJECTIVE is None:
         _OBJECTIVE = get_objective("tiny")
-    row = {k: "" for k in COLUMNS}
+    row = {k: "" for k in columns(cell.model)}
+    if cell.model:
+        row["model"] = cell.model
     row.update(reward=cell.reward, group_size=cell.group_size, rho=cell.rho, fidelity=cell.fidelity,
                budget_flops=cell.budget_flops, seed=cell.seed)
     curves: list[dict] = []
     start = time.monotonic()
     try:
-        plan = make_plan(cell.budget_flops, Allocation(cell.rho, cell.group_size, cell.reward),
+        plan = make_plan(cell.budget_flops, Allocation(cell.rho, cell.group_size, cell.reward, cell.model),
                          _OBJECTIVE.workload())
         row.update(planned_rho=round(plan.realized_rho, 5), iterations=plan.iterations)
         with quiet(False):
@@ -147,10 +151,15 @@ def run_cell(cell: Cell) -> tuple[dict, list[dict]]:
     return row, curves
 
 
+def columns(model: str | None) -> tuple[str, ...]:
+    """The table's columns: with a ``model`` column when the grid is of a named policy size."""
+    return COLUMNS + ("model",) if model else COLUMNS
+
+
 def append(table: Path, curves_file: Path, row: dict, curves: list[dict]) -> None:
     new = not table.exists()
     with table.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns(row.get("model")))
         if new:
             w.writeheader()
         w.writerow(row)
@@ -190,11 +199,19 @@ def main() -> None:
                         "they take a quarter of the time); default all")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit", type=int, default=None, help="run at most this many trials, then stop")
+    p.add_argument("--model", default=None,
+                   help="policy size of the tiny world (tiny, small, medium; objectives.tiny.sizes); "
+                        "rows get a model column. Default: the world's own policy, no column")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--estimate", action="store_true", help="print what is left and how long; run nothing")
     args = p.parse_args()
     if args.rho_levels < 2 or not all(0 < f < 1 for f in args.pilot_fractions) or args.workers < 1:
         sys.exit("error: --rho-levels >= 2, 0 < --pilot-fractions < 1 and --workers >= 1")
+    if args.model is not None:
+        from objectives.tiny.sizes import SIZES
+
+        if args.model not in SIZES:
+            sys.exit(f"error: --model {args.model!r}: not a tiny policy size; known: {', '.join(SIZES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     table, curves_file = args.out / "trials.csv", args.out / "curves.jsonl"
     cells = grid(args)

@@ -148,11 +148,16 @@ class Workload:
     """The training set-up plans are priced on and the driver runs."""
     reward_models: Mapping[str, ModelShape] = field(default_factory=default_reward_models)
     """Reward-model shape per model-based reward system (:func:`default_reward_models`)."""
+    policies: Mapping[str, ModelShape] = field(default_factory=dict)
+    """Policy shapes by the names an allocation's ``model`` may give (an objective's own sizes,
+    e.g. the tiny world's ``tiny``, ``small``, ``medium``); a name not here is read as a preset
+    or a config path."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.setup, TrainingSetup):
             raise ConfigError(f"setup={self.setup!r}: must be a TrainingSetup")
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
+        object.__setattr__(self, "policies", FrozenMap(self.policies))
 
     def with_setup(self, **changes: Any) -> "Workload":
         """This workload with set-up fields changed (the generation limit and the runner's
@@ -257,7 +262,10 @@ class TrialPlan:
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
-    return workload.policy if allocation.model is None else model_shape(allocation.model)
+    if allocation.model is None:
+        return workload.policy
+    named = workload.policies.get(allocation.model)
+    return named if named is not None else model_shape(allocation.model)
 
 
 @functools.lru_cache(maxsize=16384)

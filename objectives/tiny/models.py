@@ -9,6 +9,7 @@ Sizes (vocabulary ``V = 22``, :data:`objectives.tiny.tasks.VOCAB`; per-layer lin
     model           d    L  h  h_kv  f     params      forward FLOPs/token  vs policy
     policy tiny     96   4  4  2     384     556,704    1,110,144            1.00
     policy small    128  4  4  2     512     988,032    1,971,712            1.78
+    policy medium   192  4  4  2     768   2,219,328    4,432,128            3.99
     prm proxy       96   3  4  2     384     418,080      833,664            0.75
     prm full        96   4  4  2     384     556,704    1,110,144            1.00
 
@@ -50,8 +51,12 @@ POLICY_SIZES: dict[str, dict[str, int]] = {
                  num_key_value_heads=2, intermediate_size=384),
     "small": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=512),
+    "medium": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=768),
 }
-"""Policy shapes by name (Qwen2 config fields)."""
+"""Policy shapes by name (Qwen2 config fields): the three sizes of the model-size study
+(:mod:`objectives.tiny.sizes`), width grown at a fixed depth, 1.78x and 3.99x the parameters of
+``tiny`` (the paper's 1.5B -> 3B -> 7B spans 4.7x)."""
 PRM_SIZES: dict[str, dict[str, int]] = {
     "proxy": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=384),

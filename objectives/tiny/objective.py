@@ -17,6 +17,7 @@ outside the budget.
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -127,8 +128,6 @@ class TinyObjective:
         """The world's paths (:func:`objectives.tiny.build.build_world`): the shipped build, a
         cached one, else a build from scratch, announced first on stderr (:func:`build_notice`)."""
         if self._world is None:
-            import sys
-
             from objectives.tiny.build import build_world
 
             cache = Path(self.settings.cache_dir) if self.settings.cache_dir else None
@@ -141,24 +140,45 @@ class TinyObjective:
     def _shape(self, path: Path) -> ModelShape:
         return ModelShape.from_pretrained(str(path))
 
-    def setup(self) -> Any:
-        """The world's :class:`allocopt.plan.setup.TrainingSetup` (plan, meter and driver read it):
-        tiny shapes, mean train-split lengths, LoRA r 8 (alpha 16), trl-cpu."""
+    def policy_path(self, model: str | None = None) -> Path:
+        """The folder of the base policy an allocation's ``model`` names: ``None`` or ``tiny``
+        the world's own, ``small`` or ``medium`` a policy of another size
+        (:func:`objectives.tiny.sizes.sized_policy`, built once when missing).
+        ``ValueError`` (one line) for another name."""
+        if model is None or model == "tiny":
+            return self.world().policy
+        from objectives.tiny.sizes import sized_policy
+
+        cache = Path(self.settings.cache_dir) / "sizes" if self.settings.cache_dir else None
+        return sized_policy(model, cache, progress=lambda m: print(m, file=sys.stderr, flush=True))
+
+    def setup(self, model: str | None = None) -> Any:
+        """The world's :class:`allocopt.plan.setup.TrainingSetup` (plan, meter and driver read it)
+        for the policy ``model`` names (:meth:`policy_path`): its path, mean train-split
+        lengths, LoRA r 8 (alpha 16), trl-cpu."""
         from objectives.tiny.tasks import make_split
 
         train = make_split("train", 2000, 0)
         p = statistics.fmean(len(x.prompt) for x in train)
         c = statistics.fmean(len(x.solution) + 1 for x in train)  # + EOS; 1 char = 1 token
         s = self.settings.setup
-        return replace(s, model=str(self.world().policy), prompt_tokens=p, completion_tokens=c,
+        return replace(s, model=str(self.policy_path(model)), prompt_tokens=p, completion_tokens=c,
                        padded_completion_tokens=min(s.max_completion_length, round(1.5 * c)),
                        train_prompts=s.train_prompts or self.settings.train_problems)
 
     def workload(self) -> Workload:
-        """The workload a plan is made for (:meth:`setup` on the world's models)."""
+        """The workload a plan is made for (:meth:`setup` on the world's models), with the shape
+        of every policy size a study may name (:data:`objectives.tiny.sizes.SIZES`, from their
+        configs: nothing is built to price a plan)."""
+        from objectives.tiny.models import policy_config
+        from objectives.tiny.sizes import SIZES
+
         w = self.world()
+        policies = {size: replace(ModelShape.from_config(policy_config(size).to_dict()), name=size)
+                    for size in SIZES}
         return Workload(self._shape(w.policy), self.setup(),
-                        reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)})
+                        reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)},
+                        policies=policies)
 
     def reward(self, name: str) -> Any:
         from objectives.rewards.systems import make_reward
@@ -216,14 +236,14 @@ class TinyObjective:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no "Loading weights" bar per trial under our own progress
-        w = self.world()
         tok = self._tokenizer()
-        model = AutoModelForCausalLM.from_pretrained(str(w.policy))
+        name = plan.allocation.model
+        model = AutoModelForCausalLM.from_pretrained(str(self.policy_path(name)))
         rows = [{"prompt": x.prompt, "answer": x.answer}
                 for x in make_split("train", self.settings.train_problems, seed)]
         reward = self.reward(plan.allocation.reward)
         return run_grpo(plan, model=model, tokenizer=tok, train_rows=rows, reward=reward,
-                        setup=self.setup(), seed=seed, progress=progress,
+                        setup=self.setup(name), seed=seed, progress=progress,
                         evaluate=lambda m: self.evaluate(m, tok, reward))
 
     def evaluate(self, model: Any, tokenizer: Any, reward: Any) -> tuple[dict[str, float], int]:

@@ -1,0 +1,115 @@
+"""The tiny world's policies of three sizes (objectives/tiny/sizes.py) and model size as a
+search variable: each size priced from its own shape, the shipped builds intact."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from allocopt.flops import ModelShape
+from allocopt.plan.allocation import Allocation, Workload, make_plan
+from objectives.tiny import sizes
+from objectives.tiny.manifest import SHIPPED_DIR, sha256
+
+SHIPPED = ("small",)
+
+
+def test_every_size_runs_the_sft_steps_the_shipped_tiny_policy_ran():
+    shipped = json.loads((SHIPPED_DIR / "manifest.json").read_text())
+    assert shipped["metrics"]["policy"]["steps_run"] == sizes.SFT_STEPS
+    for size in sizes.SIZES:
+        r = sizes.recipe(size)
+        assert (r.policy_size, r.sft_steps, r.sft_stop_accuracy) == (size, sizes.SFT_STEPS, None)
+        # everything else is the default recipe's: same data, same optimizer
+        assert {k: v for k, v in r.to_json().items() if k not in ("policy_size", "sft_steps", "sft_stop_accuracy")} \
+            == {k: v for k, v in shipped["settings"].items() if k not in ("policy_size", "sft_steps", "sft_stop_accuracy")}
+
+
+def test_an_unknown_size_is_one_line():
+    with pytest.raises(ValueError, match=r"model='huge': not a tiny policy size; known: tiny, small, medium"):
+        sizes.recipe("huge")
+
+
+@pytest.mark.parametrize("size", SHIPPED)
+def test_shipped_sizes_are_intact_and_bigger_policies_start_stronger(size):
+    folder = sizes.SHIPPED_SIZES_DIR / size
+    m = json.loads((folder / "manifest.json").read_text())
+    assert {f: sha256(folder / f) for f in sizes.FILES} == m["checksums"]
+    assert sizes.sized_policy(size) == folder
+    config = json.loads((folder / "config.json").read_text())
+    from objectives.tiny.models import POLICY_SIZES
+
+    assert {k: config[k] for k in POLICY_SIZES[size]} == POLICY_SIZES[size]
+    tiny = json.loads((SHIPPED_DIR / "manifest.json").read_text())["metrics"]["policy"]
+    mine = m["metrics"]["policy"]
+    assert mine["steps_run"] == sizes.SFT_STEPS
+    # stronger at the start than the tiny policy, and still short of solving the task
+    assert mine["native_greedy_accuracy"] > tiny["native_greedy_accuracy"]
+    assert mine["downstream_pass_at_1_greedy"] < 0.95
+
+
+@pytest.mark.parametrize("size", SHIPPED)
+def test_a_changed_file_is_not_taken_for_the_build(size, tmp_path):
+    copy = tmp_path / size
+    shutil.copytree(sizes.SHIPPED_SIZES_DIR / size, copy)
+    assert sizes._manifest_ok(copy, size)
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert not sizes._manifest_ok(copy, size)
+    assert not sizes._manifest_ok(sizes.SHIPPED_SIZES_DIR / size, "tiny" if size != "tiny" else "small")
+
+
+def _shape(size: str) -> ModelShape:
+    from objectives.tiny.models import policy_config
+
+    return ModelShape.from_config(policy_config(size).to_dict())
+
+
+@pytest.mark.parametrize("size", ["small", "medium"])
+def test_a_named_policy_is_priced_from_its_own_shape(size):
+    # second method: a workload whose own policy is that shape, allocation without a model
+    from objectives.tiny.objective import TinyObjective
+
+    w = TinyObjective().workload()
+    by_name = make_plan(3e11, Allocation(0.5, 4, "sparse", size), w)
+    direct = make_plan(3e11, Allocation(0.5, 4, "sparse"), Workload(_shape(size), w.setup, w.reward_models))
+    assert by_name.iterations == direct.iterations
+    assert by_name.expected.executed.total_flops == direct.expected.executed.total_flops
+    assert by_name.setup_fingerprint == direct.setup_fingerprint
+    assert by_name.policy == size
+
+
+def test_a_bigger_policy_buys_fewer_iterations_at_the_same_budget():
+    from objectives.tiny.objective import TinyObjective
+
+    w = TinyObjective().workload()
+    its = [make_plan(3e11, Allocation(0.5, 4, "sparse", s), w).iterations for s in sizes.SIZES]
+    assert its[0] > its[1] > its[2] >= 1
+    params = [w.policies[s].num_params() for s in sizes.SIZES]
+    assert params == sorted(params) and params[2] / params[0] >= 3.9
+
+
+def test_the_objective_refuses_an_unknown_model_in_one_line():
+    from objectives.tiny.objective import TinyObjective
+
+    with pytest.raises(ValueError, match="model='xl'"):
+        TinyObjective().policy_path("xl")
+    assert TinyObjective().policy_path(None) == TinyObjective().policy_path("tiny")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", SHIPPED)
+def test_a_real_trial_at_each_size_stays_within_its_budget(size):
+    from objectives.tiny.objective import TinyObjective, TinySettings
+
+    obj = TinyObjective(TinySettings(eval_problems=50))
+    plan = make_plan(3e10, Allocation(0.5, 4, "sparse", size), obj.workload())
+    res = obj.run(plan, seed=0)
+    assert 0 < res.spent.executed.total_flops <= 3e10
+    assert 0 <= res.targets["pass_at_1"] <= 1
