@@ -1,0 +1,10 @@
+"""The tuner's core: what to run next and the answer, from plain observations (no study, no Optuna).
+
+* :mod:`allocopt.tuner.model`: a Gaussian process over allocations and budget fractions,
+  averaged over a grid of hyperparameters by marginal likelihood (numpy);
+* :mod:`allocopt.tuner.kg`: the knowledge gradient over a finite set of cells, per unit of cost;
+* :mod:`allocopt.tuner.decide`: :class:`~allocopt.tuner.decide.Tuner` (``next_run``, ``answer``)
+  over a :class:`~allocopt.tuner.decide.TunerSpace`.
+
+Imports numpy and scipy only (and the allocation type); ``import allocopt`` does not load it.
+"""

@@ -1,0 +1,202 @@
+"""What to run next, and the answer: decisions over plain observations (no study, no Optuna).
+
+:func:`next_run` picks the run (an allocation and a budget fraction: a pilot or a full run, a
+new cell or a replicate) whose knowledge gradient per unit of cost is largest
+(:func:`allocopt.tuner.kg.kg_per_cost`): its expected rise of the full-budget answer's value per
+full-budget run of compute. A pilot is run only when the runs so far say pilots predict the full
+budget well enough to be worth their FLOPs (the model's pilot-to-full correlation is learned,
+:mod:`allocopt.tuner.model`). :func:`answer` is the posterior-mean maximizer at the full budget,
+the allocations within noise of it, and the value of one more full run (the largest one-run
+knowledge gradient), which a study's stop rule compares with its cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from allocopt.plan.allocation import Allocation
+from allocopt.tuner.kg import kg_per_cost
+from allocopt.tuner.model import Data, HyperGrid, Points, Posterior, posterior
+
+Feasible = Callable[[Allocation, float], bool]
+
+
+@dataclass(frozen=True)
+class TunerSpace:
+    """The finite candidate set: ρ levels × group sizes × reward systems × models, at the full
+    budget and at each pilot fraction."""
+
+    rho: tuple[float, float]
+    group_sizes: tuple[int, ...]
+    rewards: tuple[str, ...]
+    models: tuple[str | None, ...] = (None,)
+    pilot_fractions: tuple[float, ...] = ()
+    """Budget fractions a pilot may run at (each in (0, 1)); empty: full runs only."""
+    rho_levels: int = 8
+    """Evenly spaced ρ levels over ``rho`` (ends included) a run may be placed at."""
+
+    def __post_init__(self) -> None:
+        lo, hi = self.rho
+        if not 0 < lo <= hi < 1:
+            raise ValueError(f"rho={self.rho!r}: must be [low, high] with 0 < low <= high < 1")
+        if not isinstance(self.rho_levels, int) or not 2 <= self.rho_levels <= 101:
+            raise ValueError(f"rho_levels={self.rho_levels!r}: must be an integer from 2 to 101")
+        if not self.group_sizes or not self.rewards or not self.models:
+            raise ValueError("group_sizes, rewards and models must each name at least one value")
+        if any(not 0 < f < 1 for f in self.pilot_fractions):
+            raise ValueError(f"pilot_fractions={self.pilot_fractions!r}: each must be in (0, 1)")
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        lo, hi = self.rho
+        if hi == lo:
+            return (lo,)
+        return tuple(round(lo + (hi - lo) * i / (self.rho_levels - 1), 6) for i in range(self.rho_levels))
+
+    def cells(self) -> list[Allocation]:
+        return [Allocation(r, g, w, m) for m in self.models for w in self.rewards
+                for g in self.group_sizes for r in self.levels]
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        """Budget fractions, the full budget first."""
+        return (1.0,) + tuple(sorted(set(self.pilot_fractions), reverse=True))
+
+    def points(self, allocations: Sequence[Allocation], fractions: Sequence[float]) -> Points:
+        lo, hi = self.rho
+        span = (hi - lo) or 1.0
+        frac_index = {f: i for i, f in enumerate(self.fractions)}
+
+        def code(values: Sequence, allowed: Sequence) -> np.ndarray:
+            index = {v: i for i, v in enumerate(allowed)}
+            return np.asarray([index.get(v, len(allowed)) for v in values], dtype=int)
+
+        fid = [frac_index.get(f, _nearest_fraction(f, self.fractions)) for f in fractions]
+        return Points(code([a.model for a in allocations], self.models),
+                      code([a.reward for a in allocations], self.rewards),
+                      code([a.group_size for a in allocations], self.group_sizes),
+                      (np.asarray([a.rho for a in allocations], dtype=float) - lo) / span,
+                      np.asarray(fid, dtype=int))
+
+
+def _nearest_fraction(f: float, fractions: Sequence[float]) -> int:
+    return int(np.argmin([abs(math.log(f / g)) for g in fractions]))
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One finished run as the tuner reads it."""
+
+    allocation: Allocation
+    fraction: float
+    """Its budget over the full budget (1: a full run)."""
+    value: float
+    """The target, oriented so that larger is better."""
+    eval_var: float = math.nan
+    """The known variance of its evaluation (``p(1 - p) / n_eval``); NaN: unknown."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run to start: an allocation at a budget fraction."""
+
+    allocation: Allocation
+    fraction: float
+    score: float = 0.0
+    """Its knowledge gradient per full-budget run of cost (target units)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The full-budget answer from the runs so far."""
+
+    allocation: Allocation
+    mean: float
+    """Predicted full-budget value (target units, larger is better)."""
+    sd: float
+    near: tuple[Allocation, ...]
+    """Allocations whose predicted value is within one standard deviation of the difference."""
+    gain_of_one_more_run: float
+    """Expected rise of the answer's true value from the best next full run (target units)."""
+    best_next: Allocation | None = None
+
+
+CONTENDER_SDS = 3.0
+"""A target cell counts in the knowledge gradient while its mean is within this many posterior
+standard deviations of the best mean (the others cannot become the answer in one run)."""
+
+
+def _contenders(post: Posterior) -> np.ndarray:
+    mu, sd = post.mean, np.sqrt(post.var)
+    return np.flatnonzero(mu + CONTENDER_SDS * sd >= mu.max())
+
+
+@dataclass
+class Tuner:
+    """The decisions on one space. Stateless between calls apart from its settings."""
+
+    space: TunerSpace
+    grid: HyperGrid = field(default_factory=HyperGrid)
+    feasible: Feasible | None = None
+
+    def _ok(self, a: Allocation, f: float) -> bool:
+        return self.feasible is None or bool(self.feasible(a, f))
+
+    def _data(self, observed: Sequence[Observed]) -> Data:
+        pts = self.space.points([o.allocation for o in observed], [o.fraction for o in observed])
+        return Data(pts, np.asarray([o.value for o in observed], dtype=float),
+                    np.asarray([o.eval_var for o in observed], dtype=float))
+
+    def _targets(self) -> list[Allocation]:
+        return [a for a in self.space.cells() if self._ok(a, 1.0)]
+
+    def next_run(self, observed: Sequence[Observed], *, pending: Sequence[Run] = (),
+                 compute_left: float | None = None) -> Run:
+        """The run with the largest knowledge gradient per unit of cost (module docstring).
+        ``pending``: runs started and not finished; ``compute_left``: full-run equivalents left
+        (runs costing more are not considered). Raises ``ValueError`` when nothing fits."""
+        targets = self._targets()
+        cands = [(a, f) for f in self.space.fractions for a in self.space.cells()
+                 if (compute_left is None or f <= compute_left + 1e-9) and self._ok(a, f)]
+        if not targets or not cands:
+            raise ValueError("no feasible run fits the budget left")
+        post = self._posterior(observed, targets, cands, pending)
+        cost = np.asarray([f for _, f in cands])
+        score = np.zeros(len(cands))
+        mu, live = post.mean, _contenders(post)
+        for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
+            s, _ = kg_per_cost(mu[live], cc[:, live], vc, nc, cost)
+            score += w * s
+        i = int(np.argmax(score))
+        return Run(cands[i][0], cands[i][1], float(score[i]))
+
+    def _posterior(self, observed: Sequence[Observed], targets: Sequence[Allocation],
+                   cands: Sequence[tuple[Allocation, float]], pending: Sequence[Run]) -> Posterior:
+        sp = self.space
+        return posterior(self._data(observed), sp.points(targets, [1.0] * len(targets)), self.grid,
+                         cands=sp.points([a for a, _ in cands], [f for _, f in cands]),
+                         pending=sp.points([p.allocation for p in pending], [p.fraction for p in pending]))
+
+    def answer(self, observed: Sequence[Observed]) -> Answer:
+        """The posterior-mean maximizer at the full budget (module docstring)."""
+        targets = self._targets()
+        if not targets:
+            raise ValueError("no feasible full-budget allocation")
+        post = self._posterior(observed, targets, [(a, 1.0) for a in targets], ())
+        mu, var = post.mean, post.var
+        i = int(np.argmax(mu))
+        kg1, live = np.zeros(len(targets)), _contenders(post)
+        for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
+            kg1 += w * kg_per_cost(mu[live], cc[:, live], vc, nc, np.ones(len(targets)), repeats=(1,))[1]
+        near = tuple(a for j, a in enumerate(targets)
+                     if j != i and mu[j] >= mu[i] - math.sqrt(var[i] + var[j]))
+        j = int(np.argmax(kg1))
+        return Answer(targets[i], float(mu[i]), float(math.sqrt(var[i])), near, float(max(kg1[j], 0.0)),
+                      targets[j])
+
+
+__all__ = ["Answer", "Observed", "Run", "Tuner", "TunerSpace"]

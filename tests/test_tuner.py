@@ -1,0 +1,203 @@
+"""The tuner's pure core (allocopt/tuner): the knowledge gradient, the averaged GP, the decisions.
+
+Every value is checked against an independent computation: closed forms, Monte Carlo with a
+fixed seed, scipy's multivariate normal, the textbook GP formulas with explicit inverses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import multivariate_normal
+
+from allocopt.plan.allocation import Allocation
+from allocopt.tuner.decide import Observed, Run, Tuner, TunerSpace
+from allocopt.tuner.kg import kg_per_cost, knowledge_gradient
+from allocopt.tuner.model import Data, HyperGrid, Points, kernel, posterior
+
+
+# ------------------------------------------------------------------ knowledge gradient
+def test_kg_of_two_symmetric_cells_is_the_mean_absolute_normal():
+    # E[max(Z, -Z)] = E|Z| = sqrt(2/pi); E[max(Z, 0)] = 1/sqrt(2 pi)
+    kg = knowledge_gradient(np.zeros(2), np.array([[1.0, -1.0], [1.0, 0.0]]))
+    assert kg[0] == pytest.approx(math.sqrt(2 / math.pi), rel=0.01)
+    assert kg[1] == pytest.approx(1 / math.sqrt(2 * math.pi), rel=0.01)
+
+
+def test_kg_matches_monte_carlo_on_random_beliefs():
+    rng = np.random.default_rng(7)
+    mu = rng.normal(size=6) * 0.3
+    b = rng.normal(size=(4, 6))
+    z = rng.standard_normal(400_000)
+    mc = [(mu[:, None] + row[:, None] * z[None, :]).max(0).mean() - mu.max() for row in b]
+    assert knowledge_gradient(mu, b) == pytest.approx(np.asarray(mc), rel=0.02, abs=2e-3)
+
+
+def test_kg_is_zero_when_a_run_cannot_change_the_order():
+    assert knowledge_gradient(np.array([1.0, 0.0]), np.array([[0.3, 0.3]]))[0] == pytest.approx(0.0, abs=1e-6)  # float32 lines
+
+
+def test_kg_star_takes_the_best_number_of_repeats_per_cost():
+    mu, cov = np.zeros(2), np.array([[1.0, -1.0]])
+    var, noise = np.array([1.0]), np.array([8.0])
+    score, kg1 = kg_per_cost(mu, cov, var, noise, np.array([0.1]), repeats=(1, 4))
+    one = knowledge_gradient(mu, cov / math.sqrt(1 + 8))[0]
+    four = knowledge_gradient(mu, cov / math.sqrt(1 + 2))[0]
+    assert kg1[0] == pytest.approx(one)
+    assert score[0] == pytest.approx(max(one / 0.1, four / 0.4))
+
+
+# ------------------------------------------------------------------ the averaged GP
+def _points(rho, reward=None, group=None, fid=None):
+    n = len(rho)
+    z = np.zeros(n, dtype=int)
+    return Points(z, np.asarray(reward if reward is not None else z), np.asarray(group if group is not None else z),
+                  np.asarray(rho, dtype=float), np.asarray(fid if fid is not None else z))
+
+
+ONE = HyperGrid(signal=(4.0,), lengthscale=(0.3,), reward_corr=(0.5,), group_corr=(0.9,), model_corr=(0.7,),
+                pilot_gap=(1.0,), train_noise=(1.0,), rho_bowl=0.0)
+
+
+def test_posterior_is_the_textbook_gp_at_one_hyperparameter_setting():
+    x = _points([0.1, 0.4, 0.4, 0.9], reward=[0, 0, 1, 1], fid=[0, 1, 0, 0])
+    y = np.array([0.42, 0.40, 0.47, 0.45])
+    ev = np.full(4, 2.5e-4)
+    t = _points([0.0, 0.5, 1.0], reward=[0, 1, 1])
+    post = posterior(Data(x, y, ev), t, ONE)
+    (h,) = post.hypers
+    scale = 2.5e-4
+    K = kernel(x, x, h, scale) + np.diag(ev * (1 + h[-1]))
+    Kinv = np.linalg.inv(K)
+    Ktx = kernel(t, x, h, scale)
+    mean = y.mean() + Ktx @ Kinv @ (y - y.mean())
+    cov = kernel(t, t, h, scale) - Ktx @ Kinv @ Ktx.T
+    assert post.means[0] == pytest.approx(mean, rel=1e-7)
+    assert post.covs[0] == pytest.approx(cov, rel=1e-6, abs=1e-12)
+
+
+def test_the_prior_mean_is_a_bowl_in_rho_and_the_data_are_fit_around_it():
+    from dataclasses import replace
+
+    grid = replace(ONE, rho_bowl=2.0)
+    t = _points([0.0, 0.5, 1.0])
+    prior = posterior(Data(_points([]), np.zeros(0), np.zeros(0)), t, grid)
+    s = math.sqrt(4.0 * 1.0)  # no known noise scale without runs: the unit is 1
+    assert prior.means[0] == pytest.approx([-2.0 * s, 0.0, -2.0 * s])
+    x = _points([0.25, 0.75])
+    y = np.array([0.40, 0.44])
+    post = posterior(Data(x, y, np.full(2, 2.5e-4)), t, grid)
+    (h,) = post.hypers
+    scale = 2.5e-4
+    bowl = -2.0 * math.sqrt(4.0 * scale) * 4 * (np.array([0.25, 0.75]) - 0.5) ** 2
+    r = y - bowl
+    K = kernel(x, x, h, scale) + np.diag(np.full(2, 2.5e-4 * 2))
+    mean = r.mean() - 2.0 * math.sqrt(4.0 * scale) * 4 * (np.array([0.0, 0.5, 1.0]) - 0.5) ** 2 \
+        + kernel(t, x, h, scale) @ np.linalg.inv(K) @ (r - r.mean())
+    assert post.means[0] == pytest.approx(mean, rel=1e-7)
+
+
+def test_mixture_weights_are_the_marginal_likelihoods():
+    grid = HyperGrid(signal=(1.0, 16.0), lengthscale=(0.3,), reward_corr=(0.5,), group_corr=(0.9,),
+                     model_corr=(0.7,), pilot_gap=(1.0,), train_noise=(0.5, 1.5), rho_bowl=0.0)
+    x = _points([0.1, 0.3, 0.5, 0.7, 0.9], reward=[0, 1, 0, 1, 0])
+    y = np.array([0.40, 0.46, 0.47, 0.50, 0.41])
+    ev = np.full(5, 2.5e-4)
+    post = posterior(Data(x, y, ev), x, grid, keep=1.0, max_combos=99)
+    logpdf = {h: multivariate_normal(np.zeros(5), kernel(x, x, h, 2.5e-4) + np.diag(ev * (1 + h[-1]))).logpdf(y - y.mean())
+              for h in grid.combos(False, False)}
+    ref = np.exp(np.array([logpdf[h] for h in post.hypers]) - max(logpdf.values()))
+    assert post.weights == pytest.approx(ref / np.exp(np.array(list(logpdf.values())) - max(logpdf.values())).sum(), rel=1e-6)
+
+
+def test_a_pending_run_shrinks_the_covariance_and_leaves_the_mean():
+    x = _points([0.2, 0.8])
+    data = Data(x, np.array([0.4, 0.5]), np.full(2, 2.5e-4))
+    t = _points([0.2, 0.5, 0.8])
+    free = posterior(data, t, ONE)
+    busy = posterior(data, t, ONE, pending=_points([0.5]))
+    assert busy.means[0] == pytest.approx(free.means[0])
+    assert busy.covs[0][1, 1] < 0.7 * free.covs[0][1, 1]
+
+
+def test_a_pilot_informs_the_full_budget_less_than_a_full_run():
+    t = _points([0.5])
+    ev = np.full(1, 2.5e-4)
+    pilot = posterior(Data(_points([0.5], fid=[1]), np.array([0.5]), ev), t, ONE)
+    full = posterior(Data(_points([0.5]), np.array([0.5]), ev), t, ONE)
+    assert full.covs[0][0, 0] < pilot.covs[0][0, 0]
+
+
+def test_bad_grids_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"reward_corr=\(1\.5,\): correlations must be in \[0, 1\]"):
+        HyperGrid(reward_corr=(1.5,))
+    with pytest.raises(ValueError, match="lengthscale"):
+        HyperGrid(lengthscale=(0.0,))
+
+
+# ------------------------------------------------------------------ decisions
+SPACE = TunerSpace((0.2, 0.9), (2, 4), ("sparse", "dense"), rho_levels=8)
+
+
+def _truth(a: Allocation) -> float:
+    # a smooth world: dense better by 0.04, a peak at rho 0.6, G 4 better by 0.01
+    return 0.45 + 0.04 * (a.reward == "dense") + 0.01 * (a.group_size == 4) - 0.4 * (a.rho - 0.6) ** 2
+
+
+def test_the_tuner_finds_a_clear_optimum_of_a_smooth_world():
+    tuner = Tuner(SPACE)
+    obs: list[Observed] = []
+    for _ in range(10):
+        run = tuner.next_run(obs)
+        assert run.fraction == 1.0 and run.score >= 0
+        obs.append(Observed(run.allocation, 1.0, _truth(run.allocation), 2.5e-4))
+    ans = tuner.answer(obs)
+    best = max(SPACE.cells(), key=_truth)
+    assert _truth(best) - _truth(ans.allocation) <= 0.0025  # within a tenth of the noise sd
+    assert ans.gain_of_one_more_run >= 0
+
+
+def test_the_gain_of_one_more_run_falls_as_runs_come_in():
+    tuner = Tuner(SPACE)
+    cells = SPACE.cells()
+    few = [Observed(a, 1.0, _truth(a), 2.5e-4) for a in cells[::8]]
+    many = [Observed(a, 1.0, _truth(a), 2.5e-4) for a in cells for _ in range(3)]
+    assert tuner.answer(many).gain_of_one_more_run < tuner.answer(few).gain_of_one_more_run
+
+
+def test_infeasible_runs_are_never_proposed_nor_answered():
+    banned = {("dense", 4)}
+    tuner = Tuner(SPACE, feasible=lambda a, f: (a.reward, a.group_size) not in banned)
+    obs = []
+    for _ in range(4):
+        run = tuner.next_run(obs)
+        assert (run.allocation.reward, run.allocation.group_size) not in banned
+        obs.append(Observed(run.allocation, 1.0, _truth(run.allocation), 2.5e-4))
+    assert (tuner.answer(obs).allocation.reward, tuner.answer(obs).allocation.group_size) not in banned
+
+
+def test_a_pilot_is_proposed_only_when_it_fits_the_compute_left():
+    space = TunerSpace((0.2, 0.9), (2, 4), ("sparse", "dense"), pilot_fractions=(0.1,), rho_levels=8)
+    run = Tuner(space).next_run([], compute_left=0.5)
+    assert run.fraction == 0.1
+    with pytest.raises(ValueError, match="no feasible run fits the budget left"):
+        Tuner(space).next_run([], compute_left=0.05)
+
+
+def test_bad_spaces_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"rho=\(0\.9, 0\.2\)"):
+        TunerSpace((0.9, 0.2), (2,), ("sparse",))
+    with pytest.raises(ValueError, match="pilot_fractions"):
+        TunerSpace((0.2, 0.9), (2,), ("sparse",), pilot_fractions=(1.5,))
+    assert isinstance(Run(Allocation(0.5, 2, "sparse"), 1.0), Run)
+
+
+def test_the_tuner_core_loads_neither_torch_nor_optuna_nor_a_study():
+    import subprocess
+    import sys
+
+    code = ("import sys, allocopt.tuner.decide; "
+            "print(sorted(m for m in ('torch', 'optuna', 'mlflow', 'allocopt.study', 'allocopt.spec') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
