@@ -13,7 +13,8 @@ import pytest
 from allocopt.plan.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.setup import TrainingSetup
-from allocopt.race import Observation, RaceSettings, diagnose_group, pilot_grid, propose, regime_of
+from allocopt.race import (Budgets, Observation, PlanCache, RaceSettings, Run, diagnose_group, pilot_grid, propose,
+                           regime_of)
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.race import run_race
 from objectives.synthetic import SyntheticObjective, response, rho_star
@@ -219,7 +220,7 @@ def test_proposals_never_exceed_the_budget():
     assert min(min_budget(Allocation(r, g, "prm"), w) for r, g in grid) > budget
     s = spec(budget_flops=budget, space=space)
     obs = [replace(o, budget_flops=budget * 0.1) for o in _obs()]
-    props = propose(obs, s, w, q=3, settings=settings)
+    props = propose(obs, s, w, q=3, settings=settings)  # the former form (a study, a workload): plans attached
     assert len(props) == 3
     for p in props:
         assert p.allocation.reward == "sparse"
@@ -233,16 +234,16 @@ def test_proposals_never_exceed_the_budget():
 def test_a_repeated_proposal_is_not_proposed():
     from allocopt.race import fit_surrogate
 
-    s = spec(space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm")))
-    w = workload()
-    sur = fit_surrogate(_obs(), s.space)
-    first = propose([], s, w, q=1, surrogate=sur, settings=RaceSettings(rho_grid=15))[0]
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    budgets, settings = Budgets(BUDGET), RaceSettings(rho_grid=15)
+    feasible = PlanCache(workload()).feasible(budgets)
+    sur = fit_surrogate(_obs(), space)
+    first = propose([], [], space, budgets, settings, feasible=feasible, surrogate=sur)[0]
     near = replace(first.allocation, rho=round(first.allocation.rho + 0.0008, 4))  # within 1e-3
-    again = propose([], s, w, q=1, surrogate=sur, existing=[(near, first.fidelity)],
-                    settings=RaceSettings(rho_grid=15))[0]
+    again = propose([], [Run(near, first.fidelity)], space, budgets, settings, feasible=feasible, surrogate=sur)[0]
     key = lambda p: (p.fidelity, p.allocation.group_size, p.allocation.reward)  # noqa: E731
     assert not (key(again) == key(first) and abs(again.allocation.rho - first.allocation.rho) <= 1e-3)
-    batch = propose([], s, w, q=4, surrogate=sur, settings=RaceSettings(rho_grid=15))
+    batch = propose([], [], space, budgets, settings, feasible=feasible, surrogate=sur, q=4)
     for i, a in enumerate(batch):
         for b in batch[:i]:
             assert not (key(a) == key(b) and abs(a.allocation.rho - b.allocation.rho) <= 1e-3)
@@ -254,10 +255,11 @@ def test_proposals_go_on_when_the_samples_run_out():
     from allocopt.race import fit_surrogate
 
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
-    s, settings = spec(space=space), RaceSettings(rho_grid=15, thompson_samples=1)
-    done = [(Allocation(round(0.2 + 0.05 * k, 4), g, "prm"), "full") for k in range(15) for g in (4, 8)]
-    props = propose([], s, workload(), q=3, surrogate=fit_surrogate(_obs(), space), existing=done,
-                    allow_pilots=False, settings=settings)
+    settings = RaceSettings(rho_grid=15, thompson_samples=1)
+    done = [Run(Allocation(round(0.2 + 0.05 * k, 4), g, "prm"), "full") for k in range(15) for g in (4, 8)]
+    budgets = Budgets(BUDGET)
+    props = propose([], done, space, budgets, settings, feasible=PlanCache(workload()).feasible(budgets),
+                    surrogate=fit_surrogate(_obs(), space), q=3, allow_pilots=False)
     assert len(props) == 3 and all(p.fidelity == "full" and p.allocation.reward == "sparse" for p in props)
     assert len({(p.allocation.rho, p.allocation.group_size) for p in props}) == 3
     assert all(0.0 <= p.acquisition <= 1.0 for p in props)
@@ -289,7 +291,7 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     url = f"sqlite:///{tmp_path}/r.db"
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
     s = spec(name="tagged", space=space)
-    settings = RaceSettings(max_pilots=12, batch_size=2, extra_pilot_budget=0.2)
+    settings = RaceSettings(max_pilots=12, extra_pilot_budget=0.2)
     obj, tracker, w = Counting(), FakeTracker(), workload()
     stolen = []
 
@@ -299,7 +301,7 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
             from allocopt.study.open import distributions
 
             other = optuna.load_study(study_name="tagged", storage=url)
-            mine = RaceSampler(space, budget_flops=BUDGET, workload=w, settings=settings, seed=s.seed)
+            mine = RaceSampler(space, BUDGET, workload=w, settings=settings, seed=s.seed)
             p = mine.proposals(other, q=1)[0]
             stolen.append(p)
             other.enqueue_trial({"rho": p.allocation.rho, "group_size": p.allocation.group_size,
@@ -562,12 +564,14 @@ def test_a_cell_without_full_run_is_tested_before_the_pilots_favourite_again():
 
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
     obs = _obs() + _full("prm", (0.4, 0.45, 0.5))
-    existing = [(o.allocation, o.fidelity) for o in obs]
-    props = propose(obs, spec(space=space), workload(), q=1, existing=existing, allow_pilots=False,
-                    surrogate=fit_surrogate(obs, space), settings=RaceSettings(rho_grid=15))
+    runs = [Run(o.allocation, o.fidelity) for o in obs]
+    budgets = Budgets(BUDGET)
+    feasible = PlanCache(workload()).feasible(budgets)
+    props = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15), feasible=feasible,
+                    surrogate=fit_surrogate(obs, space), allow_pilots=False)
     assert props[0].allocation.reward == "sparse" and props[0].fidelity == "full"
-    later = propose(obs, spec(space=space), workload(), q=1, existing=existing, allow_pilots=False,
-                    surrogate=fit_surrogate(obs, space), settings=RaceSettings(rho_grid=15, explore_cells_after=None))
+    later = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15, explore_cells_after=None),
+                    feasible=feasible, surrogate=fit_surrogate(obs, space), allow_pilots=False)
     assert later[0].allocation.reward == "prm"  # without the rule the pilots' favourite
 
 
@@ -625,19 +629,20 @@ def test_replicates_repeat_the_leader_when_the_leaders_are_within_noise():
             y = response(r, 8, "sparse") + (0.004 if (k + (reward == "structured")) % 2 else -0.004)
             obs.append(Observation(len(obs), Allocation(r, 8, reward), y, BUDGET, 1.0, "full", 0.0))
     sur = fit_surrogate(obs, space)
-    existing = [(o.allocation, "full") for o in obs]
-    s, w = spec(space=space), workload()
-    props = propose(obs, s, w, q=2, existing=existing, surrogate=sur, allow_pilots=False,
-                    settings=RaceSettings(rho_grid=15, replicates=1))
+    runs = [Run(o.allocation, "full") for o in obs]
+    budgets = Budgets(BUDGET)
+    feasible = PlanCache(workload()).feasible(budgets)
+    props = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15, replicates=1), feasible=feasible,
+                    surrogate=sur, q=2, allow_pilots=False)
     lead = max(obs, key=lambda o: float(sur.predict(sur.encoding.tensor([sur.encoding.row(
         o.allocation.rho, 8, o.allocation.reward, None, 1.0)]))[0][0])).allocation
     assert props[0].replicate and props[0].allocation == lead and not props[1].replicate
     assert props[0].to_dict()["replicate"] is True
-    plain = propose(obs, s, w, q=1, existing=existing, surrogate=sur, allow_pilots=False,
-                    settings=RaceSettings(rho_grid=15))
+    plain = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15), feasible=feasible, surrogate=sur,
+                    allow_pilots=False)
     assert not plain[0].replicate and plain[0].allocation != lead
-    twice = propose(obs, s, w, q=1, existing=existing + [(lead, "full")], surrogate=sur, allow_pilots=False,
-                    settings=RaceSettings(rho_grid=15, replicates=1))
+    twice = propose(obs, runs + [Run(lead, "full")], space, budgets, RaceSettings(rho_grid=15, replicates=1),
+                    feasible=feasible, surrogate=sur, allow_pilots=False)
     assert not twice[0].replicate
 
 
@@ -656,7 +661,7 @@ def test_an_unknown_pilot_regime_is_neither_a_match_nor_a_miss():
     assert d.regime == "unknown"
     s = StudySpec(name="v", objective="synthetic", budget_flops=1e16,
                   space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8), rewards=("structured",)))
-    (row,) = validate([d], [*pilots, full], s)
+    (row,) = validate([d], [*pilots, full], s.space)
     assert row.same_regime is None and row.num_full == 1 and row.full_regime != "unknown"
     assert math.isnan(same_regime_rate([row])) and math.isnan(same_regime_rate([row], validated_only=False))
     hit = replace(row, reward="dense", pilot_regime=row.full_regime, same_regime=True)

@@ -151,8 +151,10 @@ def test_race_under_a_time_budget_gives_each_allocation_its_own_flops(cli, tmp_p
     1 of its own allocation's budget (what the surrogate and the recommendation compare)."""
     import optuna
 
+    from dataclasses import replace
+
+    from allocopt.study.observe import study_observations
     from allocopt.study.sampler import RaceSampler
-    from allocopt.race.diagnose import observations
     from objectives.synthetic import SyntheticObjective
 
     H, TS, TL, F = 140.0, 1e13, 1e14, 0.1
@@ -186,9 +188,8 @@ def test_race_under_a_time_budget_gives_each_allocation_its_own_flops(cli, tmp_p
 
     s = S.from_toml(spec, time=dict(budget_gpu_hours=H, throughput=load_profile(prof).to_dict()))
     w = SyntheticObjective().workload()
-    sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=F, workload=w,
-                          time_budget=s.time_budget)
-    for obs in (sampler.observations(st), observations(st, s, workload=w)):
+    sampler = RaceSampler(s.space, s.budget, pilot_fraction=F, workload=w)
+    for obs in (sampler.observations(st), study_observations(st, replace(s, pilot_fraction=F), workload=w)):
         assert len(obs) == len(done)
         for o in obs:
             assert o.budget_fraction == pytest.approx(F if o.fidelity == "pilot" else 1.0, rel=1e-9)

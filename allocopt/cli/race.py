@@ -204,7 +204,7 @@ def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: 
     from allocopt.query.sources import study_names
     from allocopt.study.loop import work_left
     from allocopt.study.open import open_study
-    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.sampler import race_sampler
 
     try:
         if s.name not in study_names(storage):
@@ -212,8 +212,7 @@ def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: 
     except Exception:  # noqa: BLE001 - no store yet: a new study
         return None
     r = replace(s, trials=max(validations, 1))
-    sampler = RaceSampler(r.space, budget_flops=r.budget_flops, pilot_fraction=r.pilot_fraction,
-                          workload=workload, settings=settings, seed=r.seed, time_budget=r.time_budget)
+    sampler = race_sampler(r, workload, settings)
     study = open_study(r, storage, sampler)
     left = work_left(study, replace(r, trials=validations), sampler)
     return {**left, "study": study}

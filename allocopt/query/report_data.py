@@ -251,8 +251,9 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
     """
     from dataclasses import fields
 
-    from allocopt.race import RaceSettings, diagnose, observations
+    from allocopt.race import RaceSettings, diagnose
     from allocopt.spec import StudySpec, target_key
+    from allocopt.study.observe import study_observations
 
     spec = None
     try:
@@ -277,7 +278,7 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
         ctx.recommendation, ctx.recommendation_source = dict(stored), "stored by the study"
     if spec is None:
         return ctx
-    obs = observations(st, spec, spec.targets[0])
+    obs = study_observations(st, spec, spec.targets[0])
     f = ctx.pilot_fraction
     pilots = [o for o in obs if o.fidelity == "pilot" and f and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
     if pilots:

@@ -287,23 +287,16 @@ def work_left(study: Any, spec: StudySpec, sampler: Any = None) -> dict[str, int
 
 def final_answer(study: Any, spec: StudySpec, sampler: Any) -> tuple[Any, Any]:
     """RACE's one answer from the study's trials alone: ``(recommendation, surrogate)``
-    (:func:`allocopt.race.recommend.recommendation` on
-    :func:`allocopt.race.recommend.final_surrogate`), or ``(None, None)`` before the study has
-    two trials, one of them at the full budget.
+    (:meth:`allocopt.study.sampler.RaceSampler.answer`: a fresh fit on the trials'
+    observations), or ``(None, None)`` before the study has two trials, one of them at the full
+    budget.
 
     Args:
         study: the Optuna study.
-        spec: the study definition (its search space).
-        sampler: the study's :class:`allocopt.study.sampler.RaceSampler` (its observations,
-            seed and settings).
+        spec: the study definition.
+        sampler: the study's :class:`allocopt.study.sampler.RaceSampler`.
     """
-    from allocopt.race.recommend import final_surrogate, recommendation
-
-    obs = sampler.observations(study)
-    if len(obs) < 2 or not any(o.fidelity == "full" for o in obs):
-        return None, None
-    sur = final_surrogate(obs, spec.space, sampler.seed)
-    return recommendation(sur, obs, spec.space, sampler.settings), sur
+    return sampler.answer(study)
 
 
 def store_answer(study: Any, spec: StudySpec, rec: Any, tracker: Any = None) -> dict[str, Any]:

@@ -16,14 +16,12 @@ from typing import Any, Callable
 from allocopt.plan.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
-from allocopt.race.diagnose import RegimeDiagnosis, diagnose, observations
+from allocopt.race.diagnose import RegimeDiagnosis, diagnose
 from allocopt.race.propose import Proposal
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
-from allocopt.spec import StudySpec
-from allocopt.study.open import DEFAULT_STORAGE
 from allocopt.record import TrialRow
-
-from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402  (defined there)
+from allocopt.spec import StudySpec
+from allocopt.study.storage import DEFAULT_STORAGE
 
 
 @dataclass
@@ -118,14 +116,13 @@ def run_race(
     """
     from allocopt.study.loop import run_study, store_answer
     from allocopt.study.open import open_study
-    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.sampler import race_sampler
 
     f = check_pilot_fraction(pilot_fraction)
     if isinstance(validations, bool) or not isinstance(validations, int) or validations < 0:
         raise ConfigError(f"validations={validations!r}: must be an integer >= 0")
     s = replace(spec, pilot_fraction=f, trials=max(validations, 1))
-    sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=f, workload=workload,
-                          settings=settings, seed=s.seed, time_budget=s.time_budget)
+    sampler = race_sampler(s, workload, settings)
     emit = on_phase or (lambda phase, payload: None)
     study = open_study(s, storage, sampler)
     result = RaceResult(study, sampler.budget_of("pilot"), [], [], [], [], [], sampler.timings)
@@ -152,7 +149,7 @@ def run_race(
     kw = dict(objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
               on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose)
     run_study(s, pilots_only=True, **kw)
-    obs = observations(study, s, workload=workload)
+    obs = sampler.observations(study)
     pilots = [o for o in obs if o.fidelity == "pilot" and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
     result.diagnoses = diagnose(pilots, s.space, settings, sampler.seed)
     emit("diagnoses", result.diagnoses)
@@ -174,7 +171,7 @@ def run_race(
     run_study(s, on_answer=lambda rec, sur: answer.append((rec, sur)), **kw)
     if answer:
         result.recommendation, sur = answer[0]
-        result.validation = validate(result.diagnoses, observations(study, s, workload=workload), s, settings, surrogate=sur)
+        result.validation = validate(result.diagnoses, sampler.observations(study), s.space, settings, surrogate=sur)
         emit("validation", result.validation)
     elif result.recommendation is not None:  # no full run yet: the pilots' best diagnosis
         store_answer(study, s, result.recommendation, tracker)
