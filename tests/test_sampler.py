@@ -283,3 +283,31 @@ def test_another_tuner_plugs_in_over_plain_data():
     assert [(o.number, o.value, o.allocation.rho, o.budget_fraction, o.fidelity) for o in obs] == [
         (0, 0.0, 0.3, 1.0, "full"), (1, 0.25, 0.4, 1.0, "full")]
     assert [(r.allocation.rho, r.fidelity, r.pending) for r in runs] == [(0.3, "full", False), (0.4, "full", False)]
+
+
+def test_one_loop_ends_the_pilot_phase_once():
+    """run_study with a RaceSampler runs the pilots, calls on_pilots once with every pilot
+    finished and no full run asked yet, then the full runs; resumed with its pilots done, it
+    calls on_pilots at once, before any new trial."""
+    from allocopt.study.sampler import race_sampler
+
+    s = StudySpec(name="phases", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=2,
+                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4,), rewards=("sparse",)))
+    obj = SyntheticObjective()
+    w = obj.workload()
+    seen = []
+
+    def on_pilots(st):
+        seen.append([(t.user_attrs["fidelity"], t.state.name) for t in st.get_trials()])
+
+    study = run_study(s, objective=obj, workload=w, storage=None, sampler=race_sampler(s, w, RaceSettings(max_pilots=6)),
+                      on_pilots=on_pilots)
+    assert seen == [[("pilot", "COMPLETE")] * 6]
+    assert [t.user_attrs["fidelity"] for t in study.get_trials()] == ["pilot"] * 6 + ["full"] * 2
+    run_study(replace(s, trials=3), objective=obj, workload=w, study=study,
+              sampler=race_sampler(s, w, RaceSettings(max_pilots=6)), on_pilots=on_pilots)
+    assert len(seen) == 2 and seen[1] == [("pilot", "COMPLETE")] * 6 + [("full", "COMPLETE")] * 2
+    assert len(study.get_trials()) == 9
+    with pytest.raises(ValueError, match="need a RaceSampler"):
+        run_study(s, objective=obj, workload=w, storage=None, sampler=optuna.samplers.RandomSampler(),
+                  on_pilots=on_pilots)
