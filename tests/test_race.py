@@ -80,10 +80,81 @@ def spec(**kw):
     ({"repeats": 0}, "repeats"),
     ({"bandwidth": -1.0}, "bandwidth"),
     ({"extra_pilot_budget": -1}, "extra_pilot_budget"),
+    ({"extra_pilot_budget": math.inf}, "extra_pilot_budget=inf: must be a number from 0 to 1000"),
+    ({"bandwidth": 0.0099}, "bandwidth=0.0099: must be a number from 0.01 to 10"),
+    ({"bandwidth": 10.5}, "bandwidth=10.5: must be a number from 0.01 to 10"),
+    ({"bootstrap": 20001}, "bootstrap=20001: must be an integer >= 10 and <= 20000"),
+    ({"bootstrap": 9}, "bootstrap=9: must be an integer >= 10"),
+    ({"rho_grid": 1002}, "rho_grid=1002: must be an integer >= 5 and <= 1001"),
+    ({"rho_grid": 71.0}, "rho_grid=71.0: must be an integer"),
+    ({"thompson_samples": 4097}, "thompson_samples=4097"),
+    ({"posterior_samples": 4097}, "posterior_samples=4097"),
+    ({"max_pilots": 100_001}, "max_pilots=100001: must be an integer >= 3 and <= 100000, or None"),
+    ({"rho_match": math.nan}, "rho_match=nan"),
+    ({"repeats": True}, "repeats=True: must be an integer"),
 ])
 def test_settings_are_checked(kw, needle):
-    with pytest.raises(ConfigError, match=needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         RaceSettings(**kw)
+
+
+def test_settings_have_sections_and_no_removed_field():
+    """Four sections cover every field; the removed ``batch_size`` and ``seed`` are no fields,
+    and a [race] table that sets them is refused with what to do instead."""
+    from dataclasses import fields
+
+    from allocopt.race import SECTIONS, check_race_table
+
+    s = RaceSettings()
+    names = [f.name for f in fields(RaceSettings)]
+    assert sorted(n for sec in SECTIONS for n in s.section(sec)) == sorted(names)
+    assert s.section("diagnosis") == {"search_heavy_below": 0.4, "update_heavy_above": 0.6, "reward_heavy_share": 0.3,
+                                      "bandwidth": 0.2, "bootstrap": 200}
+    assert "batch_size" not in names and "seed" not in names
+    with pytest.raises(ConfigError, match="race.batch_size: no longer a RACE setting"):
+        check_race_table({"batch_size": 2})
+    with pytest.raises(ConfigError, match="race.seed: set by the study's 'seed'"):
+        check_race_table({"seed": 1})
+    assert check_race_table({"bandwidth": 0.35, "pilot_group_sizes": [2, 4]}) == {"bandwidth": 0.35,
+                                                                                   "pilot_group_sizes": (2, 4)}
+
+
+@pytest.mark.parametrize("bandwidth", [0.01, 10])
+def test_bandwidth_at_the_edges_of_its_range_diagnoses(bandwidth):
+    """Four pilots bunched at the low end, whose fitted optimum is the high end: at bandwidth
+    0.01 every kernel weight there underflows to 0 (the fit raised LinAlgError before); the
+    diagnosis says rho* unknown instead. Eight spread pilots at both edges: no error, a rho* in
+    range or unknown."""
+    bunch = [Observation(i, Allocation(r, 4, "sparse"), y, 1e18, 0.1, "pilot")
+             for i, (r, y) in enumerate([(0.2, 0.1), (0.21, 0.2), (0.22, 0.35), (0.23, 0.5)])]
+    d = diagnose_group(bunch, (0.2, 0.9), RaceSettings(bandwidth=bandwidth, bootstrap=20000))
+    assert d.regime == "unknown" and math.isnan(d.rho) and "too few pilots" in d.note
+    spread = [Observation(i, Allocation(round(0.2 + 0.1 * i, 4), 4, "prm"), response(0.2 + 0.1 * i, 4, "prm"),
+                          1e18, 0.1, "pilot") for i in range(8)]
+    d = diagnose_group(spread, (0.2, 0.9), RaceSettings(bandwidth=bandwidth, bootstrap=20000))
+    assert d.regime == "unknown" or 0.2 <= d.rho <= 0.9
+
+
+@pytest.mark.slow  # the largest posterior samples of every step: ~20 s on 2 loaded cores
+def test_settings_at_their_maxima_and_minima_run():
+    """Proposals, the recommendation and the validation at the largest and smallest candidate
+    grids and sample counts: each returns (no hang, no error), in bounded memory (at most
+    rho_grid x posterior_samples doubles: 33 MB)."""
+    from allocopt.race import diagnose, fit_surrogate, recommendation, validate
+
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    obs = _obs() + _full("prm", (0.4, 0.5))
+    runs = [Run(o.allocation, o.fidelity) for o in obs]
+    sur = fit_surrogate(obs, space)
+    for s in (RaceSettings(rho_grid=1001, thompson_samples=4096, posterior_samples=4096, bootstrap=20000),
+              RaceSettings(rho_grid=5, thompson_samples=1, posterior_samples=16, bootstrap=10, rho_match=0.5,
+                           rho_trust=1e-3)):
+        props = propose(obs, runs, space, Budgets(BUDGET), s, surrogate=sur, q=2)
+        assert 1 <= len(props) <= 2
+        rec = recommendation(sur, obs, space, s)
+        assert rec.interval[0] <= rec.mean <= rec.interval[1]
+        rows = validate(diagnose([o for o in obs if o.fidelity == "pilot"], space, s), obs, space, s, surrogate=sur)
+        assert [r.reward for r in rows] == ["sparse", "prm"]
 
 
 def test_regime_labels_and_precedence():

@@ -139,7 +139,7 @@ def race(
     from allocopt.race.design import settings_for
 
     settings = settings_for(s, max_pilots=max_pilots, repeats=repeats, replicates=replicates,
-                            batch_size=batch_size, extra_pilot_budget=extra_pilot_budget)
+                            extra_pilot_budget=extra_pilot_budget)  # --batch-size: ignored
     res, _ = race_live(s, settings, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
                        validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose,
                        usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))

@@ -269,7 +269,7 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
         settings = RaceSettings(**raw)
     except (TypeError, ValueError):
         settings = RaceSettings()
-    seed = settings.seed if settings.seed is not None else (spec.seed if spec else 0)
+    seed = spec.seed if spec else 0
     frac = race_attr.get("pilot_fraction", spec.pilot_fraction if spec else None)
     ctx = StudyContext(st.study_name, tuple(targets), spec.budget_flops if spec else None,
                        float(frac) if _finite(frac) else None, seed, settings)

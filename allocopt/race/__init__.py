@@ -62,8 +62,9 @@ numpy and (through the surrogate) torch are imported inside functions.
 
 from __future__ import annotations
 from allocopt.race.data import Budgets, Feasible, Observation, Run
-from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells, check_pilot_fraction,
-                                  check_race_table, pilot_grid, settings_for)
+from allocopt.race.design import (FIDELITIES, REGIMES, SECTIONS, PilotPoint, RaceSettings, cells,
+                                  check_pilot_fraction, check_race_table, pilot_grid, race_settings,
+                                  settings_for)
 from allocopt.race.diagnose import RegimeDiagnosis, diagnose, diagnose_group, regime_of, share_fit
 from allocopt.race.fit import SurrogateCache, fit_surrogate
 from allocopt.race.propose import PlanCache, Proposal, feasible_by, same_run, with_pending
@@ -73,7 +74,7 @@ from allocopt.race.tuner import RaceTuner, Tuner
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 
 __all__ = ["Budgets", "FIDELITIES", "Feasible", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
-           "RaceSettings", "RaceTuner", "Recommendation", "RegimeDiagnosis", "Run", "SurrogateCache",
+           "RaceSettings", "RaceTuner", "Recommendation", "RegimeDiagnosis", "Run", "SECTIONS", "SurrogateCache",
            "Tuner", "ValidationRow", "cells", "check_pilot_fraction", "check_race_table", "diagnose", "diagnose_group",
-           "feasible_by", "fit_surrogate", "pilot_grid", "propose", "recommend", "recommendation",
+           "feasible_by", "fit_surrogate", "pilot_grid", "propose", "race_settings", "recommend", "recommendation",
            "regime_of", "same_regime_rate", "same_run", "settings_for", "share_fit", "validate", "with_pending"]

@@ -182,7 +182,8 @@ def _too_few(rho, n_g, star, h) -> tuple[bool, float, int]:
     import numpy as np
 
     w = np.exp(-0.5 * ((rho - star) / h) ** 2)
-    n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+    # every weight underflows to 0 when a narrow kernel sits far from all pilots: none is near
+    n_eff = float(w.sum() ** 2 / (w ** 2).sum()) if (w ** 2).sum() > 0 else 0.0
     p = 3 + n_g - 1
     return n_eff - p < 1, n_eff, p
 
