@@ -76,7 +76,7 @@ def is_interrupted(t: Any) -> bool:
     rather than failing: it is ``FAIL`` in Optuna and its error says ``interrupted``, or it has
     neither a ``fidelity`` user attribute nor parameters (stopped right after it was asked for,
     before the sampler's decision was written). Such a trial runs again: it is not a failure,
-    and it claims no run (:func:`allocopt.race.propose.runs_of`)."""
+    and it claims no run (:func:`allocopt.study.observe.runs`)."""
     if t.state.name != "FAIL":
         return False
     ua = t.user_attrs

@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from allocopt.plan.allocation import REWARDS, Allocation, check_budget
+from allocopt.plan.allocation import REWARDS, Allocation
 from allocopt.flops import ConfigError
-from allocopt.plan.throughput import THROUGHPUT_PHASES, ThroughputProfile, TimeBudget, time_budget
+from allocopt.plan.budget import Budget
+from allocopt.plan.throughput import ThroughputProfile, TimeBudget, time_budget
 from allocopt.tomlio import check_keys, read_toml
 
 TARGETS: tuple[str, ...] = ("native_reward", "pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
@@ -154,7 +155,8 @@ class StudySpec:
             raise ConfigError(f"name={self.name[:80]!r}: must be printable (no newline, tab or control "
                               "character) and at most 200 characters; it names the Optuna study and "
                               "the MLflow experiment")
-        object.__setattr__(self, "budget_flops", check_budget(self.budget_flops))
+        object.__setattr__(self, "_budget", Budget(self.budget_flops))  # checked once, here
+        object.__setattr__(self, "budget_flops", self._budget.flops)
         if isinstance(self.target, (list, tuple)):
             ts = tuple(dict.fromkeys(self.target))
             if not ts:
@@ -190,39 +192,44 @@ class StudySpec:
             raise ConfigError(f"race={self.race!r}: must be a table ([race] with RACE's settings, e.g. bandwidth)")
         object.__setattr__(self, "race", dict(self.race))  # its keys and values: RACE checks them
         if self.budget_gpu_hours is not None or self.throughput is not None:
-            tb = self.time_budget  # checks hours, GPUs and profile
-            if tb is None:
-                raise ConfigError("throughput: given without a time budget; give budget_gpu_hours "
-                                  "(--budget-gpu-hours or --budget-usd)")
-            # the FLOP ceiling: what the hours buy at the fastest phase (no allocation gets more)
-            fastest = max(r for r in (tb.profile.rate(p) for p in THROUGHPUT_PHASES) if r)
-            object.__setattr__(self, "budget_flops", check_budget(tb.gpu_hours * 3600 * fastest))
-            object.__setattr__(self, "throughput", tb.profile.to_dict())
+            object.__setattr__(self, "_budget", self._time_budget())
+
+    def _time_budget(self) -> Budget:
+        """The :class:`~allocopt.plan.budget.Budget` of the time-budget fields, checked once; it
+        sets :attr:`budget_flops` to its ceiling and :attr:`throughput` to its profile's fields.
+        Raises :class:`ConfigError` (hours without a profile, a profile without hours, bad
+        values)."""
+        profile = None if self.throughput is None else ThroughputProfile.from_mapping(self.throughput)
+        tb = time_budget(gpu_hours=self.budget_gpu_hours, gpus=self.gpus, profile=profile)
+        if tb is None:
+            raise ConfigError("throughput: given without a time budget; give budget_gpu_hours "
+                              "(--budget-gpu-hours or --budget-usd)")
+        budget = Budget.of_time(tb)
+        object.__setattr__(self, "budget_flops", budget.flops)
+        object.__setattr__(self, "throughput", tb.profile.to_dict())
+        return budget
+
+    @property
+    def budget(self) -> Budget:
+        """The full budget of a trial, parsed once when the spec was built: FLOPs, or GPU-hours
+        at :attr:`throughput` (:class:`~allocopt.plan.budget.Budget`)."""
+        return self._budget  # type: ignore[attr-defined]
 
     @property
     def time_budget(self) -> "TimeBudget | None":
         """The :class:`~allocopt.plan.throughput.TimeBudget` of :attr:`budget_gpu_hours`, ``None``
-        for a FLOP budget. Raises :class:`ConfigError` (hours without a profile, bad values)."""
-        if self.budget_gpu_hours is None:
-            return None
-        profile = None if self.throughput is None else ThroughputProfile.from_mapping(self.throughput)
-        return time_budget(gpu_hours=self.budget_gpu_hours, gpus=self.gpus, profile=profile)
+        for a FLOP budget (:attr:`budget`'s)."""
+        return self.budget.time
 
     def budget_for(self, allocation: Allocation, workload: Any, fraction: float = 1.0) -> float:
         """FLOPs a trial of ``allocation`` on ``workload`` may spend at ``fraction`` of the full
-        budget: ``fraction × budget_flops`` for a FLOP budget; for a time budget, ``fraction``
-        × the FLOPs the allocation executes in :attr:`budget_gpu_hours` at the profile's
-        per-phase throughput (:meth:`allocopt.plan.throughput.TimeBudget.flops_for`).
+        budget (:meth:`allocopt.plan.budget.Budget.for_allocation`).
 
         Raises:
             ConfigError: the profile was measured on another set-up (fingerprint), or a phase
                 the allocation spends FLOPs in has no rate.
         """
-        tb = self.time_budget
-        if tb is None:
-            return fraction * self.budget_flops
-        tb.profile.check_for(workload.fingerprint(allocation))
-        return fraction * tb.flops_for(allocation, workload)
+        return self.budget.for_allocation(allocation, workload, fraction)
 
     @classmethod
     def from_toml(cls, path: str | Path, budget_flops: float | None = None,

@@ -143,9 +143,9 @@ def test_ask_then_tell_round_trip(tmp_path, cli):
     assert t.user_attrs["over_budget"] is False
     # the surrogate learns from where the run was: the spent rho (5/8), not the asked one
     from allocopt.study.asktell import spec_of
-    from allocopt.race import observations
+    from allocopt.study.observe import study_observations
 
-    obs = {o.number: o for o in observations(st, spec_of(st))}
+    obs = {o.number: o for o in study_observations(st, spec_of(st))}
     assert t.params["rho"] != pytest.approx(0.625)
     assert obs[told.number].allocation.rho == 0.625
     assert obs[worker_trial.number].allocation.rho == worker_trial.params["rho"]  # run by allocopt

@@ -125,6 +125,12 @@ ROWS = [
      ["budget_flops=1e+12", "too small for one GRPO iteration", "smallest feasible plan"]),
     ("race: zero pilots", ["race", *SYN, "--budget", "1e18", "--max-pilots", "0"], ["max_pilots=0", ">= 3"]),
     ("race: negative budget", ["race", *SYN, "--budget", "-1"], ["budget_flops='-1'", "positive"]),
+    ("race: huge repeats", ["race", *SYN, "--budget", "1e18", "--repeats", "1000000"],
+     ["repeats=1000000", ">= 1 and <= 100"]),
+    ("race: huge replicates", ["race", *SYN, "--budget", "1e18", "--replicates", "1000"],
+     ["replicates=1000", ">= 0 and <= 100"]),
+    ("race: infinite extra-pilot budget", ["race", *SYN, "--budget", "1e18", "--extra-pilot-budget", "inf"],
+     ["extra_pilot_budget=inf", "from 0 to 1000"]),
     # ---- best / pareto / report
     ("best: no study named", ["best", "--target", "pass@1"], ["study=None", "--study NAME"]),
     ("best: unknown study", ["best", "--target", "pass@1", "--study", "nope", "--storage", "sqlite:///{tmp}/s.db"],

@@ -90,7 +90,7 @@ def test_the_sampler_runs_the_fitted_design(tiny):
     # always the full batch: then some pilots are not usable on the grid and move
     workload = tiny_workload.with_setup(min_batch_share=1.0)
     settings = RaceSettings(max_pilots=spec.pilots)
-    kw = dict(budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction, seed=spec.seed)
+    kw = dict(budget=spec.budget_flops, pilot_fraction=spec.pilot_fraction, seed=spec.seed)
     sampler = RaceSampler(spec.space, workload=workload, settings=settings, **kw)
     grid = pilot_grid(spec.space, settings, spec.seed)
     assert sampler.design == fit_pilots(grid, spec.space.rho, sampler.budget_of("pilot"), workload)

@@ -13,7 +13,8 @@ import pytest
 from allocopt.plan.allocation import Allocation, Workload, make_plan, min_budget
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.setup import TrainingSetup
-from allocopt.race import Observation, RaceSettings, diagnose_group, pilot_grid, propose, regime_of
+from allocopt.race import (Budgets, Observation, PlanCache, RaceSettings, Run, diagnose_group, pilot_grid, propose,
+                           regime_of)
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.race import run_race
 from objectives.synthetic import SyntheticObjective, response, rho_star
@@ -79,10 +80,81 @@ def spec(**kw):
     ({"repeats": 0}, "repeats"),
     ({"bandwidth": -1.0}, "bandwidth"),
     ({"extra_pilot_budget": -1}, "extra_pilot_budget"),
+    ({"extra_pilot_budget": math.inf}, "extra_pilot_budget=inf: must be a number from 0 to 1000"),
+    ({"bandwidth": 0.0099}, "bandwidth=0.0099: must be a number from 0.01 to 10"),
+    ({"bandwidth": 10.5}, "bandwidth=10.5: must be a number from 0.01 to 10"),
+    ({"bootstrap": 20001}, "bootstrap=20001: must be an integer >= 10 and <= 20000"),
+    ({"bootstrap": 9}, "bootstrap=9: must be an integer >= 10"),
+    ({"rho_grid": 1002}, "rho_grid=1002: must be an integer >= 5 and <= 1001"),
+    ({"rho_grid": 71.0}, "rho_grid=71.0: must be an integer"),
+    ({"thompson_samples": 4097}, "thompson_samples=4097"),
+    ({"posterior_samples": 4097}, "posterior_samples=4097"),
+    ({"max_pilots": 100_001}, "max_pilots=100001: must be an integer >= 3 and <= 100000, or None"),
+    ({"rho_match": math.nan}, "rho_match=nan"),
+    ({"repeats": True}, "repeats=True: must be an integer"),
 ])
 def test_settings_are_checked(kw, needle):
-    with pytest.raises(ConfigError, match=needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         RaceSettings(**kw)
+
+
+def test_settings_have_sections_and_no_removed_field():
+    """Four sections cover every field; the removed ``batch_size`` and ``seed`` are no fields,
+    and a [race] table that sets them is refused with what to do instead."""
+    from dataclasses import fields
+
+    from allocopt.race import SECTIONS, check_race_table
+
+    s = RaceSettings()
+    names = [f.name for f in fields(RaceSettings)]
+    assert sorted(n for sec in SECTIONS for n in s.section(sec)) == sorted(names)
+    assert s.section("diagnosis") == {"search_heavy_below": 0.4, "update_heavy_above": 0.6, "reward_heavy_share": 0.3,
+                                      "bandwidth": 0.2, "bootstrap": 200}
+    assert "batch_size" not in names and "seed" not in names
+    with pytest.raises(ConfigError, match="race.batch_size: no longer a RACE setting"):
+        check_race_table({"batch_size": 2})
+    with pytest.raises(ConfigError, match="race.seed: set by the study's 'seed'"):
+        check_race_table({"seed": 1})
+    assert check_race_table({"bandwidth": 0.35, "pilot_group_sizes": [2, 4]}) == {"bandwidth": 0.35,
+                                                                                   "pilot_group_sizes": (2, 4)}
+
+
+@pytest.mark.parametrize("bandwidth", [0.01, 10])
+def test_bandwidth_at_the_edges_of_its_range_diagnoses(bandwidth):
+    """Four pilots bunched at the low end, whose fitted optimum is the high end: at bandwidth
+    0.01 every kernel weight there underflows to 0 (the fit raised LinAlgError before); the
+    diagnosis says rho* unknown instead. Eight spread pilots at both edges: no error, a rho* in
+    range or unknown."""
+    bunch = [Observation(i, Allocation(r, 4, "sparse"), y, 1e18, 0.1, "pilot")
+             for i, (r, y) in enumerate([(0.2, 0.1), (0.21, 0.2), (0.22, 0.35), (0.23, 0.5)])]
+    d = diagnose_group(bunch, (0.2, 0.9), RaceSettings(bandwidth=bandwidth, bootstrap=20000))
+    assert d.regime == "unknown" and math.isnan(d.rho) and "too few pilots" in d.note
+    spread = [Observation(i, Allocation(round(0.2 + 0.1 * i, 4), 4, "prm"), response(0.2 + 0.1 * i, 4, "prm"),
+                          1e18, 0.1, "pilot") for i in range(8)]
+    d = diagnose_group(spread, (0.2, 0.9), RaceSettings(bandwidth=bandwidth, bootstrap=20000))
+    assert d.regime == "unknown" or 0.2 <= d.rho <= 0.9
+
+
+@pytest.mark.slow  # the largest posterior samples of every step: ~20 s on 2 loaded cores
+def test_settings_at_their_maxima_and_minima_run():
+    """Proposals, the recommendation and the validation at the largest and smallest candidate
+    grids and sample counts: each returns (no hang, no error), in bounded memory (at most
+    rho_grid x posterior_samples doubles: 33 MB)."""
+    from allocopt.race import diagnose, fit_surrogate, recommendation, validate
+
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    obs = _obs() + _full("prm", (0.4, 0.5))
+    runs = [Run(o.allocation, o.fidelity) for o in obs]
+    sur = fit_surrogate(obs, space)
+    for s in (RaceSettings(rho_grid=1001, thompson_samples=4096, posterior_samples=4096, bootstrap=20000),
+              RaceSettings(rho_grid=5, thompson_samples=1, posterior_samples=16, bootstrap=10, rho_match=0.5,
+                           rho_trust=1e-3)):
+        props = propose(obs, runs, space, Budgets(BUDGET), s, surrogate=sur, q=2)
+        assert 1 <= len(props) <= 2
+        rec = recommendation(sur, obs, space, s)
+        assert rec.interval[0] <= rec.mean <= rec.interval[1]
+        rows = validate(diagnose([o for o in obs if o.fidelity == "pilot"], space, s), obs, space, s, surrogate=sur)
+        assert [r.reward for r in rows] == ["sparse", "prm"]
 
 
 def test_regime_labels_and_precedence():
@@ -219,7 +291,7 @@ def test_proposals_never_exceed_the_budget():
     assert min(min_budget(Allocation(r, g, "prm"), w) for r, g in grid) > budget
     s = spec(budget_flops=budget, space=space)
     obs = [replace(o, budget_flops=budget * 0.1) for o in _obs()]
-    props = propose(obs, s, w, q=3, settings=settings)
+    props = propose(obs, s, w, q=3, settings=settings)  # the former form (a study, a workload): plans attached
     assert len(props) == 3
     for p in props:
         assert p.allocation.reward == "sparse"
@@ -233,16 +305,16 @@ def test_proposals_never_exceed_the_budget():
 def test_a_repeated_proposal_is_not_proposed():
     from allocopt.race import fit_surrogate
 
-    s = spec(space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm")))
-    w = workload()
-    sur = fit_surrogate(_obs(), s.space)
-    first = propose([], s, w, q=1, surrogate=sur, settings=RaceSettings(rho_grid=15))[0]
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+    budgets, settings = Budgets(BUDGET), RaceSettings(rho_grid=15)
+    feasible = PlanCache(workload()).feasible(budgets)
+    sur = fit_surrogate(_obs(), space)
+    first = propose([], [], space, budgets, settings, feasible=feasible, surrogate=sur)[0]
     near = replace(first.allocation, rho=round(first.allocation.rho + 0.0008, 4))  # within 1e-3
-    again = propose([], s, w, q=1, surrogate=sur, existing=[(near, first.fidelity)],
-                    settings=RaceSettings(rho_grid=15))[0]
+    again = propose([], [Run(near, first.fidelity)], space, budgets, settings, feasible=feasible, surrogate=sur)[0]
     key = lambda p: (p.fidelity, p.allocation.group_size, p.allocation.reward)  # noqa: E731
     assert not (key(again) == key(first) and abs(again.allocation.rho - first.allocation.rho) <= 1e-3)
-    batch = propose([], s, w, q=4, surrogate=sur, settings=RaceSettings(rho_grid=15))
+    batch = propose([], [], space, budgets, settings, feasible=feasible, surrogate=sur, q=4)
     for i, a in enumerate(batch):
         for b in batch[:i]:
             assert not (key(a) == key(b) and abs(a.allocation.rho - b.allocation.rho) <= 1e-3)
@@ -254,10 +326,11 @@ def test_proposals_go_on_when_the_samples_run_out():
     from allocopt.race import fit_surrogate
 
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
-    s, settings = spec(space=space), RaceSettings(rho_grid=15, thompson_samples=1)
-    done = [(Allocation(round(0.2 + 0.05 * k, 4), g, "prm"), "full") for k in range(15) for g in (4, 8)]
-    props = propose([], s, workload(), q=3, surrogate=fit_surrogate(_obs(), space), existing=done,
-                    allow_pilots=False, settings=settings)
+    settings = RaceSettings(rho_grid=15, thompson_samples=1)
+    done = [Run(Allocation(round(0.2 + 0.05 * k, 4), g, "prm"), "full") for k in range(15) for g in (4, 8)]
+    budgets = Budgets(BUDGET)
+    props = propose([], done, space, budgets, settings, feasible=PlanCache(workload()).feasible(budgets),
+                    surrogate=fit_surrogate(_obs(), space), q=3, allow_pilots=False)
     assert len(props) == 3 and all(p.fidelity == "full" and p.allocation.reward == "sparse" for p in props)
     assert len({(p.allocation.rho, p.allocation.group_size) for p in props}) == 3
     assert all(0.0 <= p.acquisition <= 1.0 for p in props)
@@ -289,7 +362,7 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
     url = f"sqlite:///{tmp_path}/r.db"
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
     s = spec(name="tagged", space=space)
-    settings = RaceSettings(max_pilots=12, batch_size=2, extra_pilot_budget=0.2)
+    settings = RaceSettings(max_pilots=12, extra_pilot_budget=0.2)
     obj, tracker, w = Counting(), FakeTracker(), workload()
     stolen = []
 
@@ -299,7 +372,7 @@ def test_race_pilots_tagged_validations_run_once_and_resume(tmp_path):
             from allocopt.study.open import distributions
 
             other = optuna.load_study(study_name="tagged", storage=url)
-            mine = RaceSampler(space, budget_flops=BUDGET, workload=w, settings=settings, seed=s.seed)
+            mine = RaceSampler(space, BUDGET, workload=w, settings=settings, seed=s.seed)
             p = mine.proposals(other, q=1)[0]
             stolen.append(p)
             other.enqueue_trial({"rho": p.allocation.rho, "group_size": p.allocation.group_size,
@@ -562,12 +635,14 @@ def test_a_cell_without_full_run_is_tested_before_the_pilots_favourite_again():
 
     space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
     obs = _obs() + _full("prm", (0.4, 0.45, 0.5))
-    existing = [(o.allocation, o.fidelity) for o in obs]
-    props = propose(obs, spec(space=space), workload(), q=1, existing=existing, allow_pilots=False,
-                    surrogate=fit_surrogate(obs, space), settings=RaceSettings(rho_grid=15))
+    runs = [Run(o.allocation, o.fidelity) for o in obs]
+    budgets = Budgets(BUDGET)
+    feasible = PlanCache(workload()).feasible(budgets)
+    props = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15), feasible=feasible,
+                    surrogate=fit_surrogate(obs, space), allow_pilots=False)
     assert props[0].allocation.reward == "sparse" and props[0].fidelity == "full"
-    later = propose(obs, spec(space=space), workload(), q=1, existing=existing, allow_pilots=False,
-                    surrogate=fit_surrogate(obs, space), settings=RaceSettings(rho_grid=15, explore_cells_after=None))
+    later = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15, explore_cells_after=None),
+                    feasible=feasible, surrogate=fit_surrogate(obs, space), allow_pilots=False)
     assert later[0].allocation.reward == "prm"  # without the rule the pilots' favourite
 
 
@@ -625,19 +700,20 @@ def test_replicates_repeat_the_leader_when_the_leaders_are_within_noise():
             y = response(r, 8, "sparse") + (0.004 if (k + (reward == "structured")) % 2 else -0.004)
             obs.append(Observation(len(obs), Allocation(r, 8, reward), y, BUDGET, 1.0, "full", 0.0))
     sur = fit_surrogate(obs, space)
-    existing = [(o.allocation, "full") for o in obs]
-    s, w = spec(space=space), workload()
-    props = propose(obs, s, w, q=2, existing=existing, surrogate=sur, allow_pilots=False,
-                    settings=RaceSettings(rho_grid=15, replicates=1))
+    runs = [Run(o.allocation, "full") for o in obs]
+    budgets = Budgets(BUDGET)
+    feasible = PlanCache(workload()).feasible(budgets)
+    props = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15, replicates=1), feasible=feasible,
+                    surrogate=sur, q=2, allow_pilots=False)
     lead = max(obs, key=lambda o: float(sur.predict(sur.encoding.tensor([sur.encoding.row(
         o.allocation.rho, 8, o.allocation.reward, None, 1.0)]))[0][0])).allocation
     assert props[0].replicate and props[0].allocation == lead and not props[1].replicate
     assert props[0].to_dict()["replicate"] is True
-    plain = propose(obs, s, w, q=1, existing=existing, surrogate=sur, allow_pilots=False,
-                    settings=RaceSettings(rho_grid=15))
+    plain = propose(obs, runs, space, budgets, RaceSettings(rho_grid=15), feasible=feasible, surrogate=sur,
+                    allow_pilots=False)
     assert not plain[0].replicate and plain[0].allocation != lead
-    twice = propose(obs, s, w, q=1, existing=existing + [(lead, "full")], surrogate=sur, allow_pilots=False,
-                    settings=RaceSettings(rho_grid=15, replicates=1))
+    twice = propose(obs, runs + [Run(lead, "full")], space, budgets, RaceSettings(rho_grid=15, replicates=1),
+                    feasible=feasible, surrogate=sur, allow_pilots=False)
     assert not twice[0].replicate
 
 
@@ -656,7 +732,7 @@ def test_an_unknown_pilot_regime_is_neither_a_match_nor_a_miss():
     assert d.regime == "unknown"
     s = StudySpec(name="v", objective="synthetic", budget_flops=1e16,
                   space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8), rewards=("structured",)))
-    (row,) = validate([d], [*pilots, full], s)
+    (row,) = validate([d], [*pilots, full], s.space)
     assert row.same_regime is None and row.num_full == 1 and row.full_regime != "unknown"
     assert math.isnan(same_regime_rate([row])) and math.isnan(same_regime_rate([row], validated_only=False))
     hit = replace(row, reward="dense", pilot_regime=row.full_regime, same_regime=True)

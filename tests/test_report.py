@@ -134,7 +134,8 @@ def test_a_race_study_without_a_stored_answer_gets_one(tmp_path):
 
 def test_race_report_shows_regimes_and_the_recommendation(race_study, tmp_path):
     """The page of a finished RACE study: figures, RACE's regimes, the one answer, the budgets."""
-    from allocopt.race import RaceSettings, diagnose, observations
+    from allocopt.race import RaceSettings, diagnose
+    from allocopt.study.observe import study_observations as observations
 
     st, spec = race_study["study"], race_study["spec"]
     files = write_report(race_study["rows"], tmp_path, title="RACE", targets=["pass@1", "native_reward"],
@@ -166,7 +167,8 @@ def test_race_report_shows_regimes_and_the_recommendation(race_study, tmp_path):
 
 
 def test_rho_star_is_races_estimate_or_the_recommendation(race_study):
-    from allocopt.race import RaceSettings, diagnose_group, observations
+    from allocopt.race import RaceSettings, diagnose_group
+    from allocopt.study.observe import study_observations as observations
 
     st, spec, rows = race_study["study"], race_study["spec"], race_study["rows"]
     stars = estimates(rows, ["judge", "pass@1"], study_context(st))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import optuna
 import pytest
 
 from allocopt.plan.allocation import Allocation, make_plan
-from allocopt.race import RaceSettings, propose, runs_of
+from allocopt.race import RaceSettings, propose
+from allocopt.study import observe
 from allocopt.study.sampler import FIDELITY_PARAM, RaceSampler
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
@@ -31,7 +33,7 @@ def _race(n_trials: int, settings: RaceSettings = SETTINGS, **kw):
     """RACE from one's own Optuna code: the sampler picks, the objective reads the decision."""
     obj = SyntheticObjective()
     w = obj.workload()
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, workload=w, settings=settings, **kw)
+    sampler = RaceSampler(SPACE, BUDGET, workload=w, settings=settings, **kw)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     spent = []
 
@@ -83,8 +85,9 @@ def test_pending_trials_are_conditioned_on():
     d1 = sampler.suggest(t1)
     # control: the surrogate without the pending trial's lie; only the exact repeat is excluded
     sur, obs = sampler.surrogate(study)
-    control = propose(obs, sampler._spec, sampler.workload, existing=runs_of(study.trials, SPACE),
-                      q=1, settings=settings, surrogate=sur, allow_pilots=False)[0].allocation
+    runs = [replace(r, pending=False) for r in observe.runs(study.trials, SPACE)]
+    control = propose(obs, runs, SPACE, sampler.budgets, settings, feasible=sampler.tuner.feasible,
+                      q=1, surrogate=sur, allow_pilots=False)[0].allocation
     t2 = study.ask()
     d2 = sampler.suggest(t2)
     t3 = study.ask()
@@ -99,7 +102,7 @@ def test_pending_trials_are_conditioned_on():
 
 
 def test_concurrent_asks_claim_different_pilots():
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    sampler = RaceSampler(SPACE, BUDGET, settings=SETTINGS)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     t0, t1 = study.ask(), study.ask()  # two workers asked; neither has sampled yet
     d1 = sampler.suggest(t1)  # the younger samples first: it leaves the first point to the older
@@ -117,7 +120,7 @@ def test_concurrent_asks_claim_different_pilots():
 def test_enqueued_trials_keep_their_parameters_and_claim_their_point():
     """The waiting queue's parameters are read from Optuna's system attribute ``fixed_params``
     (allocopt.record.params_of): this fails if Optuna stops keeping them there."""
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    sampler = RaceSampler(SPACE, BUDGET, settings=SETTINGS)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     first = sampler.design[0].allocation
     study.enqueue_trial({"rho": first.rho, "group_size": first.group_size, "reward": first.reward,
@@ -140,7 +143,7 @@ def test_enqueued_trials_keep_their_parameters_and_claim_their_point():
 
 
 def test_infeasible_and_failed_trials_are_not_observations():
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    sampler = RaceSampler(SPACE, BUDGET, settings=SETTINGS)
     study = optuna.create_study(direction="minimize", sampler=sampler)
     for value, state in ((0.3, "COMPLETE"), (0.0, "INFEASIBLE"), (0.5, "COMPLETE")):
         t = study.ask()
@@ -154,7 +157,7 @@ def test_infeasible_and_failed_trials_are_not_observations():
 
 
 def test_several_objectives_are_refused():
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, settings=SETTINGS)
+    sampler = RaceSampler(SPACE, BUDGET, settings=SETTINGS)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
     with pytest.raises(ValueError, match="one objective only"):
         sampler.suggest(study.ask())
@@ -221,7 +224,7 @@ def test_a_worker_killed_after_its_claim_leaves_a_stale_trial_not_a_claim(tmp_pa
     s = StudySpec(name="dead", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=1,
                   pilots=24, space=SPACE)
     st = open_study(s, f"sqlite:///{tmp_path}/d.db")
-    sampler = RaceSampler(SPACE, budget_flops=BUDGET, workload=SyntheticObjective().workload(),
+    sampler = RaceSampler(SPACE, BUDGET, workload=SyntheticObjective().workload(),
                           settings=SETTINGS)
     st.sampler = sampler
     dead = st.ask()  # the worker decides and claims, then dies: no parameters, no trial run
@@ -238,3 +241,73 @@ def test_a_worker_killed_after_its_claim_leaves_a_stale_trial_not_a_claim(tmp_pa
     assert nxt.number == retry.number
     assert (nxt.params["reward"], nxt.params["group_size"], round(nxt.params["rho"], 4)) == \
         (first["reward"], first["group_size"], round(first["rho"], 4))
+
+
+def test_another_tuner_plugs_in_over_plain_data():
+    """A tuner written against plain data alone (no Optuna, no study): the sampler hands it the
+    trials as observations and runs, and the trials run its proposals."""
+    from allocopt.race import Observation, Proposal, Run, Tuner
+
+    class Ladder:
+        """Full runs at rho 0.3, 0.4, ... (one step per run made so far)."""
+
+        design: list = []
+        timings: dict = {"fit_seconds": [], "proposal_seconds": []}
+        recommendations: list = []
+
+        def __init__(self):
+            self.seen = []
+
+        def unclaimed(self, runs):
+            return []
+
+        def propose(self, obs, runs, q=1):
+            self.seen.append((list(obs), list(runs)))
+            a = Allocation(round(0.3 + 0.1 * len(runs), 4), 8, "prm")
+            return [Proposal(a, "full", BUDGET, None, 1.0, 1.0, 0.0, 0.0)]
+
+        def answer(self, obs):
+            return None, None
+
+    tuner = Ladder()
+    assert isinstance(tuner, Tuner)
+    sampler = RaceSampler(SPACE, BUDGET, tuner=tuner)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for i in range(3):
+        t = study.ask()
+        d = sampler.suggest(t)
+        assert (d.kind, d.fidelity, d.allocation.rho, d.budget_flops) == ("proposal", "full", 0.3 + 0.1 * i, BUDGET)
+        study.tell(t, 0.25 * i)
+    obs, runs = tuner.seen[-1]  # what the third ask saw: two finished trials
+    assert all(isinstance(o, Observation) for o in obs) and all(isinstance(r, Run) for r in runs)
+    assert [(o.number, o.value, o.allocation.rho, o.budget_fraction, o.fidelity) for o in obs] == [
+        (0, 0.0, 0.3, 1.0, "full"), (1, 0.25, 0.4, 1.0, "full")]
+    assert [(r.allocation.rho, r.fidelity, r.pending) for r in runs] == [(0.3, "full", False), (0.4, "full", False)]
+
+
+def test_one_loop_ends_the_pilot_phase_once():
+    """run_study with a RaceSampler runs the pilots, calls on_pilots once with every pilot
+    finished and no full run asked yet, then the full runs; resumed with its pilots done, it
+    calls on_pilots at once, before any new trial."""
+    from allocopt.study.sampler import race_sampler
+
+    s = StudySpec(name="phases", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=2,
+                  space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4,), rewards=("sparse",)))
+    obj = SyntheticObjective()
+    w = obj.workload()
+    seen = []
+
+    def on_pilots(st):
+        seen.append([(t.user_attrs["fidelity"], t.state.name) for t in st.get_trials()])
+
+    study = run_study(s, objective=obj, workload=w, storage=None, sampler=race_sampler(s, w, RaceSettings(max_pilots=6)),
+                      on_pilots=on_pilots)
+    assert seen == [[("pilot", "COMPLETE")] * 6]
+    assert [t.user_attrs["fidelity"] for t in study.get_trials()] == ["pilot"] * 6 + ["full"] * 2
+    run_study(replace(s, trials=3), objective=obj, workload=w, study=study,
+              sampler=race_sampler(s, w, RaceSettings(max_pilots=6)), on_pilots=on_pilots)
+    assert len(seen) == 2 and seen[1] == [("pilot", "COMPLETE")] * 6 + [("full", "COMPLETE")] * 2
+    assert len(study.get_trials()) == 9
+    with pytest.raises(ValueError, match="need a RaceSampler"):
+        run_study(s, objective=obj, workload=w, storage=None, sampler=optuna.samplers.RandomSampler(),
+                  on_pilots=on_pilots)

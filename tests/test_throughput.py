@@ -151,8 +151,10 @@ def test_race_under_a_time_budget_gives_each_allocation_its_own_flops(cli, tmp_p
     1 of its own allocation's budget (what the surrogate and the recommendation compare)."""
     import optuna
 
+    from dataclasses import replace
+
+    from allocopt.study.observe import study_observations
     from allocopt.study.sampler import RaceSampler
-    from allocopt.race.diagnose import observations
     from objectives.synthetic import SyntheticObjective
 
     H, TS, TL, F = 140.0, 1e13, 1e14, 0.1
@@ -186,9 +188,8 @@ def test_race_under_a_time_budget_gives_each_allocation_its_own_flops(cli, tmp_p
 
     s = S.from_toml(spec, time=dict(budget_gpu_hours=H, throughput=load_profile(prof).to_dict()))
     w = SyntheticObjective().workload()
-    sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=F, workload=w,
-                          time_budget=s.time_budget)
-    for obs in (sampler.observations(st), observations(st, s, workload=w)):
+    sampler = RaceSampler(s.space, s.budget, pilot_fraction=F, workload=w)
+    for obs in (sampler.observations(st), study_observations(st, replace(s, pilot_fraction=F), workload=w)):
         assert len(obs) == len(done)
         for o in obs:
             assert o.budget_fraction == pytest.approx(F if o.fidelity == "pilot" else 1.0, rel=1e-9)
@@ -328,3 +329,24 @@ def test_race_dollar_budget_is_the_equivalent_gpu_hour_budget(cli, tmp_path):
     for fidelity, rho, flops in got["usd"]:
         share = F if fidelity == "pilot" else 1.0
         assert flops == pytest.approx(share * H * 3600 / ((1 - rho) / TS + rho / TL), rel=0.01)
+
+
+def test_a_studys_budget_is_parsed_once():
+    """StudySpec builds its Budget when built: every read is the same object (the profile is not
+    parsed and checked again), the ceiling is the hours at the fastest phase (by hand: 10 h x
+    3600 s x 1e14 FLOP/s), and an allocation's FLOPs are its hours at its own phase shares."""
+    from allocopt.plan.budget import Budget
+    from objectives.synthetic import SyntheticObjective
+
+    prof = ThroughputProfile(gpu="t", setup_fingerprint="*", search_prefill=1e13, search_decode=1e13,
+                             learning=1e14, reward=1e14)
+    s = StudySpec(budget_gpu_hours=10.0, throughput=prof.to_dict())
+    assert s.budget is s.budget and s.time_budget is s.budget.time
+    assert s.budget_flops == s.budget.flops == 10 * 3600 * 1e14
+    w, a = SyntheticObjective().workload(), Allocation(0.5, 4, "sparse")
+    # a rule-based reward costs 0 FLOPs: the learning share is rho (0.5), the search share the rest
+    assert s.budget_for(a, w) == pytest.approx(10 * 3600 / (0.5 / 1e13 + 0.5 / 1e14), rel=0.01)
+    assert s.budget_for(a, w, 0.1) == pytest.approx(0.1 * s.budget_for(a, w))
+    assert StudySpec(budget_flops=3e11).budget == Budget(3e11) and StudySpec(budget_flops=3e11).time_budget is None
+    with pytest.raises(ConfigError, match="budget_flops=-1"):
+        Budget(-1)

@@ -221,7 +221,7 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
     for t in done_before:  # nothing finished is lost
         assert trials[t.number].state.name == "COMPLETE" and trials[t.number].values == t.values
     # every pilot exactly once, no allocation run twice (but the killed one's retry)
-    design = RaceSampler(space, budget_flops=1e18, pilot_fraction=0.1,
+    design = RaceSampler(space, 1e18, pilot_fraction=0.1,
                          settings=RaceSettings(max_pilots=pilots), seed=0).design
     ran = [t for t in trials.values() if t.number != killed.number]
     keys = sorted(t.user_attrs["race_pilot"] for t in ran if "race_pilot" in t.user_attrs)

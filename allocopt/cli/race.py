@@ -139,7 +139,7 @@ def race(
     from allocopt.race.design import settings_for
 
     settings = settings_for(s, max_pilots=max_pilots, repeats=repeats, replicates=replicates,
-                            batch_size=batch_size, extra_pilot_budget=extra_pilot_budget)
+                            extra_pilot_budget=extra_pilot_budget)  # --batch-size: ignored
     res, _ = race_live(s, settings, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
                        validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose,
                        usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
@@ -204,7 +204,7 @@ def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: 
     from allocopt.query.sources import study_names
     from allocopt.study.loop import work_left
     from allocopt.study.open import open_study
-    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.sampler import race_sampler
 
     try:
         if s.name not in study_names(storage):
@@ -212,8 +212,7 @@ def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: 
     except Exception:  # noqa: BLE001 - no store yet: a new study
         return None
     r = replace(s, trials=max(validations, 1))
-    sampler = RaceSampler(r.space, budget_flops=r.budget_flops, pilot_fraction=r.pilot_fraction,
-                          workload=workload, settings=settings, seed=r.seed, time_budget=r.time_budget)
+    sampler = race_sampler(r, workload, settings)
     study = open_study(r, storage, sampler)
     left = work_left(study, replace(r, trials=validations), sampler)
     return {**left, "study": study}

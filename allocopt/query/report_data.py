@@ -251,8 +251,9 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
     """
     from dataclasses import fields
 
-    from allocopt.race import RaceSettings, diagnose, observations
+    from allocopt.race import RaceSettings, diagnose
     from allocopt.spec import StudySpec, target_key
+    from allocopt.study.observe import study_observations
 
     spec = None
     try:
@@ -268,7 +269,7 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
         settings = RaceSettings(**raw)
     except (TypeError, ValueError):
         settings = RaceSettings()
-    seed = settings.seed if settings.seed is not None else (spec.seed if spec else 0)
+    seed = spec.seed if spec else 0
     frac = race_attr.get("pilot_fraction", spec.pilot_fraction if spec else None)
     ctx = StudyContext(st.study_name, tuple(targets), spec.budget_flops if spec else None,
                        float(frac) if _finite(frac) else None, seed, settings)
@@ -277,7 +278,7 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
         ctx.recommendation, ctx.recommendation_source = dict(stored), "stored by the study"
     if spec is None:
         return ctx
-    obs = observations(st, spec, spec.targets[0])
+    obs = study_observations(st, spec, spec.targets[0])
     f = ctx.pilot_fraction
     pilots = [o for o in obs if o.fidelity == "pilot" and f and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
     if pilots:

@@ -31,7 +31,7 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
    (:mod:`allocopt.surrogate`) is fitted on pilots and full runs together (the budget fraction is
    its fidelity; it learns how far the optimal ρ drifts with the budget, so the pilots' bias is
    corrected once a few full runs exist) and proposes full runs by Thompson sampling of the
-   full-budget maximizer, ``batch_size`` per round, and whenever asked (no fixed count; cells
+   full-budget maximizer, one per free worker, whenever asked (no fixed count; cells
    — reward system × model — without a full run get one first, ``explore_cells_after``) (or extra pilots, when their variance
    reduction per FLOP is worth it, within ``extra_pilot_budget``: none by default);
    infeasible plans and repeats of existing trials (same G, reward, model and fidelity, ρ within
@@ -46,30 +46,35 @@ Pilots and validations are ordinary Optuna trials of one study, tagged with the 
    full budget of the allocation the pilots recommended (surrogate mean at the best allocation
    of that reward system minus at the recommended one).
 
-One job a module: :mod:`~allocopt.race.design` (settings, pilot grid),
-:mod:`~allocopt.race.diagnose` (observations, regime diagnosis), :mod:`~allocopt.race.fit`
-(the surrogate of a study, refitted when worth it), :mod:`~allocopt.race.propose` (proposals),
-:mod:`~allocopt.race.recommend` (the recommendation and its uncertainty), :mod:`~allocopt.race.validate` (pilot against full
-regimes). Nothing here imports the study loop: the whole race in one call, a view over it, is
-:func:`allocopt.study.race.run_race`, and the trials are asked of
-:class:`allocopt.study.sampler.RaceSampler`. Every name of the modules above is re-exported here.
+One job a module: :mod:`~allocopt.race.data` (the plain values RACE reads: observations,
+runs, budgets per fidelity, the feasibility test), :mod:`~allocopt.race.design` (settings,
+pilot grid), :mod:`~allocopt.race.diagnose` (regime diagnosis), :mod:`~allocopt.race.fit` (the
+surrogate, refitted when worth it), :mod:`~allocopt.race.propose` (proposals),
+:mod:`~allocopt.race.recommend` (the recommendation and its uncertainty),
+:mod:`~allocopt.race.validate` (pilot against full regimes), :mod:`~allocopt.race.tuner` (all of
+it as the one object a study's sampler asks). Nothing here reads a study or imports Optuna: the
+translator from trials to these values is :mod:`allocopt.study.observe`, beside
+:class:`allocopt.study.sampler.RaceSampler`; the whole race in one call is
+:func:`allocopt.study.race.run_race`. Every name of the modules above is re-exported here.
 
-numpy, Optuna and (through the surrogate) torch are imported inside functions.
+numpy and (through the surrogate) torch are imported inside functions.
 """
 
 from __future__ import annotations
-from allocopt.race.design import (FIDELITIES, REGIMES, PilotPoint, RaceSettings, cells,
-                                  check_pilot_fraction, check_race_table, pilot_grid, settings_for)
-from allocopt.race.diagnose import (Observation, RegimeDiagnosis, diagnose, diagnose_group,
-                                    observations, observed_params, regime_of, share_fit)
+from allocopt.race.data import Budgets, Feasible, Observation, Run
+from allocopt.race.design import (FIDELITIES, REGIMES, SECTIONS, PilotPoint, RaceSettings, cells,
+                                  check_pilot_fraction, check_race_table, pilot_grid, race_settings,
+                                  settings_for)
+from allocopt.race.diagnose import RegimeDiagnosis, diagnose, diagnose_group, regime_of, share_fit
 from allocopt.race.fit import SurrogateCache, fit_surrogate
-from allocopt.race.propose import PlanCache, Proposal, existing_runs, propose, runs_of, same_run
+from allocopt.race.propose import PlanCache, Proposal, feasible_by, same_run, with_pending
+from allocopt.race.legacy import propose  # the plain form, and the former one while callers remain
 from allocopt.race.recommend import Recommendation, recommend, recommendation
+from allocopt.race.tuner import RaceTuner, Tuner
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 
-__all__ = ["FIDELITIES", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
-           "RaceSettings", "Recommendation", "SurrogateCache", "RegimeDiagnosis", "ValidationRow", "cells",
-           "check_pilot_fraction", "check_race_table", "diagnose", "diagnose_group", "existing_runs", "fit_surrogate",
-           "observations", "pilot_grid", "propose", "recommend", "recommendation", "regime_of",
-           "runs_of", "same_regime_rate", "same_run", "settings_for", "share_fit",
-           "observed_params", "validate"]
+__all__ = ["Budgets", "FIDELITIES", "Feasible", "Observation", "PilotPoint", "PlanCache", "Proposal", "REGIMES",
+           "RaceSettings", "RaceTuner", "Recommendation", "RegimeDiagnosis", "Run", "SECTIONS", "SurrogateCache",
+           "Tuner", "ValidationRow", "cells", "check_pilot_fraction", "check_race_table", "diagnose", "diagnose_group",
+           "feasible_by", "fit_surrogate", "pilot_grid", "propose", "race_settings", "recommend", "recommendation",
+           "regime_of", "same_regime_rate", "same_run", "settings_for", "share_fit", "validate", "with_pending"]

@@ -1,4 +1,4 @@
-"""RACE regime diagnosis: a study's trials as observations, and the regime per reward system.
+"""RACE regime diagnosis: the regime per reward system from its pilots' observations.
 
 Per reward system (× model), from the pilots (:func:`diagnose`): a *local quadratic* in ρ with
 additive G offsets, fitted by least squares weighted with a Gaussian kernel (``bandwidth``)
@@ -19,7 +19,7 @@ e.g. 6 pilots over 3 G), ρ* is reported unknown: NaN, the whole ρ range as int
 ``unknown`` at probability 0. See :mod:`allocopt.race`. This local quadratic is the project's one ρ* estimator: the
 report applies it too (:mod:`allocopt.query.report_data` says why).
 
-numpy and Optuna are imported inside functions.
+numpy is imported inside functions.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from allocopt.plan.allocation import Allocation
+from allocopt.race.data import Observation
 from allocopt.race.design import RaceSettings, cells
-from allocopt.record import TrialRecord
-from allocopt.spec import SearchSpace, StudySpec, allocation_of, target_key
+from allocopt.spec import SearchSpace
 
 def regime_of(rho: float, reward_share: float, settings: RaceSettings) -> str:
     """The regime label of an optimum at ``rho`` with ``reward_share`` of compute on reward."""
@@ -43,82 +43,6 @@ def regime_of(rho: float, reward_share: float, settings: RaceSettings) -> str:
     if rho > settings.update_heavy_above:
         return "update-heavy"
     return "balanced"
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One complete trial as RACE reads it."""
-
-    number: int
-    allocation: Allocation
-    value: float
-    """The target of the race (a share in [0, 1])."""
-    budget_flops: float
-    budget_fraction: float
-    """``budget_flops / spec.budget_flops``."""
-    fidelity: str
-    """``pilot`` or ``full`` (the trial's user attribute; trials without one are ``full``)."""
-    reward_share: float
-    """Executed reward FLOPs / total FLOPs of the trial (NaN when not recorded)."""
-
-
-def observed_params(t: Any) -> dict[str, Any]:
-    """The parameters a finished trial's result belongs to: :func:`allocopt.record.params_of`, except that a
-    run launched elsewhere and recorded by ``allocopt tell`` (user attribute ``source=tell``)
-    is placed at the ρ it really spent (its ``metrics["rho"]``, executed FLOPs): TRL and verl
-    train whole passes, so such a run may realize a ρ far from the one asked (0.70 for an asked
-    0.55 in the tiny world), and the surrogate must learn from where the run was."""
-    return _observed_params(TrialRecord.of(t))
-
-
-def _observed_params(r: TrialRecord) -> dict[str, Any]:
-    p = r.given_params
-    if r.source == "tell":
-        rho = r.metrics.get("rho")
-        if isinstance(rho, (int, float)) and 0 < rho < 1:
-            p = {**p, "rho": float(rho)}
-    return p
-
-
-def observations(study: Any, spec: StudySpec, target: str | None = None,
-                 workload: Any = None) -> list[Observation]:
-    """Every complete (feasible, run) trial of ``study`` with a value for ``target``
-    (default ``spec.target``).
-
-    ``budget_fraction`` is the trial's budget over its allocation's full budget:
-    ``spec.budget_flops`` under a FLOP budget; under a time budget the FLOPs that allocation
-    executes in the hours (:meth:`StudySpec.budget_for` on ``workload``; without a workload,
-    ``spec.pilot_fraction`` for a pilot and 1 for a full run, the fractions RACE gives them)."""
-    tb = spec.time_budget
-    full: dict[Any, float] = {}
-
-    def fraction(r: TrialRecord, budget: float) -> float:
-        if tb is None:
-            return budget / spec.budget_flops
-        if workload is None:
-            return spec.pilot_fraction if r.fidelity == "pilot" else 1.0
-        asked = allocation_of(spec, r.given_params)  # the budget was priced for it
-        if asked not in full:
-            full[asked] = spec.budget_for(asked, workload)
-        return budget / full[asked]
-
-    from optuna.trial import TrialState
-
-    key = target_key(target or spec.target)
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        r = TrialRecord.of(t)
-        if r.state != "COMPLETE" or key not in r.targets:
-            continue
-        m = r.metrics
-        total = m.get("total_flops") or 0
-        budget = r.budget(spec.budget_flops)
-        out.append(Observation(
-            number=t.number, allocation=allocation_of(spec, _observed_params(r)), value=float(r.targets[key]),
-            budget_flops=budget, budget_fraction=fraction(r, budget),
-            fidelity=r.fidelity,
-            reward_share=(m.get("reward_flops", 0) / total) if total else math.nan))
-    return out
 
 
 @dataclass
@@ -258,7 +182,8 @@ def _too_few(rho, n_g, star, h) -> tuple[bool, float, int]:
     import numpy as np
 
     w = np.exp(-0.5 * ((rho - star) / h) ** 2)
-    n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+    # every weight underflows to 0 when a narrow kernel sits far from all pilots: none is near
+    n_eff = float(w.sum() ** 2 / (w ** 2).sum()) if (w ** 2).sum() > 0 else 0.0
     p = 3 + n_g - 1
     return n_eff - p < 1, n_eff, p
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from allocopt.flops import ConfigError
-from allocopt.race.diagnose import Observation
+from allocopt.race.data import Observation
 from allocopt.spec import SearchSpace
 
 

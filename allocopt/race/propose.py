@@ -8,19 +8,21 @@ is worth it); infeasible plans and repeats of existing trials are never proposed
 :func:`allocopt.race.recommend.recommend` gives the allocation to run at the full budget. See
 :mod:`allocopt.race`.
 
-The loop (a study's sampler) calls, whenever a worker is free and the pilots are done::
+The loop (a study's sampler, through :class:`allocopt.race.tuner.RaceTuner`) calls, whenever a
+worker is free and the pilots are done::
 
-    cache = SurrogateCache(spec.space, seed)          # once per study
+    cache = SurrogateCache(space, seed)               # once per study
     sur = cache(obs)                                  # every run so far (pilots and full)
-    rec = recommendation(sur, obs, spec.space, settings)   # what to report now
-    [p] = propose(obs, spec, workload, existing=runs, q=1, pilot_fraction=f, surrogate=sur,
-                  allow_pilots=..., settings=settings, plans=plans)
+    [p] = propose(obs, runs, space, budgets, settings, feasible=feasible, surrogate=sur,
+                  q=1, allow_pilots=..., seed=seed)
 
-with ``runs`` every run done, running or queued (``existing_runs``), so pending trials are
-conditioned on; it answers for as long as the study has trials left (no fixed count). A
-``Proposal.replicate`` is run even though its allocation ran before (with a new seed).
+with ``obs`` the finished runs' :class:`~allocopt.race.data.Observation` and ``runs`` every
+:class:`~allocopt.race.data.Run` done, running or queued, so pending full runs are conditioned
+on; it answers for as long as the study has trials left (no fixed count). A
+``Proposal.replicate`` is run even though its allocation ran before (with a new seed). Plain
+data in, proposals out: no study, no Optuna (the translator is :mod:`allocopt.study.observe`).
 
-Optuna and (through the surrogate) torch are imported inside functions.
+torch is imported (through the surrogate) inside functions.
 """
 
 from __future__ import annotations
@@ -32,12 +34,11 @@ from typing import Any, Callable, Sequence
 from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
 from allocopt.plan.engines import trl_grpo_config
 from allocopt.flops import ConfigError
+from allocopt.race.data import Budgets, Feasible, Observation, Run
 from allocopt.race.design import RaceSettings
-from allocopt.race.diagnose import Observation
 from allocopt.race.fit import fit_surrogate
 from allocopt.race.recommend import _full_candidates
-from allocopt.record import fidelity_of, is_interrupted, params_of
-from allocopt.spec import SearchSpace, StudySpec, allocation_in
+from allocopt.spec import SearchSpace
 
 _PLAN_KEYS = ("budget_flops", "model", "reward_model", "prompts_per_iteration", "rollouts_per_iteration",
               "rows_trained_per_iteration", "update_passes", "num_iterations_trl", "iterations",
@@ -54,7 +55,8 @@ class Proposal:
     """``full`` (a validation run) or ``pilot`` (an extra pilot)."""
     budget_flops: float
     plan: TrialPlan | None
-    """The plan the budget buys (``None`` when proposed without a workload: feasibility unchecked)."""
+    """The plan the budget buys, attached by the caller that holds the workload
+    (:meth:`with_plan`); ``None`` from :func:`propose`, which sees only a feasibility test."""
     acquisition: float
     """Share of the round's posterior samples in which this allocation (for an extra pilot: the
     full-budget allocation it informs) is the full-budget maximizer (Thompson sampling)."""
@@ -68,6 +70,11 @@ class Proposal:
     """A repeat (another seed) of a full run already made: the leaders are within one
     evaluation's noise of each other and the noise is measured by repeating the leader
     (``RaceSettings.replicates``). The loop must run it even though the same allocation ran."""
+
+    def with_plan(self, plans: Callable[[float, Allocation], TrialPlan | None] | None) -> "Proposal":
+        """This proposal with the plan ``plans(budget_flops, allocation)`` makes (a
+        :class:`PlanCache`); unchanged without ``plans``."""
+        return self if plans is None else replace(self, plan=plans(self.budget_flops, self.allocation))
 
     def trl(self) -> dict[str, Any]:
         """TRL ``GRPOConfig`` values of the plan (as the allocopt driver sets them).
@@ -101,37 +108,9 @@ def same_run(a: Allocation, fa: str, b: Allocation, fb: str, tol: float) -> bool
             and a.model == b.model and abs(a.rho - b.rho) <= tol)
 
 
-def runs_of(trials: Sequence[Any], space: SearchSpace, skip: int | None = None) -> list[tuple[Allocation, str]]:
-    """``(allocation, fidelity)`` of every trial in ``trials`` that ran, runs or waits, with its
-    parameters set (a failure by interrupt does not count: it may be re-run; trial number
-    ``skip`` is left out)."""
-    out = []
-    for t in trials:
-        params = params_of(t)
-        if t.number == skip or not params or is_interrupted(t):
-            continue
-        try:
-            out.append((allocation_in(space, params), fidelity_of(t)))
-        except ConfigError:
-            continue
-    return out
-
-
-def existing_runs(study: Any, spec: StudySpec) -> list[tuple[Allocation, str]]:
-    """:func:`runs_of` every trial of ``study``."""
-    return runs_of(study.get_trials(deepcopy=False), spec.space)
-
-
-_UNCHECKED: Any = object()
-"""What ``propose``'s plan lookup gives without a workload (feasibility not checked)."""
-
-
-def _plan(p: Any) -> TrialPlan | None:
-    return None if p is _UNCHECKED else p
-
-
 class PlanCache:
-    """make_plan with a cache (make_plan costs ~0.1 s per call)."""
+    """make_plan with a cache (make_plan costs ~0.1 s per call): ``plans(budget_flops,
+    allocation)`` is the realizable plan, or ``None`` (infeasible, unrealizable, unpriceable)."""
 
     def __init__(self, workload: Workload):
         self.workload, self.cache = workload, {}
@@ -146,10 +125,24 @@ class PlanCache:
                 self.cache[k] = None
         return self.cache[k]
 
+    def feasible(self, budgets: Budgets) -> Feasible:
+        """:func:`feasible_by` these plans."""
+        return feasible_by(self, budgets)
 
-def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], spec: StudySpec, settings: RaceSettings,
-               plans: Callable[[float, Allocation], TrialPlan | None],
-               full_budget: Callable[[Allocation], float]) -> "Proposal | None":
+
+def feasible_by(plans: Callable[[float, Allocation], TrialPlan | None], budgets: Budgets) -> Feasible:
+    """The feasibility test of :func:`propose` from ``plans(budget_flops, allocation)`` (a
+    :class:`PlanCache`): a run of an allocation at a budget fraction has a plan whose expected
+    executed FLOPs fit its budget (``budgets``)."""
+    def fits(a: Allocation, fraction: float) -> bool:
+        budget = budgets.flops(a, fraction)
+        plan = plans(budget, a)
+        return plan is not None and plan.expected.executed.total_flops <= budget
+    return fits
+
+
+def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], settings: RaceSettings,
+               feasible: Feasible | None, budgets: Budgets) -> "Proposal | None":
     """A repeat of the leading full run when the surrogate cannot separate it from the best full
     run of another cell or G (posterior means within one evaluation's noise) and it has run at
     most ``settings.replicates`` times; else ``None``."""
@@ -167,19 +160,30 @@ def _replicate(sur: Any, existing: Sequence[tuple[Allocation, str]], spec: Study
     copies = sum(1 for b in full if same_run(b, "full", lead, "full", settings.rho_match))
     if copies > settings.replicates:
         return None
-    budget = full_budget(lead)
-    plan = plans(budget, lead) if plans is not None else None
-    if plans is not None and plan is None:
+    if feasible is not None and not feasible(lead, 1.0):
         return None
-    return Proposal(lead, "full", budget, plan, 0.0, 1.0, float(mean[order[0]]), float(sd[order[0]]),
-                    replicate=True)
+    return Proposal(lead, "full", budgets.flops(lead, 1.0), None, 0.0, 1.0, float(mean[order[0]]),
+                    float(sd[order[0]]), replicate=True)
 
 
-def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | None, *,
-            existing: Sequence[tuple[Allocation, str]] = (), q: int = 1, pilot_fraction: float = 0.1,
-            allow_pilots: bool = True, settings: RaceSettings = RaceSettings(), surrogate: Any = None,
-            plans: Callable[[float, Allocation], TrialPlan | None] | None = None,
-            full_budget: Callable[[Allocation], float] | None = None) -> list[Proposal]:
+def with_pending(sur: Any, obs: Sequence[Observation], runs: Sequence[Run], space: SearchSpace,
+                 seed: int = 0) -> Any:
+    """``sur`` conditioned on the pending full runs of ``runs`` by a **constant liar**
+    (Ginsbourger, Le Riche & Carraro 2010, "CL-min"): each enters the surrogate, at its fitted
+    hyperparameters, as observed at the lowest value of ``obs``, so the posterior there is low
+    and near-certain and parallel proposals go to other allocations. ``sur`` itself when none is
+    pending."""
+    pending = [r for r in runs if r.pending and r.fidelity == "full"]
+    if not pending or not obs:
+        return sur
+    lie = min(o.value for o in obs)
+    lies = [Observation(-1, r.allocation, lie, math.nan, 1.0, "full") for r in pending]
+    return fit_surrogate(list(obs) + lies, space, seed=seed + len(obs) + len(lies), init=sur.raw, fit=False)
+
+
+def propose(obs: Sequence[Observation], runs: Sequence[Run], space: SearchSpace, budgets: Budgets,
+            settings: RaceSettings = RaceSettings(), *, feasible: Feasible | None = None,
+            surrogate: Any = None, q: int = 1, allow_pilots: bool = True, seed: int = 0) -> list[Proposal]:
     """Up to ``q`` runs to do next, by Thompson sampling of the full-budget maximizer.
 
     1. Candidates: the full-budget grid (``rho_grid`` ρ values × G × reward × model), pruned to
@@ -196,43 +200,44 @@ def propose(obs: Sequence[Observation], spec: StudySpec, workload: Workload | No
        the mixture variance, which includes the unknown drift only full runs resolve;
        ``c² / (v_z + σn²) / pilot_fraction`` for the pilot, ``c`` its covariance with the pick).
 
-    Replicates (``settings.replicates`` > 0): when the leading full run's cell and G and the best
-    full run of another cell or G are within one evaluation's noise (posterior means), the first
-    proposal repeats the leader (``Proposal.replicate``), at most ``replicates`` extra times.
+    Pending full runs (``Run.pending``) are conditioned on by a constant liar
+    (:func:`with_pending`). Replicates (``settings.replicates`` > 0): when the leading full
+    run's cell and G and the best full run of another cell or G are within one evaluation's
+    noise (posterior means), the first proposal repeats the leader (``Proposal.replicate``), at
+    most ``replicates`` extra times.
 
     Cells first: once ``settings.explore_cells_after`` full runs exist, cells (reward system ×
-    model) without a full run (in ``existing``) are the only candidates, each proposed at its
+    model) without a full run (in ``runs``) are the only candidates, each proposed at its
     best posterior mean (cells by that mean, one per cell and batch), until each has one.
 
-    It answers whenever asked (no fixed count): call it once per free slot of the study, with
-    every run done, running or queued in ``existing``.
-
-    With a ``workload`` (or ``plans``), every proposal has a feasible, realizable plan within its
-    budget (:func:`make_plan`); without, feasibility is not checked (``plan`` is ``None``). None
-    repeats an ``existing`` run or another proposal of the batch (same G, reward, model, fidelity,
-    ρ within ``settings.rho_match``).
+    It answers whenever asked (no fixed count): call it once per free slot of the study. None
+    repeats a run of ``runs`` or another proposal of the batch (same G, reward, model, fidelity,
+    ρ within ``settings.rho_match``); with ``feasible``, every one passes it.
 
     Args:
-        obs: observations the surrogate is fitted on (ignored when ``surrogate`` is given).
-        existing: runs already done or queued (:func:`existing_runs`).
+        obs: the finished runs with a value (the surrogate is fitted on them when ``surrogate``
+            is not given).
+        runs: every run done, running or queued (failed ones included).
+        space: the search space.
+        budgets: FLOPs of a run per fidelity (a proposal's ``budget_flops``).
+        settings: the RACE settings (``rho_grid``, ``thompson_samples``, ``rho_match``,
+            ``explore_cells_after``, ``replicates``).
+        feasible: ``feasible(allocation, fraction)``; ``None``: feasibility unchecked.
+        surrogate: a fitted surrogate on ``obs`` (:func:`fit_surrogate`).
+        q: proposals wanted.
         allow_pilots: offer pilot-fidelity runs too.
-        surrogate: a fitted surrogate (:func:`fit_surrogate`).
-        full_budget: FLOPs of a full-budget run of an allocation (a time budget gives each its
-            own: :meth:`allocopt.study.sampler.RaceSampler.full_budget`); default
-            ``spec.budget_flops`` for every one. A run at fidelity fraction ``f`` gets ``f ×``
-            its allocation's.
+        seed: seed of a fit made here.
+
+    Returns:
+        up to ``q`` :class:`Proposal`, ``plan`` ``None`` (:meth:`Proposal.with_plan`).
     """
-    seed = spec.seed if settings.seed is None else settings.seed
-    sur = surrogate if surrogate is not None else fit_surrogate(obs, spec.space, seed=seed)
-    if plans is None and workload is not None:
-        plans = PlanCache(workload)
-    if full_budget is None:
-        full_budget = lambda a: spec.budget_flops  # noqa: E731 - one FLOP budget for every allocation
-    pool = _candidate_pool(sur, spec.space, existing, settings)
-    picker = _Picker(sur, pool, spec, settings, plans, list(existing), pilot_fraction, allow_pilots,
-                     full_budget)
+    sur = surrogate if surrogate is not None else fit_surrogate(obs, space, seed=seed)
+    sur = with_pending(sur, obs, runs, space, seed)
+    existing = [(r.allocation, r.fidelity) for r in runs]
+    pool = _candidate_pool(sur, space, existing, settings)
+    picker = _Picker(sur, pool, space, settings, feasible, budgets, existing, allow_pilots)
     if settings.replicates and not pool.exploring and q >= 1:
-        rep = _replicate(sur, existing, spec, settings, plans, full_budget)
+        rep = _replicate(sur, existing, settings, feasible, budgets)
         if rep is not None:
             picker.out.append(rep)
             picker.taken.append((rep.allocation, "full"))
@@ -299,39 +304,33 @@ class _Picker:
     run or an extra pilot, and keeps the accepted ones (``out``) and every run taken so far
     (``taken``: existing, queued and proposed) so that none repeats another."""
 
-    def __init__(self, sur: Any, pool: _Pool, spec: StudySpec, settings: RaceSettings,
-                 plans: Callable[[float, Allocation], TrialPlan | None] | None,
-                 taken: list[tuple[Allocation, str]], pilot_fraction: float, allow_pilots: bool,
-                 full_budget: Callable[[Allocation], float]):
-        self.sur, self.pool, self.spec, self.settings, self.plans = sur, pool, spec, settings, plans
-        self.full_budget = full_budget  # FLOPs of an allocation's full-budget run
+    def __init__(self, sur: Any, pool: _Pool, space: SearchSpace, settings: RaceSettings,
+                 feasible: Feasible | None, budgets: Budgets, taken: list[tuple[Allocation, str]],
+                 allow_pilots: bool):
+        self.sur, self.pool, self.space, self.settings = sur, pool, space, settings
+        self.feasible, self.budgets = feasible, budgets
         self.taken, self.out = taken, []
-        self.pilot_fraction, self.allow_pilots = pilot_fraction, allow_pilots
+        self.allow_pilots = allow_pilots
         self.tried: set[int] = set()  # offered (accepted or refused): never offered again
 
-    def try_run(self, a: Allocation, fidelity: str, frac: float) -> TrialPlan | None:
-        """The plan of ``a`` at ``frac`` of the budget, taken; ``None`` for a repeat of a run
-        taken or a plan that does not fit (``_UNCHECKED`` without a workload)."""
+    def try_run(self, a: Allocation, fidelity: str) -> bool:
+        """Take a run of ``a`` at ``fidelity``; ``False`` for a repeat of a run taken or one
+        that is not feasible."""
         if any(same_run(a, fidelity, b, fb, self.settings.rho_match) for b, fb in self.taken):
-            return None
-        if self.plans is None:  # no workload: feasibility unchecked
-            self.taken.append((a, fidelity))
-            return _UNCHECKED
-        budget = frac * self.full_budget(a)
-        plan = self.plans(budget, a)
-        if plan is None or plan.expected.executed.total_flops > budget:
-            return None
+            return False
+        if self.feasible is not None and not self.feasible(a, self.budgets.fraction(fidelity)):
+            return False
         self.taken.append((a, fidelity))
-        return plan
+        return True
 
     def offer(self, i: int, p_best: float) -> bool:
         """Propose candidate ``i`` (as a pilot when its variance reduction per unit of compute
         beats the full run's); ``False`` when it is a repeat or has no feasible plan."""
-        pool, sur, spec, frac = self.pool, self.sur, self.spec, self.pilot_fraction
+        pool, sur, frac = self.pool, self.sur, self.budgets.pilot_fraction
         a = pool.cands[i]
         mean, sd = float(pool.mean[i]), float(pool.sd[i])
         if self.allow_pilots:
-            lo, hi = spec.space.rho
+            lo, hi = self.space.rho
             drift = sur.drift[0]
             z = replace(a, rho=round(min(max(a.rho - drift * math.log10(1.0 / frac), lo), hi), 4))
             zrow = sur.encoding.tensor([sur.encoding.row(z.rho, z.group_size, z.reward, z.model, frac)])
@@ -340,15 +339,12 @@ class _Picker:
             v = sd ** 2
             gain_full = v * v / (v + noise2)
             gain_pilot = float(cov[0]) ** 2 / (float(var_z[0]) + noise2) / frac
-            plan = self.try_run(z, "pilot", frac) if gain_pilot > gain_full else None
-            if plan is not None:
-                self.out.append(Proposal(z, "pilot", frac * self.full_budget(z), _plan(plan), p_best,
-                                         frac, mean, sd))
+            if gain_pilot > gain_full and self.try_run(z, "pilot"):
+                self.out.append(Proposal(z, "pilot", self.budgets.flops(z, frac), None, p_best, frac, mean, sd))
                 return True
-        plan = self.try_run(a, "full", 1.0)
-        if plan is None:
+        if not self.try_run(a, "full"):
             return False
-        self.out.append(Proposal(a, "full", self.full_budget(a), _plan(plan), p_best, 1.0, mean, sd))
+        self.out.append(Proposal(a, "full", self.budgets.flops(a, 1.0), None, p_best, 1.0, mean, sd))
         return True
 
 

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from allocopt.plan.allocation import Allocation
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings
-from allocopt.race.diagnose import Observation
+from allocopt.race.data import Observation
 from allocopt.spec import SearchSpace
 
 

@@ -16,10 +16,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from allocopt.race.data import Observation
 from allocopt.race.design import RaceSettings
-from allocopt.race.diagnose import Observation, RegimeDiagnosis, regime_of, share_fit
+from allocopt.race.diagnose import RegimeDiagnosis, regime_of, share_fit
 from allocopt.race.fit import fit_surrogate
-from allocopt.spec import StudySpec
+from allocopt.spec import SearchSpace
 
 @dataclass
 class ValidationRow:
@@ -47,21 +48,20 @@ class ValidationRow:
         return asdict(self)
 
 
-def validate(diagnoses: Sequence[RegimeDiagnosis], obs: Sequence[Observation], spec: StudySpec,
-             settings: RaceSettings = RaceSettings(), surrogate: Any = None) -> list[ValidationRow]:
+def validate(diagnoses: Sequence[RegimeDiagnosis], obs: Sequence[Observation], space: SearchSpace,
+             settings: RaceSettings = RaceSettings(), surrogate: Any = None, seed: int = 0) -> list[ValidationRow]:
     """Pilot regimes against full-budget regimes (module docstring), from the surrogate
-    fitted on ``obs`` (pilots and full runs)."""
+    fitted on ``obs`` (pilots and full runs; fitted here with ``seed`` when not given)."""
     import numpy as np
 
-    seed = spec.seed if settings.seed is None else settings.seed
-    sur = surrogate if surrogate is not None else fit_surrogate(obs, spec.space, seed=seed)
+    sur = surrogate if surrogate is not None else fit_surrogate(obs, space, seed=seed)
     enc = sur.encoding
-    lo, hi = spec.space.rho
+    lo, hi = space.rho
     grid = np.array(sorted({round(lo + (hi - lo) * i / (settings.rho_grid - 1), 4)
                             for i in range(settings.rho_grid)}))
     out = []
     for d in diagnoses:
-        rows_g = {g: [enc.row(float(r), g, d.reward, d.model, 1.0) for r in grid] for g in spec.space.group_sizes}
+        rows_g = {g: [enc.row(float(r), g, d.reward, d.model, 1.0) for r in grid] for g in space.group_sizes}
         means = {g: sur.predict(enc.tensor(rows_g[g]))[0].numpy() for g in rows_g}
         best_g = max(means, key=lambda g: means[g].max())
         full_rho = float(grid[int(means[best_g].argmax())])

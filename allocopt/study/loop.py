@@ -45,6 +45,7 @@ def run_study(
     on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None = None,
     on_trial_end: Callable[[TrialRow, Any], None] | None = None,
     progress: Callable[..., None] | None = None,
+    on_pilots: Callable[[Any], None] | None = None,
     on_answer: Callable[[Any, Any], None] | None = None,
     on_wait: Callable[[int, int], None] | None = None,
     verbose: bool = False,
@@ -56,7 +57,9 @@ def run_study(
     With :class:`allocopt.study.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
     several targets) the sampler decides each trial's fidelity: RACE pilots (at
     ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
-    then surrogate proposals (full runs, or extra pilots within the RACE settings' budget).
+    then surrogate proposals (full runs, or extra pilots within the RACE settings' budget). The
+    loop has two phases then: the pilots, until every grid point is claimed and no re-run waits
+    (``on_pilots(study)`` is called once there; ``pilots_only`` stops there), then the full runs.
 
     Several workers on one study (``allocopt workers``, or ``allocopt study`` started on each
     host) share the count: a worker asks for a new full-budget trial only while the finished
@@ -83,6 +86,8 @@ def run_study(
         pilots_only: run RACE's pilot grid (what is left of it) and stop.
         study: an opened study (:func:`open_study`) to run instead of opening ``storage``.
         on_trial_start, on_trial_end, progress: callbacks for a live display.
+        on_pilots: called with the study once RACE's pilot phase is over (before the first
+            full-budget ask; at the end when the loop stopped before).
         on_answer: called as ``(recommendation, surrogate)`` once RACE's final answer is stored.
         on_wait: called as ``(finished, running)`` (full-budget trials) when this worker starts
             waiting for other workers' trials (:func:`wait_for_others`).
@@ -104,13 +109,14 @@ def run_study(
     given = sampler is not None
     sampler = sampler if given else make_sampler(spec, workload=workload)
     race = isinstance(sampler, RaceSampler)
-    if pilots_only and not race:
-        raise ValueError("pilots_only needs a RaceSampler")
+    if (pilots_only or on_pilots) and not race:
+        raise ValueError("pilots_only and on_pilots need a RaceSampler")
     study, sampler = prepare_study(spec, study if study is not None else open_study(spec, storage, sampler),
                                    sampler, resample=not given and not race, workload=workload,
                                    tracker=tracker)
     dists = distributions(spec, fidelity=race)
     cap = trial_cap(study, spec, sampler if race else None)
+    piloting = race  # the pilot phase: every grid point claimed and no re-run waiting ends it
 
     def admit(trial: Any) -> str | None:  # None: run it; a reason: give it back unsampled
         given = params_of(study.get_trials(deepcopy=False)[trial.number])  # a retry or enqueued trial
@@ -122,11 +128,16 @@ def run_study(
 
     for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
         # the count is reached: the work it stood for runs exactly once
-        if not pilots_only:  # other workers' running trials complete the count: wait for them
+        if piloting and not retries_waiting(study) and sampler.pilots_left(study) == 0:
+            if pilots_only:
+                break
+            piloting = False
+            if on_pilots:
+                on_pilots(study)
+        if not piloting:  # other workers' running trials complete the count: wait for them
             wait_for_others(study, spec, on_wait=on_wait)
-        if not retries_waiting(study) and ((sampler.pilots_left(study) == 0) if pilots_only
-                                           else (finished_full(study) >= spec.trials)):
-            break
+            if not retries_waiting(study) and finished_full(study) >= spec.trials:
+                break
         with worker_trial(study, dists, admit) as trial:  # stale trials failed first; heartbeat on
             if trial is None:  # another worker asked first for the last trial(s): released
                 continue
@@ -135,6 +146,8 @@ def run_study(
             run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
                           on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress,
                           verbose=verbose)
+    if piloting and on_pilots and not pilots_only:  # the loop stopped in the pilot phase
+        on_pilots(study)
     finish_study(study, spec, sampler if race and not pilots_only else None, tracker, on_answer)
     return study
 
@@ -287,23 +300,16 @@ def work_left(study: Any, spec: StudySpec, sampler: Any = None) -> dict[str, int
 
 def final_answer(study: Any, spec: StudySpec, sampler: Any) -> tuple[Any, Any]:
     """RACE's one answer from the study's trials alone: ``(recommendation, surrogate)``
-    (:func:`allocopt.race.recommend.recommendation` on
-    :func:`allocopt.race.recommend.final_surrogate`), or ``(None, None)`` before the study has
-    two trials, one of them at the full budget.
+    (:meth:`allocopt.study.sampler.RaceSampler.answer`: a fresh fit on the trials'
+    observations), or ``(None, None)`` before the study has two trials, one of them at the full
+    budget.
 
     Args:
         study: the Optuna study.
-        spec: the study definition (its search space).
-        sampler: the study's :class:`allocopt.study.sampler.RaceSampler` (its observations,
-            seed and settings).
+        spec: the study definition.
+        sampler: the study's :class:`allocopt.study.sampler.RaceSampler`.
     """
-    from allocopt.race.recommend import final_surrogate, recommendation
-
-    obs = sampler.observations(study)
-    if len(obs) < 2 or not any(o.fidelity == "full" for o in obs):
-        return None, None
-    sur = final_surrogate(obs, spec.space, sampler.seed)
-    return recommendation(sur, obs, spec.space, sampler.settings), sur
+    return sampler.answer(study)
 
 
 def store_answer(study: Any, spec: StudySpec, rec: Any, tracker: Any = None) -> dict[str, Any]:

@@ -30,18 +30,15 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
         spec: the study.
         workload: what plans are made for (RACE proposes feasible plans only when given).
         race_settings: :class:`allocopt.race.RaceSettings` (default:
-            :func:`allocopt.race.design.settings_for`: the study's ``[race]`` table, ``max_pilots = spec.pilots``).
+            :func:`allocopt.race.design.settings_for`: the study's ``[race]`` table, ``max_pilots = spec.pilots``);
+            the RaceSampler is built by :func:`allocopt.study.sampler.race_sampler`.
     """
     import optuna
 
     if spec.pilots != 0 and not spec.multi_objective:
-        from allocopt.race.design import settings_for
-        from allocopt.study.sampler import RaceSampler
+        from allocopt.study.sampler import race_sampler
 
-        settings = race_settings or settings_for(spec)
-        return RaceSampler(spec.space, budget_flops=spec.budget_flops, pilot_fraction=spec.pilot_fraction,
-                           workload=workload, settings=settings, seed=spec.seed,
-                           time_budget=spec.time_budget)
+        return race_sampler(spec, workload, race_settings)
     # workers of one study started by `allocopt workers` (ALLOCOPT_WORKER = 0, 1, ...) draw
     # different random start-up proposals: the same seed would make them propose the same ones
     import os

@@ -1,9 +1,10 @@
 """The whole race in one call, as a view over the study loop: pilots, diagnosis, proposals and
 their runs, validation.
 
-The trials are run by :func:`allocopt.study.loop.run_study` with a
-:class:`allocopt.study.sampler.RaceSampler` (pilots first, then its proposals); this module adds
-what ``allocopt race`` shows: the regime table after the pilots, the validation table and the
+The trials are run by one call of :func:`allocopt.study.loop.run_study` with the study's
+:class:`allocopt.study.sampler.RaceSampler` (:func:`allocopt.study.sampler.race_sampler`: pilots
+first, then its proposals); this module adds what ``allocopt race`` shows: the regime table
+when the pilot phase ends (the loop's ``on_pilots``), the validation table and the
 recommendation at the end.
 """
 
@@ -16,14 +17,12 @@ from typing import Any, Callable
 from allocopt.plan.allocation import Allocation, TrialPlan, Workload
 from allocopt.flops import ConfigError
 from allocopt.race.design import RaceSettings, check_pilot_fraction
-from allocopt.race.diagnose import RegimeDiagnosis, diagnose, observations
+from allocopt.race.diagnose import RegimeDiagnosis, diagnose
 from allocopt.race.propose import Proposal
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
-from allocopt.spec import StudySpec
-from allocopt.study.open import DEFAULT_STORAGE
 from allocopt.record import TrialRow
-
-from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402  (defined there)
+from allocopt.spec import StudySpec
+from allocopt.study.storage import DEFAULT_STORAGE
 
 
 @dataclass
@@ -118,14 +117,13 @@ def run_race(
     """
     from allocopt.study.loop import run_study, store_answer
     from allocopt.study.open import open_study
-    from allocopt.study.sampler import RaceSampler
+    from allocopt.study.sampler import race_sampler
 
     f = check_pilot_fraction(pilot_fraction)
     if isinstance(validations, bool) or not isinstance(validations, int) or validations < 0:
         raise ConfigError(f"validations={validations!r}: must be an integer >= 0")
     s = replace(spec, pilot_fraction=f, trials=max(validations, 1))
-    sampler = RaceSampler(s.space, budget_flops=s.budget_flops, pilot_fraction=f, workload=workload,
-                          settings=settings, seed=s.seed, time_budget=s.time_budget)
+    sampler = race_sampler(s, workload, settings)
     emit = on_phase or (lambda phase, payload: None)
     study = open_study(s, storage, sampler)
     result = RaceResult(study, sampler.budget_of("pilot"), [], [], [], [], [], sampler.timings)
@@ -149,32 +147,36 @@ def run_race(
         if on_trial_end:
             on_trial_end(row, res)
 
-    kw = dict(objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
-              on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose)
-    run_study(s, pilots_only=True, **kw)
-    obs = observations(study, s, workload=workload)
-    pilots = [o for o in obs if o.fidelity == "pilot" and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
-    result.diagnoses = diagnose(pilots, s.space, settings, sampler.seed)
-    emit("diagnoses", result.diagnoses)
-    fitted = [d for d in result.diagnoses if not math.isnan(d.value)]
-    if fitted:
-        result.recommendation = max(fitted, key=lambda d: d.value).recommendation
-    if validations == 0:
-        if result.recommendation is not None:
-            store_answer(study, s, result.recommendation, tracker)
-        return result
-    if propose_only:
+    def pilots_done(study: Any) -> None:
+        """The regime table of the pilots at the pilot budget, and the pilots' best diagnosis
+        as the answer until a full run gives RACE's own."""
+        pilots = [o for o in sampler.observations(study)
+                  if o.fidelity == "pilot" and abs(o.budget_fraction - f) <= 1e-9 * f + 1e-12]
+        result.diagnoses = diagnose(pilots, s.space, settings, sampler.seed)
+        emit("diagnoses", result.diagnoses)
+        fitted = [d for d in result.diagnoses if not math.isnan(d.value)]
+        if fitted:
+            result.recommendation = max(fitted, key=lambda d: d.value).recommendation
+
+    answer: list[Any] = []  # the one answer, stored by the loop: (recommendation, surrogate)
+    only_pilots = validations == 0 or propose_only
+    run_study(s, objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
+              on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose,
+              pilots_only=only_pilots, on_pilots=None if only_pilots else pilots_done,
+              on_answer=lambda rec, sur: answer.append((rec, sur)))
+    if only_pilots:
+        pilots_done(study)
+    if propose_only and validations:
         result.proposals = sampler.proposals(study, q=validations)
         emit("proposals", result.proposals)
         result.recommendations = list(sampler.recommendations)
         if sampler.recommendations:
             result.recommendation = sampler.recommendations[-1][1]
         return result
-    answer: list[Any] = []  # the one answer, stored by the loop: (recommendation, surrogate)
-    run_study(s, on_answer=lambda rec, sur: answer.append((rec, sur)), **kw)
     if answer:
         result.recommendation, sur = answer[0]
-        result.validation = validate(result.diagnoses, observations(study, s, workload=workload), s, settings, surrogate=sur)
+        result.validation = validate(result.diagnoses, sampler.observations(study), s.space, settings,
+                                     surrogate=sur)
         emit("validation", result.validation)
     elif result.recommendation is not None:  # no full run yet: the pilots' best diagnosis
         store_answer(study, s, result.recommendation, tracker)

@@ -2,7 +2,7 @@
 
 Any Optuna code can run RACE::
 
-    sampler = RaceSampler(space, budget_flops=1e19)          # workload= checks feasibility
+    sampler = RaceSampler(space, 1e19)                       # workload= checks feasibility
     study = optuna.create_study(direction="maximize", sampler=sampler)
 
     def objective(trial):
@@ -13,14 +13,17 @@ Any Optuna code can run RACE::
 
 Each trial gets an allocation (``rho``, ``group_size``, ``reward``, ``model``: the dimensions
 the space varies) and a **fidelity** parameter, ``pilot`` (a run at ``pilot_fraction ×
-budget_flops``; under a time budget, ``time_budget=``, ``pilot_fraction ×`` the FLOPs that
-allocation executes in the hours: an iso-time grid) or ``full``. ``fidelity`` is an ordinary Optuna parameter
+budget_flops``; under a time budget (a :class:`~allocopt.plan.budget.Budget` in GPU-hours),
+``pilot_fraction ×`` the FLOPs that allocation executes in the hours: an iso-time grid) or ``full``. ``fidelity`` is an ordinary Optuna parameter
 (``CategoricalDistribution(("pilot", "full"))``), so it is stored with the trial, seen by every
 worker on the same storage and kept by a retry. :meth:`RaceSampler.suggest` suggests them all
 and writes the user attributes ``fidelity``, ``budget_flops`` and ``race_pilot`` (a grid
 point's key) or ``race_validation`` (a surrogate proposal).
 
-What a trial gets (:meth:`RaceSampler.sample_relative`):
+The sampler is an adapter: it reads the study's trials through the one translator
+(:mod:`allocopt.study.observe`) and hands plain observations and runs to its tuner
+(:class:`allocopt.race.tuner.RaceTuner`), which holds the pilot grid, the surrogate and the
+proposals. What a trial gets (:meth:`RaceSampler.sample_relative`):
 
 1. **Pilots** while the IsoFLOP grid (:func:`allocopt.race.pilot_grid`) has points no trial
    has claimed (a trial claims a point when it runs, waits, completed, or failed other than by
@@ -38,18 +41,16 @@ What a trial gets (:meth:`RaceSampler.sample_relative`):
    propose (fewer than two complete trials, every candidate a repeat or infeasible).
 
 Trial values are read through the public API (``FrozenTrial.values``; the study's direction
-says which way is better); trials whose user attribute ``state`` is ``INFEASIBLE`` or ``FAIL``
-(:mod:`allocopt.study.loop` records an infeasible plan as a complete trial with a violated
-constraint) are not observations. One objective only.
+says which way is better; :func:`allocopt.study.observe.observations`); trials whose user
+attribute ``state`` is ``INFEASIBLE`` or ``FAIL`` (:mod:`allocopt.study.loop` records an
+infeasible plan as a complete trial with a violated constraint) are not observations. One
+objective only. :func:`race_sampler` is the one constructor of a study's sampler.
 
 This module imports Optuna; torch is imported (through the surrogate) at the first proposal.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,16 +59,16 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from allocopt.flops import ConfigError
-from allocopt.plan.allocation import Allocation, Workload, check_budget
-from allocopt.plan.throughput import TimeBudget
-from allocopt.study.claims import CLAIM_ATTR, clashes, with_claims, write_claim
+from allocopt.plan.allocation import Allocation, Workload
+from allocopt.plan.budget import Budget
+from allocopt.race.data import Budgets, Observation
 from allocopt.race.design import FIDELITIES, PilotPoint, RaceSettings, check_pilot_fraction, pilot_grid
-from allocopt.race.diagnose import Observation, observed_params
-from allocopt.race.fit import SurrogateCache, fit_surrogate
-from allocopt.race.propose import PlanCache, Proposal, propose, runs_of
-from allocopt.race.recommend import recommend
-from allocopt.record import TrialRecord, decision_attrs, fidelity_of, params_of, write_missing
+from allocopt.race.propose import PlanCache, Proposal
+from allocopt.race.tuner import RaceTuner, Tuner
+from allocopt.record import TrialRecord, decision_attrs, params_of, write_missing
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
+from allocopt.study import observe
+from allocopt.study.claims import CLAIM_ATTR, clashes, with_claims, write_claim
 
 FIDELITY_PARAM = "fidelity"
 """Name of the trial parameter that holds the fidelity (``pilot`` or ``full``)."""
@@ -113,74 +114,84 @@ class RaceDecision:
                               race_validation=self.kind == "proposal")
 
 
-def _slot(a: Allocation) -> tuple:
-    return (a.reward, a.model, a.group_size, round(a.rho, 4))
-
-
 class RaceSampler(optuna.samplers.BaseSampler):
-    """RACE as an Optuna sampler (module docstring).
+    """RACE as an Optuna sampler (module docstring): an adapter from the study's trials to its
+    :class:`~allocopt.race.tuner.RaceTuner`.
 
     Args:
         space: the search space (:class:`allocopt.spec.SearchSpace`); its ρ range must be a range.
-        budget_flops: the full budget of a run (FLOPs).
-        pilot_fraction: pilots run at this fraction of ``budget_flops``, in (0, 1).
+        budget: the full budget of a run: a :class:`~allocopt.plan.budget.Budget` or FLOPs.
+            Under a time budget (GPU-hours at a throughput profile) each allocation's full
+            budget is the FLOPs it executes in those hours (:meth:`full_budget`), a pilot's is
+            ``pilot_fraction`` of its own, and observations, proposals and the recommendation
+            put every run at its share of its own allocation's budget (full runs at 1, pilots
+            at ``pilot_fraction``), so allocations are compared under the same rule; it needs
+            ``workload``, and ``budget.flops`` is only the ceiling.
+        pilot_fraction: pilots run at this fraction of the full budget, in (0, 1).
         workload: what plans are made for; given, proposals are feasible plans within their
             budget (:func:`allocopt.plan.allocation.make_plan`); ``None``: feasibility unchecked.
         settings: :class:`allocopt.race.RaceSettings` (grid size, repeats, thresholds,
             extra-pilot budget, proposal grid).
-        seed: seed of the pilot design, the surrogate and the random fallback
-            (``settings.seed`` wins when set).
-        time_budget: a :class:`~allocopt.plan.throughput.TimeBudget` (GPU-hours at a
-            throughput profile) instead of one FLOP budget: each allocation's full budget is
-            the FLOPs it executes in those hours (:meth:`full_budget`), a pilot's is
-            ``pilot_fraction`` of its own, and observations, proposals and the recommendation
-            put every run at its share of its own allocation's budget (full runs at 1, pilots
-            at ``pilot_fraction``), so allocations are compared under the same rule. Needs
-            ``workload``; ``budget_flops`` is then only the ceiling (the hours at the fastest
-            phase).
+        seed: seed of the pilot design, the surrogate and the random fallback.
+        target_key: the target key of the objective (``pass_at_1``): a trial's metric
+            ``<target_key>_variance`` is its evaluation's variance
+            (:data:`allocopt.study.observe.VARIANCE_SUFFIX`); ``None``: not read.
+        tuner: the algorithm the sampler asks (:class:`allocopt.race.tuner.Tuner`: pilot
+            design, proposals, answer over plain data); default a
+            :class:`~allocopt.race.tuner.RaceTuner` of ``space``, the budgets, ``settings`` and
+            ``seed``, its proposals checked for feasibility on ``workload``.
 
     Attributes:
+        tuner: the :class:`~allocopt.race.tuner.RaceTuner` (pilot grid, surrogate, proposals).
         decisions: this sampler's :class:`RaceDecision` by trial number.
-        timings: ``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal.
-        recommendations: ``(last trial number seen, allocation)`` after each fit: RACE's answer
-            (:func:`allocopt.race.recommend`) had the study stopped there.
 
     Raises:
         ConfigError: bad budget, pilot fraction, settings or a space without a ρ range; a
-            time budget without a workload, or with a profile of another set-up.
+            time budget without a workload.
     """
 
-    def __init__(self, space: SearchSpace, *, budget_flops: float, pilot_fraction: float = 0.1,
+    def __init__(self, space: SearchSpace, budget: Budget | float, *, pilot_fraction: float = 0.1,
                  workload: Workload | None = None, settings: RaceSettings | None = None,
-                 seed: int = 0, time_budget: TimeBudget | None = None) -> None:
-        self.space = space
-        self.budget_flops = check_budget(budget_flops)
+                 seed: int = 0, target_key: str | None = None, tuner: Tuner | None = None) -> None:
+        self.space, self.target_key = space, target_key
+        self.budget = budget if isinstance(budget, Budget) else Budget(budget)
         self.pilot_fraction = check_pilot_fraction(pilot_fraction)
         self.settings = settings or RaceSettings()
-        self.seed = seed if self.settings.seed is None else self.settings.seed
+        self.seed = seed
         self.workload = workload
-        self.time_budget = time_budget
-        if time_budget is not None and workload is None:
+        if self.budget.time is not None and workload is None:
             raise ConfigError("time_budget: RACE under a time budget needs the workload (each "
                               "allocation's FLOPs come from its plan's phase shares)")
-        time = {} if time_budget is None else dict(budget_gpu_hours=time_budget.gpu_hours, gpus=time_budget.gpus,
-                                                  throughput=time_budget.profile.to_dict())
-        self._spec = StudySpec(name="race", budget_flops=self.budget_flops, space=space,
-                               seed=self.seed, pilot_fraction=self.pilot_fraction, **time)
-        self._full: dict[Allocation, float] = {}
-        self.design: list[PilotPoint] = pilot_grid(space, self.settings, self.seed)
-        if workload is not None and self.settings.fit_pilots:  # every pilot usable where it can be
-            from allocopt.race.pilot_plans import fit_pilots
-
-            self.design = fit_pilots(self.design, space.rho, lambda a: self.budget_of("pilot", a), workload)
+        self.budgets = observe.budgets_of(self.budget, self.pilot_fraction, workload)
+        self._plans = PlanCache(workload) if workload is not None else None
+        self.tuner: Tuner = tuner if tuner is not None else RaceTuner(
+            space, self.budgets, self.settings, seed,
+            feasible=self._plans.feasible(self.budgets) if self._plans else None,
+            design=_design(space, self.settings, seed, workload, self.budgets))
         self.distributions = space_distributions(space, fidelity=True)
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
-        self._plans = PlanCache(workload) if workload is not None else None
         self.decisions: dict[int, RaceDecision] = {}
-        self._fit: tuple[tuple[int, ...], Any] | None = None
-        self._cache = SurrogateCache(space, seed)  # hyperparameters refitted as the study grows
-        self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}
-        self.recommendations: list[tuple[int, Allocation]] = []
+
+    @property
+    def budget_flops(self) -> float:
+        """FLOPs of a full run (a time budget: the ceiling)."""
+        return self.budget.flops
+
+    @property
+    def design(self) -> list[PilotPoint]:
+        """The tuner's pilot grid."""
+        return self.tuner.design
+
+    @property
+    def timings(self) -> dict[str, list[float]]:
+        """``fit_seconds`` per surrogate fit, ``proposal_seconds`` per proposal (the tuner's)."""
+        return self.tuner.timings
+
+    @property
+    def recommendations(self) -> list[tuple[int, Allocation]]:
+        """``(last trial number seen, allocation)`` after each fit: RACE's answer had the study
+        stopped there (the tuner's)."""
+        return self.tuner.recommendations
 
     # ------------------------------------------------------------------ Optuna's sampler API
     def reseed_rng(self) -> None:
@@ -210,22 +221,20 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     # ------------------------------------------------------------------ for the trial's runner
     def full_budget(self, allocation: Allocation | None = None) -> float:
-        """FLOPs of a full-budget run of ``allocation``: ``budget_flops`` under a FLOP budget;
-        under a time budget the FLOPs it executes in the hours
-        (:meth:`allocopt.spec.StudySpec.budget_for`; ``allocation=None``: the ceiling
-        ``budget_flops``). Raises :class:`ConfigError` (a profile of another set-up)."""
-        if self.time_budget is None or allocation is None:
-            return self.budget_flops
-        if allocation not in self._full:
-            self._full[allocation] = self._spec.budget_for(allocation, self.workload)
-        return self._full[allocation]
+        """FLOPs of a full-budget run of ``allocation``: the FLOP budget; under a time budget the
+        FLOPs it executes in the hours (:meth:`allocopt.plan.budget.Budget.for_allocation`;
+        ``allocation=None``: the ceiling). Raises :class:`ConfigError` (a profile of another
+        set-up)."""
+        if allocation is None:
+            return self.budget.flops
+        return self.budgets.full_flops(allocation)
 
     def budget_of(self, fidelity: str, allocation: Allocation | None = None) -> float:
         """FLOPs of a run of ``allocation`` at ``fidelity`` (``pilot`` or ``full``):
         ``pilot_fraction`` (pilots) or 1 × :meth:`full_budget`."""
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity={fidelity!r}: allowed: {', '.join(FIDELITIES)}")
-        return self.full_budget(allocation) * (self.pilot_fraction if fidelity == "pilot" else 1.0)
+        return self.full_budget(allocation) * self.budgets.fraction(fidelity)
 
     def decision(self, trial: FrozenTrial | optuna.Trial) -> RaceDecision:
         """What ``trial`` runs: this sampler's decision for it, or for a trial that came with its
@@ -252,7 +261,8 @@ class RaceSampler(optuna.samplers.BaseSampler):
     # ------------------------------------------------------------------ the race
     def pilots_to_run(self, study: optuna.Study) -> list[PilotPoint]:
         """Grid points no trial of ``study`` has claimed yet, in grid order."""
-        return self._unclaimed(with_claims(study.get_trials(deepcopy=False), self.distributions))
+        trials = with_claims(study.get_trials(deepcopy=False), self.distributions)
+        return self.tuner.unclaimed(observe.runs(trials, self.space))
 
     def pilots_left(self, study: optuna.Study) -> int:
         """How many grid points no trial of ``study`` has claimed yet."""
@@ -260,7 +270,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     def proposals(self, study: optuna.Study, q: int) -> list[Proposal]:
         """Up to ``q`` proposals from the study's complete trials, pending ones conditioned on,
-        without asking any trial (``allocopt race --propose-only``)."""
+        without asking any trial (``allocopt race --propose-only``), each with its plan."""
         trials = with_claims(study.get_trials(deepcopy=False), self.distributions)
         return self._propose(study, trials, q=q, skip=None)
 
@@ -268,30 +278,23 @@ class RaceSampler(optuna.samplers.BaseSampler):
         """The surrogate fitted on the study's complete trials (cached while they do not change)
         and those observations; ``(None, obs)`` with fewer than two."""
         obs = self.observations(study)
-        return (self._surrogate(obs) if len(obs) >= 2 else None), obs
+        return (self.tuner.surrogate(obs) if len(obs) >= 2 else None), obs  # RaceTuner's
 
-    def observations(self, study: optuna.Study) -> list[Observation]:
-        """Complete, feasible trials of ``study`` as the surrogate sees them (value: the
-        study's objective, higher is better)."""
-        return self._observations(study, study.get_trials(deepcopy=False))
+    def observations(self, study: optuna.Study, trials: list[FrozenTrial] | None = None) -> list[Observation]:
+        """Complete, feasible trials of ``study`` (or ``trials`` of it) as the tuner sees them
+        (:func:`allocopt.study.observe.observations`; value: the study's objective, higher is
+        better)."""
+        sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+        return observe.observations(study.get_trials(deepcopy=False) if trials is None else trials,
+                                    self.space, self.budgets, sign=sign, objective_key=self.target_key)
+
+    def answer(self, study: optuna.Study) -> tuple[Any, Any]:
+        """The study's one answer from its trials alone: ``(recommendation, surrogate)``
+        (:meth:`allocopt.race.tuner.RaceTuner.answer`), or ``(None, None)`` before two trials,
+        one of them at the full budget."""
+        return self.tuner.answer(self.observations(study))
 
     # ------------------------------------------------------------------ internals
-    def _unclaimed(self, trials: list[FrozenTrial], skip: int | None = None) -> list[PilotPoint]:
-        claims = Counter(_slot(a) for a, f in runs_of(trials, self.space, skip) if f == "pilot")
-        out = []
-        for p in self.design:
-            s = _slot(p.allocation)
-            if claims[s] > 0:
-                claims[s] -= 1
-            else:
-                out.append(p)
-        return out
-
-    def _extra_pilots(self, trials: list[FrozenTrial], skip: int | None) -> int:
-        claims = Counter(_slot(a) for a, f in runs_of(trials, self.space, skip) if f == "pilot")
-        claims.subtract(Counter(_slot(p.allocation) for p in self.design))
-        return sum(v for v in claims.values() if v > 0)
-
     def _claimed_decision(self, study: optuna.Study, trial: FrozenTrial) -> RaceDecision:
         """Decide, claim the decision in one write, and decide again while another running
         trial holds the same claim (:mod:`allocopt.study.claims`; at most 8 rounds)."""
@@ -309,7 +312,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     def _decide(self, study: optuna.Study, trial: FrozenTrial) -> RaceDecision:
         trials = with_claims(study.get_trials(deepcopy=False), self.distributions)
-        todo = self._unclaimed(trials, skip=trial.number)
+        todo = self.tuner.unclaimed(observe.runs(trials, self.space, skip=trial.number))
         ahead = sum(1 for t in trials if t.number < trial.number and t.state == TrialState.RUNNING
                     and not params_of(t) and not t.system_attrs.get(CLAIM_ATTR))
         if ahead < len(todo):
@@ -324,62 +327,42 @@ class RaceSampler(optuna.samplers.BaseSampler):
         a = allocation_in(self.space, params)
         return RaceDecision("random", a, "full", self.budget_of("full", a))
 
-    def _observations(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[Observation]:
-        sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
-        out = []
-        for t in trials:
-            if t.state != TrialState.COMPLETE or not t.values or TrialRecord.of(t).state != "COMPLETE":
-                continue
-            out.append(self._observation(t, sign * float(t.values[0])))
-        return [o for o in out if math.isfinite(o.value)]
-
-    def _observation(self, t: FrozenTrial, value: float) -> Observation:
-        r = TrialRecord.of(t)
-        asked = allocation_in(self.space, r.given_params)  # the budget was priced for it
-        full = self.full_budget(asked)
-        budget = r.budget(self.budget_of(r.fidelity, asked))
-        m = r.metrics
-        total = m.get("total_flops") or 0
-        return Observation(number=t.number, allocation=allocation_in(self.space, observed_params(t)),
-                           value=value, budget_flops=budget, budget_fraction=budget / full,
-                           fidelity=r.fidelity,
-                           reward_share=(m.get("reward_flops", 0) / total) if total else math.nan)
-
-    def _surrogate(self, obs: list[Observation]) -> Any:
-        """The surrogate on ``obs``: conditioned anew when they changed, its hyperparameters
-        refitted only when the study has grown enough (:class:`~allocopt.race.fit.SurrogateCache`)."""
-        key = tuple(sorted(o.number for o in obs))
-        if self._fit is None or self._fit[0] != key:
-            sur = self._cache(obs)
-            self._fit = (key, sur)
-            self.timings["fit_seconds"].append(sur.fit_seconds)
-            self.recommendations.append((max(o.number for o in obs),
-                                         recommend(sur, obs, self.space, self.settings)[0]))
-        return self._fit[1]
-
     def _propose(self, study: optuna.Study, trials: list[FrozenTrial], *, q: int,
                  skip: int | None) -> list[Proposal]:
-        obs = self._observations(study, trials)
-        if len(obs) < 2:
-            return []
-        sur = self._surrogate(obs)
-        t0 = time.perf_counter()
-        pending = [t for t in trials if t.number != skip and params_of(t)
-                   and t.state in (TrialState.RUNNING, TrialState.WAITING)
-                   and fidelity_of(t) == "full"]
-        if pending:  # constant liar (CL-min) at the fitted hyperparameters
-            lie = min(o.value for o in obs)
-            lies = [Observation(t.number, a, lie, self.budget_of("full", a), 1.0, "full", math.nan)
-                    for t in pending for a in (allocation_in(self.space, params_of(t)),)]
-            sur = fit_surrogate(obs + lies, self.space, seed=self.seed + len(obs) + len(lies),
-                                init=sur.raw, fit=False)
-        f = self.pilot_fraction
-        allow = (self._extra_pilots(trials, skip) + 1) * f <= self.settings.extra_pilot_budget + 1e-12
-        out = propose(obs, self._spec, self.workload, existing=runs_of(trials, self.space, skip), q=q,
-                      pilot_fraction=f, allow_pilots=allow, settings=self.settings, surrogate=sur,
-                      plans=self._plans, full_budget=self.full_budget)
-        self.timings["proposal_seconds"].append(time.perf_counter() - t0)
-        return out
+        """The tuner's proposals from ``trials`` (trial ``skip``, being sampled, left out of the
+        runs), each with its plan."""
+        props = self.tuner.propose(self.observations(study, trials), observe.runs(trials, self.space, skip), q=q)
+        return [p.with_plan(self._plans) for p in props]
+
+
+def _design(space: SearchSpace, settings: RaceSettings, seed: int, workload: Workload | None,
+            budgets: Budgets) -> list[PilotPoint]:
+    """The pilot grid; given a workload (and ``settings.fit_pilots``), every pilot moved to a
+    usable ρ where it can be (:func:`allocopt.race.pilot_plans.fit_pilots`)."""
+    design = pilot_grid(space, settings, seed)
+    if workload is not None and settings.fit_pilots:
+        from allocopt.race.pilot_plans import fit_pilots
+
+        design = fit_pilots(design, space.rho, lambda a: budgets.flops(a, budgets.pilot_fraction), workload)
+    return design
+
+
+def race_sampler(spec: StudySpec, workload: Workload | None = None, settings: RaceSettings | None = None,
+                 pilot_fraction: float | None = None) -> RaceSampler:
+    """The one constructor of a study's :class:`RaceSampler`: its space, budget (parsed once:
+    :attr:`allocopt.spec.StudySpec.budget`), pilot fraction (``pilot_fraction``, default
+    ``spec.pilot_fraction``) and seed; ``settings`` default the study's
+    (:func:`allocopt.race.design.settings_for`: its ``[race]`` table, ``max_pilots = spec.pilots``).
+
+    Raises:
+        ConfigError: bad settings or pilot count for the space, a time budget without a workload.
+    """
+    from allocopt.race.design import settings_for
+
+    return RaceSampler(spec.space, spec.budget,
+                       pilot_fraction=spec.pilot_fraction if pilot_fraction is None else pilot_fraction,
+                       workload=workload, settings=settings or settings_for(spec), seed=spec.seed,
+                       target_key=spec.target_key)
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
@@ -389,4 +372,4 @@ def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return trial.suggest_categorical(name, list(dist.choices))
 
 
-__all__ = ["FIDELITY_PARAM", "RaceDecision", "RaceSampler", "space_distributions"]
+__all__ = ["FIDELITY_PARAM", "RaceDecision", "RaceSampler", "race_sampler", "space_distributions"]
