@@ -9,25 +9,60 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-from allocopt.runlogs.common import RunLogError
+from allocopt.errors import RunLogError
+from allocopt.limits import MAX_NUMBER_CHARS, RepeatCounter, check_size
+
+_ASCII_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 MAX_EVENT_BYTES = 512 * 2**20
 """Event files larger than this in total are refused (a run's scalars are a few MB)."""
-MAX_TEXT_BYTES = 256 * 2**20
-"""A console log larger than this is refused."""
-EVENT_GLOB = "events.out.tfevents.*"
+MAX_EVENT_FILES = 1000
+"""Event files one run's folder may hold."""
+MAX_FOLDER_ENTRIES = 100_000
+"""Entries looked at while searching a folder for event files."""
+MAX_FLAG_LINES = 1000
+"""``--key value`` command lines read from one log (a launch script is a few)."""
+MAX_FLAG_LINE_CHARS = 64 * 1024
+"""Longest ``--key value`` command line read (longer lines are not a launch command)."""
+EVENT_PREFIX = "events.out.tfevents."
 
 
-def event_files(path: Path) -> list[Path]:
-    """``path`` if it is an event file, else the event files under it (sorted)."""
-    if path.is_file():
-        return [path] if path.name.startswith("events.out.tfevents.") else []
-    return sorted(p for p in path.rglob(EVENT_GLOB) if p.is_file())
+def event_files(path: Path, source: str = "") -> list[Path]:
+    """``path`` if it is an event file, else the event files under it (sorted; symlinked
+    folders are not followed).
+
+    Raises:
+        RunLogError: an event file that is not a regular file (a FIFO, a device), more than
+            :data:`MAX_EVENT_FILES` of them, or more than :data:`MAX_FOLDER_ENTRIES` entries
+            under ``path``.
+    """
+    if not path.is_dir():
+        if not path.name.startswith(EVENT_PREFIX):
+            return []
+        check_size(path, MAX_EVENT_BYTES, source or "events", RunLogError)
+        return [path]
+    found: list[Path] = []
+    seen = 0
+    for root, dirs, names in os.walk(path):
+        seen += len(dirs) + len(names)
+        if seen > MAX_FOLDER_ENTRIES:
+            raise RunLogError(f"{source}: more than {MAX_FOLDER_ENTRIES} entries under the folder; "
+                              "point at one run's TensorBoard folder")
+        for name in names:
+            if name.startswith(EVENT_PREFIX):
+                f = Path(root) / name
+                check_size(f, MAX_EVENT_BYTES, source or "events", RunLogError)
+                found.append(f)
+        if len(found) > MAX_EVENT_FILES:
+            raise RunLogError(f"{source}: more than {MAX_EVENT_FILES} event files; point at one "
+                              "run's TensorBoard folder")
+    return sorted(found)
 
 
 def read_event_scalars(files: list[Path], source: str) -> dict[int, dict[str, float]]:
@@ -48,30 +83,27 @@ def read_event_scalars(files: list[Path], source: str) -> dict[int, dict[str, fl
         raise RunLogError(f"{source}: reading TensorBoard event files needs the tensorboard "
                           "package: pip install 'allocopt[tensorboard]'") from None
     steps: dict[int, dict[str, float]] = {}
+    repeats = RepeatCounter()
     for f in files:
         acc = EventAccumulator(str(f), size_guidance={SCALARS: 0})  # 0: keep every point
         try:
             acc.Reload()
+            tags = acc.Tags().get("scalars", [])
         except Exception as e:  # noqa: BLE001 - any corrupt record is one error
             raise RunLogError(f"{f}: not a readable TensorBoard event file "
                               f"({type(e).__name__})") from None
-        for tag in acc.Tags().get("scalars", []):
+        for tag in tags:
             for ev in acc.Scalars(tag):
+                repeats.add((tag, int(ev.step)), str(f), f"{tag[:80]} at step {int(ev.step)}", RunLogError)
                 if math.isfinite(ev.value):
                     steps.setdefault(int(ev.step), {})[tag] = float(ev.value)
     return steps
 
 
-def read_text(path: Path, source: str) -> str:
-    """The text of a log file, size-limited. Raises :class:`RunLogError`."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            raise RunLogError(f"{source}: {size / 2**20:.0f} MiB; at most "
-                              f"{MAX_TEXT_BYTES // 2**20} MiB of log are read")
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise RunLogError(f"{source}: cannot be read ({e.strerror or e})") from None
+def flag_line(line: str) -> bool:
+    """Whether ``line`` is a ``--key value`` command line (at most
+    :data:`MAX_FLAG_LINE_CHARS` characters)."""
+    return len(line) <= MAX_FLAG_LINE_CHARS and bool(_FLAG_LINE.match(line))
 
 
 def _literal(node: ast.AST, call_names: tuple[str, ...]) -> Any:
@@ -113,8 +145,8 @@ def parse_flags(text: str) -> dict[str, Any]:
     """``--key.path value`` and bare ``--switch`` flags of the command lines in ``text``
     (a launch script pasted in the log), values as Python scalars; the first wins."""
     out: dict[str, Any] = {}
-    for line in text.replace("\\\n", " ").splitlines():
-        if not _FLAG_LINE.match(line):
+    for line in text.replace("\\\n", " ").splitlines()[:MAX_FLAG_LINES]:
+        if not flag_line(line):
             continue
         try:
             toks = shlex.split(line, comments=True)
@@ -132,17 +164,18 @@ def parse_flags(text: str) -> dict[str, Any]:
 
 
 def scalar(text: str) -> Any:
+    """A value of a ``key=value`` or ``--key value`` line as Python reads it: ``true`` /
+    ``false``, ``null`` / ``none``, a number written in ASCII digits (:func:`~allocopt.limits.
+    read_number`; a number written otherwise stays text, refused where it is used), else the
+    text."""
     t = text.strip().strip("'\"")
     low = t.lower()
     if low in ("true", "false"):
         return low == "true"
     if low in ("null", "none"):
         return None
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
+    if len(t) <= MAX_NUMBER_CHARS and _ASCII_NUMBER.fullmatch(t):
+        return int(t) if t.lstrip("+-").isdigit() else float(t)
     return t
 
 
