@@ -284,8 +284,8 @@ def _critic_settings(keys: KeyReader, settings: dict[str, Any], given: dict[str,
                           "allowed: 0")
     out: dict[str, Any] = {"critic": str(path)}
     actor = given.get("update_passes", settings["update_passes"])
-    passes = keys.number("critic.ppo_epochs", actor, "verl: the actor's ppo_epochs", least=1,
-                         whole=False)
+    passes = keys.number("critic.ppo_epochs", int(actor) if float(actor).is_integer() else actor,
+                         "verl: the actor's ppo_epochs", least=1, whole=False)
     if passes != actor:
         out["critic_update_passes"] = float(passes)
     out["critic_gradient_checkpointing"] = keys.flag(
