@@ -195,7 +195,7 @@ STRANGER_ROWS = [
     ("lengths: 40-digit token count", ["account", "--lengths", "{tmp}/len_digits.csv"],
      ["line 2", "completion_tokens=", "from 1 to 2**31"]),
     ("lengths: JSON line nested 100000 deep", ["account", "--lengths", "{tmp}/len_deep.jsonl"],
-     ["len_deep.jsonl", "line 1", "nested too deep"]),
+     ["len_deep.jsonl:1", "nested deeper than the limit of 64 levels"]),
     # ---- study --spec / --set / --storage
     ("spec: over 1 MiB", ["study", "--spec", "{tmp}/spec_huge.toml"], ["spec_huge.toml", "over the limit of 1 MiB"]),
     ("spec: nested 2000 deep", ["study", "--spec", "{tmp}/spec_deep.toml"],
