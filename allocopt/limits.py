@@ -233,32 +233,41 @@ def depth(value: Any, limit: int = MAX_DEPTH) -> int:
     return _walk(value, limit)[0]
 
 
-def _walk(value: Any, limit: int) -> tuple[int, int]:
-    """``(depth, longest string)`` of ``value`` (keys included), without recursion; stops
-    once deeper than ``limit``."""
+_BIGGEST = 10 ** MAX_NUMBER_CHARS
+
+
+def _walk(value: Any, limit: int) -> tuple[int, int, bool]:
+    """``(depth, longest string, an integer of more than MAX_NUMBER_CHARS digits)`` of
+    ``value`` (keys included), without recursion; stops once deeper than ``limit`` or at such
+    an integer."""
     deepest = longest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         v, d = stack.pop()
         if isinstance(v, str):
             longest = max(longest, len(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and not -_BIGGEST < v < _BIGGEST:
+            return deepest, longest, True
         elif isinstance(v, (dict, list, tuple)):
             d += 1
             if d > limit:
-                return d, longest
+                return d, longest, False
             deepest = max(deepest, d)
             if isinstance(v, dict):
                 stack.extend((k, d) for k in v if isinstance(k, str))
             stack.extend((x, d) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest, longest
+    return deepest, longest, False
 
 
 def check_depth(value: Any, name: str, what: str, error: type[Exception] = ConfigError) -> Any:
     """``value`` if nested at most :data:`MAX_DEPTH` deep, its strings (keys too) at most
     :data:`MAX_DOC_STRING_CHARS` long; else ``error`` (one line)."""
-    deepest, longest = _walk(value, MAX_DEPTH)
+    deepest, longest, big = _walk(value, MAX_DEPTH)
     if deepest > MAX_DEPTH:
         raise error(f"{what}={name!r}: nested deeper than the limit of {MAX_DEPTH} levels")
+    if big:
+        raise error(f"{what}={name!r}: a number of more than {MAX_NUMBER_CHARS} digits, over the "
+                    f"limit of {MAX_NUMBER_CHARS} characters")
     if longest > MAX_DOC_STRING_CHARS:
         raise error(f"{what}={name!r}: a string of {longest} characters, over the limit of "
                     f"{MAX_DOC_STRING_CHARS}")
