@@ -33,8 +33,7 @@ from allocopt.limits import check_size
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog,
                                      as_number, check_overrides, imported)
 from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance
-from allocopt.runlogs.scalars import (MAX_EVENT_BYTES, event_files, read_event_hparams,
-                                      read_event_scalars)
+from allocopt.runlogs.scalars import MAX_EVENT_BYTES, event_files, read_events
 
 PHASE_TIMERS = {"timing/train/generation": "search", "timing/train/reward_calculation": "reward",
                 "timing/train/policy_and_reference_logprobs": "learning",
@@ -114,10 +113,10 @@ def import_nemo_rl(path: str | Path, **overrides: Any) -> ImportedRun:
         raise RunLogError(f"{src}: no TensorBoard event files (events.out.tfevents.*); NeMo-RL "
                           "writes them under <logger.log_dir>/tensorboard when "
                           "logger.tensorboard_enabled is true")
-    steps = read_event_scalars(files, src)
+    steps, hparams = read_events(files, src)
     notes = Provenance()
     notes.given(given)
-    keys = KeyReader(read_event_hparams(files, src), src, "hparams", notes)
+    keys = KeyReader(hparams, src, "hparams", notes)
     train = sorted((s, m) for s, m in steps.items() if "train/mean_gen_tokens_per_sample" in m)
     if not train:
         raise RunLogError(f"{src}: no step with train/mean_gen_tokens_per_sample")

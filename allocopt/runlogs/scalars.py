@@ -1,8 +1,9 @@
 """Scalars per step from TensorBoard event files, and the bits of logs the OpenRLHF and NeMo-RL
 importers share (Python-literal dumps, ``--flag value`` command lines, phase timings).
 
-TensorBoard's own ``EventAccumulator`` reads the files (the ``tensorboard`` package, an
-optional extra: ``pip install 'allocopt[tensorboard]'``); imported inside the function.
+TensorBoard's own protobuf messages (``Event``, the hparams plugin's data) parse the event
+files' records (the ``tensorboard`` package, an optional extra: ``pip install
+'allocopt[tensorboard]'``; imported inside the function).
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ import math
 import os
 import re
 import shlex
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from allocopt.errors import RunLogError
-from allocopt.limits import MAX_NUMBER_CHARS, RepeatCounter, check_size
+from allocopt.limits import MAX_NUMBER_CHARS, RepeatCounter, check_size, open_regular
 
 _ASCII_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
-MAX_EVENT_BYTES = 512 * 2**20
-"""Event files larger than this in total are refused (a run's scalars are a few MB)."""
+MAX_EVENT_BYTES = 128 * 2**20
+"""Event files larger than this in total are refused (a run's scalars are a few MB; about a
+million records, read in ~7 s)."""
 MAX_EVENT_FILES = 1000
 """Event files one run's folder may hold."""
 MAX_FOLDER_ENTRIES = 100_000
@@ -65,39 +68,93 @@ def event_files(path: Path, source: str = "") -> list[Path]:
     return sorted(found)
 
 
-def read_event_scalars(files: list[Path], source: str) -> dict[int, dict[str, float]]:
-    """``{step: {tag: value}}`` of every scalar in ``files`` (later files win on a repeated
-    step and tag, as a resumed run overwrites).
+def _records(f: Path, source: str) -> Iterator[bytes]:
+    """The records of the TFRecord file ``f`` (TensorBoard's event files: per record a
+    little-endian u64 length, its masked CRC, the data, the data's masked CRC), read through
+    the reading layer, one at a time. A record cut short at the end of the file ends it (as
+    TensorBoard reads a file still being written); a length past the end of a finished record
+    stream is refused. CRCs are not checked (a flipped byte then reads as a wrong value or a
+    record that does not parse)."""
+    fh = open_regular(f, MAX_EVENT_BYTES, source or "events", RunLogError)
+    with fh:
+        while True:
+            head = fh.read(12)
+            if len(head) < 12:
+                return
+            (n,) = struct.unpack("<Q", head[:8])
+            if n > MAX_EVENT_BYTES:
+                raise RunLogError(f"{f}: not a readable TensorBoard event file (a record of {n} bytes)")
+            data = fh.read(n + 4)
+            if len(data) < n + 4:
+                return
+            yield data[:n]
+
+
+def _scalar_value(v: Any) -> float | None:
+    """The number a summary value holds: TF1 ``simple_value`` (``torch.utils.tensorboard``),
+    or a one-element float tensor of the ``scalars`` plugin (TF2 summaries); else ``None``."""
+    kind = v.WhichOneof("value")
+    if kind == "simple_value":
+        return float(v.simple_value)
+    if kind != "tensor" or v.metadata.plugin_data.plugin_name != "scalars":
+        return None
+    t = v.tensor
+    if t.float_val or t.double_val:
+        return float((t.float_val or t.double_val)[0])
+    fmt = {1: "<f", 2: "<d"}.get(t.dtype)  # DT_FLOAT, DT_DOUBLE
+    if fmt and len(t.tensor_content) == struct.calcsize(fmt):
+        return float(struct.unpack(fmt, t.tensor_content)[0])
+    return None
+
+
+def read_events(files: list[Path], source: str) -> tuple[dict[int, dict[str, float]], dict[str, Any]]:
+    """``({step: {tag: value}}, hparams)`` of ``files``: every finite scalar (later files win on a
+    repeated step and tag, as a resumed run overwrites) and the hyperparameters written by
+    ``SummaryWriter.add_hparams`` (TensorBoard's hparams plugin, ``session_start_info``), flat.
+    Read record by record with TensorBoard's own protobuf messages (its ``EventAccumulator``
+    takes ~100 µs a record: 10 s for 100,000).
 
     Raises:
-        RunLogError: tensorboard is not installed, the files are too large or unreadable.
+        RunLogError: tensorboard is not installed; the files are too large, not regular files
+            or unreadable; one step of one tag logged more than
+            :data:`~allocopt.limits.MAX_REPEATS` times.
     """
-    total = sum(f.stat().st_size for f in files)
+    total = sum(check_size(f, MAX_EVENT_BYTES, source or "events", RunLogError) for f in files)
     if total > MAX_EVENT_BYTES:
         raise RunLogError(f"{source}: event files of {total / 2**20:.0f} MiB; at most "
                           f"{MAX_EVENT_BYTES // 2**20} MiB are read (point at one run's folder)")
     try:
-        from tensorboard.backend.event_processing.event_accumulator import (
-            SCALARS, EventAccumulator)
+        from google.protobuf.message import DecodeError
+        from tensorboard.compat.proto import event_pb2
     except ImportError:
         raise RunLogError(f"{source}: reading TensorBoard event files needs the tensorboard "
                           "package: pip install 'allocopt[tensorboard]'") from None
     steps: dict[int, dict[str, float]] = {}
+    hparams: dict[str, Any] = {}
     repeats = RepeatCounter()
     for f in files:
-        acc = EventAccumulator(str(f), size_guidance={SCALARS: 0})  # 0: keep every point
-        try:
-            acc.Reload()
-            tags = acc.Tags().get("scalars", [])
-        except Exception as e:  # noqa: BLE001 - any corrupt record is one error
-            raise RunLogError(f"{f}: not a readable TensorBoard event file "
-                              f"({type(e).__name__})") from None
-        for tag in tags:
-            for ev in acc.Scalars(tag):
-                repeats.add((tag, int(ev.step)), str(f), f"{tag[:80]} at step {int(ev.step)}", RunLogError)
-                if math.isfinite(ev.value):
-                    steps.setdefault(int(ev.step), {})[tag] = float(ev.value)
-    return steps
+        for raw in _records(f, source):
+            try:
+                event = event_pb2.Event.FromString(raw)
+            except (DecodeError, RuntimeError, ValueError) as e:
+                raise RunLogError(f"{f}: not a readable TensorBoard event file "
+                                  f"({type(e).__name__})") from None
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "hparams":
+                    hparams.update(_hparams(v.metadata.plugin_data.content, f))
+                    continue
+                x = _scalar_value(v)
+                if x is None:
+                    continue
+                repeats.add((v.tag, event.step), str(f), f"{v.tag[:80]} at step {event.step}", RunLogError)
+                if math.isfinite(x):
+                    steps.setdefault(int(event.step), {})[v.tag] = x
+    return steps, hparams
+
+
+def read_event_scalars(files: list[Path], source: str) -> dict[int, dict[str, float]]:
+    """``{step: {tag: value}}`` of every scalar in ``files`` (:func:`read_events`)."""
+    return read_events(files, source)[0]
 
 
 def flag_line(line: str) -> bool:
@@ -179,39 +236,25 @@ def scalar(text: str) -> Any:
     return t
 
 
-def read_event_hparams(files: list[Path], source: str) -> dict[str, Any]:
-    """The hyperparameters written by ``SummaryWriter.add_hparams`` (TensorBoard's hparams
-    plugin, ``session_start_info``) in ``files`` (and event files in sub-folders of theirs:
-    ``add_hparams`` writes to a timestamped sub-folder), as a flat ``{name: value}``.
-    Empty when none. Raises :class:`RunLogError` as :func:`read_event_scalars`."""
+def _hparams(content: bytes, f: Path) -> dict[str, Any]:
+    """The hyperparameters of one hparams-plugin summary (``session_start_info``), flat."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
     try:
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-        from tensorboard.plugins.hparams import plugin_data_pb2
-    except ImportError:
-        raise RunLogError(f"{source}: reading TensorBoard event files needs the tensorboard "
-                          "package: pip install 'allocopt[tensorboard]'") from None
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise RunLogError(f"{f}: not a readable TensorBoard event file ({type(e).__name__})") from None
     out: dict[str, Any] = {}
-    for f in files:
-        acc = EventAccumulator(str(f))
-        try:
-            acc.Reload()
-            content = acc.PluginTagToContent("hparams")
-        except KeyError:
-            continue
-        except Exception as e:  # noqa: BLE001
-            raise RunLogError(f"{f}: not a readable TensorBoard event file "
-                              f"({type(e).__name__})") from None
-        for raw in content.values():
-            data = plugin_data_pb2.HParamsPluginData.FromString(raw)
-            if not data.HasField("session_start_info"):
-                continue
-            for name, v in data.session_start_info.hparams.items():
-                kind = v.WhichOneof("kind")
-                if kind == "number_value":
-                    x = v.number_value
-                    out[name] = int(x) if float(x).is_integer() else x
-                elif kind == "string_value":
-                    out[name] = scalar(v.string_value)
-                elif kind == "bool_value":
-                    out[name] = v.bool_value
+    if not data.HasField("session_start_info"):
+        return out
+    for name, v in data.session_start_info.hparams.items():
+        kind = v.WhichOneof("kind")
+        if kind == "number_value":
+            x = v.number_value
+            out[name] = int(x) if math.isfinite(x) and float(x).is_integer() else x
+        elif kind == "string_value":
+            out[name] = scalar(v.string_value)
+        elif kind == "bool_value":
+            out[name] = v.bool_value
     return out
