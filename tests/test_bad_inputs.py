@@ -348,9 +348,13 @@ STRANGER_ROWS += LAYER_ROWS
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("bad"))
+
+
+def make_folder(tmp: Path) -> Path:
+    """``tmp`` with every file the rows name ({tmp}); also used by benchmarks/bad_input.py."""
     import optuna
 
-    tmp = tmp_path_factory.mktemp("bad")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
