@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from allocopt.flops import PHASES, ConfigError, FlopAccount
@@ -124,6 +125,24 @@ def check_overrides(source: str, overrides: Mapping[str, Any]) -> dict[str, Any]
     return {k: v for k, v in overrides.items() if v is not None}
 
 
+def no_critic(source: str, given: Mapping[str, Any], tool: str) -> None:
+    """Refuse ``--critic`` for a tool whose GRPO trains none (one line naming ``tool``)."""
+    if given.get("critic"):
+        raise RunLogError(f"{source}: critic={given['critic']!r}: {tool} trains no critic; allowed: "
+                          "no --critic")
+
+
+def run_path(path: str | Path, limit: int, what: str) -> Path:
+    """``path`` as a :class:`Path`: a folder, or a regular file of at most ``limit`` bytes
+    (:func:`allocopt.limits.check_size`: a FIFO or a device is refused in one line)."""
+    from allocopt.limits import check_size
+
+    p = Path(path)
+    if not p.is_dir():
+        check_size(p, limit, what, RunLogError)
+    return p
+
+
 @dataclass(frozen=True)
 class Pricing:
     """What an importer prices: the recipe settings, the logged steps and how they ran.
@@ -167,7 +186,7 @@ def account_steps(source: str, settings: dict[str, Any], logged: list[LoggedStep
         RunLogError: the settings or a step's lengths are invalid (the message names which).
     """
     from allocopt.plan.hub import model_shape
-    from allocopt.plan.recipe import critic, grpo_steps, read_recipe, reward_shape
+    from allocopt.plan.recipe import critic, read_recipe, reward_shape
 
     if not logged:
         raise RunLogError(f"{source}: no training step with completion lengths in the log")

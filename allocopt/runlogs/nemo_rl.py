@@ -29,9 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from allocopt.limits import check_size
-from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog,
-                                     as_number, check_overrides, imported)
+from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog, as_number,
+                                     check_overrides, imported, no_critic, run_path)
 from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance
 from allocopt.runlogs.scalars import MAX_EVENT_BYTES, event_files, read_events
 
@@ -100,14 +99,10 @@ def import_nemo_rl(path: str | Path, **overrides: Any) -> ImportedRun:
         ``train/mean_gen_tokens_per_sample``, a missing batch size or model, a count that is
         not a whole number in range.
     """
-    p = Path(path)
+    p = run_path(path, MAX_EVENT_BYTES, "from_nemo_rl")
     src = f"from_nemo_rl={str(path)!r}"
-    if not p.is_dir():
-        check_size(p, MAX_EVENT_BYTES, "from_nemo_rl", RunLogError)
     given = check_overrides(src, overrides)
-    if given.get("critic"):
-        raise RunLogError(f"{src}: critic={given['critic']!r}: NeMo-RL's GRPO trains no critic; "
-                          "allowed: no --critic")
+    no_critic(src, given, "NeMo-RL's GRPO")
     files = event_files(p, src)
     if not files:
         raise RunLogError(f"{src}: no TensorBoard event files (events.out.tfevents.*); NeMo-RL "

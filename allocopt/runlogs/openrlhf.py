@@ -30,9 +30,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from allocopt.limits import MAX_LOG_BYTES, RepeatCounter, check_size, iter_lines
-from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog,
-                                     as_number, check_overrides, imported)
+from allocopt.limits import MAX_LOG_BYTES, RepeatCounter, iter_lines
+from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog, as_number,
+                                     check_overrides, imported, no_critic, run_path)
 from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance, check_number
 from allocopt.runlogs.scalars import (MAX_FLAG_LINES, event_files, flag_line, parse_call_dump,
                                       parse_flags, read_event_scalars)
@@ -166,14 +166,10 @@ def import_openrlhf(path: str | Path, **overrides: Any) -> ImportedRun:
         (``n_samples_per_prompt`` 1 or estimator ``gae``), a missing model, a count that is not
         a whole number >= 1.
     """
-    p = Path(path)
+    p = run_path(path, MAX_LOG_BYTES, "from_openrlhf")
     src = f"from_openrlhf={str(path)!r}"
-    if not p.is_dir():
-        check_size(p, MAX_LOG_BYTES, "from_openrlhf", RunLogError)
     given = check_overrides(src, overrides)
-    if given.get("critic"):
-        raise RunLogError(f"{src}: critic={given['critic']!r}: PPO with a critic is not priced "
-                          "from OpenRLHF logs; allowed: no --critic")
+    no_critic(src, given, "OpenRLHF's GRPO (PPO with a critic is not priced from its logs)")
     config, steps = _read_logs(p, src)
     notes = Provenance()
     notes.given(given)

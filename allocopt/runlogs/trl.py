@@ -40,7 +40,7 @@ from allocopt.flops.grpo import ENGINES
 from allocopt.flops.shapes import EXPERT_MODULES, MLA_MODULES, MODULES
 from allocopt.runlogs.argsfile import read_training_args
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog, as_number,
-                                     check_overrides, imported)
+                                     check_overrides, imported, no_critic)
 from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance, check_number
 from allocopt.limits import (MAX_CONFIG_BYTES, MAX_STATE_BYTES, RepeatCounter, read_json,
                              safe_pattern)
@@ -350,9 +350,7 @@ def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str,
     """
     src = source
     given = check_overrides(f"from_trl={src!r}", overrides)
-    if given.get("critic"):
-        raise RunLogError(f"from_trl={src!r}: critic={given['critic']!r}: TRL's GRPOTrainer "
-                          "trains no critic; allowed: no --critic")
+    no_critic(f"from_trl={src!r}", given, "TRL's GRPOTrainer")
     notes = Provenance()
     notes.given(given)
     keys = KeyReader(args, str(args_file) if args_file else "training_args.bin",

@@ -2,10 +2,11 @@
 folders of real (tiny) TRL GRPO runs whose rollout batches are reused across micro-steps.
 
 Run from the repository root: ``PYTHONPATH=$PWD:tests python tests/data/runlogs/make_trl_reuse_fixtures.py``
-(about two minutes on 2 CPU cores). As ``make_trl_fixture.py`` (the tiny Qwen2 of
-``tests/flop_utils.py``, LoRA r=4 all-linear, G=3, β=0.04, gradient checkpointing, 4
-optimizer steps, ``FlopCounterMode`` over the whole run), with non-default batch reuse and
-prompts all of one length (6 characters: no left padding, so the account can be exact):
+(about two minutes on 2 CPU cores). The run of ``make_trl_fixture.py`` (``run_tiny_grpo``: the
+tiny Qwen2 of ``tests/flop_utils.py``, LoRA r=4 all-linear, G=3, β=0.04, gradient
+checkpointing, 4 optimizer steps, ``FlopCounterMode`` over the whole run), with 3 rows per
+micro-step, non-default batch reuse and prompts all of one length (6 characters: no left
+padding, so the account can be exact):
 
 * ``trl_reuse_aligned``: ``gradient_accumulation_steps=4``, ``steps_per_generation=2``,
   ``num_iterations=2``: a rollout batch is generated every 2 × 2 = 4 micro-steps, at the start
@@ -32,15 +33,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
-import warnings
 from pathlib import Path
 
-import torch
+from make_trl_fixture import run_tiny_grpo
 
-from flop_utils import FlopMeter, char_tokenizer, tiny_causal_lm
-
-torch.set_num_threads(1)
 HERE = Path(__file__).parent
 PROMPTS = ["11+22=", "30-12=", "7*8=?=", "99-9=?", "12+30=", "45+45=", "81/9=?", "64-32="]
 CASES = {
@@ -50,58 +46,21 @@ CASES = {
 
 
 def run(name: str, reuse: dict) -> None:
-    from datasets import Dataset
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
-
-    tmp = Path(tempfile.mkdtemp())
-    tok = char_tokenizer(tmp / "tok")
-    model = tiny_causal_lm("sdpa", vocab_size=len(tok))
-    seen: list[dict] = []
-
-    def reward(prompts, completions, completion_ids, **kwargs):
-        seen.append({"completion_tokens": [len(c) for c in completion_ids]})
-        return [float(len(c)) for c in completion_ids]
-
-    args = GRPOConfig(
-        output_dir=str(tmp / "out"), use_cpu=True, bf16=False, report_to=[], max_steps=4,
-        beta=0.04, per_device_train_batch_size=3, num_generations=3, max_completion_length=8,
-        gradient_checkpointing=True, learning_rate=1e-3, logging_steps=1, save_strategy="steps",
-        save_steps=4, seed=0, disable_tqdm=True, dataloader_num_workers=0, **reuse)
-    peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
-                             task_type="CAUSAL_LM")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, processing_class=tok,
-                              train_dataset=Dataset.from_dict({"prompt": PROMPTS * 8}),
-                              peft_config=peft_config)
-        old_passes = [0]
-        inner = trainer._get_per_token_logps_and_entropies
-
-        def counted(model, *a, **kw):  # the old-policy and reference passes run without grad
-            if not torch.is_grad_enabled():
-                old_passes[0] += 1
-            return inner(model, *a, **kw)
-
-        trainer._get_per_token_logps_and_entropies = counted
-        meter = FlopMeter()
-        with meter:
-            trainer.train()
-    ckpt = tmp / "out" / "checkpoint-4"
+    r = run_tiny_grpo(PROMPTS * 8, per_device_train_batch_size=3, **reuse)
     out = HERE / name
     if out.exists():
         shutil.rmtree(out)
     (out / "base").mkdir(parents=True)
     (out / "checkpoint-4").mkdir()
     for f in ("trainer_state.json", "training_args.bin", "adapter_config.json"):
-        shutil.copy(ckpt / f, out / f)
-    assert (ckpt / "rng_state.pth").is_file()
+        shutil.copy(r["checkpoint"] / f, out / f)
+    assert (r["checkpoint"] / "rng_state.pth").is_file()
     (out / "checkpoint-4" / "rng_state.pth").write_bytes(b"")
-    model.config.to_json_file(out / "base" / "config.json")
+    r["model"].config.to_json_file(out / "base" / "config.json")
     (out / "measured.json").write_text(json.dumps(
-        {"flop_counter_mode_total_flops": meter.total, "no_grad_logprob_calls": old_passes[0],
-         "batches": seen, "settings": reuse}, indent=1) + "\n")
-    print("wrote", out, "measured", meter.total, "no-grad log-prob calls", old_passes[0])
+        {"flop_counter_mode_total_flops": r["flops"], "no_grad_logprob_calls": r["no_grad_logprob_calls"],
+         "batches": r["batches"], "settings": reuse}, indent=1) + "\n")
+    print("wrote", out, "measured", r["flops"], "no-grad log-prob calls", r["no_grad_logprob_calls"])
 
 
 def main() -> None:
