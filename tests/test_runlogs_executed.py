@@ -234,6 +234,21 @@ def test_trl_rule_is_the_installed_trainers():
                      r"self\.use_vllm and self\.vllm_importance_sampling_correction\s*\):", source)
 
 
+def test_group_of_one_refusals_name_critic_only_where_it_works():
+    """G = 1 is refused without suggesting --critic by the importers that refuse --critic (TRL,
+    OpenRLHF, NeMo-RL: their GRPO trains none); verl, which prices --critic, names it."""
+    from allocopt.runlogs import import_nemo_rl, import_openrlhf
+
+    for call in (lambda: import_trl(DATA / "trl_tiny", model=str(DATA / "trl_tiny" / "base"), group_size=1),
+                 lambda: import_openrlhf(DATA / "openrlhf_grpo_qwen25_3b.log", group_size=1),
+                 lambda: import_nemo_rl(DATA / "nemo_rl_tb", group_size=1)):
+        with pytest.raises(RunLogError, match=r"(group_size|n_samples_per_prompt)=1") as e:
+            call()
+        assert "--critic" not in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(RunLogError, match=r"pass --critic MODEL"):
+        import_verl(DATA / CASES["ppo_critic"]["log"])
+
+
 def test_trl_critic_is_refused():
     with pytest.raises(RunLogError, match="TRL's GRPOTrainer trains no critic"):
         import_trl(DATA / "trl_tiny", model=str(DATA / "trl_tiny" / "base"), critic="Qwen/Qwen2.5-0.5B")

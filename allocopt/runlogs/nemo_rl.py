@@ -53,11 +53,11 @@ def _settings(keys: KeyReader, given: dict[str, Any]) -> dict[str, Any]:
         v = keys.number(key, None, least=1, most=65536)
         if v is None and name not in given:
             raise RunLogError(f"{src}: {key}: not in the log's hparams; pass --{name.replace('_', '-')}")
-        if v is not None and v < least and name not in given:
-            raise RunLogError(f"{src}: {key}={v}: GRPO's baseline needs >= 2 completions per "
-                              "prompt; allowed: >= 2")
         if v is not None:
             settings[name] = v
+        if given.get(name, v) is not None and given.get(name, v) < least:  # no critic: no G = 1
+            raise RunLogError(f"{src}: {name if name in given else key}={given.get(name, v)}: "
+                              "GRPO's baseline needs >= 2 completions per prompt; allowed: >= 2")
     model = keys.text("policy.model_name")
     if model is None and "model" not in given:
         raise RunLogError(f"{src}: policy.model_name: not in the log's hparams; pass --model")

@@ -458,9 +458,10 @@ def _config_settings(keys: KeyReader, given: dict[str, Any]) -> tuple[dict[str, 
     ``batches_every`` (optimizer steps between two rollout batches, ``num_iterations ×
     steps_per_generation / gradient_accumulation_steps``)."""
     G = keys.number("num_generations", 8, "GRPOConfig default", least=1, most=65536)
-    if G < 2 and "group_size" not in given:
-        raise RunLogError(f"{keys.where}: num_generations={G}: GRPO's baseline needs >= 2 "
-                          "completions per prompt; allowed: >= 2")
+    if given.get("group_size", G) < 2:  # TRL's GRPO has no critic: no G = 1 run to price
+        what = "group_size" if "group_size" in given else "num_generations"
+        raise RunLogError(f"{keys.where}: {what}={given.get('group_size', G)}: GRPO's baseline "
+                          "needs >= 2 completions per prompt; allowed: >= 2")
     mu = float(keys.number("num_iterations", 1, "GRPOConfig default", least=1))
     beta = keys.number("beta", 0.0, "GRPOConfig default", least=0, whole=False)
     trl = RUNNERS["trl"]  # GRPOConfig's defaults, where training_args.bin does not say
