@@ -31,7 +31,7 @@ from typing import Any
 
 from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog, as_number,
                                      check_overrides, imported, no_critic, run_path)
-from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance
+from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance, check_number
 from allocopt.runlogs.scalars import MAX_EVENT_BYTES, event_files, read_events
 
 PHASE_TIMERS = {"timing/train/generation": "search", "timing/train/reward_calculation": "reward",
@@ -154,8 +154,9 @@ def _steps(train: list[tuple[int, dict[str, float]]], src: str,
                               f"mean {gen:g}")
         weight = 1.0
         if "train/total_num_tokens" in m and prompt + gen > 0:
-            trained = as_number(where, "train/total_num_tokens", m["train/total_num_tokens"]) / (prompt + gen)
-            weight = trained / rows
+            tokens = check_number(where, "train/total_num_tokens", m["train/total_num_tokens"],
+                                  least=0, most=2**31 * (prompt + gen), whole=False)
+            weight = tokens / (prompt + gen) / rows  # rows trained: at most 2**31
         log.add(where, m, LoggedStep(prompt, gen, gmax, weight))
         if "performance/train_flops_per_gpu" in m and "timing/train/policy_training" in m:
             nemo_rate.append((m["performance/train_flops_per_gpu"], m["timing/train/policy_training"]))
