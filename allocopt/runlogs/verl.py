@@ -14,11 +14,21 @@ timings ``timing_s/gen`` (search), ``timing_s/reward`` (reward), ``timing_s/old_
 (or ``model.lora.rank``), ``model.target_modules``, ``model.enable_gradient_checkpointing``,
 ``model.use_remove_padding``, ``model.path``, ``trainer.n_gpus_per_node × trainer.nnodes``.
 
-Limits (:mod:`allocopt.limits`): the log at most 512 MiB, read one line at a time (at most
-1 MiB a line); at most :data:`MAX_STEPS` (1,000,000) steps and 10,000 lines / 1 MiB of config
-dump; JSON lines nested at most 64 deep. Config numbers must be numbers (not strings), whole
-and in range (batch size, G, mini-batch size, GPUs >= 1); step numbers whole, 0 to 2**31;
-metrics finite. Else one line naming the file and the field.
+What else verl ran is read too: a critic where verl trains one (``critic.enable``, else
+``algorithm.adv_estimator == "gae"``, verl's ``need_critic``), from ``critic.model.path`` (or
+``--critic``), its ``critic.ppo_epochs`` and ``critic.model.enable_gradient_checkpointing``,
+``trainer.critic_warmup`` (no actor update before it), and the timers ``timing_s/values``,
+``timing_s/update_critic``; the DAPO recipe's dynamic sampling
+(``algorithm.filter_groups.enable``): each step's ``train/num_gen_batches`` generation batches
+of ``data.gen_batch_size`` prompts, of which ``data.train_batch_size`` are trained
+(``recipe/dapo/dapo_ray_trainer.py``).
+
+Limits (:mod:`allocopt.limits`): the log a regular file of at most 512 MiB, read one line at a
+time (at most 1 MiB a line); at most :data:`MAX_STEPS` (1,000,000) steps, one step logged at
+most 1,000 times, and 10,000 lines / 1 MiB of config dump; JSON lines nested at most 64 deep.
+Config numbers must be numbers (not strings), whole and in range (batch size, G, mini-batch
+size, GPUs >= 1); metric values in ASCII digits; step numbers whole, 0 to 2**31; metrics
+finite. Else one line naming the file and the field.
 """
 
 from __future__ import annotations
