@@ -23,9 +23,11 @@ strings), finite and in range (``num_generations`` >= 2, batch sizes and steps >
 Files may sit in the folder itself or in its last ``checkpoint-*`` folder. One rollout batch
 is ``generation_batch_size = per_device_train_batch_size × steps_per_generation × world size``
 completions over all processes (the process count: ``distributed_state.num_processes`` of
-``training_args.bin``; ``num_tokens`` and the lengths are gathered over processes), generated
-every ``steps_per_generation × num_iterations`` micro-steps, i.e. every ``num_iterations ×
-steps_per_generation / gradient_accumulation_steps`` optimizer steps.
+``training_args.bin``, else the ranks of the checkpoints' ``rng_state*.pth``, else refused:
+never assumed; ``num_tokens`` and the lengths are gathered over processes), generated every
+``steps_per_generation × num_iterations`` micro-steps, i.e. every ``num_iterations ×
+steps_per_generation / gradient_accumulation_steps`` optimizer steps. The old-policy log-prob
+pass runs as TRL decides it (:func:`old_logprobs_run`).
 """
 
 from __future__ import annotations
