@@ -28,6 +28,7 @@ import contextlib
 import csv
 import io
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,15 +62,20 @@ def surface(kind: str) -> str:
 def run_row(kind: str, args: list[str], tmp: Path, code: Path, timeout: float) -> dict:
     """One row in a fresh process: exit code, wall seconds, peak memory, the output's lines."""
     argv = [a.replace("{tmp}", str(tmp)) for a in args]
-    peak_file, inner_file = tmp / "peak", tmp / "inner"
-    inner_file.unlink(missing_ok=True)
+    peak_file, inner_file = tmp / "peak", tmp / f"inner-{abs(hash(kind))}"
+    peak_file.unlink(missing_ok=True)
     t = time.perf_counter()
+    # a session of its own: a row that hangs is killed with everything it started
+    p = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(peak_file), sys.executable, "-c",
+                          DRIVER, str(inner_file), *argv], cwd=tmp, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200"})
     try:
-        r = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(peak_file), sys.executable, "-c",
-                            DRIVER, str(inner_file), *argv], cwd=tmp, capture_output=True, text=True,
-                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200"})
-        rc, out = r.returncode, (r.stdout + r.stderr)
+        stdout, stderr = p.communicate(timeout=timeout)
+        rc, out = p.returncode, stdout + stderr
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         rc, out = "hang", ""
     secs = time.perf_counter() - t
     try:
