@@ -27,7 +27,6 @@ folder), ``{config}`` (``grpo_config.json`` or ``verl_overrides.txt`` in it), ``
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -215,13 +214,17 @@ class CommandObjective:
                            eval_flops=int(eval_flops) if isinstance(eval_flops, (int, float)) else 0)
 
     def _metrics(self, path: Path, where: str, empty: TrialResult) -> dict[str, Any]:
+        """The metrics file the command wrote, through the reading layer (:mod:`allocopt.limits`:
+        a regular file of at most 1 MiB, JSON nested at most 64 deep, numbers of at most 64
+        characters, no key twice); anything else fails the trial in one line."""
+        from allocopt.limits import MAX_METRICS_BYTES, read_json
+
+        if not os.path.lexists(path):
+            raise TrialFailed(f"command exited 0 but left no metrics file {path.name} ({where})", empty)
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise TrialFailed(f"command exited 0 but left no metrics file {path.name} ({where})", empty) from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise TrialFailed(f"metrics file {path.name}: not JSON ({str(e).splitlines()[0]}; {where})",
-                              empty) from None
+            data = read_json(path, MAX_METRICS_BYTES, "metrics_file")
+        except ConfigError as e:
+            raise TrialFailed(f"{e} ({where})", empty) from None
         if not isinstance(data, dict):
             raise TrialFailed(f"metrics file {path.name}: must be a JSON object ({where})", empty)
         return data

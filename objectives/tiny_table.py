@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -82,47 +83,87 @@ class Row:
         return self.flops["reward"] / t if t else math.nan
 
 
-def read_table(path: str | Path = DEFAULT_TABLE) -> tuple[list[Row], list[dict[str, str]]]:
-    """``(complete rows, other rows)`` of a grid table (CSV of ``benchmarks/tiny_grid.py``).
+MAX_GROUP_SIZES = 12
+"""Distinct G a table may hold (the search space is the best product of reward systems and a
+subset of them: 2**12 subsets at most)."""
 
-    Raises :class:`ConfigError` (one line) when the file is missing or lacks a column."""
+
+def read_table(path: str | Path = DEFAULT_TABLE) -> tuple[list[Row], list[dict[str, str]]]:
+    """``(complete rows, other rows)`` of a grid table (CSV of ``benchmarks/tiny_grid.py``),
+    through the reading layer (:mod:`allocopt.limits`: a regular file of at most 64 MiB, lines
+    of at most 1 MiB, numbers in ASCII digits).
+
+    Raises :class:`ConfigError` (one line) when the file is missing, not a regular file, over a
+    limit, lacks a column, holds a value out of its range, a trial more than
+    :data:`~allocopt.limits.MAX_REPEATS` times or more than :data:`MAX_GROUP_SIZES` distinct G."""
+    from allocopt.limits import MAX_TABLE_BYTES, RepeatCounter, iter_lines
+
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ConfigError(f"table={str(path)!r}: no such file; run benchmarks/tiny_grid.py to measure one")
     rows, other = [], []
+    repeats = RepeatCounter()
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            need = {"reward", "group_size", "rho", "fidelity", "budget_flops", "seed", "status",
-                    *COMMON_TARGETS, *(c for _, c in PHASE_COLUMNS)}
-            missing = need - set(reader.fieldnames or ())
-            if missing:
-                raise ConfigError(f"table={str(path)!r}: missing column(s) {', '.join(sorted(missing))}")
-            for r in reader:
-                if r["status"] != "complete" or any(r[t] == "" for t in COMMON_TARGETS):
-                    other.append(r)
-                    continue
-                rows.append(_row(r, path, reader.line_num))
-    except (UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(iter_lines(path, MAX_TABLE_BYTES, "table"))
+        need = {"reward", "group_size", "rho", "fidelity", "budget_flops", "seed", "status",
+                *COMMON_TARGETS, *(c for _, c in PHASE_COLUMNS)}
+        missing = need - set(reader.fieldnames or ())
+        if missing:
+            raise ConfigError(f"table={str(path)!r}: missing column(s) {', '.join(sorted(missing))}")
+        for r in reader:
+            if None in r or any(v is None for v in r.values()):
+                raise ConfigError(f"table={str(path)!r}: line {reader.line_num}: not as many cells as columns")
+            if r["status"] != "complete" or any(r[t] == "" for t in COMMON_TARGETS):
+                _check_other(r, path, reader.line_num)
+                other.append(r)
+                continue
+            row = _row(r, path, reader.line_num)
+            repeats.add((row.reward, row.group_size, row.rho, row.fidelity, row.seed),
+                        f"table={str(path)!r}: line {reader.line_num}", "a trial", ConfigError)
+            rows.append(row)
+    except csv.Error as e:
         raise ConfigError(f"table={str(path)!r}: not a CSV table of benchmarks/tiny_grid.py ({e})") from None
+    groups = {r.group_size for r in rows} | {int(r["group_size"]) for r in other}
+    if len(groups) > MAX_GROUP_SIZES:
+        raise ConfigError(f"table={str(path)!r}: {len(groups)} distinct group sizes; allowed: at "
+                          f"most {MAX_GROUP_SIZES}")
     return rows, other
+
+
+def _number(r: dict[str, str], field_name: str, path: Path, line: int, *, whole: bool = False,
+            least: float = -math.inf, most: float = math.inf, empty: float | None = None) -> Any:
+    """The cell ``field_name`` of a row as a number in ``[least, most]`` (ASCII digits; whole
+    when ``whole``; an empty cell is ``empty`` when given); :class:`ConfigError` naming the
+    line and field otherwise."""
+    from allocopt.limits import read_number
+
+    text = r.get(field_name) or ""
+    if text == "" and empty is not None:
+        return empty
+    where = f"table={str(path)!r}: line {line}: {field_name}"
+    v = read_number(text, where)
+    if v is None or not (math.isfinite(v) and least <= v <= most) or (whole and not float(v).is_integer()):
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"{where}={text[:40]!r}: must be {kind} from {least:g} to {most:g}")
+    return int(v) if whole else float(v)
+
+
+def _check_other(r: dict[str, str], path: Path, line: int) -> None:
+    """The cells an incomplete row is read by (G, ρ, budget) are numbers in range."""
+    _number(r, "group_size", path, line, whole=True, least=1, most=65536)
+    _number(r, "rho", path, line, least=0, most=1)
+    _number(r, "budget_flops", path, line, least=0, most=1e30)
 
 
 def _row(r: dict[str, str], path: Path, line: int) -> Row:
     """One complete row of the table; :class:`ConfigError` naming the line and field when a value
-    is not a number (an empty FLOP column is 0)."""
-
-    def num(field: str, kind: type = float, empty: float | None = None) -> Any:
-        if r.get(field) == "" and empty is not None:
-            return empty
-        try:
-            return kind(r[field])
-        except (TypeError, ValueError):
-            raise ConfigError(f"table={str(path)!r}: line {line}: {field}={r.get(field)!r} is not a number") from None
-
-    return Row(r["reward"], num("group_size", int), round(num("rho"), 4), r["fidelity"], num("budget_flops"),
-               num("seed", int), {t: num(t) for t in COMMON_TARGETS},
-               {p: int(num(c, empty=0)) for p, c in PHASE_COLUMNS})
+    is not a number in its range (an empty FLOP column is 0)."""
+    flops = {p: int(_number(r, c, path, line, least=0, most=1e30, empty=0)) for p, c in PHASE_COLUMNS}
+    return Row(r["reward"][:64], _number(r, "group_size", path, line, whole=True, least=1, most=65536),
+               round(_number(r, "rho", path, line, least=0, most=1), 4), r["fidelity"][:64],
+               _number(r, "budget_flops", path, line, least=0, most=1e30),
+               _number(r, "seed", path, line, whole=True, least=0, most=2**32),
+               {t: _number(r, t, path, line, least=-1e30, most=1e30) for t in COMMON_TARGETS}, flops)
 
 
 def _least_budget(row: dict[str, str]) -> int:

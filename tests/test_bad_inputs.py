@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from test_command_objective import command_objective  # noqa: F401  (the fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_LIMIT = 2 * 1024**3
 TIMEOUT_S = 10
@@ -162,7 +164,7 @@ STRANGER_ROWS = [
     ("trl: trainer_state nested 100000 deep", ["account", "--from-trl", "{tmp}/trl_deep"],
      ["trainer_state.json", "nested deeper than the limit of 64 levels"]),
     ("trl: trainer_state number of 5000 digits", ["account", "--from-trl", "{tmp}/trl_digits"],
-     ["trainer_state.json", "not valid JSON", "4300"]),
+     ["trainer_state.json", "a number of 5000 characters", "over the limit of 64"]),
     ("trl: pickle asks for a 2 GB bytearray", ["account", "--from-trl", "{tmp}/trl_bytearray"],
      ["training_args.bin", "bytearray(2000000000)", "over the limit of 16 MiB"]),
     ("trl: pickle of shared lists expanding to 2**39 values", ["account", "--from-trl", "{tmp}/trl_laughs"],
@@ -201,7 +203,7 @@ STRANGER_ROWS = [
     ("lengths: 40-digit token count", ["account", "--lengths", "{tmp}/len_digits.csv"],
      ["line 2", "completion_tokens=", "from 1 to 2**31"]),
     ("lengths: JSON line nested 100000 deep", ["account", "--lengths", "{tmp}/len_deep.jsonl"],
-     ["len_deep.jsonl", "line 1", "nested too deep"]),
+     ["len_deep.jsonl:1", "nested deeper than the limit of 64 levels"]),
     # ---- study --spec / --set / --storage
     ("spec: over 1 MiB", ["study", "--spec", "{tmp}/spec_huge.toml"], ["spec_huge.toml", "over the limit of 1 MiB"]),
     ("spec: nested 2000 deep", ["study", "--spec", "{tmp}/spec_deep.toml"],
@@ -242,17 +244,129 @@ STRANGER_ROWS = [
     ("tell: FLOPs out of float range", ["tell", *T, "--metrics", "{tmp}/m_inf.json"], ["search_flops=inf", "from 0 to"]),
 ]
 
+# Every reader of a user's file through the one reading layer (allocopt.limits), per kind:
+# deep nesting, a huge file, a FIFO, a device, a long number, numbers in other scripts, zero or
+# non-numeric counts in foreign logs, a backtracking pattern, 100,000 repeated entries. Files
+# made by ``_layer_files``; benchmarks/bad_input.py measures each row's time and memory.
+TT = ["trial", "--objective", "tiny-table", "--budget", "3e11", "--rho", "0.5", "-G", "2", "--reward", "sparse",
+      "--set"]
+TP = ["plan", "--budget-gpu-hours", "1", "--rho", "0.5", "--throughput"]
+LAYER_ROWS = [
+    # ---- verl
+    ("verl: a FIFO", ["account", "--from-verl", "{tmp}/fifo.log"], ["fifo.log", "is a FIFO", "allowed: a regular file"]),
+    ("verl: a device", ["account", "--from-verl", "/dev/zero"], ["/dev/zero", "is a character device"]),
+    ("verl: a folder", ["account", "--from-verl", "{tmp}"], ["is a folder", "allowed: a regular file"]),
+    ("verl: a 100-digit length", ["account", "--from-verl", "{tmp}/verl_long.log"],
+     ["line 4: response_length/mean", "ASCII digits", "at most 64 characters"]),
+    ("verl: a length in Arabic-Indic digits", ["account", "--from-verl", "{tmp}/verl_script.log"],
+     ["response_length/mean='١٢٣'", "ASCII digits"]),
+    ("verl: G zero", ["account", "--from-verl", "{tmp}/verl_n0.log"], ["actor_rollout_ref.rollout.n=0", "whole number >= 1"]),
+    ("verl: DAPO zero generation batches", ["account", "--from-verl", "{tmp}/verl_gen0.log"],
+     ["step 1", "train/num_gen_batches=0", "whole number >= 1"]),
+    ("verl: batch size in Arabic-Indic digits", ["account", "--from-verl", "{tmp}/verl_batch_script.log"],
+     ["data.train_batch_size='١٢٨'", "must be a number, not str"]),
+    ("verl: one step 100000 times", ["account", "--from-verl", "{tmp}/verl_rep.log"],
+     ["step 1 logged more than 1000 times"]),
+    # ---- TRL
+    ("trl: trainer_state a FIFO", ["account", "--from-trl", "{tmp}/trl_fifo"], ["trainer_state.json", "is a FIFO"]),
+    ("trl: trainer_state a link to /dev/zero", ["account", "--from-trl", "{tmp}/trl_dev"],
+     ["trainer_state.json", "is a character device"]),
+    ("trl: a length in Arabic-Indic digits", ["account", "--from-trl", "{tmp}/trl_script", "--model", "Qwen/Qwen2.5-0.5B"],
+     ["completions/mean_length='١٢'", "ASCII digits"]),
+    ("trl: no process count anywhere", ["account", "--from-trl", "{tmp}/trl_noworld", "--model", "Qwen/Qwen2.5-0.5B"],
+     ["process count is not in training_args.bin", "pass --prompts"]),
+    ("trl: a backtracking rank_pattern", ["account", "--from-trl", "{tmp}/trl_regex"],
+     ["adapter_config.json: rank_pattern", "(a+)+$", "repeats or alternates"]),
+    ("trl: one step 100000 times", ["account", "--from-trl", "{tmp}/trl_rep", "--model", "Qwen/Qwen2.5-0.5B"],
+     ["log_history: step 1 logged more than 1000 times"]),
+    ("trl: a key twice", ["account", "--from-trl", "{tmp}/trl_dupkey"], ["key 'log_history' given more than once"]),
+    # ---- OpenRLHF
+    ("openrlhf: a FIFO", ["account", "--from-openrlhf", "{tmp}/fifo_o.log"], ["fifo_o.log", "is a FIFO"]),
+    ("openrlhf: a device", ["account", "--from-openrlhf", "/dev/zero"], ["is a character device"]),
+    ("openrlhf: log over 512 MiB", ["account", "--from-openrlhf", "{tmp}/o_huge.log"], ["over the limit of 512 MiB"]),
+    ("openrlhf: zero train batch", ["account", "--from-openrlhf", "{tmp}/o_zero.log"], ["train.batch_size=0", "whole number >= 1"]),
+    ("openrlhf: batch not a number", ["account", "--from-openrlhf", "{tmp}/o_str.log"],
+     ["rollout.batch_size='abc'", "must be a number, not str"]),
+    ("openrlhf: batch of 70 digits", ["account", "--from-openrlhf", "{tmp}/o_long.log"],
+     ["rollout.batch_size='1111", "must be a number, not str"]),
+    ("openrlhf: zero rows in a step", ["account", "--from-openrlhf", "{tmp}/o_rows0.log"],
+     ["step 1", "rollout/num_samples=0", "whole number >= 1"]),
+    ("openrlhf: one step 100000 times", ["account", "--from-openrlhf", "{tmp}/o_rep.log"],
+     ["Global step 1 logged more than 1000 times"]),
+    # ---- NeMo-RL
+    ("nemo-rl: an event file that is a FIFO", ["account", "--from-nemo-rl", "{tmp}/nemo_fifo"], ["events.out.tfevents", "is a FIFO"]),
+    ("nemo-rl: a device", ["account", "--from-nemo-rl", "/dev/zero"], ["is a character device"]),
+    ("nemo-rl: event files over 128 MiB", ["account", "--from-nemo-rl", "{tmp}/nemo_huge"], ["over the limit of 128 MiB"]),
+    ("nemo-rl: zero prompts per step", ["account", "--from-nemo-rl", "{tmp}/nemo_zero"],
+     ["grpo.num_prompts_per_step=0", "whole number >= 1"]),
+    ("nemo-rl: one scalar 100000 times", ["account", "--from-nemo-rl", "{tmp}/nemo_rep"],
+     ["train/mean_gen_tokens_per_sample at step 1 logged more than 1000 times"]),
+    # ---- study file
+    ("spec: a FIFO", ["study", "--spec", "{tmp}/fifo.toml"], ["fifo.toml", "is a FIFO"]),
+    ("spec: a device", ["study", "--spec", "/dev/zero"], ["is a character device"]),
+    ("spec: an integer of 4000 digits", ["study", "--spec", "{tmp}/spec_4000.toml"],
+     ["spec_4000.toml", "more than 64 digits"]),
+    ("spec: a budget in Arabic-Indic digits", ["study", "--spec", "{tmp}/spec_script.toml"], ["spec_script.toml", "malformed TOML"]),
+    # ---- tell --metrics
+    ("tell: metrics a FIFO", ["tell", *T, "--metrics", "{tmp}/fifo.json"], ["fifo.json", "is a FIFO"]),
+    ("tell: metrics a device", ["tell", *T, "--metrics", "/dev/zero"], ["is a character device"]),
+    ("tell: a 70-digit number", ["tell", *T, "--metrics", "{tmp}/m_long.json"], ["a number of 70 characters", "over the limit of 64"]),
+    ("tell: a key 100000 times", ["tell", *T, "--metrics", "{tmp}/m_rep.json"], ["key 'a' given more than once"]),
+    # ---- throughput profiles
+    ("throughput: a FIFO", [*TP, "{tmp}/fifo_tp.json"], ["fifo_tp.json", "is a FIFO"]),
+    ("throughput: a device", [*TP, "/dev/zero"], ["is a character device"]),
+    ("throughput: over 1 MiB", [*TP, "{tmp}/tp_huge.json"], ["over the limit of 1 MiB"]),
+    ("throughput: nested 100000 deep", [*TP, "{tmp}/tp_deep.json"], ["nested deeper than the limit of 64"]),
+    ("throughput: a 70-digit rate", [*TP, "{tmp}/tp_long.json"], ["a number of 70 characters"]),
+    ("throughput: a key 100000 times", [*TP, "{tmp}/tp_rep.json"], ["key 'a' given more than once"]),
+    ("throughput: zero GPUs", [*TP, "{tmp}/tp_gpus0.json"], ["throughput.gpus=0", "from 1 to"]),
+    # ---- tiny-table's table
+    ("tiny-table: a FIFO", [*TT, "table={tmp}/fifo.csv"], ["fifo.csv", "is a FIFO"]),
+    ("tiny-table: a device", [*TT, "table=/dev/zero"], ["is a character device"]),
+    ("tiny-table: over 64 MiB", [*TT, "table={tmp}/tt_huge.csv"], ["over the limit of 64 MiB"]),
+    ("tiny-table: a 70-digit budget", [*TT, "table={tmp}/tt_long.csv"], ["line 2: budget_flops", "at most 64 characters"]),
+    ("tiny-table: G in Arabic-Indic digits", [*TT, "table={tmp}/tt_script.csv"], ["line 2: group_size='٢'", "ASCII digits"]),
+    ("tiny-table: G not a number", [*TT, "table={tmp}/tt_str.csv"], ["group_size='two'", "whole number from 1 to 65536"]),
+    ("tiny-table: one trial 100000 times", [*TT, "table={tmp}/tt_rep.csv"], ["a trial logged more than 1000 times"]),
+    ("tiny-table: 13 group sizes", [*TT, "table={tmp}/tt_groups.csv"], ["13 distinct group sizes", "at most 12"]),
+    # ---- lengths files
+    ("lengths: a FIFO", ["account", "--lengths", "{tmp}/fifo.csv"], ["fifo.csv", "is a FIFO"]),
+    ("lengths: a device", ["account", "--lengths", "/dev/zero"], ["is a character device"]),
+    ("lengths: a length in Arabic-Indic digits", ["account", "--lengths", "{tmp}/len_script.csv"],
+     ["completion_tokens='١٠٣'", "ASCII digits"]),
+]
+
+# The ``command`` objective's metrics file, written by the user's command (tests/data's
+# ``bad_metrics.sh`` writes each kind): the trial fails in one line naming the file and the
+# trial's folder (``trial`` exits 1), nothing else runs.
+CMD = ["trial", "--objective", "command", "--set", "log=metrics", "--set", "timeout_s=60",
+       "--budget", "1e16", "--rho", "0.5", "-G", "4", "--reward", "sparse", "--set"]
+FAILED_TRIAL_ROWS = [
+    (f"command metrics: {kind}", [*CMD, f"out_dir={{tmp}}/trials-out/{kind}", "--set",
+                                  f"command=sh {{tmp}}/bad_metrics.sh {{trial_dir}} {kind}"], needles)
+    for kind, needles in (("fifo", ["is a FIFO"]), ("device", ["is a character device"]),
+                          ("deep", ["nested deeper than the limit of 64"]),
+                          ("huge", ["over the limit of 1 MiB"]), ("long", ["a number of 71 characters"]),
+                          ("repeated", ["key 'a' given more than once"]))]
+
+STRANGER_ROWS += LAYER_ROWS
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("bad"))
+
+
+def make_folder(tmp: Path) -> Path:
+    """``tmp`` with every file the rows name ({tmp}); also used by benchmarks/bad_input.py."""
     import optuna
 
-    tmp = tmp_path_factory.mktemp("bad")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
     (tmp / "pf.toml").write_text('name = "pf"\nobjective = "synthetic"\nbudget_flops = 1e18\npilot_fraction = "0.25"\n')
     _stranger_files(tmp)
+    _layer_files(tmp)
     return tmp
 
 
@@ -365,6 +479,158 @@ def _stranger_files(tmp: Path) -> None:
         os.chdir(cwd)
 
 
+def _layer_files(tmp: Path) -> None:
+    """The files of LAYER_ROWS and FAILED_TRIAL_ROWS, each wrong in one way."""
+    for name in ("fifo.log", "fifo_o.log", "fifo.toml", "fifo.json", "fifo_tp.json", "fifo.csv"):
+        os.mkfifo(tmp / name)
+    _foreign_log_files(tmp)
+    _trl_layer_files(tmp)
+    _event_layer_files(tmp)
+    _table_layer_files(tmp)
+    (tmp / "spec_4000.toml").write_text('name = "x"\nobjective = "synthetic"\ntarget = "pass@1"\n'
+                                        "budget_flops = 1" + "0" * 3999 + "\n")
+    (tmp / "spec_script.toml").write_text('name = "x"\nobjective = "synthetic"\nbudget_flops = ١e18\n')
+    (tmp / "m_long.json").write_text('{"pass@1": 0.5, "search_flops": 1' + "0" * 69
+                                     + ', "learning_flops": 1, "reward_flops": 0}')
+    (tmp / "m_rep.json").write_text("{" + ", ".join(['"a": 1'] * 100_000) + "}")
+    prof = '{"gpu": "H100", "setup_fingerprint": "*", "search_prefill": 1e14, "search_decode": 1e14, '
+    _sparse(tmp / "tp_huge.json", 2**20 + 1)
+    (tmp / "tp_deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp / "tp_long.json").write_text(prof + '"learning": 1' + "0" * 69 + "}")
+    (tmp / "tp_rep.json").write_text("{" + ", ".join(['"a": 1'] * 100_000) + "}")
+    (tmp / "tp_gpus0.json").write_text(prof + '"learning": 1e14, "gpus": 0}')
+    (tmp / "len_script.csv").write_text("prompt_tokens,completion_tokens\n103,١٠٣\n")
+    (tmp / "trials-out").mkdir()
+    (tmp / "bad_metrics.sh").write_text(BAD_METRICS)
+
+
+BAD_METRICS = """d="$1/metrics.json"
+case "$2" in
+fifo) mkfifo "$d";;
+device) ln -s /dev/zero "$d";;
+deep) python3 -c "print('[' * 100000 + ']' * 100000)" > "$d";;
+huge) head -c 2097152 /dev/zero > "$d";;
+long) echo '{"pass@1": 0.5, "search_flops": 1'"$(printf '0%.0s' $(seq 70))"', "learning_flops": 1, "reward_flops": 0}' > "$d";;
+repeated) python3 -c "print('{' + ', '.join(['\\"a\\": 1'] * 100000) + '}')" > "$d";;
+esac
+"""
+"""The ``command`` of FAILED_TRIAL_ROWS: writes the metrics file wrong in the way ``$2`` names."""
+
+
+def _foreign_log_files(tmp: Path) -> None:
+    """verl and OpenRLHF console logs of LAYER_ROWS."""
+    cfg = "data.train_batch_size=4\nactor_rollout_ref.rollout.n=2\nactor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B\n"
+    step = "step:1 - response_length/mean:10 - prompt_length/mean:5\n"
+    (tmp / "verl_long.log").write_text(cfg + "step:1 - response_length/mean:" + "1" * 100 + " - prompt_length/mean:5\n")
+    (tmp / "verl_script.log").write_text(cfg + "step:1 - response_length/mean:١٢٣ - prompt_length/mean:5\n")
+    (tmp / "verl_n0.log").write_text(cfg.replace("rollout.n=2", "rollout.n=0") + step)
+    (tmp / "verl_gen0.log").write_text(cfg + "algorithm.filter_groups.enable=True\ndata.gen_batch_size=8\n"
+                                       + step.replace("\n", " - train/num_gen_batches:0\n"))
+    (tmp / "verl_batch_script.log").write_text(cfg.replace("batch_size=4", "batch_size=١٢٨") + step)
+    (tmp / "verl_rep.log").write_text(cfg + step * 100_000)
+    flags = ("--actor.model_name_or_path Qwen/Qwen2.5-0.5B --rollout.n_samples_per_prompt 2 "
+             "--algo.advantage.estimator group_norm ")
+    gstep = "Global step 1: {'response_length': 10.0, 'total_length': 20.0}\n"
+    _sparse(tmp / "o_huge.log", 512 * 2**20 + 1)
+    (tmp / "o_zero.log").write_text(flags + "--rollout.batch_size 4 --train.batch_size 0\n" + gstep)
+    (tmp / "o_str.log").write_text(flags + "--rollout.batch_size abc\n" + gstep)
+    (tmp / "o_long.log").write_text(flags + "--rollout.batch_size " + "1" * 70 + "\n" + gstep)
+    (tmp / "o_rows0.log").write_text(flags + "--rollout.batch_size 4\n"
+                                     + gstep.replace("20.0}", "20.0, 'rollout/num_samples': 0}"))
+    (tmp / "o_rep.log").write_text(flags + "--rollout.batch_size 4\n" + gstep * 100_000)
+
+
+def _trl_layer_files(tmp: Path) -> None:
+    """TRL output folders of LAYER_ROWS (one process, so the account reaches the field)."""
+    import json
+    import pickle
+
+    one = pickle.dumps({"distributed_state": {"num_processes": 1}}, protocol=2)
+
+    def trl(name: str, state: str, args: bytes | None = one, adapter: dict | None = None) -> Path:
+        d = tmp / name
+        d.mkdir()
+        (d / "trainer_state.json").write_text(state)
+        if args is not None:
+            (d / "training_args.bin").write_bytes(args)
+        if adapter is not None:
+            (d / "adapter_config.json").write_text(json.dumps(adapter))
+        return d
+
+    rec = {"step": 1, "completions/mean_length": 5.0}
+    for name in ("trl_fifo", "trl_dev"):
+        (tmp / name).mkdir()
+    os.mkfifo(tmp / "trl_fifo" / "trainer_state.json")
+    (tmp / "trl_dev" / "trainer_state.json").symlink_to("/dev/zero")
+    trl("trl_script", json.dumps({"log_history": [{"step": 1, "completions/mean_length": "١٢"}]}))
+    trl("trl_noworld", json.dumps({"log_history": [rec]}), args=pickle.dumps({}, protocol=2))
+    trl("trl_regex", json.dumps({"log_history": [rec]}),
+        adapter={"r": 4, "target_modules": ["q_proj"], "rank_pattern": {"(a+)+$": 8},
+                 "base_model_name_or_path": "Qwen/Qwen2.5-0.5B"})
+    trl("trl_rep", json.dumps({"log_history": [rec] * 100_000}))
+    trl("trl_dupkey", '{"log_history": [], "log_history": []}')
+
+
+def _event_file(folder: Path, hparams: dict, scalars: list[tuple[str, int, float]], repeat_last: int = 1) -> None:
+    """An event file in ``folder`` as ``torch.utils.tensorboard.SummaryWriter`` writes it
+    (TFRecords of ``Event`` messages: hparams through the hparams plugin, scalars as
+    ``simple_value``), its last record written ``repeat_last`` times."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    folder.mkdir(parents=True)
+    info = plugin_data_pb2.SessionStartInfo()
+    for k, v in hparams.items():
+        if isinstance(v, str):
+            info.hparams[k].string_value = v
+        else:
+            info.hparams[k].number_value = v
+    events = [event_pb2.Event(file_version="brain.Event:2")]
+    e = events[0].__class__()
+    value = e.summary.value.add(tag="_hparams_/session_start_info")
+    value.metadata.plugin_data.plugin_name = "hparams"
+    value.metadata.plugin_data.content = plugin_data_pb2.HParamsPluginData(
+        session_start_info=info, version=0).SerializeToString()
+    events.append(e)
+    for tag, step, x in scalars:
+        e = event_pb2.Event(step=step)
+        e.summary.value.add(tag=tag, simple_value=x)
+        events.append(e)
+    with open(folder / "events.out.tfevents.1.host.1.0", "wb") as f:
+        w = RecordWriter(f)
+        for ev in events[:-1]:
+            w.write(ev.SerializeToString())
+        for _ in range(repeat_last):
+            w.write(events[-1].SerializeToString())
+
+
+def _event_layer_files(tmp: Path) -> None:
+    """NeMo-RL TensorBoard folders of LAYER_ROWS."""
+    hp = {"grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 2, "policy.model_name": "Qwen/Qwen2.5-0.5B"}
+    lengths = [("train/mean_prompt_length", 1, 50.0), ("train/mean_gen_tokens_per_sample", 1, 100.0)]
+    (tmp / "nemo_fifo").mkdir()
+    os.mkfifo(tmp / "nemo_fifo" / "events.out.tfevents.1.host.1.0")
+    (tmp / "nemo_huge").mkdir()
+    _sparse(tmp / "nemo_huge" / "events.out.tfevents.1.host.1.0", 128 * 2**20 + 1)
+    _event_file(tmp / "nemo_zero", {**hp, "grpo.num_prompts_per_step": 0}, lengths)
+    _event_file(tmp / "nemo_rep", hp, lengths, repeat_last=100_000)
+
+
+def _table_layer_files(tmp: Path) -> None:
+    """tiny-table tables of LAYER_ROWS (the grid's columns; one complete row, changed)."""
+    head = ("reward,group_size,rho,fidelity,budget_flops,seed,status,native_reward,pass_at_1,judge,"
+            "search_flops,learning_flops,reward_flops\n")
+    row = "sparse,{g},0.5,full,{b},0,complete,0.5,0.5,0.5,1e11,1e11,0\n"
+    ok = row.format(g=2, b="3e11")
+    _sparse(tmp / "tt_huge.csv", 64 * 2**20 + 1)
+    (tmp / "tt_long.csv").write_text(head + row.format(g=2, b="3" + "0" * 69))
+    (tmp / "tt_script.csv").write_text(head + row.format(g="٢", b="3e11"))
+    (tmp / "tt_str.csv").write_text(head + row.format(g="two", b="3e11"))
+    (tmp / "tt_rep.csv").write_text(head + ok * 100_000)
+    (tmp / "tt_groups.csv").write_text(head + "".join(row.format(g=g, b="3e11") for g in range(2, 15)))
+
+
 def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
@@ -413,6 +679,21 @@ def test_bad_input_is_one_line_exit_2(folder, kind, args, needles, cli):
     assert time.perf_counter() - t0 < TIMEOUT_S, kind
     _check(kind, r, needles)
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing recorded, nothing created
+
+
+@pytest.mark.parametrize("kind,args,needles", FAILED_TRIAL_ROWS, ids=[r[0] for r in FAILED_TRIAL_ROWS])
+def test_a_bad_metrics_file_fails_its_trial_in_one_line(folder, kind, args, needles, cli, command_objective):
+    """The command ran and wrote its metrics file wrong: the trial fails (exit 1) with one
+    ``error:`` line naming the file, what is allowed and the trial's folder, no traceback, at
+    once (a FIFO is not waited on, a device not read), in bounded memory."""
+    argv = [a.replace("{tmp}", str(folder)) for a in args]
+    with _address_space_grows_at_most(MEMORY_LIMIT):
+        r = cli(*argv, cwd=folder, env={"COLUMNS": "200"})
+    errors = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("error: ")]
+    assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, (kind, r.stderr[-2000:])
+    assert "trial failed" in errors[0] and "metrics_file=" in errors[0] and "trial folder" in errors[0]
+    for needle in needles:
+        assert needle in errors[0], (kind, needle, errors[0])
 
 
 FIRST_OF_EACH_COMMAND = [r for i, r in enumerate(ALL_ROWS) if r[1][0] not in {x[1][0] for x in ALL_ROWS[:i]}]

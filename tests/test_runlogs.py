@@ -108,8 +108,10 @@ def test_trl_errors_one_line(tmp_path):
     (tmp_path / "trainer_state.json").write_text('{"log_history": [{"loss": 1}]}')
     with pytest.raises(RunLogError, match="model: the folder names no base model"):
         import_trl(tmp_path)
-    with pytest.raises(RunLogError, match="no record with completions/mean_length"):
+    with pytest.raises(RunLogError, match="process count is not in training_args.bin"):
         import_trl(tmp_path, model="Qwen/Qwen2.5-0.5B")
+    with pytest.raises(RunLogError, match="no record with completions/mean_length"):
+        import_trl(tmp_path, model="Qwen/Qwen2.5-0.5B", prompts=8)
 
 
 def test_training_args_reader_runs_no_code(tmp_path, capsys):

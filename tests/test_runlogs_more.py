@@ -65,11 +65,15 @@ def test_trl_eight_process_run_reads_the_process_count():
 
 
 def _old_trl_folder(tmp_path: Path, mean_lengths: list[float], state_from: Path = TRL,
-                    **arg_changes) -> Path:
+                    rng_states: tuple[str, ...] = ("rng_state.pth",), **arg_changes) -> Path:
     """A folder as TRL < 0.18 left it: training_args.bin without ``generation_batch_size`` or
-    ``distributed_state`` (a plain pickle of the fields; the reader takes both)."""
+    ``distributed_state`` (a plain pickle of the fields; the reader takes both), and a
+    ``checkpoint-4`` with the RNG state files ``rng_states`` (transformers writes
+    ``rng_state.pth`` from one process, ``rng_state_<rank>.pth`` from each of several)."""
     out = tmp_path / "run"
-    out.mkdir(parents=True)
+    (out / "checkpoint-4").mkdir(parents=True)
+    for name in rng_states:
+        (out / "checkpoint-4" / name).write_bytes(b"")
     shutil.copy(TRL / "adapter_config.json", out)
     args = {k: v for k, v in read_training_args(TRL / "training_args.bin").items()
             if k not in ("generation_batch_size", "distributed_state")}
@@ -82,20 +86,41 @@ def _old_trl_folder(tmp_path: Path, mean_lengths: list[float], state_from: Path 
     return out
 
 
-def test_trl_numbers_that_cannot_be_one_process_are_refused(tmp_path):
-    """An 8-process run of an old TRL: the mean over 48 gathered lengths (261 / 48 = 5.4375)
-    times the 6 rows one process has is 32.625, not a whole number of tokens: refused in one
-    line; with --prompts (over all processes) it is accounted, with the world size not assumed."""
+def test_trl_process_count_is_read_inferred_or_refused(tmp_path):
+    """An old TRL's folder names no process count in training_args.bin: it is inferred from
+    the checkpoint's RNG state files (``rng_state.pth``: one process; ``rng_state_0..7.pth``:
+    eight), never assumed; with none it is refused in one line naming --prompts."""
+    one = import_trl(_old_trl_folder(tmp_path / "a", [5.5, 7.5, 8.0, 7.0]), model=BASE)
+    assert one.fields_read["world_size"].startswith("1 (checkpoint-4/rng_state.pth")
+    assert "world_size" not in one.fields_assumed
+    assert one.account == import_trl(TRL, model=BASE).account
+    eight = import_trl(_old_trl_folder(tmp_path / "b", [5.5, 7.5, 8.0, 7.0], state_from=TRL8,
+                                       rng_states=tuple(f"rng_state_{i}.pth" for i in range(8))),
+                       model=BASE)
+    assert eight.fields_read["world_size"].startswith("8 (") and eight.settings["prompts"] == 16
+    assert eight.account == import_trl(TRL8, model=BASE).account
+    bare = _old_trl_folder(tmp_path / "c", [5.5, 7.5, 8.0, 7.0], rng_states=())
+    with pytest.raises(RunLogError, match=r"process count is not in training_args.bin .*"
+                                          r"rng_state\*\.pth\); pass --prompts") as e:
+        import_trl(bare, model=BASE)
+    assert "\n" not in str(e.value)
+    assert import_trl(bare, model=BASE, prompts=2).account == one.account
+    some = _old_trl_folder(tmp_path / "d", [5.5, 7.5, 8.0, 7.0], rng_states=("rng_state_1.pth",))
+    with pytest.raises(RunLogError, match=r"rng_state files of ranks \[1\]: not one run's processes"):
+        import_trl(some, model=BASE)
+
+
+def test_trl_numbers_that_cannot_be_the_inferred_processes_are_refused(tmp_path):
+    """An 8-process run of an old TRL whose folder holds one node's RNG state only (as if the
+    other node's were elsewhere): the mean over 48 gathered lengths (261 / 48 = 5.4375) times
+    the 6 rows one process has is 32.625, not a whole number of tokens: refused in one line;
+    with --prompts (over all processes) it is accounted."""
     folder = _old_trl_folder(tmp_path, [261 / 48, 7.5, 8.0, 7.0], state_from=TRL8)
     with pytest.raises(RunLogError, match="not a whole number of tokens") as e:
         import_trl(folder, model=BASE)
     assert "\n" not in str(e.value) and "--prompts" in str(e.value)
     run = import_trl(folder, model=BASE, prompts=16)
     assert run.settings["prompts"] == 16 and "world_size" not in run.fields_assumed
-    # a one-process log of an old TRL (whole numbers) is accounted, the world size assumed
-    ok = import_trl(_old_trl_folder(tmp_path / "b", [5.5, 7.5, 8.0, 7.0]), model=BASE)
-    assert "world_size" in ok.fields_assumed
-    assert ok.account == import_trl(TRL, model=BASE).account
 
 
 def test_trl_lengths_checked_against_the_logged_maxima(tmp_path):
@@ -249,7 +274,7 @@ def test_cli_from_openrlhf_and_nemo_rl(capsys):
     for argv, needle in (
             (["--from-openrlhf", str(OPENRLHF_LOG), "--from-verl", str(OPENRLHF_LOG)],
              "from_verl, from_openrlhf: give one run, not 2"),
-            (["--from-nemo-rl", str(DATA / "nope")], "no such file or folder")):
+            (["--from-nemo-rl", str(DATA / "nope")], "file not found")):
         with pytest.raises(SystemExit) as e:
             main(["account", *argv])
         err = capsys.readouterr().err.strip()

@@ -207,15 +207,18 @@ def test_a_table_that_is_not_text_or_has_a_bad_number_is_one_line(tmp_path):
 
     binary = tmp_path / "bin.csv"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ConfigError, match=r"bin.csv.*not a CSV table of benchmarks/tiny_grid.py"):
+    with pytest.raises(ConfigError, match=r"bin.csv.*line 1: not UTF-8 text"):
         read_table(binary)
     rows = _rows(seeds=(0,), gs=(2,))
     rows[3]["group_size"] = "two"
-    with pytest.raises(ConfigError, match=r"line 5: group_size='two' is not a number"):
+    with pytest.raises(ConfigError, match=r"line 5: group_size='two': must be a whole number from 1 to 65536"):
+        read_table(write_table(tmp_path / "t.csv", rows))
+    rows[3]["group_size"] = "٢"  # a digit Python's int() reads, in another script
+    with pytest.raises(ConfigError, match=r"line 5: group_size='٢': not a number as allowed: ASCII digits"):
         read_table(write_table(tmp_path / "t.csv", rows))
     rows = _rows(seeds=(0,), gs=(2,))
     rows[0]["judge"] = "high"
-    with pytest.raises(ConfigError, match=r"line 2: judge='high' is not a number"):
+    with pytest.raises(ConfigError, match=r"line 2: judge='high': must be a number"):
         read_table(write_table(tmp_path / "u.csv", rows))
 
 

@@ -188,6 +188,10 @@ def account(
         return
     out.print(breakdown_table(result.account, result.title))
     if result.run is not None:
+        from allocopt.runlogs.accounting import assumption_lines
+
+        for line in assumption_lines(result.data):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
         print_run_sources(result.run, result.rates)
 
 

@@ -267,6 +267,15 @@ class GRPOStep:
     runs without adapters (peft's ``disable_adapter``: no fold), so no micro-batch of its own
     moves the count."""
 
+    critic_update_passes: float | None = None
+    """The critic's passes of forward + backward over the batch (verl ``critic.ppo_epochs``,
+    which defaults to the actor's ``ppo_epochs``); ``None``: :attr:`update_passes`. Read only
+    with a critic."""
+    critic_gradient_checkpointing: bool | None = None
+    """The critic recomputes its layers in backward (verl
+    ``critic.model.enable_gradient_checkpointing``); ``None``: as the policy. Read only with a
+    critic."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
         object.__setattr__(self, "completion_tokens", tuple(self.completion_tokens))
@@ -285,6 +294,10 @@ class GRPOStep:
         if not (self.update_passes >= 0) or math.isinf(self.update_passes):
             raise ConfigError(f"update_passes={self.update_passes!r}: must be a number >= 0 "
                               "(0: an iteration that trains on no row)")
+        c = self.critic_update_passes
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float))
+                              or not (c >= 0) or math.isinf(c)):
+            raise ConfigError(f"critic_update_passes={c!r}: must be a number >= 0")
         if isinstance(self.minibatches, bool) or not isinstance(self.minibatches, int) \
                 or self.minibatches < 1:
             raise ConfigError(f"minibatches={self.minibatches!r}: must be a positive integer")
@@ -515,9 +528,12 @@ def _critic(critic: ModelShape, step: GRPOStep, seqs: Counter, gc: bool, eng: En
        0 matmul FLOPs, not charged;
     3. ``μ`` × (forward + backward) of the value loss, fully fine-tuned (backward 2 × the
        forward, :func:`~allocopt.flops.backward_flops`), recompute under checkpointing
-       (executed only).
+       (executed only); ``μ`` and checkpointing are the critic's own where the step gives
+       them (:attr:`GRPOStep.critic_update_passes`, :attr:`GRPOStep.critic_gradient_checkpointing`).
     """
     shape = critic_shape(critic)
+    if step.critic_gradient_checkpointing is not None:
+        gc = step.critic_gradient_checkpointing
     values, train = 0, {"forward": 0, "backward": 0, "recompute": 0}
     for (n, k), m in seqs.items():
         # the critic's head is d x 1 at every position the engine runs it on; useful: the
@@ -529,7 +545,7 @@ def _critic(critic: ModelShape, step: GRPOStep, seqs: Counter, gc: bool, eng: En
                            fused_attention=(not useful and eng.fused_attention))
         for key in train:
             train[key] += m * t[key]
-    mu = step.update_passes
+    mu = step.update_passes if step.critic_update_passes is None else step.critic_update_passes
     return {"critic_values": values,
             **{f"critic_{key}": _scale(v, mu) for key, v in train.items()}}
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
 from pathlib import Path
 from typing import Iterable, Literal
 
 from allocopt.flops import ConfigError
 from allocopt.flops.grpo import GRPOStep
-from allocopt.limits import MAX_LENGTHS_BYTES, iter_lines
+from allocopt.limits import MAX_LENGTHS_BYTES, iter_lines, loads_json, read_number
 
 Distribution = Literal["constant", "uniform", "one-long"]
 DISTRIBUTIONS: tuple[str, ...] = ("constant", "uniform", "one-long")
@@ -79,12 +78,7 @@ def _csv(path: str | Path, lines: Iterable[str]) -> Iterable[tuple[int, dict]]:
 
 def _jsonl(path: str | Path, lines: Iterable[str]) -> Iterable[tuple[int, dict]]:
     for i, ln in enumerate(lines, start=1):
-        try:
-            rec = json.loads(ln)
-        except RecursionError:
-            raise ConfigError(f"lengths={str(path)!r}: line {i}: nested too deep") from None
-        except ValueError as e:
-            raise ConfigError(f"lengths={str(path)!r}: line {i}: not JSON ({str(e).splitlines()[0][:200]})") from None
+        rec = loads_json(ln, f"{path}:{i}", "lengths")
         if not isinstance(rec, dict):
             raise ConfigError(f"lengths={str(path)!r}: line {i}: expected a JSON object")
         yield i, rec
@@ -95,6 +89,8 @@ def _tokens(path: str | Path, where: int, rec: dict, key: str) -> int:
     if v is None:
         raise ConfigError(f"lengths={str(path)!r}: line {where}: missing {key!r} "
                           "(needed: prompt_tokens, completion_tokens; optional: count)")
+    if isinstance(v, str):  # a CSV cell: ASCII digits only (the reading layer)
+        v = read_number(v, f"lengths={str(path)!r}: line {where}: {key}")
     try:
         f = float(v)
     except (TypeError, ValueError, OverflowError):

@@ -66,6 +66,13 @@ class AccountedRun:
     """Rows per device in one forward call of the old-policy log-prob pass (verl
     ``rollout.log_prob_micro_batch_size_per_gpu``); 0: ``micro_batch_size`` (TRL's is
     ``per_device_train_batch_size``)."""
+    critic_update_passes: float = 0.0
+    """The critic's passes over each rollout batch (verl ``critic.ppo_epochs``); 0: as
+    ``update_passes`` (verl's default). Read only with the set-up's ``critic``."""
+    critic_gradient_checkpointing: bool | None = None
+    """The critic recomputes its layers in backward (verl
+    ``critic.model.enable_gradient_checkpointing``); ``None``: as the set-up's
+    ``gradient_checkpointing``. Read only with a critic."""
     reward_model: str = ""
     """Reward model (preset, folder or hub id); empty = rule-based reward (0 FLOPs)."""
     lengths: str = ""
@@ -90,7 +97,10 @@ class AccountedRun:
         if self.prompts * self.group_size > MAX_ROLLOUTS_PER_ITERATION:  # every row is priced
             raise ConfigError(f"prompts x group_size={self.prompts} x {self.group_size}: must be "
                               f"at most {MAX_ROLLOUTS_PER_ITERATION} completions per step (each row is priced)")
-        for f in ("update_passes", "completion_max"):
+        if self.critic_gradient_checkpointing not in (None, True, False):
+            raise ConfigError(f"critic_gradient_checkpointing={self.critic_gradient_checkpointing!r}: "
+                              "must be true or false")
+        for f in ("update_passes", "completion_max", "critic_update_passes"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{f}={v!r}: must be a number >= 0")
@@ -186,7 +196,9 @@ def grpo_steps(setup: TrainingSetup, run: AccountedRun) -> list[GRPOStep]:
               minibatches=run.minibatches, rows_per_forward=run.micro_batch_size,
               logprob_rows_per_forward=run.log_prob_micro_batch_size or None,
               importance_sampling_correction=setup.importance_sampling_correction,
-              trained_prompts=None if gen == run.prompts else run.prompts)
+              trained_prompts=None if gen == run.prompts else run.prompts,
+              critic_update_passes=run.critic_update_passes or None,
+              critic_gradient_checkpointing=run.critic_gradient_checkpointing)
     if run.lengths:
         rows = read_lengths(run.lengths)
         steps = steps_from_rows(rows, gen, run.group_size,

@@ -39,13 +39,26 @@ memory-bound and runs far below peak), learning (every pass of the update) and r
 inference."""
 
 
+MAX_RATE = 1e19
+"""Largest FLOP/s per GPU a profile may give (today's GPUs reach a few 1e15)."""
+MAX_GPUS = 1_000_000
+"""Most GPUs a measured run may have used."""
+
+
 def _rate(name: str, v: Any) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ConfigError(f"throughput.{name}={v!r}: must be a positive number of FLOP/s per GPU "
-                          "(or left out when not measured)")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or not 0 < v <= MAX_RATE:
+        raise ConfigError(f"throughput.{name}={v!r}: must be a positive number of FLOP/s per GPU, "
+                          f"at most {MAX_RATE:g} (or left out when not measured)")
     return float(v)
+
+
+def _name(field_name: str, v: Any, allowed: str) -> None:
+    if not isinstance(v, str) or not v.strip() or len(v) > 256 or not v.isprintable():
+        raise ConfigError(f"throughput.{field_name}={str(v)[:80]!r}: must be {allowed} (1 to 256 "
+                          "printable characters)")
 
 
 @dataclass(frozen=True)
@@ -74,18 +87,16 @@ class ThroughputProfile:
     """Phase -> where its rate came from (file, trial numbers, ``given``)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gpu, str) or not self.gpu.strip():
-            raise ConfigError(f"throughput.gpu={self.gpu!r}: must name the GPU (e.g. 'H100-80GB')")
-        if not isinstance(self.setup_fingerprint, str) or not self.setup_fingerprint.strip():
-            raise ConfigError(f"throughput.setup_fingerprint={self.setup_fingerprint!r}: must be the "
-                              "set-up's fingerprint (allocopt account --json prints it) or '*'")
+        _name("gpu", self.gpu, "the GPU's name (e.g. 'H100-80GB')")
+        _name("setup_fingerprint", self.setup_fingerprint,
+              "the set-up's fingerprint (allocopt account --json prints it) or '*'")
         for p in THROUGHPUT_PHASES:
             object.__setattr__(self, p, _rate(p, getattr(self, p)))
         if all(getattr(self, p) is None for p in THROUGHPUT_PHASES):
             raise ConfigError("throughput: no rate given; give at least search_prefill, search_decode "
                               "and learning (FLOP/s per GPU)")
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
-            raise ConfigError(f"throughput.gpus={self.gpus!r}: must be an integer >= 1")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or not 1 <= self.gpus <= MAX_GPUS:
+            raise ConfigError(f"throughput.gpus={self.gpus!r}: must be an integer from 1 to {MAX_GPUS}")
         if not isinstance(self.sources, Mapping):
             raise ConfigError(f"throughput.sources={self.sources!r}: must be a table phase -> text")
         object.__setattr__(self, "sources", {str(k): str(v) for k, v in self.sources.items()})
@@ -161,13 +172,10 @@ def phase_flops(b: ComputeBreakdown) -> dict[str, int]:
 def load_profile(path: str | Path) -> ThroughputProfile:
     """The profile in a ``.json`` or ``.toml`` file. Raises :class:`ConfigError` (one line)."""
     p = Path(path)
-    if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"throughput={str(p)!r}: file not found") from None
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"throughput={str(p)!r}: not a JSON profile ({e})") from None
+    if p.suffix.lower() == ".json":  # the reading layer: a regular file of at most 1 MiB, JSON in limits
+        from allocopt.limits import MAX_TOML_BYTES, read_json
+
+        data = read_json(p, MAX_TOML_BYTES, "throughput")
     else:
         from allocopt.tomlio import read_toml
 

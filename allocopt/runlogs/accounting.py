@@ -79,6 +79,28 @@ def account_any(recipe: Path | None = None, *, runs: Mapping[str, Path | None] |
                       {**run.to_dict(), "achieved": rates}, run=run, rates=rates, profile=profile)
 
 
+OTHER_READING_BAR = 0.02
+"""An other reading that moves the total by more than this share is printed with its total."""
+
+
+def assumption_lines(data: Mapping[str, Any]) -> list[str]:
+    """One line per assumed field of an imported run's JSON form (:meth:`ImportedRun.to_dict`):
+    the executed total assumes it, and, where its other reading moves the total by more than
+    :data:`OTHER_READING_BAR`, what the total would be under that reading."""
+    total = float(data.get("total_flops", 0.0))
+    others = data.get("other_readings", {})
+    lines = []
+    for field_name, value in data.get("fields_assumed", {}).items():
+        line = f"total {total:.3e} FLOPs assumes {field_name} = {value}"
+        if field_name in others:
+            o = others[field_name]
+            line += (f"; if {o['reading']}: {o['total_flops']:.3e} ({o['change']:+.1%})"
+                     if abs(o["change"]) > OTHER_READING_BAR else
+                     f"; if {o['reading']}: within {OTHER_READING_BAR:.0%}")
+        lines.append(line)
+    return lines
+
+
 def _account_recipe(recipe: Path | None, given: Mapping[str, Any]) -> Accounting:
     """A recipe's account, titled with what it prices (model, batch, passes, set-up)."""
     from allocopt.plan.hub import model_shape

