@@ -30,7 +30,7 @@ from allocopt.query.stored import parent_run_id, stored_objectives, stored_recom
 FIDELITY_CHOICES = ("full", "pilot", "all")
 
 _STUDY = typer.Option(None, "--study", help="Optuna study name (in --storage) \\[default: the one study the storage holds].")
-_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
+_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line.")
 _FROM_MLFLOW = typer.Option(None, "--from-mlflow", help="MLflow experiment (allocopt/<study> or the study name) to read trials from instead of --study; repeat for several studies.")
 _MLFLOW_URI = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db].")
 _WHERE = typer.Option(None, "--where", help="Filter, repeatable (all must hold): KEY=VALUE, KEY!=VALUE, KEY>N, KEY>=N, KEY<N, KEY<=N; e.g. reward=prm, 'rho>0.5', group_size=8.")
