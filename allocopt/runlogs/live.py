@@ -27,12 +27,19 @@ its keys (a callback given as ``GRPOTrainer(callbacks=[AllocoptCallback()])`` or
 ``trainer.add_callback`` runs after the reporters: they miss the keys of that step, the JSON at
 the end is the same). ``AllocoptCallback`` is a ``transformers.TrainerCallback`` subclass made
 on first access, so ``import allocopt.runlogs.live`` loads no torch or transformers.
+
+The callback never breaks the training it watches: whatever it cannot price (a model whose
+config cannot be fetched offline, a field the trainer lacks, an output folder it cannot write)
+is one warning (``allocopt: live FLOP account off for this run: ...``), after which it adds
+nothing more and the run goes on (:meth:`AllocoptCallback.off`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +71,21 @@ def _adapter(model: Any) -> dict[str, Any] | None:
     return d
 
 
+def _never_raises(hook: Any) -> Any:
+    """A callback hook that turns anything it raises into :meth:`off` (one warning): the
+    user's training goes on."""
+    @functools.wraps(hook)
+    def safe(self: Any, *args: Any, **kwargs: Any) -> None:
+        if self.off_reason is not None:
+            return None
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - never into the user's training loop
+            self.off(e)
+            return None
+    return safe
+
+
 def _make_class() -> type:
     from transformers import TrainerCallback
 
@@ -92,6 +114,15 @@ def _make_class() -> type:
             self._inner = 0.0  # search + reward seconds inside the current optimizer step
             self._adapter: dict[str, Any] | None = None
             self._model_name: str | None = None
+            self.off_reason: str | None = None
+
+        def off(self, error: BaseException) -> None:
+            """Stop accounting for the rest of the run, with one warning saying why."""
+            text = str(error).splitlines()[0] if str(error) else ""
+            self.off_reason = f"{type(error).__name__}: {text}" if not isinstance(error, RunLogError) else text
+            warnings.warn(f"allocopt: live FLOP account off for this run: {self.off_reason}; the training "
+                          "goes on (allocopt account --from-trl OUTPUT_DIR prices it afterwards)",
+                          RuntimeWarning, stacklevel=3)
 
         # --- timing of the phases (wrapped trainer methods; see attach) ---
         def wrap(self, trainer: Any) -> None:
@@ -106,7 +137,7 @@ def _make_class() -> type:
                     t0 = time.perf_counter()
                     try:
                         return _fn(*a, **k)
-                    finally:
+                    finally:  # plain float additions: nothing here can raise
                         dt = time.perf_counter() - t0
                         self.seconds[_phase] += dt
                         self._inner += dt
@@ -114,6 +145,7 @@ def _make_class() -> type:
                 timed._allocopt_timed = True  # type: ignore[attr-defined]
                 setattr(trainer, name, timed)
 
+        @_never_raises
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                            **kwargs: Any) -> None:
             self._adapter = _adapter(model)
@@ -122,10 +154,12 @@ def _make_class() -> type:
             config = getattr(inner() if callable(inner) else model, "config", None)
             self._model_name = base or getattr(config, "_name_or_path", None) or None
 
+        @_never_raises
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._step_start = time.perf_counter()
             self._inner = 0.0
 
+        @_never_raises
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self._step_start is not None:
                 self.seconds["learning"] += max(0.0, time.perf_counter() - self._step_start
@@ -167,6 +201,7 @@ def _make_class() -> type:
                     m[f"{PREFIX}{phase}_mfu"] = float(r["mfu"])
             return m
 
+        @_never_raises
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
                    **kwargs: Any) -> None:
             if logs is None or "completions/mean_length" not in logs:
@@ -176,6 +211,7 @@ def _make_class() -> type:
                 self.last = run
                 logs.update(self.metrics(run))
 
+        @_never_raises
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             run = self.account(args, state)
             if run is None or not state.is_world_process_zero:
