@@ -245,9 +245,13 @@ STRANGER_ROWS = [
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("bad"))
+
+
+def make_folder(tmp: Path) -> Path:
+    """The files the rows name under ``{tmp}``, made in ``tmp``; returns ``tmp``."""
     import optuna
 
-    tmp = tmp_path_factory.mktemp("bad")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')

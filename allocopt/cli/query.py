@@ -186,10 +186,11 @@ def pareto(
     as_json: bool = _JSON,
 ) -> None:
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
+    given = _split(objectives, "objectives") if objectives else None  # before the storage is opened
+    dirs = _split(directions, "directions") if directions else None
     rows, source, study = _load(**trials, fidelity=fidelity)
-    names = _split(objectives, "objectives") if objectives else stored_objectives(
-        study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
-    print_front(rows, names, _split(directions, "directions") if directions else None, source, fidelity, as_json)
+    names = given or stored_objectives(study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
+    print_front(rows, names, dirs, source, fidelity, as_json)
 
 
 def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], source: str,
