@@ -4,7 +4,9 @@
 the same Python (``python -I -S command_process.py WORKER_PID GRACE_S LINE``, standard library
 only). The guard leads a session of its own, so the line and everything it starts share one
 process group, whose id is the guard's pid. It asks Linux to send it SIGTERM when the worker
-dies (``prctl(PR_SET_PDEATHSIG)``: a SIGKILLed worker runs no code of its own), and on SIGTERM,
+dies (``prctl(PR_SET_PDEATHSIG)``: a SIGKILLed worker runs no code of its own; strictly, when
+the worker's thread that started it ends, so start it from a thread that outlives the command,
+as the study loop's main thread does), and on SIGTERM,
 SIGINT or SIGHUP it ends the group: SIGTERM, at most ``GRACE_S`` seconds for it to go, SIGKILL.
 
 A guard can be killed too (both SIGKILLed at once, an out-of-memory kill). So each running

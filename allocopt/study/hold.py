@@ -30,7 +30,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from allocopt.errors import StorageError
-from allocopt.study.handles import _STORAGES
+from allocopt.study.handles import _STORAGES, sqlite_file_lock
 
 HEARTBEAT_INTERVAL_S = 10
 """Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
@@ -127,7 +127,9 @@ def fail_stale(study: Any) -> None:
 
     if study not in _STORAGES:
         return
-    with warnings.catch_warnings():
+    # SQLite reads a trial's state outside the transaction that fails it: two workers failing
+    # one stale trial at once would both succeed and queue two retries; one at a time per file
+    with warnings.catch_warnings(), sqlite_file_lock(_STORAGES[study]):
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)
     flush = getattr(getattr(_STORAGES[study], "heartbeat_stale_trial_callback", None), "flush", None)
