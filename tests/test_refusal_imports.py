@@ -145,3 +145,18 @@ def test_the_table_covers_every_command():
     commands = {c.name or c.callback.__name__ for c in app.registered_commands}
     assert {args[0] for _, args, _ in ALL_ROWS} == commands
     assert set(READS_THE_STORAGE) <= {kind for kind, _, _ in ALL_ROWS}
+
+
+def test_the_tiny_sizes_are_priced_without_transformers_as_with_it():
+    """The tiny objective's workload reads its policy sizes from plain config fields (so a
+    refused trial budget loads no torch): the shape of each is the one transformers'
+    ``Qwen2Config`` gives."""
+    from dataclasses import replace
+
+    from allocopt.flops import ModelShape
+    from objectives.tiny.models import POLICY_SIZES, policy_config, policy_fields
+
+    for size in POLICY_SIZES:
+        plain = ModelShape.from_config(policy_fields(size))
+        built = ModelShape.from_config(policy_config(size).to_dict())
+        assert replace(plain, name=size) == replace(built, name=size), size
