@@ -27,21 +27,22 @@ folder), ``{config}`` (``grpo_config.json`` or ``verl_overrides.txt`` in it), ``
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
-import signal
 import string
-import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from allocopt.errors import TrialFailed
+from allocopt.errors import ObjectiveUnavailable, TrialFailed
 from allocopt.flops import ConfigError
 from allocopt.objective import TrialResult
 from allocopt.plan.allocation import TrialPlan, Workload
 from allocopt.plan.setup import TrainingSetup
+from objectives.command_process import end_orphans
 
 FORMATS = ("trl", "verl")
 PLACEHOLDERS = ("trial_dir", "config", "overrides", "trial", "seed")
@@ -90,16 +91,13 @@ class CommandSettings:
         if not isinstance(self.command, str) or not self.command.strip():
             raise ValueError("setting command='': give the shell line each trial runs, e.g. "
                              "--set command='bash train.sh {trial_dir}'")
-        try:
-            fields_used = {f for _, f, _, _ in string.Formatter().parse(self.command) if f is not None}
-        except ValueError as e:
-            raise ValueError(f"setting command={self.command!r}: not a valid template ({e})") from None
+        fields_used = _placeholders(self.command)
         unknown = sorted(f for f in fields_used if f not in PLACEHOLDERS)
         if unknown:
-            raise ValueError(f"setting command={self.command!r}: unknown placeholder {{{unknown[0]}}}; "
+            raise ValueError(f"setting command={_shown(self.command)}: unknown placeholder {_cut('{' + unknown[0] + '}')}; "
                              f"allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
         if "trial_dir" not in fields_used:
-            raise ValueError(f"setting command={self.command!r}: must contain {{trial_dir}} (the trial's "
+            raise ValueError(f"setting command={_shown(self.command)}: must contain {{trial_dir}} (the trial's "
                              "folder with its config; the command leaves its metrics there)")
         if not (self.timeout_s > 0 and self.timeout_s < float("inf")):
             raise ValueError(f"setting timeout_s={self.timeout_s!r}: must be a positive number of seconds")
@@ -124,6 +122,66 @@ class CommandSettings:
         except ConfigError as e:
             raise ValueError(str(e)) from None
         return cls(**own, setup=base)
+
+
+def _cut(text: str, most: int = 40) -> str:
+    """``text`` cut to ``most`` characters for a one-line message."""
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a one-line message, cut to 200 characters."""
+    return repr(_cut(text, 200))
+
+
+def _placeholders(template: str) -> set[str]:
+    """The placeholders ``template`` uses. Raises ``ValueError`` (one line) for a template that
+    is not one (an unmatched brace) or a placeholder with a format spec or conversion
+    (``{trial:>99999999}``, ``{seed!r}``): each is replaced by its quoted value as it is."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"setting command={_shown(template)}: not a valid template ({e})") from None
+    for _, name, spec, conversion in parts:
+        if name is not None and (spec or conversion):
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"setting command={_shown(template)}: placeholder {_cut(shown)} has a "
+                             "format spec or conversion; write placeholders bare, "
+                             f"e.g. {{{name}}}")
+    return {name for _, name, _, _ in parts if name is not None}
+
+
+SHELL_WORDS = frozenset({
+    "!", ".", ":", "(", "{", "[", "[[", "alias", "builtin", "case", "cd", "command", "eval", "exec",
+    "export", "for", "if", "set", "source", "time", "ulimit", "umask", "unset", "until", "while"})
+"""First words of a command line that are the shell's own (its program is looked up later)."""
+
+
+def missing_program(template: str) -> str | None:
+    """Why the program ``template`` starts cannot be run here, or ``None``: its first word
+    (after ``NAME=value`` assignments) is looked up as ``/bin/sh`` would, on ``PATH`` or as a
+    path from the working folder. Lines starting with a shell word (``cd``, ``if``, ``(``,
+    :data:`SHELL_WORDS`) or a placeholder are not checked."""
+    import shutil
+
+    try:
+        words = shlex.split(template, comments=True)
+    except ValueError as e:
+        return f"not a shell line ({e})"
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        words = words[1:]
+    if not words or words[0] in SHELL_WORDS or any(c in words[0] for c in "{$`*?;&|<>()"):
+        return None  # the shell's own, or known only once the line is filled in and expanded
+    program = words[0]
+    if "/" in program:
+        if not os.path.isfile(program):
+            return f"program {_cut(program, 200)} not found (from the working folder {os.getcwd()})"
+        if not os.access(program, os.X_OK):
+            return f"program {_cut(program, 200)} is not executable (chmod +x, or run it through its interpreter)"
+        return None
+    if shutil.which(program) is None:
+        return f"program {_cut(program, 200)!r} not found on PATH"
+    return None
 
 
 @dataclass
@@ -168,7 +226,21 @@ class CommandObjective:
         return self._workload
 
     def check_available(self) -> None:
-        """Always available: the command decides where it trains."""
+        """Refuse, before the first trial, a setting that can never work here: an ``out_dir``
+        (or a folder inside it) that is not a folder, or a command whose program is not found
+        (:func:`missing_program`). Where the command trains is its own business.
+
+        Raises:
+            ObjectiveUnavailable: one line naming the setting and its value.
+        """
+        out = Path(self.settings.out_dir)
+        for p in (out, *out.parents):
+            if p.exists() and not p.is_dir():
+                raise ObjectiveUnavailable(f"setting out_dir={self.settings.out_dir!r}: {p} is not a folder; "
+                                           "give a folder (made if missing) for the trials' folders")
+        missing = missing_program(self.settings.command)
+        if missing:
+            raise ObjectiveUnavailable(f"setting command={_shown(self.settings.command)}: {missing}")
 
     def trial_dir(self) -> Path:
         t = self._trial
@@ -188,19 +260,23 @@ class CommandObjective:
         workload = self.workload()
         run = whole_pass_run(plan, workload, t.number, t.fidelity)
         folder = self.trial_dir()
-        info = write_asked_folder(run, folder, study=t.study, storage="", fmt=s.format,
-                                  spec=t.spec if t.spec is not None else _default_spec(),
-                                  setup=workload.setup, learning_rate=workload.setup.learning_rate,
-                                  micro_batch=s.micro_batch, num_processes=s.num_processes, tell=False)
-        config = folder / ("grpo_config.json" if s.format == "trl" else "verl_overrides.txt")
-        line = s.command.format(trial_dir=shlex.quote(str(folder)), config=shlex.quote(str(config)),
-                                overrides=" ".join(shlex.quote(o) for o in info.get("overrides", [])),
-                                trial=t.number, seed=seed)
-        log_path = folder / "command.log"
-        where = f"trial folder {folder}, log {log_path}"
+        where = f"trial folder {folder}, log {folder / 'command.log'}"
         empty = _nothing_spent(plan.budget_flops)
+        try:
+            info = write_asked_folder(run, folder, study=t.study, storage="", fmt=s.format,
+                                      spec=t.spec if t.spec is not None else _default_spec(),
+                                      setup=workload.setup, learning_rate=workload.setup.learning_rate,
+                                      micro_batch=s.micro_batch, num_processes=s.num_processes, tell=False)
+        except OSError as e:  # out_dir became a file, no permission (a full disk is the study's)
+            if e.errno == errno.ENOSPC:
+                raise
+            raise TrialFailed(f"the trial's folder cannot be written ({e.strerror or e}: "
+                              f"{e.filename or folder}; {where})", empty) from None
+        line = _command_line(s.command, folder, s.format, info.get("overrides", []), t.number, seed, where, empty)
+        for note in end_orphans(folder.parent, KILL_GRACE_S):  # one trial never trains twice at once
+            warnings.warn(note, stacklevel=1)
         start = time.monotonic()
-        rc = _run_command(line, log_path, s.timeout_s, where, empty)
+        rc = _run_command(line, folder, s.timeout_s, where, empty)
         seconds = time.monotonic() - start
         empty.wall_seconds["command"] = seconds
         if rc != 0:
@@ -263,6 +339,20 @@ class CommandObjective:
         return imported.account
 
 
+def _command_line(template: str, folder: Path, fmt: str, overrides: list[str], number: int, seed: int,
+                  where: str, empty: TrialResult) -> str:
+    """The shell line of one trial: ``template`` with its placeholders filled in, each
+    shell-quoted. Raises :class:`TrialFailed` (one line naming the folder) for a template that
+    cannot be filled (the settings' check refuses those before the first trial)."""
+    config = folder / ("grpo_config.json" if fmt == "trl" else "verl_overrides.txt")
+    try:
+        return template.format(trial_dir=shlex.quote(str(folder)), config=shlex.quote(str(config)),
+                               overrides=" ".join(shlex.quote(o) for o in overrides), trial=number, seed=seed)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise TrialFailed(f"command template {_shown(template)} cannot be filled ({type(e).__name__}: {e}; {where})",
+                          empty) from None
+
+
 def _default_spec() -> Any:
     from allocopt.spec import StudySpec
 
@@ -278,42 +368,25 @@ def _nothing_spent(budget_flops: float) -> TrialResult:
                        curves=[], wall_seconds={}, status="failed")
 
 
-def _run_command(line: str, log_path: Path, timeout_s: float, where: str, empty: TrialResult) -> int:
-    """Run ``line`` with ``/bin/sh`` in a new session (its own process group), stdout and stderr
-    to ``log_path``; return its exit code. Past ``timeout_s`` (or on Ctrl-C) the whole group
+def _run_command(line: str, folder: Path, timeout_s: float, where: str, empty: TrialResult) -> int:
+    """Run ``line`` with ``/bin/sh`` in a process group that never outlives this worker
+    (:func:`objectives.command_process.run_guarded`), stdout and stderr to ``command.log`` in
+    ``folder``; return its exit code. Past ``timeout_s`` (or on Ctrl-C, SIGTERM) the whole group
     gets SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`.
 
     Raises:
         TrialFailed: timed out.
         KeyboardInterrupt: after stopping the group.
     """
-    with open(log_path, "ab") as log:
+    from objectives.command_process import run_guarded
+
+    def timed_out() -> TrialFailed:
+        return TrialFailed(f"command ran past timeout_s={timeout_s:g} and was killed ({where})", empty)
+
+    with open(folder / "command.log", "ab") as log:
         log.write(f"$ {line}\n".encode())
         log.flush()
-        proc = subprocess.Popen(line, shell=True, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop_group(proc)
-            raise TrialFailed(f"command ran past timeout_s={timeout_s:g} and was killed ({where})", empty) from None
-        except BaseException:
-            _stop_group(proc)
-            raise
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to ``proc``'s process group, SIGKILL if it is still there after the grace."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        return run_guarded(line, folder, log, timeout_s=timeout_s, grace_s=KILL_GRACE_S, on_timeout=timed_out)
 
 
 def make(**settings: Any) -> CommandObjective:

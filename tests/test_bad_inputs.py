@@ -358,7 +358,7 @@ def folder(tmp_path_factory):
 
 
 def make_folder(tmp: Path) -> Path:
-    """``tmp`` with every file the rows name ({tmp}); also used by benchmarks/bad_input.py."""
+    """``tmp`` with every file the rows name (``{tmp}``); also used by benchmarks/bad_input.py."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -173,7 +173,7 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
                     f'trials = {full}\nseed = 0\npilots = {pilots}\npilot_fraction = 0.1\n'
                     '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n'
                     '[objective_settings]\nsleep_s = 1.0\n')
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "4"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "10"}
     args = [sys.executable, "-m", "allocopt.cli", "study", "--spec", str(spec), "--storage", url,
             "--mlflow-uri", mlflow_uri]
     logs = [tmp_path / f"w{i}.log" for i in range(3)]

@@ -26,7 +26,7 @@ from allocopt.flops import ConfigError
 
 out = Console()
 err = Console(stderr=True)
-_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
+_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line.")
 
 
 
@@ -38,6 +38,9 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     yet is made from ``new`` (a :class:`StudySpec`) when given."""
     import warnings
 
+    from allocopt.cli.common import check_storage
+
+    check_storage(storage)  # a typo, an in-memory or another tool's database: one line, before Optuna
     import optuna
 
     from allocopt.study.asktell import TellError, spec_of
@@ -47,9 +50,6 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")
     warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental|Heartbeat of storage).*")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from allocopt.cli.common import check_storage
-
-    check_storage(storage)  # a typo, an in-memory or another tool's database: one line
     try:
         names = optuna.study.get_all_study_names(make_storage(storage))
     except Exception as e:  # noqa: BLE001 - bad URL, unreachable server, missing driver
@@ -215,6 +215,11 @@ def tell(
     if from_trl is not None and from_verl is not None:
         raise ConfigError("from_trl/from_verl: give one of them, not both")
     data = _read_metrics(metrics)
+    from allocopt.study.asktell import account_from_metrics, metric_targets
+
+    metric_targets(data)  # its values checked before the storage is opened (which target is
+    if from_trl is None and from_verl is None:  # the study's is known once it is)
+        account_from_metrics(data)
     from allocopt.cli.common import disk_full_as_one_line
 
     tracker: list[Any] = [None]

@@ -30,7 +30,7 @@ from allocopt.query.stored import parent_run_id, stored_objectives, stored_recom
 FIDELITY_CHOICES = ("full", "pilot", "all")
 
 _STUDY = typer.Option(None, "--study", help="Optuna study name (in --storage) \\[default: the one study the storage holds].")
-_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL (sqlite:///…, postgresql://…).")
+_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line.")
 _FROM_MLFLOW = typer.Option(None, "--from-mlflow", help="MLflow experiment (allocopt/<study> or the study name) to read trials from instead of --study; repeat for several studies.")
 _MLFLOW_URI = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI \\[default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db].")
 _WHERE = typer.Option(None, "--where", help="Filter, repeatable (all must hold): KEY=VALUE, KEY!=VALUE, KEY>N, KEY>=N, KEY<N, KEY<=N; e.g. reward=prm, 'rho>0.5', group_size=8.")
@@ -186,10 +186,11 @@ def pareto(
     as_json: bool = _JSON,
 ) -> None:
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
+    given = _split(objectives, "objectives") if objectives else None  # before the storage is opened
+    dirs = _split(directions, "directions") if directions else None
     rows, source, study = _load(**trials, fidelity=fidelity)
-    names = _split(objectives, "objectives") if objectives else stored_objectives(
-        study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
-    print_front(rows, names, _split(directions, "directions") if directions else None, source, fidelity, as_json)
+    names = given or stored_objectives(study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
+    print_front(rows, names, dirs, source, fidelity, as_json)
 
 
 def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], source: str,

@@ -105,7 +105,7 @@ def race(
     validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
     propose_only: bool = typer.Option(False, "--propose-only", help="Run the pilots, then print the proposals as ready-to-run plans (JSON) without running them."),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the race. \\[default: the spec's, else allocopt]"),
-    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    storage: str = typer.Option(DEFAULT_STORAGE, envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line."),
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate. \\[default: the spec's, else 0]"),

@@ -40,7 +40,7 @@ def study(
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
-    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL (sqlite:///…, postgresql://…)."),
+    storage: str = typer.Option(DEFAULT_STORAGE, envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line."),
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -13,10 +12,10 @@ _AFTER = "allocopt.workers.after_dashes"
 
 
 class _WorkersCommand(TyperCommand):
-    """Keeps what came after ``--`` apart: click hands every extra argument over in one list,
-    so a study argument given before ``--`` could not be told from one given after it."""
+    """Keeps what came after ``--`` apart: the parser hands every extra argument over in one
+    list, so a study argument given before ``--`` could not be told from one given after it."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         ctx.meta[_AFTER] = list(args[args.index("--") + 1:]) if "--" in args else None
         return super().parse_args(ctx, args)
 
@@ -42,7 +41,7 @@ def workers(
 
 def study_args(extra: list[str], after: list[str] | None) -> list[str]:
     """The study's arguments: ``after``, what followed ``--`` (``None``: no ``--``), checked
-    against ``extra``, every argument click did not take as the launcher's own.
+    against ``extra``, every argument the parser did not take as the launcher's own.
 
     Raises:
         ConfigError: no ``--`` or nothing after it, an argument before ``--`` (a study option

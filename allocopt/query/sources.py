@@ -35,9 +35,6 @@ def study_names(storage: str) -> list[str]:
         QueryError: the storage cannot be opened (a missing SQLite file, a bad URL, an
             unreachable server, a missing driver).
     """
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     _check_sqlite(storage, "storage")
     from allocopt.study.storage import StorageError, check_storage_url
 
@@ -45,6 +42,9 @@ def study_names(storage: str) -> list[str]:
         check_storage_url(storage)  # an in-memory or another tool's SQLite database: one line
     except StorageError as e:
         raise QueryError(str(e)) from None
+    import optuna  # only once the URL is known to be usable: a refusal imports nothing heavy
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     except Exception as e:  # bad URL, unreachable server, missing driver
@@ -63,9 +63,9 @@ def open_study_for_query(storage: str, study_name: str) -> Any:
         QueryError: the storage cannot be opened or has no such study (the message lists the
             studies it has).
     """
+    names = study_names(storage)
     import optuna
 
-    names = study_names(storage)
     if study_name not in names:
         from allocopt.study.storage import redact_url
 

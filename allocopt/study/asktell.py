@@ -310,6 +310,22 @@ def targets_from_metrics(d: Mapping[str, Any], spec: StudySpec) -> dict[str, flo
         ConfigError: a target is missing, not a finite number, or (one of
             :data:`SHARE_TARGETS`) outside [0, 1].
     """
+    out = metric_targets(d)
+    missing = [t for t, k in zip(spec.targets, spec.target_keys) if k not in out]
+    if missing:
+        raise ConfigError(f"metrics: target {', '.join(missing)} missing; the study maximizes "
+                          f"{', '.join(spec.targets)}")
+    return out
+
+
+def metric_targets(d: Mapping[str, Any]) -> dict[str, float]:
+    """Every target ``d`` (or ``d["targets"]``) holds, by key, checked as
+    :func:`targets_from_metrics` checks them, without a study: ``tell`` checks its metrics file
+    so before it opens the storage.
+
+    Raises:
+        ConfigError: a target that is not a finite number, or a share outside [0, 1].
+    """
     from allocopt.spec import TARGETS, target_key
 
     src = d.get("targets") if isinstance(d.get("targets"), Mapping) else d
@@ -324,10 +340,6 @@ def targets_from_metrics(d: Mapping[str, Any], spec: StudySpec) -> dict[str, flo
         if t in SHARE_TARGETS and not 0 <= v <= 1:
             raise ConfigError(f"{t}={v!r}: must be a share in [0, 1] (0.52, not 52)")
         out[k] = float(v)
-    missing = [t for t, k in zip(spec.targets, spec.target_keys) if k not in out]
-    if missing:
-        raise ConfigError(f"metrics: target {', '.join(missing)} missing; the study maximizes "
-                          f"{', '.join(spec.targets)}")
     return out
 
 

@@ -30,7 +30,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from allocopt.errors import StorageError
-from allocopt.study.handles import _STORAGES
+from allocopt.study.handles import _STORAGES, sqlite_file_lock
 
 HEARTBEAT_INTERVAL_S = 10
 """Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
@@ -110,16 +110,31 @@ def process_gone(who: Any) -> bool:
     return False
 
 
+_HEARTBEAT_THREAD = threading.local()
+
+
+def in_heartbeat_thread() -> bool:
+    """Whether this code runs in a trial's heartbeat thread (:func:`heartbeat`)."""
+    return getattr(_HEARTBEAT_THREAD, "active", False)
+
+
 def fail_stale(study: Any) -> None:
     """Fail the trials of dead workers (no heartbeat for the grace period) and enqueue their
-    retries; a no-op without heartbeats. Call it before ``study.ask()``."""
+    retries; a no-op without heartbeats. Called before ``study.ask()`` and, while a trial runs,
+    at each of its heartbeats (:func:`heartbeat`). Outside a heartbeat thread it then runs
+    what the stale-trial callback deferred from those threads (its ``flush``: MLflow's side)."""
     import optuna
 
     if study not in _STORAGES:
         return
-    with warnings.catch_warnings():
+    # SQLite reads a trial's state outside the transaction that fails it: two workers failing
+    # one stale trial at once would both succeed and queue two retries; one at a time per file
+    with warnings.catch_warnings(), sqlite_file_lock(_STORAGES[study]):
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)
+    flush = getattr(getattr(_STORAGES[study], "heartbeat_stale_trial_callback", None), "flush", None)
+    if flush is not None and not in_heartbeat_thread():
+        flush()
 
 
 def release_cut_reservations(study: Any, storage: Any) -> list[int]:
@@ -340,10 +355,15 @@ def heartbeat(study: Any, trial: Any) -> Iterator[None]:
     stop = threading.Event()
 
     def beat() -> None:
+        _HEARTBEAT_THREAD.active = True
         while not stop.wait(interval):
             try:
                 storage.record_heartbeat(tid)
             except Exception:  # noqa: BLE001 - try again next interval
+                pass
+            try:  # a dead worker's trial is failed and retried within its grace, however long ours runs
+                fail_stale(study)
+            except Exception:  # noqa: BLE001 - next interval; the next ask does it too
                 pass
 
     t = threading.Thread(target=beat, name=f"allocopt-heartbeat-{trial.number}", daemon=True)
@@ -375,5 +395,5 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 
 __all__ = ["ASKING_ATTR", "DEVICES_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "WORKER_ATTR", "fail_stale",
-           "heartbeat", "heartbeat_settings", "live_trials", "owner_gone", "process_gone", "release",
+           "heartbeat", "heartbeat_settings", "in_heartbeat_thread", "live_trials", "owner_gone", "process_gone", "release",
            "wait_for_earlier_proposals", "worker_name", "worker_trial"]

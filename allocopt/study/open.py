@@ -181,17 +181,14 @@ def preflight_study(spec: StudySpec, storage: str) -> None:
     """Check, writing nothing, that ``storage`` can be opened and that a study named
     ``spec.name`` in it, if there is one, was run under ``spec``'s terms (what
     :func:`open_study` checks), so a bad storage or a refused resume fails before MLflow
-    records anything. A SQLite file that does not exist yet needs only a writable folder; a
-    server must answer a ``SELECT 1``. Non-RDB URLs are left to :func:`open_study`.
+    records anything. A SQLite file must be a regular file that can be written, or a file its
+    folder lets be made (:func:`_check_sqlite_path`); a server must answer a ``SELECT 1``.
+    Optuna is imported only to read an existing study's terms. Non-RDB URLs are left to
+    :func:`open_study`.
 
     Raises:
         StudyError: one line, as :func:`open_study` words it.
     """
-    import os
-    from pathlib import Path
-
-    import optuna
-    from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
     from allocopt.study.storage import redact_url
@@ -203,16 +200,11 @@ def preflight_study(spec: StudySpec, storage: str) -> None:
     try:
         if scheme == "sqlite":
             db = make_url(storage).database
-            if not db or db == ":memory:":
-                return
-            if not Path(db).exists():
-                folder = Path(db).parent
-                if not folder.is_dir():
-                    raise StudyError(f"storage={shown!r}: cannot be opened (folder {folder} does not exist)")
-                if not os.access(folder, os.W_OK):
-                    raise StudyError(f"storage={shown!r}: cannot be opened (folder {folder} is not writable)")
-                return  # a new file: nothing to check against
+            if not db or db == ":memory:" or not _check_sqlite_path(db, shown):
+                return  # in memory (refused by check_storage_url), or a new file: nothing to compare
         else:
+            from sqlalchemy import create_engine, text
+
             engine = create_engine(storage, pool_pre_ping=True)
             try:
                 with engine.connect() as conn:
@@ -226,6 +218,8 @@ def preflight_study(spec: StudySpec, storage: str) -> None:
     except Exception as e:  # unreachable server, bad credentials, unreadable file
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StudyError(f"storage={shown!r}: cannot be opened ({redact_url(msg)})") from None
+    import optuna
+
     try:  # read only: no table creation, no migration
         store = optuna.storages.RDBStorage(storage, skip_table_creation=True,
                                            skip_compatibility_check=True)
@@ -235,6 +229,38 @@ def preflight_study(spec: StudySpec, storage: str) -> None:
     if spec.name not in known:
         return
     _check_terms(optuna.load_study(study_name=spec.name, storage=store), spec)
+
+
+def _check_sqlite_path(db: str, shown: str) -> bool:
+    """Whether the SQLite file ``db`` exists (a regular file this process can write);
+    ``False``: it does not, and its folder lets a file be made (a probe file is made and
+    removed beside it: permissions alone do not say so for root, ``/proc`` or a read-only
+    mount). Raises :class:`StudyError` (one line) otherwise."""
+    import os
+    from pathlib import Path
+
+    p = Path(db)
+    why = None
+    if p.exists():
+        if not p.is_file():
+            why = f"{p} is {'a folder' if p.is_dir() else 'not a regular file'}"
+        else:
+            try:
+                os.close(os.open(p, os.O_RDWR))
+                return True
+            except OSError as e:
+                why = f"{p} cannot be written: {e.strerror}"
+    elif not p.parent.is_dir():
+        why = f"folder {p.parent} does not exist" if not p.parent.exists() else f"{p.parent} is not a folder"
+    else:
+        probe = p.parent / f".{p.name}.probe-{os.getpid()}"
+        try:
+            os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            probe.unlink()
+            return False
+        except OSError as e:
+            why = f"no file can be made in folder {p.parent}: {e.strerror}"
+    raise StudyError(f"storage={shown!r}: cannot be opened ({why})")
 
 
 def _creation_race(e: BaseException) -> bool:

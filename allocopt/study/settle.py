@@ -25,7 +25,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from allocopt.study.handles import _STORAGES
-from allocopt.study.hold import fail_stale, owner_gone, release_cut_reservations
+from allocopt.study.hold import fail_stale, in_heartbeat_thread, owner_gone, release_cut_reservations
 
 MAX_RETRY = 1
 """How often a dead worker's trial is run again (by another worker, or on resume)."""
@@ -46,6 +46,7 @@ class StaleTrialCallback:
             warnings.simplefilter("ignore")  # experimental-API warning
             self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
         self.listeners: dict[Any, Callable[[Any, Any], None]] = {}
+        self._owed: list[tuple[Any, Any]] = []  # listener calls deferred from heartbeat threads
 
     def __call__(self, study: Any, trial: Any) -> None:
         values = recorded_values(study, trial)
@@ -55,6 +56,18 @@ class StaleTrialCallback:
                 _add_recorded(study, trial, values)
             else:  # retried once with its decision only (not a dead run's half-written result)
                 self._retry(study, _decision_only(trial))
+        if in_heartbeat_thread():  # the tracker is the main thread's: told at its next fail_stale
+            self._owed.append((study, trial))
+            return
+        self._tell(study, trial)
+
+    def flush(self) -> None:
+        """Tell the listeners what was failed in heartbeat threads since the last call."""
+        owed, self._owed = self._owed, []
+        for study, trial in owed:
+            self._tell(study, trial)
+
+    def _tell(self, study: Any, trial: Any) -> None:
         for fn in list(self.listeners.values()):
             fn(study, trial)
 

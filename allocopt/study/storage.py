@@ -14,13 +14,12 @@ Optuna and SQLAlchemy are imported inside functions: ``import allocopt`` stays l
 
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 from allocopt.errors import StorageError
 from allocopt.redact import redact_url, without_password  # noqa: F401  (imported from here too)
+from allocopt.study.handles import sqlite_file_lock  # noqa: F401  (imported from here too)
 from allocopt.study.hold import heartbeat_settings
 from allocopt.study.settle import StaleTrialCallback
 
@@ -84,31 +83,6 @@ def _check_sqlite_file(url: str, db: str) -> None:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise StorageError(f"storage={redact_url(url)!r}: another tool's SQLite database (tables: "
                            f"{shown}), not an Optuna storage; give another file (sqlite:///FILE)")
-
-
-@contextlib.contextmanager
-def sqlite_file_lock(storage: Any) -> Iterator[None]:
-    """An exclusive ``flock`` on a SQLite storage's database file while the block runs (one
-    process or thread at a time; SQLite's own locks are POSIX record locks, which ``flock``
-    does not touch, so it neither blocks nor is blocked by SQLite). Other storages: no lock
-    (their row locks make a second finishing write fail: ``UpdateFinishedTrialError``)."""
-    import fcntl
-
-    url = getattr(storage, "url", None) or getattr(getattr(storage, "_backend", None), "url", None)
-    path = None
-    if isinstance(url, str) and url.startswith("sqlite:///"):
-        from sqlalchemy.engine import make_url
-
-        path = make_url(url).database
-    if not path or not os.path.isfile(path):
-        yield
-        return
-    with open(path, "rb") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def make_storage(url: str) -> Any:

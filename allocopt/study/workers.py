@@ -6,7 +6,13 @@ same study (same ``--study-name`` and ``--storage``: Optuna's RDB storage shares
 PostgreSQL for several hosts, SQLite is fine on one). Each worker's output lines are printed
 with a prefix (``[gpu 0] ``); Ctrl-C (SIGINT) and SIGTERM are forwarded to every worker, which
 marks its running trial interrupted (run again on resume); the launcher exits with the worst
-exit code of its workers. Standard library only.
+exit code of its workers.
+
+A storage or tracking URL with a password never goes on a worker's command line, which any
+user of the host can read (``ps``, ``/proc/<pid>/cmdline``): :func:`secrets_to_environment`
+moves it into the worker's environment (``ALLOCOPT_STORAGE``, ``MLFLOW_TRACKING_URI``, which
+``allocopt study`` reads when ``--storage`` / ``--mlflow-uri`` are not given; a process's
+environment is readable by its own user only). Standard library only.
 """
 
 from __future__ import annotations
@@ -20,7 +26,11 @@ from typing import Callable, Sequence, TextIO
 
 from allocopt.flops import ConfigError
 
-__all__ = ["parse_gpus", "run_workers", "worst_exit_code"]
+__all__ = ["SECRET_OPTIONS", "parse_gpus", "run_workers", "secrets_to_environment", "worst_exit_code"]
+
+SECRET_OPTIONS = {"--storage": "ALLOCOPT_STORAGE", "--mlflow-uri": "MLFLOW_TRACKING_URI"}
+"""Study options whose URL may hold a password, and the variable ``allocopt study`` reads it
+from when the option is not given."""
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -55,6 +65,30 @@ def parse_gpus(text: str) -> list[str]:
             seen.update(group)
             groups.append(",".join(str(i) for i in group))
     return groups
+
+
+def secrets_to_environment(study_args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``study_args`` with each :data:`SECRET_OPTIONS` option whose URL holds a password taken
+    out (``--storage URL`` and ``--storage=URL`` alike), and the environment variables that
+    carry those URLs instead. Options without a password stay on the command line.
+
+    >>> secrets_to_environment(["--budget", "1e19", "--storage", "postgresql://u:pw@h/db"])
+    (['--budget', '1e19'], {'ALLOCOPT_STORAGE': 'postgresql://u:pw@h/db'})
+    """
+    from allocopt.redact import redact_url
+
+    args, env = list(study_args), {}
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in SECRET_OPTIONS and (eq or i + 1 < len(args)):
+            value, width = (value, 1) if eq else (args[i + 1], 2)
+            if redact_url(value) != value:
+                env[SECRET_OPTIONS[name]] = value
+                del args[i:i + width]
+                continue
+        i += 1
+    return args, env
 
 
 def worst_exit_code(codes: Sequence[int]) -> int:
@@ -98,6 +132,7 @@ def run_workers(gpus: Sequence[str], study_args: Sequence[str], *, out: TextIO |
         raise ConfigError("study args: --dry-run runs no trials; run `allocopt study --dry-run` once instead")
     out = out or sys.stdout
     base = list(command or [sys.executable, "-m", "allocopt.cli", "study"])
+    study_args, secrets = secrets_to_environment(study_args)
     width = max(len(g) for g in gpus)
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
@@ -115,7 +150,7 @@ def run_workers(gpus: Sequence[str], study_args: Sequence[str], *, out: TextIO |
         if threading.current_thread() is threading.main_thread() else {}
     try:
         for i, g in enumerate(gpus):
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": g, "ALLOCOPT_WORKER": str(i),
+            env = {**os.environ, **secrets, "CUDA_VISIBLE_DEVICES": g, "ALLOCOPT_WORKER": str(i),
                    "PYTHONUNBUFFERED": "1"}
             # own process group: a terminal's Ctrl-C reaches the launcher once, which forwards it
             p = subprocess.Popen([*base, *study_args], env=env, stdout=subprocess.PIPE,

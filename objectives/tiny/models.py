@@ -99,21 +99,32 @@ def build_tokenizer(path: str | None = None) -> "PreTrainedTokenizerFast":
 
 
 # ============================================================================ configs
-def _config(sizes: dict[str, dict[str, int]], size: str, what: str,
-            extra: dict[str, Any], overrides: dict[str, Any]) -> "Qwen2Config":
+def _fields(sizes: dict[str, dict[str, int]], size: str, what: str,
+            extra: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if size not in sizes:
         raise ValueError(f"size={size!r}: unknown {what} size; known: {', '.join(sizes)}")
-    from transformers import Qwen2Config
-
     fields: dict[str, Any] = dict(
-        vocab_size=len(VOCAB), max_position_embeddings=MAX_LENGTH, rope_theta=10_000.0,
+        model_type="qwen2", vocab_size=len(VOCAB), max_position_embeddings=MAX_LENGTH, rope_theta=10_000.0,
         rms_norm_eps=1e-6, initializer_range=0.02, use_sliding_window=False,
         pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
         attn_implementation="eager")
     fields.update(sizes[size])
     fields.update(extra)
     fields.update(overrides)
-    return Qwen2Config(**fields)
+    return fields
+
+
+def _config(fields: dict[str, Any]) -> "Qwen2Config":
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**{k: v for k, v in fields.items() if k != "model_type"})
+
+
+def policy_fields(size: str = "tiny", **overrides: Any) -> dict[str, Any]:
+    """The fields of :func:`policy_config` as a plain dict (a ``config.json``'s), without
+    transformers: what pricing a plan needs (``ModelShape.from_config``)."""
+    return _fields(POLICY_SIZES, size, "policy",
+                   dict(tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"]), overrides)
 
 
 def policy_config(size: str = "tiny", **overrides: Any) -> "Qwen2Config":
@@ -123,8 +134,7 @@ def policy_config(size: str = "tiny", **overrides: Any) -> "Qwen2Config":
 
     Raises ``ValueError`` for an unknown ``size``.
     """
-    return _config(POLICY_SIZES, size, "policy",
-                   dict(tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"]), overrides)
+    return _config(policy_fields(size, **overrides))
 
 
 def prm_config(size: str = "proxy", **overrides: Any) -> "Qwen2Config":
@@ -135,8 +145,8 @@ def prm_config(size: str = "proxy", **overrides: Any) -> "Qwen2Config":
 
     Raises ``ValueError`` for an unknown ``size``.
     """
-    return _config(PRM_SIZES, size, "prm",
-                   dict(tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"]), overrides)
+    return _config(_fields(PRM_SIZES, size, "prm",
+                           dict(tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"]), overrides))
 
 
 # ============================================================================= models

@@ -170,11 +170,11 @@ class TinyObjective:
         """The workload a plan is made for (:meth:`setup` on the world's models), with the shape
         of every policy size a study may name (:data:`objectives.tiny.sizes.SIZES`, from their
         configs: nothing is built to price a plan)."""
-        from objectives.tiny.models import policy_config
+        from objectives.tiny.models import policy_fields
         from objectives.tiny.sizes import SIZES
 
         w = self.world()
-        policies = {size: replace(ModelShape.from_config(policy_config(size).to_dict()), name=size)
+        policies = {size: replace(ModelShape.from_config(policy_fields(size)), name=size)
                     for size in SIZES}
         return Workload(self._shape(w.policy), self.setup(),
                         reward_models={"proxy_prm": self._shape(w.proxy_prm), "prm": self._shape(w.prm)},
