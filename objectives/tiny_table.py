@@ -75,6 +75,8 @@ class Row:
     """``native_reward``, ``pass_at_1``, ``judge`` (shares in [0, 1])."""
     flops: dict[str, int]
     """Executed FLOPs by phase: ``search``, ``learning``, ``reward``."""
+    model: str = ""
+    """The table's optional ``model`` column (empty when it has none)."""
 
     @property
     def reward_share(self) -> float:
@@ -122,7 +124,7 @@ def _row(r: dict[str, str], path: Path, line: int) -> Row:
 
     return Row(r["reward"], num("group_size", int), round(num("rho"), 4), r["fidelity"], num("budget_flops"),
                num("seed", int), {t: num(t) for t in COMMON_TARGETS},
-               {p: int(num(c, empty=0)) for p, c in PHASE_COLUMNS})
+               {p: int(num(c, empty=0)) for p, c in PHASE_COLUMNS}, (r.get("model") or "").strip())
 
 
 def _least_budget(row: dict[str, str]) -> int:
