@@ -22,6 +22,7 @@ def plot(records: Sequence[dict[str, Any]], world: str, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rs = [r for r in records if r["world"] == world]
     truths = ordered(rs, "truth")
@@ -42,6 +43,7 @@ def plot(records: Sequence[dict[str, Any]], world: str, path: Path) -> None:
                                 color=line.get_color())
             ax.set_xscale("log")
             ax.set_xticks(levels, [f"{c:g}" for c in levels])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_title(f"{TRUTH_TITLES.get(truth, truth)}; {rule} rule", fontsize=9)
             ax.set_xlabel("compute (full-run equivalents)")
         axes[i][0].set_ylabel("regret, % of range (median, IQR)")

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from allocopt.plan.allocation import Allocation
 from benchmarks.tuners.session import EPS, Session
-from benchmarks.tuners.truth import Truth, regret_pct
+from benchmarks.tuners.truth import Truth, regret_pct, value_pct
 from benchmarks.tuners.world import World
 
 RULES: tuple[str, ...] = ("own", "common", "oracle")
@@ -121,12 +121,11 @@ def score(session: Session, rule: str, truth: Truth, common: CommonRule) -> list
         full = session.full_runs(level)
         own = own_answer(session, rule, level)
         oracle = max((truth.value(a) for a, _ in full), default=None)
-        span = truth.best - truth.worst
         evs = [e for e in session.events if e.cost <= level + EPS]
         out.append({
             "level": level, "regret_pct": regret_pct(truth, own),
             "regret_pct_common": regret_pct(truth, common(full)),
-            "regret_pct_oracle": math.nan if oracle is None else max(0.0, 100 * (truth.best - oracle) / span),
+            "regret_pct_oracle": math.nan if oracle is None else value_pct(truth, oracle),
             "compute_used": max((e.cost for e in evs), default=0.0),
             "num_full": len(full), "num_pilots": sum(1 for e in evs if e.fraction < 1 and e.value is not None),
             **_alloc_fields(own)})

@@ -158,9 +158,12 @@ def truths_of(world: World) -> tuple[str, ...]:
     return ("seedmean",) if isinstance(world, SyntheticWorld) else TRUTHS
 
 
-def regret_pct(truth: Truth, a: Allocation | None) -> float:
-    """``100 · (best - value(a)) / (best - worst)``, clipped at 0; NaN for no allocation."""
-    if a is None:
-        return float("nan")
+def value_pct(truth: Truth, value: float) -> float:
+    """``100 · (best - value) / (best - worst)``, clipped at 0: a true value's regret in % of the range."""
     span = truth.best - truth.worst
-    return max(0.0, 100.0 * (truth.best - truth.value(a)) / span) if span > 0 else 0.0
+    return max(0.0, 100.0 * (truth.best - value) / span) if span > 0 else 0.0
+
+
+def regret_pct(truth: Truth, a: Allocation | None) -> float:
+    """:func:`value_pct` of ``a``'s true value; NaN for no allocation."""
+    return float("nan") if a is None else value_pct(truth, truth.value(a))
