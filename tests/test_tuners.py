@@ -214,3 +214,38 @@ def test_runner_writes_every_column_and_resumes(tmp_path):
     again = run_benchmark(cfg, partial=part)
     assert len(again) == len(recs) and len(read_csv(part)) == len(recs)  # nothing ran twice
     assert world_of("tiny-table", (str(t),)).name == "hand"
+
+
+# ------------------------------------------------------------------------------ synthetic worlds
+def test_a_synthetic_world_is_scored_against_its_exact_optimum():
+    from benchmarks.tuners.world import SyntheticWorld
+    from objectives.synthetic import optimum, response
+
+    w = SyntheticWorld("paper")
+    assert len(w.candidates) == 36 * 4 * 5 and w.fractions == (0.1, 0.25) and len(w.grid_points()) == 8 * 4 * 5
+    t = truth_for(w, "pass_at_1", "seedmean", 0)
+    o = optimum("pass_at_1", variant="paper")
+    assert (t.best, t.worst) == (o.value, o.worst) and regret_pct(t, o.allocation) == 0.0
+    a = Allocation(0.3, 2, "sparse")
+    assert regret_pct(t, a) == pytest.approx(100 * (o.value - response(0.3, 2, "sparse")) / o.range)
+    k = draw_key(0, "seedmean", a, 0.1, 0)
+    assert t.draw(a, 0.1, k) == t.draw(a, 0.1, k) != t.draw(a, 0.1, draw_key(0, "seedmean", a, 0.1, 1))
+    with pytest.raises(ValueError, match="only seedmean"):
+        truth_for(w, "pass_at_1", "heldout", 0)
+
+
+@pytest.mark.slow  # the whole command line on the tiny world's table: minutes on 2 cores
+def test_quick_benchmark_writes_results_tables_and_figure(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "optimizers.py"), "--quick", "--no-timings",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_csv(tmp_path / "results.csv")
+    assert {"regret_pct", "regret_pct_common", "regret_pct_oracle", "truth", "compute_used"} <= set(rows[0])
+    assert {r["method"] for r in rows} == {"grid", "random", "tpe", "gp", "allocopt"}
+    assert len(rows) == 2 * 2 * 5 * 3  # replications x truths x methods x levels
+    text = (tmp_path / "tables.md").read_text()
+    assert "common rule" in text and "held-out seed" in text and (tmp_path / "regret.png").stat().st_size > 10_000

@@ -146,7 +146,8 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     rows = score(session, method.rule, truth, common) if error is None else \
         [{"level": c, **{k: math.nan for k in NUMERIC[1:5]}, "num_full": "", "num_pilots": "", "rho": math.nan,
           "group_size": "", "reward": "", "model": ""} for c in job.levels]
-    return [{**base, **r, "common_fits": common.fits} for r in rows]
+    job_s = time.perf_counter() - t0  # method and scoring: what the estimate of time left needs
+    return [{**base, **r, "common_fits": common.fits, "_job_seconds": job_s} for r in rows]
 
 
 def _init_worker(nice: int) -> None:
@@ -202,7 +203,7 @@ def _results(cfg: Config, todo: list[Job], log) -> Iterable[list[dict[str, Any]]
         for k, rec in enumerate(results, 1):
             r = rec[0]
             left[r["method"]] -= 1
-            took.setdefault(r["method"], []).append(float(r["seconds"]))
+            took.setdefault(r["method"], []).append(float(r.get("_job_seconds", r["seconds"])))
             eta = sum(_estimate(took, m) * n for m, n in left.items()) / max(1, cfg.workers)
             print(f"  [{k}/{len(todo)}] {r['method']} {r['world']} {r['truth']} seed {r['seed']}: "
                   f"{float(r['seconds']):.0f} s{' ERROR ' + r['error'] if r['error'] else ''}; "
