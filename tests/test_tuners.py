@@ -249,3 +249,22 @@ def test_quick_benchmark_writes_results_tables_and_figure(tmp_path):
     assert len(rows) == 2 * 2 * 5 * 3  # replications x truths x methods x levels
     text = (tmp_path / "tables.md").read_text()
     assert "common rule" in text and "held-out seed" in text and (tmp_path / "regret.png").stat().st_size > 10_000
+
+
+def test_report_tables_are_the_statistics_of_the_records():
+    from benchmarks.tuners.report import leaders, paired_table, stat_table
+
+    def rec(m, seed, own, common):
+        return {"world": "w", "truth": "heldout", "method": m, "seed": seed, "target": "pass_at_1", "level": 8.0,
+                "regret_pct": own, "regret_pct_common": common, "regret_pct_oracle": 0.0}
+
+    recs = [rec("allocopt", s, v, 1.0) for s, v in enumerate([1.0, 2.0, 3.0, 10.0])]
+    recs += [rec("tpe", s, v, 2.0) for s, v in enumerate([2.0, 2.0, 1.0, 20.0])]
+    table = stat_table(recs, "w", "heldout", "own")
+    q1, q3 = np.percentile([1.0, 2.0, 3.0, 10.0], [25, 75])
+    assert f"| allocopt (RACE) | 4 | 2.5 [{q1:.1f}, {q3:.1f}] |" in table
+    # wins at seeds 0 and 3, a tie at 1, a loss at 2: (2 + 0.5) / 4
+    p = sps.wilcoxon([1.0, 3.0, 10.0], [2.0, 1.0, 20.0]).pvalue
+    assert f"| Optuna TPE | 0.62 (p={p:.2g}, n=4) |" in paired_table(recs, "w", "heldout", "own")
+    assert "8: allocopt (RACE) (1.0)" in leaders(recs, "w", "heldout", "common")
+    assert "No peer has a lower median than allocopt" in leaders(recs, "w", "heldout", "common")

@@ -49,7 +49,7 @@ def plot(records: Sequence[dict[str, Any]], world: str, path: Path) -> None:
         axes[i][0].set_ylabel("regret, % of range (median, IQR)")
     axes[0][-1].legend(fontsize=7, loc="upper right")
     n = len({(r["seed"], r["target"]) for r in rs})
-    fig.suptitle(f"{world}: simple regret against compute ({n} replications)", fontsize=10)
+    fig.suptitle(f"{world}: simple regret against compute (up to {n} replications a method)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -55,13 +55,15 @@ def stat_table(records: Sequence[dict[str, Any]], world: str, truth: str, rule: 
     """A Markdown table: one row a method, one column a level."""
     g = group_records(records)
     levels = sorted({float(r["level"]) for r in records})
-    lines = ["| method | " + " | ".join(f"{c:g}" for c in levels) + " |", "|---|" + "---|" * len(levels)]
+    lines = ["| method | replications | " + " | ".join(f"{c:g}" for c in levels) + " |",
+             "|---|---|" + "---|" * len(levels)]
     for m in ordered(records, "method"):
         cells = []
         for c in levels:
             rs = g.get((world, truth, m, c), [])
             cells.append(_cell(describe([r[RULE_COLUMNS[rule]] for r in rs]), len(rs), kind) if rs else "—")
-        lines.append(f"| {registry.label(m)} | " + " | ".join(cells) + " |")
+        n = len({(r["seed"], r["target"]) for r in records if (r["world"], r["truth"], r["method"]) == (world, truth, m)})
+        lines.append(f"| {registry.label(m)} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -122,7 +124,7 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
         for truth in ordered([r for r in records if r["world"] == world], "truth"):
             rs = [r for r in records if r["world"] == world and r["truth"] == truth]
             n = len({(r["seed"], r["target"]) for r in rs})
-            out.append(f"### {world}, {TRUTH_TITLES.get(truth, truth)} ({n} replications)\n")
+            out.append(f"### {world}, {TRUTH_TITLES.get(truth, truth)} (up to {n} replications a method)\n")
             for rule in ("own", "common", "oracle"):
                 out.append(f"**Median regret [IQR], % of range — {RULE_TITLES[rule]}**\n")
                 out.append(stat_table(rs, world, truth, rule))
