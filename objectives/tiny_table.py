@@ -76,6 +76,8 @@ class Row:
     """``native_reward``, ``pass_at_1``, ``judge`` (shares in [0, 1])."""
     flops: dict[str, int]
     """Executed FLOPs by phase: ``search``, ``learning``, ``reward``."""
+    model: str = ""
+    """The table's optional ``model`` column (empty when it has none)."""
 
     @property
     def reward_share(self) -> float:
@@ -163,7 +165,8 @@ def _row(r: dict[str, str], path: Path, line: int) -> Row:
                round(_number(r, "rho", path, line, least=0, most=1), 4), r["fidelity"][:64],
                _number(r, "budget_flops", path, line, least=0, most=1e30),
                _number(r, "seed", path, line, whole=True, least=0, most=2**32),
-               {t: _number(r, t, path, line, least=-1e30, most=1e30) for t in COMMON_TARGETS}, flops)
+               {t: _number(r, t, path, line, least=-1e30, most=1e30) for t in COMMON_TARGETS}, flops,
+               (r.get("model") or "").strip()[:64])
 
 
 def _least_budget(row: dict[str, str]) -> int:

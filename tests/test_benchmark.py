@@ -1,21 +1,15 @@
-"""The synthetic family's optima (by an independent dense grid) and the optimizer benchmark."""
+"""The synthetic family's optima, by an independent dense grid (the tuner benchmark's own tests:
+test_tuners*.py)."""
 
-import importlib.util
 import math
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from allocopt.plan.allocation import REWARDS, Allocation
 from allocopt.flops import ConfigError
 from objectives.synthetic import (B_REF, SIZE_MODELS, VARIANTS, SyntheticObjective, get_variant,
                                   observe, optimum, response, space_of)
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "optimizers.py"
 TARGETS = ("native_reward", "pass_at_1", "judge")
 
 # The module docstring's table of known optima at B_REF: (reward, G, model, rho* per target, score)
@@ -117,83 +111,3 @@ def test_unknown_variant_is_one_clear_error():
         get_variant("nope")
     with pytest.raises(ConfigError, match="variant"):
         SyntheticObjective(variant="nope")
-
-
-# ------------------------------------------------------------------------------ the harness
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_optimizers", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_optimizers"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_grid_order_and_levels(bench):
-    pts = bench.grid_points(space_of("paper"))
-    assert len(pts) == 8 * 4 * len(REWARDS) == bench.grid_size("paper")
-    assert [p.rho for p in pts[:8]] == [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-    assert pts[0].reward == "sparse" and pts[-1].reward == "prm"  # one rho sweep after another
-    assert bench.grid_size("model-size") == 3 * 160 and {120, 480} <= set(bench.levels_of("model-size"))
-
-
-def test_at_level_and_regret(bench):
-    a, b = Allocation(0.3, 2, "sparse"), Allocation(0.45, 8, "prm")
-    traj = [(0.5, None), (1.0, a), (1.5, b)]
-    assert bench.at_level(traj, 0.5, 10) is None and bench.at_level(traj, 1.2, 10) == a
-    assert bench.at_level(traj, 100, 10) is None  # beyond the method's cap
-    assert bench.at_level(traj, 100, math.inf) == b  # allocopt keeps its last recommendation
-    p = bench.Problem("paper", "pass_at_1")
-    assert p.regret(b) == (0.0, 0.0)
-    r, pct = p.regret(a)
-    assert r == pytest.approx(0.65 - response(0.3, 2, "sparse")) and pct == pytest.approx(100 * r / p.optimum.range)
-    assert all(math.isnan(x) for x in p.regret(None))
-
-
-def test_harness_smoke(bench):
-    """Two seeds, a tiny cap, in-process: records, tables and the figure."""
-    cfg = replace(bench.Config(), seeds=2, variants=("paper",), targets="pass_at_1",
-                  methods=("grid", "random", "tpe", "gp"), caps={"grid": 6, "random": 6, "tpe": 6, "gp": 6},
-                  workers=1)
-    recs = bench.run_benchmark(cfg)
-    assert {(r["method"], r["seed"]) for r in recs} == {(m, s) for m in cfg.methods for s in (0, 1)}
-    for r in recs:
-        if r["level"] > 6:
-            assert math.isnan(r["regret"])
-        else:
-            assert 0 <= r["regret_pct"] <= 100 and r["compute_used"] <= r["level"]
-    # the grid's first 4 runs are sparse, G=2, rho 0.2..0.5: its recommendation is one of them
-    g4 = [r for r in recs if r["method"] == "grid" and r["level"] == 4]
-    assert all(r["reward"] == "sparse" and r["group_size"] == 2 and r["rho"] <= 0.5 for r in g4)
-    text = bench.format_tables(recs, cfg)
-    assert "== paper" in text and "Optuna GPSampler" in text and "grid (IsoFLOP)" in text
-    assert "not run" in bench.bar_verdict(recs, cfg)[0]
-
-
-@pytest.mark.slow
-def test_quick_benchmark_prints_its_table(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], capture_output=True,
-                       text=True, timeout=900, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = r.stdout
-    for label in ("grid (IsoFLOP)", "random", "Optuna TPE", "Optuna GPSampler", "BoTorchSampler", "allocopt"):
-        assert label in out
-    assert "== paper" in out and "Seconds per proposal" in out
-    assert "Bar (allocopt)" in out or "allocopt (not available)" in out
-    assert (tmp_path / "regret.png").stat().st_size > 10_000 and (tmp_path / "results.csv").exists()
-
-
-def test_allocopt_trajectory_is_races_own_recommendations(bench):
-    """Nothing until the pilots (60 at 0.1: 6 runs) are done; then RACE's recommendation after
-    the pilots and after each round of 2 full runs, until the compute (8 runs) is spent."""
-    traj, info = bench.run_allocopt(bench.Problem("paper", "pass_at_1"), 0, 8.0, 2)
-    assert info["num_pilots"] == 60 and info["num_full"] == 2 and info["refits"] >= 2
-    costs = [c for c, _ in traj]
-    assert costs == sorted(costs) and costs[-1] == pytest.approx(6 + 2)
-    assert all(a is None for c, a in traj[:59]) and traj[59][1] is not None
-    assert traj[59][0] == pytest.approx(6.0)
-    assert traj[60][1] == traj[59][1]  # mid-round: the round's recommendation stands
-    last = traj[-1][1]
-    assert info["proposal_trials"] == [60]  # one round of proposals (q = 2) after the pilots
-    r, pct = bench.Problem("paper", "pass_at_1").regret(last)
-    assert 0 <= pct <= 100

@@ -124,53 +124,6 @@ def test_a_level_measured_infeasible_answers_infeasible_and_the_nearer_level_dec
     assert (o.allocation.group_size, o.allocation.rho) == (4, 0.9) and o.worst == pytest.approx(0.4005)
 
 
-def test_the_replayed_race_runs_the_tiny_studys_design(tmp_path, monkeypatch):
-    """benchmarks/optimizers.py's RACE on tiny-table takes the pilot count, pilot fraction and
-    [race] table of the study file, its pilots at the full budget where the table has none."""
-    import importlib.util
-    import sys
-
-    rows = _rows() + [dict(r, fidelity="pilot") for r in _rows()]
-    monkeypatch.setenv("ALLOCOPT_TINY_TABLE", str(write_table(tmp_path / "t.csv", rows)))
-    spec = importlib.util.spec_from_file_location("bench_optimizers_terms", ROOT / "benchmarks" / "optimizers.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_optimizers_terms"] = mod
-    spec.loader.exec_module(mod)
-    study = tmp_path / "s.toml"
-    head = 'budget_flops = 3e11\ntarget = "pass@1"\npilots = 10\n'
-    study.write_text(head + "pilot_fraction = 0.25\n[race]\nbandwidth = 0.35\nrho_levels = 5\n")
-    monkeypatch.setenv("ALLOCOPT_TINY_STUDY", str(study))
-    f, settings, note = mod.table_race_terms()
-    assert (f, settings.max_pilots, settings.bandwidth, settings.rho_levels, note) == (0.25, 10, 0.35, 5, "")
-    study.write_text(head + "pilot_fraction = 0.1\n")  # the table has no pilots at 10 %
-    f, settings, note = mod.table_race_terms()
-    assert (f, settings.bandwidth) == (1.0, 0.2) and "no pilot rows at 0.1" in note
-    assert mod.main(["--variants", "tiny-table", "--tiny-study", str(tmp_path / "none.toml"),
-                     "--out", str(tmp_path / "o")]) == 2
-
-
-def test_benchmark_harness_replays_the_table(tmp_path, monkeypatch):
-    """benchmarks/optimizers.py's tiny-table variant: the grid method's regret against the
-    table's optimum, by hand (one seed: the replay is the table itself)."""
-    import importlib.util
-    import sys
-
-    table = write_table(tmp_path / "t.csv", _rows(seeds=(0,)))
-    monkeypatch.setenv("ALLOCOPT_TINY_TABLE", str(table))
-    spec = importlib.util.spec_from_file_location("bench_optimizers_tt", ROOT / "benchmarks" / "optimizers.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_optimizers_tt"] = mod
-    spec.loader.exec_module(mod)
-    recs = {r["level"]: r for r in mod.run_job(("grid", "tiny-table", "pass_at_1", 0, mod.Config()))}
-    # grid order: G = 2 first, rho 0.2 .. 0.9; after 4 runs the best is G = 2, rho 0.5 (0.43);
-    # the optimum is G = 4, rho 0.9 (0.57), the worst G = 2, rho 0.2 (0.40): regret 0.14 of 0.17
-    assert recs[4.0]["rho"] == 0.5 and recs[4.0]["regret"] == pytest.approx(0.14)
-    assert recs[4.0]["regret_pct"] == pytest.approx(100 * 0.14 / 0.17)
-    assert recs[16.0]["regret"] == pytest.approx(0.0) and recs[16.0]["group_size"] == 4
-    assert mod.main(["--variants", "tiny-table", "--tiny-table", str(tmp_path / "none.csv"),
-                     "--out", str(tmp_path / "o")]) == 2
-
-
 @pytest.mark.slow  # a whole RACE study (surrogate fits) on a constructed table: ~15 s
 def test_a_race_study_replays_the_table_end_to_end(tmp_path):
     """``allocopt study`` with objective tiny-table: pilots at the table's 25 % rows, full runs

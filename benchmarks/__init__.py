@@ -1,0 +1,1 @@
+"""Benchmark scripts of allocopt; :mod:`benchmarks.tuners` is the tuner benchmark's package."""

@@ -1,0 +1,69 @@
+"""Optuna's samplers, stock: ``RandomSampler``, ``TPESampler``, ``GPSampler`` and
+``optuna_integration.BoTorchSampler``, each built from Optuna's public API with the
+replication's seed and (but random search) 4 random start-up trials, asked and told in an
+in-memory study over the world's space (ρ a float in its range; G, reward system and model
+categorical) at the full budget only. Own rule: the best observed full run (``study.best_trial``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from allocopt.plan.allocation import Allocation
+from benchmarks.tuners.methods import Method
+from benchmarks.tuners.scoring import BEST_OBSERVED
+from benchmarks.tuners.session import Session
+
+STARTUP_TRIALS = 4
+
+
+def distributions(space: Any) -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    out = {"rho": FloatDistribution(*space.rho), "group_size": CategoricalDistribution(space.group_sizes),
+           "reward": CategoricalDistribution(space.rewards)}
+    if space.models:
+        out["model"] = CategoricalDistribution(space.models)
+    return out
+
+
+def make_sampler(name: str, seed: int) -> Any:
+    import optuna
+
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
+    from optuna_integration import BoTorchSampler
+
+    return BoTorchSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
+
+
+def run_sampler(name: str, session: Session) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    dists = distributions(session.world.space)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(name, session.replication))
+    while not session.done:
+        trial = study.ask(dists)
+        p = trial.params
+        y = session.observe(Allocation(float(p["rho"]), int(p["group_size"]), p["reward"], p.get("model")))
+        if y is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, y)
+
+
+def _method(name: str, label: str, weight: float) -> Method:
+    return Method(name, label, BEST_OBSERVED, lambda s: run_sampler(name, s), weight=weight)
+
+
+METHODS = {
+    "random": _method("random", "random (Optuna)", 1),
+    "tpe": _method("tpe", "Optuna TPE", 3),
+    "gp": _method("gp", "Optuna GPSampler", 30),
+    "botorch": _method("botorch", "Optuna BoTorchSampler", 150),
+}

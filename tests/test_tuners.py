@@ -1,0 +1,270 @@
+"""The tuner benchmark's judge (``benchmarks.tuners``): the table reader, the truths, the paired
+noise, the common rule, the statistics and the runner, each against numbers computed here."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from allocopt.errors import ConfigError
+from allocopt.plan.allocation import Allocation
+from benchmarks.tuners.runner import Config, Job, read_csv, run_benchmark, run_job, world_of
+from benchmarks.tuners.scoring import CommonRule, best_observed
+from benchmarks.tuners.session import Session
+from benchmarks.tuners.stats import describe, paired
+from benchmarks.tuners.truth import draw_key, heldout_seed, regret_pct, truth_for
+from benchmarks.tuners.world import read_world
+from tiny_grid_table import grid_columns
+
+COLUMNS = (*grid_columns(), "model")
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    """A grid table (the grid runner's columns plus ``model``) of ``rows``: dicts with reward,
+    group_size, rho, fidelity, budget_flops, seed, pass_at_1 (the other targets derived)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            row = {k: "" for k in COLUMNS}
+            row.update(status="complete", search_flops=100, learning_flops=100, reward_flops=0, total_flops=200)
+            row.update(r)
+            if row["status"] == "complete":
+                row.update(native_reward=r["pass_at_1"] + 0.1, judge=r["pass_at_1"] + 0.2)
+            w.writerow(row)
+    return path
+
+
+def cells(levels=(0.2, 0.5, 0.8), gs=(2, 4), seeds=(0, 1, 2), budget=1e12, fidelity="full", model="",
+          value=lambda i, g, s: 0.3 + 0.01 * i + 0.1 * (g == 4) + 0.001 * s):
+    return [dict(reward="sparse", group_size=g, rho=x, fidelity=fidelity, budget_flops=budget, seed=s, model=model,
+                 pass_at_1=value(i, g, s)) for g in gs for i, x in enumerate(levels) for s in seeds]
+
+
+# ------------------------------------------------------------------------------ the reader
+def test_reader_pools_models_budgets_and_pilots(tmp_path):
+    a = write(tmp_path / "small_grid" / "trials.csv",  # no model column value: named by its folder
+              cells() + cells(fidelity="pilot", budget=2.5e11, seeds=(0, 1)))
+    b = write(tmp_path / "other" / "trials.csv", cells(model="big", budget=4e12)
+              + cells(model="big", fidelity="pilot", budget=1e12, seeds=(0, 1)))
+    w = read_world([a, b])
+    assert w.models == ("big", "small") and w.space.models == ("big", "small")
+    assert w.budgets == {"big": 4e12, "small": 1e12}  # read from each table, not assumed
+    assert w.fractions == (0.25,) and w.rho_levels == (0.2, 0.5, 0.8) and w.space.group_sizes == (2, 4)
+    assert len(w.candidates) == 2 * 2 * 3 and w.heldout_seeds == (0, 1, 2)
+    one = read_world([a])
+    assert one.models == ("small",) and one.space.models == () and one.full_budget_flops == 1e12
+    # a G measured at only some levels is left out of the product, and said so
+    # G = 8 measured at 0.2 and 0.5 only: not at every level, so not in the space
+    c = write(tmp_path / "c.csv", cells() + cells(gs=(8,), levels=(0.2, 0.5)))
+    wc = read_world([c])
+    assert wc.space.group_sizes == (2, 4) and all(a.group_size != 8 for a in wc.candidates)
+    # a pilot fraction measured at some cells only is left out, and said so
+    d = write(tmp_path / "d.csv", cells() + cells(fidelity="pilot", budget=1e11, gs=(2,)))
+    wd = read_world([d])
+    assert wd.fractions == () and any("0.1" in n for n in wd.notes)
+
+
+def test_bad_tables_are_one_line_errors(tmp_path, capsys):
+    one_seed = write(tmp_path / "one.csv", cells(seeds=(0,)))
+    with pytest.raises(ConfigError, match=r"rho=0.2 has 1 seed at the full budget; the replay needs >= 2"):
+        read_world([one_seed])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("reward,rho\nsparse,0.2\n")
+    with pytest.raises(ConfigError, match="missing column"):
+        read_world([bad])
+    two = write(tmp_path / "two.csv", cells(budget=1e12) + cells(budget=2e12))
+    with pytest.raises(ConfigError, match="one full budget per model"):
+        read_world([two])
+    from benchmarks import optimizers
+
+    assert optimizers.main(["--tiny-table", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "missing column" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------ truths
+def hand_table(tmp_path) -> Path:
+    """One reward, G 2, levels 0.2 and 0.6, seeds 0..2 at the full budget, seeds 0, 1 at 25 %."""
+    full = {(0.2, 0): 0.30, (0.2, 1): 0.34, (0.2, 2): 0.38, (0.6, 0): 0.50, (0.6, 1): 0.40, (0.6, 2): 0.45}
+    rows = [dict(reward="sparse", group_size=2, rho=x, fidelity="full", budget_flops=1e12, seed=s, pass_at_1=v)
+            for (x, s), v in full.items()]
+    rows += [dict(reward="sparse", group_size=2, rho=x, fidelity="pilot", budget_flops=2.5e11, seed=s,
+                  pass_at_1=0.1 + 0.01 * s + (x > 0.5) * 0.05) for x in (0.2, 0.6) for s in (0, 1)]
+    return write(tmp_path / "hand" / "t.csv", rows)
+
+
+def test_seedmean_and_heldout_truths_by_hand(tmp_path):
+    w = read_world([hand_table(tmp_path)])
+    mid = Allocation(0.3, 2, "sparse")  # a quarter of the way from 0.2 to 0.6
+    sm = truth_for(w, "pass_at_1", "seedmean", 0)
+    assert sm.value(mid) == pytest.approx(0.75 * 0.34 + 0.25 * 0.45)  # seed-means 0.34 and 0.45
+    assert (sm.best, sm.worst) == (pytest.approx(0.45), pytest.approx(0.34))
+    # replication 3 with 3 targets holds out seed (3 // 3) % 3 = 1
+    assert heldout_seed(w, 3, 3) == 1 and heldout_seed(w, 0, 3) == 0 and heldout_seed(w, 8, 3) == 2
+    ho = truth_for(w, "pass_at_1", "heldout", 3)
+    assert ho.heldout == 1 and ho.value(mid) == pytest.approx(0.75 * 0.34 + 0.25 * 0.40)
+    assert (ho.best, ho.worst) == (pytest.approx(0.40), pytest.approx(0.34))
+    assert regret_pct(ho, Allocation(0.2, 2, "sparse")) == pytest.approx(100.0)
+    # full-budget draws never return the held-out seed; pilots draw from both their seeds
+    at = Allocation(0.6, 2, "sparse")
+    full = {round(ho.draw(at, 1.0, draw_key(3, "heldout", at, 1.0, k)), 6) for k in range(60)}
+    assert full == {0.50, 0.45}
+    pilots = {round(ho.draw(at, 0.25, draw_key(3, "heldout", at, 0.25, k)), 6) for k in range(60)}
+    assert pilots == {0.15, 0.16}
+    # at an interpolated rho the draw is one seed's interpolation, never the held-out one's
+    vals = {round(ho.draw(mid, 1.0, draw_key(3, "heldout", mid, 1.0, k)), 6) for k in range(60)}
+    assert vals == {round(0.75 * 0.30 + 0.25 * 0.50, 6), round(0.75 * 0.38 + 0.25 * 0.45, 6)}
+
+
+def test_paired_seeds_two_methods_see_the_same_truth_and_noise(tmp_path):
+    w = read_world([hand_table(tmp_path)])
+    a, b = Allocation(0.6, 2, "sparse"), Allocation(0.2, 2, "sparse")
+    s1 = Session(w, truth_for(w, "pass_at_1", "heldout", 4), 4, 10.0, (1.0,))
+    s2 = Session(w, truth_for(w, "pass_at_1", "heldout", 4), 4, 10.0, (1.0,))
+    seq1 = [s1.observe(a), s1.observe(b), s1.observe(a), s1.observe(a, 0.25)]
+    seq2 = [s2.observe(b), s2.observe(a, 0.25), s2.observe(a), s2.observe(a)]
+    assert s1.truth.heldout == s2.truth.heldout == 1
+    # the k-th run of a point gives the same draw to both, whatever the order of their runs
+    assert seq1[0] == seq2[2] and seq1[2] == seq2[3] and seq1[1] == seq2[0] and seq1[3] == seq2[1]
+    assert s1.spent == s2.spent == pytest.approx(3.25)  # a pilot at 25 % costs 0.25
+    # the harness gives two methods of a replication the same target and held-out seed
+    recs = [run_job(Job("tiny-table", (str(hand_table(tmp_path)),), "heldout", 4, "pass_at_1", m, 2.0, (2.0,)))
+            for m in ("grid", "random")]
+    assert recs[0][0]["heldout_seed"] == recs[1][0]["heldout_seed"] == 1
+
+
+def test_session_costs_and_when_an_answer_is_due(tmp_path):
+    w = read_world([hand_table(tmp_path)])
+    s = Session(w, truth_for(w, "pass_at_1", "seedmean", 0), 0, 2.0, (1.0, 2.0))
+    assert not s.answer_due(1.0)  # a full run now ends at 1: it counts at level 1
+    s.observe(Allocation(0.2, 2, "sparse"), 0.25)
+    assert s.spent == 0.25 and not s.answer_due(0.25) and s.answer_due(1.0)  # 0.25 + 1 passes level 1
+    with pytest.raises(ValueError, match="fraction=0.1"):
+        s.observe(Allocation(0.2, 2, "sparse"), 0.1)
+    s.observe(Allocation(0.2, 2, "sparse"))
+    s.observe(Allocation(0.6, 2, "sparse"))
+    assert s.done and s.spent == 2.25 and len(s.full_runs(2.0)) == 1 and len(s.full_runs()) == 2
+
+
+# ------------------------------------------------------------------------------ the common rule
+def test_common_rule_picks_the_gp_posterior_mean_argmax(tmp_path):
+    """Seven ρ levels, full runs at all but the middle one, on a parabola peaking there
+    (0.5 - 2 (ρ - 0.5)², symmetric): a smooth posterior mean peaks at the unmeasured 0.5, a cell
+    the best observed run can never name (it names 0.4, the first of the two best)."""
+    levels = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    w = read_world([write(tmp_path / "sym.csv", cells(levels=levels, gs=(2,), seeds=(0, 1)))])
+    full = [(Allocation(x, 2, "sparse"), 0.5 - 2 * (x - 0.5) ** 2) for x in levels if x != 0.5]
+    rule = CommonRule(w)
+    assert rule(full) == Allocation(0.5, 2, "sparse") and rule.fits == 1
+    assert best_observed(full) == Allocation(0.4, 2, "sparse")
+    assert rule(list(full)) == Allocation(0.5, 2, "sparse") and rule.fits == 1  # cached
+    # one run, or runs that all observed one value: the best observed
+    assert rule(full[:1]) == full[0][0] and rule([(a, 0.3) for a, _ in full]) == full[0][0]
+
+
+# ------------------------------------------------------------------------------ statistics
+def test_describe_matches_numpy_and_scipy():
+    xs = [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, math.nan]
+    d = describe(xs)
+    a = np.array(xs[:-1])
+    assert d["n"] == 6 and d["median"] == 3.0 and (d["q1"], d["q3"]) == tuple(np.percentile(a, [25, 75]))
+    assert d["mean"] == pytest.approx(31 / 6)
+    ci = sps.bootstrap((a,), np.mean, confidence_level=0.95, n_resamples=2000, method="BCa",
+                       rng=np.random.default_rng(0)).confidence_interval
+    assert (d["mean_lo"], d["mean_hi"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert d["mean_lo"] < d["mean"] < d["mean_hi"]
+    same = describe([2.0, 2.0, 2.0])
+    assert (same["mean_lo"], same["mean_hi"]) == (2.0, 2.0)
+    assert describe([])["n"] == 0 and math.isnan(describe([math.nan])["median"])
+
+
+def test_paired_win_rate_and_wilcoxon():
+    mine = [1.0, 2.0, 3.0, 0.0, 5.0, 2.0, math.nan, 1.0]
+    theirs = [2.0, 2.0, 5.0, 1.0, 4.0, 6.0, 3.0, math.nan]
+    p = paired(mine, theirs)
+    # pairs 1-6: wins at 1, 3, 4, 6, a tie at 2, a loss at 5; 7: only theirs (loss); 8: only mine (win)
+    assert p["n"] == 8 and p["win_rate"] == pytest.approx((4 + 0.5 + 1) / 8)
+    want = sps.wilcoxon([1.0, 2.0, 3.0, 0.0, 5.0, 2.0], [2.0, 2.0, 5.0, 1.0, 4.0, 6.0], zero_method="wilcox").pvalue
+    assert p["p"] == pytest.approx(want)
+    assert paired([1.0, 2.0], [1.0, 2.0]) == {"n": 2, "win_rate": 0.5, "p": 1.0}
+    with pytest.raises(ValueError, match="same replications"):
+        paired([1.0], [1.0, 2.0])
+
+
+# ------------------------------------------------------------------------------ the runner
+def test_runner_writes_every_column_and_resumes(tmp_path):
+    t = hand_table(tmp_path)
+    cfg = Config(seeds=2, tables=(str(t),), methods=("grid", "random"), levels=(1.0, 2.0), workers=1, nice=0)
+    part = tmp_path / "out" / "partial.csv"
+    part.parent.mkdir()
+    recs = run_benchmark(cfg, partial=part)
+    assert len(recs) == 2 * 2 * 2 * 2  # seeds x truths x methods x levels
+    assert {(r["truth"], r["seed"], r["target"]) for r in recs} == \
+        {(tr, s, ("native_reward", "pass_at_1")[s]) for tr in ("seedmean", "heldout") for s in (0, 1)}
+    grid2 = [r for r in recs if r["method"] == "grid" and r["level"] == 2.0]
+    # the grid runs rho 0.2 then 0.6; by 2 runs its oracle is the truth's best: regret 0
+    assert all(r["regret_pct_oracle"] == 0.0 and r["compute_used"] == 2.0 for r in grid2)
+    again = run_benchmark(cfg, partial=part)
+    assert len(again) == len(recs) and len(read_csv(part)) == len(recs)  # nothing ran twice
+    assert world_of("tiny-table", (str(t),)).name == "hand"
+
+
+# ------------------------------------------------------------------------------ synthetic worlds
+def test_a_synthetic_world_is_scored_against_its_exact_optimum():
+    from benchmarks.tuners.world import SyntheticWorld
+    from objectives.synthetic import optimum, response
+
+    w = SyntheticWorld("paper")
+    assert len(w.candidates) == 36 * 4 * 5 and w.fractions == (0.1, 0.25) and len(w.grid_points()) == 8 * 4 * 5
+    t = truth_for(w, "pass_at_1", "seedmean", 0)
+    o = optimum("pass_at_1", variant="paper")
+    assert (t.best, t.worst) == (o.value, o.worst) and regret_pct(t, o.allocation) == 0.0
+    a = Allocation(0.3, 2, "sparse")
+    assert regret_pct(t, a) == pytest.approx(100 * (o.value - response(0.3, 2, "sparse")) / o.range)
+    k = draw_key(0, "seedmean", a, 0.1, 0)
+    assert t.draw(a, 0.1, k) == t.draw(a, 0.1, k) != t.draw(a, 0.1, draw_key(0, "seedmean", a, 0.1, 1))
+    with pytest.raises(ValueError, match="only seedmean"):
+        truth_for(w, "pass_at_1", "heldout", 0)
+
+
+@pytest.mark.slow  # the whole command line on the tiny world's table: minutes on 2 cores
+def test_quick_benchmark_writes_results_tables_and_figure(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "optimizers.py"), "--quick", "--no-timings",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_csv(tmp_path / "results.csv")
+    assert {"regret_pct", "regret_pct_common", "regret_pct_oracle", "truth", "compute_used"} <= set(rows[0])
+    assert {r["method"] for r in rows} == {"grid", "random", "tpe", "gp", "allocopt"}
+    assert len(rows) == 2 * 2 * 5 * 3  # replications x truths x methods x levels
+    text = (tmp_path / "tables.md").read_text()
+    assert "common rule" in text and "held-out seed" in text and (tmp_path / "regret.png").stat().st_size > 10_000
+
+
+def test_report_tables_are_the_statistics_of_the_records():
+    from benchmarks.tuners.report import leaders, paired_table, stat_table
+
+    def rec(m, seed, own, common):
+        return {"world": "w", "truth": "heldout", "method": m, "seed": seed, "target": "pass_at_1", "level": 8.0,
+                "regret_pct": own, "regret_pct_common": common, "regret_pct_oracle": 0.0}
+
+    recs = [rec("allocopt", s, v, 1.0) for s, v in enumerate([1.0, 2.0, 3.0, 10.0])]
+    recs += [rec("tpe", s, v, 2.0) for s, v in enumerate([2.0, 2.0, 1.0, 20.0])]
+    table = stat_table(recs, "w", "heldout", "own")
+    q1, q3 = np.percentile([1.0, 2.0, 3.0, 10.0], [25, 75])
+    assert f"| allocopt (RACE) | 4 | 2.5 [{q1:.1f}, {q3:.1f}] |" in table
+    # wins at seeds 0 and 3, a tie at 1, a loss at 2: (2 + 0.5) / 4
+    p = sps.wilcoxon([1.0, 3.0, 10.0], [2.0, 1.0, 20.0]).pvalue
+    assert f"| Optuna TPE | 0.62 (p={p:.2g}, n=4) |" in paired_table(recs, "w", "heldout", "own")
+    assert "8: allocopt (RACE) (1.0)" in leaders(recs, "w", "heldout", "common")
+    assert "No peer has a lower median than allocopt" in leaders(recs, "w", "heldout", "common")

@@ -1,0 +1,131 @@
+"""Each method of the tuner benchmark runs in a session on a small measured table: a smoke test
+each (Ax and SMAC3 skipped, with the reason, when the ``bench`` extra is missing), and the
+multi-fidelity peers' own arithmetic checked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from allocopt.plan.allocation import Allocation
+from benchmarks.tuners.methods import METHODS, get
+from benchmarks.tuners.runner import Job, run_job
+from benchmarks.tuners.session import Session
+from benchmarks.tuners.truth import truth_for
+from benchmarks.tuners.world import read_world
+from test_tuners import cells, write
+
+NO_BENCH = 'the bench extra is missing (pip install -e ".[bench]")'
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """sparse and dense, G 2 and 4, ρ 0.2 / 0.5 / 0.8, 3 seeds at 1e12 FLOPs, 2 at 25 %;
+    the best cell is dense, G 4, ρ 0.5."""
+    d = tmp_path_factory.mktemp("peers")
+
+    def val(w):
+        return lambda i, g, s: 0.3 + 0.1 * (i == 1) + 0.05 * (g == 4) + 0.05 * (w == "dense") + 0.002 * s
+
+    rows = []
+    for w in ("sparse", "dense"):
+        for fid, budget, seeds in (("full", 1e12, (0, 1, 2)), ("pilot", 2.5e11, (0, 1))):
+            rows += [dict(r, reward=w) for r in cells(fidelity=fid, budget=budget, seeds=seeds, value=val(w))]
+    return read_world([write(d / "peers" / "t.csv", rows)])
+
+
+def session(world, cap: float, seed: int = 0) -> Session:
+    return Session(world, truth_for(world, "pass_at_1", "seedmean", seed), seed, cap, (1.0, 2.0, cap))
+
+
+def check_answers(s: Session) -> None:
+    assert s.done and s.answers
+    for _, a in s.answers:
+        assert a.reward in s.world.space.rewards and a.group_size in s.world.space.group_sizes
+        assert s.world.space.rho[0] <= a.rho <= s.world.space.rho[1]
+
+
+def test_every_method_is_registered_with_a_label_and_rule():
+    for m in METHODS:
+        meth = get(m)
+        assert meth.name == m and meth.label and meth.rule in ("best_observed", "own")
+
+
+@pytest.mark.parametrize("name", ["grid", "random", "tpe", "gp", "botorch"])
+def test_optuna_samplers_and_the_grid_run_full_budget_trials(world, name):
+    s = session(world, 5.0)
+    get(name).run(s)
+    assert s.spent == 5.0 and all(e.fraction == 1.0 for e in s.events) and len(s.full_runs()) == 5
+    if name == "grid":  # sparse G 2 at 0.2 / 0.5 / 0.8, then G 4
+        assert [e.allocation for e in s.events[:4]] == [Allocation(x, g, "sparse") for g, x in
+                                                        ((2, 0.2), (2, 0.5), (2, 0.8), (4, 0.2))]
+
+
+def test_ax_client_runs_and_answers_by_model_prediction(world):
+    pytest.importorskip("ax", reason=NO_BENCH)
+    s = session(world, 3.0)
+    get("ax").run(s)
+    check_answers(s)
+    assert s.spent == 3.0 and len(s.full_runs()) == 3
+    assert s.answers[-1][1] in [a for a, _ in s.full_runs()]  # Ax's best point is an arm it ran
+
+
+def test_smac_runs_pilots_as_its_cheap_budgets(world):
+    pytest.importorskip("smac", reason=NO_BENCH)
+    from benchmarks.tuners.methods.smac_mf import eta_for, nearest_fraction
+
+    # one rung per fidelity: 1 / eta ** 2 is the smallest fraction, 1 / eta maps to 0.25
+    eta = eta_for((0.1, 0.25))
+    assert 1 / eta ** 2 == pytest.approx(0.1, rel=1e-5) and math.floor(math.log(10) / math.log(eta)) == 2
+    assert nearest_fraction(1 / eta, (0.1, 0.25)) == 0.25 and nearest_fraction(1.0, (0.1, 0.25)) == 1.0
+    s = session(world, 2.0)
+    get("smac").run(s)
+    check_answers(s)
+    assert {e.fraction for e in s.events} <= {0.25, 1.0} and any(e.fraction == 0.25 for e in s.events)
+    assert s.spent == pytest.approx(sum(e.fraction for e in s.events))
+
+
+def test_botorch_mf_chooses_fidelities_and_answers_at_full_budget(world):
+    from benchmarks.tuners.methods.botorch_mf import choices
+
+    opts = choices(world)
+    assert len(opts) == 2 * len(world.candidates) and {f for _, f in opts} == {0.25, 1.0}
+    s = session(world, 2.75)  # 4 random start-up choices (2.5 runs at this seed), then the acquisition's
+    get("botorch-mf").run(s)
+    assert [e.fraction for e in s.events] == [1.0, 1.0, 0.25, 0.25, 0.25]  # the last one the acquisition's
+    check_answers(s)
+    assert s.answers[-1][1] in world.candidates
+
+
+def test_allocopt_replays_the_study_files_design(world, tmp_path, monkeypatch):
+    """The race takes the study file's pilots, fraction and [race] table; its pilots at the
+    full budget (said in a note) where the table has none at that fraction."""
+    study = tmp_path / "s.toml"
+    head = 'budget_flops = 1e12\ntarget = "pass@1"\npilots = 12\n'
+    study.write_text(head + "pilot_fraction = 0.25\n[race]\nrho_levels = 3\n")
+    monkeypatch.setenv("ALLOCOPT_TINY_STUDY", str(study))
+    from benchmarks.tuners.methods.allocopt import race_terms
+
+    f, settings, _, note = race_terms(session(world, 5.0))
+    assert (f, settings.max_pilots, settings.rho_levels, note) == (0.25, 12, 3, "")
+    s = session(world, 5.0)
+    get("allocopt").run(s)
+    pilots = [e for e in s.events if e.fraction == 0.25]
+    assert len(pilots) == 12 and s.answers and s.answers[0][0] >= 12 * 0.25 - 1e-9  # nothing before the pilots
+    check_answers(s)
+    study.write_text(head + "pilot_fraction = 0.1\n")
+    assert race_terms(session(world, 5.0))[0] == 1.0 and "no pilots at 0.1" in race_terms(session(world, 5.0))[3]
+
+
+def test_a_failing_method_is_recorded_and_the_rest_go_on(world, monkeypatch):
+    import benchmarks.tuners.methods.grid as grid
+
+    def boom(s):
+        raise RuntimeError("no luck\nsecond line")
+
+    monkeypatch.setattr(grid, "METHOD", grid.METHOD.__class__("grid", "grid", "best_observed", boom))
+    monkeypatch.setattr("benchmarks.tuners.runner.world_of", lambda v, t=(): world)
+    rec = run_job(Job("tiny-table", (), "seedmean", 0, "pass_at_1", "grid", 2.0, (1.0, 2.0)))
+    assert [r["error"] for r in rec] == ["RuntimeError: no luck"] * 2
+    assert all(math.isnan(r["regret_pct"]) for r in rec)
