@@ -85,7 +85,7 @@ def grid(args: argparse.Namespace) -> list[Cell]:
             for reward in args.rewards:
                 for g in gs:
                     for rho in levels:
-                        out.append(Cell(reward, g, rho, fidelity, budget, rank, args.model))
+                        out.append(Cell(reward, g, rho, fidelity, budget, rank, getattr(args, "model", None)))
     return out
 
 
