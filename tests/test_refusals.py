@@ -123,7 +123,7 @@ def test_quoted_toml_boolean_refused(tmp_path, run):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--from-verl", "nope.log"], "from_verl='nope.log': not a file"),
+    (["--from-verl", "nope.log"], "from_verl='nope.log': file not found"),
     (["--from-trl", "nope"], "from_trl='nope': not a folder"),
     (["--from-verl", "tests/data/runlogs/verl_r1_qwen25_3b_lora.log", "--peak-tflops", "-1"], "peak_tflops"),
     (["--from-verl", "tests/data/runlogs/verl_r1_qwen25_3b_lora.log", "--from-trl", "x"], "give one run"),
