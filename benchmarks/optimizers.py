@@ -82,7 +82,8 @@ def _caps(value: str) -> dict[str, float]:
         except ValueError:
             v = math.nan
         if m.strip() not in registry.METHODS or not v > 0:
-            raise BadFlag(f"--caps={value!r}: each item METHOD=N with N > 0, METHOD one of {', '.join(registry.METHODS)}")
+            raise BadFlag(f"--caps={value!r}: each item METHOD=N with N > 0, METHOD one of "
+                          f"{', '.join(registry.METHODS)}")
         caps[m.strip()] = v
     return caps
 

@@ -62,7 +62,8 @@ def stat_table(records: Sequence[dict[str, Any]], world: str, truth: str, rule: 
         for c in levels:
             rs = g.get((world, truth, m, c), [])
             cells.append(_cell(describe([r[RULE_COLUMNS[rule]] for r in rs]), len(rs), kind) if rs else "—")
-        n = len({(r["seed"], r["target"]) for r in records if (r["world"], r["truth"], r["method"]) == (world, truth, m)})
+        n = len({(r["seed"], r["target"]) for r in records
+                 if (r["world"], r["truth"], r["method"]) == (world, truth, m)})
         lines.append(f"| {registry.label(m)} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -151,17 +152,21 @@ def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8,
     at every level of ``levels`` (and, on a table, <= 3 % at 16 runs; on a synthetic world,
     <= 1 % by 40)."""
     g = group_records(records)
+    peers = [m for m in ordered(records, "method") if m != REFERENCE]
     lines = []
     for world in ordered(records, "world"):
         for truth in ordered([r for r in records if r["world"] == world], "truth"):
             for rule in ("own", "common"):
-                col = RULE_COLUMNS[rule]
-                med = lambda m, c: describe([r[col] for r in g.get((world, truth, m, float(c)), [])])["median"]  # noqa: E731
-                mine = {c: med(REFERENCE, c) for c in levels}
-                lost = [f"{c:g}" for c in levels if any(med(m, c) < mine[c] for m in ordered(records, "method")
-                                                        if m != REFERENCE) or math.isnan(mine[c])]
-                target = (f"<= 1 % by 40: {'YES' if mine.get(40, math.nan) <= 1 else 'NO'}" if world in VARIANTS else
-                          f"<= 3 % at 16: {'YES' if mine.get(16, math.nan) <= 3 else 'NO'} ({_fmt(mine.get(16, math.nan))} %)")
-                lines.append(f"  {world} / {truth} / {rule}: lowest median at {', '.join(f'{c:g}' for c in levels)}: "
-                             f"{'YES' if not lost else 'NO (not at ' + ', '.join(lost) + ')'}; {target}")
+                def med(m: str, c: float) -> float:
+                    return describe([r[RULE_COLUMNS[rule]] for r in g.get((world, truth, m, float(c)), [])])["median"]
+
+                mine = {c: med(REFERENCE, c) for c in (*levels, 16, 40)}
+                lost = [f"{c:g}" for c in levels if math.isnan(mine[c]) or any(med(m, c) < mine[c] for m in peers)]
+                if world in VARIANTS:
+                    target = f"<= 1 % by 40: {'YES' if mine[40] <= 1 else 'NO'} ({_fmt(mine[40])} %)"
+                else:
+                    target = f"<= 3 % at 16: {'YES' if mine[16] <= 3 else 'NO'} ({_fmt(mine[16])} %)"
+                won = "YES" if not lost else "NO (not at " + ", ".join(lost) + ")"
+                lines.append(f"  {world} / {truth} / {rule}: lowest median at "
+                             f"{', '.join(f'{c:g}' for c in levels)}: {won}; {target}")
     return "Bar (allocopt):\n" + "\n".join(lines)

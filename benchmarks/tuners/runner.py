@@ -169,9 +169,12 @@ def run_benchmark(cfg: Config, *, partial: Path | None = None, log=sys.stderr) -
     names = {v: world_label(v, cfg.tables) for v in cfg.variants}
     records: list[dict[str, Any]] = []
     if partial is not None and partial.exists():
-        want = {(names[j.variant], j.truth, j.seed, j.target, j.method): j for j in todo}
-        done_rows = [r for r in read_csv(partial) if (r["world"], r["truth"], r["seed"], r["target"], r["method"]) in want]
-        done = {(r["world"], r["truth"], r["seed"], r["target"], r["method"]) for r in done_rows}
+        def key(r: dict[str, Any]) -> tuple:
+            return (r["world"], r["truth"], r["seed"], r["target"], r["method"])
+
+        want = {(names[j.variant], j.truth, j.seed, j.target, j.method) for j in todo}
+        done_rows = [r for r in read_csv(partial) if key(r) in want]
+        done = {key(r) for r in done_rows}
         records += done_rows
         todo = [j for j in todo if (names[j.variant], j.truth, j.seed, j.target, j.method) not in done]
         print(f"  {len(done)} job(s) read back from {partial}; {len(todo)} to run", file=log, flush=True)

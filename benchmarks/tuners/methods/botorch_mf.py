@@ -80,19 +80,20 @@ def _fit(x: Any, y: Any, last: Any = None) -> Any:
 
 
 def _next(gp: Any, x_full: Any, x_choices: Any) -> int:
+    """Row of ``x_choices`` (``n x (d + 1)``, the fidelity last) that maximizes the cost-aware
+    multi-fidelity max-value entropy; ``x_full``: the candidates at full fidelity (``m x (d + 1)``)."""
+    import torch
     from botorch.acquisition.cost_aware import InverseCostWeightedUtility
     from botorch.acquisition.max_value_entropy_search import qMultiFidelityMaxValueEntropy
     from botorch.acquisition.utils import project_to_target_fidelity
     from botorch.models.cost import AffineFidelityCostModel
+    from botorch.optim import optimize_acqf_discrete
 
     d = x_choices.shape[-1] - 1
     cost = AffineFidelityCostModel(fidelity_weights={d: 1.0}, fixed_cost=0.0)
-    acq = qMultiFidelityMaxValueEntropy(gp, candidate_set=x_full, cost_aware_utility=InverseCostWeightedUtility(cost),
-                                        project=lambda X: project_to_target_fidelity(X, target_fidelities={d: 1.0}, d=d + 1))
-    import torch
-
-    from botorch.optim import optimize_acqf_discrete
-
+    acq = qMultiFidelityMaxValueEntropy(
+        gp, candidate_set=x_full, cost_aware_utility=InverseCostWeightedUtility(cost),
+        project=lambda X: project_to_target_fidelity(X, target_fidelities={d: 1.0}, d=d + 1))
     with torch.no_grad():
         best, _ = optimize_acqf_discrete(acq, q=1, choices=x_choices, unique=False)
     return int(torch.nonzero((x_choices == best[0]).all(-1))[0, 0])
