@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # objectives/ beside allocopt/
+
 OUT = Path(__file__).resolve().parent / "tiny_grid"
 COLUMNS = ("reward", "group_size", "rho", "fidelity", "budget_flops", "seed", "status",
            "native_reward", "pass_at_1", "judge", "search_flops", "learning_flops",
