@@ -76,7 +76,22 @@ def recommendation_lines(rec: Any, target: str) -> list[str]:
         text += f"; P({a.reward} is best) = {float(pb):.0%}"
     lines.append(text)
     lines += _noise_lines(rec, a)
+    lines += gain_lines(rec, target)
     return lines
+
+
+def gain_lines(rec: Any, target: str) -> list[str]:
+    """What one more full run is worth (the tuner's knowledge gradient: the expected rise of
+    the answer's true value), and where it would run; nothing when not computed."""
+    gain = _field(rec, "gain_of_one_more_run")
+    if gain is None or not math.isfinite(float(gain)):
+        return []
+    nxt = _field(rec, "best_next")
+    where = ""
+    if nxt is not None:
+        nxt = nxt if not isinstance(nxt, dict) else from_dict({"allocation": nxt}).allocation
+        where = f" (at {allocation_text(nxt)})"
+    return [f"  one more full run is worth +{float(gain):.4f} {target}{where}"[:WIDTH]]
 
 
 def _field(x: Any, name: str) -> Any:
@@ -155,6 +170,13 @@ def recommendation_dict(rec: Any, target: str) -> dict[str, Any]:
     if close:
         out["within_noise"] = [{"rho": b.rho, "group_size": b.group_size, "reward": b.reward,
                                 **({"model": b.model} if getattr(b, "model", None) else {})} for b in close]
+    gain = getattr(rec, "gain_of_one_more_run", None)
+    if gain is not None and math.isfinite(float(gain)):
+        out["gain_of_one_more_run"] = float(gain)
+        nxt = getattr(rec, "best_next", None)
+        if nxt is not None:
+            out["best_next"] = {"rho": nxt.rho, "group_size": nxt.group_size, "reward": nxt.reward,
+                                **({"model": nxt.model} if getattr(nxt, "model", None) else {})}
     cells = getattr(rec, "cell_prob_best", None)
     if cells:
         out["cell_prob_best"] = [{"reward": w, **({"model": m} if m else {}), "prob_best": float(p)}

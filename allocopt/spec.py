@@ -41,6 +41,10 @@ TARGETS: tuple[str, ...] = ("native_reward", "pass@1", "pass@1:gsm8k", "pass@1:m
 """Targets as people and the CLI spell them."""
 
 
+TUNERS: tuple[str, ...] = ("kg", "race")
+"""allocopt's tuners (:attr:`StudySpec.tuner`)."""
+
+
 def target_key(target: str) -> str:
     """Python / MLflow name of a target: ``pass@1`` -> ``pass_at_1``, ``pass@1:gsm8k`` ->
     ``pass_at_1_gsm8k`` (MLflow rejects ``@`` in keys). Raises :class:`ConfigError`."""
@@ -123,6 +127,14 @@ class StudySpec:
     seed: int = 0
     sampler: str = "botorch"
     """``botorch`` (optuna_integration.BoTorchSampler), ``gp`` (Optuna GPSampler), ``random``."""
+    tuner: str = "race"
+    """allocopt's tuner of a one-target study: ``kg`` (:mod:`allocopt.tuner`: each run, a full run
+    or a pilot, chosen by its knowledge gradient per FLOP; at most :attr:`pilots` pilots) or
+    ``race`` (:mod:`allocopt.race`: a fixed pilot grid, then surrogate proposals)."""
+    until_gain: float | None = None
+    """Stop rule (``tuner = "kg"``): end the study before :attr:`trials` full runs once one more
+    full run is worth less than this, in target units (the answer's knowledge gradient: the
+    expected rise of its true value), e.g. 0.002 for pass@1; ``None``: run every trial."""
     startup_trials: int = 4
     """Quasi-random trials before the surrogate proposes (``pilots = 0`` only)."""
     pilots: int | None = None
@@ -179,6 +191,15 @@ class StudySpec:
             raise ConfigError(f"pilot_fraction={self.pilot_fraction!r}: must be in (0, 1)")
         if self.sampler not in ("botorch", "gp", "random"):
             raise ConfigError(f"sampler={self.sampler!r}: allowed: botorch, gp, random")
+        if self.tuner not in TUNERS:
+            raise ConfigError(f"tuner={self.tuner!r}: allowed: {', '.join(TUNERS)}")
+        if self.until_gain is not None:
+            g = self.until_gain
+            if isinstance(g, bool) or not isinstance(g, (int, float)) or not (0 <= g < math.inf):
+                raise ConfigError(f"until_gain={g!r}: must be a number >= 0 (target units, e.g. 0.002)")
+            if self.tuner != "kg":
+                raise ConfigError(f"until_gain={g!r}: needs tuner = \"kg\" (the value of one more run "
+                                  "is the knowledge-gradient tuner's)")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

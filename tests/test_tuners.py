@@ -262,9 +262,9 @@ def test_report_tables_are_the_statistics_of_the_records():
     recs += [rec("tpe", s, v, 2.0) for s, v in enumerate([2.0, 2.0, 1.0, 20.0])]
     table = stat_table(recs, "w", "heldout", "own")
     q1, q3 = np.percentile([1.0, 2.0, 3.0, 10.0], [25, 75])
-    assert f"| allocopt (RACE) | 4 | 2.5 [{q1:.1f}, {q3:.1f}] |" in table
+    assert f"| allocopt | 4 | 2.5 [{q1:.1f}, {q3:.1f}] |" in table
     # wins at seeds 0 and 3, a tie at 1, a loss at 2: (2 + 0.5) / 4
     p = sps.wilcoxon([1.0, 3.0, 10.0], [2.0, 1.0, 20.0]).pvalue
     assert f"| Optuna TPE | 0.62 (p={p:.2g}, n=4) |" in paired_table(recs, "w", "heldout", "own")
-    assert "8: allocopt (RACE) (1.0)" in leaders(recs, "w", "heldout", "common")
+    assert "8: allocopt (1.0)" in leaders(recs, "w", "heldout", "common")
     assert "No peer has a lower median than allocopt" in leaders(recs, "w", "heldout", "common")

@@ -98,24 +98,46 @@ def test_botorch_mf_chooses_fidelities_and_answers_at_full_budget(world):
     assert s.answers[-1][1] in world.candidates
 
 
-def test_allocopt_replays_the_study_files_design(world, tmp_path, monkeypatch):
-    """The race takes the study file's pilots, fraction and [race] table; its pilots at the
-    full budget (said in a note) where the table has none at that fraction."""
+def test_race_replays_the_study_files_design(world, tmp_path, monkeypatch):
+    """RACE (the ablation's earlier tuner) takes the study file's pilots, fraction and [race]
+    table; its pilots at the full budget (said in a note) where the table has none at that
+    fraction."""
     study = tmp_path / "s.toml"
     head = 'budget_flops = 1e12\ntarget = "pass@1"\npilots = 12\n'
     study.write_text(head + "pilot_fraction = 0.25\n[race]\nrho_levels = 3\n")
     monkeypatch.setenv("ALLOCOPT_TINY_STUDY", str(study))
-    from benchmarks.tuners.methods.allocopt import race_terms
+    from benchmarks.tuners.methods.race import race_terms
 
     f, settings, _, note = race_terms(session(world, 5.0))
     assert (f, settings.max_pilots, settings.rho_levels, note) == (0.25, 12, 3, "")
     s = session(world, 5.0)
-    get("allocopt").run(s)
+    get("race").run(s)
     pilots = [e for e in s.events if e.fraction == 0.25]
     assert len(pilots) == 12 and s.answers and s.answers[0][0] >= 12 * 0.25 - 1e-9  # nothing before the pilots
     check_answers(s)
     study.write_text(head + "pilot_fraction = 0.1\n")
     assert race_terms(session(world, 5.0))[0] == 1.0 and "no pilots at 0.1" in race_terms(session(world, 5.0))[3]
+
+
+def test_allocopt_runs_the_studys_tuner_with_the_study_files_pilot_terms(world, tmp_path, monkeypatch):
+    """allocopt is the study's KGTuner: at most the study file's ``pilots`` pilots, at its
+    ``pilot_fraction``; none (said in a note) where the table has no pilots at that fraction;
+    an answer at every scored level once a full run is made."""
+    study = tmp_path / "s.toml"
+    monkeypatch.setenv("ALLOCOPT_TINY_STUDY", str(study))
+    from benchmarks.tuners.methods.allocopt import study_terms
+
+    study.write_text('budget_flops = 1e12\ntuner = "kg"\npilots = 2\npilot_fraction = 0.25\n')
+    assert study_terms(world) == (0.25, 2, "")
+    s = session(world, 5.0)
+    get("allocopt").run(s)
+    assert sum(e.fraction == 0.25 for e in s.events) <= 2 and {e.fraction for e in s.events} <= {0.25, 1.0}
+    check_answers(s)
+    study.write_text('budget_flops = 1e12\ntuner = "kg"\npilot_fraction = 0.1\n')
+    assert study_terms(world) == (0.1, 0, "no pilots: the world has none at 0.1")
+    s = session(world, 3.0)
+    get("allocopt").run(s)
+    assert all(e.fraction == 1.0 for e in s.events) and "no pilots" in s.note
 
 
 def test_a_failing_method_is_recorded_and_the_rest_go_on(world, monkeypatch):

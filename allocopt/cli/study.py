@@ -47,6 +47,8 @@ def study(
     sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch, gp or random. \\[default: the spec's, else botorch]"),
     pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
+    tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth; race: RACE's pilot grid, then proposals. \\[default: the spec's, else race]"),
+    until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
@@ -64,7 +66,8 @@ def study(
 
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
-                  seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction)
+                  seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction,
+                  tuner=tuner, until_gain=until_gain)
     if dry_run:  # the storage URL is checked (no connection, nothing written): the real run would refuse it
         from allocopt.cli.common import check_storage
 
@@ -73,7 +76,7 @@ def study(
     s = _race_terms(s, pilots, replicates)
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
                usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
-    if s.pilots != 0:  # RACE first: pilots, regime table, surrogate-proposed full-budget trials
+    if s.pilots != 0 and s.tuner == "race":  # RACE: pilots, regime table, proposed full-budget trials
         from allocopt.cli.race import print_race, race_live
         from allocopt.race.design import settings_for
 
@@ -97,6 +100,9 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
     gave it (``--pilots`` or the study file's ``pilots``)."""
     from dataclasses import replace
 
+    if replicates is not None and s.tuner == "kg":
+        raise ConfigError(f"replicates={replicates}: RACE only; the kg tuner repeats a run itself "
+                          "when a repeat is worth its FLOPs")
     if replicates is not None and (s.pilots == 0 or s.multi_objective):
         raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
                           "plain BO (--pilots 0, or several targets) has no leader to repeat")
@@ -104,7 +110,7 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
         err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
                   "pilots (as --pilots 0)", highlight=False)
         return replace(s, pilots=0)
-    if s.pilots != 0:
+    if s.pilots != 0 and s.tuner == "race":
         from allocopt.race import pilot_grid
         from allocopt.race.design import settings_for
 
@@ -338,7 +344,10 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     out.print(f"full-budget trials: {len(done)} complete, {n_inf} infeasible (never run), {n_fail} failed",
               highlight=False)
     if n_pilots:
-        out.print(f"RACE pilots: {n_pilots}, {p_inf} infeasible (never run)", highlight=False)
+        out.print(f"{'RACE ' if s.tuner == 'race' else ''}pilots: {n_pilots}, {p_inf} infeasible (never run)",
+                  highlight=False)
+    if st.user_attrs.get("stopped"):  # the stop rule (--until-gain) ended the study early
+        out.print(f"stopped: {st.user_attrs['stopped']}", highlight=False, markup=False)
     if stopped:
         out.print(f"interrupted (Ctrl-C; each run again): {len(stopped)} trial(s)", highlight=False)
     running = sum(r.state == "RUNNING" for r in rows(st))

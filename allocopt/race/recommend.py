@@ -5,6 +5,8 @@ support, with its uncertainty (:class:`Recommendation`). The candidate grid is s
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -87,6 +89,11 @@ class Recommendation:
     full_runs: int = 0
     """Full-budget runs the recommendation rests on."""
     level: float = 0.9
+    gain_of_one_more_run: float = math.nan
+    """Expected rise of the answer's true value (target units) from the best next full run,
+    its knowledge gradient (:class:`allocopt.tuner.study.KGTuner`); NaN when not computed (RACE)."""
+    best_next: Allocation | None = None
+    """The full run that gain belongs to."""
 
     def __post_init__(self) -> None:
         if not 0 < self.level < 1:
@@ -101,7 +108,9 @@ class Recommendation:
         return {"allocation": alloc(self.allocation), "mean": self.mean, "interval": list(self.interval),
                 "level": self.level, "prob_best": self.prob_best, "noise_sd": self.noise_sd,
                 "within_noise": [alloc(a) for a in self.within_noise], "full_runs": self.full_runs,
-                "cell_prob_best": [{"reward": r, "model": m, "prob_best": p} for r, m, p in self.cell_prob_best]}
+                "cell_prob_best": [{"reward": r, "model": m, "prob_best": p} for r, m, p in self.cell_prob_best],
+                "gain_of_one_more_run": self.gain_of_one_more_run,
+                "best_next": alloc(self.best_next) if self.best_next is not None else None}
 
 
 def _cell_win_shares(surrogate: Any, space: SearchSpace, settings: RaceSettings, num_samples: int):

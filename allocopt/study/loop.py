@@ -138,6 +138,8 @@ def run_study(
             wait_for_others(study, spec, on_wait=on_wait)
             if not retries_waiting(study) and finished_full(study) >= spec.trials:
                 break
+            if race and not retries_waiting(study) and gain_stop(study, spec, sampler):
+                break
         with worker_trial(study, dists, admit) as trial:  # stale trials failed first; heartbeat on
             if trial is None:  # another worker asked first for the last trial(s): released
                 continue
@@ -202,7 +204,7 @@ def trial_cap(study: Any, spec: StudySpec, race: Any = None) -> int:
     from optuna.trial import TrialState
 
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) + 2
-    extra = (len(race.design) + 2 * spec.trials
+    extra = (len(race.design) + 2 * spec.trials + (getattr(race.tuner, "max_pilots", None) or 0)
              + math.ceil(race.settings.extra_pilot_budget / race.pilot_fraction)) if race is not None else 0
     return spec.trials + waiting + extra
 
@@ -282,6 +284,26 @@ def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None,
         polls += 1
         reconcile_on_open(study, spec.targets)
     return polls
+
+
+STOPPED_ATTR = "stopped"
+"""The study's user attribute that says why a study ended before its ``trials`` (the stop rule)."""
+
+
+def gain_stop(study: Any, spec: StudySpec, sampler: Any) -> bool:
+    """The stop rule (:attr:`allocopt.spec.StudySpec.until_gain`): whether one more full run is
+    worth less than ``spec.until_gain`` by the answer from the study's trials; then the reason
+    is stored (user attribute :data:`STOPPED_ATTR`). False without the rule or an answer."""
+    if spec.until_gain is None or finished_full(study) < 1:
+        return False
+    rec, _ = sampler.answer(study)
+    gain = getattr(rec, "gain_of_one_more_run", math.nan)
+    if rec is None or not math.isfinite(gain) or gain >= spec.until_gain:
+        return False
+    study.set_user_attr(STOPPED_ATTR, f"one more full run is worth {gain:.4g} {spec.target}, less "
+                        f"than until_gain = {spec.until_gain:g}: stopped after {finished_full(study)} "
+                        f"of {spec.trials} full runs")
+    return True
 
 
 def retries_waiting(study: Any) -> int:

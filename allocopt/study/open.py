@@ -18,7 +18,9 @@ from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; impor
 
 
 def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:
-    """The Optuna sampler of the study: :class:`allocopt.study.sampler.RaceSampler` (RACE pilots, then
+    """The Optuna sampler of the study: with ``spec.tuner = "kg"`` and one target, a
+    :class:`allocopt.study.sampler.RaceSampler` asking the knowledge-gradient tuner
+    (:func:`allocopt.study.sampler.kg_sampler`); else a RaceSampler asking RACE (pilots, then
     surrogate proposals) unless ``spec.pilots == 0`` or the study has several targets; else the
     one ``spec.sampler`` names (several targets: BoTorch's qLogNEHVI hypervolume acquisition).
     Other workers' RUNNING trials are pending points of the BoTorch acquisition
@@ -35,6 +37,10 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     """
     import optuna
 
+    if spec.tuner == "kg" and not spec.multi_objective:
+        from allocopt.study.sampler import kg_sampler
+
+        return kg_sampler(spec, workload)
     if spec.pilots != 0 and not spec.multi_objective:
         from allocopt.study.sampler import race_sampler
 

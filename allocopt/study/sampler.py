@@ -52,7 +52,7 @@ This module imports Optuna; torch is imported (through the surrogate) at the fir
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
@@ -139,7 +139,10 @@ class RaceSampler(optuna.samplers.BaseSampler):
         tuner: the algorithm the sampler asks (:class:`allocopt.race.tuner.Tuner`: pilot
             design, proposals, answer over plain data); default a
             :class:`~allocopt.race.tuner.RaceTuner` of ``space``, the budgets, ``settings`` and
-            ``seed``, its proposals checked for feasibility on ``workload``.
+            ``seed``, its proposals checked for feasibility on ``workload``; a function
+            ``tuner(budgets, feasible)`` is called with the sampler's budgets
+            (:class:`~allocopt.race.data.Budgets`) and feasibility test (``None`` without a
+            workload) to make one.
 
     Attributes:
         tuner: the :class:`~allocopt.race.tuner.RaceTuner` (pilot grid, surrogate, proposals).
@@ -152,7 +155,8 @@ class RaceSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, space: SearchSpace, budget: Budget | float, *, pilot_fraction: float = 0.1,
                  workload: Workload | None = None, settings: RaceSettings | None = None,
-                 seed: int = 0, target_key: str | None = None, tuner: Tuner | None = None) -> None:
+                 seed: int = 0, target_key: str | None = None,
+                 tuner: Tuner | Callable[[Budgets, Any], Tuner] | None = None) -> None:
         self.space, self.target_key = space, target_key
         self.budget = budget if isinstance(budget, Budget) else Budget(budget)
         self.pilot_fraction = check_pilot_fraction(pilot_fraction)
@@ -164,10 +168,13 @@ class RaceSampler(optuna.samplers.BaseSampler):
                               "allocation's FLOPs come from its plan's phase shares)")
         self.budgets = observe.budgets_of(self.budget, self.pilot_fraction, workload)
         self._plans = PlanCache(workload) if workload is not None else None
-        self.tuner: Tuner = tuner if tuner is not None else RaceTuner(
-            space, self.budgets, self.settings, seed,
-            feasible=self._plans.feasible(self.budgets) if self._plans else None,
-            design=_design(space, self.settings, seed, workload, self.budgets))
+        feasible = self._plans.feasible(self.budgets) if self._plans else None
+        if tuner is None:
+            tuner = RaceTuner(space, self.budgets, self.settings, seed, feasible=feasible,
+                              design=_design(space, self.settings, seed, workload, self.budgets))
+        elif not isinstance(tuner, Tuner):  # a factory of the budgets and feasibility test
+            tuner = tuner(self.budgets, feasible)
+        self.tuner: Tuner = tuner
         self.distributions = space_distributions(space, fidelity=True)
         self._random = optuna.samplers.RandomSampler(seed=self.seed)
         self.decisions: dict[int, RaceDecision] = {}
@@ -365,6 +372,24 @@ def race_sampler(spec: StudySpec, workload: Workload | None = None, settings: Ra
                        target_key=spec.target_key)
 
 
+def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler:
+    """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
+    (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction`` allowed unless
+    ``spec.pilots == 0``, at most ``spec.pilots`` of them when set; runs checked for
+    feasibility on ``workload`` when given.
+
+    Raises:
+        ConfigError: as :func:`race_sampler`.
+    """
+    from allocopt.tuner.study import KGTuner
+
+    def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
+        return KGTuner(spec.space, budgets, max_pilots=spec.pilots, seed=spec.seed, feasible=feasible)
+
+    return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,
+                       seed=spec.seed, target_key=spec.target_key, tuner=tuner)
+
+
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     """``trial.suggest_*`` for one of the sampler's distributions."""
     if isinstance(dist, FloatDistribution):
@@ -372,4 +397,4 @@ def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return trial.suggest_categorical(name, list(dist.choices))
 
 
-__all__ = ["FIDELITY_PARAM", "RaceDecision", "RaceSampler", "race_sampler", "space_distributions"]
+__all__ = ["FIDELITY_PARAM", "RaceDecision", "RaceSampler", "kg_sampler", "race_sampler", "space_distributions"]

@@ -151,15 +151,20 @@ class Tuner:
         return Data(pts, np.asarray([o.value for o in observed], dtype=float),
                     np.asarray([o.eval_var for o in observed], dtype=float))
 
-    def _targets(self) -> list[Allocation]:
+    def targets(self) -> list[Allocation]:
+        """The feasible full-budget cells: what the answer is chosen among."""
         return [a for a in self.space.cells() if self._ok(a, 1.0)]
+
+    def posterior(self, observed: Sequence[Observed], targets: Sequence[Allocation]) -> Posterior:
+        """The model's posterior at the full-budget ``targets`` given ``observed``."""
+        return self._posterior(observed, targets, (), ())
 
     def next_run(self, observed: Sequence[Observed], *, pending: Sequence[Run] = (),
                  compute_left: float | None = None) -> Run:
         """The run with the largest knowledge gradient per unit of cost (module docstring).
         ``pending``: runs started and not finished; ``compute_left``: full-run equivalents left
         (runs costing more are not considered). Raises ``ValueError`` when nothing fits."""
-        targets = self._targets()
+        targets = self.targets()
         cands = [(a, f) for f in self.space.fractions for a in self.space.cells()
                  if (compute_left is None or f <= compute_left + 1e-9) and self._ok(a, f)]
         if not targets or not cands:
@@ -183,7 +188,7 @@ class Tuner:
 
     def answer(self, observed: Sequence[Observed]) -> Answer:
         """The posterior-mean maximizer at the full budget (module docstring)."""
-        targets = self._targets()
+        targets = self.targets()
         if not targets:
             raise ValueError("no feasible full-budget allocation")
         post = self._posterior(observed, targets, [(a, 1.0) for a in targets], ())

@@ -23,7 +23,8 @@ kernel term of variance ``MEAN_VAR_SCALE · s²``).
 
 Noise: a run's known evaluation variance (``p(1 - p) / n_eval`` for a share over ``n_eval``
 problems) times ``1 + λ``, ``λ`` the training noise on top of it (seed to seed); without a known
-evaluation variance, a noise variance ``λ · s²``.
+evaluation variance, a noise variance that is a share of the observed values' variance
+(:attr:`HyperGrid.noise_share`).
 
 The grid (``HyperGrid``): ``s²`` relative to a scale (the median known evaluation variance, or
 the observed values' variance), ``ℓ``, ``c_r``, ``c_g``, ``c_m``, ``τ²``, ``λ``.
@@ -60,6 +61,9 @@ class HyperGrid:
     """``τ²``: pilot-vs-full correlation ``1/sqrt(1+τ²)`` = 0.95, 0.71, 0.38."""
     train_noise: tuple[float, ...] = (0.5, 1.5)
     """``λ``: training noise on top of the evaluation variance (``1 + λ`` times it)."""
+    noise_share: tuple[float, ...] = (0.02, 0.1, 0.5)
+    """Without known evaluation variances: the noise variance as a share of the observed
+    values' variance (from nearly noise-free to half of what is seen), in place of ``λ``."""
     rho_bowl: float = 1.0
     """Prior mean: how far below the middle of the ρ range its ends lie, in signal standard
     deviations ``s`` (a bowl ``-rho_bowl · s · 4 (ρ - 1/2)²`` in scaled ρ): the response to ρ is
@@ -68,7 +72,7 @@ class HyperGrid:
 
     def __post_init__(self) -> None:
         for name in ("signal", "lengthscale", "reward_corr", "group_corr", "model_corr",
-                     "pilot_gap", "train_noise"):
+                     "pilot_gap", "train_noise", "noise_share"):
             values = getattr(self, name)
             if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
                 raise ValueError(f"{name}={values!r}: must be a non-empty list of finite numbers")
@@ -80,11 +84,13 @@ class HyperGrid:
         if not isinstance(self.rho_bowl, (int, float)) or not 0 <= self.rho_bowl <= 10:
             raise ValueError(f"rho_bowl={self.rho_bowl!r}: must be a number from 0 to 10")
 
-    def combos(self, with_models: bool, with_pilots: bool) -> list[tuple[float, ...]]:
-        """Every combination, leaving out the axes the data cannot inform (one model, no pilots)."""
+    def combos(self, with_models: bool, with_pilots: bool, known_noise: bool = True) -> list[tuple[float, ...]]:
+        """Every combination, leaving out the axes the data cannot inform (one model, no pilots);
+        the last entry is ``λ`` (``known_noise``) or the noise share."""
         return list(itertools.product(self.signal, self.lengthscale, self.reward_corr, self.group_corr,
                                       self.model_corr if with_models else (1.0,),
-                                      self.pilot_gap if with_pilots else (0.0,), self.train_noise))
+                                      self.pilot_gap if with_pilots else (0.0,),
+                                      self.train_noise if known_noise else self.noise_share))
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,7 @@ def posterior(data: Data, targets: Points, grid: HyperGrid = HyperGrid(), *,
     pending = pending if pending is not None else targets.take([])
     with_models = len(np.unique(np.concatenate([data.points.model, targets.model]))) > 1
     with_pilots = bool((data.points.fidelity > 0).any() or (cands.fidelity > 0).any())
-    combos = grid.combos(with_models, with_pilots)
+    combos = grid.combos(with_models, with_pilots, known)
     bowl = grid.rho_bowl
     if len(data.values):
         logev = np.empty(len(combos))

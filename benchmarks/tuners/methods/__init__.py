@@ -24,11 +24,12 @@ MODULES: dict[str, str] = {
     "ax": "ax_client",
     "smac": "smac_mf",
     "botorch-mf": "botorch_mf",
+    "race": "race",
     "allocopt": "allocopt",
 }
 """Method name -> module in this package (the order is the tables' order)."""
 METHODS: tuple[str, ...] = tuple(MODULES)
-PEERS: tuple[str, ...] = tuple(m for m in METHODS if m != "allocopt")
+PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("allocopt", "race", "kg"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,175 @@
+"""The tuner behind a study's sampler: :class:`KGTuner`, the sampler's tuner protocol
+(:class:`allocopt.race.tuner.Tuner`) over :class:`~allocopt.tuner.decide.Tuner`.
+
+The sampler hands it the study's runs as plain data (:mod:`allocopt.race.data`); it answers
+with the runs to start (first an initial design of full runs over the categories,
+:func:`initial_design`; then each a full run or a pilot, the one whose knowledge gradient per FLOP
+is largest, other workers' pending runs conditioned on) and with the answer: the posterior-mean
+maximizer at the full budget, its credible interval, the posterior probability that its reward
+system (and model) holds the best allocation, the allocations within noise of it, and the value
+of one more full run. No fixed pilot grid (:attr:`KGTuner.design` is empty): a pilot is run
+only when its value per FLOP beats a full run's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from allocopt.plan.allocation import Allocation
+from allocopt.race.data import Budgets, Feasible, Observation, Run
+from allocopt.tuner.decide import Answer, Observed, Tuner, TunerSpace
+from allocopt.tuner.decide import Run as TunerRun
+from allocopt.tuner.model import HyperGrid
+
+SAMPLES = 512
+"""Joint posterior draws behind the answer's probability of being best (per mixture weight)."""
+LEVEL = 0.9
+"""The answer's credible level."""
+
+
+def _z(level: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
+def initial_design(space: TunerSpace, seed: int) -> list[Allocation]:
+    """The first full runs, before the model has anything to go on: one per reward system (and
+    every model at least once: ``max(rewards, models)`` runs), each category paired with a
+    model in turn, at the two middle ρ levels alternately (the response to ρ peaks inside the
+    range), the group sizes in turn; the order of the categories and group sizes shuffled by
+    ``seed``. Chosen on the synthetic worlds against letting the knowledge gradient place the
+    first runs itself (which piles them on one reward system the prior cannot tell apart)."""
+    import random
+
+    rng = random.Random(seed)
+    rewards, models, gs = list(space.rewards), list(space.models), list(space.group_sizes)
+    rng.shuffle(rewards), rng.shuffle(models), rng.shuffle(gs)
+    lv = space.levels
+    mids = (lv[(len(lv) - 1) // 2], lv[len(lv) // 2]) if len(lv) > 1 else (lv[0], lv[0])
+    n = max(len(rewards), len(models))
+    return [Allocation(mids[i % 2], gs[i % len(gs)], rewards[i % len(rewards)], models[i % len(models)])
+            for i in range(n)]
+
+
+class KGTuner:
+    """allocopt's knowledge-gradient tuner in the protocol a study's sampler asks (module
+    docstring).
+
+    Args:
+        space: the study's search space (:class:`allocopt.spec.SearchSpace`), ρ a range.
+        budgets: FLOPs per fidelity (its ``pilot_fraction`` is the one pilot fraction offered).
+        max_pilots: the most pilots the study may run (0: none, full runs only; ``None``: no
+            limit but their value per FLOP).
+        seed: seed of the answer's posterior draws.
+        feasible: ``feasible(allocation, fraction)``; ``None``: every run is feasible.
+        grid: the model's hyperparameter grid.
+        rho_levels: ρ levels of the candidate set.
+    """
+
+    def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
+                 feasible: Feasible | None = None, grid: HyperGrid | None = None,
+                 rho_levels: int = 8) -> None:
+        lo, hi = space.rho
+        self.budgets, self.seed = budgets, seed
+        self.max_pilots = max_pilots
+        full = TunerSpace((lo, hi), tuple(space.group_sizes), tuple(space.rewards),
+                          tuple(space.models) or (None,), rho_levels=rho_levels)
+        self.space = replace(full, pilot_fractions=(budgets.pilot_fraction,)) if max_pilots != 0 else full
+        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible)
+        self._full_only = Tuner(full, self.tuner.grid, feasible)
+        self.initial = [a for a in initial_design(full, seed) if feasible is None or feasible(a, 1.0)]
+        self.design: list = []
+        self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}
+        self.recommendations: list[tuple[int, Allocation]] = []
+
+    def unclaimed(self, runs: Sequence[Run]) -> list:
+        """Nothing: there is no fixed design."""
+        return []
+
+    @staticmethod
+    def observed(obs: Sequence[Observation]) -> list[Observed]:
+        return [Observed(o.allocation, o.budget_fraction, o.value, o.variance) for o in obs]
+
+    def propose(self, obs: Sequence[Observation], runs: Sequence[Run], q: int = 1) -> list:
+        """Up to ``q`` runs to start, each conditioned on the pending runs and on those proposed
+        before it in this call; ``[]`` when nothing feasible is left."""
+        from allocopt.race.propose import Proposal
+
+        t0 = time.perf_counter()
+        observed = self.observed(obs)
+        pending = [TunerRun(r.allocation, self.budgets.fraction(r.fidelity)) for r in runs if r.pending]
+        pilots = sum(1 for r in runs if r.fidelity == "pilot")
+        started = [r.allocation for r in runs if r.fidelity == "full"]
+        design = [a for a in self.initial if a not in started]
+        out = []
+        for _ in range(q):
+            capped = self.max_pilots is not None and pilots >= self.max_pilots
+            if design:
+                run = TunerRun(design.pop(0), 1.0)
+            else:
+                try:
+                    run = (self._full_only if capped else self.tuner).next_run(observed, pending=pending)
+                except ValueError:
+                    break
+            pending.append(run)
+            fidelity = "full" if run.fraction >= 1.0 else "pilot"
+            pilots += fidelity == "pilot"
+            a = run.allocation
+            flops = self.budgets.flops(a, run.fraction) if self.budgets.priced else math.nan
+            out.append(Proposal(a, fidelity, flops, None, run.score, run.fraction, math.nan, math.nan,
+                                replicate=any(o.allocation == a and o.fraction == run.fraction for o in observed)))
+        self.timings["proposal_seconds"].append(time.perf_counter() - t0)
+        return out
+
+    def answer(self, obs: Sequence[Observation]) -> tuple[Any, Answer | None]:
+        """``(recommendation, answer)``: a :class:`allocopt.race.recommend.Recommendation` and
+        the tuner's :class:`~allocopt.tuner.decide.Answer` (with the value of one more run), or
+        ``(None, None)`` before the first full-budget run."""
+        from allocopt.race.recommend import Recommendation
+
+        if not any(o.fidelity == "full" for o in obs):
+            return None, None
+        t0 = time.perf_counter()
+        observed = self.observed(obs)
+        ans = self.tuner.answer(observed)
+        cells = self._cell_prob_best(observed)
+        key = (ans.allocation.reward, ans.allocation.model)
+        z = _z(LEVEL)
+        noise = [o.variance for o in obs if math.isfinite(o.variance)]
+        noise_sd = math.sqrt(float(np.median(noise))) if noise else math.nan
+        rec = Recommendation(ans.allocation, ans.mean, (ans.mean - z * ans.sd, ans.mean + z * ans.sd),
+                             min(1.0, max(0.0, cells.get(key, 0.0))), (ans.allocation,) + ans.near,
+                             noise_sd,
+                             tuple((r, m, p) for (r, m), p in sorted(cells.items(), key=lambda kv: -kv[1])),
+                             sum(1 for o in obs if o.fidelity == "full"), LEVEL,
+                             ans.gain_of_one_more_run, ans.best_next)
+        self.timings["fit_seconds"].append(time.perf_counter() - t0)
+        if obs:
+            self.recommendations.append((max(o.number for o in obs), ans.allocation))
+        return rec, ans
+
+    def _cell_prob_best(self, observed: Sequence[Observed]) -> dict[tuple[str, str | None], float]:
+        """Posterior probability that each reward system (× model) holds the best full-budget
+        allocation: the share of joint posterior draws (the mixture's components in proportion
+        to their weights) whose maximizer lies in it."""
+        targets = self.tuner.targets()
+        post = self.tuner.posterior(observed, targets)
+        rng = np.random.default_rng(self.seed)
+        counts: dict[tuple[str, str | None], float] = {}
+        for w, mean, cov in zip(post.weights, post.means, post.covs):
+            n = max(1, int(round(w * SAMPLES)))
+            draws = rng.multivariate_normal(mean, cov, size=n, method="eigh", check_valid="ignore")
+            for i in np.argmax(draws, axis=1):
+                k = (targets[i].reward, targets[i].model)
+                counts[k] = counts.get(k, 0.0) + 1.0
+        total = sum(counts.values()) or 1.0
+        return {k: v / total for k, v in counts.items()}
+
+
+__all__ = ["KGTuner"]

@@ -1,0 +1,105 @@
+"""The knowledge-gradient tuner behind a study (allocopt/tuner/study.py, ``tuner = "kg"``): the
+sampler's protocol, the pilot cap, the answer's probabilities, the stop rule, the study file and
+the command line."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from allocopt.flops import ConfigError
+from allocopt.plan.allocation import Allocation
+from allocopt.race.data import Budgets, Observation, Run
+from allocopt.race.tuner import Tuner as TunerProtocol
+from allocopt.spec import SearchSpace, StudySpec
+from allocopt.study.loop import STOPPED_ATTR, finished_full, run_study
+from allocopt.tuner.study import KGTuner
+from objectives.synthetic import SyntheticObjective
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+SPACE = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"))
+
+
+def _obs(n: int, a: Allocation, value: float, fidelity: str = "full", variance: float = 1e-4) -> Observation:
+    f = 1.0 if fidelity == "full" else 0.1
+    return Observation(n, a, value, f * 1e19, f, fidelity, variance=variance)
+
+
+def test_kg_tuner_is_the_samplers_protocol_and_honours_the_pilot_cap():
+    t = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=1)
+    assert isinstance(t, TunerProtocol) and t.design == [] and t.unclaimed([]) == []
+    obs = [_obs(0, Allocation(0.5, 4, "sparse"), 0.4), _obs(1, Allocation(0.6, 8, "prm"), 0.5)]
+    one_pilot = [Run(Allocation(0.5, 4, "sparse"), "pilot")]
+    props = t.propose(obs, [Run(o.allocation, "full") for o in obs] + one_pilot, q=3)
+    assert len(props) == 3 and all(p.fidelity == "full" and p.budget_flops == 1e19 for p in props)
+    # the batch is spread: a pending run shrinks its neighbourhood's value, so not three alike
+    assert len({p.allocation for p in props}) > 1
+    none = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0)
+    assert none.space.pilot_fractions == () and all(p.fidelity == "full" for p in none.propose(obs, [], q=2))
+
+
+def test_the_answers_probabilities_follow_the_data():
+    """Runs that put prm's best far above sparse's (20 evaluation sds): P(prm holds the best) is
+    near 1, the probabilities sum to 1, the interval holds the mean, and one more run is worth
+    little; a two-run study is less sure and values one more run more."""
+    t = KGTuner(SPACE, Budgets(1e19), max_pilots=0)
+    strong = [_obs(i, Allocation(rho, g, w), (0.7 if w == "prm" else 0.5) - (rho - 0.55) ** 2)
+              for i, (rho, g, w) in enumerate((r, g, w) for r in (0.3, 0.55, 0.8) for g in (4, 8)
+                                              for w in ("sparse", "prm"))]
+    rec, ans = t.answer(strong)
+    cells = {r: p for r, _, p in rec.cell_prob_best}
+    assert math.isclose(sum(cells.values()), 1.0) and cells["prm"] > 0.95
+    assert rec.allocation.reward == "prm" and rec.prob_best == cells["prm"]
+    assert rec.interval[0] < rec.mean < rec.interval[1] and rec.full_runs == 12
+    assert rec.gain_of_one_more_run == ans.gain_of_one_more_run >= 0
+    rec2, _ = t.answer(strong[:2])
+    assert rec2.gain_of_one_more_run > rec.gain_of_one_more_run
+    assert t.answer([_obs(0, Allocation(0.5, 4, "sparse"), 0.4, "pilot")]) == (None, None)
+
+
+def test_a_kg_study_runs_through_the_one_loop_and_stores_its_answer(tmp_path):
+    s = StudySpec(name="kg", objective="synthetic", budget_flops=1e19, trials=4, pilots=0, space=SPACE,
+                  tuner="kg")
+    obj = SyntheticObjective()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/s.db")
+    assert finished_full(st) == 4 and len(st.trials) == 4
+    rec = st.user_attrs["recommendation"]
+    assert rec["full_runs"] == 4 and rec["gain_of_one_more_run"] >= 0 and "best_next" in rec
+    a = rec["allocation"]
+    assert 0.2 <= a["rho"] <= 0.9 and a["group_size"] in (4, 8) and a["reward"] in ("sparse", "prm")
+    assert STOPPED_ATTR not in st.user_attrs
+
+
+def test_the_stop_rule_ends_a_study_when_one_more_run_is_worth_too_little(tmp_path):
+    """until_gain above any possible gain (a share cannot rise by 1): stop after the first full
+    run, with the reason stored; until_gain 0: every trial runs (a gain is never negative)."""
+    obj = SyntheticObjective()
+    base = dict(objective="synthetic", budget_flops=1e19, trials=3, pilots=0, space=SPACE, tuner="kg")
+    st = run_study(StudySpec(name="stop", until_gain=1.0, **base), objective=obj, workload=obj.workload(),
+                   storage=f"sqlite:///{tmp_path}/a.db")
+    assert finished_full(st) == 1 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
+    st = run_study(StudySpec(name="all", until_gain=0.0, **base), objective=obj, workload=obj.workload(),
+                   storage=f"sqlite:///{tmp_path}/b.db")
+    assert finished_full(st) == 3 and STOPPED_ATTR not in st.user_attrs
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"tuner": "bo"}, "tuner='bo': allowed: kg, race"),
+    ({"until_gain": 0.01}, "needs tuner = \"kg\""),
+    ({"tuner": "kg", "until_gain": -1.0}, "until_gain=-1.0: must be a number >= 0"),
+])
+def test_bad_tuner_terms_are_one_line(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        StudySpec(**kw)
+
+
+def test_the_command_line_refuses_bad_tuner_terms_with_exit_code_2(tmp_path, cli):
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--tuner", "bo", "--no-mlflow",
+            "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert r.returncode == 2 and "tuner='bo': allowed: kg, race" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.db").exists()
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--until-gain", "0.01", "--no-mlflow",
+            "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert r.returncode == 2 and "needs tuner" in r.stderr and not (tmp_path / "s.db").exists()
