@@ -29,6 +29,8 @@ ROOT = TESTS.parent
 import test_bad_inputs as bad  # noqa: E402
 from test_bad_inputs import folder  # noqa: E402,F401 (the table's files; a module fixture)
 
+pytestmark = pytest.mark.slow  # every row in a fresh interpreter: 40-80 s on 2 cores, the default run's largest
+
 HEAVY = ("optuna", "mlflow", "torch")
 SYN = ["--objective", "synthetic", "--target", "pass@1", "--budget", "1e18"]
 CMD = ["study", "--objective", "command", "--set", "plan_objective=synthetic", "--target", "pass@1",

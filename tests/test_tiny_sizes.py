@@ -4,6 +4,7 @@ search variable: each size priced from its own shape, the shipped builds intact.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -23,9 +24,14 @@ def test_every_size_runs_the_sft_steps_the_shipped_tiny_policy_ran():
     for size in sizes.SIZES:
         r = sizes.recipe(size)
         assert (r.policy_size, r.sft_steps, r.sft_stop_accuracy) == (size, sizes.SFT_STEPS, None)
+        # the learning rate: the world's own, or a halving of it (a wider model's)
+        lr, base = r.sft_lr, shipped["settings"]["sft_lr"]
+        assert lr == sizes.SFT_LR[size] and any(math.isclose(lr, base / 2 ** k) for k in range(4))
         # everything else is the default recipe's: same data, same optimizer
-        assert {k: v for k, v in r.to_json().items() if k not in ("policy_size", "sft_steps", "sft_stop_accuracy")} \
-            == {k: v for k, v in shipped["settings"].items() if k not in ("policy_size", "sft_steps", "sft_stop_accuracy")}
+        own = ("policy_size", "sft_steps", "sft_stop_accuracy", "sft_lr")
+        assert {k: v for k, v in r.to_json().items() if k not in own} \
+            == {k: v for k, v in shipped["settings"].items() if k not in own}
+    assert sizes.SFT_LR["tiny"] == shipped["settings"]["sft_lr"]  # the shipped tiny policy's own
 
 
 def test_an_unknown_size_is_one_line():
