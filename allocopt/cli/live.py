@@ -169,7 +169,8 @@ class StudyDisplay:
         pilot = self._is_pilot(plan)
         self._fidelity[number] = "pilot" if pilot else "full"
         kind = "pilot" if pilot else "full"
-        what = f"{'pilot' if pilot else 'full run'} {self._done[kind] + 1}/{self._total[kind]}"
+        n, total = self._done[kind] + 1, self._total[kind]
+        what = f"{'pilot' if pilot else 'full run'} {n}" + (f"/{total}" if total else "")  # kg: pilots as they come
         self.bar.update(self.full, description="full runs")
         self.bar.update(self.trial, completed=0, total=plan.budget_flops if plan else self.spec.budget_flops,
                         visible=True, info="loading models…",
@@ -185,11 +186,13 @@ class StudyDisplay:
         fidelity = self._fidelity.get(row.number) or getattr(row, "fidelity", "full")
         kind = "pilot" if fidelity == "pilot" else "full"
         self._done[kind] += 1
+        total = self._total[kind]
         self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
-                        count=f"{self._done[kind]}/{self._total[kind]}")
+                        count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
         if fidelity == "full" and row.state == "COMPLETE" and (self.best is None or row.value > self.best.value):
             self.best = row
         if self.best is not None:
             self.bar.update(self.full, info=f"best {self.spec.targets[0]}={self.best.value:.3f}")
         self.bar.update(self.trial, visible=False)
-        self.note(trial_line(row, self.spec))
+        line = trial_line(row, self.spec)
+        self.note(line.replace(f"trial {row.number} ", f"pilot {row.number} ", 1) if kind == "pilot" else line)
