@@ -131,16 +131,20 @@ class Gram:
         self.both_pilot = pa & pb
         self.same_pilot = (a.fidelity[:, None] == b.fidelity[None, :]) & pa
         self._exp: dict[float, np.ndarray] = {}
+        self._shape: dict[tuple[float, ...], np.ndarray] = {}
 
     def __call__(self, hyper: tuple[float, ...], scale: float) -> np.ndarray:
         s2, ell, cr, cg, cm, tau2, _ = hyper
-        if ell not in self._exp:
-            self._exp[ell] = np.exp(-0.5 * self.d2 / ell ** 2)
-        base = self._exp[ell] * (cr + (1 - cr) * self.same_r) * (cg + (1 - cg) * self.same_g)
-        if cm != 1.0:
-            base = base * (cm + (1 - cm) * self.same_m)
-        return (s2 * scale) * (base * (1.0 + tau2 * self.both_pilot) + MEAN_VAR_SCALE
-                               + OFFSET_VAR_SCALE * self.same_pilot)
+        shape = (ell, cr, cg, cm, tau2)  # the signal only scales it: one shape serves every s² and noise
+        if shape not in self._shape:
+            if ell not in self._exp:
+                self._exp[ell] = np.exp(-0.5 * self.d2 / ell ** 2)
+            base = self._exp[ell] * (cr + (1 - cr) * self.same_r) * (cg + (1 - cg) * self.same_g)
+            if cm != 1.0:
+                base = base * (cm + (1 - cm) * self.same_m)
+            self._shape[shape] = (base * (1.0 + tau2 * self.both_pilot) + MEAN_VAR_SCALE
+                                  + OFFSET_VAR_SCALE * self.same_pilot)
+        return (s2 * scale) * self._shape[shape]
 
 
 def kernel(a: Points, b: Points, hyper: tuple[float, ...], scale: float) -> np.ndarray:
