@@ -73,16 +73,17 @@ def test_a_kg_study_runs_through_the_one_loop_and_stores_its_answer(tmp_path):
 
 
 def test_the_stop_rule_ends_a_study_when_one_more_run_is_worth_too_little(tmp_path):
-    """until_gain above any possible gain (a share cannot rise by 1): stop after the first full
-    run, with the reason stored; until_gain 0: every trial runs (a gain is never negative)."""
+    """until_gain above any possible gain (a share cannot rise by 1): stop once the initial
+    design (one full run per reward system: 2) is done, with the reason stored; until_gain 0:
+    every trial runs (a gain is never negative)."""
     obj = SyntheticObjective()
-    base = dict(objective="synthetic", budget_flops=1e19, trials=3, pilots=0, space=SPACE, tuner="kg")
+    base = dict(objective="synthetic", budget_flops=1e19, trials=4, pilots=0, space=SPACE, tuner="kg")
     st = run_study(StudySpec(name="stop", until_gain=1.0, **base), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/a.db")
-    assert finished_full(st) == 1 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
+    assert finished_full(st) == 2 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
     st = run_study(StudySpec(name="all", until_gain=0.0, **base), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/b.db")
-    assert finished_full(st) == 3 and STOPPED_ATTR not in st.user_attrs
+    assert finished_full(st) == 4 and STOPPED_ATTR not in st.user_attrs
 
 
 @pytest.mark.parametrize("kw, match", [

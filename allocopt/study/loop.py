@@ -69,6 +69,9 @@ def run_study(
     the later one gives its trial back unsampled (Optuna ``PRUNED``, user attribute
     ``released``). So ``spec.trials`` full-budget trials finish in all, not one more per worker.
 
+    With ``spec.until_gain`` (the kg tuner) the loop also ends once one more full run is worth
+    less than it (:func:`gain_stop`), the reason in the study's user attribute ``stopped``.
+
     The final answer is stored by the loop itself, so a Python caller gets it as the command
     line does: with the tracker, the counts and the best full-budget trial on the MLflow parent
     run (:func:`allocopt.study.trial.log_final`); with a RaceSampler (not ``pilots_only``) and
@@ -293,8 +296,10 @@ STOPPED_ATTR = "stopped"
 def gain_stop(study: Any, spec: StudySpec, sampler: Any) -> bool:
     """The stop rule (:attr:`allocopt.spec.StudySpec.until_gain`): whether one more full run is
     worth less than ``spec.until_gain`` by the answer from the study's trials; then the reason
-    is stored (user attribute :data:`STOPPED_ATTR`). False without the rule or an answer."""
-    if spec.until_gain is None or finished_full(study) < 1:
+    is stored (user attribute :data:`STOPPED_ATTR`). False without the rule or an answer, and
+    while the tuner's initial design (one full run per reward system) is not done: before it the
+    model has not seen every category, so its value of one more run is not yet comparable."""
+    if spec.until_gain is None or finished_full(study) < max(1, len(getattr(sampler.tuner, "initial", ()))):
         return False
     rec, _ = sampler.answer(study)
     gain = getattr(rec, "gain_of_one_more_run", math.nan)
