@@ -138,9 +138,12 @@ class StudySpec:
     startup_trials: int = 4
     """Quasi-random trials before the surrogate proposes (``pilots = 0`` only)."""
     pilots: int | None = None
-    """RACE pilot points run first (at most; :mod:`allocopt.race`); ``None``: RACE's default,
-    ``max(60, (len(group_sizes) + 3) × reward systems × models)``; 0 turns RACE off and the
-    study is plain Bayesian optimization at the full budget with :attr:`sampler`."""
+    """``tuner = "race"``: RACE pilot points run first (at most; :mod:`allocopt.race`); ``None``:
+    RACE's default, ``max(60, (len(group_sizes) + 3) × reward systems × models)``; 0 turns RACE
+    off and the study is plain Bayesian optimization at the full budget with :attr:`sampler`.
+    ``tuner = "kg"``: the most pilots it may run, each only when worth its FLOPs (0: none;
+    ``None``: pilots worth half the full runs' compute,
+    :func:`allocopt.study.sampler.kg_max_pilots`)."""
     pilot_fraction: float = 0.1
     """Pilots run at ``pilot_fraction × budget_flops``, in (0, 1)."""
     budget_gpu_hours: float | None = None
@@ -200,6 +203,9 @@ class StudySpec:
             if self.tuner != "kg":
                 raise ConfigError(f"until_gain={g!r}: needs tuner = \"kg\" (the value of one more run "
                                   "is the knowledge-gradient tuner's)")
+            if isinstance(self.target, (tuple, list)) and len(self.target) > 1:
+                raise ConfigError(f"until_gain={g!r}: one target only (a study of several targets "
+                                  "searches their Pareto front, without the kg tuner)")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

@@ -86,7 +86,22 @@ def test_the_stop_rule_ends_a_study_when_one_more_run_is_worth_too_little(tmp_pa
     assert finished_full(st) == 4 and STOPPED_ATTR not in st.user_attrs
 
 
+def test_a_kg_study_without_a_pilot_count_runs_all_its_full_runs(tmp_path):
+    """``pilots`` unset: pilots worth half the full runs' compute at most (6 trials at 10 %: 30),
+    and the study ends with its 6 full runs (a tuner free to run pilots without end once
+    exhausted the loop's cap first)."""
+    from allocopt.study.sampler import kg_max_pilots
+
+    s = StudySpec(name="np", objective="synthetic", budget_flops=1e19, trials=6, tuner="kg")  # 5 rewards
+    assert kg_max_pilots(s) == 30 and kg_max_pilots(StudySpec(tuner="kg", pilots=7)) == 7
+    obj = SyntheticObjective()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/s.db")
+    pilots = sum(t.user_attrs.get("fidelity") == "pilot" for t in st.trials)
+    assert finished_full(st) == 6 and pilots <= 30
+
+
 @pytest.mark.parametrize("kw, match", [
+    ({"tuner": "kg", "until_gain": 0.01, "target": ("pass@1", "judge")}, "until_gain=0.01: one target only"),
     ({"tuner": "bo"}, "tuner='bo': allowed: kg, race"),
     ({"until_gain": 0.01}, "needs tuner = \"kg\""),
     ({"tuner": "kg", "until_gain": -1.0}, "until_gain=-1.0: must be a number >= 0"),

@@ -44,8 +44,8 @@ def study(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
-    sampler: Optional[str] = typer.Option(None, help="Sampler when --pilots 0: botorch, gp or random. \\[default: the spec's, else botorch]"),
-    pilots: Optional[int] = typer.Option(None, help="RACE pilot points run first at --pilot-fraction of the budget; a multi-fidelity surrogate then proposes the full-budget trials. 0: plain BO. \\[default: the spec's, else 60 or more: enough for every reward system × model]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner race --pilots 0, or several targets): botorch, gp or random. \\[default: the spec's, else botorch]"),
+    pilots: Optional[int] = typer.Option(None, help="Pilots at --pilot-fraction of the budget. --tuner race: its pilot points, run first, then surrogate proposals (0: plain BO with --sampler; default 60 or more: enough for every reward system × model). --tuner kg: the most pilots it may run, each only when worth its FLOPs (0: none; default: pilots worth half the full runs' compute). \\[default: the spec's]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth; race: RACE's pilot grid, then proposals. \\[default: the spec's, else race]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
@@ -106,8 +106,9 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
     if replicates is not None and (s.pilots == 0 or s.multi_objective):
         raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
                           "plain BO (--pilots 0, or several targets) has no leader to repeat")
-    if s.multi_objective and s.pilots != 0:
-        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs without RACE "
+    if s.multi_objective and (s.pilots != 0 or s.tuner == "kg"):
+        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs BoTorch's "
+                  f"hypervolume search, without {'the kg tuner or ' if s.tuner == 'kg' else ''}"
                   "pilots (as --pilots 0)", highlight=False)
         return replace(s, pilots=0)
     if s.pilots != 0 and s.tuner == "race":
@@ -207,7 +208,14 @@ def print_plans(s: Any) -> None:
     line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
     if line:
         out.print(line, highlight=False, markup=False)
-    if s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
+    if s.tuner == "kg" and not s.multi_objective:
+        from allocopt.study.sampler import kg_max_pilots
+
+        cap = kg_max_pilots(s)
+        out.print(f"tuner kg: pilots at {s.pilot_fraction:g} x the budget only when worth their FLOPs, "
+                  f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)",
+                  highlight=False, markup=False)
+    elif s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
         from allocopt.cli.race import pilot_table
 
         table, line = pilot_table(s, workload)

@@ -372,11 +372,25 @@ def race_sampler(spec: StudySpec, workload: Workload | None = None, settings: Ra
                        target_key=spec.target_key)
 
 
+KG_PILOT_SHARE = 0.5
+"""With ``tuner = "kg"`` and no ``pilots`` given: pilots may spend at most this share of the
+compute of the study's full runs (``trials``), so a study ends having run its ``trials``
+full runs with pilots on top, not pilots without end."""
+
+
+def kg_max_pilots(spec: StudySpec) -> int:
+    """The most pilots a kg study may run: ``spec.pilots``, else :data:`KG_PILOT_SHARE` of the
+    full runs' compute at ``spec.pilot_fraction``."""
+    if spec.pilots is not None:
+        return spec.pilots
+    return int(KG_PILOT_SHARE * spec.trials / spec.pilot_fraction + 1e-9)
+
+
 def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler:
     """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
-    (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction`` allowed unless
-    ``spec.pilots == 0``, at most ``spec.pilots`` of them when set; runs checked for
-    feasibility on ``workload`` when given.
+    (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
+    :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
+    given.
 
     Raises:
         ConfigError: as :func:`race_sampler`.
@@ -384,7 +398,7 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     from allocopt.tuner.study import KGTuner
 
     def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
-        return KGTuner(spec.space, budgets, max_pilots=spec.pilots, seed=spec.seed, feasible=feasible)
+        return KGTuner(spec.space, budgets, max_pilots=kg_max_pilots(spec), seed=spec.seed, feasible=feasible)
 
     return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,
                        seed=spec.seed, target_key=spec.target_key, tuner=tuner)
@@ -397,4 +411,4 @@ def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return trial.suggest_categorical(name, list(dist.choices))
 
 
-__all__ = ["FIDELITY_PARAM", "RaceDecision", "RaceSampler", "kg_sampler", "race_sampler", "space_distributions"]
+__all__ = ["FIDELITY_PARAM", "RaceDecision", "RaceSampler", "kg_max_pilots", "kg_sampler", "race_sampler", "space_distributions"]
