@@ -199,7 +199,7 @@ class StudySpec:
         if self.until_gain is not None:
             g = self.until_gain
             if isinstance(g, bool) or not isinstance(g, (int, float)) or not (0 <= g < math.inf):
-                raise ConfigError(f"until_gain={g!r}: must be a number >= 0 (target units, e.g. 0.002)")
+                raise ConfigError(f"until_gain={g!r}: must be a finite number >= 0 (target units, e.g. 0.002; unquoted in a study file)")
             if self.tuner != "kg":
                 raise ConfigError(f"until_gain={g!r}: needs tuner = \"kg\" (the value of one more run "
                                   "is the knowledge-gradient tuner's)")

@@ -89,7 +89,7 @@ ROWS = [
     ("study: negative pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "-1"], ["pilots=-1", ">= 0"]),
     ("study: unknown tuner", ["study", *SYN, "--budget", "1e18", "--tuner", "bo"], ["tuner='bo'", "allowed: kg, race"]),
     ("study: negative until-gain", ["study", *SYN, "--budget", "1e18", "--tuner", "kg", "--until-gain", "-1"],
-     ["until_gain=-1.0", "must be a number >= 0"]),
+     ["until_gain=-1.0", "must be a finite number >= 0"]),
     ("study: until-gain with two targets", ["study", "--objective", "synthetic", "--budget", "1e18", "--tuner", "kg",
                                             "--until-gain", "0.01", "--target", "pass@1", "--target", "judge"],
      ["until_gain=0.01", "one target only"]),

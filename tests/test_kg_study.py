@@ -104,7 +104,7 @@ def test_a_kg_study_without_a_pilot_count_runs_all_its_full_runs(tmp_path):
     ({"tuner": "kg", "until_gain": 0.01, "target": ("pass@1", "judge")}, "until_gain=0.01: one target only"),
     ({"tuner": "bo"}, "tuner='bo': allowed: kg, race"),
     ({"until_gain": 0.01}, "needs tuner = \"kg\""),
-    ({"tuner": "kg", "until_gain": -1.0}, "until_gain=-1.0: must be a number >= 0"),
+    ({"tuner": "kg", "until_gain": -1.0}, "until_gain=-1.0: must be a finite number >= 0"),
 ])
 def test_bad_tuner_terms_are_one_line(kw, match):
     with pytest.raises(ConfigError, match=match):
