@@ -52,6 +52,7 @@ def test_a_started_workers_command_line_holds_no_password(tmp_path):
                           "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0", "--trials", "1",
                           "--storage", PG, "--mlflow-uri", HTTP], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    launcher = Path(f"/proc/{p.pid}/cmdline").read_bytes()  # Popen returns once it is exec'd
     seen = []
     deadline = time.monotonic() + 60
     while not seen and p.poll() is None and time.monotonic() < deadline:
@@ -61,6 +62,8 @@ def test_a_started_workers_command_line_holds_no_password(tmp_path):
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
+            if cmdline == launcher:
+                continue  # forked and not yet exec'd: still the launcher's command line (seen under load)
             seen.append((cmdline, environ))
         time.sleep(0.02)
     out = p.communicate(timeout=60)[0]
