@@ -44,6 +44,15 @@ class Method:
     """Rough cost of one replication to 40 runs, in seconds on one shared core (the ETA's prior)."""
 
 
+def tiny_study() -> str:
+    """The study file whose terms allocopt's methods replay on a table: ``$ALLOCOPT_TINY_STUDY``,
+    else ``studies/tiny.toml``."""
+    import os
+    from pathlib import Path
+
+    return os.environ.get("ALLOCOPT_TINY_STUDY", str(Path(__file__).resolve().parents[3] / "studies" / "tiny.toml"))
+
+
 def get(name: str) -> Method:
     """The method called ``name``. Raises ``KeyError`` for an unknown one."""
     mod = importlib.import_module(f"benchmarks.tuners.methods.{MODULES[name]}")

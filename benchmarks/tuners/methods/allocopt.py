@@ -14,15 +14,12 @@ study terms are those of ``studies/tiny.toml`` (or ``$ALLOCOPT_TINY_STUDY``): ``
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Any
 
-from benchmarks.tuners.methods import Method
+from benchmarks.tuners.methods import Method, tiny_study
 from benchmarks.tuners.scoring import OWN
 from benchmarks.tuners.session import Session
 
-TINY_STUDY = Path(__file__).resolve().parents[3] / "studies" / "tiny.toml"
 
 
 def missing() -> str | None:
@@ -38,7 +35,7 @@ def study_terms(world: Any) -> tuple[float, int | None, str]:
     the world has none at the study's fraction."""
     from allocopt.spec import StudySpec
 
-    study = StudySpec.from_toml(os.environ.get("ALLOCOPT_TINY_STUDY", str(TINY_STUDY)))
+    study = StudySpec.from_toml(tiny_study())
     f = round(study.pilot_fraction, 4)
     if study.pilots == 0 or f in world.fractions:
         return f, study.pilots, ""

@@ -15,17 +15,14 @@ are done. Feasibility: a synthetic world's plans come from the planner
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Any
 
-from benchmarks.tuners.methods import Method
+from benchmarks.tuners.methods import Method, tiny_study
 from benchmarks.tuners.scoring import OWN
 from benchmarks.tuners.session import Session
 
 BATCH = 2
 """Proposals per round (``q``: a study with two workers)."""
-TINY_STUDY = Path(__file__).resolve().parents[3] / "studies" / "tiny.toml"
 
 
 def missing() -> str | None:
@@ -47,7 +44,7 @@ def race_terms(session: Session) -> tuple[float, Any, Any, str]:
                 target=target_label(session.target), seed=1000 * session.replication, space=w.space)
     if w.kind != "table":
         return 0.1, RaceSettings(), StudySpec(objective="synthetic", **base), ""
-    study = StudySpec.from_toml(os.environ.get("ALLOCOPT_TINY_STUDY", str(TINY_STUDY)))
+    study = StudySpec.from_toml(tiny_study())
     spec = StudySpec(objective="tiny-table", pilots=study.pilots, pilot_fraction=study.pilot_fraction,
                      race=study.race, **base)
     f = round(study.pilot_fraction, 4)
