@@ -5,7 +5,7 @@ library only; the conventions and sources are in that package's docstring).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal, NamedTuple
 
 from allocopt.flops.shapes import ConfigError, LoRASpec, ModelShape
 
@@ -139,103 +139,164 @@ def backward_flops(
         under ``"backward"``. The output head is frozen under LoRA (input gradient only) and
         trained under full fine-tuning (input + weight gradient).
     """
-    def attn_parts(window: int | None) -> tuple[int, int]:
-        """FLOPs of the two attention products of one layer: ``QKᵀ`` and ``PV``."""
-        keys = attention_keys(num_tokens, 0, attention, window)
-        return (2 * shape.num_heads * shape.head_dim * keys,
-                2 * shape.num_heads * shape.v_dim * keys)
-
-    def attn_fused(window: int | None) -> int:
-        # fused kernel: the recomputed scores QKᵀ, dQ, dK (each a QKᵀ-sized product), dP, dV
-        # (each PV-sized): 2.5 x the forward when d_qk = d_v
-        # (torch.utils.flop_counter.sdpa_backward_flop_count; Dao 2023, FlashAttention-2, Alg. 2)
-        qk, pv = attn_parts(window)
-        return 3 * qk + 2 * pv
-
     head_fwd = 2 * shape.head_matmul_params * num_logits
     windows = [shape.layer_window(i) for i in range(shape.num_layers)]
-    moes = set(shape.moe_layers)
     if lora is None:  # full fine-tuning: input and weight gradient everywhere
         layers = 2 * 2 * shape.matmul_params_per_token * num_tokens
         for w in windows:
-            layers += attn_fused(w) if fused_attention else 2 * sum(attn_parts(w))
+            layers += _fused_attention_backward(shape, num_tokens, attention, w) if fused_attention \
+                else 2 * sum(_attention_products(shape, num_tokens, attention, w))
         head = 2 * head_fwd
         return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
 
     ranks = lora.ranks(shape)
-    targets = frozenset(ranks)
-    attn_mods = shape.attention_modules()
-    folded = frozenset(lora.fold_parts(shape)) if expert_folds else frozenset()
+    folds = {name: flops * expert_folds for name, flops in lora.fold_parts(shape).items()} \
+        if expert_folds else {}
+    p = _LoRABackward(shape, num_tokens, attention, fused_attention, ranks, folds)
+    layers, grad_out = _lora_layers_backward(p, windows, input_requires_grad)
+    head = head_fwd if grad_out else 0  # frozen head: input gradient only
+    return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
 
-    def layer(grad_in: bool, moe: bool, window: int | None) -> tuple[int, bool]:
-        """Backward FLOPs of one decoder layer whose input needs a gradient iff ``grad_in``,
-        and whether the residual stream entering the next layer needs one."""
-        cost = 0
-        mods = {**attn_mods, **shape.mlp_modules(moe)}
 
-        def module(name: str, input_grad: bool) -> bool:
-            """Backward of one linear module; returns whether its output needs a gradient."""
-            nonlocal cost
-            d_in, d_out = mods[name][0], mods[name][1]
-            uses = mods[name][2] if len(mods[name]) > 2 else 1
-            if input_grad:
-                cost += 2 * d_in * d_out * num_tokens * uses  # frozen W: input gradient only
-            if name in folded:  # W' = W + s·A·B: its weight gradient, then A's and B's
-                cost += 2 * d_in * d_out * num_tokens * uses
-                cost += 2 * lora.fold_parts(shape)[name] * expert_folds
-            elif name in targets:  # per token (each of the `uses` routed experts)
-                r = ranks[name]
-                cost += 2 * r * d_out * num_tokens * 2 * uses  # B: weight grad + grad of A·x
-                cost += 2 * r * d_in * num_tokens * uses  # A: weight grad
-                if input_grad:
-                    cost += 2 * r * d_in * num_tokens * uses  # A: input grad
-            return input_grad or name in targets
+def _attention_products(shape: ModelShape, num_tokens: int, attention: Attention,
+                        window: int | None) -> tuple[int, int]:
+    """FLOPs of the two attention products of one layer (no KV cache): ``QKᵀ`` and ``PV``."""
+    keys = attention_keys(num_tokens, 0, attention, window)
+    return (2 * shape.num_heads * shape.head_dim * keys,
+            2 * shape.num_heads * shape.v_dim * keys)
 
-        if shape.kv_lora_rank:  # MLA: q through its latent (or one q_proj), k and v through theirs
-            q = module("q_b_proj", module("q_a_proj", grad_in)) if shape.q_lora_rank \
-                else module("q_proj", grad_in)
-            kv_a = module("kv_a_proj_with_mqa", grad_in)
-            kv_b = module("kv_b_proj", kv_a)
-            k, v = kv_a or kv_b, kv_b
-        else:
-            q, k, v = (module(m, grad_in) for m in ("q_proj", "k_proj", "v_proj"))
-        attn_out = q or k or v
-        qk, pv = attn_parts(window)
-        if attn_out and fused_attention:
-            cost += attn_fused(window)  # dQ, dK, dP, dV and the recomputed scores, one kernel
-        elif attn_out:  # each product's backward, per operand that needs a gradient
-            cost += qk * q + qk * k + pv * (q or k) + pv * v  # dQ, dK, dP, dV
-        o = module("o_proj", attn_out)
-        h1 = grad_in or o
-        if not moe:
-            gate, up = module("gate_proj", h1), module("up_proj", h1)
-            down = module("down_proj", gate or up)
-            return cost, h1 or down
-        # MoE: the router, the routed experts and the shared expert's gate, frozen, pay input
-        # gradients only, when the layer's input needs one (the routing weights pass the
-        # gradient to the router's logits); adapted ones (EXPERT_MODULES) their adapters' too
-        routed = module("router", h1)  # an adapted router passes gradients to its logits
-        routed = module("experts.down_proj", module("experts.gate_up_proj", h1)) or routed
-        out = h1 or routed
-        if shape.shared_expert_intermediate_size:
-            sg, su = module("shared.gate_proj", h1), module("shared.up_proj", h1)
-            sd = module("shared.down_proj", sg or su)
-            out = out or sd
-            if shape.shared_expert_gate:
-                module("shared_expert_gate", h1)
-        return cost, out
 
+def _fused_attention_backward(shape: ModelShape, num_tokens: int, attention: Attention,
+                              window: int | None) -> int:
+    """Backward FLOPs of one layer's fused attention kernel."""
+    # the recomputed scores QKᵀ, dQ, dK (each a QKᵀ-sized product), dP, dV (each PV-sized):
+    # 2.5 x the forward when d_qk = d_v
+    # (torch.utils.flop_counter.sdpa_backward_flop_count; Dao 2023, FlashAttention-2, Alg. 2)
+    qk, pv = _attention_products(shape, num_tokens, attention, window)
+    return 3 * qk + 2 * pv
+
+
+class _LoRABackward(NamedTuple):
+    """What stays fixed over the layers of one sequence's backward under LoRA."""
+
+    shape: ModelShape
+    num_tokens: int
+    attention: Attention
+    fused_attention: bool
+    ranks: dict[str, int]
+    """Adapted modules → rank (:meth:`LoRASpec.ranks`)."""
+    folds: dict[str, int]
+    """Folded expert/router modules → forward FLOPs of their folds over all the pass's calls
+    (:meth:`LoRASpec.fold_parts` × ``expert_folds``); empty when nothing is folded."""
+
+
+def _lora_layers_backward(p: _LoRABackward, windows: list[int | None],
+                          input_requires_grad: bool) -> tuple[int, bool]:
+    """Backward FLOPs of all decoder layers under LoRA, and whether the residual stream leaving
+    the last one (the head's input) needs a gradient."""
+    moes = set(p.shape.moe_layers)
     layers = 0
     grad_in = input_requires_grad  # does the residual stream entering this layer need a gradient?
     seen: dict[tuple, tuple[int, bool]] = {}  # layers of a kind are alike given grad_in
-    for i in range(shape.num_layers):
+    for i in range(p.shape.num_layers):
         key = (grad_in, i in moes, windows[i])
         if key not in seen:
-            seen[key] = layer(*key)
+            seen[key] = _lora_layer_backward(p, *key)
         cost, grad_in = seen[key]
         layers += cost
-    head = head_fwd if grad_in else 0  # frozen head: input gradient only
-    return {"backward_layers": layers, "backward_head": head, "backward": layers + head}
+    return layers, grad_in
+
+
+def _lora_layer_backward(p: _LoRABackward, grad_in: bool, moe: bool,
+                         window: int | None) -> tuple[int, bool]:
+    """Backward FLOPs of one decoder layer whose input needs a gradient iff ``grad_in``,
+    and whether the residual stream entering the next layer needs one."""
+    cost = 0
+    mods = {**p.shape.attention_modules(), **p.shape.mlp_modules(moe)}
+
+    def module(name: str, input_grad: bool) -> bool:
+        """Backward of one linear module; returns whether its output needs a gradient."""
+        nonlocal cost
+        cost += _lora_module_backward(p, name, mods[name], input_grad)
+        return input_grad or name in p.ranks
+
+    attn_out, attn_cost = _lora_attention_backward(p, module, grad_in, window)
+    cost += attn_cost
+    o = module("o_proj", attn_out)
+    h1 = grad_in or o
+    out = _moe_mlp_backward(p.shape, module, h1) if moe else _dense_mlp_backward(module, h1)
+    return cost, out
+
+
+def _lora_module_backward(p: _LoRABackward, name: str, dims: tuple[int, ...],
+                          input_grad: bool) -> int:
+    """Backward FLOPs of one linear module (``dims``: ``d_in``, ``d_out`` and, for routed
+    experts, the ``uses`` per token) whose input needs a gradient iff ``input_grad``."""
+    d_in, d_out = dims[0], dims[1]
+    uses = dims[2] if len(dims) > 2 else 1
+    n = p.num_tokens
+    cost = 0
+    if input_grad:
+        cost += 2 * d_in * d_out * n * uses  # frozen W: input gradient only
+    if name in p.folds:  # W' = W + s·A·B: its weight gradient, then A's and B's
+        cost += 2 * d_in * d_out * n * uses
+        cost += 2 * p.folds[name]
+    elif name in p.ranks:  # per token (each of the `uses` routed experts)
+        r = p.ranks[name]
+        cost += 2 * r * d_out * n * 2 * uses  # B: weight grad + grad of A·x
+        cost += 2 * r * d_in * n * uses  # A: weight grad
+        if input_grad:
+            cost += 2 * r * d_in * n * uses  # A: input grad
+    return cost
+
+
+def _lora_attention_backward(p: _LoRABackward, module: Callable[[str, bool], bool],
+                             grad_in: bool, window: int | None) -> tuple[bool, int]:
+    """Whether a layer's attention output needs a gradient, and the backward FLOPs of its
+    attention products (the q/k/v projections are charged through ``module``)."""
+    shape = p.shape
+    if shape.kv_lora_rank:  # MLA: q through its latent (or one q_proj), k and v through theirs
+        q = module("q_b_proj", module("q_a_proj", grad_in)) if shape.q_lora_rank \
+            else module("q_proj", grad_in)
+        kv_a = module("kv_a_proj_with_mqa", grad_in)
+        kv_b = module("kv_b_proj", kv_a)
+        k, v = kv_a or kv_b, kv_b
+    else:
+        q, k, v = (module(m, grad_in) for m in ("q_proj", "k_proj", "v_proj"))
+    attn_out = q or k or v
+    qk, pv = _attention_products(shape, p.num_tokens, p.attention, window)
+    if attn_out and p.fused_attention:
+        # dQ, dK, dP, dV and the recomputed scores, one kernel
+        return attn_out, _fused_attention_backward(shape, p.num_tokens, p.attention, window)
+    if attn_out:  # each product's backward, per operand that needs a gradient
+        return attn_out, qk * q + qk * k + pv * (q or k) + pv * v  # dQ, dK, dP, dV
+    return attn_out, 0
+
+
+def _dense_mlp_backward(module: Callable[[str, bool], bool], h1: bool) -> bool:
+    """Whether the residual stream leaving a dense SwiGLU MLP needs a gradient (its
+    projections charged through ``module``; ``h1``: its input needs one)."""
+    gate, up = module("gate_proj", h1), module("up_proj", h1)
+    down = module("down_proj", gate or up)
+    return h1 or down
+
+
+def _moe_mlp_backward(shape: ModelShape, module: Callable[[str, bool], bool], h1: bool) -> bool:
+    """Whether the residual stream leaving a mixture-of-experts MLP needs a gradient (its
+    modules charged through ``module``; ``h1``: its input needs one)."""
+    # the router, the routed experts and the shared expert's gate, frozen, pay input
+    # gradients only, when the layer's input needs one (the routing weights pass the
+    # gradient to the router's logits); adapted ones (EXPERT_MODULES) their adapters' too
+    routed = module("router", h1)  # an adapted router passes gradients to its logits
+    routed = module("experts.down_proj", module("experts.gate_up_proj", h1)) or routed
+    out = h1 or routed
+    if shape.shared_expert_intermediate_size:
+        sg, su = module("shared.gate_proj", h1), module("shared.up_proj", h1)
+        sd = module("shared.down_proj", sg or su)
+        out = out or sd
+        if shape.shared_expert_gate:
+            module("shared_expert_gate", h1)
+    return out
 
 
 def training_flops(
