@@ -400,13 +400,25 @@ def critic_shape(shape: ModelShape) -> ModelShape:
 def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
           reward_model: ModelShape | None, eng: Engine, critic: ModelShape | None = None, *,
           useful: bool) -> ComputeBreakdown:
+    """One count of one GRPO iteration (useful, or executed on ``eng``), phase by phase."""
+    attn: Attention = "causal" if useful else eng.attention
+    search = _search_flops(policy, step, lora, eng, useful=useful)
+    reward = _reward_flops(reward_model, step, attn)
+    seqs = Counter(_trained_row_shapes(step, eng, useful=useful))  # identical rows counted once
+    learning = _learning_flops(policy, step, lora, gc, eng, attn, seqs, useful=useful)
+    if critic is not None:
+        learning.update(_critic(critic, step, seqs, gc, eng, attn, useful=useful))
+    return ComputeBreakdown(search=search, learning=learning, reward=reward)
+
+
+def _search_flops(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, eng: Engine, *,
+                  useful: bool) -> dict[str, int]:
+    """Rollout FLOPs ``{prefill, decode}``: one prefill + (T - 1) decode steps per completion
+    (:func:`~allocopt.flops.generation_flops`)."""
     rows = step.rows
     P_max = max(step.prompt_tokens)
     C_max = max(step.completion_tokens)
-    attn: Attention = "causal" if useful else eng.attention
     gen_attn: Attention = "causal" if useful else (eng.generation_attention or eng.attention)
-
-    # --- search: one prefill + (T - 1) decode steps per completion (flops.generation_flops)
     # adapters in generation: none where the engine merges them (useful and executed alike:
     # the merged model computes the same function without them)
     gen_lora = None if eng.merged_lora_generation else lora
@@ -424,60 +436,92 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
                                              attention=gen_attn, lora=gen_lora)
             search["prefill"] += 0 if shared and not B else m * g["prefill"]
             search["decode"] += m * g["decode"]
-    else:  # every row is as long as the longest prompt and the longest completion
-        g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora)
-        search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
-        if gen_lora is not None and gen_lora.fold_parts(policy):
-            # transformers generate on a peft model: the adapted expert weights are folded
-            # once per forward call of the whole batch (prefill, then each decode step)
-            g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora,
-                                 expert_folds=True)
-            fold = gen_lora.fold_flops(policy)
-            search = {"prefill": (g["prefill"] - fold) * len(rows) + fold,
-                      "decode": (g["decode"] - fold * (C_max - 1)) * len(rows) + fold * (C_max - 1)}
+        return search
+    # padded: every row is as long as the longest prompt and the longest completion
+    g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora)
+    search = {"prefill": g["prefill"] * len(rows), "decode": g["decode"] * len(rows)}
+    if gen_lora is not None and gen_lora.fold_parts(policy):
+        # transformers generate on a peft model: the adapted expert weights are folded
+        # once per forward call of the whole batch (prefill, then each decode step)
+        g = generation_flops(policy, P_max, C_max, attention=gen_attn, lora=gen_lora,
+                             expert_folds=True)
+        fold = gen_lora.fold_flops(policy)
+        search = {"prefill": (g["prefill"] - fold) * len(rows) + fold,
+                  "decode": (g["decode"] - fold * (C_max - 1)) * len(rows) + fold * (C_max - 1)}
+    return search
 
-    # --- reward: one reward-model forward over prompt + completion (+ step markers). Each row
-    # at its own length: reward models batch completions sorted by length (objectives.rewards.model_reward.
+
+def _reward_flops(reward_model: ModelShape | None, step: GRPOStep,
+                  attn: Attention) -> dict[str, int]:
+    """Reward FLOPs ``{reward_model}``: one reward-model forward per row (0: rule-based)."""
+    # one reward-model forward over prompt + completion (+ step markers). Each row at its own
+    # length: reward models batch completions sorted by length (objectives.rewards.model_reward.
     # ModelReward: longest first), so padding is small; measured in the tiny world, charging
     # every row at the batch's longest length overestimated the PRM by ~40% and put the
     # realized rho of a prm trial 0.047 above its plan.
     reward = {"reward_model": 0}
     if reward_model is not None:
+        rows = step.rows
         steps = step.reward_steps or (0,) * len(rows)
         reward["reward_model"] = sum(
             m * reward_model_flops(reward_model, n, num_steps=s, attention=attn)
             for (n, s), m in Counter((p + c, s) for (p, c), s in zip(rows, steps)).items())
+    return reward
 
-    # --- learning: log-prob passes and μ × (forward + backward) over prompt + completion,
-    # on the trained rows only (the generated-but-dropped groups of dynamic sampling cost
-    # search and reward only)
+
+def _trained_row_shapes(step: GRPOStep, eng: Engine, *, useful: bool) -> list[tuple[int, int]]:
+    """(tokens, head positions) of each trained row as this count sees it."""
+    # the trained rows only: the generated-but-dropped groups of dynamic sampling cost search
+    # and reward only
     trained = step.trained_rows
+    if useful:
+        return [(p + c, c) for p, c in trained]
     P_train = max((p for p, _ in trained), default=0)
     C_train = max((c for _, c in trained), default=0)
+    out = []
+    for p, c in trained:
+        n = P_train + C_train if eng.padded_training else p + c
+        all_positions = n if eng.head_last_position else n - 1
+        out.append((n, all_positions if eng.lm_head_all_positions else c))
+    return out
 
-    def shapes() -> list[tuple[int, int]]:
-        """(tokens, head positions) of each trained row as this count sees it."""
-        if useful:
-            return [(p + c, c) for p, c in trained]
-        out = []
-        for p, c in trained:
-            n = P_train + C_train if eng.padded_training else p + c
-            all_positions = n if eng.head_last_position else n - 1
-            out.append((n, all_positions if eng.lm_head_all_positions else c))
-        return out
 
-    seqs = Counter(shapes())  # identical rows are counted once, times their number
+def _learning_flops(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
+                    eng: Engine, attn: Attention, seqs: Counter, *,
+                    useful: bool) -> dict[str, int]:
+    """Learning FLOPs: log-prob passes and μ × (forward + backward) over prompt + completion
+    of the trained rows (``seqs``: (tokens, head positions) → count), and the weight sync."""
     # LoRA on fused expert weights (executed): peft folds them once per forward call of
-    # step.rows_per_forward rows; counted per row below, then the calls' folds put right
+    # step.rows_per_forward rows; counted per row, then the calls' folds put right
     folds = int(not useful and lora is not None and bool(lora.fold_parts(policy)))
-    calls = -(-len(trained) // step.rows_per_forward)  # of one update pass
-    logprob_calls = -(-len(trained) // (step.logprob_rows_per_forward or step.rows_per_forward))
     logprob_pass = {  # no-grad forward: with adapters (old policy) or without (reference)
         name: sum(m * forward_flops(policy, n, num_logits=k, attention=attn, lora=adapters,
                                     expert_folds=folds if adapters else 0)
                   for (n, k), m in seqs.items())
         for name, adapters in (("old", lora), ("ref", None))
     }
+    train = _update_pass_flops(policy, lora, gc, eng, attn, seqs, folds, useful=useful)
+    if folds and step.trained_rows:  # the folds of one call each, not one per row
+        old, passes = _fold_call_corrections(policy, step, lora, gc, eng, attn, seqs)
+        logprob_pass["old"] += old
+        for key, v in passes.items():
+            train[key] += v
+    mu = step.update_passes
+    learning = {
+        "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs_on(eng) else 0,
+        "ref_logprobs": logprob_pass["ref"] if step.reference else 0,
+        **{key: _scale(v, mu) for key, v in train.items()},
+    }
+    if eng.lora_sync_merge and lora is not None:  # merge + unmerge, once per rollout batch
+        learning["weight_sync"] = 0 if useful else 2 * lora.merge_flops(policy)
+    return learning
+
+
+def _update_pass_flops(policy: ModelShape, lora: LoRASpec | None, gc: bool, eng: Engine,
+                       attn: Attention, seqs: Counter, folds: int, *,
+                       useful: bool) -> dict[str, int]:
+    """FLOPs of one update pass (forward + backward) over the trained rows, each row with its
+    own folds (``folds``)."""
     train = {"forward": 0, "backward": 0, "recompute": 0, "head_recompute": 0}
     for (n, k), m in seqs.items():
         t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
@@ -493,27 +537,26 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
             if eng.head_recompute and not useful else 0
         for key in train:
             train[key] += m * t[key]
-    if folds and trained:  # the folds of one call each, not one per row
-        (n, k), extra = next(iter(seqs)), calls - len(trained)
-        one = lambda f: forward_flops(policy, n, num_logits=k, attention=attn, lora=lora,  # noqa: E731
-                                      expert_folds=f)
-        logprob_pass["old"] += (logprob_calls - len(trained)) * (one(2) - one(1))
-        two = [training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
-                              gradient_checkpointing=gc, fused_attention=eng.fused_attention,
-                              expert_folds=f) for f in (1, 2)]
-        for key in ("forward", "backward", "recompute"):
-            train[key] += extra * (two[1][key] - two[0][key])
-    mu = step.update_passes
-    learning = {
-        "old_logprobs": logprob_pass["old"] if step.uses_old_logprobs_on(eng) else 0,
-        "ref_logprobs": logprob_pass["ref"] if step.reference else 0,
-        **{key: _scale(v, mu) for key, v in train.items()},
-    }
-    if eng.lora_sync_merge and lora is not None:  # merge + unmerge, once per rollout batch
-        learning["weight_sync"] = 0 if useful else 2 * lora.merge_flops(policy)
-    if critic is not None:
-        learning.update(_critic(critic, step, seqs, gc, eng, attn, useful=useful))
-    return ComputeBreakdown(search=search, learning=learning, reward=reward)
+    return train
+
+
+def _fold_call_corrections(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
+                           eng: Engine, attn: Attention,
+                           seqs: Counter) -> tuple[int, dict[str, int]]:
+    """What the old-policy pass and one update pass gain when peft's expert folds are counted
+    once per forward call instead of once per trained row (executed count)."""
+    trained = step.trained_rows
+    calls = -(-len(trained) // step.rows_per_forward)  # of one update pass
+    logprob_calls = -(-len(trained) // (step.logprob_rows_per_forward or step.rows_per_forward))
+    (n, k), extra = next(iter(seqs)), calls - len(trained)
+    one = lambda f: forward_flops(policy, n, num_logits=k, attention=attn, lora=lora,  # noqa: E731
+                                  expert_folds=f)
+    old = (logprob_calls - len(trained)) * (one(2) - one(1))
+    two = [training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
+                          gradient_checkpointing=gc, fused_attention=eng.fused_attention,
+                          expert_folds=f) for f in (1, 2)]
+    return old, {key: extra * (two[1][key] - two[0][key])
+                 for key in ("forward", "backward", "recompute")}
 
 
 def _critic(critic: ModelShape, step: GRPOStep, seqs: Counter, gc: bool, eng: Engine,
