@@ -477,6 +477,12 @@ class LoRASpec:
         out = {m: r for m in t - mlp}
         if not (shape.moe_layers and mlp):
             return {**out, **{m: r for m in mlp}}
+        return self._moe_mlp_ranks(shape, mlp, out, targets)
+
+    def _moe_mlp_ranks(self, shape: ModelShape, mlp: set[str], out: dict[str, int],
+                       targets: str) -> dict[str, int]:
+        """``out`` plus the MLP names ``mlp`` of a mixture-of-experts model where peft sends them."""
+        r = self.rank
         kind = shape.model_type
         if kind not in PEFT_MOE_CONVERSION:
             attn = ",".join(shape.attention_modules())
