@@ -192,8 +192,7 @@ class _LoRABackward(NamedTuple):
 
 def _lora_layers_backward(p: _LoRABackward, windows: list[int | None],
                           input_requires_grad: bool) -> tuple[int, bool]:
-    """Backward FLOPs of all decoder layers under LoRA, and whether the residual stream leaving
-    the last one (the head's input) needs a gradient."""
+    """Backward FLOPs of all decoder layers under LoRA, and whether the head's input needs a gradient."""
     moes = set(p.shape.moe_layers)
     layers = 0
     grad_in = input_requires_grad  # does the residual stream entering this layer need a gradient?
@@ -230,8 +229,7 @@ def _lora_layer_backward(p: _LoRABackward, grad_in: bool, moe: bool,
 
 def _lora_module_backward(p: _LoRABackward, name: str, dims: tuple[int, ...],
                           input_grad: bool) -> int:
-    """Backward FLOPs of one linear module (``dims``: ``d_in``, ``d_out`` and, for routed
-    experts, the ``uses`` per token) whose input needs a gradient iff ``input_grad``."""
+    """Backward FLOPs of one linear module (``dims``: ``d_in``, ``d_out``[, uses per token])."""
     d_in, d_out = dims[0], dims[1]
     uses = dims[2] if len(dims) > 2 else 1
     n = p.num_tokens
@@ -252,8 +250,7 @@ def _lora_module_backward(p: _LoRABackward, name: str, dims: tuple[int, ...],
 
 def _lora_attention_backward(p: _LoRABackward, module: Callable[[str, bool], bool],
                              grad_in: bool, window: int | None) -> tuple[bool, int]:
-    """Whether a layer's attention output needs a gradient, and the backward FLOPs of its
-    attention products (the q/k/v projections are charged through ``module``)."""
+    """Whether a layer's attention output needs a gradient, and its attention backward FLOPs."""
     shape = p.shape
     if shape.kv_lora_rank:  # MLA: q through its latent (or one q_proj), k and v through theirs
         q = module("q_b_proj", module("q_a_proj", grad_in)) if shape.q_lora_rank \
@@ -274,16 +271,14 @@ def _lora_attention_backward(p: _LoRABackward, module: Callable[[str, bool], boo
 
 
 def _dense_mlp_backward(module: Callable[[str, bool], bool], h1: bool) -> bool:
-    """Whether the residual stream leaving a dense SwiGLU MLP needs a gradient (its
-    projections charged through ``module``; ``h1``: its input needs one)."""
+    """Whether the residual stream leaving a dense MLP (charged via ``module``) needs a gradient."""
     gate, up = module("gate_proj", h1), module("up_proj", h1)
     down = module("down_proj", gate or up)
     return h1 or down
 
 
 def _moe_mlp_backward(shape: ModelShape, module: Callable[[str, bool], bool], h1: bool) -> bool:
-    """Whether the residual stream leaving a mixture-of-experts MLP needs a gradient (its
-    modules charged through ``module``; ``h1``: its input needs one)."""
+    """Whether the residual stream leaving a MoE MLP (charged via ``module``) needs a gradient."""
     # the router, the routed experts and the shared expert's gate, frozen, pay input
     # gradients only, when the layer's input needs one (the routing weights pass the
     # gradient to the router's logits); adapted ones (EXPERT_MODULES) their adapters' too

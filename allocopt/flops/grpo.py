@@ -413,8 +413,7 @@ def _step(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
 
 def _search_flops(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, eng: Engine, *,
                   useful: bool) -> dict[str, int]:
-    """Rollout FLOPs ``{prefill, decode}``: one prefill + (T - 1) decode steps per completion
-    (:func:`~allocopt.flops.generation_flops`)."""
+    """Search FLOPs ``{prefill, decode}``: one prefill + (T - 1) decode steps per completion."""
     rows = step.rows
     P_max = max(step.prompt_tokens)
     C_max = max(step.completion_tokens)
@@ -489,8 +488,7 @@ def _trained_row_shapes(step: GRPOStep, eng: Engine, *, useful: bool) -> list[tu
 def _learning_flops(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
                     eng: Engine, attn: Attention, seqs: Counter, *,
                     useful: bool) -> dict[str, int]:
-    """Learning FLOPs: log-prob passes and μ × (forward + backward) over prompt + completion
-    of the trained rows (``seqs``: (tokens, head positions) → count), and the weight sync."""
+    """Learning FLOPs: log-prob passes, μ × (forward + backward) of ``seqs``, weight sync."""
     # LoRA on fused expert weights (executed): peft folds them once per forward call of
     # step.rows_per_forward rows; counted per row, then the calls' folds put right
     folds = int(not useful and lora is not None and bool(lora.fold_parts(policy)))
@@ -520,8 +518,7 @@ def _learning_flops(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, g
 def _update_pass_flops(policy: ModelShape, lora: LoRASpec | None, gc: bool, eng: Engine,
                        attn: Attention, seqs: Counter, folds: int, *,
                        useful: bool) -> dict[str, int]:
-    """FLOPs of one update pass (forward + backward) over the trained rows, each row with its
-    own folds (``folds``)."""
+    """FLOPs of one update pass (forward + backward) over ``seqs``, each row folding ``folds`` times."""
     train = {"forward": 0, "backward": 0, "recompute": 0, "head_recompute": 0}
     for (n, k), m in seqs.items():
         t = training_flops(policy, n, num_logits=k, attention=attn, lora=lora,
@@ -543,8 +540,7 @@ def _update_pass_flops(policy: ModelShape, lora: LoRASpec | None, gc: bool, eng:
 def _fold_call_corrections(policy: ModelShape, step: GRPOStep, lora: LoRASpec | None, gc: bool,
                            eng: Engine, attn: Attention,
                            seqs: Counter) -> tuple[int, dict[str, int]]:
-    """What the old-policy pass and one update pass gain when peft's expert folds are counted
-    once per forward call instead of once per trained row (executed count)."""
+    """FLOPs the old-policy pass and one update pass add with peft's folds per call, not per row."""
     trained = step.trained_rows
     calls = -(-len(trained) // step.rows_per_forward)  # of one update pass
     logprob_calls = -(-len(trained) // (step.logprob_rows_per_forward or step.rows_per_forward))
