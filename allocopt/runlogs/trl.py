@@ -93,60 +93,16 @@ def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_confi
             ``layers_pattern`` / ``exclude_modules`` (adapters on some layers only),
             ``modules_to_save`` (modules trained whole) or ``use_dora``.
     """
-    for key in ("layers_to_transform", "layers_pattern", "exclude_modules"):
-        if adapter.get(key) not in (None, [], ""):
-            raise RunLogError(f"{aname}: {key}={adapter[key]!r}: adapters on some layers or "
-                              "modules only are not counted; allowed: null")
-    # modules trained whole beside the adapter (e.g. lm_head) and DoRA's magnitude vectors cost
-    # FLOPs the LoRA count has no term for: refused rather than left out
-    if adapter.get("modules_to_save") not in (None, [], ""):
-        raise RunLogError(f"{aname}: modules_to_save={adapter['modules_to_save']!r}: modules trained "
-                          "whole beside the adapter are not counted; allowed: null")
-    if adapter.get("use_dora") not in (None, False):
-        raise RunLogError(f"{aname}: use_dora={adapter['use_dora']!r}: DoRA is not counted; allowed: false")
-    targets = adapter.get("target_modules")
-    params = adapter.get("target_parameters") or []
-    if isinstance(targets, (set, frozenset, tuple)):  # a live peft config's (not from JSON)
-        targets = sorted(targets)
-    if isinstance(params, (set, frozenset, tuple)):
-        params = sorted(params)
-    if targets is not None and not isinstance(targets, (str, list)):
-        raise RunLogError(f"{aname}: target_modules={targets!r}: must be a string or a list")
-    if not isinstance(params, list):
-        raise RunLogError(f"{aname}: target_parameters={params!r}: must be a list")
+    _refuse_uncounted_settings(adapter, aname)
+    targets, params = _target_lists(adapter, aname)
     if isinstance(targets, str) and targets in ("all-linear", "all"):
         if params:
             raise RunLogError(f"{aname}: target_parameters={params!r} with target_modules="
                               f"{targets!r}: peft saves all-linear converted; not counted")
         return "all-linear"
-    names: list[str] = []
-    for t in ([targets] if isinstance(targets, str) else targets or []):
-        parts = str(t).split(".")  # a name, or a module path "model.layers.0.mlp.shared_expert.up_proj"
-        if parts[-1] not in MODULES + MLA_MODULES + ("shared_expert_gate",):
-            raise RunLogError(f"{aname}: target_modules: {str(t)!r}: not counted; allowed: "
-                              f"{', '.join(MODULES + MLA_MODULES)}, shared_expert_gate (or module "
-                              "paths ending in one), all-linear")
-        names.append(parts[-1])
-    experts: list[str] = []
-    for p in params:
-        name = next((v for k, v in _PARAM_SUFFIXES.items()
-                     if str(p) == k or str(p).endswith("." + k)), None)
-        if name is None:
-            raise RunLogError(f"{aname}: target_parameters: {str(p)!r}: not counted; allowed: "
-                              "parameter paths ending in " + ", ".join(_PARAM_SUFFIXES))
-        experts.append(name)
-    pattern = adapter.get("rank_pattern") or {}
-    if not isinstance(pattern, dict):
-        raise RunLogError(f"{aname}: rank_pattern={pattern!r}: must be an object")
-    fused = False
-    for key, rank in pattern.items():
-        hits_fused = safe_pattern(f"(.*\\.)?({key})", f"{aname}: rank_pattern", RunLogError).fullmatch(
-            "model.layers.0.mlp.experts.gate_up_proj")
-        if hits_fused and rank == 2 * r and "experts.gate_up_proj" in experts:
-            fused = True
-            continue
-        raise RunLogError(f"{aname}: rank_pattern: {key!r}: {rank!r}: per-module ranks are not "
-                          f"counted; allowed: peft's fused gate_up_proj at 2r = {2 * r}")
+    names = _module_names(targets, aname)
+    experts = _expert_names(params, aname)
+    fused = _fused_gate_up(adapter, r, experts, aname)
     uniq = set(names)
     if fused:  # peft converted gate_proj + up_proj (written out or all-linear)
         experts = [e for e in experts if e != "experts.gate_up_proj"]
@@ -169,6 +125,79 @@ def adapter_targets(adapter: dict[str, Any], r: int, aname: str = "adapter_confi
         raise RunLogError(f"{aname}: target_modules={targets!r}, target_parameters={params!r}: "
                           "no adapter named; allowed: " + ", ".join(order) + ", all-linear")
     return ",".join(out)
+
+
+def _refuse_uncounted_settings(adapter: dict[str, Any], aname: str) -> None:
+    """Raise for adapter settings the LoRA count has no term for (some layers, DoRA, ...)."""
+    for key in ("layers_to_transform", "layers_pattern", "exclude_modules"):
+        if adapter.get(key) not in (None, [], ""):
+            raise RunLogError(f"{aname}: {key}={adapter[key]!r}: adapters on some layers or "
+                              "modules only are not counted; allowed: null")
+    # modules trained whole beside the adapter (e.g. lm_head) and DoRA's magnitude vectors cost
+    # FLOPs the LoRA count has no term for: refused rather than left out
+    if adapter.get("modules_to_save") not in (None, [], ""):
+        raise RunLogError(f"{aname}: modules_to_save={adapter['modules_to_save']!r}: modules trained "
+                          "whole beside the adapter are not counted; allowed: null")
+    if adapter.get("use_dora") not in (None, False):
+        raise RunLogError(f"{aname}: use_dora={adapter['use_dora']!r}: DoRA is not counted; allowed: false")
+
+
+def _target_lists(adapter: dict[str, Any], aname: str) -> tuple[Any, list[Any]]:
+    """``target_modules`` (a string, a list or None) and ``target_parameters`` (a list), checked."""
+    targets = adapter.get("target_modules")
+    params = adapter.get("target_parameters") or []
+    if isinstance(targets, (set, frozenset, tuple)):  # a live peft config's (not from JSON)
+        targets = sorted(targets)
+    if isinstance(params, (set, frozenset, tuple)):
+        params = sorted(params)
+    if targets is not None and not isinstance(targets, (str, list)):
+        raise RunLogError(f"{aname}: target_modules={targets!r}: must be a string or a list")
+    if not isinstance(params, list):
+        raise RunLogError(f"{aname}: target_parameters={params!r}: must be a list")
+    return targets, params
+
+
+def _module_names(targets: Any, aname: str) -> list[str]:
+    """The module name each ``target_modules`` entry (a name or a module path) ends in."""
+    names: list[str] = []
+    for t in ([targets] if isinstance(targets, str) else targets or []):
+        parts = str(t).split(".")  # a name, or a module path "model.layers.0.mlp.shared_expert.up_proj"
+        if parts[-1] not in MODULES + MLA_MODULES + ("shared_expert_gate",):
+            raise RunLogError(f"{aname}: target_modules: {str(t)!r}: not counted; allowed: "
+                              f"{', '.join(MODULES + MLA_MODULES)}, shared_expert_gate (or module "
+                              "paths ending in one), all-linear")
+        names.append(parts[-1])
+    return names
+
+
+def _expert_names(params: list[Any], aname: str) -> list[str]:
+    """The :data:`~allocopt.flops.shapes.EXPERT_MODULES` name of each ``target_parameters`` entry."""
+    experts: list[str] = []
+    for p in params:
+        name = next((v for k, v in _PARAM_SUFFIXES.items()
+                     if str(p) == k or str(p).endswith("." + k)), None)
+        if name is None:
+            raise RunLogError(f"{aname}: target_parameters: {str(p)!r}: not counted; allowed: "
+                              "parameter paths ending in " + ", ".join(_PARAM_SUFFIXES))
+        experts.append(name)
+    return experts
+
+
+def _fused_gate_up(adapter: dict[str, Any], r: int, experts: list[str], aname: str) -> bool:
+    """Whether ``rank_pattern`` is peft's fused ``gate_up_proj`` at ``2r`` (any other: refused)."""
+    pattern = adapter.get("rank_pattern") or {}
+    if not isinstance(pattern, dict):
+        raise RunLogError(f"{aname}: rank_pattern={pattern!r}: must be an object")
+    fused = False
+    for key, rank in pattern.items():
+        hits_fused = safe_pattern(f"(.*\\.)?({key})", f"{aname}: rank_pattern", RunLogError).fullmatch(
+            "model.layers.0.mlp.experts.gate_up_proj")
+        if hits_fused and rank == 2 * r and "experts.gate_up_proj" in experts:
+            fused = True
+            continue
+        raise RunLogError(f"{aname}: rank_pattern: {key!r}: {rank!r}: per-module ranks are not "
+                          f"counted; allowed: peft's fused gate_up_proj at 2r = {2 * r}")
+    return fused
 
 
 def _checkpoints(folder: Path) -> list[Path]:
