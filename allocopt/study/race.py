@@ -115,7 +115,7 @@ def run_race(
         ConfigError: bad ``pilot_fraction``, ``validations`` or space.
         StudyError: the storage cannot be opened, or the objective lacks the target.
     """
-    from allocopt.study.loop import run_study, store_answer
+    from allocopt.study.loop import run_study
     from allocopt.study.open import open_study
     from allocopt.study.sampler import race_sampler
 
@@ -129,13 +129,40 @@ def run_race(
     result = RaceResult(study, sampler.budget_of("pilot"), [], [], [], [], [], sampler.timings)
     emit("pilots", sampler.pilots_to_run(study))
 
+    pilots_done = _pilots_done_hook(sampler, result, s, settings, f, emit)
+    answer: list[Any] = []  # the one answer, stored by the loop: (recommendation, surrogate)
+    only_pilots = validations == 0 or propose_only
+    run_study(s, objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
+              on_trial_start=_trial_start_hook(sampler, emit, on_trial_start),
+              on_trial_end=_trial_end_hook(sampler, result, on_trial_end),
+              progress=progress, verbose=verbose,
+              pilots_only=only_pilots, on_pilots=None if only_pilots else pilots_done,
+              on_answer=lambda rec, sur: answer.append((rec, sur)))
+    if only_pilots:
+        pilots_done(study)
+    if propose_only and validations:
+        return _propose_without_running(study, sampler, result, validations, emit)
+    _record_answer(study, s, sampler, result, answer, settings, tracker, emit)
+    result.recommendations = list(sampler.recommendations)
+    return result
+
+
+def _trial_start_hook(sampler: Any, emit: Callable[[str, Any], None],
+                      on_trial_start: Callable[[int, Allocation, TrialPlan | None], None] | None
+                      ) -> Callable[[int, Allocation, TrialPlan | None], None]:
+    """The loop's trial-start callback: shows the proposal a trial runs, then calls ``on_trial_start``."""
     def started(number: int, alloc: Allocation, plan: TrialPlan | None) -> None:
         d = sampler.decisions.get(number)
         if d is not None and d.proposal is not None:
             emit("proposals", [d.proposal])
         if on_trial_start:
             on_trial_start(number, alloc, plan)
+    return started
 
+
+def _trial_end_hook(sampler: Any, result: RaceResult,
+                    on_trial_end: Callable[[Any, Any], None] | None) -> Callable[[Any, Any], None]:
+    """The loop's trial-end callback: files the trial as a pilot or a validation in ``result``."""
     def ended(row: Any, res: Any) -> None:
         d = sampler.decisions.get(row.number)
         if d is not None and d.kind == "pilot":
@@ -146,7 +173,12 @@ def run_race(
                 result.proposals.append(d.proposal)
         if on_trial_end:
             on_trial_end(row, res)
+    return ended
 
+
+def _pilots_done_hook(sampler: Any, result: RaceResult, s: StudySpec, settings: RaceSettings,
+                      f: float, emit: Callable[[str, Any], None]) -> Callable[[Any], None]:
+    """The loop's pilots-done callback: diagnoses the pilots into ``result``."""
     def pilots_done(study: Any) -> None:
         """The regime table of the pilots at the pilot budget, and the pilots' best diagnosis
         as the answer until a full run gives RACE's own."""
@@ -157,22 +189,25 @@ def run_race(
         fitted = [d for d in result.diagnoses if not math.isnan(d.value)]
         if fitted:
             result.recommendation = max(fitted, key=lambda d: d.value).recommendation
+    return pilots_done
 
-    answer: list[Any] = []  # the one answer, stored by the loop: (recommendation, surrogate)
-    only_pilots = validations == 0 or propose_only
-    run_study(s, objective=objective, workload=workload, tracker=tracker, sampler=sampler, study=study,
-              on_trial_start=started, on_trial_end=ended, progress=progress, verbose=verbose,
-              pilots_only=only_pilots, on_pilots=None if only_pilots else pilots_done,
-              on_answer=lambda rec, sur: answer.append((rec, sur)))
-    if only_pilots:
-        pilots_done(study)
-    if propose_only and validations:
-        result.proposals = sampler.proposals(study, q=validations)
-        emit("proposals", result.proposals)
-        result.recommendations = list(sampler.recommendations)
-        if sampler.recommendations:
-            result.recommendation = sampler.recommendations[-1][1]
-        return result
+
+def _propose_without_running(study: Any, sampler: Any, result: RaceResult, validations: int,
+                             emit: Callable[[str, Any], None]) -> RaceResult:
+    """``result`` with ``validations`` proposals made (none run) and the sampler's answers."""
+    result.proposals = sampler.proposals(study, q=validations)
+    emit("proposals", result.proposals)
+    result.recommendations = list(sampler.recommendations)
+    if sampler.recommendations:
+        result.recommendation = sampler.recommendations[-1][1]
+    return result
+
+
+def _record_answer(study: Any, s: StudySpec, sampler: Any, result: RaceResult, answer: list[Any],
+                   settings: RaceSettings, tracker: Any, emit: Callable[[str, Any], None]) -> None:
+    """RACE's answer and validation table into ``result``, or the pilots' answer stored."""
+    from allocopt.study.loop import store_answer
+
     if answer:
         result.recommendation, sur = answer[0]
         result.validation = validate(result.diagnoses, sampler.observations(study), s.space, settings,
@@ -180,5 +215,3 @@ def run_race(
         emit("validation", result.validation)
     elif result.recommendation is not None:  # no full run yet: the pilots' best diagnosis
         store_answer(study, s, result.recommendation, tracker)
-    result.recommendations = list(sampler.recommendations)
-    return result
