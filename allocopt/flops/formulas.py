@@ -124,8 +124,8 @@ def backward_flops(
     keeps only the log-sum-exp): five products, 2.5 × the attention forward, as
     ``torch.utils.flop_counter.sdpa_backward_flop_count`` counts them. Without it (eager
     attention under autograd) each of the four products is paid only when its operand needs a
-    gradient and nothing is recomputed: at most 2 × the attention forward. (Fix, measured with
-    ``FlopCounterMode``: the fused case used to count 2 ×, missing the recomputed scores.)
+    gradient and nothing is recomputed: at most 2 × the attention forward. (Measured with
+    ``FlopCounterMode``: counting the fused case as 2 × misses the recomputed scores.)
 
     Routed experts and the router under LoRA (:data:`~allocopt.flops.shapes.EXPERT_MODULES`):
     per token (``expert_folds=0``), each of the ``k`` experts a token meets pays its adapter's
@@ -321,8 +321,8 @@ def training_flops(
             and of TRL) the recompute stops as soon as the last tensor saved for backward is
             back ("early stop", ``torch.utils.checkpoint``). A matmul saves its *inputs*, which
             exist before it runs, so each layer's last matmul is not recomputed: ``down_proj``,
-            or the ``B`` of its adapter when ``down_proj`` carries one. (Fix, measured with
-            ``FlopCounterMode``: the whole layer used to be counted.)
+            or the ``B`` of its adapter when ``down_proj`` carries one. (Measured with
+            ``FlopCounterMode``: counting the whole layer overcounts by that matmul.)
         input_requires_grad: whether the embedding output needs a gradient; default: with
             gradient checkpointing under LoRA (transformers' ``gradient_checkpointing_enable``
             and TRL both call ``enable_input_require_grads``).

@@ -43,7 +43,8 @@ from allocopt.flops import ConfigError, FlopAccount
 from allocopt.race.design import PilotPoint, pilot_grid  # noqa: F401  (docs)
 
 MIN_PILOT_USE = 0.85
-"""Least share of the pilot budget a usable pilot's plan spends (issue 17: high-ρ pilots spent
+"""Least share of the pilot budget a usable pilot's plan spends: at high ρ a pilot buys one or
+two iterations, which can leave much of its budget unspent (high-ρ pilots of the tiny world spent
 ~55 % of theirs)."""
 RHO_STEP = 0.0025
 """Resolution (ρ units) of the search for a usable ρ near an unusable pilot."""

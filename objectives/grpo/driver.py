@@ -49,7 +49,7 @@ from allocopt.plan.allocation import InfeasiblePlan, TrialPlan
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.flops.grpo import TRL_VLLM_ENGINES, engine
 from allocopt.plan.meter import BudgetExhausted, FlopMeter, IterationRecord
-from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (re-exported: old imports work)
+from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (callers import them from here)
 from allocopt.plan.setup import TrainingSetup
 from allocopt.plan.engines import trl_grpo_config
 from objectives.grpo.hooks import _Hooks, _train_log_callback
