@@ -147,8 +147,11 @@ def from_dict(rec: dict[str, Any]) -> Any:
                            allocation=Allocation(a["rho"], a["group_size"], a["reward"], a.get("model")))
 
 
-def recommendation_dict(rec: Any, target: str) -> dict[str, Any]:
-    """What :meth:`allocopt.tracking.StudyTracker.log_recommendation` logs."""
+def recommendation_dict(rec: Any, target: str, direction: str = "maximize") -> dict[str, Any]:
+    """What :meth:`allocopt.tracking.StudyTracker.log_recommendation` logs, in target units: a
+    tuner maximizes, so for a minimized target (``direction``) its mean and interval, fitted on
+    the negated values, are turned back (a gain stays a gain)."""
+    sign = -1.0 if direction == "minimize" else 1.0
     a = _alloc(rec)
     out: dict[str, Any] = {"target": target, "allocation": {
         "rho": a.rho, "group_size": a.group_size, "reward": a.reward,
@@ -156,10 +159,10 @@ def recommendation_dict(rec: Any, target: str) -> dict[str, Any]:
     for k in ("mean", "level", "prob_best"):
         v = getattr(rec, k, None)
         if v is not None:
-            out[k] = float(v)
+            out[k] = sign * float(v) if k == "mean" else float(v)
     iv = _interval(rec)
     if iv is not None:
-        out["lower"], out["upper"] = iv
+        out["lower"], out["upper"] = sorted((sign * iv[0], sign * iv[1]))
     # RACE's Recommendation also names the allocations within one evaluation's noise of it and
     # P(best) per reward system (x model); the report shows them (allocopt.query.report)
     for k in ("noise_sd", "full_runs"):

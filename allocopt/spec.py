@@ -21,6 +21,12 @@ Standard library only. A study file (``studies/*.toml``)::
     [race]                    # optional: RACE's settings (allocopt.race.RaceSettings)
     bandwidth = 0.35
 
+    [targets]                 # optional: targets beyond the built-in ones (allocopt.vocabulary)
+    aime24 = { direction = "maximize", range = [0, 1] }
+
+    [rewards]                 # optional: reward systems beyond the built-in ones, with their price
+    orm8b = { kind = "model", model = "path/to/config.json" }
+
 CLI flags override file values (:meth:`StudySpec.with_overrides`).
 """
 
@@ -36,9 +42,11 @@ from allocopt.flops import ConfigError
 from allocopt.plan.budget import Budget
 from allocopt.plan.throughput import ThroughputProfile, TimeBudget, time_budget
 from allocopt.tomlio import check_keys, read_toml
+from allocopt.vocabulary import TARGETS as _BUILTIN_TARGETS, Vocabulary, check_name, metric_key
 
-TARGETS: tuple[str, ...] = ("native_reward", "pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
-"""Targets as people and the CLI spell them."""
+TARGETS: tuple[str, ...] = tuple(t.name for t in _BUILTIN_TARGETS)
+"""The built-in targets as people and the CLI spell them (a study file declares more:
+:mod:`allocopt.vocabulary`)."""
 
 
 TUNERS: tuple[str, ...] = ("kg", "race")
@@ -47,18 +55,15 @@ TUNERS: tuple[str, ...] = ("kg", "race")
 
 def target_key(target: str) -> str:
     """Python / MLflow name of a target: ``pass@1`` -> ``pass_at_1``, ``pass@1:gsm8k`` ->
-    ``pass_at_1_gsm8k`` (MLflow rejects ``@`` in keys). Raises :class:`ConfigError`."""
-    if target not in TARGETS:
-        raise ConfigError(f"target={target!r}: unknown target; allowed: {', '.join(TARGETS)}")
-    return target.replace("@", "_at_").replace(":", "_")
+    ``pass_at_1_gsm8k`` (:func:`allocopt.vocabulary.metric_key`). Raises :class:`ConfigError`
+    for a name no study could declare; whether a study knows it is its vocabulary's check
+    (:meth:`StudySpec.vocabulary`)."""
+    return metric_key(check_name(target, "target"))
 
 
-def target_label(key: str) -> str:
-    """Inverse of :func:`target_key`, for tables."""
-    for t in TARGETS:
-        if target_key(t) == key:
-            return t
-    return key
+def target_label(key: str, vocabulary: Vocabulary | None = None) -> str:
+    """Inverse of :func:`target_key` among the built-in targets and ``vocabulary``'s, for tables."""
+    return (vocabulary or Vocabulary()).label(key)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ class SearchSpace:
     group_sizes: tuple[int, ...] = (2, 4, 8)
     """Group sizes G to choose from (each >= 2)."""
     rewards: tuple[str, ...] = ("sparse", "structured", "dense", "proxy_prm", "prm")
-    """Reward systems to choose from."""
+    """Reward systems to choose from: built-in ones or those the study declares
+    (:attr:`StudySpec.vocabulary`, which checks each is known)."""
     models: tuple[str, ...] = ()
     """Policy models to choose from; empty: the objective's own."""
 
@@ -93,10 +99,10 @@ class SearchSpace:
             if isinstance(g, bool) or not isinstance(g, int) or g < 2:
                 raise ConfigError(f"space.group_sizes: {g!r} is not an integer >= 2")
         if not self.rewards:
-            raise ConfigError(f"space.rewards=[]: empty search space; allowed: {', '.join(REWARDS)}")
+            raise ConfigError(f"space.rewards=[]: empty search space; give at least one (built in: "
+                              f"{', '.join(REWARDS)})")
         for r in self.rewards:
-            if r not in REWARDS:
-                raise ConfigError(f"space.rewards: {r!r} is not a reward system; allowed: {', '.join(REWARDS)}")
+            check_name(r, "space.rewards")
         for m in self.models:
             if not isinstance(m, str) or not m.strip():
                 raise ConfigError(f"space.models: {str(m)[:80]!r} is not a model name (a preset or a config path)")
@@ -155,6 +161,9 @@ class StudySpec:
     """The :class:`~allocopt.plan.throughput.ThroughputProfile` a time budget is priced at (its
     fields as a table)."""
     space: SearchSpace = field(default_factory=SearchSpace)
+    vocabulary: Vocabulary = field(default_factory=Vocabulary)
+    """The targets and reward systems this study knows: the built-in ones and those a study file
+    declares in its ``[targets]`` and ``[rewards]`` tables (:mod:`allocopt.vocabulary`)."""
     objective_settings: Mapping[str, Any] = field(default_factory=dict)
     race: Mapping[str, Any] = field(default_factory=dict)
     """RACE's settings (a ``[race]`` table): any field of :class:`allocopt.race.RaceSettings` but
@@ -180,8 +189,9 @@ class StudySpec:
                 twice = next(t for t in ts if list(self.target).count(t) > 1)
                 raise ConfigError(f"target={twice!r}: given more than once; give each target once")
             object.__setattr__(self, "target", ts[0] if len(ts) == 1 else ts)
+        object.__setattr__(self, "vocabulary", Vocabulary.of(self.vocabulary))
         for t in self.targets:
-            target_key(t)
+            self.vocabulary.target(t)
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ConfigError(f"trials={self.trials!r}: must be an integer >= 1")
         if self.pilots is not None and (isinstance(self.pilots, bool)
@@ -210,6 +220,8 @@ class StudySpec:
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):
             raise ConfigError(f"space={self.space!r}: must be a table ([space] with rho, group_sizes, rewards, models)")
+        for r in self.space.rewards:
+            self.vocabulary.reward(r)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (0 <= self.seed < 2**32):
             raise ConfigError(f"seed={self.seed!r}: must be an integer from 0 to 2**32 - 1")
         if not isinstance(self.objective_settings, Mapping):
@@ -268,7 +280,13 @@ class StudySpec:
         one line."""
         p = Path(path)
         data = read_toml(p, "spec")
+        if "vocabulary" in data:
+            raise ConfigError(f"vocabulary: not a study-file key in spec {p.name}; declare targets in "
+                              "a [targets] table and reward systems in a [rewards] table")
+        declared = {k: data.pop(k) for k in ("targets", "rewards") if k in data}
         check_keys(data, cls, f"spec {p.name}")
+        if declared:
+            data["vocabulary"] = Vocabulary.declare(declared.get("targets"), declared.get("rewards"))
         if isinstance(data.get("budget_flops"), str):
             raise ConfigError(f"budget_flops={data['budget_flops']!r}: must be a number of FLOPs, unquoted "
                               f"in a study file (budget_flops = 1e19), in spec {p.name}")
@@ -303,7 +321,12 @@ class StudySpec:
     @property
     def target_keys(self) -> tuple[str, ...]:
         """Every target's Python / MLflow key."""
-        return tuple(target_key(t) for t in self.targets)
+        return tuple(self.vocabulary.key(t) for t in self.targets)
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        """Every target's direction (``maximize``/``minimize``), as its vocabulary declares."""
+        return tuple(self.vocabulary.target(t).direction for t in self.targets)
 
     @property
     def target_key(self) -> str:
@@ -314,9 +337,16 @@ class StudySpec:
     def multi_objective(self) -> bool:
         return len(self.targets) > 1
 
+    def priced(self, workload: Any) -> Any:
+        """``workload`` with the reward systems this study declared priced
+        (:meth:`allocopt.vocabulary.Vocabulary.price`, those of its space). Raises
+        :class:`ConfigError` (a reward model that cannot be read)."""
+        return self.vocabulary.price(workload, self.space.rewards)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["space"] = asdict(self.space)
+        d["vocabulary"] = self.vocabulary.to_dict()
         return d
 
 

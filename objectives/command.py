@@ -210,7 +210,13 @@ class CommandObjective:
 
     def workload(self) -> Workload:
         """The user's run as plans price it: ``plan_objective``'s workload with the set-up keys
-        given here, else a workload of the set-up given here."""
+        given here, else a workload of the set-up given here; with a bound trial, its study's
+        declared reward systems priced too."""
+        base = self._base_workload()
+        spec = self._trial.spec
+        return spec.priced(base) if spec is not None and hasattr(spec, "priced") else base
+
+    def _base_workload(self) -> Workload:
         if self._workload is None:
             s = self.settings
             if s.plan_objective:

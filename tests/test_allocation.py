@@ -149,12 +149,18 @@ def test_bad_budget(budget):
 @pytest.mark.parametrize("kw,field", [
     (dict(rho=0.0), "rho"), (dict(rho=1.0), "rho"), (dict(rho=math.nan), "rho"), (dict(rho=-0.2), "rho"),
     (dict(group_size=1), "group_size"), (dict(group_size=2.5), "group_size"),
-    (dict(reward="foo"), "reward"),
+    (dict(reward=""), "reward"), (dict(reward=3), "reward"),
 ])
 def test_bad_allocation(kw, field):
     base = dict(rho=0.5, group_size=8, reward="sparse")
     with pytest.raises(ConfigError, match=field):
         Allocation(**{**base, **kw})
+
+
+def test_a_reward_system_the_workload_cannot_price_is_refused_when_planned():
+    w = Workload(policy=ModelShape.preset("qwen2.5-0.5b"))
+    with pytest.raises(ConfigError, match=r"reward='foo': no price .*\[rewards\]"):
+        make_plan(1e18, Allocation(0.5, 8, "foo"), w)
 
 
 def test_rows_for_rho_by_hand():

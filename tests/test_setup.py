@@ -42,7 +42,8 @@ def test_a_default_workload_prices_the_default_setup():
     import pickle
 
     w, setup = Workload(POLICY), TrainingSetup()
-    assert [f.name for f in dataclasses.fields(Workload)] == ["policy", "setup", "reward_models", "policies"]
+    assert [f.name for f in dataclasses.fields(Workload)] == ["policy", "setup", "reward_models", "rule_rewards",
+                                                          "reward_scoring", "policies"]
     assert w.setup == setup
     for f in dataclasses.fields(TrainingSetup):  # one place for each field: workload.setup
         assert not hasattr(w, f.name), f.name

@@ -314,8 +314,8 @@ def test_unknown_reward_is_a_clear_value_error():
     with pytest.raises(ValueError, match=r"reward='rlhf': unknown reward system; allowed: "
                                          r"sparse, structured, dense, proxy_prm, prm"):
         make_reward("rlhf")
-    with pytest.raises(ConfigError, match=r"reward='rlhf': unknown reward system; allowed: sparse"):
-        Allocation(rho=0.5, group_size=G, reward="rlhf")
+    with pytest.raises(ConfigError, match=r"reward='rlhf': no price for this reward system"):
+        make_plan(1e12, Allocation(rho=0.5, group_size=G, reward="rlhf"), Workload(ModelShape.preset("qwen2.5-0.5b")))
     with pytest.raises(ValueError, match=r"reward='prm': a model-based reward needs model="):
         make_reward("prm")
 

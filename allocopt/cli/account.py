@@ -259,6 +259,9 @@ def plan(
     importance_sampling_correction = _switch("importance_sampling_correction", importance_sampling_correction,
                                              no_importance_sampling_correction)
 
+    from allocopt.vocabulary import Vocabulary
+
+    Vocabulary().reward(reward)  # the built-in systems: a study file declares others
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     engine, why = _engine_choice(engine, model)
     given = dict(model=model, rollouts_per_iteration=rollouts, prompt_tokens=prompt_tokens,

@@ -174,7 +174,7 @@ def _workload_of(spec: Any) -> Any:
     machine can train (the runs are launched elsewhere)."""
     from allocopt.cli.common import objective_for_plans
 
-    return objective_for_plans(spec).workload()
+    return spec.priced(objective_for_plans(spec).workload())
 
 
 def print_asked(shown: list[dict[str, Any]], spec: Any, *, study: str, fmt: str, out_dir: Path,

@@ -483,7 +483,7 @@ def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, 
 
     obj = load_objective(spec.objective, spec.objective_settings)
     with Console(stderr=True).status("building / loading the objective's models (cached after the first run)..."):
-        workload = obj.workload()
+        workload = spec.priced(obj.workload())
     check_space_feasible(spec, workload, pilot_fraction)
     return obj, workload
 

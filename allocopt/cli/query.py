@@ -25,7 +25,8 @@ from rich.table import Table
 
 from allocopt.cli.common import bundled_options
 from allocopt.study.storage import DEFAULT_STORAGE
-from allocopt.query.stored import parent_run_id, stored_objectives, stored_recommendation, stored_target
+from allocopt.query.stored import (parent_run_id, stored_objectives, stored_recommendation, stored_target,
+                                   stored_vocabulary)
 
 FIDELITY_CHOICES = ("full", "pilot", "all")
 
@@ -180,28 +181,40 @@ def _spec(key: str) -> str:
 @_reads_trials
 def pareto(
     objectives: Optional[str] = typer.Option(None, "--objectives", help="Comma-separated targets or fields, e.g. pass@1,judge or judge,total_flops \\[default: the study's targets, when it has two or more]."),
+    target: Optional[List[str]] = typer.Option(None, "--target", help="A target or field of the front; repeat it (--target pass@1 --target judge); the same as --objectives."),
     trials: Optional[dict] = None,  # --study, --storage, --from-mlflow, --mlflow-uri, --where
-    directions: Optional[str] = typer.Option(None, "--directions", help="Comma-separated maximize/minimize, one per objective \\[default: maximize targets, minimize *_flops]."),
+    directions: Optional[str] = typer.Option(None, "--directions", help="Comma-separated maximize/minimize, one per objective \\[default: each target's declared direction (maximize for the built-in ones), minimize *_flops]."),
     fidelity: str = _FIDELITY,
     as_json: bool = _JSON,
 ) -> None:
     """The non-dominated trials over several targets (Pareto front): allocation, targets, breakdown."""
-    given = _split(objectives, "objectives") if objectives else None  # before the storage is opened
+    if objectives and target:
+        from allocopt.errors import ConfigError
+
+        raise ConfigError("objectives/target: give the front's targets one way, --objectives a,b or --target a --target b")
+    given = _split(objectives, "objectives") if objectives else list(target) if target else None  # before the storage is opened
     dirs = _split(directions, "directions") if directions else None
     rows, source, study = _load(**trials, fidelity=fidelity)
-    names = given or stored_objectives(study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
-    print_front(rows, names, dirs, source, fidelity, as_json)
+    stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
+    names = given or stored_objectives(*stored)
+    print_front(rows, names, dirs, source, fidelity, as_json, stored_vocabulary(*stored))
 
 
 def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], source: str,
-                fidelity: str, as_json: bool = False) -> None:
+                fidelity: str, as_json: bool = False, vocabulary: Any = None) -> None:
     """The Pareto front of ``rows`` over the targets or fields ``names`` (directions ``dirs``,
-    default: maximize targets, minimize ``*_flops``), best first along the first, as a table or
-    one JSON document. Raises :class:`~allocopt.query.pareto.QueryError` for an unknown name."""
-    from allocopt.query.pareto import check_fields, default_direction, field_label, number, pareto_front, row_dict
+    default: each target's declared direction in ``vocabulary``, maximize the built-in targets,
+    minimize ``*_flops``), best first along the first, as a table or one JSON document. Raises
+    :class:`~allocopt.query.pareto.QueryError` for an unknown name."""
+    from allocopt.query.pareto import check_fields, default_direction, number, pareto_front, row_dict
 
-    keys = check_fields(rows, names)
-    dirs = dirs or [default_direction(k) for k in keys]
+    def field_label(k: str) -> str:
+        from allocopt.query.pareto import field_label as label
+
+        return label(k, vocabulary)
+
+    keys = check_fields(rows, names, vocabulary=vocabulary)
+    dirs = dirs or [default_direction(k, vocabulary) for k in keys]
     front = pareto_front(rows, keys, dirs)
     sign = 1 if dirs[0] == "maximize" else -1  # show the front along its first objective, best first
     front.sort(key=lambda r: (-sign * number(r, keys[0]), r.study, r.number))
@@ -220,9 +233,9 @@ def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], so
 # ------------------------------------------------------------------------------ best
 @_reads_trials
 def best(
-    target: Optional[str] = typer.Option(None, "--target", help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (or a field such as total_flops) \\[default: the study's target, when it has one]."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge, one the study declared (or a field such as total_flops) \\[default: the study's target, when it has one]."),
     trials: Optional[dict] = None,  # --study, --storage, --from-mlflow, --mlflow-uri, --where
-    direction: Optional[str] = typer.Option(None, "--direction", help="maximize or minimize \\[default: maximize targets, minimize *_flops]."),
+    direction: Optional[str] = typer.Option(None, "--direction", help="maximize or minimize \\[default: the target's declared direction (maximize for the built-in ones), minimize *_flops]."),
     fidelity: str = _FIDELITY,
     as_json: bool = _JSON,
 ) -> None:
@@ -233,8 +246,9 @@ def best(
     stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
     if target is None:
         target = stored_target(*stored)
-    (key,) = check_fields(rows, [target], "target")
-    d = direction or default_direction(key)
+    vocab = stored_vocabulary(*stored)
+    (key,) = check_fields(rows, [target], "target", vocabulary=vocab)
+    d = direction or default_direction(key, vocab)
     b = best_of(rows, key, d)
     per = best_per(rows, key, "reward", d)
     rec = stored_recommendation(*stored)

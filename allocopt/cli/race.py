@@ -285,9 +285,10 @@ def print_race(s: Any, res: Any, *, propose_only: bool = False, as_json: bool = 
     if res.validation:
         out.print(validation_table(res.validation, res.same_regime_rate, rate_all))
     if res.recommendation is not None and not propose_only:  # stored by run_race
-        from allocopt.answer import recommendation_lines
+        from allocopt.answer import from_dict, recommendation_dict, recommendation_lines
 
-        for line in recommendation_lines(res.recommendation, s.target):
+        rec = from_dict(recommendation_dict(res.recommendation, s.targets[0], s.directions[0]))
+        for line in recommendation_lines(rec, s.target):
             out.print(line, highlight=False, markup=False)
     fits = res.timings.get("fit_seconds") or []
     if fits:

@@ -36,7 +36,7 @@ err = Console(stderr=True)
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
-    target: Optional[List[str]] = typer.Option(None, help="Target to maximize: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
+    target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (maximized), or one the study file declares in [targets]. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
@@ -175,7 +175,7 @@ def print_plans(s: Any) -> None:
 
     obj = objective_for_plans(s)
     with err.status("loading the objective's models..."):
-        workload = obj.workload()
+        workload = s.priced(obj.workload())
     tb = s.time_budget
     head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
             if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
@@ -307,7 +307,7 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
         from allocopt.query.sources import load_rows_from_study
 
         rows = [r for r in load_rows_from_study(storage, s.name) if r.fidelity == "full"]
-        print_front(rows, list(s.targets), None, f"study {s.name}", "full")
+        print_front(rows, list(s.targets), None, f"study {s.name}", "full", vocabulary=s.vocabulary)
         return
 
     from allocopt.record import TrialRecord
@@ -318,7 +318,8 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     full = {r.number for r in recs if r.fidelity == "full"} - stopped
     all_rows = [r for r in rows(st) if r.number in full]
     n_pilots = len(rows(st)) - len(all_rows) - len(stopped)
-    done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -r.value)
+    sign = -1.0 if s.directions[0] == "minimize" else 1.0
+    done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -sign * r.value)
     best = done[0] if done else None
     if best is None:
         n_fail = sum(r.state == "FAIL" for r in all_rows)

@@ -46,6 +46,9 @@ def trial(
     from allocopt.cli.common import load_objective
     from allocopt.plan.allocation import Allocation, check_budget, make_plan
 
+    from allocopt.vocabulary import Vocabulary
+
+    Vocabulary().reward(reward)  # the built-in systems: a study file declares others
     alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
     b = check_budget(budget)
     if not 0 <= seed < 2**32:

@@ -426,15 +426,17 @@ def reward_model_flops(
     *,
     num_steps: int = 0,
     attention: Attention = "causal",
+    last_position: bool = False,
 ) -> int:
     """FLOPs of one reward-model forward over prompt + completion (no decoding).
 
     A step-level PRM (Qwen2.5-Math-PRM style) reads one extra marker token per step
-    (``num_steps``). ``score`` and ``prm`` heads run at every position (as HF's heads do);
-    an ``lm`` head is treated as a verifier that reads the logits at the last position.
+    (``num_steps``). ``score`` and ``prm`` heads run at every position (as HF's heads do)
+    unless ``last_position`` (an outcome head that reads the last hidden state only); an
+    ``lm`` head is treated as a verifier that reads the logits at the last position.
     """
     n = num_tokens + num_steps
-    head_positions = 1 if shape.head == "lm" else n
+    head_positions = 1 if shape.head == "lm" or last_position else n
     return forward_flops(shape, n, num_logits=head_positions, attention=attention)
 
 

@@ -245,6 +245,9 @@ class GRPOStep:
     :attr:`Engine.old_logprobs` is ``is_correction`` (trl-vllm)."""
     reward_steps: tuple[int, ...] | None = None
     """Steps per completion, for a step-level PRM (one marker token each)."""
+    reward_last_position: bool = False
+    """The reward model's head reads the last position only (an outcome head), not every
+    position as HF's ``*ForSequenceClassification`` heads run."""
     trained_prompts: int | None = None
     """Prompts whose groups are trained: the first ``trained_prompts`` of ``prompt_tokens``
     (and their ``× group_size`` completions); the rest are generated and rewarded, then dropped
@@ -463,7 +466,8 @@ def _reward_flops(reward_model: ModelShape | None, step: GRPOStep,
         rows = step.rows
         steps = step.reward_steps or (0,) * len(rows)
         reward["reward_model"] = sum(
-            m * reward_model_flops(reward_model, n, num_steps=s, attention=attn)
+            m * reward_model_flops(reward_model, n, num_steps=s, attention=attn,
+                                   last_position=step.reward_last_position)
             for (n, s), m in Counter((p + c, s) for (p, c), s in zip(rows, steps)).items())
     return reward
 

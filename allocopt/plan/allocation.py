@@ -104,7 +104,8 @@ class Allocation:
     group_size: int
     """G, completions per prompt (TRL ``num_generations``), >= 2."""
     reward: str
-    """Reward system, one of :data:`REWARDS`."""
+    """Reward system: one of :data:`REWARDS` or one a study declares
+    (:mod:`allocopt.vocabulary`); the workload prices it (:func:`reward_model_of`)."""
     model: str | None = None
     """Policy model (a preset or config path); ``None``: the workload's policy."""
 
@@ -120,9 +121,9 @@ class Allocation:
             raise ConfigError(f"group_size={self.group_size!r}: must be at most "
                               f"{MAX_ROLLOUTS_PER_ITERATION} (completions per iteration are priced "
                               "row by row)")
-        if self.reward not in REWARDS:
-            raise ConfigError(f"reward={self.reward!r}: unknown reward system; allowed: "
-                              f"{', '.join(REWARDS)}")
+        if not isinstance(self.reward, str) or not self.reward.strip() or len(self.reward) > 100:
+            raise ConfigError(f"reward={str(self.reward)[:80]!r}: must name a reward system "
+                              f"(built in: {', '.join(REWARDS)}; a study file declares more)")
 
 
 def default_reward_models() -> dict[str, ModelShape]:
@@ -148,6 +149,13 @@ class Workload:
     """The training set-up plans are priced on and the driver runs."""
     reward_models: Mapping[str, ModelShape] = field(default_factory=default_reward_models)
     """Reward-model shape per model-based reward system (:func:`default_reward_models`)."""
+    rule_rewards: frozenset[str] = RULE_BASED
+    """Reward systems that cost no FLOPs (rule-based checkers)."""
+    reward_scoring: Mapping[str, str] = field(default_factory=lambda: {r: "steps" for r in MODEL_BASED})
+    """How each model-based reward system scores (:data:`allocopt.vocabulary.SCORINGS`):
+    ``steps`` reads one marker token per reasoning step (``setup.steps_per_completion``),
+    ``forward`` none, ``outcome`` none and its head at the last position only; absent:
+    ``forward``."""
     policies: Mapping[str, ModelShape] = field(default_factory=dict)
     """Policy shapes by the names an allocation's ``model`` may give (an objective's own sizes,
     e.g. the tiny world's ``tiny``, ``small``, ``medium``); a name not here is read as a preset
@@ -157,6 +165,8 @@ class Workload:
         if not isinstance(self.setup, TrainingSetup):
             raise ConfigError(f"setup={self.setup!r}: must be a TrainingSetup")
         object.__setattr__(self, "reward_models", FrozenMap(self.reward_models))
+        object.__setattr__(self, "rule_rewards", frozenset(self.rule_rewards))
+        object.__setattr__(self, "reward_scoring", FrozenMap(self.reward_scoring))
         object.__setattr__(self, "policies", FrozenMap(self.policies))
 
     def with_setup(self, **changes: Any) -> "Workload":
@@ -268,6 +278,19 @@ def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
     return named if named is not None else model_shape(allocation.model)
 
 
+def reward_model_of(workload: Workload, reward: str) -> ModelShape | None:
+    """The reward model ``workload`` prices ``reward`` with; ``None`` for a rule-based system.
+    Raises :class:`ConfigError` for a system the workload has no price for."""
+    if reward in workload.rule_rewards:
+        return None
+    rm = workload.reward_models.get(reward)
+    if rm is None:
+        raise ConfigError(f"reward={reward!r}: no price for this reward system (neither rule-based "
+                          "nor a reward model of the workload); declare it in the study file's "
+                          "[rewards] table: kind = \"rule\", or kind = \"model\" with its model")
+    return rm
+
+
 @functools.lru_cache(maxsize=16384)
 def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: int) -> FlopAccount:
     """FLOPs of one iteration training on ``rows_trained`` rollouts in all (μ = rows / N, N
@@ -289,10 +312,9 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
         completions = (max(1, c_pad),) + (c_mean,) * (N_gen - 1)
     else:
         completions = (c_mean,) * N_gen
-    reward_model = workload.reward_models.get(allocation.reward) \
-        if allocation.reward in MODEL_BASED else None
-    if allocation.reward in MODEL_BASED and reward_model is None:
-        raise ConfigError(f"reward={allocation.reward!r}: the workload names no reward model for it")
+    reward_model = reward_model_of(workload, allocation.reward)
+    steps = workload.setup.steps_per_completion \
+        if workload.reward_scoring.get(allocation.reward) == "steps" else 0
     step = GRPOStep(
         prompt_tokens=(max(1, round(workload.setup.prompt_tokens)),) * generated,
         completion_tokens=completions,
@@ -300,7 +322,8 @@ def iteration_flops(workload: Workload, allocation: Allocation, rows_trained: in
         update_passes=rows_trained / N,
         reference=workload.setup.reference,
         importance_sampling_correction=workload.setup.importance_sampling_correction,
-        reward_steps=(max(0, round(workload.setup.steps_per_completion)),) * N_gen,
+        reward_steps=(max(0, round(steps)),) * N_gen,
+        reward_last_position=workload.reward_scoring.get(allocation.reward) == "outcome",
         trained_prompts=None if generated == prompts else prompts,
     )
     critic = model_shape(workload.setup.critic) if workload.setup.critic else None
@@ -450,7 +473,7 @@ def _plan_at(budget: float, allocation: Allocation, workload: Workload) -> Trial
         expected = expected + iteration_flops(workload, allocation, last)
         iterations += 1
     realized = expected.executed.rho
-    rm = workload.reward_models.get(allocation.reward) if allocation.reward in MODEL_BASED else None
+    rm = reward_model_of(workload, allocation.reward)
     return TrialPlan(
         allocation=allocation, budget_flops=budget, policy=_policy(workload, allocation).name,
         reward_model=rm.name if rm else None, group_size=G, prompts_per_iteration=prompts,
@@ -616,6 +639,6 @@ __all__ = ["LAST_ROWS_SHARE", "MAX_UNUSED_SHARE", "REBATCH_CANDIDATES", "batch_c
 
 
 __all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE", "RULE_BASED",
-           "TrialPlan", "Workload", "MAX_EPOCHS", "steps_batch", "check_budget", "default_reward_models", "iteration_flops",
+           "TrialPlan", "Workload", "MAX_EPOCHS", "reward_model_of", "steps_batch", "check_budget", "default_reward_models", "iteration_flops",
            "expected_flops", "max_iterations", "rows_for_rho", "rows_schedule", "LAST_ROWS_SHARE", "MAX_UNUSED_SHARE", "REBATCH_CANDIDATES", "batch_candidates",
            "batch_workload", "make_plan", "min_budget", "min_last_rows", "min_prompts", "plan_workload"]

@@ -50,16 +50,20 @@ from allocopt.errors import QueryError  # noqa: E402,F401  (defined there; impor
 
 
 # ============================================================================ fields
-def field_key(name: str) -> str:
-    """The row key of a field name: a target in CLI spelling -> snake_case (``pass@1`` ->
-    ``pass_at_1``); anything else unchanged (stripped)."""
+def field_key(name: str, vocabulary: Any = None) -> str:
+    """The row key of a field name: a target in CLI spelling -> its stored key (``pass@1`` ->
+    ``pass_at_1``; a study's declared target by its vocabulary); anything else unchanged
+    (stripped)."""
     name = name.strip()
+    if vocabulary is not None and any(t.name == name for t in vocabulary.targets):
+        return vocabulary.key(name)
     return target_key(name) if name in TARGETS else name
 
 
-def field_label(key: str) -> str:
-    """How people read a key: ``pass_at_1`` -> ``pass@1``; other keys unchanged."""
-    return target_label(key)
+def field_label(key: str, vocabulary: Any = None) -> str:
+    """How people read a key: ``pass_at_1`` -> ``pass@1`` (a declared target's key -> its
+    declared name, given the study's vocabulary); other keys unchanged."""
+    return target_label(key, vocabulary)
 
 
 def value(row: Any, key: str) -> Any:
@@ -105,7 +109,8 @@ def measured_targets(rows: Iterable[Any]) -> list[str]:
     return [k for k in TARGET_KEYS if k in seen] + sorted(seen - set(TARGET_KEYS))
 
 
-def check_fields(rows: Sequence[Any], names: Sequence[str], what: str = "objective") -> list[str]:
+def check_fields(rows: Sequence[Any], names: Sequence[str], what: str = "objective",
+                 vocabulary: Any = None) -> list[str]:
     """Keys of ``names`` (CLI spelling allowed), each measured by at least one complete row.
 
     Raises:
@@ -114,9 +119,9 @@ def check_fields(rows: Sequence[Any], names: Sequence[str], what: str = "objecti
     """
     keys = []
     known = set(known_fields(rows))
-    measured = ", ".join(field_label(k) for k in measured_targets(rows)) or "none"
+    measured = ", ".join(field_label(k, vocabulary) for k in measured_targets(rows)) or "none"
     for name in names:
-        key = field_key(name)
+        key = field_key(name, vocabulary)
         if key not in known and key not in TARGET_KEYS:
             raise QueryError(f"{what}={name!r}: unknown; targets measured: {measured} "
                              f"(or a breakdown field such as total_flops, realized_rho)")
@@ -135,8 +140,13 @@ def _finite(v: Any) -> bool:
 
 
 # ============================================================================ queries
-def default_direction(key: str) -> str:
-    """``minimize`` for costs (``*_flops``, ``*_seconds``), ``maximize`` otherwise."""
+def default_direction(key: str, vocabulary: Any = None) -> str:
+    """A target's declared direction (given the study's vocabulary); else ``minimize`` for
+    costs (``*_flops``, ``*_seconds``), ``maximize`` otherwise."""
+    if vocabulary is not None:
+        t = next((t for t in vocabulary.targets if t.key == key), None)
+        if t is not None:
+            return t.direction
     return "minimize" if key.endswith(("_flops", "_seconds")) else "maximize"
 
 

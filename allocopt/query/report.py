@@ -80,7 +80,8 @@ def write_report(rows: Sequence[Any], out_dir: str | Path, *, title: str, target
     figures: list[tuple[Path, str]] = []
     for k in keys:
         p = out / f"frontier_{k}.png"
-        _png(frontier_figure(rows, k, title=title, rho_stars=stars), p)
+        _png(frontier_figure(rows, k, title=title, rho_stars=stars,
+                             direction=context.direction(k) if context else "maximize"), p)
         figures.append((p, f"Allocation frontier for {field_label(k)}: the target against the update fraction ρ "
                            "per reward system; circles full-budget trials (colour: G), triangles pilots, star the "
                            "best; black line and grey band: ρ* by RACE's local quadratic with its 90% credible "
@@ -95,7 +96,8 @@ def write_report(rows: Sequence[Any], out_dir: str | Path, *, title: str, target
                        "their own; dashed: the budget."))
     front: list[Any] = []
     if len(pair) >= 2:
-        fig, front = pareto_figure(rows, pair, title=title)
+        dirs = [context.direction(k) if context else "maximize" for k in pair[:2]]
+        fig, front = pareto_figure(rows, pair, title=title, directions=dirs)
         p = out / f"pareto_{pair[0]}__{pair[1]}.png"
         _png(fig, p)
         figures.append((p, f"Pareto front of {field_label(pair[0])} and {field_label(pair[1])} over the "
@@ -211,7 +213,8 @@ def recommendation_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[s
     key = field_key(target)
     done = [r for r in rows if fidelity(r) == "full" and r.state == "COMPLETE" and math.isfinite(number(r, key))]
     if done:
-        b = max(done, key=lambda r: (number(r, key), -r.number))
+        sign = -1.0 if ctx is not None and ctx.direction(key) == "minimize" else 1.0
+        b = max(done, key=lambda r: (sign * number(r, key), -r.number))
         parts.append(f"<p>Evidence: best observed full-budget trial #{b.number}, {e(target)} = "
                      f"{number(b, key):.4f} at ρ={number(b, 'rho'):.3f}, G={e(str(value(b, 'group_size')))}, "
                      f"{e(str(value(b, 'reward')))}.</p>")
@@ -238,7 +241,7 @@ def _html(rows: Sequence[Any], title: str, keys: Sequence[str], pair: Sequence[s
              "credible interval, or the study's recommendation where it is for that reward system and "
              "target.</p>"]
     body = []
-    for row in best_table(rows, keys, stars):
+    for row in best_table(rows, keys, stars, ctx):
         b = row["best"] or {}
         shares = (" / ".join(f"{b[k]:.0%}" if math.isfinite(b[k]) else "–"
                              for k in ("search_share", "learning_share", "reward_share")) if b else "–")

@@ -101,6 +101,12 @@ class StudyContext:
     """The one answer (:func:`allocopt.answer.recommendation_dict`)."""
     recommendation_source: str = ""
     """``stored by the study`` or ``computed by the report``."""
+    directions: dict[str, str] = field(default_factory=dict)
+    """Each known target key's direction (``maximize``/``minimize``, the study's vocabulary);
+    a key not here is maximized."""
+
+    def direction(self, key: str) -> str:
+        return self.directions.get(key, "maximize")
 
 
 def rewards_of(rows: Sequence[Any]) -> list[str]:
@@ -192,11 +198,14 @@ def rho_estimate(rows: Sequence[Any], reward: str, target: str, *, settings: Any
 
 
 def estimates(rows: Sequence[Any], targets: Sequence[str], ctx: StudyContext | None = None) -> dict[tuple[str, str], RhoEstimate]:
-    """:func:`rho_estimate` per (reward system, target key) that has one."""
+    """:func:`rho_estimate` per (reward system, target key) that has one; none for a minimized
+    target (a cost: the ρ that maximizes it is no answer)."""
     out = {}
     for reward in rewards_of(rows):
         for t in targets:
             key = field_key(t)
+            if ctx is not None and ctx.direction(key) == "minimize":
+                continue
             e = rho_estimate(rows, reward, key, settings=ctx.settings if ctx else None, seed=ctx.seed if ctx else 0,
                              recommendation=ctx.recommendation if ctx else None)
             if (e is None or e.source == "pilots") and ctx and ctx.targets and key == ctx.targets[0]:
@@ -217,17 +226,19 @@ def _from_regime_table(ctx: StudyContext, reward: str) -> RhoEstimate | None:
 
 
 def best_table(rows: Sequence[Any], targets: Sequence[str],
-               rho_stars: Mapping[tuple[str, str], RhoEstimate] | None = None) -> list[dict[str, Any]]:
+               rho_stars: Mapping[tuple[str, str], RhoEstimate] | None = None,
+               ctx: StudyContext | None = None) -> list[dict[str, Any]]:
     """Per reward system and target: complete full / pilot trial counts, the best complete
-    full-budget trial (number, ρ, G, value, executed search / learning / reward shares) and
-    ``rho_star`` (a :class:`RhoEstimate` or ``None``)."""
+    full-budget trial in the target's direction (``ctx``'s; else maximize) (number, ρ, G,
+    value, executed search / learning / reward shares) and ``rho_star`` (a
+    :class:`RhoEstimate` or ``None``)."""
     out = []
     for reward in rewards_of(rows):
         mine = [r for r in rows if str(value(r, "reward")) == reward and r.state == "COMPLETE"]
         full = [r for r in mine if fidelity(r) == "full"]
         for t in targets:
             key = field_key(t)
-            b = best(full, key)
+            b = best(full, key, ctx.direction(key) if ctx else "maximize")
             row: dict[str, Any] = {"reward": reward, "target": key, "full_trials": len(full),
                                    "pilot_trials": len(mine) - len(full), "best": None,
                                    "rho_star": (rho_stars or {}).get((reward, key))}
@@ -273,6 +284,8 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
     frac = race_attr.get("pilot_fraction", spec.pilot_fraction if spec else None)
     ctx = StudyContext(st.study_name, tuple(targets), spec.budget_flops if spec else None,
                        float(frac) if _finite(frac) else None, seed, settings)
+    if spec is not None:
+        ctx.directions = {t.key: t.direction for t in spec.vocabulary.targets}
     stored = st.user_attrs.get("recommendation")
     if stored:
         ctx.recommendation, ctx.recommendation_source = dict(stored), "stored by the study"
@@ -292,7 +305,7 @@ def study_context(st: Any, compute_recommendation: bool = True) -> StudyContext:
         from allocopt.race.recommend import final_recommendation
 
         rec = final_recommendation(obs, spec.space, settings, seed, level=LEVEL)
-        ctx.recommendation = recommendation_dict(rec, spec.targets[0])
+        ctx.recommendation = recommendation_dict(rec, spec.targets[0], spec.directions[0])
         ctx.recommendation_source = "computed by the report (the study stored none)"
     return ctx
 

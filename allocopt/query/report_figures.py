@@ -67,7 +67,8 @@ def _draw_estimate(ax: Any, e: RhoEstimate) -> str:
 
 
 def frontier_figure(rows: Sequence[Any], target: str, *, title: str,
-                    rho_stars: Mapping[tuple[str, str], RhoEstimate] | None = None) -> Any:
+                    rho_stars: Mapping[tuple[str, str], RhoEstimate] | None = None,
+                    direction: str = "maximize") -> Any:
     """Target vs ρ, one panel per reward system (module docstring). Returns the Figure."""
     from matplotlib import colormaps
     from matplotlib.lines import Line2D
@@ -93,7 +94,7 @@ def frontier_figure(rows: Sequence[Any], target: str, *, title: str,
                 colors = [gcolor.get(int(number(r, "group_size")), "C0") for r in pts]
                 ax.scatter([number(r, "rho") for r in pts], [number(r, key) for r in pts], s=36, marker=marker,
                            c=colors if filled else "none", edgecolors=colors, linewidths=1.2, zorder=3)
-        b = best([r for r in done if fidelity(r) == "full"], key)
+        b = best([r for r in done if fidelity(r) == "full"], key, direction)
         if b is not None:
             ax.scatter([number(b, "rho")], [number(b, key)], marker="*", s=220, c="red",
                        edgecolors="black", linewidths=0.6, zorder=4)
@@ -197,15 +198,17 @@ def breakdown_figure(rows: Sequence[Any], *, title: str) -> Any:
     return fig
 
 
-def pareto_figure(rows: Sequence[Any], targets: Sequence[str], *, title: str) -> tuple[Any, list[Any]]:
-    """Two targets over the complete full-budget trials; front coloured, dominated grey.
+def pareto_figure(rows: Sequence[Any], targets: Sequence[str], *, title: str,
+                  directions: Sequence[str] = ("maximize", "maximize")) -> tuple[Any, list[Any]]:
+    """Two targets over the complete full-budget trials (each in its ``directions``); front
+    coloured, dominated grey.
 
     Returns ``(figure, front rows)``.
     """
     ka, kb = (field_key(t) for t in targets[:2])
     full = [r for r in rows if fidelity(r) == "full" and r.state == "COMPLETE"
             and math.isfinite(number(r, ka)) and math.isfinite(number(r, kb))]
-    front = pareto_front(full, [ka, kb], ["maximize", "maximize"])
+    front = pareto_front(full, [ka, kb], list(directions[:2]))
     ids = {id(r) for r in front}
     fig = _figure(7.0, 5.6)
     ax = fig.subplots()

@@ -16,14 +16,59 @@ from allocopt.tracking.layout import (EXPERIMENT_PREFIX, METRIC_RECOMMENDED, PAR
                                       TAG_RECOMMENDED, TAG_ROLE, TAG_STUDY)
 
 
+def stored_vocabulary(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
+                      mlflow_uri: Optional[str]) -> Any:
+    """The :class:`~allocopt.vocabulary.Vocabulary` the study was run with (its stored spec's, or
+    for one ``--from-mlflow`` experiment its parent run's ``spec.json``); the built-ins when
+    none is stored or it cannot be read."""
+    from allocopt.errors import ConfigError
+    from allocopt.vocabulary import Vocabulary
+
+    data: Any = None
+    if study:
+        from allocopt.query.sources import open_study_for_query
+
+        data = (open_study_for_query(storage, study).user_attrs.get("spec") or {}).get("vocabulary")
+    else:
+        for run in parent_runs(from_mlflow, mlflow_uri):
+            data = _spec_artifact(run, mlflow_uri).get("vocabulary")
+            if data:
+                break
+    try:
+        return Vocabulary.of(data if isinstance(data, dict) else None)
+    except ConfigError:
+        return Vocabulary()
+
+
+def _spec_artifact(run: Any, mlflow_uri: Optional[str]) -> dict:
+    """A parent run's ``spec.json`` (:meth:`allocopt.tracking.tracker.StudyTracker.log_spec`);
+    ``{}`` when it cannot be read."""
+    import os
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    from allocopt.tracking.tracker import _resolve_uri
+
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one small file: no bar on stderr
+    try:
+        client = MlflowClient(_resolve_uri(mlflow_uri))
+        path = client.download_artifacts(run.info.run_id, "spec.json", tempfile.mkdtemp(prefix="allocopt-spec-"))
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except Exception:  # noqa: BLE001 - a missing or unreadable artifact: the built-ins
+        return {}
+
+
 def stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
                     mlflow_uri: Optional[str]) -> list[str]:
     """The targets the study was run for, as spelled for people (``pass@1``): the stored spec
     (user attribute ``spec``, as ``report`` reads it), else the objectives' names
     (``study.metric_names``, set by ``allocopt study``); for one ``--from-mlflow`` experiment its
     parent run's ``target`` param. ``[]`` when nothing is stored."""
-    from allocopt.spec import TARGETS
-
+    vocab = stored_vocabulary(study, storage, from_mlflow, mlflow_uri)
+    known = {t.name for t in vocab.targets}
     if study:
         from allocopt.query.sources import open_study_for_query
 
@@ -37,7 +82,7 @@ def stored_targets(study: Optional[str], storage: str, from_mlflow: Optional[Lis
             names = json.loads(raw) if raw.startswith("[") else [raw] if raw else []
         except ValueError:
             names = []
-    return [str(n) for n in names if n in TARGETS]
+    return [str(n) for n in names if n in known]
 
 
 def stored_target(study: Optional[str], storage: str, from_mlflow: Optional[List[str]],
@@ -151,7 +196,7 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
 
 
 __all__ = ["parent_run_id", "parent_runs", "stored_objectives", "stored_recommendation",
-           "stored_target", "stored_targets"]
+           "stored_target", "stored_targets", "stored_vocabulary"]
 
 
 def check_run_id(run_id: str, mlflow_uri: Optional[str]) -> str:

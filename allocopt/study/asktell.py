@@ -269,11 +269,6 @@ def verl_overrides(run: AskedRun, *, learning_rate: float, max_completion_length
 MAX_TOLD_FLOPS = 1e30
 """Most FLOPs one phase of a told trial may report: about 30,000 years of a 1 EFLOP/s cluster;
 a larger count is a unit mistake, not a run."""
-SHARE_TARGETS = ("pass@1", "pass@1:gsm8k", "pass@1:math500", "judge")
-"""Targets that are shares of prompts (or a judge's score), so in [0, 1]; ``native_reward``
-is any finite number (the objective's own reward scale)."""
-
-
 def account_from_metrics(d: Mapping[str, Any]) -> FlopAccount | None:
     """A :class:`FlopAccount` from ``search_flops``/``learning_flops``/``reward_flops`` (executed;
     ``useful_*`` optional, else the same) at the top level or under ``breakdown``; ``None``
@@ -304,42 +299,48 @@ def account_from_metrics(d: Mapping[str, Any]) -> FlopAccount | None:
 
 def targets_from_metrics(d: Mapping[str, Any], spec: StudySpec) -> dict[str, float]:
     """The study's targets (by key: ``pass_at_1``) from ``d`` or ``d["targets"]``, spelled
-    either way (``pass@1`` or ``pass_at_1``).
+    either way (``pass@1`` or ``pass_at_1``), checked against the study's vocabulary.
 
     Raises:
-        ConfigError: a target is missing, not a finite number, or (one of
-            :data:`SHARE_TARGETS`) outside [0, 1].
+        ConfigError: a target is missing, not a finite number or outside its declared range,
+            or ``d["targets"]`` names a target the study does not know.
     """
-    out = metric_targets(d)
+    out = metric_targets(d, spec.vocabulary)
     missing = [t for t, k in zip(spec.targets, spec.target_keys) if k not in out]
     if missing:
-        raise ConfigError(f"metrics: target {', '.join(missing)} missing; the study maximizes "
-                          f"{', '.join(spec.targets)}")
+        wanted = ", ".join(f"{t} ({dr})" for t, dr in zip(spec.targets, spec.directions))
+        raise ConfigError(f"metrics: target {', '.join(missing)} missing; the study's targets: {wanted}")
     return out
 
 
-def metric_targets(d: Mapping[str, Any]) -> dict[str, float]:
-    """Every target ``d`` (or ``d["targets"]``) holds, by key, checked as
-    :func:`targets_from_metrics` checks them, without a study: ``tell`` checks its metrics file
-    so before it opens the storage.
+def metric_targets(d: Mapping[str, Any], vocabulary: Any = None) -> dict[str, float]:
+    """Every known target ``d`` (or ``d["targets"]``) holds, by key, each checked by its
+    definition (a finite number, inside its range: ``pass@1`` a share in [0, 1]). With a study's
+    ``vocabulary``, a ``targets`` table may name no other target; without one (``tell`` checks
+    its metrics file so before it opens the storage) the built-in targets are checked and
+    other names left to the study.
 
     Raises:
-        ConfigError: a target that is not a finite number, or a share outside [0, 1].
+        ConfigError: a value that is not a finite number or is outside its range; an
+            undeclared name in ``d["targets"]`` (with ``vocabulary``).
     """
-    from allocopt.spec import TARGETS, target_key
+    from allocopt.vocabulary import Vocabulary
 
-    src = d.get("targets") if isinstance(d.get("targets"), Mapping) else d
+    vocab = vocabulary if vocabulary is not None else Vocabulary()
+    table = d.get("targets") if isinstance(d.get("targets"), Mapping) else None
+    src = table if table is not None else d
     out: dict[str, float] = {}
-    for t in TARGETS:
-        k = target_key(t)
-        v = src.get(t, src.get(k))
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ConfigError(f"{t}={v!r}: a target must be a finite number")
-        if t in SHARE_TARGETS and not 0 <= v <= 1:
-            raise ConfigError(f"{t}={v!r}: must be a share in [0, 1] (0.52, not 52)")
-        out[k] = float(v)
+    for t in vocab.targets:
+        v = src.get(t.name, src.get(t.key))
+        if v is not None:
+            out[t.key] = t.check_value(v)
+    if table is not None and vocabulary is not None:
+        known = {n for t in vocab.targets for n in (t.name, t.key)}
+        extra = next((str(k) for k in table if k not in known), None)
+        if extra is not None:
+            raise ConfigError(f"metrics: target {extra[:80]!r} is not declared by the study; declared: "
+                              f"{', '.join(t.name for t in vocab.targets)} (declare it in the study "
+                              "file's [targets] table, or leave it out of \"targets\")")
     return out
 
 

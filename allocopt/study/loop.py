@@ -348,7 +348,7 @@ def store_answer(study: Any, spec: StudySpec, rec: Any, tracker: Any = None) -> 
     units)."""
     from allocopt.answer import recommendation_dict
 
-    stored = recommendation_dict(rec, spec.target)
+    stored = recommendation_dict(rec, spec.targets[0], spec.directions[0])
     study.set_user_attr("recommendation", stored)
     if tracker:
         tracker.log_recommendation(stored)

@@ -154,7 +154,7 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
             try:  # on its schema (alembic_version, a table already there): the loser retries
                 store = make_storage(storage)
                 study = optuna.create_study(study_name=spec.name, storage=store, load_if_exists=True,
-                                            directions=["maximize"] * len(spec.targets),
+                                            directions=list(spec.directions),
                                             sampler=sampler or optuna.samplers.RandomSampler(seed=spec.seed))
                 break
             except Exception as e:  # noqa: BLE001
@@ -180,6 +180,11 @@ def _check_terms(study: Any, spec: StudySpec) -> None:
     if len(study.directions) != len(spec.targets):
         raise StudyError(f"study={spec.name!r}: it was created with {len(study.directions)} target(s), "
                          f"not {len(spec.targets)}; give the same --target(s) or another --study-name")
+    made = [d.name.lower() for d in study.directions]
+    if made != list(spec.directions):
+        raise StudyError(f"study={spec.name!r}: it was created to {', '.join(made)} its target(s), "
+                         f"not {', '.join(spec.directions)}; keep each target's direction or give "
+                         "another --study-name")
     check_same_study(study, spec)
 
 

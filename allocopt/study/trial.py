@@ -22,10 +22,12 @@ from allocopt.errors import TrialScoreError  # noqa: E402,F401  (defined there; 
 
 
 def best_row(study: Any) -> TrialRow | None:
-    """The complete full-budget trial with the best (first) target; ``None`` when there is none."""
+    """The complete full-budget trial with the best (first) target, in the study's direction;
+    ``None`` when there is none."""
     done = [r for r in records(study) if r.fidelity == "full" and r.state == "COMPLETE"]
     best = [row for row in (r.row() for r in done) if not math.isnan(row.value)]
-    return max(best, key=lambda r: r.value) if best else None
+    sign = -1.0 if str(getattr(study.directions[0], "name", "MAXIMIZE")) == "MINIMIZE" else 1.0
+    return max(best, key=lambda r: sign * r.value) if best else None
 
 
 def interrupted_by(error: BaseException) -> bool:

@@ -10,12 +10,12 @@ import dataclasses
 import json
 import math
 import numbers
-import re
 from typing import Any, Iterable, Mapping, Sequence
 
 STATES = ("COMPLETE", "FAIL", "INFEASIBLE")
 """Trial states :meth:`StudyTracker.finish_trial` accepts."""
 from allocopt.plan.allocation import FIDELITIES  # noqa: E402,F401  (defined there)
+from allocopt.vocabulary import metric_key  # noqa: E402
 CURVE_FIELDS = ("cumulative_flops", "executed_flops", "reward_mean", "rows_trained", "wall_seconds")
 """Fields of one curve point (``IterationRecord``), besides ``iteration``."""
 EXPECTED_GPU_HOURS = "expected_gpu_hours"
@@ -65,7 +65,6 @@ PARAM_TARGET = "target"
 """The parent run's (and a trial run's) param naming the study's target(s)."""
 
 _STATUS = {"COMPLETE": "FINISHED", "FAIL": "FAILED", "INFEASIBLE": "FINISHED"}
-_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
 from allocopt.errors import TrackingError  # noqa: E402,F401  (defined there; imported from here too)
@@ -82,7 +81,7 @@ def mlflow_key(name: str) -> str:
     >>> mlflow_key("pass@1:gsm8k")
     'pass_at_1_gsm8k'
     """
-    key = _BAD_CHARS.sub("_", str(name).replace("@", "_at_"))
+    key = metric_key(str(name))
     parts = ["_" if p in (".", "..") else p for p in key.split("/") if p]
     key = "/".join(parts) or "_"
     return key[:MAX_KEY_LENGTH]
