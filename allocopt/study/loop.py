@@ -12,6 +12,14 @@ Optuna and MLflow with its error and the study goes on. Running the same study n
 resumes it: finished trials are kept; Ctrl-C marks the running trial failed, a killed worker's
 trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.study.hold`, :mod:`allocopt.study.settle`).
 
+Several workers on one study (``allocopt workers``, or ``allocopt study`` started on each
+host) share the count: a worker asks for a new full-budget trial only while the finished ones
+and those other workers are running (:func:`running_full`) are short of ``spec.trials``, else
+it waits for them (:func:`wait_for_others`; a killed worker's trial is re-run); two workers
+asking for the last trial at once are told apart by trial number, the later one gives its
+trial back unsampled (Optuna ``PRUNED``, user attribute ``released``). So ``spec.trials``
+full-budget trials finish in all, not one more per worker.
+
 The loop is here (:func:`run_study`, and :func:`dry_run`); opening a study is
 :mod:`allocopt.study.open`, running and recording one trial :mod:`allocopt.study.trial`.
 torch (through the samplers and objectives), Optuna and MLflow are imported inside functions.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
 from typing import Any, Callable
 
 from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
@@ -60,24 +69,9 @@ def run_study(
     then surrogate proposals (full runs, or extra pilots within the RACE settings' budget). The
     loop has two phases then: the pilots, until every grid point is claimed and no re-run waits
     (``on_pilots(study)`` is called once there; ``pilots_only`` stops there), then the full runs.
-
-    Several workers on one study (``allocopt workers``, or ``allocopt study`` started on each
-    host) share the count: a worker asks for a new full-budget trial only while the finished
-    ones and those other workers are running (:func:`running_full`) are short of
-    ``spec.trials``, else it waits for them (:func:`wait_for_others`; a killed worker's trial
-    is re-run); two workers asking for the last trial at once are told apart by trial number,
-    the later one gives its trial back unsampled (Optuna ``PRUNED``, user attribute
-    ``released``). So ``spec.trials`` full-budget trials finish in all, not one more per worker.
-
-    With ``spec.until_gain`` (the kg tuner) the loop also ends once one more full run is worth
-    less than it (:func:`gain_stop`), the reason in the study's user attribute ``stopped``.
-
-    The final answer is stored by the loop itself, so a Python caller gets it as the command
-    line does: with the tracker, the counts and the best full-budget trial on the MLflow parent
-    run (:func:`allocopt.study.trial.log_final`); with a RaceSampler (not ``pilots_only``) and
-    at least two trials, one of them full-budget, RACE's recommendation
-    (:func:`final_answer`) in the study's user attribute ``recommendation`` and on the parent
-    run (:func:`store_answer`).
+    Several workers on one study share the count (see the module's docstring). With
+    ``spec.until_gain`` (the kg tuner) the loop also ends once one more full run is worth less
+    than it (:func:`gain_stop`), the reason in the study's user attribute ``stopped``.
 
     Args:
         spec: the study definition.
@@ -98,63 +92,87 @@ def run_study(
             :mod:`allocopt.study.quiet`).
 
     Returns:
-        the Optuna study.
+        the Optuna study, its final answer stored (:func:`finish_study`).
 
     Raises:
         StudyError: the storage cannot be opened, or the objective does not report the target.
         ConfigError: RACE on a space without a ρ range.
         KeyboardInterrupt: after marking the running trial failed (it is re-run on resume).
     """
-    from allocopt.study.sampler import RaceSampler
-    from allocopt.study.hold import worker_trial
-
     check_targets(spec, objective)
+    study, race = _ready_study(spec, storage, study, sampler, workload=workload, tracker=tracker,
+                               needs_race=bool(pilots_only or on_pilots))
+    run_trial = partial(run_one_trial, spec=spec, objective=objective, workload=workload, tracker=tracker,
+                        on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress,
+                        verbose=verbose)
+    piloting = _run_trials(study, spec, race, run_trial, pilots_only=pilots_only, on_pilots=on_pilots,
+                           on_wait=on_wait)
+    if piloting and on_pilots and not pilots_only:  # the loop stopped in the pilot phase
+        on_pilots(study)
+    finish_study(study, spec, race if not pilots_only else None, tracker, on_answer)
+    return study
+
+
+def _ready_study(spec: StudySpec, storage: str | None, study: Any, sampler: Any, *, workload: Workload,
+                 tracker: Any, needs_race: bool) -> tuple[Any, Any]:
+    """The study opened (unless given) and prepared with its sampler: ``(study, RaceSampler or None)``."""
+    from allocopt.study.sampler import RaceSampler
+
     given = sampler is not None
     sampler = sampler if given else make_sampler(spec, workload=workload)
     race = isinstance(sampler, RaceSampler)
-    if (pilots_only or on_pilots) and not race:
+    if needs_race and not race:
         raise ValueError("pilots_only and on_pilots need a RaceSampler")
     study, sampler = prepare_study(spec, study if study is not None else open_study(spec, storage, sampler),
                                    sampler, resample=not given and not race, workload=workload,
                                    tracker=tracker)
-    dists = distributions(spec, fidelity=race)
-    cap = trial_cap(study, spec, sampler if race else None)
-    piloting = race  # the pilot phase: every grid point claimed and no re-run waiting ends it
+    return study, sampler if race else None
 
-    def admit(trial: Any) -> str | None:  # None: run it; a reason: give it back unsampled
-        given = params_of(study.get_trials(deepcopy=False)[trial.number])  # a retry or enqueued trial
-        if pilots_only or given or (race and sampler.pilots_left(study)):
-            return None  # always run (RACE pilots do not count)
-        ahead = finished_full(study) + running_full(study, below=trial.number)
-        return (f"the study had its {spec.trials} full-budget trial(s), finished or running on other "
-                "workers") if ahead >= spec.trials else None
 
-    for _ in range(cap + 1):  # a killed or interrupted trial's re-run (queued) is run even when
-        # the count is reached: the work it stood for runs exactly once
-        if piloting and not retries_waiting(study) and sampler.pilots_left(study) == 0:
+def _run_trials(study: Any, spec: StudySpec, race: Any, run_trial: Callable[[Any, Any], Any], *,
+                pilots_only: bool, on_pilots: Callable[[Any], None] | None,
+                on_wait: Callable[[int, int], None] | None) -> bool:
+    """Ask and run trials until the count, the stop rule or the cap; True when still piloting."""
+    from allocopt.study.hold import worker_trial
+
+    dists = distributions(spec, fidelity=race is not None)
+    admit = partial(_admit, study=study, spec=spec, race=race, pilots_only=pilots_only)
+    piloting = race is not None  # the pilot phase: every grid point claimed and no re-run waiting ends it
+    for _ in range(trial_cap(study, spec, race) + 1):  # a killed or interrupted trial's re-run (queued) is
+        # run even when the count is reached: the work it stood for runs exactly once
+        if piloting and not retries_waiting(study) and race.pilots_left(study) == 0:
             if pilots_only:
                 break
             piloting = False
             if on_pilots:
                 on_pilots(study)
-        if not piloting:  # other workers' running trials complete the count: wait for them
-            wait_for_others(study, spec, on_wait=on_wait)
-            if not retries_waiting(study) and finished_full(study) >= spec.trials:
-                break
-            if race and not retries_waiting(study) and gain_stop(study, spec, sampler):
-                break
+        if not piloting and _full_runs_done(study, spec, race, on_wait):
+            break
         with worker_trial(study, dists, admit) as trial:  # stale trials failed first; heartbeat on
             if trial is None:  # another worker asked first for the last trial(s): released
                 continue
-            if race:
-                sampler.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
-            run_one_trial(study, trial, spec, objective=objective, workload=workload, tracker=tracker,
-                          on_trial_start=on_trial_start, on_trial_end=on_trial_end, progress=progress,
-                          verbose=verbose)
-    if piloting and on_pilots and not pilots_only:  # the loop stopped in the pilot phase
-        on_pilots(study)
-    finish_study(study, spec, sampler if race and not pilots_only else None, tracker, on_answer)
-    return study
+            if race is not None:
+                race.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
+            run_trial(study, trial)
+    return piloting
+
+
+def _admit(trial: Any, *, study: Any, spec: StudySpec, race: Any, pilots_only: bool) -> str | None:
+    """None: run the asked ``trial``; a reason: give it back unsampled (the count is reached)."""
+    given = params_of(study.get_trials(deepcopy=False)[trial.number])  # a retry or enqueued trial
+    if pilots_only or given or (race is not None and race.pilots_left(study)):
+        return None  # always run (RACE pilots do not count)
+    ahead = finished_full(study) + running_full(study, below=trial.number)
+    return (f"the study had its {spec.trials} full-budget trial(s), finished or running on other "
+            "workers") if ahead >= spec.trials else None
+
+
+def _full_runs_done(study: Any, spec: StudySpec, race: Any, on_wait: Callable[[int, int], None] | None) -> bool:
+    """After waiting for other workers' full runs: whether the count or the stop rule ends the loop."""
+    wait_for_others(study, spec, on_wait=on_wait)  # other workers' running trials complete the count
+    if not retries_waiting(study) and finished_full(study) >= spec.trials:
+        return True
+    return race is not None and not retries_waiting(study) and gain_stop(study, spec, race)
 
 
 def check_targets(spec: StudySpec, objective: Any) -> None:
@@ -214,9 +232,12 @@ def trial_cap(study: Any, spec: StudySpec, race: Any = None) -> int:
 
 def finish_study(study: Any, spec: StudySpec, race: Any, tracker: Any,
                  on_answer: Callable[[Any, Any], None] | None) -> None:
-    """The study's final answer, stored by the loop itself: the counts and the best full-budget
-    trial on the MLflow parent run; with ``race`` (the RaceSampler, after a whole race) RACE's
-    recommendation (:func:`final_answer`, :func:`store_answer`), then ``on_answer``."""
+    """The study's final answer, stored by the loop itself, so a Python caller gets it as the
+    command line does: with the tracker, the counts and the best full-budget trial on the MLflow
+    parent run (:func:`allocopt.study.trial.log_final`); with ``race`` (the RaceSampler, after a
+    whole race, not ``pilots_only``) and at least two trials, one of them full-budget, RACE's
+    recommendation (:func:`final_answer`) in the study's user attribute ``recommendation`` and
+    on the parent run (:func:`store_answer`), then ``on_answer``."""
     if tracker:
         tracker.reconcile(study)
         log_final(study, spec, tracker)
