@@ -126,6 +126,11 @@ def _noise_lines(rec: Any, a: Any) -> list[str]:
         if top != a.reward:
             out.append(f"  the reward system most likely to hold the best allocation: {top} "
                        f"(P = {p:.0%})"[:WIDTH])
+    untried = [str(u) for u in (getattr(rec, "untried", None) or ())]
+    if untried:
+        text = (f"no full run yet of {', '.join(untried)}: what it says of "
+                f"{'them' if len(untried) > 1 else 'it'} rests on pilots and the model")
+        out += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
     return out
 
 
@@ -180,6 +185,9 @@ def recommendation_dict(rec: Any, target: str, direction: str = "maximize") -> d
         if nxt is not None:
             out["best_next"] = {"rho": nxt.rho, "group_size": nxt.group_size, "reward": nxt.reward,
                                 **({"model": nxt.model} if getattr(nxt, "model", None) else {})}
+    untried = getattr(rec, "untried", None)
+    if untried:
+        out["untried"] = [str(u) for u in untried]
     cells = getattr(rec, "cell_prob_best", None)
     if cells:
         out["cell_prob_best"] = [{"reward": w, **({"model": m} if m else {}), "prob_best": float(p)}

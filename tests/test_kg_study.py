@@ -54,8 +54,17 @@ def test_the_answers_probabilities_follow_the_data():
     assert rec.allocation.reward == "prm" and rec.prob_best == cells["prm"]
     assert rec.interval[0] < rec.mean < rec.interval[1] and rec.full_runs == 12
     assert rec.gain_of_one_more_run == ans.gain_of_one_more_run >= 0
+    assert rec.untried == ()
     rec2, _ = t.answer(strong[:2])
     assert rec2.gain_of_one_more_run > rec.gain_of_one_more_run
+    # one full run of each reward system there: none untried; sparse's alone: prm untried, said so
+    assert rec2.untried == ()
+    rec3, _ = t.answer([o for o in strong if o.allocation.reward == "sparse"])
+    assert rec3.untried == ("prm",)
+    from allocopt.answer import from_dict, recommendation_dict, recommendation_lines
+
+    lines = " ".join(recommendation_lines(from_dict(recommendation_dict(rec3, "pass@1")), "pass@1"))
+    assert "no full run yet of prm" in lines
     assert t.answer([_obs(0, Allocation(0.5, 4, "sparse"), 0.4, "pilot")]) == (None, None)
 
 

@@ -189,7 +189,9 @@ class StudyDisplay:
         total = self._total[kind]
         self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
                         count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
-        if fidelity == "full" and row.state == "COMPLETE" and (self.best is None or row.value > self.best.value):
+        sign = -1.0 if self.spec.directions[0] == "minimize" else 1.0
+        if fidelity == "full" and row.state == "COMPLETE" and (self.best is None
+                                                               or sign * row.value > sign * self.best.value):
             self.best = row
         if self.best is not None:
             self.bar.update(self.full, info=f"best {self.spec.targets[0]}={self.best.value:.3f}")

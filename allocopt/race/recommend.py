@@ -94,6 +94,9 @@ class Recommendation:
     its knowledge gradient (:class:`allocopt.tuner.study.KGTuner`); NaN when not computed (RACE)."""
     best_next: Allocation | None = None
     """The full run that gain belongs to."""
+    untried: tuple[str, ...] = ()
+    """Reward systems (``reward`` or ``reward/model``) of the space without a full-budget run
+    yet: what the answer says of them rests on pilots and the model's sharing alone."""
 
     def __post_init__(self) -> None:
         if not 0 < self.level < 1:
@@ -110,7 +113,8 @@ class Recommendation:
                 "within_noise": [alloc(a) for a in self.within_noise], "full_runs": self.full_runs,
                 "cell_prob_best": [{"reward": r, "model": m, "prob_best": p} for r, m, p in self.cell_prob_best],
                 "gain_of_one_more_run": self.gain_of_one_more_run,
-                "best_next": alloc(self.best_next) if self.best_next is not None else None}
+                "best_next": alloc(self.best_next) if self.best_next is not None else None,
+                "untried": list(self.untried)}
 
 
 def _cell_win_shares(surrogate: Any, space: SearchSpace, settings: RaceSettings, num_samples: int):

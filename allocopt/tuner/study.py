@@ -148,11 +148,18 @@ class KGTuner:
                              noise_sd,
                              tuple((r, m, p) for (r, m), p in sorted(cells.items(), key=lambda kv: -kv[1])),
                              sum(1 for o in obs if o.fidelity == "full"), LEVEL,
-                             ans.gain_of_one_more_run, ans.best_next)
+                             ans.gain_of_one_more_run, ans.best_next, self._untried(obs))
         self.timings["fit_seconds"].append(time.perf_counter() - t0)
         if obs:
             self.recommendations.append((max(o.number for o in obs), ans.allocation))
         return rec, ans
+
+    def _untried(self, obs: Sequence[Any]) -> tuple[str, ...]:
+        """The space's reward systems (× models) with no full-budget run among ``obs``."""
+        tried = {(o.allocation.reward, o.allocation.model) for o in obs if o.fidelity == "full"}
+        models = self.space.models or (None,)
+        return tuple(w if m is None else f"{w}/{m}" for m in models for w in self.space.rewards
+                     if (w, m) not in tried)
 
     def _cell_prob_best(self, observed: Sequence[Observed]) -> dict[tuple[str, str | None], float]:
         """Posterior probability that each reward system (× model) holds the best full-budget
