@@ -104,14 +104,14 @@ class TrackingError(RuntimeError):
 
 class StorageUnreachable(RuntimeError):
     """The study's database server (PostgreSQL, MySQL) did not answer for the bounded wait
-    (:mod:`allocopt.study.reconnect`); the message is one line saying what to do (resume)."""
+    (:mod:`allocopt.store.reconnect`); the message is one line saying what to do (resume)."""
 
 
 class DiskFull(RuntimeError):
     """A disk under the study's records (Optuna's SQLite file, MLflow's store, the spool) filled
     up mid-study; the message is one line naming the files, their free space and what to do
     (free space, run the same command: finished trials are kept, the cut-short one is settled
-    and run again when the study is next opened, :mod:`allocopt.study.settle`)."""
+    and run again when the study is next opened, :mod:`allocopt.store.settle`)."""
 
 
 _FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")

@@ -199,7 +199,7 @@ def test_ask_reserved_trials_are_left_to_tell(tmp_path, monkeypatch, cli):
     assert cli("ask", "--study", "at", "--storage", url, "--out", "asked", cwd=tmp_path).returncode == 0
     import time
 
-    from allocopt.study.hold import fail_stale
+    from allocopt.store.heartbeat import fail_stale
     from allocopt.study.open import open_study
 
     time.sleep(3.5)

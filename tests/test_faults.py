@@ -40,7 +40,7 @@ def start(tmp: Path, f: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", RUN, "study", "--spec", str(f),
                              "--storage", f"sqlite:///{tmp}/o.db", "--mlflow-uri", f"sqlite:///{tmp}/m.db"],
                             cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # heartbeats every 1 s, a worker silent for 3 s is dead (allocopt.study.hold)
+                            # heartbeats every 1 s, a worker silent for 3 s is dead (allocopt.store.heartbeat)
                             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200",
                                  "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "3"})
 

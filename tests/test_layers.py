@@ -29,7 +29,7 @@ TUNER = ("allocopt/race", "allocopt/surrogate")
 
 def forbidden_imports(source: str) -> list[str]:
     """What ``source`` imports (anywhere, lazily too) that the tuner's pure layer may not: Optuna,
-    the study package, the trial record (a reader of Optuna trials), the StudySpec."""
+    the study and store packages, the trial record (a reader of Optuna trials), the StudySpec."""
     import ast
 
     bad = []
@@ -41,7 +41,7 @@ def forbidden_imports(source: str) -> list[str]:
         else:
             continue
         bad += [n for n in names if n.split(".")[0] == "optuna" or n == "allocopt.spec.StudySpec"
-                or n == "allocopt.study" or n.startswith("allocopt.study.") or n == "allocopt.record"]
+                or n.split(".")[:2] in (["allocopt", "study"], ["allocopt", "store"]) or n == "allocopt.record"]
     return bad
 
 
@@ -51,12 +51,13 @@ def test_the_scanner_finds_what_it_forbids():
     assert forbidden_imports(src) == ["optuna", "optuna.trial", "optuna.trial.TrialState",
                                       "allocopt.spec.StudySpec", "allocopt.study.loop",
                                       "allocopt.study.loop.run_study", "allocopt.record"]
-    assert forbidden_imports("from allocopt.spec import SearchSpace\nimport torch\n") == []
+    assert forbidden_imports("import allocopt.store.claims\n") == ["allocopt.store.claims"]
+    assert forbidden_imports("from allocopt.spec import SearchSpace\nimport torch\nimport allocopt.stores\n") == []
 
 
 def test_the_tuner_reads_no_study():
-    """allocopt/race and allocopt/surrogate take plain data: no Optuna, no study, no StudySpec
-    (the translator is allocopt/study/observe.py)."""
+    """allocopt/race and allocopt/surrogate take plain data: no Optuna, no study or store, no
+    StudySpec (the translator is allocopt/study/observe.py)."""
     root = Path(__file__).resolve().parents[1]
     found = {str(p.relative_to(root)): bad for d in TUNER for p in sorted((root / d).rglob("*.py"))
              if (bad := forbidden_imports(p.read_text()))}

@@ -216,7 +216,7 @@ def test_a_worker_killed_after_its_claim_leaves_a_stale_trial_not_a_claim(tmp_pa
     """A worker that dies after claiming a pilot point but before its trial started: the claim
     started the trial's heartbeat, so after the grace period the next worker fails that trial
     and Optuna's retry of it (the next trial asked) runs the same point."""
-    from allocopt.study.hold import fail_stale
+    from allocopt.store.heartbeat import fail_stale
     from allocopt.study.open import open_study
 
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")

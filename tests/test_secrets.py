@@ -48,7 +48,7 @@ def test_the_mlflow_link_at_the_end_of_a_study_has_no_password():
 
 
 def test_written_commands_carry_no_password_and_name_the_variable():
-    from allocopt.study.storage import redact_url, without_password
+    from allocopt.redact import redact_url, without_password
 
     assert without_password(PG) == ("postgresql+psycopg://u@127.0.0.1:9/db", "PGPASSWORD")
     assert without_password(HTTP) == ("http://127.0.0.1:9", "MLFLOW_TRACKING_PASSWORD")

@@ -36,8 +36,8 @@ def _killed_trial(study, *, whole: bool, owner: str):
 
     from allocopt.record import write_complete, write_start
     from allocopt.study.open import distributions
-    from allocopt.study.handles import trial_handle
-    from allocopt.study.hold import WORKER_ATTR
+    from allocopt.store.handles import trial_handle
+    from allocopt.store.heartbeat import WORKER_ATTR
 
     t = study.ask(distributions(_spec()))
     write_start(t, budget_flops=1e18, fidelity="full")

@@ -1,7 +1,7 @@
 """Optuna's storage going away mid-study: a PostgreSQL server of the test's own (its data in a
 temp folder, 127.0.0.1) stopped and started again under a running ``allocopt study``.
 
-A short restart is waited for (every storage call retried, :mod:`allocopt.study.reconnect`)
+A short restart is waited for (every storage call retried, :mod:`allocopt.store.reconnect`)
 and the study ends as if nothing happened; an outage longer than the wait is one line, exit 1,
 and the same command, once the server is back, resumes with no trial lost and the one that
 was running re-run once.

@@ -99,7 +99,7 @@ def test_resume_runs_only_missing_trials(tmp_path, monkeypatch):
     same allocation; a trial reserved by `allocopt ask` (RUNNING, no heartbeat) is left alone."""
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
-    from allocopt.study.hold import heartbeat
+    from allocopt.store.heartbeat import heartbeat
 
     url = f"sqlite:///{tmp_path}/d.db"
     obj = Counting()

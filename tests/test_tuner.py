@@ -198,6 +198,6 @@ def test_the_tuner_core_loads_neither_torch_nor_optuna_nor_a_study():
     import sys
 
     code = ("import sys, allocopt.tuner.decide; "
-            "print(sorted(m for m in ('torch', 'optuna', 'mlflow', 'allocopt.study', 'allocopt.spec') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'optuna', 'mlflow', 'allocopt.study', 'allocopt.store', 'allocopt.spec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

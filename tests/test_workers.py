@@ -13,8 +13,9 @@ import optuna
 import pytest
 
 from allocopt.spec import SearchSpace, StudySpec
-from allocopt.study.hold import heartbeat, heartbeat_settings
-from allocopt.study.storage import StorageError, redact_url
+from allocopt.store.heartbeat import heartbeat, heartbeat_settings
+from allocopt.errors import StorageError
+from allocopt.redact import redact_url
 from allocopt.study.open import StudyError, open_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def test_opening_never_touches_running_trials_postgres(pg_database, monkeypatch)
     stale one (no heartbeat for the grace period) is failed and retried exactly once."""
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
-    from allocopt.study.hold import fail_stale
+    from allocopt.store.heartbeat import fail_stale
 
     a = open_study(_spec(), pg_database)
     dist = {"rho": optuna.distributions.FloatDistribution(0.2, 0.9)}
@@ -350,7 +351,7 @@ def test_a_worker_samples_after_the_workers_that_asked_before_it(tmp_path, monke
     data: the same allocation twice (seen with two workers on fast trials)."""
     import threading
 
-    from allocopt.study.hold import _suggest, worker_trial
+    from allocopt.store.heartbeat import _suggest, worker_trial
     from allocopt.study.open import distributions, make_sampler
 
     monkeypatch.setenv("ALLOCOPT_WORKER", "0")  # the same seed for both handles

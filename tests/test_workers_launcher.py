@@ -1,4 +1,4 @@
-"""``allocopt workers``: one study worker per GPU on a host (allocopt.study.workers); the many-workers storage tests are tests/test_workers.py."""
+"""``allocopt workers``: one study worker per GPU on a host (allocopt.store.launch); the many-workers storage tests are tests/test_workers.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from allocopt.flops import ConfigError
-from allocopt.study.workers import parse_gpus, run_workers, worst_exit_code
+from allocopt.store.launch import parse_gpus, run_workers, worst_exit_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def test_ctrl_c_is_forwarded_to_every_worker(tmp_path):
               "open(os.environ['ALLOCOPT_WORKER'] + '.up', 'w').close()\n"
               "time.sleep(60)\n")
     (tmp_path / "worker.py").write_text(worker)
-    launcher = ("import sys; from allocopt.study.workers import run_workers\n"
+    launcher = ("import sys; from allocopt.store.launch import run_workers\n"
                 "sys.exit(run_workers(['0', '1'], [], command=[sys.executable, 'worker.py']))\n")
     p = subprocess.Popen([sys.executable, "-c", launcher], cwd=tmp_path, stdout=subprocess.PIPE,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -180,8 +180,8 @@ def test_running_full_counts_live_workers_only(tmp_path, monkeypatch):
     from allocopt.spec import SearchSpace, StudySpec
     from allocopt.study.loop import running_full
     from allocopt.study.open import open_study
-    from allocopt.study.handles import storage_of
-    from allocopt.study.hold import WORKER_ATTR
+    from allocopt.store.handles import storage_of
+    from allocopt.store.heartbeat import WORKER_ATTR
 
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "2")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "600")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.study.workers import secrets_to_environment
+from allocopt.store.launch import secrets_to_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "Wk7SENTINELpw"

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import typer
 
 from allocopt.record import TrialRecord
-from allocopt.study.storage import DEFAULT_STORAGE
+from allocopt.store.connect import DEFAULT_STORAGE
 from rich.console import Console
 from rich.table import Table
 
@@ -44,7 +44,8 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
     import optuna
 
     from allocopt.study.asktell import TellError, spec_of
-    from allocopt.study.storage import make_storage, redact_url
+    from allocopt.redact import redact_url
+    from allocopt.store.connect import make_storage
     from allocopt.study.open import StudyError, open_study
 
     warnings.filterwarnings("ignore", module=r"(botorch|optuna|optuna_integration|linear_operator|gpytorch)(\..*)?")

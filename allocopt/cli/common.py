@@ -42,11 +42,12 @@ def load_objective(name: str, settings: dict | None = None) -> Any:
 
 
 def check_storage(storage: str, spec: Any = None) -> None:
-    """:func:`allocopt.study.storage.check_storage_url` and, given the study's ``spec``,
+    """:func:`allocopt.store.connect.check_storage_url` and, given the study's ``spec``,
     :func:`allocopt.study.open.preflight_study` (the storage opens; a study of that name was run
     under the same terms), as a :class:`ConfigError` (one line, exit 2). Writes nothing: run
     before MLflow records anything."""
-    from allocopt.study.storage import StorageError, check_storage_url
+    from allocopt.errors import StorageError
+    from allocopt.store.connect import check_storage_url
 
     try:
         check_storage_url(storage)
@@ -83,7 +84,7 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True, 
     except ConfigError:
         raise
     except Exception as e:
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
                           f"({redact_url(short_reason(e))})") from None
@@ -140,7 +141,7 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
     uri = _resolve_uri(mlflow_uri)
     problem = local_store_problem(uri)  # a read-only folder: MLflow retries ~110 s before failing
     if problem:
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({problem}); "
                           "give a writable store or --no-mlflow")
@@ -170,12 +171,12 @@ def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
                 time.sleep(0.2)
                 client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
     except KeyboardInterrupt:
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         sys.stderr.write(f"interrupted while connecting to MLflow at {redact_url(uri)}; nothing was recorded\n")
         sys.exit(130)
     except Exception as e:
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(short_reason(e))}); "
                           "check the server or path, or give --no-mlflow") from None
@@ -500,7 +501,7 @@ def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, wo
     from rich.console import Console
 
     from allocopt.study.open import StudyError
-    from allocopt.study.storage import redact_url
+    from allocopt.redact import redact_url
 
     with Console(stderr=True).status("opening MLflow tracking..."):
         tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow, storage=storage)

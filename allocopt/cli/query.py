@@ -24,7 +24,7 @@ from rich import box
 from rich.table import Table
 
 from allocopt.cli.common import bundled_options
-from allocopt.study.storage import DEFAULT_STORAGE
+from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.query.stored import (parent_run_id, stored_objectives, stored_recommendation, stored_target,
                                    stored_vocabulary)
 
@@ -77,7 +77,7 @@ def _study_or_only(study: Optional[str], storage: str, from_mlflow: Optional[Lis
     if study or from_mlflow:
         return study
     from allocopt.query.sources import study_names
-    from allocopt.study.storage import redact_url
+    from allocopt.redact import redact_url
 
     from allocopt.query.pareto import QueryError
 

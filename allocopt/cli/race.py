@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from allocopt.study.storage import DEFAULT_STORAGE
+from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.flops import ConfigError
 from allocopt.cli.race_tables import proposal_table, regime_table, validation_table
 

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from allocopt.cli.common import fail
-from allocopt.study.storage import DEFAULT_STORAGE
+from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.cli.account import fmt_flops
 from allocopt.cli.common import takes_time_budget
 from allocopt.flops import ConfigError
@@ -278,7 +278,7 @@ def mlflow_lines(tracker: Any) -> list[str]:
         return []
     from allocopt.tracking import runs_view_url
 
-    from allocopt.study.storage import without_password
+    from allocopt.redact import without_password
 
     uri, exp = str(tracker.tracking_uri), str(tracker.experiment_id)
     if uri.startswith(("http://", "https://")):

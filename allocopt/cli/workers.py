@@ -1,4 +1,4 @@
-"""``allocopt workers``: one ``allocopt study`` worker per GPU on this host (:mod:`allocopt.study.workers`)."""
+"""``allocopt workers``: one ``allocopt study`` worker per GPU on this host (:mod:`allocopt.store.launch`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def workers(
     host, PostgreSQL across hosts). Output lines are prefixed \\[gpu N]; Ctrl-C stops every worker
     (their running trials are run again on resume); the exit code is the worst worker's.
     """
-    from allocopt.study.workers import parse_gpus, run_workers
+    from allocopt.store.launch import parse_gpus, run_workers
 
     args = study_args(list(ctx.args), ctx.meta.get(_AFTER))
     code = run_workers(parse_gpus(gpus), args)

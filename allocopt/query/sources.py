@@ -36,7 +36,8 @@ def study_names(storage: str) -> list[str]:
             unreachable server, a missing driver).
     """
     _check_sqlite(storage, "storage")
-    from allocopt.study.storage import StorageError, check_storage_url
+    from allocopt.errors import StorageError
+    from allocopt.store.connect import check_storage_url
 
     try:
         check_storage_url(storage)  # an in-memory or another tool's SQLite database: one line
@@ -49,14 +50,14 @@ def study_names(storage: str) -> list[str]:
         return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
     except Exception as e:  # bad URL, unreachable server, missing driver
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         raise QueryError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
 
 
 def open_study_for_query(storage: str, study_name: str) -> Any:
     """The Optuna study ``study_name`` in ``storage``, loaded (never created), with what
-    stopped workers left settled first (:func:`allocopt.study.settle.reconcile_on_open`; best
+    stopped workers left settled first (:func:`allocopt.store.settle.reconcile_on_open`; best
     effort: a store that cannot be written is read as it is).
 
     Raises:
@@ -67,13 +68,13 @@ def open_study_for_query(storage: str, study_name: str) -> Any:
     import optuna
 
     if study_name not in names:
-        from allocopt.study.storage import redact_url
+        from allocopt.redact import redact_url
 
         raise QueryError(f"study={study_name!r}: not found in {redact_url(storage)}; known: {', '.join(names) or 'none'}")
     try:  # settle what stopped workers left, as every opening does (best effort: a read-only
-        from allocopt.study.handles import register  # store is still read)
-        from allocopt.study.settle import reconcile_on_open
-        from allocopt.study.storage import make_storage
+        from allocopt.store.handles import register  # store is still read)
+        from allocopt.store.settle import reconcile_on_open
+        from allocopt.store.connect import make_storage
 
         store = make_storage(storage)
         study = optuna.load_study(study_name=study_name, storage=store)
@@ -156,7 +157,7 @@ def load_rows_from_mlflow(experiments: Sequence[str], tracking_uri: str | None =
 
     uri = resolve_tracking_uri(tracking_uri)
     _check_sqlite(uri, "mlflow_uri")
-    from allocopt.study.storage import redact_url
+    from allocopt.redact import redact_url
     from allocopt.tracking.requests import short_mlflow_requests, short_reason
 
     try:

@@ -174,7 +174,7 @@ def parent_run_id(study: Optional[str], mlflow_uri: Optional[str]) -> str:
     from allocopt.tracking.requests import short_mlflow_requests
     from allocopt.tracking.tracker import _resolve_uri
 
-    from allocopt.study.storage import redact_url
+    from allocopt.redact import redact_url
 
     uri = _resolve_uri(mlflow_uri)
     try:

@@ -1,1 +1,1 @@
-"""Studies: the Optuna study of an allocation (storage, claims, the RACE sampler adapter), the loop that runs trials and stores the answer, ask/tell for runs launched elsewhere. Optuna, MLflow and torch are imported inside functions."""
+"""Studies: the Optuna study of an allocation (opened on its store, allocopt.store; the RACE sampler adapter), the loop that runs trials and stores the answer, ask/tell for runs launched elsewhere. Optuna, MLflow and torch are imported inside functions."""

@@ -3,7 +3,7 @@ config, and record what came back (tell).
 
 ``ask`` reserves trials with Optuna's ``study.ask()`` (the study's own sampler, so pilots and
 proposals are what a worker would run) and leaves them RUNNING *without* a heartbeat, which
-:mod:`allocopt.study.hold` reads as "reserved for a run launched elsewhere": no worker fails them.
+:mod:`allocopt.store.heartbeat` reads as "reserved for a run launched elsewhere": no worker fails them.
 Each gets a plan (:func:`allocopt.plan.allocation.make_plan`) realized with whole update passes,
 as TRL (``num_iterations``) and verl (``ppo_epochs``) run them: the whole-pass count nearest the
 plan's ρ, and the iterations that count buys within the budget (:class:`AskedRun`). Neither
@@ -148,8 +148,8 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
     import os
     import socket
 
-    from allocopt.study.claims import reserving
-    from allocopt.study.hold import ASKING_ATTR
+    from allocopt.store.claims import reserving
+    from allocopt.store.heartbeat import ASKING_ATTR
 
     runs: list[AskedRun] = []
     infeasible = 0
@@ -161,7 +161,7 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         if reserved is not None:
             reserved.append(trial.number)
         # who reserves it: a reservation cut short (no `asked` record) whose ask is gone is
-        # failed when the study is next opened (allocopt.study.settle.reconcile_on_open)
+        # failed when the study is next opened (allocopt.store.settle.reconcile_on_open)
         trial.storage.set_trial_system_attr(trial._trial_id, ASKING_ATTR, f"{socket.gethostname()}:{os.getpid()}")
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             with reserving():
@@ -193,7 +193,7 @@ def release(study: Any, numbers: list[int]) -> list[int]:
     """Give back trials reserved by a command that then failed (an unwritable ``--out``, an
     error, Ctrl-C): each still RUNNING is failed as interrupted
     (:func:`allocopt.record.write_interrupted`), so the next opening of the study enqueues its
-    work to be asked again (:func:`allocopt.study.settle.requeue_interrupted`) instead of
+    work to be asked again (:func:`allocopt.store.settle.requeue_interrupted`) instead of
     leaving it RUNNING for ever. Best effort per trial.
 
     Returns:
@@ -203,7 +203,7 @@ def release(study: Any, numbers: list[int]) -> list[int]:
     from optuna.trial import TrialState
 
     from allocopt.record import write_interrupted
-    from allocopt.study.handles import trial_handle
+    from allocopt.store.handles import trial_handle
 
     done = []
     for number in numbers:
@@ -383,8 +383,7 @@ def record(study: Any, frozen: Any, spec: StudySpec, targets: Mapping[str, float
     """
     import optuna
 
-    from allocopt.study.handles import trial_handle
-    from allocopt.study.storage import sqlite_file_lock
+    from allocopt.store.handles import sqlite_file_lock, trial_handle
 
     rec = TrialRecord.of(frozen)
     budget = rec.budget(spec.budget_flops)
@@ -451,7 +450,7 @@ def write_asked_folder(run: AskedRun, folder: Any, *, study: str, storage: str, 
     import json
     from pathlib import Path
 
-    from allocopt.study.storage import without_password
+    from allocopt.redact import without_password
 
     folder = Path(folder)
     bare, variable = without_password(storage)

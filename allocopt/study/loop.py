@@ -10,7 +10,7 @@ avoid it. A feasible one runs the objective; its targets and breakdown go into t
 user attributes and into MLflow (:mod:`allocopt.tracking`). A trial that raises is failed in
 Optuna and MLflow with its error and the study goes on. Running the same study name again
 resumes it: finished trials are kept; Ctrl-C marks the running trial failed, a killed worker's
-trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.study.hold`, :mod:`allocopt.study.settle`).
+trial is failed and retried once when its heartbeat is stale (:mod:`allocopt.store.heartbeat`, :mod:`allocopt.store.settle`).
 
 Several workers on one study (``allocopt workers``, or ``allocopt study`` started on each
 host) share the count: a worker asks for a new full-budget trial only while the finished ones
@@ -35,8 +35,8 @@ from typing import Any, Callable
 from allocopt.plan.allocation import Allocation, InfeasiblePlan, TrialPlan, Workload, make_plan
 from allocopt.flops import ConfigError
 from allocopt.spec import StudySpec
-from allocopt.study.open import (DEFAULT_STORAGE, StudyError, distributions, make_sampler, name_objectives,
-                                 open_study)
+from allocopt.store.connect import DEFAULT_STORAGE
+from allocopt.study.open import StudyError, distributions, make_sampler, name_objectives, open_study
 from allocopt.record import TrialRecord, TrialRow, params_of, records
 from allocopt.study.trial import log_final, run_one_trial
 
@@ -133,7 +133,7 @@ def _run_trials(study: Any, spec: StudySpec, race: Any, run_trial: Callable[[Any
                 pilots_only: bool, on_pilots: Callable[[Any], None] | None,
                 on_wait: Callable[[int, int], None] | None) -> bool:
     """Ask and run trials until the count, the stop rule or the cap; True when still piloting."""
-    from allocopt.study.hold import worker_trial
+    from allocopt.store.heartbeat import worker_trial
 
     dists = distributions(spec, fidelity=race is not None)
     admit = partial(_admit, study=study, spec=spec, race=race, pilots_only=pilots_only)
@@ -197,7 +197,7 @@ def prepare_study(spec: StudySpec, study: Any, sampler: Any, *, resample: bool, 
     ``resample``: a resumed study gets a sampler with a fresh seed (:func:`resumed_seed`), or it
     would propose the same points again. Returns ``(study, sampler)``."""
     from allocopt.study.sampler import RaceSampler
-    from allocopt.study.settle import on_stale
+    from allocopt.store.settle import on_stale
 
     n = len(study.get_trials(deepcopy=False))
     if n and resample:
@@ -271,11 +271,11 @@ def finished_full(study: Any) -> int:
 
 
 def running_full(study: Any, *, below: int | None = None) -> int:
-    """Full-budget trials workers are running now (:func:`allocopt.study.hold.live_trials`:
+    """Full-budget trials workers are running now (:func:`allocopt.store.heartbeat.live_trials`:
     named by a live worker, or just asked; not reserved by ``allocopt ask``, not stale), a
     RACE trial still being sampled counted as full; ``below``: numbered below it."""
     from allocopt.record import fidelity_of
-    from allocopt.study.hold import live_trials
+    from allocopt.store.heartbeat import live_trials
 
     return sum(1 for t in live_trials(study, below=below) if fidelity_of(t) == "full")
 
@@ -286,14 +286,14 @@ def wait_for_others(study: Any, spec: StudySpec, poll_s: float | None = None,
     (:func:`finished_full` + :func:`running_full` reach it, this worker has nothing to run):
     ``--trials T`` is the total over every worker, none starts a trial beyond it. Every poll
     (``poll_s``, default the heartbeat interval, seconds) settles dead workers' trials
-    (:func:`allocopt.study.settle.reconcile_on_open`): a killed worker's trial is failed and
+    (:func:`allocopt.store.settle.reconcile_on_open`): a killed worker's trial is failed and
     its re-run queued, which this worker then runs; one interrupted, or one that fails to
     start, leaves room for a new trial. ``on_wait(finished, running)`` is called when the wait
     begins. Returns the number of polls."""
     import time
 
-    from allocopt.study.hold import heartbeat_settings
-    from allocopt.study.settle import reconcile_on_open
+    from allocopt.store.heartbeat import heartbeat_settings
+    from allocopt.store.settle import reconcile_on_open
 
     poll = heartbeat_settings()[0] if poll_s is None else poll_s
     polls = 0

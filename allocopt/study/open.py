@@ -11,9 +11,6 @@ from typing import Any
 from allocopt.plan.allocation import Workload
 from allocopt.spec import StudySpec
 
-from allocopt.study.storage import DEFAULT_STORAGE  # noqa: E402,F401  (defined there)
-
-
 from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; imported from here too)
 
 
@@ -126,13 +123,13 @@ def check_same_study(study: Any, spec: StudySpec) -> None:
 
 
 def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any:
-    """Create or load the Optuna study, heartbeats on (:mod:`allocopt.study.storage`).
+    """Create or load the Optuna study, heartbeats on (:mod:`allocopt.store.connect`).
 
     Builds no sampler of its own: the study asks ``sampler`` when given, else Optuna's
     :class:`~optuna.samplers.RandomSampler` (seeded ``spec.seed``) until the caller sets
     ``study.sampler`` (:func:`make_sampler`; the loop does). ``storage`` ``None``: in memory.
 
-    Opening settles what stopped workers left (:func:`allocopt.study.settle.reconcile_on_open`:
+    Opening settles what stopped workers left (:func:`allocopt.store.settle.reconcile_on_open`:
     a gone worker's trial finished from its whole record or failed and run again once, stale
     ones after the grace period, Ctrl-C'd ones enqueued to run again); it never touches a live
     worker's RUNNING trial or a trial reserved by ``allocopt ask``.
@@ -143,9 +140,11 @@ def open_study(spec: StudySpec, storage: str | None, sampler: Any = None) -> Any
     """
     import optuna
 
-    from allocopt.study.handles import register
-    from allocopt.study.settle import reconcile_on_open
-    from allocopt.study.storage import StorageError, make_storage, redact_url
+    from allocopt.errors import StorageError
+    from allocopt.redact import redact_url
+    from allocopt.store.connect import make_storage
+    from allocopt.store.handles import register
+    from allocopt.store.settle import reconcile_on_open
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact_url(storage)
@@ -202,7 +201,7 @@ def preflight_study(spec: StudySpec, storage: str) -> None:
     """
     from sqlalchemy.engine import make_url
 
-    from allocopt.study.storage import redact_url
+    from allocopt.redact import redact_url
 
     shown = redact_url(storage)
     scheme = str(storage).split("://", 1)[0].split("+", 1)[0].lower()

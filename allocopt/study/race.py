@@ -22,7 +22,7 @@ from allocopt.race.propose import Proposal
 from allocopt.race.validate import ValidationRow, same_regime_rate, validate
 from allocopt.record import TrialRow
 from allocopt.spec import StudySpec
-from allocopt.study.storage import DEFAULT_STORAGE
+from allocopt.store.connect import DEFAULT_STORAGE
 
 
 @dataclass

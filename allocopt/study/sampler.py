@@ -68,7 +68,7 @@ from allocopt.race.tuner import RaceTuner, Tuner
 from allocopt.record import TrialRecord, decision_attrs, params_of, write_missing
 from allocopt.spec import SearchSpace, StudySpec, allocation_in
 from allocopt.study import observe
-from allocopt.study.claims import CLAIM_ATTR, clashes, with_claims, write_claim
+from allocopt.store.claims import CLAIM_ATTR, clashes, with_claims, write_claim
 
 FIDELITY_PARAM = "fidelity"
 """Name of the trial parameter that holds the fidelity (``pilot`` or ``full``)."""
@@ -304,7 +304,7 @@ class RaceSampler(optuna.samplers.BaseSampler):
     # ------------------------------------------------------------------ internals
     def _claimed_decision(self, study: optuna.Study, trial: FrozenTrial) -> RaceDecision:
         """Decide, claim the decision in one write, and decide again while another running
-        trial holds the same claim (:mod:`allocopt.study.claims`; at most 8 rounds)."""
+        trial holds the same claim (:mod:`allocopt.store.claims`; at most 8 rounds)."""
         for _ in range(8):
             d = self._decide(study, trial)
             a = d.allocation

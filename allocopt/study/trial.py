@@ -250,7 +250,7 @@ def set_dashboard_constraint(study: Any, trial: Any, value: float) -> None:
     that optuna-dashboard 0.21 reads (``optuna_dashboard/_serializer.py``; it does not read
     Optuna 5's ``constraints:<name>`` keys), so the dashboard shows an infeasible plan as
     infeasible. Optuna reads both forms (``trial.constraints``: ``{"budget": v, "0": v}``)."""
-    from allocopt.study.handles import trial_handle
+    from allocopt.store.handles import trial_handle
 
     handle = trial_handle(study, trial.number)
     if handle is None:  # a study in memory or opened by the caller: Optuna's own form only

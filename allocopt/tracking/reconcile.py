@@ -1,7 +1,7 @@
 """Reconciling MLflow with Optuna: trial runs left RUNNING by a worker that stopped mid-trial
 (killed, or a second Ctrl-C cut its clean-up short) are ended to match the trial's state in
 Optuna. One path for both moments it is needed: when another worker fails a dead worker's
-trial (the stale-heartbeat callback, :func:`allocopt.study.settle.on_stale`) and when a study's
+trial (the stale-heartbeat callback, :func:`allocopt.store.settle.on_stale`) and when a study's
 tracker closes (:func:`allocopt.cli.common.close_tracker`).
 """
 
@@ -16,7 +16,7 @@ from allocopt.tracking.layout import ROLE_TRIAL, STATES, TAG_ROLE, TAG_STUDY, TA
 def reconcile(tracker: Any, study: Any) -> list[int]:
     """End the open MLflow runs of trials that Optuna has finished: a worker killed
     mid-trial leaves its run RUNNING while another worker fails the trial (stale
-    heartbeat, :mod:`allocopt.study.hold`). ``FAIL`` -> FAILED with an ``allocopt.error`` naming
+    heartbeat, :mod:`allocopt.store.heartbeat`). ``FAIL`` -> FAILED with an ``allocopt.error`` naming
     the retry; ``COMPLETE``/``INFEASIBLE`` (a worker killed between Optuna's tell and
     MLflow, or a full disk cut its recording short and the run was ended KILLED; the trial
     was finished from its record when the study was opened) -> FINISHED with the targets and

@@ -3,11 +3,11 @@
 Several ``allocopt study`` processes (on one machine or many) share a study through one Optuna
 RDB storage (``postgresql://user:pass@host/db``; SQLite works on one machine).
 :func:`check_storage_url` refuses a URL that cannot hold a study before anything is recorded;
-:func:`make_storage` opens it with heartbeats on (:mod:`allocopt.study.hold`) and the
-stale-trial callback that settles dead workers' trials (:mod:`allocopt.study.settle`); a
-PostgreSQL or MySQL server that goes away is waited for (:mod:`allocopt.study.reconnect`).
-:func:`sqlite_file_lock` serialises finishing writes on a SQLite file. URLs are shown with the
-password redacted (:func:`redact_url`, :func:`without_password`, from :mod:`allocopt.redact`).
+:func:`make_storage` opens it with heartbeats on (:mod:`allocopt.store.heartbeat`) and the
+stale-trial callback that settles dead workers' trials (:mod:`allocopt.store.settle`); a
+PostgreSQL or MySQL server that goes away is waited for (:mod:`allocopt.store.reconnect`).
+Finishing writes on a SQLite file are serialised by :func:`allocopt.store.handles.sqlite_file_lock`.
+URLs in its messages are shown with the password redacted (:func:`allocopt.redact.redact_url`).
 
 Optuna and SQLAlchemy are imported inside functions: ``import allocopt`` stays light.
 """
@@ -18,10 +18,9 @@ import warnings
 from typing import Any
 
 from allocopt.errors import StorageError
-from allocopt.redact import redact_url, without_password  # noqa: F401  (imported from here too)
-from allocopt.study.handles import sqlite_file_lock  # noqa: F401  (imported from here too)
-from allocopt.study.hold import heartbeat_settings
-from allocopt.study.settle import StaleTrialCallback
+from allocopt.redact import redact_url
+from allocopt.store.heartbeat import heartbeat_settings
+from allocopt.store.settle import StaleTrialCallback
 
 DEFAULT_STORAGE = "sqlite:///allocopt.db"
 """The Optuna storage URL when none is given (a SQLite file in the working folder)."""
@@ -105,8 +104,8 @@ def make_storage(url: str) -> Any:
         if scheme == "sqlite":
             storage = optuna.storages.RDBStorage(url, heartbeat_interval=interval, grace_period=grace,
                                                  heartbeat_stale_trial_callback=StaleTrialCallback())
-        else:  # a server that goes away (restarted) is waited for (allocopt.study.reconnect)
-            from allocopt.study.reconnect import retrying_storage
+        else:  # a server that goes away (restarted) is waited for (allocopt.store.reconnect)
+            from allocopt.store.reconnect import retrying_storage
 
             storage = retrying_storage(url, heartbeat_interval=interval, grace_period=grace,
                                        heartbeat_stale_trial_callback=StaleTrialCallback(),
@@ -114,5 +113,4 @@ def make_storage(url: str) -> Any:
     return storage
 
 
-__all__ = ["DEFAULT_STORAGE", "StorageError", "check_storage_url", "make_storage", "redact_url",
-           "sqlite_file_lock", "without_password"]
+__all__ = ["DEFAULT_STORAGE", "check_storage_url", "make_storage"]

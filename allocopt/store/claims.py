@@ -98,7 +98,7 @@ def reserving() -> Iterator[None]:
 def write_claim(study: Any, number: int, claim: dict[str, Any]) -> bool:
     """Write ``claim`` on trial ``number``; ``False`` when the study keeps no claims (not
     opened by :func:`allocopt.study.open.open_study`)."""
-    from allocopt.study.handles import trial_handle
+    from allocopt.store.handles import trial_handle
 
     handle = trial_handle(study, number)
     if handle is None:  # in-memory study: one process

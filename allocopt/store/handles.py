@@ -2,8 +2,8 @@
 
 :func:`allocopt.study.open.open_study` (and :func:`allocopt.query.sources.open_study_for_query`)
 remember the storage they opened a study with (:func:`register`); the heartbeat
-(:mod:`allocopt.study.hold`), the settling of stopped workers' trials
-(:mod:`allocopt.study.settle`), RACE's claims and ask/tell reach a trial's row through it
+(:mod:`allocopt.store.heartbeat`), the settling of stopped workers' trials
+(:mod:`allocopt.store.settle`), RACE's claims and ask/tell reach a trial's row through it
 (:func:`trial_handle`: public storage methods only); :func:`sqlite_file_lock` serialises
 writes to one SQLite file across processes.
 
@@ -21,7 +21,7 @@ _STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 def register(study: Any, storage: Any) -> None:
-    """Remember the storage object a study was opened with (for :func:`allocopt.study.hold.heartbeat`)."""
+    """Remember the storage object a study was opened with (for :func:`allocopt.store.heartbeat.heartbeat`)."""
     if not isinstance(storage, str):
         _STORAGES[study] = storage
 

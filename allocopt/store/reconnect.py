@@ -9,7 +9,7 @@ again: backoff 0.5, 1, 2, 4, then every 5 s, for at most :data:`WAIT_S` seconds 
 (``$ALLOCOPT_STORAGE_WAIT_S``). One line says the server is away, one that it answers again.
 Past the wait: :class:`~allocopt.errors.StorageUnreachable`, one line saying that the finished
 trials are kept and the same command resumes (opening the study settles the trial that was
-running: :func:`allocopt.study.settle.reconcile_on_open`).
+running: :func:`allocopt.store.settle.reconcile_on_open`).
 
 A write whose commit reached the server before the connection broke is not applied twice for
 the trial's end (a retried ``set_trial_state_values`` that finds the trial already in that

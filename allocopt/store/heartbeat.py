@@ -1,14 +1,14 @@
 """A worker's hold on its trials: its heartbeat, its name on the trial, and when a hold lapses.
 
 Each trial a worker runs carries Optuna's heartbeat (:class:`optuna.storages.RDBStorage` with
-``heartbeat_interval`` and ``grace_period``, opened by :func:`allocopt.study.storage.make_storage`):
+``heartbeat_interval`` and ``grace_period``, opened by :func:`allocopt.store.connect.make_storage`):
 the worker records it every :data:`HEARTBEAT_INTERVAL_S` seconds while the trial runs
 (:func:`heartbeat`, inside :func:`worker_trial`), and names itself on the trial
 (:data:`WORKER_ATTR`, ``<host>:<pid>``). A worker that dies (SIGKILL, lost host) stops beating;
 the next worker that asks for a trial (:func:`fail_stale`, Optuna's public
 ``optuna.storages.fail_stale_trials``) finds its trial silent for more than
 :data:`GRACE_PERIOD_S` and fails it; what happens to its work then is
-:mod:`allocopt.study.settle`'s. Trials RUNNING without any heartbeat are trials reserved by
+:mod:`allocopt.store.settle`'s. Trials RUNNING without any heartbeat are trials reserved by
 ``allocopt ask`` for runs launched elsewhere: they stay RUNNING until ``allocopt tell`` records
 them.
 
@@ -30,7 +30,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from allocopt.errors import StorageError
-from allocopt.study.handles import _STORAGES, sqlite_file_lock
+from allocopt.store.handles import _STORAGES, sqlite_file_lock
 
 HEARTBEAT_INTERVAL_S = 10
 """Seconds between two heartbeats of a running trial (``ALLOCOPT_HEARTBEAT_S``)."""
@@ -42,7 +42,7 @@ WORKER_ATTR = "allocopt.worker"
 ASKING_ATTR = "allocopt.asking"
 """System attribute of a trial reserved by ``allocopt ask``: ``<host>:<pid>`` of the ``ask``
 that reserved it (a reservation whose ``asked`` record is missing and whose ``ask`` is gone
-was cut short: :func:`allocopt.study.settle.reconcile_on_open` fails it)."""
+was cut short: :func:`allocopt.store.settle.reconcile_on_open` fails it)."""
 DEVICES_ATTR = "allocopt.cuda_visible_devices"
 """System attribute of a trial: the ``CUDA_VISIBLE_DEVICES`` of the worker that runs it, when
 set (``allocopt workers --gpus`` sets one per worker)."""

@@ -1,6 +1,6 @@
 """Settling what stopped workers left: dead workers' trials finished from their record or retried once.
 
-When a worker's hold on a trial lapses (:mod:`allocopt.study.hold`), the storage's
+When a worker's hold on a trial lapses (:mod:`allocopt.store.heartbeat`), the storage's
 stale-heartbeat callback (:class:`StaleTrialCallback`) settles it:
 :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` (``max_retry=1``) enqueues a copy
 (same parameters and decision attributes, so a pilot stays a pilot) that the next ``ask`` of any
@@ -24,8 +24,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Mapping
 
-from allocopt.study.handles import _STORAGES
-from allocopt.study.hold import fail_stale, in_heartbeat_thread, owner_gone, release_cut_reservations
+from allocopt.store.handles import _STORAGES
+from allocopt.store.heartbeat import fail_stale, in_heartbeat_thread, owner_gone, release_cut_reservations
 
 MAX_RETRY = 1
 """How often a dead worker's trial is run again (by another worker, or on resume)."""
@@ -140,7 +140,7 @@ def reconcile_on_open(study: Any, targets: Any = None) -> dict[str, list[int]]:
     2. a reservation of ``allocopt ask`` cut short (no ``asked`` record: the ``ask`` failed
        half-way, e.g. on a full disk, and could not give it back) whose ``ask`` is gone or that
        is older than the grace period is failed as interrupted
-       (:func:`allocopt.study.hold.release_cut_reservations`); RUNNING trials silent for the
+       (:func:`allocopt.store.heartbeat.release_cut_reservations`); RUNNING trials silent for the
        grace period (any host) are failed the same way
        (Optuna's ``fail_stale_trials``; a whole record becomes a COMPLETE trial of its own);
     3. a trial stopped by Ctrl-C / SIGTERM (:func:`allocopt.record.is_interrupted`) with
