@@ -22,6 +22,7 @@ error                      base            raised when
 :class:`TrackingError`     RuntimeError    something did not reach MLflow
 :class:`StorageUnreachable`  RuntimeError  the study's database server stayed away too long
 :class:`DiskFull`          RuntimeError    a disk under the study's records filled up
+:class:`ProbeInterrupted`  KeyboardInterrupt  Ctrl-C while the MLflow store was probed
 =========================  ==============  ===================================================
 """
 
@@ -30,8 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["BudgetExhausted", "ConfigError", "DiskFull", "InfeasiblePlan", "ObjectiveUnavailable", "QueryError",
-           "RunLogError", "StorageError", "StorageUnreachable", "StudyError", "TellError", "TrackingError", "TrialFailed",
-           "TrialScoreError", "disk_full"]
+           "ProbeInterrupted", "RunLogError", "StorageError", "StorageUnreachable", "StudyError", "TellError",
+           "TrackingError", "TrialFailed", "TrialScoreError", "disk_full"]
 
 
 class ConfigError(ValueError):
@@ -112,6 +113,12 @@ class DiskFull(RuntimeError):
     up mid-study; the message is one line naming the files, their free space and what to do
     (free space, run the same command: finished trials are kept, the cut-short one is settled
     and run again when the study is next opened, :mod:`allocopt.store.settle`)."""
+
+
+class ProbeInterrupted(KeyboardInterrupt):
+    """Ctrl-C while the MLflow store was being probed, before anything was recorded
+    (:func:`allocopt.tracking.lifecycle.probe_tracking`); the message is one line saying so.
+    A :class:`KeyboardInterrupt`, so it stops a Python caller as Ctrl-C does."""
 
 
 _FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")

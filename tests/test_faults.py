@@ -201,7 +201,7 @@ def test_closing_reconciles_only_runs_whose_trial_stopped(tmp_path):
     import optuna
     from mlflow import MlflowClient
 
-    from allocopt.cli.common import close_tracker
+    from allocopt.tracking.lifecycle import close_tracker
     from allocopt.tracking import StudyTracker
 
     uri, storage = f"sqlite:///{tmp_path}/m.db", f"sqlite:///{tmp_path}/o.db"

@@ -450,7 +450,7 @@ def test_probe_retries_a_tag_insert_that_lost_a_race(tmp_path, monkeypatch):
     still refuses it."""
     from mlflow import MlflowClient
 
-    from allocopt.cli.common import probe_tracking
+    from allocopt.tracking.lifecycle import probe_tracking
     from allocopt.flops import ConfigError
 
     real = MlflowClient.set_experiment_tag
@@ -476,3 +476,29 @@ def test_probe_retries_a_tag_insert_that_lost_a_race(tmp_path, monkeypatch):
     monkeypatch.setattr(MlflowClient, "set_experiment_tag", read_only)
     with pytest.raises(ConfigError, match="readonly"):
         probe_tracking("race", uri)
+
+
+def test_ctrl_c_during_the_probe_is_raised_by_the_library_and_one_line_on_the_command_line(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A Python caller gets a KeyboardInterrupt that says nothing was recorded; the command line
+    prints that line and exits 130."""
+    from mlflow import MlflowClient
+
+    from allocopt.cli.common import probe_interrupt_exits
+    from allocopt.errors import ProbeInterrupted
+    from allocopt.tracking.lifecycle import probe_tracking
+
+    def interrupt(self, name):
+        raise KeyboardInterrupt
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", interrupt)
+    with pytest.raises(ProbeInterrupted, match="nothing was recorded") as caught:
+        probe_tracking("s", uri)
+    assert isinstance(caught.value, KeyboardInterrupt)
+    with pytest.raises(SystemExit) as ended, probe_interrupt_exits():
+        probe_tracking("s", uri)
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted while connecting to MLflow at sqlite:") and err.endswith(
+        "; nothing was recorded\n") and err.count("\n") == 1

@@ -245,10 +245,12 @@ def _tell(study: str, trial: int, data: dict[str, Any], metrics: Path, storage: 
     if not no_mlflow:
         import os
 
-        from allocopt.cli.common import make_tracker
+        from allocopt.cli.common import probe_interrupt_exits
+        from allocopt.tracking.lifecycle import make_tracker
 
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        tracker = held[0] = make_tracker(spec.name, mlflow_uri)
+        with probe_interrupt_exits():
+            tracker = held[0] = make_tracker(spec.name, mlflow_uri)
     try:
         m = record(st, frozen, spec, targets, spent, extra=extra)
     except TellError as e:  # another tell of this trial won

@@ -3,7 +3,8 @@
 Kept apart from :mod:`allocopt.cli` so that command modules (:mod:`allocopt.cli.race`, ...) can
 use them without importing ``allocopt.cli`` itself. The study a command runs is read by
 :func:`read_spec` (the budget parsed once there), its objective loaded by :func:`load_workload`,
-its run tracked by :func:`tracked`.
+its run tracked by :func:`tracked_command` (the tracker's lifecycle is
+:mod:`allocopt.tracking.lifecycle`'s; what is here prints, exits and guards against signals).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any, Iterator
 
 from allocopt.errors import DiskFull, disk_full
 from allocopt.flops import ConfigError
-from allocopt.tracking.requests import PROBE_TIMEOUT_S, short_mlflow_requests, short_reason  # noqa: F401
 
 
 def load_objective(name: str, settings: dict | None = None) -> Any:
@@ -62,153 +62,6 @@ def check_storage(storage: str, spec: Any = None) -> None:
             raise ConfigError(str(e)) from None
 
 
-def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True, storage: str | None = None) -> Any:
-    """An :class:`allocopt.tracking.StudyTracker`, or ``None`` when tracking is off. Writes made
-    while a server is away are spooled beside the SQLite Optuna ``storage`` (else in a temp
-    folder: :func:`allocopt.tracking.spool.spool_folder`) and replayed when it answers.
-
-    Raises:
-        ConfigError: the tracking URI cannot be used (unsupported scheme, unreachable server).
-    """
-    if not enabled:
-        return None
-    from allocopt.tracking import StudyTracker
-
-    try:
-        with _sqlite_lock(mlflow_uri):  # workers creating one MLflow SQLite file at once
-            probe_tracking(study_name, mlflow_uri)  # would race on its schema migrations
-            from allocopt.tracking.spool import spool_folder
-
-            with _quiet_mlflow():
-                return StudyTracker(study_name, tracking_uri=mlflow_uri, spool_dir=spool_folder(storage))
-    except ConfigError:
-        raise
-    except Exception as e:
-        from allocopt.redact import redact_url
-
-        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri)!r}: cannot be used "
-                          f"({redact_url(short_reason(e))})") from None
-
-
-@contextlib.contextmanager
-def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
-    """Hold an exclusive lock on ``<file>.lock`` beside an MLflow SQLite store while it is
-    opened (MLflow creates and migrates its schema on first use, and two processes doing that at
-    once fail with errors such as "duplicate column name"); other URIs: no lock."""
-    import fcntl
-
-    from allocopt.tracking.tracker import _resolve_uri
-
-    uri = _resolve_uri(mlflow_uri)
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix) or ":memory:" in uri:
-        yield
-        return
-    path = uri[len(prefix):]  # absolute after _resolve_uri: sqlite:////abs/path -> /abs/path
-    try:
-        fh = open(path + ".lock", "a")
-    except OSError:  # an unwritable folder: the probe reports it
-        yield
-        return
-    with fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-
-
-def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
-    """Check the MLflow store before anything is recorded elsewhere: one read (the study's
-    experiment) with a short timeout and no retries, then one write (the experiment, created
-    when missing, gets an ``allocopt.checked_at`` tag), so an unreachable server or a
-    read-only store fails in seconds, before an Optuna study is created.
-
-    Raises:
-        ConfigError: one line naming the URI and the reason.
-        SystemExit(130): Ctrl-C during the probe (one line says so; nothing recorded).
-    """
-    import sys
-    import time
-
-    from allocopt.tracking.layout import TAG_STUDY
-    from allocopt.tracking.tracker import _artifact_location, _resolve_uri
-
-    from allocopt.tracking.requests import local_store_problem
-
-    uri = _resolve_uri(mlflow_uri)
-    problem = local_store_problem(uri)  # a read-only folder: MLflow retries ~110 s before failing
-    if problem:
-        from allocopt.redact import redact_url
-
-        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({problem}); "
-                          "give a writable store or --no-mlflow")
-    try:
-        from mlflow import MlflowClient
-
-        with _quiet_mlflow(), short_mlflow_requests():
-            client = MlflowClient(tracking_uri=uri)
-            name = f"allocopt/{study_name}"
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                try:
-                    exp_id = client.create_experiment(
-                        name, artifact_location=_artifact_location(uri, study_name), tags={TAG_STUDY: study_name})
-                except Exception:  # another worker created it in between (unique name)
-                    exp = client.get_experiment_by_name(name)
-                    if exp is None:
-                        raise
-            if exp is not None:
-                exp_id = exp.experiment_id
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            try:
-                client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
-            except Exception as e:  # two workers inserted the same new tag at once (its primary key):
-                if not _unique_race(e):  # the second write finds the row and updates it
-                    raise
-                time.sleep(0.2)
-                client.set_experiment_tag(exp_id, "allocopt.checked_at", stamp)
-    except KeyboardInterrupt:
-        from allocopt.redact import redact_url
-
-        sys.stderr.write(f"interrupted while connecting to MLflow at {redact_url(uri)}; nothing was recorded\n")
-        sys.exit(130)
-    except Exception as e:
-        from allocopt.redact import redact_url
-
-        raise ConfigError(f"mlflow_uri={redact_url(mlflow_uri or uri)!r}: cannot be used ({redact_url(short_reason(e))}); "
-                          "check the server or path, or give --no-mlflow") from None
-
-
-def _unique_race(e: BaseException) -> bool:
-    """An insert that lost a race with another worker's insert of the same key (PostgreSQL
-    ``UniqueViolation``, SQLite ``UNIQUE constraint failed``, MySQL ``Duplicate entry``)."""
-    text = str(e).lower()
-    return any(k in text for k in ("uniqueviolation", "duplicate key", "unique constraint", "duplicate entry"))
-
-
-class _quiet_mlflow:
-    """Silence MLflow's and alembic's loggers (they log a whole traceback at ERROR before
-    raising) while a call whose error becomes one line runs."""
-
-    NAMES = ("mlflow", "alembic", "sqlalchemy")
-
-    def __enter__(self) -> None:
-        import logging
-
-        self.levels = {n: logging.getLogger(n).level for n in self.NAMES}
-        for n in self.NAMES:
-            logging.getLogger(n).setLevel(logging.CRITICAL)
-
-    def __exit__(self, *exc: Any) -> None:
-        import logging
-
-        for n, lvl in self.levels.items():
-            logging.getLogger(n).setLevel(lvl)
-
-
 def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None = None) -> None:
     """Refuse a study whose budget (or pilot budget) cannot buy one iteration of any allocation
     in its space, before anything is recorded. The cost of an iteration grows with ρ (more rows
@@ -238,25 +91,6 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
                           f"{b:.3g} = {pilot_fraction * b:.3g} FLOPs cannot buy one GRPO iteration of "
                           f"any allocation; the smallest feasible plan ({where}) needs {need:.3g} "
                           f"FLOPs (budget_flops >= {need / pilot_fraction:.3g}, or a larger pilot fraction)")
-
-
-def close_tracker(tracker: Any, study_name: str, storage: str, status: str) -> None:
-    """End the study's MLflow records: trial runs that a stopped worker left RUNNING are ended
-    to match Optuna where it no longer has their trial RUNNING (:meth:`StudyTracker.reconcile`,
-    the path the stale-heartbeat callback takes too), then the parent run is closed with
-    ``status`` (``FINISHED``; ``KILLED`` after an interrupt, ``FAILED`` after a crash). Safe to
-    call with ``tracker=None``."""
-    if tracker is None:
-        return
-    try:
-        import optuna
-
-        study = optuna.load_study(study_name=study_name, storage=storage)
-        tracker.reconcile(study)
-    except Exception:  # noqa: BLE001 - no study yet, storage gone: nothing to reconcile
-        pass
-    finally:
-        tracker.close(status)
 
 
 class one_interrupt:
@@ -489,123 +323,78 @@ def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, 
     return obj, workload
 
 
-def tracked(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, work: Any) -> tuple[Any, Any]:
-    """Run ``work(tracker)`` with the study's MLflow tracker (``None`` with ``no_mlflow``) and
-    close the tracker after it: parent run FINISHED when ``work`` returns, FAILED when it
-    raises, KILLED on Ctrl-C (then one line and exit 130: finished trials are kept). Returns
-    ``(what work returned, tracker)``.
+def tracked_command(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, work: Any) -> tuple[Any, Any]:
+    """A command's :func:`allocopt.tracking.lifecycle.tracked`: ``work(tracker)`` run with the
+    study's MLflow tracker (``None`` with ``no_mlflow``), which is closed after it (parent run
+    FINISHED, FAILED, or KILLED on Ctrl-C or SIGTERM: then one line and exit 130 or 143,
+    finished trials are kept; a second signal only prints while the records are written).
+    Returns ``(what work returned, tracker)``.
 
     Raises:
         ConfigError: the study cannot start (:class:`allocopt.study.open.StudyError`).
+        DiskFull: a disk under the study's records filled up (one line).
     """
     from rich.console import Console
 
-    from allocopt.study.open import StudyError
     from allocopt.redact import redact_url
+    from allocopt.study.open import StudyError
+    from allocopt.tracking.lifecycle import make_tracker, tracked
 
-    with Console(stderr=True).status("opening MLflow tracking..."):
+    with Console(stderr=True).status("opening MLflow tracking..."), probe_interrupt_exits():
         tracker = make_tracker(spec.name, mlflow_uri, enabled=not no_mlflow, storage=storage)
-    status = "FAILED"  # the parent run is FINISHED only when the work ends normally
     guard = one_interrupt()
-    import logging
 
-    quiet_full = _DiskFullRecords()  # MLflow's store logs each failed write with its traceback
-    logging.getLogger("mlflow.store.db.utils").addFilter(quiet_full)
-    try:
+    def guarded(t: Any) -> Any:
         with guard:
-            result = work(tracker)
-        status = "FINISHED"
-    except StudyError as e:
-        raise ConfigError(str(e)) from None
-    except KeyboardInterrupt:
-        status = "KILLED"
+            return work(t)
+
+    def interrupted() -> None:
         fail(f"interrupted: finished trials are kept in {redact_url(storage)}; run the same command "
              "to resume", guard.exit_code)
-    except Exception as e:
-        if disk_full(e):
-            raise DiskFull(disk_full_line(storage, tracker)) from None
-        raise
-    finally:
-        with one_interrupt(raise_first=False):
-            try:
-                close_tracker(tracker, spec.name, storage, status)
-            except Exception as e:  # noqa: BLE001
-                if status == "FINISHED":  # the work's own error (above) is the one to report
-                    if disk_full(e):
-                        raise DiskFull(disk_full_line(storage, tracker)) from None
-                    raise
-            finally:
-                logging.getLogger("mlflow.store.db.utils").removeFilter(quiet_full)
-    return result, tracker
+
+    try:
+        return tracked(tracker, spec.name, storage, guarded, on_interrupt=interrupted,
+                       closing=lambda: one_interrupt(raise_first=False)), tracker
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
 
 
-class _DiskFullRecords:
-    """A logging filter that drops records of a full disk (the one line is said once, by
-    :func:`tracked`)."""
+@contextlib.contextmanager
+def probe_interrupt_exits() -> Iterator[None]:
+    """Within the block, Ctrl-C while the MLflow store is probed
+    (:class:`~allocopt.errors.ProbeInterrupted`) is its one line on stderr and exit 130."""
+    from allocopt.errors import ProbeInterrupted
 
-    def filter(self, record: Any) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (disk_full(exc) if exc is not None else "database or disk is full" in record.getMessage())
+    try:
+        yield
+    except ProbeInterrupted as e:
+        fail(str(e), 130)
 
 
 @contextlib.contextmanager
 def disk_full_as_one_line(storage: str, tracker: Any = None, again: str | None = None) -> Iterator[None]:
     """Within the block, an error that is a full disk under the study's records (Optuna's
     SQLite file, MLflow's store: :func:`allocopt.errors.disk_full`) becomes :class:`DiskFull`
-    with :func:`disk_full_line` (one line naming the file, exit 1), as :func:`tracked` does for
-    a study; ``tracker`` is the MLflow tracker or a zero-argument callable returning it (or
-    ``None``); ``again``: what running the same command does then (:func:`disk_full_line`).
-    MLflow's store's own log of each failed write is silenced meanwhile.
+    with :func:`~allocopt.tracking.lifecycle.disk_full_line` (one line naming the file, exit 1),
+    as :func:`tracked_command` does for a study; ``tracker`` is the MLflow tracker or a
+    zero-argument callable returning it (or ``None``); ``again``: what running the same command
+    does then (:func:`~allocopt.tracking.lifecycle.disk_full_line`). MLflow's store's own log of
+    each failed write is silenced meanwhile.
 
     Raises:
         DiskFull: the disk filled up (what was finished is kept; the same command again).
     """
-    import logging
+    from allocopt.tracking.lifecycle import disk_full_line, quiet_disk_full_logs
 
-    quiet = _DiskFullRecords()
-    logger = logging.getLogger("mlflow.store.db.utils")
-    logger.addFilter(quiet)
-    try:
-        yield
-    except ConfigError:  # already one line (e.g. ask's --out on a full disk: that folder, not the records)
-        raise
-    except Exception as e:
-        if disk_full(e):
-            raise DiskFull(disk_full_line(storage, tracker() if callable(tracker) else tracker, again)) from None
-        raise
-    finally:
-        logger.removeFilter(quiet)
-
-
-def disk_full_line(storage: str, tracker: Any, again: str | None = None) -> str:
-    """The one line for a disk that filled up mid-study: the local files of the study's records
-    (Optuna's SQLite file, MLflow's SQLite store, the spool) on a disk with under 1 MiB free (all
-    of them, when none is) with the free space left, and what to do; ``again`` says what the
-    same command does then (default: a study's, the cut-short trial settled and run again)."""
-    import shutil
-
-    files = []
-    uris = [storage] + ([tracker.tracking_uri] if tracker is not None else [])
-    for uri in uris:
-        if isinstance(uri, str) and uri.startswith("sqlite:///"):
-            files.append(uri[len("sqlite:///"):].split("?", 1)[0])
-    spool = getattr(getattr(tracker, "client", None), "path", None)
-    if spool is not None and getattr(tracker.client, "_spool_on", False):
-        files.append(str(spool))
-    where, full = [], []
-    for f in dict.fromkeys(files):
+    with quiet_disk_full_logs():
         try:
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(f)) or ".").free
-        except OSError:
-            where.append(f)
-            continue
-        where.append(f"{f} ({free / 2**20:.1f} MiB free)")
-        if free < 2**20:  # the full one(s), when the records are on several disks
-            full.append(where[-1])
-    where = full or where
-    return ("disk full while recording the study" + (f" in {', '.join(where)}" if where else "")
-            + ": finished trials are kept; free space on that disk (or point --storage / --mlflow-uri "
-            "elsewhere) and run the same command: " + (again or "the cut-short trial is settled and run again"))
+            yield
+        except ConfigError:  # already one line (e.g. ask's --out on a full disk: that folder, not the records)
+            raise
+        except Exception as e:
+            if disk_full(e):
+                raise DiskFull(disk_full_line(storage, tracker() if callable(tracker) else tracker, again)) from None
+            raise
 
 
 def objective_for_plans(spec: Any) -> Any:

@@ -150,14 +150,14 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
               validations: int, propose_only: bool = False, quiet: bool = False,
               verbose: bool = False, usd_per_gpu_hour: Optional[float] = None) -> tuple[Any, Any]:
     """:func:`allocopt.study.race.run_race` of ``s`` with a live display on stderr (none with
-    ``quiet``) and the study's MLflow tracker (:func:`allocopt.cli.common.tracked`); the regime
+    ``quiet``) and the study's MLflow tracker (:func:`allocopt.cli.common.tracked_command`); the regime
     table goes on the parent run. Bad input (pilot fraction, space, pilot count, a budget too
     small, storage) is refused before anything is recorded. ``usd_per_gpu_hour``
     (``--budget-usd``): the wall-time estimate states the runs in dollars. Returns
     ``(RaceResult, tracker)``."""
     from dataclasses import replace
 
-    from allocopt.cli.common import check_storage, load_workload, tracked
+    from allocopt.cli.common import check_storage, load_workload, tracked_command
     from allocopt.cli.live import StudyDisplay
     from allocopt.race import check_pilot_fraction, pilot_grid
     from allocopt.study.race import run_race
@@ -192,7 +192,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
                                                 bool(s.space.models))), "regime_table.txt")
         return res
 
-    return tracked(s, storage, mlflow_uri, no_mlflow, work)
+    return tracked_command(s, storage, mlflow_uri, no_mlflow, work)
 
 
 def _race_left(s: Any, settings: Any, storage: str, workload: Any, validations: int) -> Any:

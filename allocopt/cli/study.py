@@ -126,19 +126,21 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
 def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
                verbose: bool = False, usd_per_gpu_hour: Optional[float] = None) -> tuple[Any, Any]:
     """:func:`allocopt.study.loop.run_study` of ``s`` (plain BO) with a live display on stderr
-    and the study's MLflow tracker (:func:`allocopt.cli.common.tracked`). Bad input (a budget
+    and the study's MLflow tracker (:func:`allocopt.cli.common.tracked_command`). Bad input (a budget
     no allocation can use, the storage, MLflow's store, the study's terms) is refused before
     anything is recorded. ``usd_per_gpu_hour`` (``--budget-usd``): the wall-time estimate
     states the runs in dollars. Returns ``(study, tracker)``."""
-    from allocopt.cli.common import check_storage, load_workload, probe_tracking, tracked
+    from allocopt.cli.common import check_storage, load_workload, probe_interrupt_exits, tracked_command
     from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
     from allocopt.study.loop import run_study, work_left
     from allocopt.study.open import StudyError, open_study
+    from allocopt.tracking.lifecycle import probe_tracking
 
     obj, workload = load_workload(s)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
     if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
-        probe_tracking(s.name, mlflow_uri)
+        with probe_interrupt_exits():
+            probe_tracking(s.name, mlflow_uri)
     try:
         with err.status("opening the study..."):
             opened = open_study(s, storage)
@@ -162,7 +164,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
                              on_wait=lambda done, running: live.note(
                                  f"waiting for {running} full run(s) on other workers ({done} of {s.trials} done)"))
 
-    return tracked(s, storage, mlflow_uri, no_mlflow, work)
+    return tracked_command(s, storage, mlflow_uri, no_mlflow, work)
 
 
 def print_plans(s: Any) -> None:

@@ -107,7 +107,8 @@ Modules
 :mod:`~allocopt.tracking.tracker` (:class:`StudyTracker`: store, experiment, parent run),
 :mod:`~allocopt.tracking.trials` (the trial runs), :mod:`~allocopt.tracking.reconcile` (runs a
 stopped worker left RUNNING, ended to match Optuna: on another worker's stale-heartbeat
-callback and when a tracker closes).
+callback and when a tracker closes), :mod:`~allocopt.tracking.lifecycle` (the tracker's
+lifecycle: the store probed, the tracker made, work run with it, the tracker closed).
 """
 
 from allocopt.tracking.layout import (CURVE_FIELDS, DEFAULT_TRACKING_URI, EXPERIMENT_KIND, FIDELITIES, STATES,

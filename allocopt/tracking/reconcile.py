@@ -2,7 +2,7 @@
 (killed, or a second Ctrl-C cut its clean-up short) are ended to match the trial's state in
 Optuna. One path for both moments it is needed: when another worker fails a dead worker's
 trial (the stale-heartbeat callback, :func:`allocopt.store.settle.on_stale`) and when a study's
-tracker closes (:func:`allocopt.cli.common.close_tracker`).
+tracker closes (:func:`allocopt.tracking.lifecycle.close_tracker`).
 """
 
 from __future__ import annotations
