@@ -119,3 +119,23 @@ def test_a_real_trial_at_each_size_stays_within_its_budget(size):
     res = obj.run(plan, seed=0)
     assert 0 < res.spent.executed.total_flops <= 3e10
     assert 0 <= res.targets["pass_at_1"] <= 1
+
+
+def test_the_model_size_study_file_plans_every_size(cli):
+    """`allocopt study --spec studies/tiny-sizes.toml --dry-run` lists a plan of every (size,
+    reward system, G, rho level) with its size in its own column, and a size's plan is the
+    one `allocopt plan` makes for it (iterations match make_plan at that size)."""
+    from allocopt.plan.allocation import Allocation, make_plan
+    from allocopt.spec import StudySpec
+    from objectives.tiny import make
+
+    spec = StudySpec.from_toml("studies/tiny-sizes.toml")
+    r = cli("study", "--spec", "studies/tiny-sizes.toml", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["tiny"], ["small"])]
+    n = len(spec.space.rewards) * len(spec.space.group_sizes) * 8
+    assert [x[0] for x in rows].count("tiny") == n and [x[0] for x in rows].count("small") == n
+    w = make().workload()
+    for size in spec.space.models:
+        row = next(x for x in rows if x[:4] == [size, "sparse", "4", "0.50"])
+        assert int(row[7]) == make_plan(3e11, Allocation(0.5, 4, "sparse", model=size), w).iterations

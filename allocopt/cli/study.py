@@ -187,17 +187,19 @@ def print_plans(s: Any) -> None:
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
     epochs = any(p is not None and p.epochs is not None for _, p, _ in plans)
-    for c in ("reward", "G", "rho", "got", "mu", "batch", "iters", *(("ep",) if epochs else ()),
+    models = len(s.space.models) > 1  # a model-size study: which policy each plan trains
+    for c in (*(("model",) if models else ()), "reward", "G", "rho", "got", "mu", "batch", "iters", *(("ep",) if epochs else ()),
               "search", "learn", "rwd", *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
-        t.add_column(c, justify="left" if c in ("reward", "note") else "right")
+        t.add_column(c, justify="left" if c in ("model", "reward", "note") else "right")
     for a, p, note in plans:
+        lead = (str(a.model),) if models else ()
         if p is None:
-            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * ((9 if tb else 7) + epochs),
+            t.add_row(*lead, a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * ((9 if tb else 7) + epochs),
                       f"[red]{note}[/]")
         else:
             e = p.expected.executed
             share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
-            t.add_row(a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
+            t.add_row(*lead, a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
                       f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
                       *((("-" if p.epochs is None else f"{p.epochs:.1f}"),) if epochs else ()),
                       share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
