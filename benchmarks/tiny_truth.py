@@ -38,7 +38,7 @@ The paper's three questions:
 Noise: the seed-to-seed sd of each target at a cell (cells with >= 2 seeds; median and pooled)
 against the evaluation's binomial sd at the cell's mean.
 
-Pilot design (:func:`pilot_design`): at no more pilot compute than ``studies/tiny.toml`` (30
+Pilot design (:func:`pilot_design`): at no more pilot compute than the tiny study's RACE design before the grid (30
 pilots at 25 %: 7.5 full runs), at every pilot fraction the table measured (25 %: 6 pilots per
 reward system; 10 %: 15), each candidate design (RACE's own grid, or k measured ρ levels × a set
 of G; RACE's kernel width 0.2, 0.35 or 0.5) is replayed from the table's pilot rows (the
@@ -729,8 +729,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=2000, help="bootstrap draws (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     ap.add_argument("--design-draws", type=int, default=40, help="replays per pilot design and pair (default 40)")
-    ap.add_argument("--study", type=Path, default=Path(__file__).resolve().parents[1] / "studies" / "tiny.toml",
-                    help="study file whose pilot design is replayed beside the candidates (default studies/tiny.toml)")
+    ap.add_argument("--study", type=Path, default=Path(__file__).resolve().parent / "tiny_grid" / "tiny_race.toml",
+                    help="study file whose RACE pilot design is replayed beside the candidates (default "
+                         "benchmarks/tiny_grid/tiny_race.toml)")
     a = ap.parse_args(argv)
     if a.draws < 10:
         print(f"--draws={a.draws}: must be >= 10", file=sys.stderr)

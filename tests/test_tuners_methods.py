@@ -105,7 +105,7 @@ def test_race_replays_the_study_files_design(world, tmp_path, monkeypatch):
     study = tmp_path / "s.toml"
     head = 'budget_flops = 1e12\ntarget = "pass@1"\npilots = 12\n'
     study.write_text(head + "pilot_fraction = 0.25\n[race]\nrho_levels = 3\n")
-    monkeypatch.setenv("ALLOCOPT_TINY_STUDY", str(study))
+    monkeypatch.setenv("ALLOCOPT_RACE_STUDY", str(study))
     from benchmarks.tuners.methods.race import race_terms
 
     f, settings, _, note = race_terms(session(world, 5.0))
@@ -151,3 +151,19 @@ def test_a_failing_method_is_recorded_and_the_rest_go_on(world, monkeypatch):
     rec = run_job(Job("tiny-table", (), "seedmean", 0, "pass_at_1", "grid", 2.0, (1.0, 2.0)))
     assert [r["error"] for r in rec] == ["RuntimeError: no luck"] * 2
     assert all(math.isnan(r["regret_pct"]) for r in rec)
+
+
+def test_the_default_study_files_allocopt_runs_no_pilots_and_its_ablation_and_race_do(world, monkeypatch):
+    """Without overrides: `allocopt` replays studies/tiny.toml (kg, pilots = 0: the choice made
+    on the measured worlds), `allocopt-pilots` the same tuner with up to 70 pilots, and `race`
+    RACE's design in benchmarks/tiny_grid/tiny_race.toml (70 pilots at 10 %)."""
+    monkeypatch.delenv("ALLOCOPT_TINY_STUDY", raising=False)
+    monkeypatch.delenv("ALLOCOPT_RACE_STUDY", raising=False)
+    from allocopt.spec import StudySpec
+    from benchmarks.tuners.methods import race_study, tiny_study
+    from benchmarks.tuners.methods.allocopt import PILOTS_ABLATION, study_terms
+
+    shipped, race = StudySpec.from_toml(tiny_study()), StudySpec.from_toml(race_study())
+    assert (shipped.tuner, shipped.pilots) == ("kg", 0) and (race.tuner, race.pilots) == ("race", 70)
+    assert study_terms(world)[1] == 0 and PILOTS_ABLATION == race.pilots
+    assert get("allocopt-pilots").label == "allocopt with pilots (ablation)"

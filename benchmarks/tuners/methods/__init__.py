@@ -26,10 +26,11 @@ MODULES: dict[str, str] = {
     "botorch-mf": "botorch_mf",
     "race": "race",
     "allocopt": "allocopt",
+    "allocopt-pilots": "allocopt",
 }
 """Method name -> module in this package (the order is the tables' order)."""
 METHODS: tuple[str, ...] = tuple(MODULES)
-PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("allocopt", "race", "kg"))
+PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("allocopt", "allocopt-pilots", "race", "kg"))
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,17 @@ def tiny_study() -> str:
     from pathlib import Path
 
     return os.environ.get("ALLOCOPT_TINY_STUDY", str(Path(__file__).resolve().parents[3] / "studies" / "tiny.toml"))
+
+
+def race_study() -> str:
+    """The study file whose RACE terms the ``race`` method replays: ``$ALLOCOPT_RACE_STUDY``,
+    else ``benchmarks/tiny_grid/tiny_race.toml`` (RACE's 70 pilots at 10 %; the shipped
+    ``studies/tiny.toml`` runs the kg tuner without pilots)."""
+    import os
+    from pathlib import Path
+
+    return os.environ.get("ALLOCOPT_RACE_STUDY",
+                          str(Path(__file__).resolve().parents[3] / "benchmarks" / "tiny_grid" / "tiny_race.toml"))
 
 
 def get(name: str) -> Method:

@@ -30,25 +30,32 @@ def missing() -> str | None:
     return None
 
 
-def study_terms(world: Any) -> tuple[float, int | None, str]:
-    """``(pilot fraction, most pilots, note)`` of the study file on ``world``: no pilots where
-    the world has none at the study's fraction."""
+PILOTS_ABLATION = 70
+"""The ``allocopt-pilots`` ablation's pilot cap: the study file's before the measured worlds
+turned pilots off (``pilots = 70`` at ``pilot_fraction = 0.1``)."""
+
+
+def study_terms(world: Any, pilots: int | None = -1) -> tuple[float, int | None, str]:
+    """``(pilot fraction, most pilots, note)`` of the study file on ``world`` (``pilots``, when
+    not -1, replaces the file's cap): no pilots where the world has none at the study's
+    fraction."""
     from allocopt.spec import StudySpec
 
     study = StudySpec.from_toml(tiny_study())
     f = round(study.pilot_fraction, 4)
-    if study.pilots == 0 or f in world.fractions:
-        return f, study.pilots, ""
+    cap = study.pilots if pilots == -1 else pilots
+    if cap == 0 or f in world.fractions:
+        return f, cap, ""
     return f, 0, f"no pilots: the world has none at {f:g}"
 
 
-def make_tuner(session: Session) -> Any:
+def make_tuner(session: Session, pilots: int | None = -1) -> Any:
     """The study's :class:`~allocopt.tuner.study.KGTuner` on the session's world."""
     from allocopt.race.data import Budgets
     from allocopt.tuner.study import KGTuner
 
     w = session.world
-    f, max_pilots, session.note = study_terms(w)
+    f, max_pilots, session.note = study_terms(w, pilots)
     refused: set = set()
     tuner = KGTuner(w.space, Budgets(w.full_budget_flops, f), max_pilots=max_pilots,
                     seed=session.replication, feasible=lambda a, frac: (a, round(frac, 4)) not in refused)
@@ -56,11 +63,11 @@ def make_tuner(session: Session) -> Any:
     return tuner
 
 
-def run_allocopt(session: Session) -> None:
-    """The study's loop on the session (module docstring)."""
+def run_allocopt(session: Session, pilots: int | None = -1) -> None:
+    """The study's loop on the session (module docstring); ``pilots`` as :func:`study_terms`."""
     from allocopt.race.data import Observation, Run
 
-    tuner = make_tuner(session)
+    tuner = make_tuner(session, pilots)
     w = session.world
     obs: list[Observation] = []
     runs: list[Run] = []
@@ -116,4 +123,8 @@ def time_proposal(world: Any, n_trials: int, repeats: int) -> dict[str, float]:
             "allocopt cpu": statistics.median(t[1] for t in ts[1:])}
 
 
-METHOD = Method("allocopt", "allocopt", OWN, run_allocopt, missing, weight=30)
+METHODS = {
+    "allocopt": Method("allocopt", "allocopt", OWN, run_allocopt, missing, weight=30),
+    "allocopt-pilots": Method("allocopt-pilots", "allocopt with pilots (ablation)", OWN,
+                              lambda s: run_allocopt(s, PILOTS_ABLATION), missing, weight=30),
+}

@@ -2,8 +2,9 @@
 session, for the ablation beside :mod:`benchmarks.tuners.methods.allocopt`.
 
 It runs RACE's loop (:mod:`allocopt.race`) as a study would: its pilot grid
-(:func:`allocopt.race.pilot_grid`; on a table world the design of ``studies/tiny.toml``, or
-``$ALLOCOPT_TINY_STUDY``: its ``pilots``, ``pilot_fraction`` and ``[race]`` table, with pilots at
+(:func:`allocopt.race.pilot_grid`; on a table world the design of
+``benchmarks/tiny_grid/tiny_race.toml``, or ``$ALLOCOPT_RACE_STUDY``: its ``pilots``,
+``pilot_fraction`` and ``[race]`` table, with pilots at
 the full budget when the table has no pilots at that fraction; on a synthetic world RACE's
 defaults at 10 %), then full runs proposed ``BATCH`` per round by its surrogate
 (:func:`allocopt.race.propose`) until the session's compute is spent, with RACE's own
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from benchmarks.tuners.methods import Method, tiny_study
+from benchmarks.tuners.methods import Method, race_study
 from benchmarks.tuners.scoring import OWN
 from benchmarks.tuners.session import Session
 
@@ -44,7 +45,7 @@ def race_terms(session: Session) -> tuple[float, Any, Any, str]:
                 target=target_label(session.target), seed=1000 * session.replication, space=w.space)
     if w.kind != "table":
         return 0.1, RaceSettings(), StudySpec(objective="synthetic", **base), ""
-    study = StudySpec.from_toml(tiny_study())
+    study = StudySpec.from_toml(race_study())
     spec = StudySpec(objective="tiny-table", pilots=study.pilots, pilot_fraction=study.pilot_fraction,
                      race=study.race, **base)
     f = round(study.pilot_fraction, 4)
