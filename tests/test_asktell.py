@@ -111,6 +111,19 @@ def _study(tmp_path):
     run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/a.db")
 
 
+def test_separate_asks_reserve_different_random_points(tmp_path, cli):
+    """One `ask` per job (a new process each) must not draw the first start-up point again: each
+    is seeded by the trials already in the study, as a resumed study is."""
+    _study(tmp_path)
+    url = f"sqlite:///{tmp_path}/a.db"
+    for _ in range(3):
+        r = cli("ask", "--study", "at", "--storage", url, "--out", "asked", "--json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    st = optuna.load_study(study_name="at", storage=url)
+    asked = [t.params["rho"] for t in st.trials if t.state.name == "RUNNING"]
+    assert len(asked) == 3 and len(set(asked)) == 3
+
+
 def test_ask_then_tell_round_trip(tmp_path, cli):
     _study(tmp_path)
     url = f"sqlite:///{tmp_path}/a.db"

@@ -122,9 +122,16 @@ def _ask(study: str, storage: str, new: Any, n: int, fmt: str, out_dir: Path, le
 
     st, spec = _load(study, storage, new)
     workload = _workload_of(spec)
+    from dataclasses import replace
+
+    from allocopt.study.loop import resumed_seed
     from allocopt.study.open import make_sampler
 
-    st.sampler = make_sampler(spec, workload=workload)  # RACE: feasible proposals only
+    # each ask is a new process: seeded as a resumed study is (by the trials already there), or
+    # every ask would draw the first trial's random start-up point again
+    done = len(st.get_trials(deepcopy=False))
+    st.sampler = make_sampler(replace(spec, seed=resumed_seed(spec.seed, done)) if done else spec,
+                              workload=workload)  # RACE: feasible proposals only
     race = hasattr(st.sampler, "suggest")
     dists = distributions(spec, fidelity=True) if race else distributions(spec)
     lr = learning_rate or workload.setup.learning_rate
