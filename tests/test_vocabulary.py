@@ -250,6 +250,21 @@ def test_a_command_study_with_declared_names_end_to_end(cli, tmp_path):
     assert all(math.isfinite(x.data.metrics["cost_usd"]) for x in runs)
     m = cli("best", "--from-mlflow", "own", "--mlflow-uri", ml, "--target", "cost_usd", "--json", cwd=tmp_path)
     assert json.loads(m.stdout)["direction"] == "minimize"
+    parent = next(x for x in c.search_runs([exp.experiment_id]) if "best_cost_usd" in x.data.metrics)
+    assert parent.data.metrics["best_cost_usd"] == pytest.approx(min(t.values[1] for t in done))
+    assert parent.data.metrics["best_aime24"] == pytest.approx(max(t.values[0] for t in done))
+    same = cli("pareto", "--study", "own", "--storage", url, "--objectives", "aime24,total_flops", "--directions",
+               "maximize,maximize", cwd=tmp_path)  # two objectives may share a direction
+    assert same.returncode == 0, same.stderr
+
+
+@pytest.mark.slow  # a 2-trial study whose command always fails: ~10 s
+def test_a_two_target_study_where_nothing_completes_says_so(cli, tmp_path):
+    spec = _study(tmp_path, STUDY.replace("trials = 4", "trials = 2").replace('rewards = ["rule", "orm8b"]', 'rewards = ["rule"]'))
+    (tmp_path / "job.sh").write_text("exit 3\n")
+    r = cli("study", "--spec", spec, "--storage", f"sqlite:///{tmp_path}/f.db", "--no-mlflow", "--no-report", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "error: no trial of study 'own' finished: " in r.stderr and "unknown; targets measured" not in r.stderr
 
 
 def test_ask_tell_with_declared_names(cli, tmp_path):

@@ -63,7 +63,7 @@ def _split(text: str, what: str) -> list[str]:
     if not items:
         raise _problem(f"{what}={text!r}: give one or more names separated by commas")
     twice = next((t for i, t in enumerate(items) if t in items[:i]), None)
-    if twice is not None:
+    if twice is not None and what != "directions":  # two objectives may share a direction
         raise _problem(f"{what}={text!r}: {twice!r} given more than once; give each once")
     return items
 

@@ -36,7 +36,7 @@ err = Console(stderr=True)
 def study(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
-    target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (maximized), or one the study file declares in [targets]. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
+    target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (maximized), or one the study file declares in its \\[targets] table. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
@@ -165,6 +165,17 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
                                  f"waiting for {running} full run(s) on other workers ({done} of {s.trials} done)"))
 
     return tracked_command(s, storage, mlflow_uri, no_mlflow, work)
+
+
+def _nothing_finished(s: Any, rows: list[Any]) -> None:
+    """The end of a study none of whose full-budget trials completed: exit 1 when it ran some
+    (failed or infeasible), else a note."""
+    n_fail = sum(r.state == "FAIL" for r in rows)
+    n_inf = sum(r.state == "INFEASIBLE" for r in rows)
+    if n_fail + n_inf:  # the study ran, and nothing it ran finished: exit 1, not 0
+        fail(f"error: no trial of study {s.name!r} finished: {n_fail} failed, {n_inf} infeasible "
+             "(their errors are in the trial lines above and in MLflow)", 1)
+    out.print("no complete full-budget trial yet")
 
 
 def print_plans(s: Any) -> None:
@@ -311,7 +322,10 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
         from allocopt.query.sources import load_rows_from_study
 
         rows = [r for r in load_rows_from_study(storage, s.name) if r.fidelity == "full"]
-        print_front(rows, list(s.targets), None, f"study {s.name}", "full", vocabulary=s.vocabulary)
+        if any(r.state == "COMPLETE" for r in rows):
+            print_front(rows, list(s.targets), None, f"study {s.name}", "full", vocabulary=s.vocabulary)
+            return
+        _nothing_finished(s, rows)
         return
 
     from allocopt.record import TrialRecord
@@ -326,12 +340,7 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -sign * r.value)
     best = done[0] if done else None
     if best is None:
-        n_fail = sum(r.state == "FAIL" for r in all_rows)
-        n_inf = sum(r.state == "INFEASIBLE" for r in all_rows)
-        if n_fail + n_inf:  # the study ran, and nothing it ran finished: exit 1, not 0
-            fail(f"error: no trial of study {s.name!r} finished: {n_fail} failed, {n_inf} infeasible "
-                 "(their errors are in the trial lines above and in MLflow)", 1)
-        out.print("no complete full-budget trial yet")
+        _nothing_finished(s, all_rows)
         return
     out.print(_top_trials(done[:8], s))
     from allocopt.answer import allocation_text, evidence_line, recommendation_lines

@@ -247,7 +247,8 @@ def _html(rows: Sequence[Any], title: str, keys: Sequence[str], pair: Sequence[s
                              for k in ("search_share", "learning_share", "reward_share")) if b else "–")
         trial = (f"{b['study']}#{b['number']}" if len(studies) > 1 else f"#{b['number']}") if b else "–"
         s = row["rho_star"]
-        star, ci, how = "–", "–", "too few trials to fit" if b else ""
+        minimized = ctx is not None and ctx.direction(row["target"]) == "minimize"
+        star, ci, how = "–", "–", ("none for a minimized target" if minimized else "too few trials to fit") if b else ""
         if s is not None:
             star = _fmt(s.rho, ".2f")
             ci = f"{_fmt(s.interval[0], '.2f')}–{_fmt(s.interval[1], '.2f')}" if s.source != "recommendation" else "–"

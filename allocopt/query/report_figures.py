@@ -99,7 +99,8 @@ def frontier_figure(rows: Sequence[Any], target: str, *, title: str,
             ax.scatter([number(b, "rho")], [number(b, key)], marker="*", s=220, c="red",
                        edgecolors="black", linewidths=0.6, zorder=4)
         e = (rho_stars or {}).get((reward, key))
-        words = "no ρ* (fewer than 3 distinct ρ)"
+        words = ("no ρ* (a minimized target)" if direction == "minimize"
+                 else "no ρ* (fewer than 3 distinct ρ, or too few near the optimum to fit)")
         if e is not None:
             kinds.add(e.source)
             words = _draw_estimate(ax, e)
@@ -230,8 +231,9 @@ def pareto_figure(rows: Sequence[Any], targets: Sequence[str], *, title: str,
     if not full:
         ax.text(0.5, 0.5, "no complete full-budget trial", ha="center", va="center",
                 transform=ax.transAxes, color="0.4")
-    ax.set_xlabel(f"{field_label(ka)} (target, higher is better)")
-    ax.set_ylabel(f"{field_label(kb)} (target, higher is better)")
+    better = {"maximize": "higher is better", "minimize": "lower is better"}
+    ax.set_xlabel(f"{field_label(ka)} (target, {better[directions[0]]})")
+    ax.set_ylabel(f"{field_label(kb)} (target, {better[directions[1]]})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"{title}: Pareto front of {field_label(ka)} and {field_label(kb)} "

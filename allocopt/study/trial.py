@@ -287,10 +287,15 @@ def counts(study: Any) -> dict[str, int]:
 
 def log_final(study: Any, spec: StudySpec, tracker: Any) -> None:
     """The study's final metrics on the parent run: trial counts by fidelity and state, the best
-    full-budget value per target and the best trial's allocation (tags ``allocopt.best.*``)."""
+    full-budget value of each target in its own direction (``best_<key>``) and the allocation of
+    the trial best in the first target (tags ``allocopt.best.*``)."""
     metrics: dict[str, float] = {f"num_{k}": v for k, v in counts(study).items()}
     best = best_row(study)
-    if best is not None:
-        metrics.update({f"best_{k}": best.targets.get(k, best.value) for k in spec.target_keys})
+    done = [r.row() for r in records(study) if r.fidelity == "full" and r.state == "COMPLETE"]
+    for k, d in zip(spec.target_keys, spec.directions):
+        vals = [float(r.targets[k]) for r in done if isinstance(r.targets.get(k), (int, float))
+                and math.isfinite(float(r.targets[k]))]
+        if vals:
+            metrics[f"best_{k}"] = min(vals) if d == "minimize" else max(vals)
     tracker.log_study_summary(best={**(best.params if best else {}),
                                     **({"trial": best.number} if best else {})}, metrics=metrics)
