@@ -155,7 +155,13 @@ class RewardDef:
         from allocopt.plan.hub import model_shape
         from allocopt.tomlio import check_keys
 
+        import os
+
         where = f"rewards.{self.name}"
+        m = str(self.model or "")
+        if self.shape is None and (m.endswith(".json") or m.startswith((".", "/", "~"))) and not os.path.exists(m):
+            raise ConfigError(f"{where}.model={m!r}: no such file or folder (from the working folder "
+                              f"{os.getcwd()}); give a config.json, a folder holding one, a preset or a hub id")
         try:
             if self.shape is not None:
                 check_keys(self.shape, ModelShape, f"{where}.shape")
@@ -299,11 +305,14 @@ class Vocabulary:
 
 def _build(cls_: type, table: str, name: str, fields_: Mapping[str, Any]) -> Any:
     """``cls_(name, **fields_)`` with one-line errors naming ``table.name``."""
-    from allocopt.tomlio import check_keys
+    from dataclasses import fields
 
-    check_keys({k: v for k, v in fields_.items()}, cls_, f"{table}.{name}")
     if "name" in fields_:
         raise ConfigError(f"{table}.{name}.name: the table's key is the name; drop the field")
+    known = sorted(f.name for f in fields(cls_) if f.name != "name")
+    unknown = sorted(set(fields_) - set(known))
+    if unknown:
+        raise ConfigError(f"{table}.{name}: unknown key {unknown[0]!r}; allowed: {', '.join(known)}")
     try:
         return cls_(name, **fields_)
     except TypeError as e:

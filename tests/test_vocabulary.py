@@ -314,3 +314,11 @@ def test_a_minimized_target_is_answered_in_its_own_units(cli, tmp_path):
     assert min(costs) - 5 <= rec["mean"] <= max(costs) + 5
     assert rec["lower"] <= rec["mean"] <= rec["upper"]
     assert f"cost_usd = {min(costs):.3f}" in r.stdout.split("evidence:")[1].splitlines()[0]
+
+
+def test_a_missing_config_file_is_named_as_missing():
+    v = Vocabulary.declare(None, {"orm": {"kind": "model", "model": "configs/none/config.json"}})
+    with pytest.raises(ConfigError, match=r"rewards.orm.model='configs/none/config.json': no such file or folder"):
+        v.price(_workload())
+    with pytest.raises(ConfigError, match=r"targets.x: unknown key 'directon'; allowed: direction, range$"):
+        Vocabulary.declare({"x": {"directon": "up"}})
