@@ -30,7 +30,7 @@ from allocopt.flops import ComputeBreakdown, FlopAccount
 from allocopt.plan.meter import FlopMeter, IterationRecord
 
 __all__ = ["ENTRY_POINT_GROUP", "InfeasiblePlan", "Objective", "ObjectiveUnavailable", "Progress", "TrialFailed",
-           "TrialResult", "get_objective", "objective_names", "objective_targets",
+           "TrialResult", "get_objective", "objective_names", "objective_rewards", "objective_targets",
            "register_objective"]
 
 Progress = Callable[[IterationRecord, FlopMeter], None]
@@ -113,6 +113,7 @@ class Objective(Protocol):
 class _Entry:
     factory: Callable[..., Objective]
     targets: tuple[str, ...] | None
+    rewards: tuple[str, ...] | None = None
 
 
 ENTRY_POINT_GROUP = "allocopt.objectives"
@@ -125,7 +126,8 @@ point on first use)."""
 
 
 def register_objective(name: str, factory: Callable[..., Objective], *,
-                       targets: Sequence[str] | None = None, replace: bool = False) -> None:
+                       targets: Sequence[str] | None = None, replace: bool = False,
+                       rewards: Sequence[str] | None = None) -> None:
     """Make ``get_objective(name, **settings)`` call ``factory(**settings)``.
 
     Installed packages declare their objectives as entry points of group
@@ -139,6 +141,9 @@ def register_objective(name: str, factory: Callable[..., Objective], *,
         targets: the target keys its results report (``pass_at_1``, …), so a study can refuse
             a target it does not report before any trial runs; ``None``: not known in advance.
         replace: allow replacing an objective registered under the same name.
+        rewards: the reward systems its trials can score, so a study can refuse a reward system
+            (built in or declared in its study file) the objective cannot run before any trial;
+            ``None``: any (the ``command`` objective runs the user's own job).
 
     Raises:
         ValueError: ``name`` is empty or already registered (and not ``replace``).
@@ -147,7 +152,8 @@ def register_objective(name: str, factory: Callable[..., Objective], *,
         raise ValueError(f"name={name!r}: an objective needs a non-empty name")
     if name in _REGISTRY and not replace:
         raise ValueError(f"objective={name!r}: already registered (pass replace=True to replace it)")
-    _REGISTRY[name] = _Entry(factory, None if targets is None else tuple(targets))
+    _REGISTRY[name] = _Entry(factory, None if targets is None else tuple(targets),
+                             None if rewards is None else tuple(rewards))
 
 
 def _entry_points() -> dict[str, Any]:
@@ -172,17 +178,24 @@ def objective_targets(name: str) -> tuple[str, ...] | None:
     return _entry(name).targets
 
 
+def objective_rewards(name: str) -> tuple[str, ...] | None:
+    """The reward systems objective ``name`` can score (``None``: any, or not declared).
+    Raises ``ValueError`` (one line) for an unknown name."""
+    return _entry(name).rewards
+
+
 def _entry(name: str) -> _Entry:
     """Objective ``name``: registered in this process, else loaded from its entry point (the
-    loaded object is the factory; its ``targets`` attribute, if any, the targets it reports)."""
+    loaded object is the factory; its ``targets`` and ``rewards`` attributes, if any, the targets
+    it reports and the reward systems it scores)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     ep = _entry_points().get(name)
     if ep is None:
         raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(objective_names())}")
     factory = ep.load()
-    targets = getattr(factory, "targets", None)
-    register_objective(name, factory, targets=targets, replace=True)
+    register_objective(name, factory, targets=getattr(factory, "targets", None), replace=True,
+                       rewards=getattr(factory, "rewards", None))
     return _REGISTRY[name]
 
 

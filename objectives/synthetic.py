@@ -355,3 +355,4 @@ def make(**settings: Any) -> SyntheticObjective:
 
 
 make.targets = COMMON_TARGETS  # type: ignore[attr-defined]
+make.rewards = REWARDS  # type: ignore[attr-defined]

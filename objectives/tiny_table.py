@@ -402,3 +402,4 @@ def make(**settings: Any) -> TinyTableObjective:
 
 
 make.targets = COMMON_TARGETS  # type: ignore[attr-defined]
+make.rewards = ("sparse", "structured", "dense", "proxy_prm", "prm")  # type: ignore[attr-defined]  # a table measures these

@@ -322,3 +322,22 @@ def test_a_missing_config_file_is_named_as_missing():
         v.price(_workload())
     with pytest.raises(ConfigError, match=r"targets.x: unknown key 'directon'; allowed: direction, range$"):
         Vocabulary.declare({"x": {"directon": "up"}})
+
+
+def test_an_objective_that_cannot_score_a_declared_reward_refuses_it_before_any_trial(cli, tmp_path):
+    """The synthetic objective scores the built-in reward systems only: a study of it with a
+    declared `rule` system is refused in one line, exit 2, nothing run."""
+    text = (STUDY.replace('objective = "command"', 'objective = "synthetic"')
+            .replace('target = ["aime24", "cost_usd"]', 'target = "pass@1"')
+            .replace('rewards = ["rule", "orm8b"]', 'rewards = ["rule", "sparse"]')
+            .split("[objective_settings]")[0])
+    spec = _study(tmp_path, text)
+    url = f"sqlite:///{tmp_path}/r.db"
+    r = cli("study", "--spec", spec, "--storage", url, "--no-mlflow", "--no-report", cwd=tmp_path)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "reward='rule': the synthetic objective scores sparse, structured, dense, proxy_prm, prm only" in r.stderr
+    import optuna
+
+    assert optuna.study.get_all_study_summaries(url) == [] or all(
+        s.n_trials == 0 for s in optuna.study.get_all_study_summaries(url))

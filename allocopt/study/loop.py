@@ -188,6 +188,24 @@ def check_targets(spec: StudySpec, objective: Any) -> None:
     if missing:
         raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
                          f"{', '.join(declared or ())}")
+    check_rewards(spec, objective)
+
+
+def check_rewards(spec: StudySpec, objective: Any) -> None:
+    """Raises :class:`StudyError` when the objective declares the reward systems it scores and
+    one of the study's space is not among them (a declared reward system priced by the study
+    file but that the objective cannot run; the ``command`` objective declares none)."""
+    from allocopt.objective import objective_rewards
+
+    try:
+        scores = objective_rewards(getattr(objective, "name", spec.objective))
+    except ValueError:
+        scores = None
+    bad = [r for r in spec.space.rewards if scores is not None and r not in scores]
+    if bad:
+        raise StudyError(f"reward={bad[0]!r}: the {spec.objective} objective scores "
+                         f"{', '.join(scores or ())} only; run a declared reward system with the "
+                         "command objective (your own job) or ask/tell")
 
 
 def prepare_study(spec: StudySpec, study: Any, sampler: Any, *, resample: bool, workload: Workload,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from objectives import COMMON_TARGETS
+from objectives.rewards.base import REWARD_NAMES
 
 
 def make(**settings: Any) -> Any:
@@ -16,3 +17,4 @@ def make(**settings: Any) -> Any:
 
 
 make.targets = COMMON_TARGETS
+make.rewards = REWARD_NAMES  # the reward systems its trials can score
