@@ -334,6 +334,12 @@ class StudySpec:
         return self.target_keys[0]
 
     @property
+    def sign(self) -> float:
+        """+1 when the (first) target is maximized, -1 when minimized: a tuner maximizes
+        ``sign × value``."""
+        return self.vocabulary.target(self.targets[0]).sign
+
+    @property
     def multi_objective(self) -> bool:
         return len(self.targets) > 1
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -209,8 +208,6 @@ def test_a_workload_without_the_price_refuses_the_plan():
 # -------------------------------------------------------------------- end to end
 @pytest.mark.slow  # a study through the command objective, MLflow on: ~20 s
 def test_a_command_study_with_declared_names_end_to_end(cli, tmp_path):
-    if shutil.which("sh") is None:
-        pytest.skip("needs sh")
     spec = _study(tmp_path)
     url, ml = f"sqlite:///{tmp_path}/own.db", f"sqlite:///{tmp_path}/mlflow.db"
     dry = cli("study", "--spec", spec, "--dry-run", cwd=tmp_path)

@@ -189,7 +189,7 @@ class StudyDisplay:
         total = self._total[kind]
         self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
                         count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
-        sign = -1.0 if self.spec.directions[0] == "minimize" else 1.0
+        sign = self.spec.sign
         if fidelity == "full" and row.state == "COMPLETE" and (self.best is None
                                                                or sign * row.value > sign * self.best.value):
             self.best = row

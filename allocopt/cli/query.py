@@ -58,12 +58,13 @@ def _problem(msg: str) -> Exception:
     return QueryError(msg)
 
 
-def _split(text: str, what: str) -> list[str]:
+def _split(text: str, what: str, unique: bool = True) -> list[str]:
+    """``text``'s comma-separated items; ``unique``: each at most once."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise _problem(f"{what}={text!r}: give one or more names separated by commas")
     twice = next((t for i, t in enumerate(items) if t in items[:i]), None)
-    if twice is not None and what != "directions":  # two objectives may share a direction
+    if twice is not None and unique:
         raise _problem(f"{what}={text!r}: {twice!r} given more than once; give each once")
     return items
 
@@ -193,7 +194,7 @@ def pareto(
 
         raise ConfigError("objectives/target: give the front's targets one way, --objectives a,b or --target a --target b")
     given = _split(objectives, "objectives") if objectives else list(target) if target else None  # before the storage is opened
-    dirs = _split(directions, "directions") if directions else None
+    dirs = _split(directions, "directions", unique=False) if directions else None  # two objectives may share one
     rows, source, study = _load(**trials, fidelity=fidelity)
     stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
     names = given or stored_objectives(*stored)

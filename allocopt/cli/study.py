@@ -336,7 +336,7 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     full = {r.number for r in recs if r.fidelity == "full"} - stopped
     all_rows = [r for r in rows(st) if r.number in full]
     n_pilots = len(rows(st)) - len(all_rows) - len(stopped)
-    sign = -1.0 if s.directions[0] == "minimize" else 1.0
+    sign = s.sign
     done = sorted((r for r in all_rows if r.state == "COMPLETE" and r.value == r.value), key=lambda r: -sign * r.value)
     best = done[0] if done else None
     if best is None:
