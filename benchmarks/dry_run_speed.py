@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'moved':>5} {'usable':>6} {'prices':>7}")
     for b in (float(x) for x in args.budgets.split(",")):
         iteration_flops.cache_clear()
-        spec = StudySpec(name="bench", objective="synthetic", budget_flops=b)
+        spec = StudySpec(name="bench", objective="synthetic", budget_flops=b, tuner="race")
         _, pw, pc = _timed(lambda: dry_run(spec, workload))
         grid = pilot_grid(spec.space, RaceSettings(max_pilots=spec.pilots), spec.seed)
         budget = spec.pilot_fraction * b

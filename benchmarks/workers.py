@@ -51,7 +51,7 @@ def main() -> None:
 
     storage = a.storage or f"sqlite:///{tempfile.mkdtemp(prefix='allocopt-bench-')}/b.db"
     spec = StudySpec(name="bench-workers", objective="synthetic", budget_flops=1e19, target="pass@1",
-                     trials=10_000, pilots=a.pilots, seed=0,
+                     tuner="race", trials=10_000, pilots=a.pilots, seed=0,
                      space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 4, 8, 16),
                                        rewards=("sparse", "dense", "prm")))
     obj = SyntheticObjective()

@@ -105,7 +105,7 @@ def test_verl_overrides_realize_the_plan():
 def _study(tmp_path):
     """A study with two trials run by a worker (the reference for what a trial records)."""
     s = StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
-                  sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
+                  sampler="random", tuner="bo", space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
                                                                 rewards=("sparse", "dense")))
     obj = SyntheticObjective()
     run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/a.db")
@@ -217,7 +217,7 @@ def test_ask_reserved_trials_are_left_to_tell(tmp_path, monkeypatch, cli):
 
     time.sleep(3.5)
     st = open_study(StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
-                              sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
+                              sampler="random", tuner="bo", space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
                                                                             rewards=("sparse", "dense"))), url)
     fail_stale(st)
     assert [t.state.name for t in st.trials].count("RUNNING") == 1

@@ -87,7 +87,9 @@ ROWS = [
      ["target='pass@1'", "more than once", "each target once"]),
     ("study: zero trials", ["study", *SYN, "--budget", "1e18", "--trials", "0"], ["trials=0", ">= 1"]),
     ("study: negative pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "-1"], ["pilots=-1", ">= 0"]),
-    ("study: unknown tuner", ["study", *SYN, "--budget", "1e18", "--tuner", "bo"], ["tuner='bo'", "allowed: kg, race"]),
+    ("study: unknown tuner", ["study", *SYN, "--budget", "1e18", "--tuner", "tpe"], ["tuner='tpe'", "allowed: kg, race, bo"]),
+    ("study: pilots with plain BO", ["study", *SYN, "--budget", "1e18", "--tuner", "bo", "--pilots", "5"],
+     ["pilots=5", "tuner = \"bo\" runs full-budget trials only"]),
     ("study: negative until-gain", ["study", *SYN, "--budget", "1e18", "--tuner", "kg", "--until-gain", "-1"],
      ["until_gain=-1.0", "must be a finite number >= 0"]),
     ("study: until-gain with two targets", ["study", "--objective", "synthetic", "--budget", "1e18", "--tuner", "kg",
@@ -99,7 +101,7 @@ ROWS = [
      ["pilot_fraction=1.5", "(0, 1)"]),
     ("study: quoted pilot fraction in the file", ["study", "--spec", "{tmp}/pf.toml"],
      ["pilot_fraction='0.25'", "must be a number"]),
-    ("study: too few pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "3"],
+    ("study: too few pilots", ["study", *SYN, "--budget", "1e18", "--tuner", "race", "--pilots", "3"],
      ["--pilots 3", "too few", "needs at least"]),
     ("study: unknown sampler", ["study", *SYN, "--budget", "1e18", "--sampler", "foo"], ["sampler='foo'", "allowed: botorch"]),
     ("study: budget below every allocation", ["study", *SYN, "--budget", "1e12", "--pilots", "0", "--no-mlflow",
@@ -831,7 +833,7 @@ def test_report_to_an_unknown_mlflow_run_is_one_line_and_writes_nothing(tmp_path
     from objectives.synthetic import SyntheticObjective
 
     s = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=1,
-                  sampler="random", pilots=0, space=SearchSpace(rewards=("sparse",)))
+                  sampler="random", tuner="bo", space=SearchSpace(rewards=("sparse",)))
     obj = SyntheticObjective()
     run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/r.db")
     r = cli("report", "--study", "r", "--storage", f"sqlite:///{tmp_path}/r.db", "--out", "rep",

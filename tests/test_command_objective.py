@@ -117,7 +117,7 @@ def test_failed_commands_fail_their_trials_and_the_study_goes_on(cli, command_ob
     t0 = time.monotonic()
     r = cli("study", "--objective", "command", "--set", "command=sh job.sh {trial_dir} {trial} {seed}",
             "--set", "timeout_s=2.0", "--set", "log=metrics", "--budget", "1e16", "--trials", "8",
-            "--pilots", "0", "--sampler", "random", "--no-mlflow", "--no-report", "--storage", url,
+            "--tuner", "bo", "--sampler", "random", "--no-mlflow", "--no-report", "--storage", url,
             "--study-name", "s", cwd=tmp_path)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr

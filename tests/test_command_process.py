@@ -48,7 +48,7 @@ with open(os.path.join(folder, "metrics.json"), "w") as f:
     json.dump({"pass@1": 0.5, "search_flops": 1e15, "learning_flops": 1e15, "reward_flops": 0}, f)
 """
 ARGS = ["study", "--objective", "command", "--set", "log=metrics", "--budget", "1e16", "--target", "pass@1",
-        "--trials", "1", "--pilots", "0", "--sampler", "random", "--no-mlflow", "--no-report",
+        "--trials", "1", "--tuner", "bo", "--sampler", "random", "--no-mlflow", "--no-report",
         "--study-name", "s"]
 
 

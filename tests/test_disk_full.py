@@ -230,7 +230,7 @@ def _two_trial_study(disk: Path) -> str:
 
     url = f"sqlite:///{disk}/o.db"
     s = StudySpec(name="at", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
-                  sampler="random", pilots=0, space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
+                  sampler="random", tuner="bo", space=SearchSpace(rho=(0.3, 0.8), group_sizes=(4, 8),
                                                                 rewards=("sparse", "dense")))
     obj = SyntheticObjective()
     run_study(s, objective=obj, workload=obj.workload(), storage=url)

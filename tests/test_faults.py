@@ -235,7 +235,7 @@ def test_nan_target_fails_the_trial_in_optuna_attrs_and_row(tmp_path):
 
     obj = FaultyObjective(nan_at=[1], noise=0.0)
     s = StudySpec(name="n", objective="synthetic", budget_flops=1e18, target="pass@1", trials=3,
-                  sampler="random", pilots=0, space={"rho": [0.6, 0.9], "group_sizes": [4], "rewards": ["sparse"]})
+                  sampler="random", tuner="bo", space={"rho": [0.6, 0.9], "group_sizes": [4], "rewards": ["sparse"]})
     seen = []
     st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/n.db",
                    on_trial_end=lambda row, res: seen.append((row.number, row.state)))

@@ -95,24 +95,25 @@ def test_the_stop_rule_ends_a_study_when_one_more_run_is_worth_too_little(tmp_pa
     assert finished_full(st) == 4 and STOPPED_ATTR not in st.user_attrs
 
 
-def test_a_kg_study_without_a_pilot_count_runs_all_its_full_runs(tmp_path):
-    """``pilots`` unset: pilots worth half the full runs' compute at most (6 trials at 10 %: 30),
-    and the study ends with its 6 full runs (a tuner free to run pilots without end once
-    exhausted the loop's cap first)."""
+def test_a_kg_study_without_a_pilot_count_runs_full_runs_only(tmp_path):
+    """``pilots`` unset: the kg tuner runs no pilot (the leave-one-world-out choice), and the
+    study ends with its 6 full runs; a given count caps them."""
     from allocopt.study.sampler import kg_max_pilots
 
-    s = StudySpec(name="np", objective="synthetic", budget_flops=1e19, trials=6, tuner="kg")  # 5 rewards
-    assert kg_max_pilots(s) == 30 and kg_max_pilots(StudySpec(tuner="kg", pilots=7)) == 7
+    s = StudySpec(name="np", objective="synthetic", budget_flops=1e19, trials=6)  # 5 rewards
+    assert s.tuner == "kg"
+    assert kg_max_pilots(s) == 0 and kg_max_pilots(StudySpec(tuner="kg", pilots=7)) == 7
     obj = SyntheticObjective()
     st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/s.db")
     pilots = sum(t.user_attrs.get("fidelity") == "pilot" for t in st.trials)
-    assert finished_full(st) == 6 and pilots <= 30
+    assert finished_full(st) == 6 and pilots == 0
 
 
 @pytest.mark.parametrize("kw, match", [
     ({"tuner": "kg", "until_gain": 0.01, "target": ("pass@1", "judge")}, "until_gain=0.01: one target only"),
-    ({"tuner": "bo"}, "tuner='bo': allowed: kg, race"),
-    ({"until_gain": 0.01}, "needs tuner = \"kg\""),
+    ({"tuner": "tpe"}, "tuner='tpe': allowed: kg, race, bo"),
+    ({"until_gain": 0.01, "tuner": "race"}, "needs tuner = \"kg\""),
+    ({"tuner": "bo", "pilots": 5}, "pilots=5: tuner = \"bo\" runs full-budget trials only"),
     ({"tuner": "kg", "until_gain": -1.0}, "until_gain=-1.0: must be a finite number >= 0"),
 ])
 def test_bad_tuner_terms_are_one_line(kw, match):
@@ -121,10 +122,28 @@ def test_bad_tuner_terms_are_one_line(kw, match):
 
 
 def test_the_command_line_refuses_bad_tuner_terms_with_exit_code_2(tmp_path, cli):
-    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--tuner", "bo", "--no-mlflow",
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--tuner", "tpe", "--no-mlflow",
             "--storage", f"sqlite:///{tmp_path}/s.db")
-    assert r.returncode == 2 and "tuner='bo': allowed: kg, race" in r.stderr
+    assert r.returncode == 2 and "tuner='tpe': allowed: kg, race, bo" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.db").exists()
-    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--until-gain", "0.01", "--no-mlflow",
-            "--storage", f"sqlite:///{tmp_path}/s.db")
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--tuner", "race", "--until-gain", "0.01",
+            "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/s.db")
     assert r.returncode == 2 and "needs tuner" in r.stderr and not (tmp_path / "s.db").exists()
+
+
+def test_a_study_resumes_under_the_tuner_it_ran_with_only(tmp_path):
+    """A study begun by one tuner and resumed by another would mix two designs (e.g. RACE's
+    pilot grid under the kg tuner, after the default changed): refused in one line."""
+    from dataclasses import replace
+
+    from allocopt.errors import StudyError
+
+    s = StudySpec(name="t", objective="synthetic", budget_flops=1e19, trials=1, tuner="bo",
+                  sampler="random", space=SPACE)
+    obj = SyntheticObjective()
+    url = f"sqlite:///{tmp_path}/s.db"
+    run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    with pytest.raises(StudyError, match="it was run with tuner 'bo', not 'kg'"):
+        run_study(replace(s, tuner="kg", trials=2), objective=obj, workload=obj.workload(), storage=url)
+    st = run_study(replace(s, trials=2), objective=obj, workload=obj.workload(), storage=url)
+    assert finished_full(st) == 2

@@ -141,7 +141,7 @@ class Failing(SyntheticObjective):
 
 def study_spec(name, trials):
     return StudySpec(name=name, objective="synthetic", budget_flops=1e18, target="pass@1", trials=trials,
-                     sampler="random", seed=0, pilots=0,
+                     sampler="random", seed=0, tuner="bo",
                      space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "dense", "prm")))
 
 
@@ -299,7 +299,7 @@ def test_cli_report_into_the_studys_parent_run(studies, capsys, tmp_path):
 def _two_target_study(storage: str, name: str, trials: int) -> None:
     """A synthetic study run for pass@1 and judge (random sampler, no pilots) in ``storage``."""
     s = StudySpec(name=name, objective="synthetic", budget_flops=1e18, target=("pass@1", "judge"),
-                  trials=trials, sampler="random", seed=0, pilots=0,
+                  trials=trials, sampler="random", seed=0, tuner="bo",
                   space=SearchSpace(rho=(0.2, 0.9), group_sizes=(8,), rewards=("sparse", "prm")))
     obj = SyntheticObjective()
     run_study(s, objective=obj, workload=obj.workload(), storage=storage)

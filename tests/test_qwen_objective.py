@@ -174,7 +174,7 @@ def _sets(qwen_world, tmp_path, **over):
 def test_study_cli_runs_two_qwen_trials(qwen_world, tmp_path):
     t0 = time.perf_counter()
     r = _cli("study", "--objective", "qwen", "--budget", "2e10", "--target", "pass@1",
-             "--trials", "2", "--pilots", "0", "--sampler", "random", "--no-mlflow",
+             "--trials", "2", "--tuner", "bo", "--sampler", "random", "--no-mlflow",
              "--storage", f"sqlite:///{tmp_path / 'o.db'}", "--study-name", "q",
              *_sets(qwen_world, tmp_path))
     print(f"study wall {time.perf_counter() - t0:.0f}s\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")

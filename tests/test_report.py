@@ -31,7 +31,7 @@ def study(tmp_path_factory):
     d = tmp_path_factory.mktemp("report-study")
     storage = f"sqlite:///{d}/optuna.db"
     spec = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=9,
-                     sampler="random", seed=0, pilots=0,
+                     sampler="random", seed=0, tuner="bo",
                      space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "dense", "prm")))
     st = open_study(spec, storage)
     for rho, reward in ((0.45, "prm"), (0.7, "sparse")):
@@ -91,7 +91,7 @@ def _race_study(store_answer):
     from allocopt.race import RaceSettings, Recommendation
 
     spec = StudySpec(name="rr", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
-                     sampler="random", seed=0, pilots=0,
+                     sampler="random", seed=0, tuner="bo",
                      space=SearchSpace(rho=(0.2, 0.8), group_sizes=(4, 8), rewards=("sparse", "prm")))
     st = open_study(spec, None)
     for reward in ("sparse", "prm"):

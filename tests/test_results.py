@@ -14,7 +14,7 @@ from objectives.synthetic import SyntheticObjective
 
 
 def _spec(**kw):
-    base = dict(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4, pilots=0,
+    base = dict(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4, tuner="bo",
                 sampler="random", space=SearchSpace(rho=(0.2, 0.5), group_sizes=(2, 8),
                                                     rewards=("sparse", "prm")))
     return StudySpec(**{**base, **kw})

@@ -25,7 +25,7 @@ def _dead_pid() -> int:
 
 def _spec(**kw) -> StudySpec:
     return StudySpec(name="st", objective="synthetic", budget_flops=1e18, target="pass@1", trials=2,
-                     pilots=0, sampler="random", space=SearchSpace(rho=(0.2, 0.8), group_sizes=(4,),
+                     tuner="bo", sampler="random", space=SearchSpace(rho=(0.2, 0.8), group_sizes=(4,),
                                                                   rewards=("sparse",)), **kw)
 
 

@@ -26,7 +26,7 @@ def _workers_and_kill(url: str, tmp_path: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": str(INTERVAL_S),
            "ALLOCOPT_GRACE_S": str(GRACE_S)}
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
-            "--target", "pass@1", "--pilots", "0", "--sampler", "random", "--trials", "4", "--no-mlflow",
+            "--target", "pass@1", "--tuner", "bo", "--sampler", "random", "--trials", "4", "--no-mlflow",
             "--no-report", "--study-name", "busy", "--storage", url, "--set", f"sleep_s={TRIAL_S}"]
     procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / f"w{i}.txt", "w")) for i in range(2)]

@@ -33,7 +33,7 @@ class Counting(SyntheticObjective):
 
 def spec(**kw):
     base = dict(name="t", objective="synthetic", budget_flops=1e18, target="pass@1", trials=6,
-                sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8), rewards=("sparse", "prm")))
+                sampler="random", tuner="bo", space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8), rewards=("sparse", "prm")))
     return StudySpec(**{**base, **kw})
 
 
@@ -177,7 +177,7 @@ def test_cli_bad_spec_exit_2(tmp_path, toml, needle, cli):
 def test_cli_sigint_then_resume(tmp_path):
     """SIGINT to a running study: finished trials are kept, none is run twice on resume."""
     args = [sys.executable, "-m", "allocopt.cli", "study", "--objective", "synthetic", "--budget", "1e18",
-            "--target", "pass@1", "--trials", "400", "--sampler", "random", "--pilots", "0", "--no-mlflow",
+            "--target", "pass@1", "--trials", "400", "--sampler", "random", "--tuner", "bo", "--no-mlflow",
             "--study-name", "sig", "--storage", f"sqlite:///{tmp_path}/s.db"]
     # Ctrl-C inside a database call may leave the trial to its stale heartbeat: short times here
     env = {**__import__("os").environ, "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "2"}
@@ -271,7 +271,7 @@ def test_cli_study_leaves_the_pilot_count_to_race(tmp_path, monkeypatch):
     monkeypatch.setattr("allocopt.cli.study.print_study_summary", lambda *a, **k: None)
     for extra, want in (([], None), (["--pilots", "30"], 30)):  # 30: 6 for each of the 5 reward systems
         res = CliRunner().invoke(app, ["study", "--objective", "synthetic", "--budget", "1e19",
-                                       "--target", "pass@1", "--no-mlflow",
+                                       "--target", "pass@1", "--tuner", "race", "--no-mlflow",
                                        "--storage", f"sqlite:///{tmp_path}/w.db", *extra])
         assert res.exit_code == 0, res.output
         assert seen[-1] == want
@@ -295,7 +295,7 @@ def test_the_study_files_race_table_reaches_race_and_flags_go_over_it(tmp_path, 
     monkeypatch.setattr(cr, "print_race", lambda *a, **k: None)
     monkeypatch.setattr("allocopt.cli.study.print_study_summary", lambda *a, **k: None)
     f = tmp_path / "s.toml"
-    f.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\npilots = 20\n'
+    f.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\ntuner = "race"\npilots = 20\n'
                  '[space]\ngroup_sizes = [4]\nrewards = ["sparse", "prm"]\n'
                  '[race]\nbandwidth = 0.35\nrho_levels = 4\nrepeats = 2\n')
     url = f"sqlite:///{tmp_path}/w.db"

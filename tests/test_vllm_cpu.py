@@ -287,7 +287,7 @@ def test_study_cli_runs_two_trl_vllm_trials(vllm_world, tmp_path):
     each trial in its own spawned process, vLLM colocated in it."""
     t0 = time.perf_counter()
     args = ["study", "--objective", "qwen", "--budget", "2e10", "--target", "pass@1", "--trials", "2",
-            "--pilots", "0", "--sampler", "random", "--no-mlflow",
+            "--tuner", "bo", "--sampler", "random", "--no-mlflow",
             "--storage", f"sqlite:///{tmp_path / 'o.db'}", "--study-name", "v"]
     for k, v in settings(vllm_world, tmp_path).items():
         args += ["--set", f"{k}={v}"]

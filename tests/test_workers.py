@@ -48,7 +48,7 @@ def test_heartbeat_settings_checked(monkeypatch):
 
 def _spec(**kw):
     base = dict(name="w", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
-                sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8),
+                sampler="random", tuner="bo", space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8),
                                                               rewards=("sparse", "prm")))
     return StudySpec(**{**base, **kw})
 

@@ -126,7 +126,7 @@ def test_workers_share_a_study_each_with_its_gpu(tmp_path):
     url = f"sqlite:///{tmp_path}/w.db"
     r = subprocess.run([sys.executable, "-m", "allocopt.cli", "workers", "--gpus", "0,1", "--",
                         "--objective", "command", "--set", "command=sh job.sh {trial_dir}", "--set", "log=metrics",
-                        "--budget", "1e19", "--trials", "6", "--pilots", "0",
+                        "--budget", "1e19", "--trials", "6", "--tuner", "bo",
                         "--sampler", "random", "--no-mlflow", "--no-report", "--storage", url,
                         "--study-name", "w"], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -156,7 +156,7 @@ def test_workers_run_exactly_the_trials_asked(tmp_path):
     url = f"sqlite:///{tmp_path}/t.db"
     r = subprocess.run([sys.executable, "-m", "allocopt.cli", "workers", "--gpus", "0,1,2", "--",
                         "--objective", "synthetic", "--set", "sleep_s=1", "--budget", "1e19", "--trials", "5",
-                        "--pilots", "0", "--sampler", "random", "--no-mlflow", "--no-report",
+                        "--tuner", "bo", "--sampler", "random", "--no-mlflow", "--no-report",
                         "--storage", url, "--study-name", "t"], capture_output=True, text=True, timeout=600,
                        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1",
                                           "ALLOCOPT_GRACE_S": "8"})
@@ -186,7 +186,7 @@ def test_running_full_counts_live_workers_only(tmp_path, monkeypatch):
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "2")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "600")
     spec = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
-                     sampler="random", pilots=0, space=SearchSpace(rho=(0.2, 0.9)))
+                     sampler="random", tuner="bo", space=SearchSpace(rho=(0.2, 0.9)))
     st = open_study(spec, f"sqlite:///{tmp_path}/r.db")
     storage = storage_of(st)
     sid = storage.get_study_id_from_name("r")
@@ -219,7 +219,7 @@ def test_worker_seeds_differ_in_any_start_order(monkeypatch):
     from dataclasses import replace
 
     spec = StudySpec(name="s", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
-                     sampler="random", pilots=0, seed=7, space=SearchSpace(rho=(0.2, 0.9)))
+                     sampler="random", tuner="bo", seed=7, space=SearchSpace(rho=(0.2, 0.9)))
     dist = {"rho": optuna.distributions.FloatDistribution(0.2, 0.9)}
 
     def first(worker: int, n: int) -> float:

@@ -1,6 +1,6 @@
-"""``allocopt study``: Bayesian optimization of the allocation, with RACE pilots unless
-``--pilots 0``; and the summary it prints at the end (the one answer, the best observed trial
-as evidence, the counts).
+"""``allocopt study``: Bayesian optimization of the allocation (the kg tuner by default, RACE's
+pilot grid with ``--tuner race``); and the summary it prints at the end (the one answer, the
+best observed trial as evidence, the counts).
 
 The command parses (:func:`allocopt.cli.common.read_spec`: the study file read and the budget
 parsed once), runs the study with one library call (:func:`allocopt.study.race.run_race` through
@@ -44,10 +44,10 @@ def study(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
-    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner race --pilots 0, or several targets): botorch, gp or random. \\[default: the spec's, else botorch]"),
-    pilots: Optional[int] = typer.Option(None, help="Pilots at --pilot-fraction of the budget. --tuner race: its pilot points, run first, then surrogate proposals (0: plain BO with --sampler; default 60 or more: enough for every reward system × model). --tuner kg: the most pilots it may run, each only when worth its FLOPs (0: none; default: pilots worth half the full runs' compute). \\[default: the spec's]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner bo, or several targets): botorch, gp or random. \\[default: the spec's, else botorch]"),
+    pilots: Optional[int] = typer.Option(None, help="Pilots at --pilot-fraction of the budget. --tuner race: its pilot points, run first, then surrogate proposals (0: plain BO with --sampler; default 60 or more: enough for every reward system × model). --tuner kg: the most pilots it may run, each only when worth its FLOPs (default 0: full runs only). \\[default: the spec's]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
-    tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth; race: RACE's pilot grid, then proposals. \\[default: the spec's, else race]"),
+    tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth; race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
@@ -103,10 +103,10 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
     if replicates is not None and s.tuner == "kg":
         raise ConfigError(f"replicates={replicates}: RACE only; the kg tuner repeats a run itself "
                           "when a repeat is worth its FLOPs")
-    if replicates is not None and (s.pilots == 0 or s.multi_objective):
+    if replicates is not None and (s.tuner != "race" or s.pilots == 0 or s.multi_objective):
         raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
-                          "plain BO (--pilots 0, or several targets) has no leader to repeat")
-    if s.multi_objective and (s.pilots != 0 or s.tuner == "kg"):
+                          "plain BO (--tuner bo, or several targets) has no leader to repeat")
+    if s.multi_objective and ((s.tuner == "race" and s.pilots != 0) or s.tuner == "kg"):
         err.print(f"note: {len(s.targets)} targets: a multi-objective study runs BoTorch's "
                   f"hypervolume search, without {'the kg tuner or ' if s.tuner == 'kg' else ''}"
                   "pilots (as --pilots 0)", highlight=False)
@@ -230,7 +230,7 @@ def print_plans(s: Any) -> None:
         out.print(f"tuner kg: pilots at {s.pilot_fraction:g} x the budget only when worth their FLOPs, "
                   f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)",
                   highlight=False, markup=False)
-    elif s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
+    elif s.tuner == "race" and s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
         from allocopt.cli.race import pilot_table
 
         table, line = pilot_table(s, workload)

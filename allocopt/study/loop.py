@@ -63,8 +63,8 @@ def run_study(
     ``spec.trials`` finished full-budget trials (complete, infeasible or failed), then store the
     study's final answer.
 
-    With :class:`allocopt.study.sampler.RaceSampler` (the default unless ``spec.pilots == 0`` or
-    several targets) the sampler decides each trial's fidelity: RACE pilots (at
+    With :class:`allocopt.study.sampler.RaceSampler` (``tuner = "race"`` with pilots, one
+    target) the sampler decides each trial's fidelity: RACE pilots (at
     ``spec.pilot_fraction`` of the budget) come first and do not count towards ``spec.trials``,
     then surrogate proposals (full runs, or extra pilots within the RACE settings' budget). The
     loop has two phases then: the pilots, until every grid point is claimed and no re-run waits

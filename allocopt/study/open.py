@@ -17,9 +17,9 @@ from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; impor
 def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:
     """The Optuna sampler of the study: with ``spec.tuner = "kg"`` and one target, a
     :class:`allocopt.study.sampler.RaceSampler` asking the knowledge-gradient tuner
-    (:func:`allocopt.study.sampler.kg_sampler`); else a RaceSampler asking RACE (pilots, then
-    surrogate proposals) unless ``spec.pilots == 0`` or the study has several targets; else the
-    one ``spec.sampler`` names (several targets: BoTorch's qLogNEHVI hypervolume acquisition).
+    (:func:`allocopt.study.sampler.kg_sampler`); with ``tuner = "race"`` a RaceSampler asking RACE
+    (pilots, then surrogate proposals) unless ``spec.pilots == 0`` or the study has several
+    targets; else (``tuner = "bo"``, RACE without pilots, several targets) the one ``spec.sampler`` names (several targets: BoTorch's qLogNEHVI hypervolume acquisition).
     Other workers' RUNNING trials are pending points of the BoTorch acquisition
     (:func:`_ei_candidates`; Optuna's ``GPSampler`` conditions on them itself), and workers started
     by ``allocopt workers`` are seeded ``spec.seed`` + their index (``ALLOCOPT_WORKER``).
@@ -38,7 +38,7 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
         from allocopt.study.sampler import kg_sampler
 
         return kg_sampler(spec, workload)
-    if spec.pilots != 0 and not spec.multi_objective:
+    if spec.tuner == "race" and spec.pilots != 0 and not spec.multi_objective:
         from allocopt.study.sampler import race_sampler
 
         return race_sampler(spec, workload, race_settings)
@@ -102,13 +102,14 @@ def distributions(spec: StudySpec, *, fidelity: bool = False) -> dict[str, Any]:
 
 def check_same_study(study: Any, spec: StudySpec) -> None:
     """Refuse to resume a study under other terms: its trials would be mixed with the new ones
-    (another budget, target, objective or search space). Raises :class:`StudyError`."""
+    (another budget, target, objective, search space or tuner: a RACE study resumed by the kg
+    tuner would mix two designs). Raises :class:`StudyError`."""
     old = study.user_attrs.get("spec")
     if not old:
         return
     new = spec.to_dict()
     for key, label in (("objective", "objective"), ("budget_flops", "budget"), ("target", "target"),
-                       ("space", "search space"), ("pilot_fraction", "pilot fraction")):
+                       ("space", "search space"), ("pilot_fraction", "pilot fraction"), ("tuner", "tuner")):
         a, b = old.get(key), new.get(key)
         if isinstance(a, list):
             a = tuple(a)
