@@ -139,8 +139,8 @@ class StudySpec:
     or a pilot, chosen by its knowledge gradient per FLOP; at most :attr:`pilots` pilots, none
     unless given), ``race`` (:mod:`allocopt.race`: a fixed pilot grid, then surrogate
     proposals) or ``bo`` (plain Bayesian optimization at the full budget with :attr:`sampler`).
-    ``kg`` without pilots is the default: chosen leave-one-world-out on the two measured tiny
-    worlds, where it had lower regret than RACE and than kg with pilots."""
+    ``kg`` without pilots is the default: on both measured tiny worlds, each choosing for the
+    other, it had lower regret than kg with pilots, and on the tiny world's grid than RACE."""
     until_gain: float | None = None
     """Stop rule (``tuner = "kg"``): end the study before :attr:`trials` full runs once one more
     full run is worth less than this, in target units (the answer's knowledge gradient: the
