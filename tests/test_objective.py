@@ -166,12 +166,7 @@ def test_an_object_without_run_is_not_an_objective():
     assert not isinstance(NoRun(), Objective)
 
 
-def test_old_import_paths_are_the_same_classes():
-    import objectives.grpo.driver as grpo
-    import objectives.qwen.objective as qwen
-
-    assert grpo.TrialResult is TrialResult and grpo.TrialFailed is TrialFailed
-    assert qwen.ObjectiveUnavailable is ObjectiveUnavailable
+def test_the_plugin_api_raises_the_planning_error_itself():
     from allocopt.plan.allocation import InfeasiblePlan as IP
 
     assert InfeasiblePlan is IP
