@@ -52,7 +52,7 @@ objective = "tiny"
 budget_flops = 6e10
 target = "acc"
 seed = 0
-sampler = "random"
+tuner = "kg"
 pilots = 0
 
 [targets]
