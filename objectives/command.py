@@ -3,13 +3,13 @@
 For every trial the study asks, this objective
 
 1. writes the trial's folder as ``allocopt ask`` does (``ask.json`` and TRL ``grpo_config.json``
-   or verl ``verl_overrides.txt``: :func:`allocopt.study.asktell.write_asked_folder`, the plan
-   realized with whole update passes, :func:`allocopt.study.asktell.whole_pass_run`);
+   or verl ``verl_overrides.txt``: :func:`allocopt.plan.handoff.write_asked_folder`, the plan
+   realized with whole update passes, :func:`allocopt.plan.handoff.whole_pass_run`);
 2. runs the user's command (a shell template, e.g. ``bash train.sh {trial_dir}``; a ``torchrun``,
    ``accelerate launch``, verl-on-Ray or ``sbatch --wait`` line all fit) in its own process
    group, its output in ``<trial_dir>/command.log``, and waits at most ``timeout_s``;
 3. reads the targets from the metrics file the command leaves (the JSON ``allocopt tell
-   --metrics`` reads: :func:`allocopt.study.asktell.targets_from_metrics`) and the compute from
+   --metrics`` reads: :func:`allocopt.run_metrics.targets_from_metrics`) and the compute from
    the run's logs (the ``--from-trl`` / ``--from-verl`` importers, :mod:`allocopt.runlogs`);
 4. returns a :class:`~allocopt.objective.TrialResult`, so the study records the trial as
    ``allocopt tell`` would (a run that spent more than its budget is flagged ``over_budget``).
@@ -260,7 +260,7 @@ class CommandObjective:
             TrialFailed: the command failed, timed out or left no usable metrics or logs (one
                 line naming the trial's folder and its ``command.log``).
         """
-        from allocopt.study.asktell import whole_pass_run, write_asked_folder
+        from allocopt.plan.handoff import whole_pass_run, write_asked_folder
 
         s, t = self.settings, self._trial
         workload = self.workload()
@@ -268,10 +268,11 @@ class CommandObjective:
         folder = self.trial_dir()
         where = f"trial folder {folder}, log {folder / 'command.log'}"
         empty = _nothing_spent(plan.budget_flops)
+        spec = t.spec if t.spec is not None else _default_spec()
         try:
-            info = write_asked_folder(run, folder, study=t.study, storage="", fmt=s.format,
-                                      spec=t.spec if t.spec is not None else _default_spec(),
-                                      setup=workload.setup, learning_rate=workload.setup.learning_rate,
+            info = write_asked_folder(run, folder, study=t.study, storage="", fmt=s.format, setup=workload.setup,
+                                      learning_rate=workload.setup.learning_rate, seed=spec.seed,
+                                      targets=dict(zip(spec.targets, spec.directions)),
                                       micro_batch=s.micro_batch, num_processes=s.num_processes, tell=False)
         except OSError as e:  # out_dir became a file, no permission (a full disk is the study's)
             if e.errno == errno.ENOSPC:
@@ -312,7 +313,7 @@ class CommandObjective:
         return data
 
     def _targets(self, data: dict[str, Any], where: str, empty: TrialResult) -> dict[str, float]:
-        from allocopt.study.asktell import targets_from_metrics
+        from allocopt.run_metrics import targets_from_metrics
 
         spec = self._trial.spec if self._trial.spec is not None else _default_spec()
         try:
@@ -322,7 +323,7 @@ class CommandObjective:
 
     def _spent(self, folder: Path, data: dict[str, Any], plan: TrialPlan, where: str,
                empty: TrialResult) -> Any:
-        from allocopt.study.asktell import account_from_metrics
+        from allocopt.run_metrics import account_from_metrics
 
         s = self.settings
         if s.log == "metrics":

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from allocopt.plan.allocation import Allocation, iteration_flops, make_plan
-from allocopt.study.asktell import trl_config, verl_overrides, whole_pass_run
+from allocopt.plan.handoff import trl_config, verl_overrides, whole_pass_run
 from allocopt.spec import SearchSpace, StudySpec
 from allocopt.study.loop import run_study
 from objectives.synthetic import SyntheticObjective

@@ -1,5 +1,6 @@
 """The round trip of a run launched elsewhere: allocopt ask -> TRL GRPOTrainer on the tiny world
-(examples/trl_tiny_grpo.py, no allocopt in the loop) -> allocopt tell --from-trl."""
+(examples/trl_tiny_grpo.py, no allocopt in the loop) -> allocopt tell --from-trl, with the
+built-in names and with a study's declared ones."""
 
 import json
 import os
@@ -35,7 +36,7 @@ def test_ask_trl_tell_round_trip(tmp_path):
             "--metrics", "out/metrics.json", "--from-trl", "out", "--mlflow-uri", f"sqlite:///{tmp_path}/m.db")
     assert r.returncode == 0, r.stderr
     t = optuna.load_study(study_name="rt", storage=url).trials[info["trial"]]
-    assert t.state.name == "COMPLETE" and t.values == [metrics["targets"]["pass_at_1"]]
+    assert t.state.name == "COMPLETE" and t.values == [metrics["targets"]["pass@1"]]
     spent = runlogs.import_trl(tmp_path / "out").account.executed
     m = t.user_attrs["metrics"]
     assert m["total_flops"] == spent.total_flops and m["learning_flops"] == spent.learning_flops
@@ -44,3 +45,59 @@ def test_ask_trl_tell_round_trip(tmp_path):
     assert 0.5 < spent.total_flops / info["expected_total_flops"] < 1.5
     assert t.user_attrs["over_budget"] == (spent.total_flops > info["budget_flops"])
     assert m["budget_utilization"] == pytest.approx(spent.total_flops / info["budget_flops"])  # the trial's budget (a pilot: a share of 1e11)
+
+
+DECLARED = """
+objective = "tiny"
+budget_flops = 6e10
+target = "acc"
+seed = 0
+tuner = "kg"
+pilots = 0
+
+[targets]
+acc = { direction = "maximize", range = [0, 1] }
+
+[rewards]
+rule = { kind = "rule" }
+
+[space]
+rho = [0.3, 0.8]
+group_sizes = [4]
+rewards = ["rule"]
+"""
+
+
+def test_the_example_job_serves_a_studys_declared_names(tmp_path, cli):
+    """A study that declares its own target (``acc``) and rule-based reward system (``rule``):
+    ``ask`` names both in ``ask.json``, the example job trains with the tiny world's ``sparse``
+    where ``rule`` is asked and reports its measured ``pass@1`` as ``acc``, and ``tell`` records
+    that value (read back by ``best --target acc`` and from the storage). One short TRL run of
+    the tiny world (a 6e10 budget, 20 held-out problems): ~20 s on 2 loaded cores."""
+    (tmp_path / "s.toml").write_text(DECLARED)
+    url = f"sqlite:///{tmp_path}/d.db"
+    r = cli("ask", "--study", "own", "--spec", "s.toml", "--storage", url, "--format", "trl", "--out", "asked",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "asked" / "trial-0"
+    info = json.loads((folder / "ask.json").read_text())
+    assert info["reward"] == "rule" and info["targets"] == {"acc": "maximize"}
+    job = [sys.executable, str(ROOT / "examples" / "trl_tiny_grpo.py"), str(folder), "--out", "out",
+           "--eval-problems", "20"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    refused = subprocess.run(job, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert refused.returncode == 1 and "error: reward='rule': the tiny world trains with" in refused.stderr
+    ran = subprocess.run(job + ["--reward", "rule=sparse", "--target", "acc=pass@1"], capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    said = json.loads(ran.stdout.strip().splitlines()[-1])
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["targets"] == {"acc": said["measured"]["pass_at_1"]}
+    r = cli("tell", "--study", "own", "--storage", url, "--trial", "0", "--metrics", "out/metrics.json",
+            "--from-trl", "out", "--no-mlflow", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    t = optuna.load_study(study_name="own", storage=url).trials[0]
+    assert t.state.name == "COMPLETE" and t.values == [said["measured"]["pass_at_1"]]
+    b = cli("best", "--study", "own", "--storage", url, "--target", "acc", "--json", cwd=tmp_path)
+    assert b.returncode == 0, b.stderr
+    assert json.loads(b.stdout)["best"]["targets"] == {"acc": said["measured"]["pass_at_1"]}

@@ -769,7 +769,8 @@ def test_two_tells_of_one_trial_at_once_one_wins_the_other_is_told_already_finis
 
     from allocopt.cli.asktell import _load
     from allocopt.record import TrialRecord
-    from allocopt.study.asktell import TellError, account_from_metrics, check_tellable, record
+    from allocopt.run_metrics import account_from_metrics
+    from allocopt.study.asktell import TellError, check_tellable, record
 
     url = f"sqlite:///{tmp_path}/t.db"
     spent = account_from_metrics({"search_flops": 3e17, "learning_flops": 5e17, "reward_flops": 0})
@@ -813,7 +814,8 @@ def test_a_sequential_second_record_of_a_told_trial_is_refused_in_one_line(tmp_p
     """The loser's path without timing luck: a second ``record`` with the trial frozen while it
     was RUNNING (as a tell that passed its check just before the first one finished)."""
     from allocopt.cli.asktell import _load
-    from allocopt.study.asktell import TellError, account_from_metrics, check_tellable, record
+    from allocopt.run_metrics import account_from_metrics
+    from allocopt.study.asktell import TellError, check_tellable, record
 
     url = f"sqlite:///{tmp_path}/t.db"
     assert cli("ask", "--study", "t", "--storage", url, "--objective", "synthetic", "--budget", "1e18",

@@ -182,7 +182,7 @@ def test_study_launches_the_tiny_trl_job(tmp_path):
     for t in done:
         folder = tmp_path / "trials" / "t" / f"trial-{t.number}"
         metrics = json.loads((folder / "metrics.json").read_text())
-        assert t.values == [metrics["targets"]["pass_at_1"]]
+        assert t.values == [metrics["targets"]["pass@1"]]
         spent = runlogs.import_trl(folder).account.executed
         m = t.user_attrs["metrics"]
         assert m["total_flops"] == spent.total_flops and m["learning_flops"] == spent.learning_flops

@@ -89,7 +89,7 @@ def contents(seed: bytes) -> st.SearchStrategy[bytes]:
 def _tell(path: Path) -> None:
     from allocopt.cli.asktell import _read_metrics
     from allocopt.spec import StudySpec
-    from allocopt.study.asktell import account_from_metrics, targets_from_metrics
+    from allocopt.run_metrics import account_from_metrics, targets_from_metrics
 
     data = _read_metrics(path)
     targets_from_metrics(data, StudySpec())

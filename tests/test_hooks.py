@@ -42,14 +42,14 @@ HOOKS = [
      "allocopt/surrogate.py"),
     ("trl", _trl, "_generate_and_score_completions",
      "(self, inputs: list[dict[str, torch.Tensor | typing.Any]]) -> dict[str, torch.Tensor | typing.Any]",
-     "objectives/grpo/driver.py"),
+     "allocopt/grpo/driver.py"),
     ("trl", _trl, "_get_per_token_logps_and_entropies",
      "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
      "compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, "
      "pixel_attention_mask=None, spatial_shapes=None, num_tiles=None, image_sizes=None, "
      "token_type_ids=None, mm_token_type_ids=None, image_position_ids=None) -> "
      "tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]",
-     "objectives/grpo/driver.py"),
+     "allocopt/grpo/driver.py"),
 ]
 
 

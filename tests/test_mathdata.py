@@ -1,4 +1,5 @@
-"""objectives.data.mathdata: loaders, final-answer extraction, math_verify answer checking."""
+"""objectives.data.mathdata (the loaders) and allocopt.rewards.answers (final-answer extraction,
+math_verify answer checking)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from objectives.data.mathdata import (
-    MathProblem,
-    answers_match,
-    extract_final_answer,
-    load_gsm8k,
-    load_math500,
-    load_problems,
-)
+from allocopt.rewards.answers import answers_match, extract_final_answer
+from objectives.data.mathdata import MathProblem, load_gsm8k, load_math500, load_problems
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +162,7 @@ def test_math500_does_not_match_other_rows_answers(math500):
 
 
 def test_import_is_cheap():
-    code = ("import sys, objectives.data.mathdata, objectives.rewards.systems; "
+    code = ("import sys, objectives.data.mathdata, allocopt.rewards.answers, allocopt.rewards.systems; "
             "print(sorted(m for m in ('torch', 'transformers', 'math_verify', 'sympy', 'datasets') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -105,7 +105,7 @@ def test_epochs_unknown_without_a_training_set_and_no_warning_at_or_below_the_li
 
 
 def test_the_driver_runs_a_raised_batch_and_refuses_one_above_the_cap():
-    from objectives.grpo.driver import SetupMismatch, check_setup
+    from allocopt.grpo.driver import SetupMismatch, check_setup
 
     alloc = Allocation(0.8, 2, "sparse")
     p = make_plan(1e19, alloc, W)

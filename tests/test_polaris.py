@@ -1,4 +1,4 @@
-"""Training prompts (``objectives.data.polaris``) and finding models/datasets (``objectives.data.hub``)."""
+"""Training prompts (``objectives.data.polaris``) and finding models/datasets (``allocopt.resources``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from allocopt.flops import ConfigError
-from objectives.data.hub import MissingResource, resolve
+from allocopt.resources import MissingResource, resolve
 from objectives.data.polaris import (INSTRUCTION, SAMPLE_PATH, PromptRow, load_polaris,
                                 measure_prompt_tokens, render_prompt, split_heldout)
 
@@ -88,7 +88,7 @@ def test_missing_ids_fail_fast_when_the_hub_is_asked():
     the name does not resolve; with the network the id does not exist. Either way one line
     within 5 s, in a fresh process (imports included)."""
     code = ("import os; os.environ.pop('HF_HUB_OFFLINE', None)\n"
-            "from objectives.data.hub import resolve, MissingResource\n"
+            "from allocopt.resources import resolve, MissingResource\n"
             "try:\n    resolve('allocopt-test/no-such-dataset-3141', 'dataset')\n"
             "except MissingResource as e:\n    print('ONE LINE:', e)\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != "HF_HUB_OFFLINE"}

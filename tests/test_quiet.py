@@ -1,4 +1,4 @@
-"""allocopt.study.quiet: the libraries' warnings and log lines are hidden inside the block, shown
+"""allocopt.quiet: the libraries' warnings and log lines are hidden inside the block, shown
 with verbose=True, and every setting is restored afterwards."""
 
 import logging
@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from allocopt.study.quiet import quiet
+from allocopt.quiet import quiet
 
 
 def _emit() -> None:

@@ -257,7 +257,7 @@ def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_a
     import objectives.qwen.eval as qe
     from allocopt.flops import LoRASpec, ModelShape, generation_flops
     from objectives.data.polaris import load_polaris, split_heldout
-    from objectives.rewards.systems import make_reward
+    from allocopt.rewards.systems import make_reward
 
     assert qe.eval_backend(True, True) == "vllm"
     assert qe.eval_backend(True, False) == qe.eval_backend(False, True) == qe.eval_backend(False, False) == "transformers"
@@ -295,7 +295,7 @@ def test_vllm_eval_path_is_given_the_transformers_paths_prompts_and_the_trials_a
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(machine, "has_cuda", lambda: True)
     monkeypatch.setattr(machine, "has_vllm", lambda: True)
-    import objectives.rewards.prm as prm_mod
+    import allocopt.rewards.prm as prm_mod
 
     judges = []
     real_load = prm_mod.load_prm

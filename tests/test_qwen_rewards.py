@@ -1,5 +1,5 @@
 """The five reward systems on boxed / LaTeX completions (the ``qwen`` objective's text), and
-the PRM card formats (``objectives.rewards.prm``) on a local stand-in PRM.
+the PRM card formats (``allocopt.rewards.prm``) on a local stand-in PRM.
 
 Expected rewards are worked out by hand in the table; the PRM's inputs are compared with the
 card's layout written out as a string here; its FLOPs with ``FlopCounterMode``.
@@ -15,10 +15,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from allocopt.flops import ConfigError, reward_model_flops
-from objectives.rewards.prm import QWEN_PRM_SYSTEM, CardPRM, load_prm, prm_format_of
-from objectives.rewards.model_reward import reward_shape
-from objectives.rewards.systems import make_reward
-from objectives.rewards.step_parsing import find_equations, normalize_latex
+from allocopt.rewards.prm import QWEN_PRM_SYSTEM, CardPRM, load_prm, prm_format_of
+from allocopt.rewards.model_reward import reward_shape
+from allocopt.rewards.systems import make_reward
+from allocopt.rewards.step_parsing import find_equations, normalize_latex
 
 from flop_utils import register_cpu_sdpa_flops
 

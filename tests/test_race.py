@@ -471,7 +471,7 @@ def test_cli_race_end_to_end(tmp_path, race_cli):
                                  "iterations", "learning_rate_scale"}
         # the driver runs each pass at the full learning rate (it no longer divides by the passes)
         from allocopt.plan.setup import TrainingSetup
-        from objectives.grpo.driver import step_learning_rate
+        from allocopt.grpo.driver import step_learning_rate
 
         lr = TrainingSetup().learning_rate
         assert p["trl"]["learning_rate_scale"] == step_learning_rate(TrainingSetup(), p["trl"]["num_iterations"]) / lr

@@ -148,7 +148,7 @@ def test_train_curves_are_logged_per_iteration_against_flops(tmp_path, mlflow_st
 
 
 def test_driver_averages_trainer_logs_into_the_iteration_record():
-    from objectives.grpo.hooks import TRAIN_LOG_KEYS, _Hooks
+    from allocopt.grpo.hooks import TRAIN_LOG_KEYS, _Hooks
     from allocopt.plan.meter import FlopMeter, IterationRecord
 
     meter = FlopMeter(1e9)
@@ -168,7 +168,7 @@ def test_trl_logs_the_keys_the_driver_keeps():
 
     from trl import GRPOTrainer
 
-    from objectives.grpo.hooks import TRAIN_LOG_KEYS
+    from allocopt.grpo.hooks import TRAIN_LOG_KEYS
 
     src = inspect.getsource(GRPOTrainer)
     for key in TRAIN_LOG_KEYS:

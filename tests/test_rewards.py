@@ -1,4 +1,4 @@
-"""objectives.rewards.systems: the five reward systems, their step parsing and FLOP accounting."""
+"""allocopt.rewards.systems: the five reward systems, their step parsing and FLOP accounting."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 
 from allocopt.flops import ModelShape, reward_model_flops
 from objectives.data.mathdata import load_gsm8k
-from objectives.rewards.model_reward import ModelReward, reward_shape
-from objectives.rewards.base import REWARD_NAMES, RewardSystem, RewardUsage
-from objectives.rewards.systems import DenseReward, StructuredReward, make_reward
-from objectives.rewards.step_parsing import find_equations, is_well_formed, step_accuracy
+from allocopt.rewards.model_reward import ModelReward, reward_shape
+from allocopt.rewards.base import REWARD_NAMES, RewardSystem, RewardUsage
+from allocopt.rewards.systems import DenseReward, StructuredReward, make_reward
+from allocopt.rewards.step_parsing import find_equations, is_well_formed, step_accuracy
 
 torch.set_num_threads(1)
 
@@ -227,7 +227,7 @@ def test_model_reward_refuses_the_tiny_worlds_causal_lm_prms():
     # LikelihoodVerifier is what scores them.
     from objectives.tiny.models import build_prm, build_tokenizer
     from objectives.tiny.tasks import STEP_TOKEN
-    from objectives.rewards.verifier import LikelihoodVerifier
+    from allocopt.rewards.verifier import LikelihoodVerifier
 
     model, tokenizer = build_prm("proxy"), build_tokenizer()
     assert model.config.num_labels == 2
@@ -351,7 +351,7 @@ def test_nesting_depth_is_a_fixed_limit_not_the_interpreters():
     # the 400-deep line below credited); up to the limit it is evaluated as usual
     import sys
 
-    from objectives.rewards.step_parsing import MAX_NESTING
+    from allocopt.rewards.step_parsing import MAX_NESTING
 
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(100_000)

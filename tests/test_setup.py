@@ -18,7 +18,7 @@ SAMPLE = str(Path(__file__).resolve().parents[1] / "objectives" / "data" / "pola
 
 
 def test_plan_fingerprint_is_the_drivers():
-    from objectives.grpo.driver import check_setup
+    from allocopt.grpo.driver import check_setup
 
     setup = TrainingSetup(lora_rank=16, engine="trl-gpu", gradient_checkpointing=True, beta=0.04,
                           max_completion_length=512, completion_tokens=300)
@@ -90,7 +90,7 @@ def test_the_driver_names_the_field_a_changed_setup_differs_in(field):
     """A plan made from a set-up passes the driver's check with that set-up (and with one
     whose unpriced fields or expected lengths differ); a set-up with one priced field
     changed is refused in one line that starts with that field, its value and the plan's."""
-    from objectives.grpo.driver import SetupMismatch, check_setup
+    from allocopt.grpo.driver import SetupMismatch, check_setup
 
     setup = TrainingSetup(completion_tokens=300)
     w = Workload(POLICY, setup)
@@ -109,7 +109,7 @@ def test_the_driver_names_the_field_a_changed_setup_differs_in(field):
 
 
 def test_the_driver_names_the_model_when_only_its_shape_differs():
-    from objectives.grpo.driver import SetupMismatch, check_setup
+    from allocopt.grpo.driver import SetupMismatch, check_setup
 
     w = Workload(POLICY)
     alloc = Allocation(rho=0.5, group_size=8, reward="sparse")
@@ -179,7 +179,7 @@ def test_from_mapping_names_an_unknown_key():
 
 def test_driver_refuses_a_plan_priced_for_another_setup():
     """The plan prices LoRA r 8; the driver is asked to run r 4: one line, nothing run."""
-    from objectives.grpo.driver import SetupMismatch, run_grpo
+    from allocopt.grpo.driver import SetupMismatch, run_grpo
     from objectives.tiny.models import build_policy, policy_config
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
@@ -207,7 +207,7 @@ def test_driver_refuses_a_batch_the_setup_does_not_allow():
     runs 8 to 16 prompts: plans priced at 7 or 32 prompts are refused with one line, 8 and 16 pass (the
     fingerprint does not depend on the batch), and so does what make_plan gives."""
     from allocopt.plan.allocation import _plan_at, batch_workload
-    from objectives.grpo.driver import SetupMismatch, check_setup
+    from allocopt.grpo.driver import SetupMismatch, check_setup
 
     setup = TrainingSetup(lora_rank=8, engine="trl-cpu", max_completion_length=12,
                           completion_tokens=12, prompt_tokens=10, rollouts_per_iteration=64,
@@ -238,7 +238,7 @@ def test_meter_charges_the_passes_the_plan_priced(engine_name, correction):
     the plan's iteration FLOPs, including the old-policy pass TRL + vLLM runs at one update
     pass while its importance-sampling correction is on (and not otherwise)."""
     from allocopt.plan.allocation import iteration_flops, plan_workload
-    from objectives.grpo.hooks import _Hooks
+    from allocopt.grpo.hooks import _Hooks
 
     setup = TrainingSetup(engine=engine_name, importance_sampling_correction=correction,
                           completion_tokens=300, prompt_tokens=100)
@@ -306,7 +306,7 @@ def test_a_toml_that_omits_the_defaulted_fields_gives_one_fingerprint(qwen_world
     from allocopt.flops import LoRASpec
     from allocopt.plan.recipe import read_recipe
     from allocopt.tomlio import read_toml
-    from objectives.grpo.driver import SetupMismatch, check_setup
+    from allocopt.grpo.driver import SetupMismatch, check_setup
     from objectives.qwen.objective import QwenObjective
 
     policy = str(qwen_world["policy"])

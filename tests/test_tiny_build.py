@@ -426,7 +426,7 @@ def test_shipped_prms_judge_the_policys_own_steps():
     from transformers import Qwen2ForCausalLM
 
     from objectives.tiny.models import build_tokenizer
-    from objectives.rewards.verifier import LikelihoodVerifier
+    from allocopt.rewards.verifier import LikelihoodVerifier
 
     torch.set_num_threads(1)
     paths = WorldPaths.at(tm.SHIPPED_DIR)

@@ -228,7 +228,7 @@ def test_model_builders_have_documented_sizes(kind, size, shape):
 
     config = tm.policy_config(size) if kind == "policy" else tm.prm_config(size)
     model = tm.build_policy(config, seed=0) if kind == "policy" else tm.build_prm(config, seed=0)
-    # the PRMs are causal LMs too (generative step verifiers, objectives.rewards.verifier)
+    # the PRMs are causal LMs too (generative step verifiers, allocopt.rewards.verifier)
     params, flops = _independent_counts(*shape, vocab=22, head="lm")
     assert sum(p.numel() for p in model.parameters()) == params
     ms = ModelShape.from_config(config.to_dict())

@@ -29,7 +29,7 @@ from allocopt.flops import ComputeBreakdown, FlopAccount, ModelShape
 from allocopt.plan.meter import IterationRecord
 from allocopt.tracking import (StudyTracker, TrackingError, mlflow_key, result_metrics)
 from allocopt.tracking.layout import trial_run_name
-from objectives.grpo.driver import TrialResult
+from allocopt.objective import TrialResult
 
 BUDGET = 10**19
 PHASE_KEYS = ("search_flops", "learning_flops", "reward_flops", "total_flops", "rho")

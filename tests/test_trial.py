@@ -1,4 +1,4 @@
-"""One GRPO trial end to end (``objectives.grpo.driver.run_grpo``, TRL on CPU) in the tiny world.
+"""One GRPO trial end to end (``allocopt.grpo.driver.run_grpo``, TRL on CPU) in the tiny world.
 
 * the FLOPs measured by ``torch.utils.flop_counter.FlopCounterMode`` over a whole trial agree
   with the meter in total and per phase (search: inside ``generate``; reward: inside the reward
@@ -26,11 +26,12 @@ from allocopt.plan.allocation import (REWARDS, Allocation, InfeasiblePlan, Trial
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.meter import FlopMeter
 from allocopt.plan.setup import TrainingSetup
-from objectives.grpo.driver import TrialFailed, TrialResult, run_grpo
-from objectives.rewards.model_reward import ModelReward, reward_shape
-from objectives.rewards.systems import make_reward
+from allocopt.grpo.driver import run_grpo
+from allocopt.objective import TrialFailed, TrialResult
+from allocopt.rewards.model_reward import ModelReward, reward_shape
+from allocopt.rewards.systems import make_reward
 from objectives.tiny.models import build_policy, build_prm, build_tokenizer, policy_config
-from objectives.rewards.verifier import LikelihoodVerifier
+from allocopt.rewards.verifier import LikelihoodVerifier
 from objectives.tiny.tasks import make_split
 
 from flop_utils import register_cpu_sdpa_flops
@@ -201,7 +202,7 @@ def test_measured_flops_agree_with_the_meter_per_phase(world, rho):
 
     Measured on this setup (torch 2.13, TRL 1.16, transformers 5.24, commit 02091f1): all
     three phases agree to the FLOP. Before the driver charged eager attention as executed
-    (``objectives.grpo.driver.engine_for``), learning was 0.5-0.9 % above the measurement: engine
+    (``allocopt.grpo.driver.engine_for``), learning was 0.5-0.9 % above the measurement: engine
     ``trl-cpu`` assumes the fused SDPA backward (2.5 x the attention forward, scores
     recomputed) while the tiny models run eager attention (2 x). ``addmm_`` must be registered
     (:func:`register_flop_formulas`), else the LM head's recomputed tile (~0.15 % of learning)

@@ -1,4 +1,4 @@
-"""objectives.rewards.verifier.LikelihoodVerifier: step scores equal the product of the step tokens'
+"""allocopt.rewards.verifier.LikelihoodVerifier: step scores equal the product of the step tokens'
 probabilities (or its per-token geometric mean) read from a plain full forward, batching changes nothing, and the FLOPs it
 reports equal what FlopCounterMode measures (executed) and the per-sequence formula (useful)."""
 
@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from allocopt.flops import forward_flops  # noqa: E402
-from objectives.rewards.base import RewardUsage  # noqa: E402
-from objectives.rewards.verifier import LikelihoodVerifier  # noqa: E402
+from allocopt.rewards.base import RewardUsage  # noqa: E402
+from allocopt.rewards.verifier import LikelihoodVerifier  # noqa: E402
 
 PROMPTS = ["23+45-12\n", "7+8-6\n", "1+1\n", "9+9\n", "40-2+3\n"]
 COMPLETIONS = ["23+45=68\n68-12=56\n#### 56", "7+8=15\n15-6=9\n#### 9", "#### 2", "",

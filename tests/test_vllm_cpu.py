@@ -3,7 +3,7 @@
 ``use_vllm=True, vllm_mode="colocate"`` with LoRA weight sync each step, and the evaluation
 through ``vllm.LLM(enable_lora=True)`` + ``LoRARequest`` with the trial's adapter.
 
-* the private vLLM function :mod:`objectives.grpo.vllm_cpu` patches is the tested one (its
+* the private vLLM function :mod:`allocopt.grpo.vllm_cpu` patches is the tested one (its
   signature and the two call sites it relies on), and the patch refuses other releases;
 * one real trial on a tiny head_dim-64 stand-in policy, planned and metered as
   ``trl-vllm-cpu`` (realized ρ within 0.03 of the plan's): the meter's search FLOPs against the
@@ -43,7 +43,7 @@ C = 16
 def _cpu_platform() -> bool:
     if importlib.util.find_spec("vllm") is None:  # the module's mark skips every test then
         return False
-    from objectives.grpo.vllm_cpu import on_cpu
+    from allocopt.grpo.vllm_cpu import on_cpu
 
     return on_cpu()
 
@@ -71,11 +71,11 @@ def settings(world, tmp_path, **over) -> dict:
 
 # ---------------------------------------------------------------- the patched private API
 def test_the_hooked_vllm_function_is_the_tested_one():
-    """Fails when vLLM changes what objectives/grpo/vllm_cpu.py patches: the function's
+    """Fails when vLLM changes what allocopt/grpo/vllm_cpu.py patches: the function's
     signature, the call that removes the weights, or how the layer's GEMM is dispatched."""
     from vllm.model_executor.layers import linear, utils
 
-    from objectives.grpo import vllm_cpu
+    from allocopt.grpo import vllm_cpu
 
     assert vllm_cpu.hooked_signature() == vllm_cpu.TESTED_SIGNATURE
     # the call site imports the function from its module at call time: patching the module
@@ -95,7 +95,7 @@ def test_the_patch_keeps_weights_and_refuses_untested_releases(monkeypatch):
     from vllm.model_executor.layers import utils
 
     from allocopt.flops import ConfigError
-    from objectives.grpo import vllm_cpu
+    from allocopt.grpo import vllm_cpu
 
     vllm_cpu.remove()
     try:
@@ -122,7 +122,7 @@ def test_the_patch_keeps_weights_and_refuses_untested_releases(monkeypatch):
 def test_a_head_size_vllm_cpu_cannot_run_is_one_line_exit_2(vllm_world, tmp_path):
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from objectives.grpo.vllm_cpu import CPU_HEAD_SIZES
+    from allocopt.grpo.vllm_cpu import CPU_HEAD_SIZES
     from objectives.qwen.standins import build_policy
 
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
@@ -150,7 +150,7 @@ def test_trl_vllm_trial_on_cpu_meters_what_vllm_ran(vllm_world, tmp_path):
     from allocopt.flops import ModelShape, forward_flops, generation_flops
     from allocopt.flops.grpo import GRPOStep, engine, grpo_step_flops
     from allocopt.plan.allocation import Allocation, make_plan
-    from objectives.grpo.driver import engine_for
+    from allocopt.grpo.driver import engine_for
     from objectives.qwen.objective import QwenObjective
     from test_trial import PhaseCounter
 

@@ -3,8 +3,9 @@
 ``ask`` reserves trials with the study's sampler and writes, per trial, a folder
 ``<out>/trial-<N>/`` with ``ask.json`` (study, trial, budget, fidelity, allocation, the whole-pass
 run, the config and the ``tell`` command to run afterwards) and ``grpo_config.json`` (TRL
-``GRPOConfig`` fields) or ``verl_overrides.txt`` (Hydra overrides). ``tell`` records targets and
-the compute actually spent (:mod:`allocopt.study.asktell`). Registered by :func:`register`; bad input
+``GRPOConfig`` fields) or ``verl_overrides.txt`` (Hydra overrides; :mod:`allocopt.plan.handoff`).
+``tell`` reads the run's metrics (:mod:`allocopt.run_metrics`) and records targets and the compute
+actually spent (:mod:`allocopt.study.asktell`). Registered by :func:`register`; bad input
 is raised as :class:`~allocopt.flops.ConfigError` (one line, exit 2, nothing changed).
 """
 
@@ -95,7 +96,7 @@ def ask(
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
 ) -> None:
     """Reserve trials for runs launched elsewhere; write a ready TRL or verl config for each."""
-    from allocopt.study.asktell import FORMATS
+    from allocopt.plan.handoff import FORMATS
 
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt!r}: allowed: {', '.join(FORMATS)}")
@@ -223,7 +224,7 @@ def tell(
     if from_trl is not None and from_verl is not None:
         raise ConfigError("from_trl/from_verl: give one of them, not both")
     data = _read_metrics(metrics)
-    from allocopt.study.asktell import account_from_metrics, metric_targets
+    from allocopt.run_metrics import account_from_metrics, metric_targets
 
     metric_targets(data)  # its values checked before the storage is opened (which target is
     if from_trl is None and from_verl is None:  # the study's is known once it is)
@@ -238,7 +239,8 @@ def tell(
 def _tell(study: str, trial: int, data: dict[str, Any], metrics: Path, storage: str, from_trl: Optional[Path],
           from_verl: Optional[Path], mlflow_uri: Optional[str], no_mlflow: bool, held: list[Any]) -> None:
     """``tell``'s work once the metrics are read; the MLflow tracker is put in ``held[0]``."""
-    from allocopt.study.asktell import TellError, check_tellable, record, targets_from_metrics
+    from allocopt.run_metrics import targets_from_metrics
+    from allocopt.study.asktell import TellError, check_tellable, record
 
     st, spec = _load(study, storage)
     try:
@@ -292,7 +294,7 @@ def _spent(frozen: Any, data: dict[str, Any], metrics: Path, from_trl: Optional[
     """The compute the run spent (an executed FLOP account) and extra trial metrics: from the
     TRL or verl run's logs (the reward model named by the trial's plan), else from the
     breakdown in ``--metrics``."""
-    from allocopt.study.asktell import account_from_metrics
+    from allocopt.run_metrics import account_from_metrics
 
     if from_trl is None and from_verl is None:
         spent = account_from_metrics(data)

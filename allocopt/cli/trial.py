@@ -88,7 +88,7 @@ def _run(obj: Any, p: Any, *, seed: int, verbose: bool, show: bool) -> Any:
 
     from allocopt.objective import TrialFailed
 
-    from allocopt.study.quiet import quiet
+    from allocopt.quiet import quiet
 
     b = p.budget_flops
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),

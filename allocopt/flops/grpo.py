@@ -457,7 +457,7 @@ def _reward_flops(reward_model: ModelShape | None, step: GRPOStep,
                   attn: Attention) -> dict[str, int]:
     """Reward FLOPs ``{reward_model}``: one reward-model forward per row (0: rule-based)."""
     # one reward-model forward over prompt + completion (+ step markers). Each row at its own
-    # length: reward models batch completions sorted by length (objectives.rewards.model_reward.
+    # length: reward models batch completions sorted by length (allocopt.rewards.model_reward.
     # ModelReward: longest first), so padding is small; measured in the tiny world, charging
     # every row at the batch's longest length overestimated the PRM by ~40% and put the
     # realized rho of a prm trial 0.047 above its plan.

@@ -1,6 +1,6 @@
 """A plan in the words of the engines that run it: TRL's ``GRPOConfig`` and verl's overrides.
 
-One mapping each, used by allocopt's driver (:func:`objectives.grpo.driver.run_grpo`), by
+One mapping each, used by allocopt's driver (:func:`allocopt.grpo.driver.run_grpo`), by
 ``allocopt ask`` (:mod:`allocopt.study.asktell`) and by RACE's proposals. One optimizer step
 per pass over a rollout batch; the learning rate is per optimizer step::
 

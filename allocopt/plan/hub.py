@@ -15,7 +15,7 @@ __all__ = ["HUB_TIMEOUT_S", "hub_config", "model_shape"]
 
 HUB_TIMEOUT_S = 2.5
 """Seconds a hub look-up may take before it is given up: a ``config.json`` here, whether an id
-exists in :mod:`objectives.data.hub` (offline, a command fails in under 5 s with one line, not
+exists in :mod:`allocopt.resources` (offline, a command fails in under 5 s with one line, not
 half a minute of retries)."""
 
 

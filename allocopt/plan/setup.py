@@ -9,9 +9,9 @@ estimates; an objective replaces them with measured ones through
 * the :class:`~allocopt.plan.allocation.Workload` a plan is priced on: the policy's shape, this
   set-up and the reward models' shapes, nothing else (``Workload(policy, setup)``); its plans
   carry the set-up and its :func:`setup_fingerprint`;
-* the driver's run (:func:`objectives.grpo.driver.run_grpo` takes the set-up itself, and the seed:
+* the driver's run (:func:`allocopt.grpo.driver.run_grpo` takes the set-up itself, and the seed:
   nothing else configures it), and with it the meter's per-iteration charge; the driver
-  recomputes the fingerprint from the model it loaded (:func:`objectives.grpo.driver.check_setup`)
+  recomputes the fingerprint from the model it loaded (:func:`allocopt.grpo.driver.check_setup`)
   and refuses a plan priced for another set-up, in one line naming the fields that differ
   (:meth:`TrainingSetup.priced_differences`);
 * what ``allocopt account`` and ``allocopt plan`` price: :func:`allocopt.plan.recipe.read_recipe`
@@ -54,7 +54,7 @@ RUNNERS: dict[str, dict[str, bool]] = {
 }
 """Defaults of the fields that depend on who runs the training (:attr:`TrainingSetup.runner`).
 
-* ``allocopt``: allocopt's driver (:func:`objectives.grpo.driver.run_grpo`) and the plans a study
+* ``allocopt``: allocopt's driver (:func:`allocopt.grpo.driver.run_grpo`) and the plans a study
   makes. No importance-sampling correction: with vLLM rollouts it runs an old-policy log-prob
   pass on every iteration, a floor of about 0.55 under ρ for Qwen2.5-1.5B at 103 + 304 tokens
   (:func:`allocopt.flops.grpo.old_logprobs_pass`), which would cut most of the paper's range

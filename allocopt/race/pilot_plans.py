@@ -92,7 +92,7 @@ def _worst_search_learning(workload: Workload, allocation: Allocation, rows: int
 
 def _stage_one(workload: Workload, allocation: Allocation, rows: int, first: bool) -> int:
     """What the driver's stage 1 admits an iteration scheduled to train ``rows`` with
-    (:meth:`objectives.grpo.hooks._Hooks.before_iteration`): the worst case of its search and
+    (:meth:`allocopt.grpo.hooks._Hooks.before_iteration`): the worst case of its search and
     learning, at the fewest rows it may be cut to after the first iteration, plus (after the
     first) the reward of an earlier batch, at the expected lengths its plan's reward."""
     if first:

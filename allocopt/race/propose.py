@@ -81,7 +81,7 @@ class Proposal:
 
         ``learning_rate_scale`` is 1: the learning rate is per optimizer step and not scaled
         (each pass over a rollout batch is one step at the full rate, as TRL's
-        ``num_iterations`` and verl's ``ppo_epochs`` run it; :func:`objectives.grpo.driver.step_learning_rate`).
+        ``num_iterations`` and verl's ``ppo_epochs`` run it; :func:`allocopt.grpo.driver.step_learning_rate`).
         """
         p = self.plan
         if p is None:

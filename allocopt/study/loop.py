@@ -89,7 +89,7 @@ def run_study(
         on_wait: called as ``(finished, running)`` (full-budget trials) when this worker starts
             waiting for other workers' trials (:func:`wait_for_others`).
         verbose: show the libraries' warnings and log lines during trials (hidden by default,
-            :mod:`allocopt.study.quiet`).
+            :mod:`allocopt.quiet`).
 
     Returns:
         the Optuna study, its final answer stored (:func:`finish_study`).

@@ -77,7 +77,7 @@ def run_one_trial(
     (set by ``study.enqueue_trial(..., user_attrs=...)``: a RACE pilot runs at a fraction of the
     study's budget), else ``spec.budget_flops``; its fidelity likewise (``fidelity`` user
     attribute, default ``full``). Both are written to the trial's user attributes and MLflow.
-    The objective runs inside :func:`allocopt.study.quiet.quiet` (the libraries' FutureWarnings and
+    The objective runs inside :func:`allocopt.quiet.quiet` (the libraries' FutureWarnings and
     log lines hidden) unless ``verbose``.
 
     Returns:
@@ -211,7 +211,7 @@ def _run_objective(objective: Any, plan: TrialPlan, trial: Any, spec: StudySpec,
                    progress: Callable[..., None] | None, verbose: bool) -> Any:
     """The objective's result for ``plan`` (quiet unless ``verbose``). Raises :class:`TrialScoreError` for a
     target that is not a finite number, and whatever the objective raises."""
-    from allocopt.study.quiet import quiet
+    from allocopt.quiet import quiet
 
     with quiet(verbose):
         result = objective.run(plan, seed=spec.seed + trial.number, progress=progress)

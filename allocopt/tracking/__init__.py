@@ -63,7 +63,7 @@ the targets (``native_reward``, ``pass_at_1``, ``judge``, ...), the executed bre
 (``search_flops``, ``learning_flops``, ``reward_flops``, ``total_flops``, ``rho``, per-item
 ``<phase>_<item>_flops``) and its ``useful_*`` counterparts, ``budget_flops``,
 ``budget_utilization``, ``eval_flops`` and ``<phase>_wall_seconds``, all at step 0.
-:func:`result_metrics` builds that dict from a :class:`objectives.grpo.driver.TrialResult`.
+:func:`result_metrics` builds that dict from a :class:`allocopt.grpo.driver.TrialResult`.
 
 Curves
 ======

@@ -1,1 +1,1 @@
-"""Data: downstream math sets (GSM8K, MATH-500), training prompts (Polaris-53K), and finding a model or data set (local path, cache, hub). The shipped slices lie beside these modules (see README.md here)."""
+"""Data: downstream math sets (GSM8K, MATH-500) and training prompts (Polaris-53K); a model or data set is found by :mod:`allocopt.resources`. The shipped slices lie beside these modules (see README.md here)."""

@@ -2,7 +2,7 @@
 
 * :func:`load_polaris` reads ``POLARIS-Project/Polaris-Dataset-53K`` (columns ``problem``,
   ``answer``, ``difficulty``; its dataset card) by dataset id with ``datasets`` (network or HF
-  cache; :func:`objectives.data.hub.resolve` fails in seconds offline), or a local ``.jsonl`` /
+  cache; :func:`allocopt.resources.resolve` fails in seconds offline), or a local ``.jsonl`` /
   ``.parquet`` file, or a folder holding ``train.jsonl`` / ``train.parquet``. The tests read
   ``objectives/data/polaris_sample/train.jsonl``, a Polaris-shaped slice of GSM8K and MATH-500
   (not Polaris; see ``objectives/data/README.md``).
@@ -59,7 +59,7 @@ def load_polaris(source: str = POLARIS_ID, *, limit: int | None = None) -> list[
         ConfigError: the source is missing (offline: within seconds), a row lacks ``problem`` or
             ``answer`` (one line naming the row and the field).
     """
-    from objectives.data.hub import resolve
+    from allocopt.resources import resolve
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r}: must be a positive integer or None")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from objectives import COMMON_TARGETS
-from objectives.rewards.base import REWARD_NAMES
+from allocopt.rewards.base import REWARD_NAMES
 
 
 def make(**settings: Any) -> Any:

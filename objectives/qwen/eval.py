@@ -5,9 +5,9 @@ and instruction as training):
 
 * ``native_reward``: mean reward of the trial's own reward system on the held-out Polaris slice;
 * ``pass_at_1_gsm8k``, ``pass_at_1_math500``: share of final answers equal to the gold
-  (``\\boxed{}`` or ``####`` answer, checked with math-verify: :func:`objectives.rewards.step_parsing.is_correct`)
+  (``\\boxed{}`` or ``####`` answer, checked with math-verify: :func:`allocopt.rewards.step_parsing.is_correct`)
   on the first ``eval_problems`` of each set; ``pass_at_1`` over both sets pooled;
-* ``judge``: the common judge's mean step score (:class:`objectives.rewards.prm.CardPRM`, aggregate
+* ``judge``: the common judge's mean step score (:class:`allocopt.rewards.prm.CardPRM`, aggregate
   ``mean``) on the downstream completions, averaged; the same judge model for every trial.
 
 Two generation back-ends (:func:`eval_backend`), fed the same prompts (:func:`eval_prompts`) and
@@ -86,8 +86,8 @@ def evaluate(objective: Any, model: Any, tokenizer: Any, reward: Any,
     """``(targets, eval_flops)`` of a trained policy (``model``: the peft model the trial
     trained). ``backend``: ``vllm`` or ``transformers`` (default: :func:`eval_backend` of this
     machine)."""
-    from objectives.rewards.prm import load_prm
-    from objectives.rewards.step_parsing import is_correct
+    from allocopt.rewards.prm import load_prm
+    from allocopt.rewards.step_parsing import is_correct
 
     s = objective.settings
     setup = objective.setup()
@@ -98,7 +98,7 @@ def evaluate(objective: Any, model: Any, tokenizer: Any, reward: Any,
 
         backend = eval_backend(has_cuda(), has_vllm(), setup.engine)
     if backend == "vllm":
-        from objectives.data.hub import resolve
+        from allocopt.resources import resolve
 
         with tempfile.TemporaryDirectory(prefix="allocopt-adapter-") as tmp:
             adapter = save_adapter(model, tmp)

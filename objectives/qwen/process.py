@@ -8,7 +8,7 @@ progress ``(record, meter)`` and then one outcome: the result, an infeasible fir
 a failed trial with what it spent, a set-up error, or any other error. A child that dies
 without an outcome (killed, out of memory, a segfault in a kernel) fails the trial with its
 exit code; nothing was recorded for it but the failure. The child quiets the libraries'
-warnings when its parent ran the trial inside :func:`allocopt.study.quiet.quiet` (no ``--verbose``).
+warnings when its parent ran the trial inside :func:`allocopt.quiet.quiet` (no ``--verbose``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from allocopt.objective import TrialFailed, TrialResult
 
 
 def _child(run_here: Callable[..., TrialResult], plan: TrialPlan, seed: int, conn: Any) -> None:
-    from allocopt.study.quiet import quiet_if_asked
+    from allocopt.quiet import quiet_if_asked
 
     def progress(rec: Any, meter: Any) -> None:
         conn.send(("progress", (rec, meter)))

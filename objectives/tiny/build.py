@@ -33,7 +33,7 @@ Training, in short:
   where the sampled accuracy on a check set of ``native`` problems (not those evaluated
   afterwards) reaches ``sft_stop_accuracy``: the accuracy rises steeply in this phase of
   training, and a check lands in the target range more reliably than a step count.
-* **PRMs** (generative step verifiers, :class:`objectives.rewards.verifier.LikelihoodVerifier`):
+* **PRMs** (generative step verifiers, :class:`allocopt.rewards.verifier.LikelihoodVerifier`):
   causal LMs that start from the base policy's weights (``full``: all of them; ``proxy``: its
   first three layers) and are trained further as language models on the correct worked
   solutions of ``train`` (:func:`objectives.tiny.train.train_prm`); a step's score is the
@@ -201,7 +201,7 @@ def _build_into(root: Path, s: BuildSettings, progress: Progress,
     timings["prm_data"] = time.perf_counter() - t
 
     from objectives.tiny.models import build_tokenizer as _tokenizer
-    from objectives.rewards.verifier import LikelihoodVerifier
+    from allocopt.rewards.verifier import LikelihoodVerifier
 
     tokenizer = _tokenizer()
     prm_train = train[:s.prm_train_problems]

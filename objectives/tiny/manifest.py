@@ -58,7 +58,7 @@ class BuildSettings:
     proxy_prm_steps: int = 800
     proxy_prm_lr: float = 2e-3
     proxy_prm_score: str = "token"
-    """How the proxy scores a step (:data:`objectives.rewards.verifier.SCORES`): its per-token geometric
+    """How the proxy scores a step (:data:`allocopt.rewards.verifier.SCORES`): its per-token geometric
     mean likelihood. The proxy is unsure of every result digit (0.65 on a right one on
     average), so whole right lines score ~0.1-0.4 and a line score below 0.5 flags nearly all
     of them; per token, right lines score ~0.9 and a digit it rules out still flags."""
@@ -107,7 +107,7 @@ class BuildSettings:
                               or not 0 < v <= 1):
             raise ValueError(f"sft_stop_accuracy={v!r}: must be in (0, 1] or None")
         from objectives.tiny.models import POLICY_SIZES
-        from objectives.rewards.verifier import SCORES
+        from allocopt.rewards.verifier import SCORES
 
         for name in ("proxy_prm_score", "prm_score"):
             if getattr(self, name) not in SCORES:

@@ -181,7 +181,7 @@ class TinyObjective:
                         policies=policies)
 
     def reward(self, name: str) -> Any:
-        from objectives.rewards.systems import make_reward
+        from allocopt.rewards.systems import make_reward
 
         w = self.world()
         if name in ("proxy_prm", "prm"):
@@ -190,7 +190,7 @@ class TinyObjective:
             # re-tokenizes into at most as many tokens as the policy generated (margin 1)
             from transformers import AutoModelForCausalLM
 
-            from objectives.rewards.verifier import LikelihoodVerifier
+            from allocopt.rewards.verifier import LikelihoodVerifier
 
             model = AutoModelForCausalLM.from_pretrained(str(getattr(w, name)))
             # how this PRM scores a step (the build's ``*_score`` setting: the full PRM the
@@ -226,7 +226,7 @@ class TinyObjective:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from objectives.grpo.driver import run_grpo
+        from allocopt.grpo.driver import run_grpo
         from objectives.tiny.tasks import make_split
 
         # Tiny models gain nothing from a second thread, and two torch processes with two

@@ -121,7 +121,7 @@ false-alarm rates; the reward itself uses the scores)."""
 
 
 def verifier_metrics(verifier: Any, data: Sequence[Judged]) -> dict[str, Any]:
-    """How well ``verifier`` (:class:`objectives.rewards.verifier.LikelihoodVerifier`) judges the
+    """How well ``verifier`` (:class:`allocopt.rewards.verifier.LikelihoodVerifier`) judges the
     written steps of ``data`` against :func:`tiny_tasks.step_labels` (the truth), a step
     flagged when its score is below :data:`FLAG_BELOW`: ``wrong_recall`` (share of wrong steps
     flagged), ``false_alarm`` (share of correct steps flagged), ``step_accuracy``, overall and

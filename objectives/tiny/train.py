@@ -7,7 +7,7 @@ training, plus the generation and accuracy checks both use.
   ``sft_steps`` or at the first accuracy check that reaches ``sft_stop_accuracy``.
 * **PRMs** (:func:`train_prm`): causal LMs that start from the base policy's weights and are
   trained further the same way on correct worked solutions (generative step verifiers,
-  :class:`objectives.rewards.verifier.LikelihoodVerifier`).
+  :class:`allocopt.rewards.verifier.LikelihoodVerifier`).
 
 Settings: :class:`objectives.tiny.manifest.BuildSettings`. torch and transformers are imported
 inside the functions.
@@ -175,7 +175,7 @@ def train_prm(size: str, steps: int, lr: float, data: Sequence[Problem], s: Buil
     """``build_prm(size)`` (a causal LM) trained ``steps`` AdamW steps as a language model on
     the correct worked solutions of ``data`` (next-token loss on ``solution + <eos>``, the
     prompt masked, as the policy's SFT), and what the training did. A step verifier: it
-    learns what a right step looks like, and :class:`objectives.rewards.verifier.LikelihoodVerifier`
+    learns what a right step looks like, and :class:`allocopt.rewards.verifier.LikelihoodVerifier`
     scores a step by the likelihood of its line.
 
     ``init`` (a model, e.g. the SFT'd base policy): its weights that fit (same name and shape)

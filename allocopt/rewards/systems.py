@@ -12,16 +12,16 @@ sparse     0            ``1[correct]``
 structured 0            ``0.2·1[well formed] + 0.8·1[correct]``
 dense      0            ``0.5·(correct steps / steps) + 0.5·1[correct]`` (0 steps: first term 0)
 proxy_prm  model        ``mean`` (or ``min``) over steps of the step's score: ``P(label 1)`` at its
-                        marker (:class:`~objectives.rewards.model_reward.ModelReward`, a token
-                        classifier) or its likelihood (:class:`~objectives.rewards.verifier.
+                        marker (:class:`~allocopt.rewards.model_reward.ModelReward`, a token
+                        classifier) or its likelihood (:class:`~allocopt.rewards.verifier.
                         LikelihoodVerifier`, a causal LM: the tiny world's PRMs)
 prm        model        same, with the full-size process reward model
 ========== ============ ==========================================================================
 
-Steps, equations and correctness are read by :mod:`objectives.rewards.step_parsing`; the usage and
-the interface are :mod:`objectives.rewards.base`'s; the model-based step scorers are
-:class:`objectives.rewards.model_reward.ModelReward` (token classifiers) and
-:class:`objectives.rewards.verifier.LikelihoodVerifier` (causal LMs, the tiny world's PRMs).
+Steps, equations and correctness are read by :mod:`allocopt.rewards.step_parsing`; the usage and
+the interface are :mod:`allocopt.rewards.base`'s; the model-based step scorers are
+:class:`allocopt.rewards.model_reward.ModelReward` (token classifiers) and
+:class:`allocopt.rewards.verifier.LikelihoodVerifier` (causal LMs, the tiny world's PRMs).
 
 Rule-based rewards cost 0 FLOPs (``shared/DESIGN.md`` §2, C_reward); their wall time is still
 measured. :class:`ModelReward` counts the FLOPs of exactly what it runs, useful and executed
@@ -33,9 +33,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from objectives.rewards.model_reward import ModelReward
-from objectives.rewards.base import REWARD_NAMES, RewardSystem, RewardUsage, _Base, as_text
-from objectives.rewards.step_parsing import is_correct, is_well_formed, step_accuracy
+from allocopt.rewards.model_reward import ModelReward
+from allocopt.rewards.base import REWARD_NAMES, RewardSystem, RewardUsage, _Base, as_text
+from allocopt.rewards.step_parsing import is_correct, is_well_formed, step_accuracy
 
 # ============================================================== rule-based
 class _RuleReward(_Base):

@@ -1,10 +1,10 @@
 """A generative step verifier: a causal LM scores each step by the likelihood of what it says.
 
 :class:`LikelihoodVerifier` is a model-based reward (``proxy_prm`` / ``prm``) for a language
-model trained on *correct* worked solutions only (the tiny world's PRMs,
-:mod:`objectives.tiny.build`). It reads ``prompt + completion`` once and scores step line
-``i`` (the lines :func:`objectives.rewards.step_parsing.step_line_ends` lists) by the probability the model
-gives to writing exactly that line and the newline that ends it::
+model trained on *correct* worked solutions only (the tiny world's PRMs are such models). It
+reads ``prompt + completion`` once and scores step line ``i`` (the lines
+:func:`allocopt.rewards.step_parsing.step_line_ends` lists) by the probability the model gives
+to writing exactly that line and the newline that ends it::
 
     score_i = prod_{t in line i (+ its newline)} P(token_t | everything before it)     (score="line")
     score_i = (that product) ** (1 / number of those tokens)                            (score="token")
@@ -19,7 +19,7 @@ for ranking completions): a model unsure of every result digit (the tiny world's
 proxy gives a right result digit 0.65 on average) scores right lines far below 1 as a whole
 line, but a wrong digit it rules out still pulls the per-token mean down. The reward is the
 ``mean`` (default) or ``min`` of the step scores, in ``[0, 1]``
-like :class:`objectives.rewards.model_reward.ModelReward`'s. A completion without step lines gets 0.0 and is
+like :class:`allocopt.rewards.model_reward.ModelReward`'s. A completion without step lines gets 0.0 and is
 not run.
 
 FLOPs (:func:`allocopt.flops.forward_flops`, shape from the model's config, head ``lm``): the
@@ -40,9 +40,9 @@ import math
 import time
 from typing import Any, Literal
 
-from objectives.rewards.model_reward import model_facts
-from objectives.rewards.base import MODEL_BASED, RewardUsage, _Base, as_text
-from objectives.rewards.step_parsing import step_line_ends
+from allocopt.rewards.model_reward import model_facts
+from allocopt.rewards.base import MODEL_BASED, RewardUsage, _Base, as_text
+from allocopt.rewards.step_parsing import step_line_ends
 
 Aggregate = Literal["mean", "min"]
 Score = Literal["line", "token"]
@@ -65,7 +65,7 @@ class LikelihoodVerifier(_Base):
             none left: 0.0). Default: the config's ``max_position_embeddings``.
         token_margin: the admission bound's tokens per completion token (1 when the verifier
             shares the policy's tokenizer and so re-tokenizes into at most as many tokens;
-            2 otherwise, as :class:`objectives.rewards.model_reward.ModelReward` assumes).
+            2 otherwise, as :class:`allocopt.rewards.model_reward.ModelReward` assumes).
 
     Raises:
         ValueError: an unknown ``name``, ``aggregate``, ``score``, ``batch_size`` or

@@ -1,10 +1,10 @@
 """What every reward system shares: the names, the usage it reports, the TRL interface.
 
-A reward system (:mod:`objectives.rewards.systems` builds them by name) is a TRL reward function
+A reward system (:mod:`allocopt.rewards.systems` builds them by name) is a TRL reward function
 (``reward(prompts=..., completions=..., **columns) -> list[float]``) that also reports what
 it cost since it was last asked (:class:`RewardUsage`, ``consume_usage()``). :class:`_Base`
-keeps that bookkeeping for the implementations (rule-based in :mod:`objectives.rewards.systems`,
-model-based in :mod:`objectives.rewards.model_reward` and :mod:`objectives.rewards.verifier`).
+keeps that bookkeeping for the implementations (rule-based in :mod:`allocopt.rewards.systems`,
+model-based in :mod:`allocopt.rewards.model_reward` and :mod:`allocopt.rewards.verifier`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ A completion's reward is an aggregate of its step scores: ``min`` for ``prm`` an
 ``proxy_prm`` training rewards (a chain is as good as its worst step; Lightman et al. 2023),
 ``product`` on request (the probability that every step is right, if independent), ``mean``
 for the common judge. Reward-model FLOPs are one forward over exactly the ids built here
-(template, markers, the model's own tokenizer): :class:`objectives.rewards.model_reward.ModelReward`.
+(template, markers, the model's own tokenizer): :class:`allocopt.rewards.model_reward.ModelReward`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import os
 from typing import Any
 
 from allocopt.flops import ConfigError
-from objectives.rewards.model_reward import ModelReward
-from objectives.rewards.base import as_text
+from allocopt.rewards.model_reward import ModelReward
+from allocopt.rewards.base import as_text
 
 PRM_FORMATS: dict[str, str] = {
     "Qwen/Qwen2.5-Math-PRM-7B": "qwen2.5-math-prm",
@@ -49,7 +49,7 @@ QWEN_PRM_MARKER = "<extra_0>"
 
 
 class CardPRM(ModelReward):
-    """A :class:`~objectives.rewards.model_reward.ModelReward` whose input is built by a card format.
+    """A :class:`~allocopt.rewards.model_reward.ModelReward` whose input is built by a card format.
 
     ``__call__(prompts, completions, problem=[...], ...)``: the PRM reads the raw ``problem``
     column when TRL passes it (the policy's rendered prompt otherwise).
@@ -163,7 +163,7 @@ def load_prm(name: str, *, reward: str = "prm", aggregate: str = "min", batch_si
     """
     import torch
 
-    from objectives.data.hub import resolve
+    from allocopt.resources import resolve
 
     path = resolve(name, "model", field=field)
     fmt = prm_format_of(name, path)
@@ -174,7 +174,7 @@ def load_prm(name: str, *, reward: str = "prm", aggregate: str = "min", batch_si
     else:
         from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
 
-        from objectives.data.hub import load_tokenizer
+        from allocopt.resources import load_tokenizer
 
         arch = (AutoConfig.from_pretrained(path, trust_remote_code=True).architectures or [""])[0]
         if arch == "Qwen2ForProcessRewardModel":  # the real PRM: its own modeling code

@@ -1,12 +1,12 @@
 """Step parsing of worked solutions: the equations of a line, whether they hold, the step
 lines, the final answer.
 
-Text convention (``objectives.data.mathdata``): one step per line; an arithmetic step holds an
+Text convention (:mod:`allocopt.rewards.answers`): one step per line; an arithmetic step holds an
 equation such as ``23+45=68``, ``48/2 = 24`` or GSM8K's ``<<48/2=24>>``; the final answer
 follows ``#### `` on the last line (or sits in ``\\boxed{}``). *Correct* means
 ``answers_match(extract_final_answer(completion), gold)``. The rule-based rewards
-(:mod:`objectives.rewards.systems`) and the step scorers (:mod:`objectives.rewards.model_reward`,
-:mod:`objectives.rewards.verifier`) read completions with these functions. No heavy imports.
+(:mod:`allocopt.rewards.systems`) and the step scorers (:mod:`allocopt.rewards.model_reward`,
+:mod:`allocopt.rewards.verifier`) read completions with these functions. No heavy imports.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from objectives.data.mathdata import answers_match, extract_final_answer
+from allocopt.rewards.answers import answers_match, extract_final_answer
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"  # 1,250.5 | 12 | 3.5 | .5
 _TOKEN_RE = re.compile(rf"[ \t$]*(?:((?:{_NUM})%?)|([-+*/()]))")
@@ -256,7 +256,7 @@ def step_line_ends(completion: str) -> list[int]:
 
     Step lines: the non-blank lines before the line holding the last ``#### `` (every
     non-blank line when there is none; none when the answer is on the first line), as
-    :func:`objectives.tiny.tasks.parse_steps` defines them.
+    the tiny world's task format defines them.
     """
     i = completion.rfind(FINAL_MARKER)
     last = len(completion) if i < 0 else completion.rfind("\n", 0, i)
@@ -350,7 +350,7 @@ def step_accuracy(completion: str) -> tuple[int, int]:
 
 
 def is_correct(completion: str, gold: Any) -> bool:
-    """Whether the completion's final answer (:func:`~objectives.data.mathdata.extract_final_answer`)
+    """Whether the completion's final answer (:func:`~allocopt.rewards.answers.extract_final_answer`)
     matches ``gold``; a gold given as a whole solution (``... #### 18``, ``\\boxed{}``) is
     reduced to its final answer first."""
     gold_text = "" if gold is None else str(gold)

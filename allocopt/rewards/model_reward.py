@@ -1,9 +1,9 @@
 """A process reward model read at step markers: a 2-label token classifier scores each step.
 
 :class:`ModelReward` is the model-based reward for token-classification PRMs (the public
-Qwen2.5-Math-PRM and Skywork PRMs through :class:`objectives.rewards.prm.CardPRM`, the qwen
+Qwen2.5-Math-PRM and Skywork PRMs through :class:`allocopt.rewards.prm.CardPRM`, the qwen
 objective's local stand-in). A causal language model judges steps differently (by their
-likelihood): :class:`objectives.rewards.verifier.LikelihoodVerifier`, which the tiny world's PRMs use.
+likelihood): :class:`allocopt.rewards.verifier.LikelihoodVerifier`, which the tiny world's PRMs use.
 :func:`model_facts` and :func:`reward_shape` are the FLOP-accounting facts both read from a
 model. torch and transformers are imported only when a model runs.
 """
@@ -14,8 +14,8 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from objectives.rewards.base import MODEL_BASED, RewardUsage, _Base, as_text
-from objectives.rewards.step_parsing import step_line_ends
+from allocopt.rewards.base import MODEL_BASED, RewardUsage, _Base, as_text
+from allocopt.rewards.step_parsing import step_line_ends
 
 if TYPE_CHECKING:  # pragma: no cover
     from allocopt.flops import ModelShape
@@ -29,12 +29,12 @@ class ModelReward(_Base):
     The model is a local HF ``*ForTokenClassification`` with ``num_labels=2`` (e.g.
     ``Qwen2ForTokenClassification``; Qwen2.5-Math-PRM's ``[b x t x 2]`` logits also work). Its
     input is ``prompt + completion`` with one ``marker`` token at the end of every step line
-    (:func:`objectives.rewards.step_parsing.step_line_ends`: the non-blank lines before the final ``#### `` line; that line and
+    (:func:`allocopt.rewards.step_parsing.step_line_ends`: the non-blank lines before the final ``#### `` line; that line and
     anything after it are read but not marked), e.g. with ``marker="<step>"``::
 
         "23+45-12\\n" + "23+45=68<step>\\n68-12=56<step>\\n#### 56"
 
-    the layout of :func:`objectives.tiny.tasks.mark_steps`. With ``marker="\\n"`` (the step separator) the newline that ends a step line is
+    the layout the tiny world's step-marked texts have. With ``marker="\\n"`` (the step separator) the newline that ends a step line is
     itself the marker (none is added; a last step line without one gets one). The text is
     tokenized in segments cut at the markers (no special tokens added), so each marker is
     exactly one token whatever the tokenizer merges.
@@ -58,7 +58,7 @@ class ModelReward(_Base):
         ValueError: the marker is not a single token of the tokenizer, ``aggregate`` or
             ``batch_size`` invalid, the model does not have 2 labels, or it is a causal
             language model (it has an ``lm_head``: its logits are over the vocabulary, not
-            two labels; :class:`objectives.rewards.verifier.LikelihoodVerifier` scores its steps).
+            two labels; :class:`allocopt.rewards.verifier.LikelihoodVerifier` scores its steps).
     """
 
     model_based = True
@@ -84,7 +84,7 @@ class ModelReward(_Base):
             raise ValueError(f"{name}: {type(model).__name__} is a causal language model "
                              "(lm_head); ModelReward reads a 2-label token classifier at step "
                              "markers; score a causal LM's steps with "
-                             "objectives.rewards.verifier.LikelihoodVerifier")
+                             "allocopt.rewards.verifier.LikelihoodVerifier")
         config = model.config
         num_labels = getattr(config, "num_labels", 2)
         if num_labels != self.num_labels_required or positive_label not in (0, 1):

