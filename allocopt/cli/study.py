@@ -44,7 +44,7 @@ def study(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
-    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner bo, or several targets): botorch, gp or random. \\[default: the spec's, else botorch]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner bo, or several targets): gp, botorch or random. \\[default: the spec's, else gp]"),
     pilots: Optional[int] = typer.Option(None, help="Pilots at --pilot-fraction of the budget. --tuner race: its pilot points, run first, then surrogate proposals (0: plain BO with --sampler; default 60 or more: enough for every reward system × model). --tuner kg: the most pilots it may run, each only when worth its FLOPs (default 0: full runs only). \\[default: the spec's]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth; race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),

@@ -9,14 +9,14 @@ Sizes (vocabulary ``V = 22``, :data:`objectives.tiny.tasks.VOCAB`; per-layer lin
     model           d    L  h  h_kv  f     params      forward FLOPs/token  vs policy
     policy tiny     96   4  4  2     384     556,704    1,110,144            1.00
     policy small    128  4  4  2     512     988,032    1,971,712            1.78
-    policy medium   192  4  4  2     768   2,219,328    4,432,128            3.99
+    policy medium   128  9  4  2     512   2,219,392    4,429,312            3.99
     prm proxy       96   3  4  2     384     418,080      833,664            0.75
     prm full        96   4  4  2     384     556,704    1,110,144            1.00
 
 Forward FLOPs per token are the matmuls' ``2·(L·layer weights + head weights)`` (attention
 over the context comes on top), with the LM head ``d·V`` (tied to the embedding) at every
 position: the PRMs are causal LMs too, generative step verifiers
-(:class:`objectives.rewards.verifier.LikelihoodVerifier`), which apply their head only at the
+(:class:`allocopt.rewards.verifier.LikelihoodVerifier`), which apply their head only at the
 positions of the steps they score. Why these sizes: the PRMs start
 from the SFT'd base policy's weights (``full``: all of them; ``proxy``: the embedding, its
 first three layers and the final norm) and are trained further as language models on correct
@@ -51,12 +51,14 @@ POLICY_SIZES: dict[str, dict[str, int]] = {
                  num_key_value_heads=2, intermediate_size=384),
     "small": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=512),
-    "medium": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, intermediate_size=768),
+    "medium": dict(hidden_size=128, num_hidden_layers=9, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=512),
 }
 """Policy shapes by name (Qwen2 config fields): the three sizes of the model-size study
-(:mod:`objectives.tiny.sizes`), width grown at a fixed depth, 1.78x and 3.99x the parameters of
-``tiny`` (the paper's 1.5B -> 3B -> 7B spans 4.7x)."""
+(:mod:`objectives.tiny.sizes`), 1.78x and 3.99x the parameters of ``tiny`` (the paper's 1.5B ->
+3B -> 7B spans 4.7x): ``small`` is wider, ``medium`` ``small``'s width at 9 layers instead of 4
+(a 4x-wide policy, d 192, stayed on the SFT loss plateau at every learning rate tried; head
+dimension 32 as in ``small``)."""
 PRM_SIZES: dict[str, dict[str, int]] = {
     "proxy": dict(hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=384),
@@ -141,7 +143,7 @@ def prm_config(size: str = "proxy", **overrides: Any) -> "Qwen2Config":
     """``Qwen2Config`` of a step verifier (:data:`PRM_SIZES`): a ``Qwen2ForCausalLM`` over the
     vocabulary of :func:`build_tokenizer`, tied embeddings, eager attention. It is trained as
     a language model on correct worked solutions and scores a step by the likelihood of its
-    line (:class:`objectives.rewards.verifier.LikelihoodVerifier`, a generative verifier).
+    line (:class:`allocopt.rewards.verifier.LikelihoodVerifier`, a generative verifier).
 
     Raises ``ValueError`` for an unknown ``size``.
     """
