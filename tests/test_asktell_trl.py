@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ORM = ROOT / "tests" / "data" / "configs" / "Qwen2.5-7B-ORM" / "config.json"
 
 
 @pytest.mark.slow
@@ -101,3 +102,56 @@ def test_the_example_job_serves_a_studys_declared_names(tmp_path, cli):
     b = cli("best", "--study", "own", "--storage", url, "--target", "acc", "--json", cwd=tmp_path)
     assert b.returncode == 0, b.stderr
     assert json.loads(b.stdout)["best"]["targets"] == {"acc": said["measured"]["pass_at_1"]}
+
+
+BAR = """
+objective = "tiny"
+budget_flops = 6e10
+target = ["aime24", "cost_usd"]
+seed = 0
+tuner = "kg"
+pilots = 0
+
+[targets]
+aime24 = { direction = "maximize", range = [0, 1] }
+cost_usd = { direction = "minimize" }
+
+[rewards]
+rule = { kind = "rule" }
+orm8b = { kind = "model", model = "ORM", scoring = "forward" }
+
+[space]
+rho = [0.3, 0.8]
+group_sizes = [4]
+rewards = ["rule", "orm8b"]
+""".replace('"ORM"', json.dumps(str(ORM)))
+"""Issue 36's study: a rule-based and a 7B model-based reward system, a target to maximize and
+a cost to minimize; the budget of the declared-names test above."""
+
+
+def test_ask_after_tell_in_a_study_with_infeasible_proposals(tmp_path, cli):
+    """``ask`` records a proposal the budget cannot buy (``orm8b`` at 6e10) with the ``budget``
+    constraint in both forms a worker and ``tell`` write (``{"budget": v, "0": v}``): with one
+    form on some trials and two on others the study's BoTorch sampler refused the next ``ask``
+    ("Expected the constraints named ['0', 'budget'] but received ['budget']"). No training:
+    the told metrics carry their compute."""
+    (tmp_path / "s.toml").write_text(BAR)
+    url = f"sqlite:///{tmp_path}/d.db"
+    (tmp_path / "m.json").write_text(json.dumps({"targets": {"aime24": 0.4, "cost_usd": 0.01},
+                                                 "search_flops": 2e10, "learning_flops": 3e10, "reward_flops": 0}))
+    for _ in range(2):
+        r = cli("ask", "--study", "own", "--spec", "s.toml", "--storage", url, "--out", "asked", "--json",
+                cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        [asked] = json.loads(r.stdout)
+        r = cli("tell", "--study", "own", "--storage", url, "--trial", asked["trial"], "--metrics", "m.json",
+                "--no-mlflow", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    from allocopt.record import TrialRecord
+
+    trials = optuna.load_study(study_name="own", storage=url).trials
+    infeasible = [t for t in trials if TrialRecord.of(t).state == "INFEASIBLE"]
+    assert infeasible and all(t.params["reward"] == "orm8b" for t in infeasible)
+    assert all(set(t.constraints) == {"budget", "0"} and t.constraints["budget"] == t.constraints["0"] > 0
+               for t in infeasible)
+    assert sum(TrialRecord.of(t).state == "COMPLETE" for t in trials) == 2
