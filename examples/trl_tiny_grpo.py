@@ -22,13 +22,26 @@ file's ``[rewards]`` and ``[targets]`` tables) is served by mapping them onto th
 trains with ``sparse`` where the study asks for ``rule`` and reports the measured ``pass@1`` as
 ``acc``. ``metrics.json`` holds exactly the study's targets, under the names it declared; a
 study target the job neither measures nor maps is refused in one line before any training.
+
+Besides the tiny world's targets the job measures what its training cost, a target a study
+would minimize: ``train_seconds``, the wall seconds of ``trainer.train()``, and, priced with
+``--usd-per-gpu-hour X`` (X > 0), ``usd`` = train_seconds / 3600 × X × the devices it trained
+on (1 on the CPU)::
+
+    python examples/trl_tiny_grpo.py asked/trial-N --target cost_usd=usd --usd-per-gpu-hour 2.5
+
+``metrics.json`` also keeps everything measured, by key (``measured``), the devices and the
+price. A job given no study targets (an ``ask.json`` that names none) reports the tiny world's
+three targets by key, not the costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +51,11 @@ if str(ROOT) not in sys.path:
 
 REWARDS = ("sparse", "structured", "dense", "proxy_prm", "prm")
 """The reward systems the tiny world trains with."""
-MEASURED = ("native_reward", "pass@1", "judge")
-"""The targets the tiny world measures."""
+QUALITY = ("native_reward", "pass@1", "judge")
+"""The targets the tiny world measures by scoring the trained policy."""
+MEASURED = (*QUALITY, "train_seconds", "usd")
+"""Every value the job measures: the tiny world's targets, the training's wall seconds and, with
+``--usd-per-gpu-hour``, its price in USD."""
 
 
 def pairs(values: list[str], flag: str) -> dict[str, str]:
@@ -77,14 +93,41 @@ def reported_targets(measured: dict[str, float], declared: dict[str, Any],
     if declared and stray:
         sys.exit(f"error: --target {stray[0]}=...: the study's targets are {', '.join(declared)}")
     if not declared:
-        return dict(measured)
+        return {metric_key(k): measured[metric_key(k)] for k in QUALITY}
     out = {}
     for name in declared:
         source = mapping.get(name, name)
+        if metric_key(source) == "usd" and "usd" not in measured:
+            sys.exit(f"error: target {name!r} maps to usd: give --usd-per-gpu-hour X, the price of one "
+                     "device-hour in USD")
         if metric_key(source) not in measured:
             sys.exit(f"error: target {name!r}: the tiny job measures {', '.join(MEASURED)}; map it "
                      f"with --target {name}=pass@1 (or another)")
         out[name] = measured[metric_key(source)]
+    return out
+
+
+def price(value: str | None) -> float | None:
+    """``--usd-per-gpu-hour`` as a number > 0 (``None`` when not given); anything else exits 2
+    in one line."""
+    if value is None:
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or x <= 0:
+        print(f"error: --usd-per-gpu-hour {value!r}: give the price of one device-hour in USD, a "
+              "number > 0 (e.g. 2.5)", file=sys.stderr)
+        sys.exit(2)
+    return x
+
+
+def costs(seconds: float, devices: int, usd_per_hour: float | None) -> dict[str, float]:
+    """What training cost, by key: ``train_seconds`` and, priced, ``usd`` (device-hours × price)."""
+    out = {"train_seconds": seconds}
+    if usd_per_hour is not None:
+        out["usd"] = seconds / 3600 * usd_per_hour * devices
     return out
 
 
@@ -100,23 +143,34 @@ def main() -> None:
     ap.add_argument("--target", action="append", default=[], metavar="NAME=MEASURED",
                     help=f"report the measured value MEASURED ({', '.join(MEASURED)}) as the study's "
                          "target NAME; repeatable")
+    ap.add_argument("--usd-per-gpu-hour", default=None, metavar="X",
+                    help="price of one device-hour in USD (> 0): the job then measures usd = "
+                         "train_seconds / 3600 * X * devices")
     a = ap.parse_args()
     a.out = a.out or a.asked
+    usd_per_hour = price(a.usd_per_gpu_hour)
     info = json.loads((a.asked / "ask.json").read_text())
     fields = json.loads((a.asked / "grpo_config.json").read_text())
     reward_name = reward_to_train(info["reward"], pairs(a.reward, "--reward"))
     target_map, declared = pairs(a.target, "--target"), info.get("targets") or {}
-    measurable = dict.fromkeys(("native_reward", "pass_at_1", "judge"), 0.0)
+    measurable = dict.fromkeys(("native_reward", "pass_at_1", "judge"), 0.0) | costs(0.0, 1, usd_per_hour)
     reported_targets(measurable, declared, target_map)  # a target it cannot report: refused before training
-    trainer, world, tok, reward = train(a, info, fields, reward_name)
+    trainer, world, tok, reward, seconds = train(a, info, fields, reward_name)
     measured, eval_flops = world.evaluate(trainer.model, tok, reward)
+    devices = max(1, trainer.args.world_size)
+    measured = {**measured, **costs(seconds, devices, usd_per_hour)}
     targets = reported_targets(measured, declared, target_map)
-    (a.out / "metrics.json").write_text(json.dumps({"targets": targets, "eval_flops": eval_flops}, indent=2))
+    priced = {"usd_per_gpu_hour": usd_per_hour} if usd_per_hour is not None else {}
+    (a.out / "metrics.json").write_text(json.dumps({"targets": targets, "eval_flops": eval_flops,
+                                                    "measured": measured, "devices": devices, **priced},
+                                                   indent=2))
     print(json.dumps({"trial": info["trial"], "targets": targets, "measured": measured}))
 
 
 def train(a: argparse.Namespace, info: dict[str, Any], fields: dict[str, Any], reward_name: str) -> tuple:
-    """TRL GRPO + LoRA of the tiny world's policy with the asked config; TRL's output saved."""
+    """TRL GRPO + LoRA of the tiny world's policy with the asked config; TRL's output saved.
+    Returns the trainer, the tiny world, its tokenizer, the reward and the wall seconds of
+    ``trainer.train()``."""
     import torch
 
     torch.set_num_threads(1)
@@ -146,10 +200,12 @@ def train(a: argparse.Namespace, info: dict[str, Any], fields: dict[str, Any], r
                                                  target_modules="all-linear", lora_dropout=0.0,
                                                  task_type="CAUSAL_LM"))
     trainer.remove_callback(PrinterCallback)
+    start = time.perf_counter()
     trainer.train()
+    seconds = time.perf_counter() - start
     trainer.save_model()   # adapter_config.json (base model), training_args.bin
     trainer.save_state()   # trainer_state.json: per-step lengths and batch sizes
-    return trainer, world, tok, reward
+    return trainer, world, tok, reward, seconds
 
 
 if __name__ == "__main__":

@@ -93,8 +93,13 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
             plan = make_plan(budget, alloc, workload)
             run = whole_pass_run(plan, workload, trial.number, fidelity)
         except InfeasiblePlan as e:
+            from allocopt.study.trial import set_dashboard_constraint
+
             excess = math.log10(max(e.min_budget_flops, 1) / budget) if e.min_budget_flops else 1.0
             trial.set_constraint("budget", max(excess, 1e-6))
+            # both forms, as a worker and tell record them: a constrained sampler (BoTorch)
+            # refuses a study whose trials name different constraints
+            set_dashboard_constraint(study, trial, max(excess, 1e-6))
             write_infeasible(trial, str(e))
             write_start(trial, budget_flops=budget, fidelity=fidelity)
             study.tell(trial, [0.0] * len(spec.targets))
