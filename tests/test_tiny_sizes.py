@@ -4,7 +4,6 @@ search variable: each size priced from its own shape, the shipped builds intact.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -24,9 +23,9 @@ def test_every_size_runs_the_sft_steps_the_shipped_tiny_policy_ran():
     for size in sizes.SIZES:
         r = sizes.recipe(size)
         assert (r.policy_size, r.sft_steps, r.sft_stop_accuracy) == (size, sizes.SFT_STEPS, None)
-        # the learning rate: the world's own, or a halving of it (a wider model's)
+        # the learning rate: the world's own, or a smaller one (a larger model's), never larger
         lr, base = r.sft_lr, shipped["settings"]["sft_lr"]
-        assert lr == sizes.SFT_LR[size] and any(math.isclose(lr, base / 2 ** k) for k in range(4))
+        assert lr == sizes.SFT_LR[size] and 0 < lr <= base
         # everything else is the default recipe's: same data, same optimizer
         own = ("policy_size", "sft_steps", "sft_stop_accuracy", "sft_lr")
         assert {k: v for k, v in r.to_json().items() if k not in own} \
