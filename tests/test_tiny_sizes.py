@@ -14,7 +14,7 @@ from allocopt.plan.allocation import Allocation, Workload, make_plan
 from objectives.tiny import sizes
 from objectives.tiny.manifest import SHIPPED_DIR, sha256
 
-SHIPPED = ("small",)
+SHIPPED = ("small", "medium")
 
 
 def test_every_size_runs_the_sft_steps_the_shipped_tiny_policy_ran():
@@ -131,10 +131,19 @@ def test_the_model_size_study_file_plans_every_size(cli):
     spec = StudySpec.from_toml("studies/tiny-sizes.toml")
     r = cli("study", "--spec", "studies/tiny-sizes.toml", "--dry-run")
     assert r.returncode == 0, r.stderr
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["tiny"], ["small"])]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in ([m] for m in sizes.SIZES)]
     n = len(spec.space.rewards) * len(spec.space.group_sizes) * 8
-    assert [x[0] for x in rows].count("tiny") == n and [x[0] for x in rows].count("small") == n
+    assert spec.space.models == sizes.SIZES
+    assert all([x[0] for x in rows].count(m) == n for m in sizes.SIZES)
     w = make().workload()
     for size in spec.space.models:
         row = next(x for x in rows if x[:4] == [size, "sparse", "4", "0.50"])
         assert int(row[7]) == make_plan(3e11, Allocation(0.5, 4, "sparse", model=size), w).iterations
+
+
+def test_trial_names_a_policy_size_and_refuses_an_unknown_one(cli):
+    """`allocopt trial --model` with a size the objective lacks: one line, exit 2, naming the
+    sizes there are (a real trial at each shipped size: the slow test above)."""
+    r = cli("trial", "--objective", "tiny", "--budget", "3e11", "--rho", "0.5", "--model", "huge")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "model='huge': not one of this objective's policies (tiny, small, medium)" in r.stderr

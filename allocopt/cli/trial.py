@@ -35,6 +35,7 @@ def trial(
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
     group_size: int = typer.Option(4, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
     reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
+    model: Optional[str] = typer.Option(None, help="Policy of an objective that has several (the tiny world's sizes: tiny, small, medium). \\[default: the objective's own]"),
     objective: str = typer.Option("tiny", help="What the trial trains and scores (tiny: CPU arithmetic world; tiny-table: its measured grid, replayed; qwen: GPU; synthetic; command)."),
     seed: int = typer.Option(0, help="Random seed of the trial."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -49,7 +50,7 @@ def trial(
     from allocopt.vocabulary import Vocabulary
 
     Vocabulary().reward(reward)  # the built-in systems: a study file declares others
-    alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward)
+    alloc = Allocation(rho=_number("rho", rho), group_size=group_size, reward=reward, model=model)
     b = check_budget(budget)
     if not 0 <= seed < 2**32:
         raise ConfigError(f"seed={seed}: must be an integer from 0 to 2**32 - 1")

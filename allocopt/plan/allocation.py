@@ -275,7 +275,16 @@ def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
     if allocation.model is None:
         return workload.policy
     named = workload.policies.get(allocation.model)
-    return named if named is not None else model_shape(allocation.model)
+    if named is not None:
+        return named
+    try:
+        return model_shape(allocation.model)
+    except ConfigError as e:
+        if not workload.policies:
+            raise
+        raise ConfigError(f"model={allocation.model!r}: not one of this objective's policies "
+                          f"({', '.join(workload.policies)}), nor a preset or a local folder with "
+                          "a config.json") from e
 
 
 def reward_model_of(workload: Workload, reward: str) -> ModelShape | None:
