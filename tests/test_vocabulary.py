@@ -338,3 +338,19 @@ def test_an_objective_that_cannot_score_a_declared_reward_refuses_it_before_any_
 
     assert optuna.study.get_all_study_summaries(url) == [] or all(
         s.n_trials == 0 for s in optuna.study.get_all_study_summaries(url))
+
+
+def test_tables_show_a_declared_name_where_its_key_differs(cli, tmp_path):
+    """A declared target whose name MLflow would reject (``aime@24``, stored as ``aime_at_24``)
+    is shown under its own name in `best`'s and `pareto`'s tables, never as its key."""
+    text = STUDY.replace('"aime24"', '"aime@24"').replace("aime24 = {{", '"aime@24" = {{')
+    spec = _study(tmp_path, text.replace("trials = 4", "trials = 3"))
+    (tmp_path / "job.sh").write_text(JOB.replace('"aime24"', '"aime@24"'))
+    url = f"sqlite:///{tmp_path}/own.db"
+    r = cli("study", "--spec", spec, "--storage", url, "--no-mlflow", "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for cmd in (["best", "--target", "aime@24"], ["best", "--target", "cost_usd"],
+                ["pareto", "--target", "aime@24", "--target", "cost_usd"]):
+        out = cli(*cmd, "--study", "own", "--storage", url, cwd=tmp_path, env={"COLUMNS": "200"})
+        assert out.returncode == 0, out.stderr
+        assert "aime@24" in out.stdout and "aime_at_24" not in out.stdout, (cmd, out.stdout)

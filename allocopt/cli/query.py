@@ -143,9 +143,14 @@ def _f(v: float, spec: str) -> str:
     return format(v, spec) if math.isfinite(v) else "–"
 
 
-def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[Any]) -> Table:
-    """Allocation, targets (``first`` in bold, then the other measured ones) and breakdown shares."""
-    from allocopt.query.pareto import field_label, measured_targets, number, value
+def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[Any],
+                vocabulary: Any = None) -> Table:
+    """Allocation, targets (``first`` in bold, then the other measured ones, each under its
+    declared name in ``vocabulary``) and breakdown shares."""
+    from allocopt.query.pareto import field_label as label, measured_targets, number, value
+
+    def field_label(k: str) -> str:
+        return label(k, vocabulary)
 
     several = len({r.study for r in all_rows}) > 1
     fidelities = len({r.fidelity for r in rows}) > 1
@@ -225,7 +230,7 @@ def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], so
                      "complete_trials": n_done, "front": [row_dict(r) for r in front]})
         return
     spec = ", ".join(f"{field_label(k)} ({d})" for k, d in zip(keys, dirs))
-    t = _rows_table(front, f"Pareto front of {source}: {spec}", keys, rows)
+    t = _rows_table(front, f"Pareto front of {source}: {spec}", keys, rows, vocabulary)
     t.caption = (f"{len(front)} non-dominated of {n_done} complete trials"
                  + (f" ({fidelity} fidelity)" if fidelity != "all" else "") + "; " + t.caption)
     _out().print(t)
@@ -241,13 +246,18 @@ def best(
     as_json: bool = _JSON,
 ) -> None:
     """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
-    from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, field_label, row_dict
+    from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, row_dict
+    from allocopt.query.pareto import field_label as label
 
     rows, source, study = _load(**trials, fidelity=fidelity)
     stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
     if target is None:
         target = stored_target(*stored)
     vocab = stored_vocabulary(*stored)
+
+    def field_label(k: str) -> str:
+        return label(k, vocab)
+
     (key,) = check_fields(rows, [target], "target", vocabulary=vocab)
     d = direction or default_direction(key, vocab)
     b = best_of(rows, key, d)
@@ -273,15 +283,19 @@ def best(
     if b is None:  # check_fields found a complete trial, so only a filter can empty this
         out.print(f"no complete trial of {source} matches")
         return
-    out.print(_best_table(b, key, d, source, evidence=bool(rec)))
+    out.print(_best_table(b, key, d, source, evidence=bool(rec), vocabulary=vocab))
     if len(per) > 1:
         out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
-                              [key], rows))
+                              [key], rows, vocab))
 
 
-def _best_table(b: Any, key: str, d: str, source: str, evidence: bool) -> Table:
-    """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets and compute."""
-    from allocopt.query.pareto import field_label, number
+def _best_table(b: Any, key: str, d: str, source: str, evidence: bool, vocabulary: Any = None) -> Table:
+    """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets (each under
+    its declared name in ``vocabulary``) and compute."""
+    from allocopt.query.pareto import field_label as label, number
+
+    def field_label(k: str) -> str:
+        return label(k, vocabulary)
     from allocopt.tracking.layout import EXPECTED_GPU_HOURS, GPU_HOURS
 
     total = number(b, "total_flops")
