@@ -126,7 +126,7 @@ class StudySpec:
     """FLOPs each full-budget trial may spend."""
     target: str | tuple[str, ...] = "pass@1"
     """Target to maximize (see :data:`TARGETS`), or several: a multi-objective study that
-    searches the Pareto front (BoTorch hypervolume acquisition through Optuna)."""
+    searches the Pareto front (expected hypervolume improvement with :attr:`sampler`)."""
     trials: int = 12
     """Full-budget trials to run in all (a resumed study runs only the missing ones); RACE
     pilots come on top."""

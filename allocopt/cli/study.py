@@ -107,7 +107,7 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
         raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
                           "plain BO (--tuner bo, or several targets) has no leader to repeat")
     if s.multi_objective and ((s.tuner == "race" and s.pilots != 0) or s.tuner == "kg"):
-        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs BoTorch's "
+        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs a "
                   f"hypervolume search, without {'the kg tuner or ' if s.tuner == 'kg' else ''}"
                   "pilots (as --pilots 0)", highlight=False)
         return replace(s, pilots=0)
