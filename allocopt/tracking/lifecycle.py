@@ -37,7 +37,7 @@ def make_tracker(study_name: str, mlflow_uri: str | None, enabled: bool = True, 
 
     try:
         with _sqlite_lock(mlflow_uri):  # workers creating one MLflow SQLite file at once
-            probe_tracking(study_name, mlflow_uri)  # would race on its schema migrations
+            _probe(study_name, mlflow_uri)  # would race on its schema migrations
             from allocopt.tracking.spool import spool_folder
 
             with _quiet_mlflow():
@@ -80,6 +80,14 @@ def _sqlite_lock(mlflow_uri: str | None) -> Iterator[None]:
 
 
 def probe_tracking(study_name: str, mlflow_uri: str | None) -> None:
+    """:func:`_probe` under the lock beside an MLflow SQLite store (:func:`_sqlite_lock`): two
+    workers starting in a fresh folder would otherwise both create its schema, and the loser's
+    half-done migration leaves the file unusable (``table _alembic_tmp_... already exists``)."""
+    with _sqlite_lock(mlflow_uri):
+        _probe(study_name, mlflow_uri)
+
+
+def _probe(study_name: str, mlflow_uri: str | None) -> None:
     """Check the MLflow store before anything is recorded elsewhere: one read (the study's
     experiment) with a short timeout and no retries, then one write (the experiment, created
     when missing, gets an ``allocopt.checked_at`` tag), so an unreachable server or a
