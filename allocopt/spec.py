@@ -292,7 +292,7 @@ class StudySpec:
             raise ConfigError(f"vocabulary: not a study-file key in spec {p.name}; declare targets in "
                               "a [targets] table and reward systems in a [rewards] table")
         declared = {k: data.pop(k) for k in ("targets", "rewards") if k in data}
-        check_keys(data, cls, f"spec {p.name}")
+        check_keys(data, cls, f"spec {p.name}", file_keys={"vocabulary": "targets,rewards"})
         if declared:
             data["vocabulary"] = Vocabulary.declare(declared.get("targets"), declared.get("rewards"))
         if isinstance(data.get("budget_flops"), str):

@@ -35,9 +35,13 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     return check_depth(data, str(path), what)
 
 
-def check_keys(data: Mapping[str, Any], cls: type, what: str) -> None:
-    """Raise :class:`ConfigError` naming the first key of ``data`` that is not a field of ``cls``."""
+def check_keys(data: Mapping[str, Any], cls: type, what: str, *, file_keys: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` naming the first key of ``data`` that is not a field of ``cls``.
+    ``file_keys``: fields a file writes under other keys (field -> its keys, comma-separated),
+    so the allowed list names what a file may hold."""
     known = {f.name for f in fields(cls)}
+    for name, keys in (file_keys or {}).items():
+        known = (known - {name}) | set(keys.split(","))
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{what}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")

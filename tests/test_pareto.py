@@ -339,8 +339,8 @@ def test_cli_pareto_defaults_to_the_studys_targets(two_targets, capsys):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["best", "--study", "mo"], "target=None: study mo has 2 targets (pass@1, judge); give --target"),
-    (["best", "--study", "bare"], "target=None: study bare stores no target; give --target"),
+    (["best", "--study", "mo"], "--target: not given, and study mo has 2 targets (pass@1, judge); give --target"),
+    (["best", "--study", "bare"], "--target: not given, and study bare stores no target; give --target"),
     (["pareto", "--study", "bare"], "objectives=None: study bare stores no target; give --objectives"),
 ])
 def test_cli_no_single_stored_target_exits_2_with_one_line(two_targets, capsys, args, needle):
@@ -358,7 +358,7 @@ def test_cli_best_without_target_in_a_subprocess(studies):
     r = subprocess.run([sys.executable, "-m", "allocopt.cli", "best", "--from-mlflow", "a", "--from-mlflow", "b",
                         "--mlflow-uri", studies["uri"]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "target=None: MLflow a, b stores no target; give --target" in r.stderr
+    assert "--target: not given, and MLflow a, b stores no target; give --target" in r.stderr
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -233,3 +233,13 @@ def test_disk_full_is_found_in_an_error_chain():
                              RuntimeError("An exception is raised during the commit.")))
     assert not disk_full(OSError(errno.EACCES, "Permission denied"))
     assert not disk_full(chained(sqlite3.OperationalError("database is locked"), RuntimeError("commit")))
+
+
+def test_the_settled_line_counts_interrupted_trials_apart_from_stale_ones():
+    """A failed stale trial and a Ctrl-C'd one: '1 stale', then the interrupted one on its own,
+    so the count matches the trials it lists."""
+    from allocopt.store.settle import settled_line
+
+    assert settled_line("ck", {"finished": [], "failed": [1], "requeued": [2]}, 2) == (
+        "study 'ck': settled 1 stale trial(s) a stopped worker left: 1 failed (trial 1); "
+        "1 interrupted (trial 2); re-queued 2 to run again")

@@ -354,3 +354,13 @@ def test_tables_show_a_declared_name_where_its_key_differs(cli, tmp_path):
         out = cli(*cmd, "--study", "own", "--storage", url, cwd=tmp_path, env={"COLUMNS": "200"})
         assert out.returncode == 0, out.stderr
         assert "aime@24" in out.stdout and "aime_at_24" not in out.stdout, (cmd, out.stdout)
+
+
+def test_an_unknown_study_file_key_lists_the_keys_a_file_may_hold(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('name = "x"\nbudget_flops = 1e19\ntrails = 3\n')
+    with pytest.raises(ConfigError) as e:
+        StudySpec.from_toml(p)
+    allowed = str(e.value).split("allowed: ")[1].split(", ")
+    assert "unknown key 'trails'" in str(e.value)
+    assert {"targets", "rewards", "trials"} <= set(allowed) and "vocabulary" not in allowed

@@ -99,9 +99,9 @@ def stored_target(study: Optional[str], storage: str, from_mlflow: Optional[List
         return names[0]
     where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
     if names:
-        raise QueryError(f"target=None: {where} has {len(names)} targets ({', '.join(names)}); give "
+        raise QueryError(f"--target: not given, and {where} has {len(names)} targets ({', '.join(names)}); give "
                        "--target one of them, or see them together with `allocopt pareto`")
-    raise QueryError(f"target=None: {where} stores no target; give --target (native_reward, pass@1, "
+    raise QueryError(f"--target: not given, and {where} stores no target; give --target (native_reward, pass@1, "
                    "pass@1:gsm8k, pass@1:math500, judge or a field such as total_flops)")
 
 

@@ -206,16 +206,17 @@ def settled_line(study_name: str, out: Mapping[str, list[int]], queued: int) -> 
     def numbers(xs: list[int]) -> str:
         return ("trial " if len(xs) == 1 else "trials ") + ", ".join(map(str, xs))
 
-    parts = []
+    stale_parts = []
     if out["finished"]:
-        parts.append(f"{len(out['finished'])} finished from its record ({numbers(out['finished'])})")
+        stale_parts.append(f"{len(out['finished'])} finished from its record ({numbers(out['finished'])})")
     if out["failed"]:
-        parts.append(f"{len(out['failed'])} failed ({numbers(out['failed'])})")
+        stale_parts.append(f"{len(out['failed'])} failed ({numbers(out['failed'])})")
+    # an interrupted trial was stopped by Ctrl-C, not left by a stopped worker: counted apart
+    parts = [f"settled {stale} stale trial(s) a stopped worker left: {', '.join(stale_parts)}"] if stale else []
     if out["requeued"]:
         parts.append(f"{len(out['requeued'])} interrupted ({numbers(out['requeued'])})")
-    head = f"study {study_name!r}: settled {stale} stale trial(s) a stopped worker left" if stale else \
-        f"study {study_name!r}: settled"
-    return f"{head}: {', '.join(parts)}; re-queued {queued} to run again"
+    body = "; ".join(parts) if stale else "settled: " + ("; ".join(parts) or "nothing")
+    return f"study {study_name!r}: {body}; re-queued {queued} to run again"
 
 
 def settled(study: Any) -> dict[str, list[int]]:
