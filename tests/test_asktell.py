@@ -230,8 +230,10 @@ def test_race_pilots_reserved_by_ask_outlive_the_grace_period(tmp_path, monkeypa
     monkeypatch.setenv("ALLOCOPT_HEARTBEAT_S", "1")
     monkeypatch.setenv("ALLOCOPT_GRACE_S", "2")
     url = f"sqlite:///{tmp_path}/r.db"
-    assert cli("ask", "--study", "rt", "--storage", url, "--objective", "synthetic", "--budget", "1e18",
-               "--target", "pass@1", "--out", "asked", cwd=tmp_path).returncode == 0
+    (tmp_path / "race.toml").write_text('objective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
+                                        'tuner = "race"\n')
+    assert cli("ask", "--study", "rt", "--storage", url, "--spec", "race.toml", "--out", "asked",
+               cwd=tmp_path).returncode == 0
     info = json.loads((tmp_path / "asked" / "trial-0" / "ask.json").read_text())
     assert info["fidelity"] == "pilot"
     import time

@@ -120,7 +120,7 @@ def test_study_with_race_pilots_passes_set_to_the_objective(tmp_path, run):
 
     db = f"sqlite:///{tmp_path}/s.db"
     spec = tmp_path / "small.toml"
-    spec.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\n'
+    spec.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\ntuner = "race"\n'
                     '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n')
     r = run("study", "--spec", str(spec), "--trials", "1", "--pilots", "12", "--study-name", "set",
             "--storage", db, "--no-mlflow", "--set", "variant=flat", "--set", "noise=0")

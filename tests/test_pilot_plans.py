@@ -154,7 +154,7 @@ def test_dry_run_tables_show_batch_and_moved_pilots(tmp_path):
     from allocopt.study.loop import dry_run
     from objectives.synthetic import SyntheticObjective
 
-    args = ["study", "--objective", "synthetic", "--target", "pass@1", "--dry-run"]
+    args = ["study", "--objective", "synthetic", "--target", "pass@1", "--tuner", "race", "--dry-run"]
     workload = SyntheticObjective().workload()
     for budget in ("1e19", "1e17"):  # none moved; one moved
         res = CliRunner().invoke(app, [*args, "--budget", budget], env={"COLUMNS": "80"})

@@ -167,7 +167,7 @@ def test_several_objectives_are_refused():
 def test_run_study_is_the_one_loop(tmp_path):
     """``allocopt study``'s loop with RACE on: the pilots, then ``trials`` full-budget runs."""
     s = StudySpec(name="loop", objective="synthetic", budget_flops=BUDGET, target="pass@1", trials=3,
-                  pilots=24, space=SPACE)
+                  tuner="race", pilots=24, space=SPACE)
     obj = SyntheticObjective()
     st = run_study(s, objective=obj, workload=obj.workload(), storage=f"sqlite:///{tmp_path}/s.db")
     fid = [t.user_attrs["fidelity"] for t in sorted(st.trials, key=lambda t: t.number)]

@@ -319,7 +319,7 @@ def test_cli_study_sizes_its_pilots_to_a_large_space(tmp_path):
     assert StudySpec().pilots is None
     toml = tmp_path / "big.toml"
     toml.write_text('name = "big"\nobjective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\n'
-                    'trials = 1\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4, 8]\n'
+                    'tuner = "race"\ntrials = 1\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4, 8]\n'
                     'rewards = ["sparse", "structured", "dense", "prm"]\n'
                     'models = ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"]\n')
     url = f"sqlite:///{tmp_path}/big.db"
@@ -422,7 +422,7 @@ def test_run_study_from_python_stores_the_final_answer(tmp_path):
     from allocopt.study.open import make_sampler
     from allocopt.tracking import StudyTracker
 
-    s = spec(name="answer", trials=2, pilots=12, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8),
+    s = spec(name="answer", trials=2, tuner="race", pilots=12, space=SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8),
                                                                     rewards=("sparse", "prm")))
     obj, url, uri = Counting(), f"sqlite:///{tmp_path}/o.db", f"sqlite:///{tmp_path}/m.db"
     w = obj.workload()

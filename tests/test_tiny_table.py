@@ -137,7 +137,7 @@ def test_a_race_study_replays_the_table_end_to_end(tmp_path):
     table = write_table(tmp_path / "t.csv", rows)
     study = tmp_path / "s.toml"
     study.write_text('name = "tt"\nobjective = "tiny-table"\nbudget_flops = 3e11\ntarget = "pass@1"\ntrials = 2\n'
-                     'pilots = 12\npilot_fraction = 0.25\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4]\n'
+                     'tuner = "race"\npilots = 12\npilot_fraction = 0.25\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4]\n'
                      f'rewards = ["sparse"]\n[race]\nbandwidth = 0.35\n[objective_settings]\ntable = "{table}"\n')
     url = f"sqlite:///{tmp_path}/s.db"
     p = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(study), "--no-mlflow",

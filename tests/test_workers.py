@@ -171,7 +171,7 @@ def test_three_workers_one_killed(postgres_url, tmp_path):
     pilots, full = 10, 3  # the fewest pilots RACE accepts for 2 rewards x 2 G
     spec = tmp_path / "s.toml"
     spec.write_text(f'name = "kw"\nobjective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
-                    f'trials = {full}\nseed = 0\npilots = {pilots}\npilot_fraction = 0.1\n'
+                    f'trials = {full}\nseed = 0\ntuner = "race"\npilots = {pilots}\npilot_fraction = 0.1\n'
                     '[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n'
                     '[objective_settings]\nsleep_s = 1.0\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ALLOCOPT_HEARTBEAT_S": "1", "ALLOCOPT_GRACE_S": "10"}
@@ -278,7 +278,7 @@ def test_two_workers_start_together_on_fresh_sqlite_files(tmp_path):
     once, no full-budget allocation runs twice, at most one full trial more than asked."""
     spec = tmp_path / "small.toml"
     spec.write_text('objective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\ntrials = 3\n'
-                    'pilots = 10\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n')
+                    'tuner = "race"\npilots = 10\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4, 8]\nrewards = ["sparse", "prm"]\n')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "allocopt.cli", "study", "--spec", str(spec), "--study-name", "two",
            "--storage", "sqlite:///s.db", "--mlflow-uri", "sqlite:///mlflow.db"]
