@@ -19,8 +19,9 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     :class:`allocopt.study.sampler.RaceSampler` asking the knowledge-gradient tuner
     (:func:`allocopt.study.sampler.kg_sampler`); with ``tuner = "race"`` a RaceSampler asking RACE
     (pilots, then surrogate proposals) unless ``spec.pilots == 0`` or the study has several
-    targets; else (``tuner = "bo"``, RACE without pilots, several targets) the one ``spec.sampler`` names (several targets:
-    ``gp``: Optuna's log EHVI; ``botorch``: BoTorch's qLogNEHVI).
+    targets; else (``tuner = "bo"``, RACE without pilots, several targets) the one
+    ``spec.sampler`` names (several targets: ``gp``: Optuna's log EHVI; ``botorch``: BoTorch's
+    qLogNEHVI).
     Other workers' RUNNING trials are pending points of the BoTorch acquisition
     (:func:`_ei_candidates`; Optuna's ``GPSampler`` conditions on them itself), and workers started
     by ``allocopt workers`` are seeded ``spec.seed`` + their index (``ALLOCOPT_WORKER``).
