@@ -273,3 +273,12 @@ def test_the_answer_paragraph_reads_as_one_sentence():
     answer = page[page.index("<p class='answer'>"):page.index("</p>", page.index("<p class='answer'>"))]
     assert answer.count("<br>") == 2 and "`" not in answer  # three sentences, no backticks
     assert "3 allocations at rho 0.57-0.62, 2 reward systems (dense, structured): not one winner; listed below" in answer
+
+
+def test_report_writes_into_a_report_folder_by_default(study, tmp_path, monkeypatch):
+    """`allocopt report --study S` without --out (as `best` suggests it): ./report/."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["report", "--study", "r", "--storage", study["storage"]])
+    assert e.value.code == 0
+    assert (tmp_path / "report" / "report.html").is_file()

@@ -323,7 +323,7 @@ def _best_table(b: Any, key: str, d: str, source: str, evidence: bool, vocabular
 
 # ---------------------------------------------------------------------------- report
 def report(
-    out_dir: Path = typer.Option(..., "--out", help="Folder for the PNGs and report.html (created)."),
+    out_dir: Path = typer.Option(Path("report"), "--out", help="Folder for the PNGs and report.html (created)."),
     study: Optional[str] = _STUDY,
     storage: str = _STORAGE,
     from_mlflow: Optional[List[str]] = _FROM_MLFLOW,
