@@ -81,6 +81,7 @@ rewards = ["rule"]
 """
 
 
+@pytest.mark.slow  # trains the tiny policy with TRL: ~20 s
 def test_the_example_job_serves_a_studys_declared_names(tmp_path, cli):
     """A study that declares its own target (``acc``) and rule-based reward system (``rule``):
     ``ask`` names both in ``ask.json``, the example job trains with the tiny world's ``sparse``
