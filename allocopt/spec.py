@@ -129,7 +129,8 @@ class StudySpec:
     searches the Pareto front (expected hypervolume improvement with :attr:`sampler`)."""
     trials: int = 12
     """Full-budget trials to run in all (a resumed study runs only the missing ones); RACE
-    pilots come on top."""
+    pilots come on top, and so do proposals the budget cannot buy (recorded infeasible, never
+    run)."""
     seed: int = 0
     sampler: str = "gp"
     """The sampler of ``tuner = "bo"`` and of a study of several targets: ``gp`` (Optuna's

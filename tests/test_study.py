@@ -79,9 +79,28 @@ def test_infeasible_proposals_are_never_run(tmp_path):
     assert all(r.params["reward"] == "prm" or "not realizable" in r.error for r in infeasible)
     assert any(r.params["reward"] == "prm" and "smallest feasible plan" in r.error for r in infeasible)
     assert len(obj.calls) == len(rs) - len(infeasible)  # infeasible ones cost nothing
+    assert len(obj.calls) == 8  # and do not count: --trials 8 is 8 runs paid for
     for t in st.get_trials():
         c = t.system_attrs.get("constraints:budget")
         assert (c > 0) == (t.user_attrs["state"] == "INFEASIBLE")
+
+
+def test_a_sampler_that_only_proposes_infeasible_plans_is_stopped(tmp_path, monkeypatch):
+    """Infeasible proposals do not count towards ``trials``; a sampler that proposes nothing
+    else stops after ``MAX_INFEASIBLE`` of them, the reason stored, nothing run."""
+    from allocopt.plan.allocation import Allocation, min_budget
+    from allocopt.study import loop
+
+    monkeypatch.setattr(loop, "MAX_INFEASIBLE", 7)
+    obj = Counting()
+    w = obj.workload()
+    cheapest = min(min_budget(Allocation(r / 10, g, "sparse"), w) for r in range(2, 10) for g in (2, 8))
+    st = run_study(spec(budget_flops=0.5 * cheapest, trials=4,
+                        space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8), rewards=("sparse",))),
+                   objective=obj, workload=w, storage=f"sqlite:///{tmp_path}/n.db")
+    assert [t.user_attrs["state"] for t in st.trials] == ["INFEASIBLE"] * 7 and obj.calls == []
+    assert loop.finished_full(st) == 0
+    assert "proposed 7 allocations the budget cannot buy" in st.user_attrs[loop.STOPPED_ATTR]
 
 
 def test_failed_trial_is_recorded_and_study_goes_on(tmp_path):

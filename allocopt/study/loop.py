@@ -60,8 +60,8 @@ def run_study(
     verbose: bool = False,
 ) -> Any:
     """The one study loop: ask the sampler, run the trial, tell the result, until the study has
-    ``spec.trials`` finished full-budget trials (complete, infeasible or failed), then store the
-    study's final answer.
+    ``spec.trials`` finished full-budget trials (complete or failed; an infeasible proposal never
+    runs and does not count, :func:`finished_full`), then store the study's final answer.
 
     With :class:`allocopt.study.sampler.RaceSampler` (``tuner = "race"`` with pilots, one
     target) the sampler decides each trial's fidelity: RACE pilots (at
@@ -138,8 +138,11 @@ def _run_trials(study: Any, spec: StudySpec, race: Any, run_trial: Callable[[Any
     dists = distributions(spec, fidelity=race is not None)
     admit = partial(_admit, study=study, spec=spec, race=race, pilots_only=pilots_only)
     piloting = race is not None  # the pilot phase: every grid point claimed and no re-run waiting ends it
+    infeasible_at_start = infeasible_full(study)
     for _ in range(trial_cap(study, spec, race) + 1):  # a killed or interrupted trial's re-run (queued) is
         # run even when the count is reached: the work it stood for runs exactly once
+        if _infeasible_stop(study, spec, infeasible_at_start):
+            break
         if piloting and not retries_waiting(study) and race.pilots_left(study) == 0:
             if pilots_only:
                 break
@@ -155,6 +158,20 @@ def _run_trials(study: Any, spec: StudySpec, race: Any, run_trial: Callable[[Any
                 race.suggest(trial)  # user attributes: fidelity, budget_flops, race_pilot / race_validation
             run_trial(study, trial)
     return piloting
+
+
+def _infeasible_stop(study: Any, spec: StudySpec, at_start: int) -> bool:
+    """Whether this run asked :data:`MAX_INFEASIBLE` infeasible proposals (then the reason is
+    stored): a sampler that keeps proposing what the budget cannot buy ends the study, short of
+    its count, instead of asking forever."""
+    n = infeasible_full(study) - at_start
+    if n < MAX_INFEASIBLE:
+        return False
+    study.set_user_attr(STOPPED_ATTR, f"the sampler proposed {n} allocations the budget cannot buy "
+                        f"(infeasible, never run): stopped after {finished_full(study)} of "
+                        f"{spec.trials} full runs; narrow the space (rho, group_sizes) to what "
+                        "`allocopt study --dry-run` shows feasible")
+    return True
 
 
 def _admit(trial: Any, *, study: Any, spec: StudySpec, race: Any, pilots_only: bool) -> str | None:
@@ -245,7 +262,12 @@ def trial_cap(study: Any, spec: StudySpec, race: Any = None) -> int:
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) + 2
     extra = (len(race.design) + 2 * spec.trials + (getattr(race.tuner, "max_pilots", None) or 0)
              + math.ceil(race.settings.extra_pilot_budget / race.pilot_fraction)) if race is not None else 0
-    return spec.trials + waiting + extra
+    return spec.trials + waiting + extra + MAX_INFEASIBLE
+
+
+MAX_INFEASIBLE = 100
+"""Most infeasible full-budget proposals one run of the loop asks (they cost nothing and do not
+count towards ``spec.trials``); past it the study stops, the reason stored (:data:`STOPPED_ATTR`)."""
 
 
 def finish_study(study: Any, spec: StudySpec, race: Any, tracker: Any,
@@ -279,13 +301,20 @@ def resumed_seed(seed: int, n: int) -> int:
 
 def finished_full(study: Any) -> int:
     """Full-budget trials that count towards ``spec.trials``: complete ones and failed ones (a
-    failed run would fail again); an interrupted or killed trial that is run again (a trial
-    repeats it: Optuna's ``failed_trial``) does not count, its re-run does."""
+    failed run would fail again, and it spent compute). An infeasible proposal does not count:
+    it never ran and cost nothing, so ``--trials 16`` is 16 runs paid for (the benchmark's rule
+    too); :data:`MAX_INFEASIBLE` bounds how many a run asks. An interrupted or killed trial that
+    is run again (a trial repeats it: Optuna's ``failed_trial``) does not count, its re-run does."""
     recs = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
     retried = {r.retried_from for r in recs}
     return sum(1 for r in recs
-               if r.fidelity == "full" and (r.optuna_state == "COMPLETE" or (
+               if r.fidelity == "full" and ((r.optuna_state == "COMPLETE" and r.state != "INFEASIBLE") or (
                    r.optuna_state == "FAIL" and r.number not in retried and not r.interrupted)))
+
+
+def infeasible_full(study: Any) -> int:
+    """Full-budget proposals recorded infeasible (never run; not counted by :func:`finished_full`)."""
+    return sum(1 for r in records(study) if r.fidelity == "full" and r.state == "INFEASIBLE")
 
 
 def running_full(study: Any, *, below: int | None = None) -> int:
