@@ -38,7 +38,7 @@ def study(
     budget: Optional[str] = typer.Option(None, help="FLOP budget of each trial, e.g. 1e19. \\[default: the spec's; required without --spec]"),
     target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (maximized), or one the study file declares in its \\[targets] table. Repeat it for a multi-objective study (Pareto front). \\[default: the spec's, else pass@1]"),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU arithmetic world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
-    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones). \\[default: the spec's, else 12]"),
+    trials: Optional[int] = typer.Option(None, help="Full-budget trials in all (a resumed study runs the missing ones; infeasible proposals, never run, do not count). \\[default: the spec's, else 12]"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="Study name; the same name resumes the study. \\[default: the spec's, else allocopt]"),
     storage: str = typer.Option(DEFAULT_STORAGE, envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line."),
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
