@@ -261,3 +261,33 @@ def test_cli_ask_and_bad_tell_in_a_subprocess(tmp_path):
     assert "actor_rollout_ref.rollout.n=" in (folder / "verl_overrides.txt").read_text()
     r = run("tell", "--study", "fresh", "--trial", folder.name.split("-")[1], "--metrics", "nope.json")
     assert r.returncode == 2 and r.stderr.strip() == "error: metrics='nope.json': file not found", r.stderr
+
+
+def test_a_sampler_that_raises_leaves_no_trial_running(tmp_path):
+    """The sampler raising while ``ask`` reserves: the trial is given back (failed as
+    interrupted, nothing to repeat), not left RUNNING for ever, and the next ask reserves."""
+    from optuna.trial import TrialState
+
+    from allocopt.study.asktell import reserve_and_write
+    from allocopt.study.open import distributions
+
+    s = StudySpec(name="r", objective="synthetic", budget_flops=1e18, target="pass@1", trials=4,
+                  tuner="bo", sampler="random", space=SearchSpace(rho=(0.2, 0.9), group_sizes=(2, 8)))
+    obj = SyntheticObjective()
+    w = obj.workload()
+    st = optuna.create_study(study_name="r", storage=f"sqlite:///{tmp_path}/r.db",
+                             sampler=optuna.samplers.RandomSampler(seed=0))
+
+    class Broken(optuna.samplers.RandomSampler):
+        def sample_independent(self, *a, **k):
+            raise RuntimeError("the sampler broke")
+
+    kw = dict(study="r", storage="", learning_rate=1e-5, micro_batch=1, num_processes=1)
+    st.sampler = Broken(seed=0)
+    with pytest.raises(RuntimeError, match="the sampler broke"):
+        reserve_and_write(st, s, w, 2, "trl", distributions(s), tmp_path / "asked", **kw)
+    assert [t.state for t in st.trials] == [TrialState.FAIL]
+    st.sampler = optuna.samplers.RandomSampler(seed=1)
+    runs, _, _ = reserve_and_write(st, s, w, 2, "trl", distributions(s), tmp_path / "asked", **kw)
+    assert [r.trial_number for r in runs] == [1, 2]
+    assert [t.state for t in st.trials] == [TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]

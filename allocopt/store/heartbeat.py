@@ -253,8 +253,7 @@ def worker_trial(study: Any, distributions: Mapping[str, Any],
             trial = None
         else:
             wait_for_earlier_proposals(study, trial.number, tuple(distributions))
-            for name, dist in distributions.items():
-                _suggest(trial, name, dist)
+            suggest_all(trial, distributions)
         yield trial
     except BaseException:
         if not beat.__exit__(*sys.exc_info()):
@@ -295,6 +294,14 @@ def wait_for_earlier_proposals(study: Any, number: int, names: tuple[str, ...],
             break
         time.sleep(poll_s)
     return time.monotonic() - t0
+
+
+def suggest_all(trial: Any, distributions: Mapping[str, Any]) -> None:
+    """Sample every one of ``distributions`` on an asked ``trial`` through the study's sampler,
+    as ``study.ask(distributions)`` would; asking first and sampling after lets a caller record
+    the trial (and give it back) before a sampler that raises can leave it RUNNING."""
+    for name, dist in distributions.items():
+        _suggest(trial, name, dist)
 
 
 def _suggest(trial: Any, name: str, dist: Any) -> Any:
@@ -396,4 +403,4 @@ def _fail_interrupted(study: Any, trial: Any) -> None:
 
 __all__ = ["ASKING_ATTR", "DEVICES_ATTR", "GRACE_PERIOD_S", "HEARTBEAT_INTERVAL_S", "WORKER_ATTR", "fail_stale",
            "heartbeat", "heartbeat_settings", "in_heartbeat_thread", "live_trials", "owner_gone", "process_gone", "release",
-           "wait_for_earlier_proposals", "worker_name", "worker_trial"]
+           "suggest_all", "wait_for_earlier_proposals", "worker_name", "worker_trial"]

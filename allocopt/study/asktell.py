@@ -66,7 +66,7 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
     import socket
 
     from allocopt.store.claims import reserving
-    from allocopt.store.heartbeat import ASKING_ATTR
+    from allocopt.store.heartbeat import ASKING_ATTR, suggest_all
 
     runs: list[AskedRun] = []
     infeasible = 0
@@ -74,12 +74,15 @@ def reserve(study: Any, spec: StudySpec, workload: Workload, n: int, fmt: str,
         if infeasible >= max_tries * n:
             break
         with reserving():  # no heartbeat: reserved for a run elsewhere, never failed as stale
-            trial = study.ask(dict(distributions))
+            trial = study.ask()  # sampled below, once recorded: a sampler that raises leaves
+            # a reserved trial the caller gives back, not one RUNNING for ever
         if reserved is not None:
             reserved.append(trial.number)
         # who reserves it: a reservation cut short (no `asked` record) whose ask is gone is
         # failed when the study is next opened (allocopt.store.settle.reconcile_on_open)
         trial.storage.set_trial_system_attr(trial._trial_id, ASKING_ATTR, f"{socket.gethostname()}:{os.getpid()}")
+        with reserving():
+            suggest_all(trial, distributions)
         if hasattr(study.sampler, "suggest"):  # RaceSampler: fidelity and budget of this trial
             with reserving():
                 study.sampler.suggest(trial)
