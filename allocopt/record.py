@@ -107,6 +107,8 @@ class TrialRow:
     """``TrialPlan.to_dict()`` where known (budget, iterations, update passes, ...)."""
     run_id: str | None = None
     """MLflow run id of the trial, for rows read from MLflow."""
+    source: str | None = None
+    """``tell`` for a run recorded by ``allocopt tell`` (launched elsewhere), else ``None``."""
 
     @property
     def value(self) -> float:
@@ -190,7 +192,7 @@ class TrialRecord:
         params = {k: v for k, v in self.params.items() if k != FIDELITY}
         value = self.values[0] if self.values else math.nan
         return TrialRow(self.number, self.state, params, dict(self.targets), {**self.metrics, "value": value},
-                        self.error, self.fidelity, study=study)
+                        self.error, self.fidelity, study=study, source=self.source)
 
 
 def records(study: Any) -> list[TrialRecord]:

@@ -282,3 +282,22 @@ def test_report_writes_into_a_report_folder_by_default(study, tmp_path, monkeypa
         main(["report", "--study", "r", "--storage", study["storage"]])
     assert e.value.code == 0
     assert (tmp_path / "report" / "report.html").is_file()
+
+
+def test_told_runs_are_plotted_and_fitted_at_the_rho_they_spent():
+    """A told run's whole passes land off the asked ρ (asked 0.33, spent 0.40 here): the
+    figure's points and the ρ* fit read the spent ρ (the metric ``rho``), as the tuner does."""
+    from allocopt.query.report_figures import frontier_figure
+
+    asked = (0.33, 0.38, 0.43, 0.48, 0.53, 0.58, 0.63)
+    spent = (0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60)
+    rows = [TrialRow(i, "COMPLETE", {"rho": a, "group_size": 8, "reward": "dense", "model": None},
+                     {"judge": 0.2 + 0.5 * s}, {"total_flops": 1e18, "reward_flops": 0.0, "rho": s}, None,
+                     plan={"budget_flops": 1e18}, source="tell") for i, (a, s) in enumerate(zip(asked, spent))]
+    e = rho_estimate(rows, "dense", "judge")
+    assert e.data_range == (0.3, 0.6) and e.rho == pytest.approx(0.6)
+    fig = frontier_figure(rows, "judge", title="told")
+    xs = sorted(float(x) for c in fig.axes[0].collections for x, _ in c.get_offsets())
+    assert xs[:7] == pytest.approx(sorted(spent)) and max(xs) == pytest.approx(0.6)
+    study_run = [r.__class__(**{**r.__dict__, "source": None}) for r in rows]  # a study's own: the asked ρ
+    assert rho_estimate(study_run, "dense", "judge").data_range == (0.33, 0.63)

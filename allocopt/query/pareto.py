@@ -93,6 +93,15 @@ def number(row: Any, key: str) -> float:
         return math.nan
 
 
+def spent_rho(row: Any) -> float:
+    """The ρ a trial's result belongs to, as the tuner places it
+    (:func:`allocopt.study.observe.observed_params`): a run recorded by ``allocopt tell`` at the
+    ρ it spent (its metric ``rho``: TRL and verl train whole passes, which can land well off the
+    asked ρ), every other trial at its asked ρ. What the report's figures plot and its fits read."""
+    r = number(row, "realized_rho")
+    return r if getattr(row, "source", None) == "tell" and 0 < r < 1 else number(row, "rho")
+
+
 def known_fields(rows: Iterable[Any]) -> list[str]:
     """Every field name some row has (sorted), plus the allocation and row fields."""
     keys = set(ALLOCATION) | set(_ROW_FIELDS)
@@ -324,4 +333,4 @@ def row_dict(row: Any) -> dict[str, Any]:
 __all__ = ["ALLOCATION", "BREAKDOWN", "DIRECTIONS", "QueryError", "best", "best_per",
            "check_fields", "default_direction", "field_key", "field_label", "filter_rows",
            "known_fields", "measured_targets",
-           "number", "pareto_front", "parse_where", "row_dict", "to_dataframe"]
+           "number", "pareto_front", "parse_where", "row_dict", "spent_rho", "to_dataframe"]

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from allocopt.query.pareto import _finite, best, field_key, measured_targets, number, value
+from allocopt.query.pareto import _finite, best, field_key, measured_targets, number, spent_rho, value
 
 LEVEL = 0.9
 """Level of the credible intervals shown."""
@@ -132,7 +132,7 @@ def observations_of(rows: Sequence[Any], key: str, full_budget: float | None = N
 
     out = []
     for r in rows:
-        rho, y = number(r, "rho"), number(r, key)
+        rho, y = spent_rho(r), number(r, key)
         if r.state != "COMPLETE" or not (math.isfinite(rho) and math.isfinite(y)):
             continue
         g = number(r, "group_size")
@@ -169,10 +169,10 @@ def rho_estimate(rows: Sequence[Any], reward: str, target: str, *, settings: Any
 
     key = field_key(target)
     mine = [r for r in rows if str(value(r, "reward")) == reward and r.state == "COMPLETE"
-            and math.isfinite(number(r, key)) and math.isfinite(number(r, "rho"))]
+            and math.isfinite(number(r, key)) and math.isfinite(spent_rho(r))]
     full = _one_budget([r for r in mine if fidelity(r) == "full"])
-    span = (min((number(r, "rho") for r in full), default=math.nan),
-            max((number(r, "rho") for r in full), default=math.nan))
+    span = (min((spent_rho(r) for r in full), default=math.nan),
+            max((spent_rho(r) for r in full), default=math.nan))
     rec = recommendation
     if rec and field_key(str(rec.get("target", ""))) == key and (rec.get("allocation") or {}).get("reward") == reward:
         rho = float(rec["allocation"]["rho"])
@@ -184,7 +184,7 @@ def rho_estimate(rows: Sequence[Any], reward: str, target: str, *, settings: Any
                            beyond=beyond, value_interval=(float(lo), float(hi)) if _finite(lo) and _finite(hi) else None)
     for source, use in (("full-budget trials", full),
                         ("pilots", _one_budget([r for r in mine if fidelity(r) == "pilot"]))):
-        rhos = [number(r, "rho") for r in use]
+        rhos = [spent_rho(r) for r in use]
         if len({round(x, 4) for x in rhos}) < 3:
             continue
         obs = observations_of(use, key)
@@ -244,7 +244,7 @@ def best_table(rows: Sequence[Any], targets: Sequence[str],
                                    "rho_star": (rho_stars or {}).get((reward, key))}
             if b is not None:
                 total = number(b, "total_flops")
-                row["best"] = {"number": b.number, "study": getattr(b, "study", ""), "rho": number(b, "rho"),
+                row["best"] = {"number": b.number, "study": getattr(b, "study", ""), "rho": spent_rho(b),
                                "group_size": value(b, "group_size"), "value": number(b, key),
                                **{p.replace("_flops", "_share"): (number(b, p) / total if total > 0 else math.nan)
                                   for p in PHASES}}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from allocopt.query.pareto import best, field_key, field_label, number, pareto_front, value
+from allocopt.query.pareto import best, field_key, field_label, number, pareto_front, spent_rho, value
 from allocopt.query.report_data import RhoEstimate, budget_of, fidelity, rewards_of
 
 PHASE_STYLE = {"search_flops": ("#4c72b0", "search (rollout generation)"),
@@ -87,16 +87,16 @@ def frontier_figure(rows: Sequence[Any], target: str, *, title: str,
     kinds: set[str] = set()
     for ax, reward in zip(axes.flat, rewards):
         done = [r for r in rows if str(value(r, "reward")) == reward and r.state == "COMPLETE"
-                and math.isfinite(number(r, key)) and math.isfinite(number(r, "rho"))]
+                and math.isfinite(number(r, key)) and math.isfinite(spent_rho(r))]
         for fid, marker, filled in (("full", "o", True), ("pilot", "^", False)):
             pts = [r for r in done if fidelity(r) == fid]
             if pts:
                 colors = [gcolor.get(int(number(r, "group_size")), "C0") for r in pts]
-                ax.scatter([number(r, "rho") for r in pts], [number(r, key) for r in pts], s=36, marker=marker,
+                ax.scatter([spent_rho(r) for r in pts], [number(r, key) for r in pts], s=36, marker=marker,
                            c=colors if filled else "none", edgecolors=colors, linewidths=1.2, zorder=3)
         b = best([r for r in done if fidelity(r) == "full"], key, direction)
         if b is not None:
-            ax.scatter([number(b, "rho")], [number(b, key)], marker="*", s=220, c="red",
+            ax.scatter([spent_rho(b)], [number(b, key)], marker="*", s=220, c="red",
                        edgecolors="black", linewidths=0.6, zorder=4)
         e = (rho_stars or {}).get((reward, key))
         words = ("no ρ* (a minimized target)" if direction == "minimize"
@@ -137,7 +137,7 @@ def frontier_figure(rows: Sequence[Any], target: str, *, title: str,
 def _breakdown_panel(ax: Any, trials: Sequence[Any], order: Mapping[str, int], several: bool, what: str) -> None:
     import numpy as np
 
-    trials = sorted(trials, key=lambda r: (order.get(str(value(r, "reward")), len(order)), number(r, "rho"),
+    trials = sorted(trials, key=lambda r: (order.get(str(value(r, "reward")), len(order)), spent_rho(r),
                                            getattr(r, "study", ""), r.number))
     n = len(trials)
     x = np.arange(n)
@@ -154,7 +154,7 @@ def _breakdown_panel(ax: Any, trials: Sequence[Any], order: Mapping[str, int], s
     ax.set_ylim(0, max([*bottom, *(budget_of(r) for r in trials if math.isfinite(budget_of(r)))], default=1) * 1.12)
     if n <= 60:
         ax.set_xticks(x, [(f"{getattr(r, 'study', '')}#{r.number}" if several else f"#{r.number}")
-                          + f" ρ={number(r, 'rho'):.2f}" + ("" if r.state == "COMPLETE" else f" {r.state.lower()}")
+                          + f" ρ={spent_rho(r):.2f}" + ("" if r.state == "COMPLETE" else f" {r.state.lower()}")
                           for r in trials], rotation=90, fontsize=7)
     else:
         ax.set_xticks([])
@@ -226,7 +226,7 @@ def pareto_figure(rows: Sequence[Any], targets: Sequence[str], *, title: str,
         ax.step([number(r, ka) for r in stair], [number(r, kb) for r in stair], where="post",
                 color="black", lw=0.8, alpha=0.6, zorder=1)
     for r in front:
-        ax.annotate(f"#{r.number} ρ={number(r, 'rho'):.2f}", (number(r, ka), number(r, kb)),
+        ax.annotate(f"#{r.number} ρ={spent_rho(r):.2f}", (number(r, ka), number(r, kb)),
                     textcoords="offset points", xytext=(4, 4), fontsize=7)
     if not full:
         ax.text(0.5, 0.5, "no complete full-budget trial", ha="center", va="center",

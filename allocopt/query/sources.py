@@ -121,7 +121,7 @@ def rows_of_study(st: Any) -> list[TrialRow]:
         metrics = {k: float(v) for k, v in r.metrics.items()
                    if k != "value" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         out.append(TrialRow(r.number, r.state, params, {k: float(v) for k, v in r.targets.items()}, metrics,
-                            r.error, fidelity=r.fidelity, study=study_name, plan=plan))
+                            r.error, fidelity=r.fidelity, study=study_name, plan=plan, source=r.source))
     return out
 
 
@@ -207,7 +207,8 @@ def _mlflow_row(run: Any, study: str) -> TrialRow:
         num = -1
     return TrialRow(num, tags.get(TAG_STATE, run.info.status), alloc, targets, rest,
                     tags.get(TAG_ERROR), fidelity=tags.get(TAG_FIDELITY, "full"),
-                    study=tags.get(TAG_STUDY, study), plan=plan, run_id=run.info.run_id)
+                    study=tags.get(TAG_STUDY, study), plan=plan, run_id=run.info.run_id,
+                    source=params.get("source"))
 
 
 __all__ = ["load_rows_from_mlflow", "load_rows_from_study", "open_study_for_query", "resolve_tracking_uri",
