@@ -16,7 +16,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 from rich.console import Console
@@ -139,6 +139,16 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_clean(obj), indent=2) + "\n")
 
 
+def _labels(vocabulary: Any) -> Callable[[str], str]:
+    """A field's name as the study declared it (:func:`allocopt.query.pareto.field_label` with
+    ``vocabulary``), for the tables and JSON of one query."""
+    from functools import partial
+
+    from allocopt.query.pareto import field_label
+
+    return partial(field_label, vocabulary=vocabulary)
+
+
 def _f(v: float, spec: str) -> str:
     return format(v, spec) if math.isfinite(v) else "–"
 
@@ -147,10 +157,9 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
                 vocabulary: Any = None) -> Table:
     """Allocation, targets (``first`` in bold, then the other measured ones, each under its
     declared name in ``vocabulary``) and breakdown shares."""
-    from allocopt.query.pareto import field_label as label, measured_targets, number, value
+    from allocopt.query.pareto import measured_targets, number, value
 
-    def field_label(k: str) -> str:
-        return label(k, vocabulary)
+    field_label = _labels(vocabulary)
 
     several = len({r.study for r in all_rows}) > 1
     fidelities = len({r.fidelity for r in rows}) > 1
@@ -214,10 +223,7 @@ def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], so
     :class:`~allocopt.query.pareto.QueryError` for an unknown name."""
     from allocopt.query.pareto import check_fields, default_direction, number, pareto_front, row_dict
 
-    def field_label(k: str) -> str:
-        from allocopt.query.pareto import field_label as label
-
-        return label(k, vocabulary)
+    field_label = _labels(vocabulary)
 
     keys = check_fields(rows, names, vocabulary=vocabulary)
     dirs = dirs or [default_direction(k, vocabulary) for k in keys]
@@ -247,16 +253,12 @@ def best(
 ) -> None:
     """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
     from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, row_dict
-    from allocopt.query.pareto import field_label as label
-
     rows, source, study = _load(**trials, fidelity=fidelity)
     stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])
     if target is None:
         target = stored_target(*stored)
     vocab = stored_vocabulary(*stored)
-
-    def field_label(k: str) -> str:
-        return label(k, vocab)
+    field_label = _labels(vocab)
 
     (key,) = check_fields(rows, [target], "target", vocabulary=vocab)
     d = direction or default_direction(key, vocab)
@@ -292,10 +294,9 @@ def best(
 def _best_table(b: Any, key: str, d: str, source: str, evidence: bool, vocabulary: Any = None) -> Table:
     """One trial ``b``, best for ``key`` (direction ``d``): its allocation, targets (each under
     its declared name in ``vocabulary``) and compute."""
-    from allocopt.query.pareto import field_label as label, number
+    from allocopt.query.pareto import number
 
-    def field_label(k: str) -> str:
-        return label(k, vocabulary)
+    field_label = _labels(vocabulary)
     from allocopt.tracking.layout import EXPECTED_GPU_HOURS, GPU_HOURS
 
     total = number(b, "total_flops")
