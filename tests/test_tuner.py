@@ -201,3 +201,23 @@ def test_the_tuner_core_loads_neither_torch_nor_optuna_nor_a_study():
             "print(sorted(m for m in ('torch', 'optuna', 'mlflow', 'allocopt.study', 'allocopt.store', 'allocopt.spec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_answer_among_tried_cells_is_the_best_mean_of_those_run():
+    """Two full runs either side of the bowl's middle: the posterior mean peaks between them, at a
+    cell never run; ``among="tried"`` answers the better of the two run, ``all`` the peak."""
+    space = TunerSpace((0.2, 0.9), (4,), ("dense",), rho_levels=8)
+    lv = space.levels
+    obs = [Observed(Allocation(lv[2], 4, "dense"), 1.0, 0.50, 2.5e-4),
+           Observed(Allocation(lv[5], 4, "dense"), 1.0, 0.51, 2.5e-4)]
+    everywhere = Tuner(space, among="all").answer(obs)
+    post = Tuner(space).posterior(obs, space.cells())
+    assert everywhere.allocation == space.cells()[int(np.argmax(post.mean))]
+    assert lv[2] < everywhere.allocation.rho < lv[5]
+    tried = Tuner(space, among="tried").answer(obs)
+    means = {a.rho: m for a, m in zip(space.cells(), post.mean)}
+    assert tried.allocation.rho == max((lv[2], lv[5]), key=means.get)
+    assert tried.mean == pytest.approx(means[tried.allocation.rho])
+    assert Tuner(space, among="tried").answer([]).allocation == Tuner(space, among="all").answer([]).allocation
+    with pytest.raises(ValueError, match="among='best': allowed: all, tried"):
+        Tuner(space, among="best")

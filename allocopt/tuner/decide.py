@@ -130,6 +130,13 @@ CONTENDER_SDS = 3.0
 standard deviations of the best mean (the others cannot become the answer in one run)."""
 
 
+ANSWER_AMONG = "all"
+"""Where the answer is chosen: ``all`` feasible full-budget cells, or only the ``tried`` ones
+(cells with a full run; every cell until there is one): the posterior mean's maximum among
+allocations the study has run, not one the model only extrapolates to."""
+AMONG = ("all", "tried")
+
+
 def _contenders(post: Posterior) -> np.ndarray:
     mu, sd = post.mean, np.sqrt(post.var)
     return np.flatnonzero(mu + CONTENDER_SDS * sd >= mu.max())
@@ -142,6 +149,12 @@ class Tuner:
     space: TunerSpace
     grid: HyperGrid = field(default_factory=HyperGrid)
     feasible: Feasible | None = None
+    among: str = ANSWER_AMONG
+    """Where :meth:`answer` chooses (:data:`ANSWER_AMONG`)."""
+
+    def __post_init__(self) -> None:
+        if self.among not in AMONG:
+            raise ValueError(f"among={self.among!r}: allowed: {', '.join(AMONG)}")
 
     def _ok(self, a: Allocation, f: float) -> bool:
         return self.feasible is None or bool(self.feasible(a, f))
@@ -193,7 +206,7 @@ class Tuner:
             raise ValueError("no feasible full-budget allocation")
         post = self._posterior(observed, targets, [(a, 1.0) for a in targets], ())
         mu, var = post.mean, post.var
-        i = int(np.argmax(mu))
+        i = self._chosen(mu, targets, observed)
         kg1, live = np.zeros(len(targets)), _contenders(post)
         for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
             kg1 += w * kg_per_cost(mu[live], cc[:, live], vc, nc, np.ones(len(targets)), repeats=(1,))[1]
@@ -203,5 +216,12 @@ class Tuner:
         return Answer(targets[i], float(mu[i]), float(math.sqrt(var[i])), near, float(max(kg1[j], 0.0)),
                       targets[j])
 
+    def _chosen(self, mu: np.ndarray, targets: Sequence[Allocation], observed: Sequence[Observed]) -> int:
+        """Index of the answer among ``targets``: the largest mean over :attr:`among`."""
+        tried = {o.allocation for o in observed if o.fraction >= 1.0}
+        pool = [j for j, a in enumerate(targets) if a in tried] if self.among == "tried" else []
+        pool = pool or list(range(len(targets)))
+        return max(pool, key=lambda j: (mu[j], -j))
 
-__all__ = ["Answer", "Observed", "Run", "Tuner", "TunerSpace"]
+
+__all__ = ["ANSWER_AMONG", "Answer", "Observed", "Run", "Tuner", "TunerSpace"]
