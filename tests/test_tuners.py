@@ -268,3 +268,23 @@ def test_report_tables_are_the_statistics_of_the_records():
     assert f"| Optuna TPE | 0.62 (p={p:.2g}, n=4) |" in paired_table(recs, "w", "heldout", "own")
     assert "8: allocopt (1.0)" in leaders(recs, "w", "heldout", "common")
     assert "No peer has a lower median than allocopt" in leaders(recs, "w", "heldout", "common")
+
+
+def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_left_out():
+    from benchmarks.tuners.ablation import leave_one_world_out, score_on, tables
+
+    def recs(variant, world, value, seeds=(0, 1)):
+        return [{"variant": variant, "world": world, "truth": t, "seed": s, "level": lv, "regret_pct": value,
+                 "regret_pct_oracle": value / 2} for t in ("seedmean", "heldout") for s in seeds
+                for lv in (8.0, 12.0, 16.0, 40.0)]
+
+    records = (recs("shipped", "A", 10.0) + recs("x", "A", 5.0) + recs("shipped", "B", 4.0) + recs("x", "B", 6.0)
+               + recs("shipped", "A", 100.0, seeds=(7,)))  # a replication x did not run: left out
+    assert score_on(records, "shipped", ["A"], ["shipped", "x"]) == pytest.approx(10.0)
+    got = {c["held_out"]: c for c in leave_one_world_out(records, ["shipped", "x"])}
+    assert got["A"]["choice"] == "shipped" and got["A"]["chosen_on"] == ["B"]
+    assert got["A"]["on_held_out"] == pytest.approx(10.0) == got["A"]["shipped_on_held_out"]
+    assert got["B"]["choice"] == "x" and got["B"]["on_held_out"] == pytest.approx(6.0)
+    assert got["B"]["shipped_on_held_out"] == pytest.approx(4.0)
+    md = tables(records, ["shipped", "x"])
+    assert "| x | 5.0 (2.5) / 5.0 (2.5) / 5.0 (2.5)" in md and "| B | A | x | 5.00 | 6.00 | 4.00 |" in md

@@ -22,7 +22,7 @@ import numpy as np
 
 from allocopt.plan.allocation import Allocation
 from allocopt.race.data import Budgets, Feasible, Observation, Run
-from allocopt.tuner.decide import Answer, Observed, Tuner, TunerSpace
+from allocopt.tuner.decide import ANSWER_AMONG, Answer, Observed, Tuner, TunerSpace
 from allocopt.tuner.decide import Run as TunerRun
 from allocopt.tuner.model import HyperGrid
 
@@ -70,19 +70,20 @@ class KGTuner:
         feasible: ``feasible(allocation, fraction)``; ``None``: every run is feasible.
         grid: the model's hyperparameter grid.
         rho_levels: ρ levels of the candidate set.
+        among: where the answer is chosen (:data:`allocopt.tuner.decide.ANSWER_AMONG`).
     """
 
     def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
                  feasible: Feasible | None = None, grid: HyperGrid | None = None,
-                 rho_levels: int = 8) -> None:
+                 rho_levels: int = 8, among: str = ANSWER_AMONG) -> None:
         lo, hi = space.rho
         self.budgets, self.seed = budgets, seed
         self.max_pilots = max_pilots
         full = TunerSpace((lo, hi), tuple(space.group_sizes), tuple(space.rewards),
                           tuple(space.models) or (None,), rho_levels=rho_levels)
         self.space = replace(full, pilot_fractions=(budgets.pilot_fraction,)) if max_pilots != 0 else full
-        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible)
-        self._full_only = Tuner(full, self.tuner.grid, feasible)
+        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible, among)
+        self._full_only = Tuner(full, self.tuner.grid, feasible, among)
         self.initial = [a for a in initial_design(full, seed) if feasible is None or feasible(a, 1.0)]
         self.design: list = []
         self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}

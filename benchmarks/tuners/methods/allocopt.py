@@ -49,8 +49,9 @@ def study_terms(world: Any, pilots: int | None = -1) -> tuple[float, int | None,
     return f, 0, f"no pilots: the world has none at {f:g}"
 
 
-def make_tuner(session: Session, pilots: int | None = -1) -> Any:
-    """The study's :class:`~allocopt.tuner.study.KGTuner` on the session's world."""
+def make_tuner(session: Session, pilots: int | None = -1, **settings: Any) -> Any:
+    """The study's :class:`~allocopt.tuner.study.KGTuner` on the session's world; ``settings``:
+    other keyword arguments of ``KGTuner`` (an ablation's design change)."""
     from allocopt.race.data import Budgets
     from allocopt.tuner.study import KGTuner
 
@@ -58,16 +59,18 @@ def make_tuner(session: Session, pilots: int | None = -1) -> Any:
     f, max_pilots, session.note = study_terms(w, pilots)
     refused: set = set()
     tuner = KGTuner(w.space, Budgets(w.full_budget_flops, f), max_pilots=max_pilots,
-                    seed=session.replication, feasible=lambda a, frac: (a, round(frac, 4)) not in refused)
+                    seed=session.replication, feasible=lambda a, frac: (a, round(frac, 4)) not in refused,
+                    **settings)
     tuner.refused = refused
     return tuner
 
 
-def run_allocopt(session: Session, pilots: int | None = -1) -> None:
-    """The study's loop on the session (module docstring); ``pilots`` as :func:`study_terms`."""
+def run_allocopt(session: Session, pilots: int | None = -1, **settings: Any) -> None:
+    """The study's loop on the session (module docstring); ``pilots`` as :func:`study_terms`,
+    ``settings`` as :func:`make_tuner`."""
     from allocopt.race.data import Observation, Run
 
-    tuner = make_tuner(session, pilots)
+    tuner = make_tuner(session, pilots, **settings)
     w = session.world
     obs: list[Observation] = []
     runs: list[Run] = []

@@ -1,0 +1,84 @@
+"""Ablate allocopt's tuner on measured worlds and choose each design change leave-one-world-out.
+
+    python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
+        [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
+
+Each table (the grid runner's format) is one world. Every variant of
+:data:`benchmarks.tuners.ablation.VARIANTS` is replayed ``--seeds`` paired replications per
+world and truth (seed-mean and held-out seed), as the judge replays ``allocopt``
+(``benchmarks/optimizers.py``), one process at ``--nice``. Records are appended to
+``DIR/ablation.csv`` as each replication ends (a rerun skips what is there); at the end
+``DIR/ablation.md`` holds each variant's mean regret at 8 / 16 / 40 runs and the choice made on
+each set of worlds with its result on the world left out (:mod:`benchmarks.tuners.ablation`),
+also printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tuners.ablation import KEYS, VARIANTS, run_variant, tables  # noqa: E402
+
+LEVELS = (4.0, 8.0, 12.0, 16.0, 24.0, 40.0)
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
+    ap.add_argument("--seeds", type=int, default=50, help="replications per world and truth (default 50)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    ap.add_argument("--common", action="store_true", help="also score the common rule (a GP fit per level)")
+    ap.add_argument("--nice", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"))
+    a = ap.parse_args(argv)
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS] + [str(t) for t in a.tables if not t.is_file()]
+    if bad or a.seeds < 1:
+        print(f"error: {'seeds' if not bad else 'variants/tables'}={bad[0] if bad else a.seeds!r}: "
+              f"allowed variants {', '.join(VARIANTS)}; tables must be files; seeds >= 1", file=sys.stderr)
+        return 2
+    os.nice(a.nice) if a.nice else None
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from benchmarks.tuners.runner import world_of
+
+    worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / "ablation.csv"
+    done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in _read(path)}
+    todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in ("seedmean", "heldout")
+            for v in variants if (v, w.name, t, s) not in done]
+    t0 = time.perf_counter()
+    for k, (s, w, t, v) in enumerate(todo, 1):
+        rows = run_variant(w, t, s, v, LEVELS, common=a.common)
+        new = not path.exists()
+        with open(path, "a", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=KEYS)
+            if new:
+                out.writeheader()
+            out.writerows(rows)
+        if k % 20 == 0 or k == len(todo):
+            spent = time.perf_counter() - t0
+            print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
+                  file=sys.stderr, flush=True)
+    text = tables(_read(path), variants)
+    (a.out / "ablation.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Ablations of allocopt's tuner on measured worlds, and each choice made leave-one-world-out.
+
+A **variant** is the shipped tuner with one design change, given as keyword arguments of
+:class:`allocopt.tuner.study.KGTuner` (:data:`VARIANTS`: the model's hyperparameter grid, where
+the answer is chosen). Each variant is replayed like the ``allocopt`` method of the judge
+(:func:`benchmarks.tuners.methods.allocopt.run_allocopt`, the same paired replications: target,
+held-out seed and draws) on every world and truth, and scored at each level by its own answer
+and by the oracle (:mod:`benchmarks.tuners.scoring`); the common rule is left out unless asked:
+it depends on the runs alone, and a change of the answer does not move them.
+
+**Leave one world out** (:func:`leave_one_world_out`): for each world, the variant with the
+lowest score on the *other* worlds is the choice, and it is reported on the world left out
+beside the shipped design's. The score of a variant on some worlds is the mean, over those
+worlds, both truths and the levels :data:`CHOICE_LEVELS` (where a team spends), of its mean own
+regret over the replications every variant ran there.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from allocopt.tuner.model import HyperGrid
+
+CHOICE_LEVELS: tuple[float, ...] = (8.0, 12.0, 16.0)
+"""The compute levels (full runs) a choice is scored on."""
+BASE = "shipped"
+
+
+def _grid(**changes: Any) -> Callable[[], dict[str, Any]]:
+    return lambda: {"grid": replace(HyperGrid(), **changes)}
+
+
+VARIANTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+    BASE: ("the shipped design", dict),
+    "answer-among-tried": ("the answer only among cells with a full run", lambda: {"among": "tried"}),
+    "flat-prior-mean": ("no bowl in ρ in the prior mean (rho_bowl 0, shipped 1)", _grid(rho_bowl=0.0)),
+    "deeper-bowl": ("a deeper bowl in ρ (rho_bowl 2)", _grid(rho_bowl=2.0)),
+    "longer-lengthscales": ("length scales 0.3/0.6/1.2 of the ρ range (shipped 0.15/0.3/0.6)",
+                            _grid(lengthscale=(0.3, 0.6, 1.2))),
+    "shorter-lengthscales": ("length scales 0.1/0.2/0.4", _grid(lengthscale=(0.1, 0.2, 0.4))),
+    "noisier": ("noise shares 0.1/0.3/0.6 of the values' variance (shipped 0.02/0.1/0.5)",
+                _grid(noise_share=(0.1, 0.3, 0.6))),
+    "categories-alike": ("reward correlations 0.5/0.8/0.95, group 0.7/0.95 (shipped 0.3/0.7/0.9, 0.5/0.9)",
+                         _grid(reward_corr=(0.5, 0.8, 0.95), group_corr=(0.7, 0.95))),
+}
+"""Name -> (what changes, the ``KGTuner`` keyword arguments it sets)."""
+
+KEYS: tuple[str, ...] = ("variant", "world", "truth", "seed", "target", "level", "regret_pct",
+                         "regret_pct_common", "regret_pct_oracle")
+
+
+def run_variant(world: Any, truth_mode: str, seed: int, variant: str, levels: Sequence[float],
+                common: bool = False) -> list[dict[str, Any]]:
+    """One replication of ``variant`` on ``world``: a record per level (:data:`KEYS`)."""
+    from benchmarks.tuners.methods.allocopt import run_allocopt
+    from benchmarks.tuners.runner import TARGETS
+    from benchmarks.tuners.scoring import CommonRule, score
+    from benchmarks.tuners.session import Session
+    from benchmarks.tuners.truth import truth_for
+
+    target = TARGETS[seed % len(TARGETS)]
+    truth = truth_for(world, target, truth_mode, seed, len(TARGETS))
+    session = Session(world, truth, seed, max(levels), tuple(levels))
+    run_allocopt(session, **VARIANTS[variant][1]())
+    rule = CommonRule(world) if common else (lambda full: None)
+    return [{"variant": variant, "world": world.name, "truth": truth_mode, "seed": seed, "target": target,
+             "level": r["level"], "regret_pct": r["regret_pct"],
+             "regret_pct_common": r["regret_pct_common"] if common else math.nan,
+             "regret_pct_oracle": r["regret_pct_oracle"]} for r in score(session, "own", truth, rule)]
+
+
+def _values(records: Iterable[Mapping[str, Any]], rule: str) -> dict[tuple, dict[int, float]]:
+    out: dict[tuple, dict[int, float]] = {}
+    for r in records:
+        v = float(r[rule]) if r[rule] not in ("", None) else math.nan
+        if math.isfinite(v):
+            out.setdefault((r["variant"], r["world"], r["truth"], float(r["level"])), {})[int(r["seed"])] = v
+    return out
+
+
+def score_on(records: Sequence[Mapping[str, Any]], variant: str, worlds: Sequence[str],
+             variants: Sequence[str], rule: str = "regret_pct",
+             levels: Sequence[float] = CHOICE_LEVELS) -> float:
+    """Mean over ``worlds``, their truths and ``levels`` of ``variant``'s mean regret over the
+    replications every one of ``variants`` has there (NaN when none)."""
+    vals = _values(records, rule)
+    truths = sorted({r["truth"] for r in records})
+    parts = []
+    for w in worlds:
+        for t in truths:
+            for lv in levels:
+                seeds = set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants))
+                if seeds:
+                    parts.append(statistics.fmean(vals[(variant, w, t, lv)][s] for s in seeds))
+    return statistics.fmean(parts) if parts else math.nan
+
+
+def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
+                        rule: str = "regret_pct") -> list[dict[str, Any]]:
+    """For each world: the variant chosen on the others (lowest :func:`score_on`; the shipped
+    design on a tie), its score there and on the world left out, and the shipped design's."""
+    worlds = list(dict.fromkeys(r["world"] for r in records))
+    order = [BASE] + [v for v in variants if v != BASE] if BASE in variants else list(variants)
+    out = []
+    for held in worlds:
+        others = [w for w in worlds if w != held]
+        if not others:
+            continue
+        scores = {v: score_on(records, v, others, variants, rule) for v in order}
+        pick = min(order, key=lambda v: (scores[v] if math.isfinite(scores[v]) else math.inf, order.index(v)))
+        out.append({"held_out": held, "chosen_on": others, "choice": pick, "score_on_others": scores[pick],
+                    "scores_on_others": scores,
+                    "on_held_out": score_on(records, pick, [held], variants, rule),
+                    "shipped_on_held_out": score_on(records, BASE, [held], variants, rule)
+                    if BASE in variants else math.nan})
+    return out
+
+
+def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
+           levels: Sequence[float] = (8.0, 16.0, 40.0)) -> str:
+    """Markdown: each variant's mean own regret per world and truth at ``levels``, its oracle
+    beside it, then the leave-one-world-out choices."""
+    vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
+    worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
+    head = " | ".join(f"{w}/{t} at {', '.join(f'{lv:g}' for lv in levels)}" for w, t in worlds)
+    lines = ["**Mean regret, % of range — own rule (oracle in brackets), replications every variant ran**", "",
+             f"| variant | {head} |", "|---|" + "---|" * len(worlds)]
+    for v in variants:
+        cells = []
+        for w, t in worlds:
+            parts = []
+            for lv in levels:
+                seeds = set.intersection(*(set(vals.get((u, w, t, lv), {})) for u in variants))
+                if not seeds:
+                    parts.append("–")
+                    continue
+                m = statistics.fmean(vals[(v, w, t, lv)][s] for s in seeds)
+                o = statistics.fmean(orc.get((v, w, t, lv), {}).get(s, math.nan) for s in seeds)
+                parts.append(f"{m:.1f} ({o:.1f})")
+            cells.append(" / ".join(parts))
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines += ["", f"**Leave one world out** (score: mean own regret at {', '.join(f'{lv:g}' for lv in CHOICE_LEVELS)}"
+              " runs, both truths)", "", "| left out | chosen on | choice | its score there | on the world left out "
+              "| the shipped design there |", "|---|---|---|---|---|---|"]
+    for c in leave_one_world_out(records, variants):
+        lines.append(f"| {c['held_out']} | {', '.join(c['chosen_on'])} | {c['choice']} | {c['score_on_others']:.2f} "
+                     f"| {c['on_held_out']:.2f} | {c['shipped_on_held_out']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["BASE", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out", "run_variant", "score_on",
+           "tables"]
