@@ -195,6 +195,17 @@ class TrialRecord:
                         self.error, self.fidelity, study=study, source=self.source)
 
 
+def observed_rho(source: str | None, asked: Any, spent: Any) -> Any:
+    """The ρ a finished trial's result belongs to: a run launched elsewhere and recorded by
+    ``allocopt tell`` (``source`` ``tell``) at the ρ it spent (its metric ``rho``, from the
+    executed FLOPs: TRL and verl train whole passes, so such a run may land far from the asked
+    ρ, 0.70 for an asked 0.55 in the tiny world), every other trial at the ``asked`` ρ. The one
+    rule behind the tuner's observations and the report's figures."""
+    if source == "tell" and isinstance(spent, (int, float)) and not isinstance(spent, bool) and 0 < spent < 1:
+        return float(spent)
+    return asked
+
+
 def records(study: Any) -> list[TrialRecord]:
     """Every trial of an Optuna study as a :class:`TrialRecord`, by number."""
     return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
@@ -274,5 +285,5 @@ def write_complete(trial: Any, targets: Mapping[str, Any], metrics: Mapping[str,
 
 
 __all__ = ["TrialRecord", "TrialRow", "decision_attrs", "fidelity_of", "is_interrupted", "params_of",
-           "records", "rows", "write_asked", "write_complete", "write_failed", "write_infeasible",
+           "observed_rho", "records", "rows", "write_asked", "write_complete", "write_failed", "write_infeasible",
            "write_interrupted", "write_missing", "write_start"]

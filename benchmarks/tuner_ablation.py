@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tuners.ablation import KEYS, VARIANTS, run_variant, tables  # noqa: E402
-
-LEVELS = (4.0, 8.0, 12.0, 16.0, 24.0, 40.0)
+from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
+from benchmarks.tuners.truth import truths_of  # noqa: E402
 
 
 def _read(path: Path) -> list[dict[str, str]]:
@@ -34,6 +34,19 @@ def _read(path: Path) -> list[dict[str, str]]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def _refusal(variants: list[str], tables: list[Path], seeds: int) -> str | None:
+    """One line for a bad flag, or None."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        return f"variants={unknown[0] if unknown else ''!r}: allowed: {', '.join(VARIANTS)}"
+    missing = [t for t in tables if not t.is_file()]
+    if missing:
+        return f"tables={str(missing[0])!r}: not a file; give the grid runner's trials.csv of each world"
+    if seeds < 1:
+        return f"seeds={seeds!r}: must be >= 1"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,20 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"))
     a = ap.parse_args(argv)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in variants if v not in VARIANTS] + [str(t) for t in a.tables if not t.is_file()]
-    if bad or a.seeds < 1:
-        print(f"error: {'seeds' if not bad else 'variants/tables'}={bad[0] if bad else a.seeds!r}: "
-              f"allowed variants {', '.join(VARIANTS)}; tables must be files; seeds >= 1", file=sys.stderr)
+    error = _refusal(variants, a.tables, a.seeds)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    os.nice(a.nice) if a.nice else None
+    if a.nice:
+        os.nice(a.nice)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from benchmarks.tuners.runner import world_of
-
     worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "ablation.csv"
     done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in _read(path)}
-    todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in ("seedmean", "heldout")
+    todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in truths_of(w)
             for v in variants if (v, w.name, t, s) not in done]
     t0 = time.perf_counter()
     for k, (s, w, t, v) in enumerate(todo, 1):

@@ -33,6 +33,7 @@ import math
 import re
 from typing import Any, Iterable, Sequence
 
+from allocopt.record import observed_rho
 from allocopt.spec import TARGETS, target_key, target_label
 
 DIRECTIONS = ("maximize", "minimize")
@@ -94,12 +95,9 @@ def number(row: Any, key: str) -> float:
 
 
 def spent_rho(row: Any) -> float:
-    """The ρ a trial's result belongs to, as the tuner places it
-    (:func:`allocopt.study.observe.observed_params`): a run recorded by ``allocopt tell`` at the
-    ρ it spent (its metric ``rho``: TRL and verl train whole passes, which can land well off the
-    asked ρ), every other trial at its asked ρ. What the report's figures plot and its fits read."""
-    r = number(row, "realized_rho")
-    return r if getattr(row, "source", None) == "tell" and 0 < r < 1 else number(row, "rho")
+    """The ρ a trial's result belongs to (:func:`allocopt.record.observed_rho`, as the tuner
+    places it): what the report's figures plot and its fits read."""
+    return observed_rho(getattr(row, "source", None), number(row, "rho"), number(row, "realized_rho"))
 
 
 def known_fields(rows: Iterable[Any]) -> list[str]:

@@ -32,7 +32,7 @@ from allocopt.flops import ConfigError
 from allocopt.plan.allocation import Allocation
 from allocopt.plan.budget import Budget
 from allocopt.race.data import Budgets, Observation, Run
-from allocopt.record import TrialRecord, fidelity_of, is_interrupted, params_of
+from allocopt.record import TrialRecord, fidelity_of, is_interrupted, observed_rho, params_of
 from allocopt.spec import SearchSpace, StudySpec, allocation_in, target_key
 
 VARIANCE_SUFFIX = "_variance"
@@ -51,11 +51,8 @@ def observed_params(t: Any) -> dict[str, Any]:
 
 def _observed_params(r: TrialRecord) -> dict[str, Any]:
     p = r.given_params
-    if r.source == "tell":
-        rho = r.metrics.get("rho")
-        if isinstance(rho, (int, float)) and 0 < rho < 1:
-            p = {**p, "rho": float(rho)}
-    return p
+    rho = observed_rho(r.source, p.get("rho"), r.metrics.get("rho"))
+    return p if rho == p.get("rho") else {**p, "rho": rho}
 
 
 def _variance(metrics: Mapping[str, Any], key: str | None) -> float:

@@ -83,10 +83,11 @@ def _values(records: Iterable[Mapping[str, Any]], rule: str) -> dict[tuple, dict
 
 def score_on(records: Sequence[Mapping[str, Any]], variant: str, worlds: Sequence[str],
              variants: Sequence[str], rule: str = "regret_pct",
-             levels: Sequence[float] = CHOICE_LEVELS) -> float:
+             levels: Sequence[float] = CHOICE_LEVELS, vals: dict | None = None) -> float:
     """Mean over ``worlds``, their truths and ``levels`` of ``variant``'s mean regret over the
-    replications every one of ``variants`` has there (NaN when none)."""
-    vals = _values(records, rule)
+    replications every one of ``variants`` has there (NaN when none); ``vals``: the records'
+    values, read once by a caller that scores many."""
+    vals = _values(records, rule) if vals is None else vals
     truths = sorted({r["truth"] for r in records})
     parts = []
     for w in worlds:
@@ -104,17 +105,18 @@ def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence
     design on a tie), its score there and on the world left out, and the shipped design's."""
     worlds = list(dict.fromkeys(r["world"] for r in records))
     order = [BASE] + [v for v in variants if v != BASE] if BASE in variants else list(variants)
+    vals = _values(records, rule)
     out = []
     for held in worlds:
         others = [w for w in worlds if w != held]
         if not others:
             continue
-        scores = {v: score_on(records, v, others, variants, rule) for v in order}
+        scores = {v: score_on(records, v, others, variants, rule, vals=vals) for v in order}
         pick = min(order, key=lambda v: (scores[v] if math.isfinite(scores[v]) else math.inf, order.index(v)))
         out.append({"held_out": held, "chosen_on": others, "choice": pick, "score_on_others": scores[pick],
                     "scores_on_others": scores,
-                    "on_held_out": score_on(records, pick, [held], variants, rule),
-                    "shipped_on_held_out": score_on(records, BASE, [held], variants, rule)
+                    "on_held_out": score_on(records, pick, [held], variants, rule, vals=vals),
+                    "shipped_on_held_out": score_on(records, BASE, [held], variants, rule, vals=vals)
                     if BASE in variants else math.nan})
     return out
 
