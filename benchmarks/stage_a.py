@@ -13,8 +13,8 @@ and answers, with seeded bootstrap intervals over the seeds of each cell:
   updates per FLOP);
 * the iterations and tokens each size buys at each ρ (the plans of ``allocopt plan``:
   :func:`allocopt.plan.allocation.make_plan` on the tiny objective's workload);
-* ρ* against the budget on the ``tiny`` table, whose pilots at 10 % and 25 % are runs at 3e10
-  and 7.5e10 FLOPs, and whether the shift has one sign.
+* ρ* against the budget per size: each table's pilots at 10 % and 25 % are runs at 3e10 and
+  7.5e10 FLOPs; and whether the shift has one sign.
 
 Usage::
 
@@ -35,6 +35,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TABLES = (ROOT / "benchmarks" / "tiny_grid" / "trials.csv", ROOT / "benchmarks" / "tiny_grid_small" / "trials.csv")
+TABLES = tuple(ROOT / "benchmarks" / d / "trials.csv" for d in ("tiny_grid", "tiny_grid_small", "tiny_grid_medium"))
 TARGETS = ("pass_at_1", "native_reward", "judge")
 REWARDS = ("sparse", "structured", "dense", "proxy_prm", "prm")
 FULL = 3e11
@@ -162,22 +163,30 @@ def stage_a(trials: list[Trial], seed: int = 0) -> dict:
     return dict(models=models, per=per, best=best, budgets=by_budget(trials, rng), plans=plans(models))
 
 
-def by_budget(trials: list[Trial], rng: np.random.Generator) -> dict:
-    """ρ* per reward system and target at each budget of the ``tiny`` table."""
-    tiny = [t for t in trials if t.model == "tiny"]
+def by_budget(trials: list[Trial], rng: np.random.Generator, boot: int = BOOT) -> dict:
+    """ρ* per size, reward system and target at each budget the size's table holds."""
     out = {}
-    for budget in sorted({t.budget for t in tiny}):
-        at = [t for t in tiny if t.budget == budget]
-        lo, hi = min(t.rho for t in at), max(t.rho for t in at)
-        for target in TARGETS:
-            for w in REWARDS:
-                mine = [t for t in at if t.reward == w]
-                if len({t.rho for t in mine}) < 3:
-                    continue
-                star = fit(mine, target, lo, hi)[0]
-                boots = [fit(resample(mine, rng), target, lo, hi)[0] for _ in range(BOOT)]
-                out[(budget, w, target)] = dict(rho=star, ci=interval(boots))
+    for m in sorted({t.model for t in trials}):
+        mine_m = [t for t in trials if t.model == m]
+        for budget in sorted({t.budget for t in mine_m}):
+            at = [t for t in mine_m if t.budget == budget]
+            lo, hi = min(t.rho for t in at), max(t.rho for t in at)
+            for target in TARGETS:
+                for w in REWARDS:
+                    mine = [t for t in at if t.reward == w]
+                    if len({t.rho for t in mine}) < 3:
+                        continue
+                    star = fit(mine, target, lo, hi)[0]
+                    boots = [fit(resample(mine, rng), target, lo, hi)[0] for _ in range(boot)]
+                    out[(m, budget, w, target)] = dict(rho=star, ci=interval(boots),
+                                                       seeds=len({t.seed for t in mine}))
     return out
+
+
+def shift_sign(rhos: Sequence[float]) -> str:
+    """``rises`` / ``falls`` when every step between consecutive budgets has that sign, else ``mixed``."""
+    steps = np.sign(np.diff(rhos))
+    return "rises" if all(s > 0 for s in steps) else "falls" if all(s < 0 for s in steps) else "mixed"
 
 
 def plans(models) -> dict:
@@ -224,20 +233,27 @@ def tables(res: dict) -> str:
         cells = [f"{res['plans'][(m, rho)]['iterations']} / {res['plans'][(m, rho)]['rollouts']} / "
                  f"{res['plans'][(m, rho)]['tokens']:.3g}" for m in models]
         lines.append(f"| {rho:.1f} | " + " | ".join(cells) + " |")
-    lines += ["", "## ρ* against the budget (tiny policy; pilots are runs at 10 % and 25 % of 3e11)", "",
-              "| target | reward | " + " | ".join(f"{b:.1e}" for b in sorted({k[0] for k in res["budgets"]})) + " | sign of the shift |",
-              "|---|---|" + "---|" * (len({k[0] for k in res["budgets"]}) + 1)]
-    budgets = sorted({k[0] for k in res["budgets"]})
-    for target in TARGETS:
-        for w in REWARDS:
-            es = [res["budgets"].get((b, w, target)) for b in budgets]
-            if any(e is None for e in es):
-                continue
-            steps = np.sign(np.diff([e["rho"] for e in es]))
-            sign = "rises" if all(s > 0 for s in steps) else "falls" if all(s < 0 for s in steps) else "mixed"
-            lines.append(f"| {target} | {w} | " + " | ".join(f"{e['rho']:.2f} [{e['ci'][0]:.2f}–{e['ci'][1]:.2f}]" for e in es)
-                         + f" | {sign} |")
+    budgets = sorted({k[1] for k in res["budgets"]})
+    lines += ["", "## ρ* against the budget (pilots are runs at 10 % and 25 % of 3e11; one seed a cell: no interval)", "",
+              "| size | target | reward | " + " | ".join(f"{b:.1e}" for b in budgets) + " | sign of the shift |",
+              "|---|---|---|" + "---|" * (len(budgets) + 1)]
+    signs: dict = defaultdict(lambda: defaultdict(int))
+    for m in models:
+        for target in TARGETS:
+            for w in REWARDS:
+                es = [res["budgets"].get((m, b, w, target)) for b in budgets]
+                if any(e is None for e in es):
+                    continue
+                sign = shift_sign([e["rho"] for e in es])
+                signs[m][sign] += 1
+                lines.append(f"| {m} | {target} | {w} | " + " | ".join(_rho_cell(e) for e in es) + f" | {sign} |")
+    lines += ["", "Signs of the shift per size: " + "; ".join(
+        f"{m}: " + ", ".join(f"{k} {v}" for k, v in sorted(signs[m].items())) for m in models if signs[m]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _rho_cell(e: dict) -> str:
+    return f"{e['rho']:.2f}" if e["seeds"] < 2 else f"{e['rho']:.2f} [{e['ci'][0]:.2f}–{e['ci'][1]:.2f}]"
 
 
 def figure(trials: list[Trial], res: dict, path: Path, target: str = "pass_at_1") -> None:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.stage_a import Trial, fit, resample
+from benchmarks.stage_a import Trial, by_budget, fit, resample, shift_sign
 
 
-def _trials(peak: float, offsets=(0.0, 0.05), seeds=2, noise=0.0, rng=None) -> list[Trial]:
+def _trials(peak: float, offsets=(0.0, 0.05), seeds=2, noise=0.0, rng=None, model="tiny", budget=3e11) -> list[Trial]:
     out = []
     for g, off in zip((2, 4), offsets):
         for rho in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
             for s in range(seeds):
                 y = 0.5 + off - (rho - peak) ** 2 + (rng.normal(0, noise) if rng is not None else 0.0)
-                out.append(Trial("tiny", "sparse", g, rho, 3e11, s, {"pass_at_1": y}, 0.0, 10))
+                out.append(Trial(model, "sparse", g, rho, budget, s, {k: y for k in ("pass_at_1", "native_reward", "judge")}, 0.0, 10))
     return out
 
 
@@ -37,3 +37,17 @@ def test_the_bootstrap_resamples_within_cells():
     assert len(again) == len(ts)
     cells = lambda xs: sorted((t.rho, t.group_size) for t in xs)  # noqa: E731
     assert cells(again) == cells(ts)
+
+
+def test_rho_star_against_the_budget_is_fitted_per_size_and_budget():
+    """Peaks placed by hand: ``small`` rises 0.4 -> 0.6 -> 0.7, ``medium`` falls then rises."""
+    ts = (_trials(0.4, model="small", budget=3e10, seeds=1) + _trials(0.6, model="small", budget=7.5e10, seeds=1)
+          + _trials(0.7, model="small") + _trials(0.7, model="medium", budget=3e10, seeds=1)
+          + _trials(0.5, model="medium", budget=7.5e10, seeds=1) + _trials(0.6, model="medium"))
+    out = by_budget(ts, np.random.default_rng(0), boot=3)
+    small = [out[("small", b, "sparse", "pass_at_1")] for b in (3e10, 7.5e10, 3e11)]
+    medium = [out[("medium", b, "sparse", "pass_at_1")]["rho"] for b in (3e10, 7.5e10, 3e11)]
+    assert [round(e["rho"], 2) for e in small] == [0.4, 0.6, 0.7]
+    assert [e["seeds"] for e in small] == [1, 1, 2]
+    assert shift_sign([e["rho"] for e in small]) == "rises"
+    assert shift_sign(medium) == "mixed" and shift_sign([0.7, 0.5, 0.3]) == "falls"
