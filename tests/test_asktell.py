@@ -291,3 +291,19 @@ def test_a_sampler_that_raises_leaves_no_trial_running(tmp_path):
     runs, _, _ = reserve_and_write(st, s, w, 2, "trl", distributions(s), tmp_path / "asked", **kw)
     assert [r.trial_number for r in runs] == [1, 2]
     assert [t.state for t in st.trials] == [TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]
+
+
+def test_ask_refuses_a_size_the_objective_lacks_before_reserving(tmp_path, cli):
+    """``ask`` with a study file whose ``space.models`` names a size the tiny objective lacks:
+    one line naming the field, exit 2, no trial reserved and no out folder written."""
+    (tmp_path / "bad.toml").write_text('name = "bm"\nobjective = "tiny"\nbudget_flops = 3e11\n'
+                                       '[space]\nmodels = ["small", "huge"]\n')
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    r = cli("ask", "--study", "bm", "--storage", url, "--spec", "bad.toml", "--out", "asked", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: space.models='huge': not one of this objective's policies (tiny, small, medium), "
+        "nor a preset or a local folder with a config.json"]
+    assert not (tmp_path / "asked").exists()
+    if (tmp_path / "a.db").exists():
+        assert all(not s.n_trials for s in optuna.get_all_study_summaries(url))

@@ -147,3 +147,35 @@ def test_trial_names_a_policy_size_and_refuses_an_unknown_one(cli):
     r = cli("trial", "--objective", "tiny", "--budget", "3e11", "--rho", "0.5", "--model", "huge")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "model='huge': not one of this objective's policies (tiny, small, medium)" in r.stderr
+
+
+def test_the_dry_run_names_each_size_with_its_parameters(cli):
+    """The dry-run of a model-size study ends with each size's parameter count and its ratio to
+    the first (the counts ``sum(p.numel())`` gives: tests/test_tiny_tasks.py checks the shapes)."""
+    from objectives.tiny import make
+
+    r = cli("study", "--spec", "studies/tiny-sizes.toml", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    w = make().workload()
+    n = {m: w.policies[m].num_params() for m in sizes.SIZES}
+    assert (n["tiny"], n["small"], n["medium"]) == (556_704, 988_032, 2_219_392)
+    assert (f"models: tiny 556,704 parameters; small 988,032 ({988_032 / 556_704:.2f}x); "
+            f"medium 2,219,392 ({2_219_392 / 556_704:.2f}x)") in text
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_study_naming_a_size_the_objective_lacks_is_refused_in_one_line(cli, tmp_path, dry_run):
+    """``space.models`` with an unknown size: one line naming the field and the sizes there
+    are, exit 2, before any plan is printed or any trial recorded."""
+    spec = tmp_path / "bad.toml"
+    spec.write_text('name = "bad"\nobjective = "tiny"\nbudget_flops = 3e11\ntrials = 2\n'
+                    '[space]\nmodels = ["tiny", "large"]\n')
+    db = tmp_path / "optuna.db"
+    args = ["--dry-run"] if dry_run else ["--storage", f"sqlite:///{db}", "--no-mlflow"]
+    r = cli("study", "--spec", str(spec), *args)
+    assert r.returncode == 2 and r.stdout.strip() == ""
+    assert r.stderr.strip().splitlines() == [
+        "error: space.models='large': not one of this objective's policies (tiny, small, medium), "
+        "nor a preset or a local folder with a config.json"]
+    assert not db.exists()

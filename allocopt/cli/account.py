@@ -223,7 +223,7 @@ def plan(
     rho: str = typer.Option(..., help="Update fraction rho = learning / total, in (0, 1)."),
     group_size: int = typer.Option(8, "--group-size", "-G", help="Completions per prompt (G), >= 2."),
     reward: str = typer.Option("sparse", help="Reward system: sparse, structured, dense, proxy_prm, prm."),
-    model: Optional[str] = typer.Option(None, help=f"Policy model: preset, folder with config.json, or hub id. \\[default: {D['model']}]"),
+    model: Optional[str] = typer.Option(None, help=f"Policy model: preset, folder with config.json, or hub id (the tiny world's sizes tiny, small, medium are planned by `allocopt study --spec studies/tiny-sizes.toml --dry-run`). \\[default: {D['model']}]"),
     rollouts: Optional[int] = typer.Option(None, help=f"Completions per iteration (prompts x G). \\[default: {D['rollouts_per_iteration']}]"),
     prompt_tokens: Optional[float] = typer.Option(None, help=f"Expected prompt length in tokens. \\[default: {D['prompt_tokens']:g}]"),
     completion_tokens: Optional[float] = typer.Option(None, help=f"Expected completion length in tokens. \\[default: {D['completion_tokens']:g}]"),

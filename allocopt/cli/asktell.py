@@ -181,9 +181,11 @@ def _check_out(out_dir: Path) -> None:
 def _workload_of(spec: Any) -> Any:
     """The workload plans of ``spec`` are made for: the objective's, built without checking the
     machine can train (the runs are launched elsewhere)."""
-    from allocopt.cli.common import objective_for_plans
+    from allocopt.cli.common import check_models, objective_for_plans
 
-    return spec.priced(objective_for_plans(spec).workload())
+    workload = spec.priced(objective_for_plans(spec).workload())
+    check_models(spec, workload)
+    return workload
 
 
 def print_asked(shown: list[dict[str, Any]], spec: Any, *, study: str, fmt: str, out_dir: Path,

@@ -62,6 +62,15 @@ def check_storage(storage: str, spec: Any = None) -> None:
             raise ConfigError(str(e)) from None
 
 
+def check_models(spec: Any, workload: Any) -> None:
+    """Refuse a ``space.models`` entry the objective cannot plan, in one line naming the field
+    and the objective's own sizes, before anything is planned or recorded."""
+    from allocopt.plan.allocation import policy_named
+
+    for m in spec.space.models:
+        policy_named(workload, m, "space.models")
+
+
 def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None = None) -> None:
     """Refuse a study whose budget (or pilot budget) cannot buy one iteration of any allocation
     in its space, before anything is recorded. The cost of an iteration grows with ρ (more rows
@@ -74,6 +83,7 @@ def check_space_feasible(spec: Any, workload: Any, pilot_fraction: float | None 
 
     from allocopt.plan.allocation import Allocation, min_budget
 
+    check_models(spec, workload)
     sp = spec.space
     allocs = [Allocation(rho=r, group_size=g, reward=w, model=m) for r, g, w, m in itertools.product(
         sorted(set(sp.rho)), sp.group_sizes, sp.rewards, sp.models or (None,))]

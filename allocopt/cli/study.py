@@ -16,7 +16,7 @@ one line, exit code 2). Optuna, torch and the objectives are imported inside the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -178,21 +178,31 @@ def _nothing_finished(s: Any, rows: list[Any]) -> None:
     out.print("no complete full-budget trial yet")
 
 
+def sizes_line(models: Sequence[str], workload: Any) -> str:
+    """The policies a model-size study searches, with their parameter counts relative to the first."""
+    from allocopt.plan.allocation import policy_named
+
+    n = [policy_named(workload, m, "space.models").num_params() for m in models]
+    return f"models: {models[0]} {n[0]:,} parameters; " + "; ".join(
+        f"{m} {k:,} ({k / n[0]:.2f}x)" for m, k in zip(models[1:], n[1:]))
+
+
 def print_plans(s: Any) -> None:
     """``--dry-run``: the plans the budget buys over the space (and RACE's pilot plans); runs
     nothing. Needs the objective's workload only, not a machine that can train."""
     from rich import box
 
-    from allocopt.cli.common import objective_for_plans
+    from allocopt.cli.common import check_models, objective_for_plans
     from allocopt.study.loop import dry_run as plans_over_space
 
     obj = objective_for_plans(s)
     with err.status("loading the objective's models..."):
         workload = s.priced(obj.workload())
+    check_models(s, workload)
     tb = s.time_budget
     head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
             if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
-    t = Table(title=f"Plans for {head} ({s.objective}); nothing is run",
+    t = Table(title=f"Plans for {head} (objective {s.objective}); nothing is run",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
               padding=(0, 0) if tb else (0, 1))  # 80 columns, nothing cut (a time budget's two more columns too)
     plans = plans_over_space(s, workload)
@@ -220,6 +230,8 @@ def print_plans(s: Any) -> None:
                  + ("ep: epochs, passes over the training set; " if epochs else "")
                  + "search/learn/rwd: shares of the executed FLOPs")
     out.print(t)
+    if models:
+        out.print(sizes_line(s.space.models, workload), highlight=False, markup=False, soft_wrap=True)
     line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
     if line:
         out.print(line, highlight=False, markup=False)

@@ -272,17 +272,23 @@ class TrialPlan:
 
 
 def _policy(workload: Workload, allocation: Allocation) -> ModelShape:
-    if allocation.model is None:
-        return workload.policy
-    named = workload.policies.get(allocation.model)
+    return workload.policy if allocation.model is None else policy_named(workload, allocation.model)
+
+
+def policy_named(workload: Workload, model: str, field_name: str = "model") -> ModelShape:
+    """The policy ``model`` names: one of the workload's own sizes, a preset or a local folder
+    with a ``config.json``. Raises :class:`ConfigError` naming ``field_name`` and what is allowed."""
+    named = workload.policies.get(model)
     if named is not None:
         return named
     try:
-        return model_shape(allocation.model)
+        return model_shape(model)
     except ConfigError as e:
         if not workload.policies:
-            raise
-        raise ConfigError(f"model={allocation.model!r}: not one of this objective's policies "
+            if field_name == "model":
+                raise
+            raise ConfigError(f"{field_name}: {e}") from e
+        raise ConfigError(f"{field_name}={model!r}: not one of this objective's policies "
                           f"({', '.join(workload.policies)}), nor a preset or a local folder with "
                           "a config.json") from e
 
@@ -648,6 +654,6 @@ __all__ = ["LAST_ROWS_SHARE", "MAX_UNUSED_SHARE", "REBATCH_CANDIDATES", "batch_c
 
 
 __all__ = ["Allocation", "InfeasiblePlan", "MODEL_BASED", "REWARDS", "RHO_TOLERANCE", "RULE_BASED",
-           "TrialPlan", "Workload", "MAX_EPOCHS", "reward_model_of", "steps_batch", "check_budget", "default_reward_models", "iteration_flops",
+           "TrialPlan", "Workload", "MAX_EPOCHS", "policy_named", "reward_model_of", "steps_batch", "check_budget", "default_reward_models", "iteration_flops",
            "expected_flops", "max_iterations", "rows_for_rho", "rows_schedule", "LAST_ROWS_SHARE", "MAX_UNUSED_SHARE", "REBATCH_CANDIDATES", "batch_candidates",
            "batch_workload", "make_plan", "min_budget", "min_last_rows", "min_prompts", "plan_workload"]

@@ -55,7 +55,7 @@ POLICY_SIZES: dict[str, dict[str, int]] = {
                    num_key_value_heads=2, intermediate_size=512),
 }
 """Policy shapes by name (Qwen2 config fields): the three sizes of the model-size study
-(:mod:`objectives.tiny.sizes`), 1.78x and 3.99x the parameters of ``tiny`` (the paper's 1.5B ->
+(:mod:`objectives.tiny.sizes`), 1.77x and 3.99x the parameters of ``tiny`` (the paper's 1.5B ->
 3B -> 7B spans 4.7x): ``small`` is wider, ``medium`` ``small``'s width at 9 layers instead of 4
 (a 4x-wide policy, d 192, stayed on the SFT loss plateau at every learning rate tried; head
 dimension 32 as in ``small``)."""
