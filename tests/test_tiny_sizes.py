@@ -179,3 +179,16 @@ def test_a_study_naming_a_size_the_objective_lacks_is_refused_in_one_line(cli, t
         "error: space.models='large': not one of this objective's policies (tiny, small, medium), "
         "nor a preset or a local folder with a config.json"]
     assert not db.exists()
+
+
+def test_a_wrong_model_is_named_before_the_machine_is_checked(cli):
+    """``trial --objective qwen --model medium`` on a machine without a GPU: the model is what
+    is wrong with the command, so it is what the one line names (not the missing GPU)."""
+    import torch
+
+    r = cli("trial", "--objective", "qwen", "--budget", "1e17", "--rho", "0.5", "--model", "medium")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: model='medium': unknown model; known presets:")
+    if not torch.cuda.is_available():  # the same command with the default model: the machine
+        r = cli("trial", "--objective", "qwen", "--budget", "1e17", "--rho", "0.5")
+        assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr

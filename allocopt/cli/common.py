@@ -18,8 +18,9 @@ from allocopt.errors import DiskFull, disk_full
 from allocopt.flops import ConfigError
 
 
-def load_objective(name: str, settings: dict | None = None) -> Any:
-    """The objective ``name`` with its settings, ready to run on this machine.
+def load_objective(name: str, settings: dict | None = None, *, available: bool = True) -> Any:
+    """The objective ``name`` with its settings, ready to run on this machine (``available``;
+    else :func:`check_available` before it runs, once what was asked of it is checked).
 
     Raises:
         ConfigError: unknown objective, bad settings, or the objective cannot run here (the
@@ -32,6 +33,11 @@ def load_objective(name: str, settings: dict | None = None) -> Any:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"objective_settings for objective={name!r}: {str(e).splitlines()[0]}"
                           if isinstance(e, TypeError) else str(e).splitlines()[0]) from None
+    return check_available(obj) if available else obj
+
+
+def check_available(obj: Any) -> Any:
+    """``obj`` when this machine can run it; else :class:`ConfigError` saying what to use instead."""
     from allocopt.objective import ObjectiveUnavailable
 
     try:

@@ -44,7 +44,7 @@ def trial(
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines (hidden by default)."),
 ) -> None:
     """Run one real GRPO trial at an allocation under a hard FLOP budget; print targets and breakdown."""
-    from allocopt.cli.common import load_objective
+    from allocopt.cli.common import check_available, load_objective
     from allocopt.plan.allocation import Allocation, check_budget, make_plan
 
     from allocopt.vocabulary import Vocabulary
@@ -54,10 +54,13 @@ def trial(
     b = check_budget(budget)
     if not 0 <= seed < 2**32:
         raise ConfigError(f"seed={seed}: must be an integer from 0 to 2**32 - 1")
-    obj = load_objective(objective, parse_settings(set_))
+    # the plan (its model among them) is checked before the machine is: a wrong --model is
+    # named even where the objective could not run
+    obj = load_objective(objective, parse_settings(set_), available=False)
     with err.status("building / loading the objective's models (cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
+    check_available(obj)
     _check_wall_time(obj, p, objective, yes)
     res = _run(obj, p, seed=seed, verbose=verbose, show=not as_json)
     if as_json:
