@@ -14,7 +14,9 @@ and answers, with seeded bootstrap intervals over the seeds of each cell:
 * the iterations and tokens each size buys at each ρ (the plans of ``allocopt plan``:
   :func:`allocopt.plan.allocation.make_plan` on the tiny objective's workload);
 * ρ* against the budget per size: each table's pilots at 10 % and 25 % are runs at 3e10 and
-  7.5e10 FLOPs; and whether the shift has one sign.
+  7.5e10 FLOPs; and whether the shift has one sign;
+* how much a pilot says of the full budget: the correlation across cells of a pilot's value
+  with the full budget's seed-mean, per size, pilot budget and target.
 
 Usage::
 
@@ -160,7 +162,11 @@ def stage_a(trials: list[Trial], seed: int = 0) -> dict:
                                          shift=per[(models[-1], w, target)]["rho"] - per[(models[0], w, target)]["rho"],
                                          shift_ci=interval(np.array(per[(models[-1], w, target)]["rhos"])
                                                            - np.array(per[(models[0], w, target)]["rhos"])))
-    return dict(models=models, per=per, best=best, budgets=by_budget(trials, rng), plans=plans(models))
+    budgets = by_budget(trials, rng)
+    for (m, w, target), e in per.items():  # the full budget's ρ* is the one estimate above, not a second draw
+        budgets[(m, FULL, w, target)] = dict(rho=e["rho"], ci=e["ci"], seeds=e["seeds"])
+    return dict(models=models, per=per, best=best, budgets=budgets, plans=plans(models),
+                pilots=pilot_correlation(trials))
 
 
 def by_budget(trials: list[Trial], rng: np.random.Generator, boot: int = BOOT) -> dict:
@@ -180,6 +186,27 @@ def by_budget(trials: list[Trial], rng: np.random.Generator, boot: int = BOOT) -
                     boots = [fit(resample(mine, rng), target, lo, hi)[0] for _ in range(boot)]
                     out[(m, budget, w, target)] = dict(rho=star, ci=interval(boots),
                                                        seeds=len({t.seed for t in mine}))
+    return out
+
+
+def pilot_correlation(trials: list[Trial]) -> dict:
+    """Per size, pilot budget and target: Pearson's r across the (reward, G, ρ) cells between a
+    pilot's value (mean over its seeds) and the full budget's seed-mean, and the cells counted;
+    how much a pilot says of the full-budget response the tuner is after."""
+    out = {}
+    for m in sorted({t.model for t in trials}):
+        cells: dict = defaultdict(lambda: defaultdict(list))
+        for t in trials:
+            if t.model == m:
+                cells[(t.reward, t.group_size, t.rho)][t.budget].append(t)
+        for budget in sorted({t.budget for t in trials if t.model == m and t.budget < FULL}):
+            both = [c for c in cells.values() if c.get(budget) and c.get(FULL)]
+            if len(both) < 3:
+                continue
+            for target in TARGETS:
+                xs = [np.mean([t.targets[target] for t in c[budget]]) for c in both]
+                ys = [np.mean([t.targets[target] for t in c[FULL]]) for c in both]
+                out[(m, budget, target)] = dict(r=float(np.corrcoef(xs, ys)[0, 1]), cells=len(both))
     return out
 
 
@@ -249,6 +276,13 @@ def tables(res: dict) -> str:
                 lines.append(f"| {m} | {target} | {w} | " + " | ".join(_rho_cell(e) for e in es) + f" | {sign} |")
     lines += ["", "Signs of the shift per size: " + "; ".join(
         f"{m}: " + ", ".join(f"{k} {v}" for k, v in sorted(signs[m].items())) for m in models if signs[m]) + "."]
+    pil = res.get("pilots", {})
+    if pil:
+        lines += ["", "## What a pilot says of the full budget (Pearson's r across cells: a pilot's value against the full budget's seed-mean)", "",
+                  "| size | pilot budget | " + " | ".join(t for t in TARGETS) + " | cells |", "|---|---|" + "---|" * (len(TARGETS) + 1)]
+        for m, b in sorted({(k[0], k[1]) for k in pil}, key=lambda mb: (models.index(mb[0]) if mb[0] in models else 9, mb[1])):
+            lines.append(f"| {m} | {b:.1e} | " + " | ".join(f"{pil[(m, b, t)]['r']:.2f}" for t in TARGETS)
+                         + f" | {pil[(m, b, TARGETS[0])]['cells']} |")
     return "\n".join(lines) + "\n"
 
 

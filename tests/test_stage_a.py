@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.stage_a import Trial, by_budget, fit, resample, shift_sign
+from benchmarks.stage_a import Trial, by_budget, fit, pilot_correlation, resample, shift_sign
 
 
 def _trials(peak: float, offsets=(0.0, 0.05), seeds=2, noise=0.0, rng=None, model="tiny", budget=3e11) -> list[Trial]:
@@ -51,3 +51,17 @@ def test_rho_star_against_the_budget_is_fitted_per_size_and_budget():
     assert [e["seeds"] for e in small] == [1, 1, 2]
     assert shift_sign([e["rho"] for e in small]) == "rises"
     assert shift_sign(medium) == "mixed" and shift_sign([0.7, 0.5, 0.3]) == "falls"
+
+
+def test_a_pilots_correlation_with_the_full_budget_is_computed_per_size_and_budget():
+    """Pilots equal to the full budget's value (r = 1) for one size, its mirror image (r = -1)
+    for the other, by construction."""
+    full = _trials(0.5, seeds=2) + _trials(0.5, seeds=2, model="small")
+    same = [Trial(t.model, t.reward, t.group_size, t.rho, 3e10, 0, dict(t.targets), 0.0, 10)
+            for t in full if t.model == "tiny" and t.seed == 0]
+    mirror = [Trial(t.model, t.reward, t.group_size, t.rho, 3e10, 0, {k: 1 - v for k, v in t.targets.items()}, 0.0, 10)
+              for t in full if t.model == "small" and t.seed == 0]
+    out = pilot_correlation(full + same + mirror)
+    assert set(out) == {(m, 3e10, t) for m in ("tiny", "small") for t in ("pass_at_1", "native_reward", "judge")}
+    assert abs(out[("tiny", 3e10, "pass_at_1")]["r"] - 1) < 1e-9 and out[("tiny", 3e10, "judge")]["cells"] == 16
+    assert abs(out[("small", 3e10, "native_reward")]["r"] + 1) < 1e-9
