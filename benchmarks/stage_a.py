@@ -261,7 +261,7 @@ def tables(res: dict) -> str:
                  f"{res['plans'][(m, rho)]['tokens']:.3g}" for m in models]
         lines.append(f"| {rho:.1f} | " + " | ".join(cells) + " |")
     budgets = sorted({k[1] for k in res["budgets"]})
-    lines += ["", "## ρ* against the budget (pilots are runs at 10 % and 25 % of 3e11; one seed a cell: no interval)", "",
+    lines += ["", "## ρ* against the budget (pilots are runs at 10 % and 25 % of 3e11; no interval where a pilot cell has one seed)", "",
               "| size | target | reward | " + " | ".join(f"{b:.1e}" for b in budgets) + " | sign of the shift |",
               "|---|---|---|" + "---|" * (len(budgets) + 1)]
     signs: dict = defaultdict(lambda: defaultdict(int))
