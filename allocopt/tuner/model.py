@@ -18,7 +18,7 @@ at budget fraction ``f < 1`` (a pilot) observes the latent response plus a discr
 ``d(x) ~ GP(0, τ² k)`` shared by all pilot fractions, plus an unknown offset per fraction; so
 the correlation of a pilot with the full run at the same cell is ``1 / sqrt(1 + τ²)``, learned
 from runs at both budgets (across the measured grids' cells, ``benchmarks/stage_a.py``: 0.12
-to 0.41 on pass@1, 0.96 to 0.98 on the native reward, so it cannot be assumed). An unknown overall level is integrated out (a constant
+to 0.41 on pass@1, 0.96 to 0.99 on the native reward, so it cannot be assumed). An unknown overall level is integrated out (a constant
 kernel term of variance ``MEAN_VAR_SCALE · s²``).
 
 Noise: a run's known evaluation variance (``p(1 - p) / n_eval`` for a share over ``n_eval``
