@@ -66,6 +66,9 @@ def target_label(key: str, vocabulary: Vocabulary | None = None) -> str:
     return (vocabulary or Vocabulary()).label(key)
 
 
+_LIST_EXAMPLE = {"group_sizes": "[2, 4, 8]", "rewards": '["sparse", "prm"]', "models": '["tiny", "small"]'}
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """The search variables of a study."""
@@ -84,7 +87,7 @@ class SearchSpace:
         for f in ("rho", "group_sizes", "rewards", "models"):
             if isinstance(getattr(self, f), (str, int, float)):
                 raise ConfigError(f"space.{f}={getattr(self, f)!r}: must be a list"
-                                  + (" [low, high]" if f == "rho" else ""))
+                                  + (" [low, high]" if f == "rho" else f", e.g. {_LIST_EXAMPLE[f]}"))
         object.__setattr__(self, "rho", tuple(self.rho))
         object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
         object.__setattr__(self, "rewards", tuple(self.rewards))
@@ -105,7 +108,9 @@ class SearchSpace:
             check_name(r, "space.rewards")
         for m in self.models:
             if not isinstance(m, str) or not m.strip():
-                raise ConfigError(f"space.models: {str(m)[:80]!r} is not a model name (a preset or a config path)")
+                shown = repr(m) if not isinstance(m, str) else repr(m[:80])
+                raise ConfigError(f"space.models={shown}: must be a model name, a string (the objective's policy "
+                                  "sizes, a preset or a folder with a config.json)")
         for f in ("group_sizes", "rewards", "models"):
             values = getattr(self, f)
             if len(set(values)) < len(values):

@@ -305,5 +305,9 @@ def test_ask_refuses_a_size_the_objective_lacks_before_reserving(tmp_path, cli):
         "error: space.models='huge': not one of this objective's policies (tiny, small, medium), "
         "nor a preset or a local folder with a config.json"]
     assert not (tmp_path / "asked").exists()
-    if (tmp_path / "a.db").exists():
-        assert all(not s.n_trials for s in optuna.get_all_study_summaries(url))
+    if (tmp_path / "a.db").exists():  # no study made: the corrected file makes it
+        assert optuna.get_all_study_names(url) == []
+    (tmp_path / "bad.toml").write_text('name = "bm"\nobjective = "synthetic"\nbudget_flops = 1e19\n')
+    r = cli("ask", "--study", "bm", "--storage", url, "--spec", "bad.toml", "--out", "asked", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert optuna.get_all_study_names(url) == ["bm"]

@@ -192,3 +192,17 @@ def test_a_wrong_model_is_named_before_the_machine_is_checked(cli):
     if not torch.cuda.is_available():  # the same command with the default model: the machine
         r = cli("trial", "--objective", "qwen", "--budget", "1e17", "--rho", "0.5")
         assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+
+
+@pytest.mark.parametrize("models, line", [
+    ("small", "space.models='small': must be a list, e.g. [\"tiny\", \"small\"]"),
+    ([3], "space.models=3: must be a model name, a string (the objective's policy sizes, a preset or a "
+          "folder with a config.json)"),
+])
+def test_a_models_entry_of_the_wrong_type_is_one_line(models, line):
+    from allocopt.flops import ConfigError
+    from allocopt.spec import SearchSpace
+
+    with pytest.raises(ConfigError) as e:
+        SearchSpace(models=models)
+    assert str(e.value) == line

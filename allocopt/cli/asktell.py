@@ -121,8 +121,11 @@ def _ask(study: str, storage: str, new: Any, n: int, fmt: str, out_dir: Path, le
     from allocopt.study.asktell import reserve_and_write
     from allocopt.study.open import distributions
 
+    # a new study's spec is checked against its objective before the study is made: a refused
+    # spec leaves nothing behind that a corrected one would trip over
+    checked = _workload_of(new) if new is not None else None
     st, spec = _load(study, storage, new)
-    workload = _workload_of(spec)
+    workload = checked if spec is new else _workload_of(spec)
     from dataclasses import replace
 
     from allocopt.study.loop import resumed_seed
