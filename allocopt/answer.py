@@ -129,7 +129,8 @@ def _noise_lines(rec: Any, a: Any) -> list[str]:
     untried = [str(u) for u in (getattr(rec, "untried", None) or ())]
     if untried:
         text = (f"no full run yet of {', '.join(untried)}: what it says of "
-                f"{'them' if len(untried) > 1 else 'it'} rests on pilots and the model")
+                f"{'them' if len(untried) > 1 else 'it'} rests on the model's sharing across cells "
+                "(and pilots, where run)")
         out += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
     return out
 

@@ -64,7 +64,8 @@ def test_the_answers_probabilities_follow_the_data():
     from allocopt.answer import from_dict, recommendation_dict, recommendation_lines
 
     lines = " ".join(recommendation_lines(from_dict(recommendation_dict(rec3, "pass@1")), "pass@1"))
-    assert "no full run yet of prm" in lines
+    assert "no full run yet of prm: what it says of it rests on the model's sharing across cells" \
+        in " ".join(lines.split())
     assert t.answer([_obs(0, Allocation(0.5, 4, "sparse"), 0.4, "pilot")]) == (None, None)
 
 
