@@ -139,6 +139,12 @@ def test_the_model_size_study_file_plans_every_size(cli):
     for size in spec.space.models:
         row = next(x for x in rows if x[:4] == [size, "sparse", "4", "0.50"])
         assert int(row[7]) == make_plan(3e11, Allocation(0.5, 4, "sparse", model=size), w).iterations
+    # it ends with each size's parameter count and its ratio to the first (the counts
+    # sum(p.numel()) gives: tests/test_tiny_tasks.py checks the shapes)
+    assert (w.policies["tiny"].num_params(), w.policies["small"].num_params(),
+            w.policies["medium"].num_params()) == (556_704, 988_032, 2_219_392)
+    assert (f"models: tiny 556,704 parameters; small 988,032 ({988_032 / 556_704:.2f}x); "
+            f"medium 2,219,392 ({2_219_392 / 556_704:.2f}x)") in " ".join(r.stdout.split())
 
 
 def test_trial_names_a_policy_size_and_refuses_an_unknown_one(cli):
@@ -147,21 +153,6 @@ def test_trial_names_a_policy_size_and_refuses_an_unknown_one(cli):
     r = cli("trial", "--objective", "tiny", "--budget", "3e11", "--rho", "0.5", "--model", "huge")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "model='huge': not one of this objective's policies (tiny, small, medium)" in r.stderr
-
-
-def test_the_dry_run_names_each_size_with_its_parameters(cli):
-    """The dry-run of a model-size study ends with each size's parameter count and its ratio to
-    the first (the counts ``sum(p.numel())`` gives: tests/test_tiny_tasks.py checks the shapes)."""
-    from objectives.tiny import make
-
-    r = cli("study", "--spec", "studies/tiny-sizes.toml", "--dry-run")
-    assert r.returncode == 0, r.stderr
-    text = " ".join(r.stdout.split())
-    w = make().workload()
-    n = {m: w.policies[m].num_params() for m in sizes.SIZES}
-    assert (n["tiny"], n["small"], n["medium"]) == (556_704, 988_032, 2_219_392)
-    assert (f"models: tiny 556,704 parameters; small 988,032 ({988_032 / 556_704:.2f}x); "
-            f"medium 2,219,392 ({2_219_392 / 556_704:.2f}x)") in text
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
