@@ -162,15 +162,16 @@ def stage_a(trials: list[Trial], seed: int = 0) -> dict:
                                          shift=per[(models[-1], w, target)]["rho"] - per[(models[0], w, target)]["rho"],
                                          shift_ci=interval(np.array(per[(models[-1], w, target)]["rhos"])
                                                            - np.array(per[(models[0], w, target)]["rhos"])))
-    budgets = by_budget(trials, rng)
-    for (m, w, target), e in per.items():  # the full budget's ρ* is the one estimate above, not a second draw
-        budgets[(m, FULL, w, target)] = dict(rho=e["rho"], ci=e["ci"], seeds=e["seeds"])
+    # the full budget's ρ* is the one estimate above, not a second draw
+    budgets = by_budget(trials, rng, known={(m, FULL, w, t): dict(rho=e["rho"], ci=e["ci"], seeds=e["seeds"])
+                                            for (m, w, t), e in per.items()})
     return dict(models=models, per=per, best=best, budgets=budgets, plans=plans(models),
                 pilots=pilot_correlation(trials))
 
 
-def by_budget(trials: list[Trial], rng: np.random.Generator, boot: int = BOOT) -> dict:
-    """ρ* per size, reward system and target at each budget the size's table holds."""
+def by_budget(trials: list[Trial], rng: np.random.Generator, boot: int = BOOT, known: dict | None = None) -> dict:
+    """ρ* per size, reward system and target at each budget the size's table holds; ``known``:
+    estimates already made, keyed ``(size, budget, reward, target)``, taken as they are."""
     out = {}
     for m in sorted({t.model for t in trials}):
         mine_m = [t for t in trials if t.model == m]
@@ -180,6 +181,9 @@ def by_budget(trials: list[Trial], rng: np.random.Generator, boot: int = BOOT) -
             for target in TARGETS:
                 for w in REWARDS:
                     mine = [t for t in at if t.reward == w]
+                    if (m, budget, w, target) in (known or {}):
+                        out[(m, budget, w, target)] = known[(m, budget, w, target)]
+                        continue
                     if len({t.rho for t in mine}) < 3:
                         continue
                     star = fit(mine, target, lo, hi)[0]

@@ -51,6 +51,11 @@ def test_rho_star_against_the_budget_is_fitted_per_size_and_budget():
     assert [e["seeds"] for e in small] == [1, 1, 2]
     assert shift_sign([e["rho"] for e in small]) == "rises"
     assert shift_sign(medium) == "mixed" and shift_sign([0.7, 0.5, 0.3]) == "falls"
+    # an estimate already made (the per-size table's, at the full budget) is taken as it is
+    given = {("small", 3e11, "sparse", "pass_at_1"): dict(rho=0.66, ci=(0.6, 0.7), seeds=2)}
+    again = by_budget(ts, np.random.default_rng(0), boot=3, known=given)
+    assert again[("small", 3e11, "sparse", "pass_at_1")] is given[("small", 3e11, "sparse", "pass_at_1")]
+    assert round(again[("small", 3e10, "sparse", "pass_at_1")]["rho"], 2) == 0.4
 
 
 def test_a_pilots_correlation_with_the_full_budget_is_computed_per_size_and_budget():

@@ -34,9 +34,10 @@ _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", envvar="ALLOCOPT_STORAGE",
 from allocopt.cli.common import takes_time_budget  # noqa: E402
 
 
-def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
+def _load(study_name: str, storage: str, new: Any = None, before_making: Any = None) -> tuple[Any, Any]:
     """``(study, spec)`` of an existing study, opened as a worker opens it; a study not there
-    yet is made from ``new`` (a :class:`StudySpec`) when given."""
+    yet is made from ``new`` (a :class:`StudySpec`) when given, after ``before_making(new)``
+    (a check that raises leaves no study behind)."""
     import warnings
 
     from allocopt.cli.common import check_storage
@@ -62,6 +63,8 @@ def _load(study_name: str, storage: str, new: Any = None) -> tuple[Any, Any]:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"storage={redact_url(storage)!r}: cannot be opened ({redact_url(msg)})") from None
     if study_name not in names and new is not None:
+        if before_making is not None:
+            before_making(new)
         try:
             st = open_study(new, storage)
         except StudyError as e:
@@ -121,11 +124,9 @@ def _ask(study: str, storage: str, new: Any, n: int, fmt: str, out_dir: Path, le
     from allocopt.study.asktell import reserve_and_write
     from allocopt.study.open import distributions
 
-    # a new study's spec is checked against its objective before the study is made: a refused
-    # spec leaves nothing behind that a corrected one would trip over
-    checked = _workload_of(new) if new is not None else None
-    st, spec = _load(study, storage, new)
-    workload = checked if spec is new else _workload_of(spec)
+    made: list[Any] = []  # a new study's workload, built (its models checked) before the study is made
+    st, spec = _load(study, storage, new, before_making=lambda s: made.append(_workload_of(s)))
+    workload = made[0] if made else _workload_of(spec)
     from dataclasses import replace
 
     from allocopt.study.loop import resumed_seed
