@@ -2,10 +2,9 @@
 pooled model-size world (``benchmarks/optimizers.py --tiny-table A B C``), the share of
 replications whose answer names the size of the best cell for the replication's target.
 
-The best cell is the full-budget cell with the highest seed-mean over the measured tables (one
-table per size, as the replay pools them; a table without a ``model`` column is named by its
-folder, as :func:`benchmarks.tuners.world.model_name` does). Held-out replications have a
-different truth per replication, so only the seed-mean truth's are counted.
+The best cell is the one the judge's seed-mean truth names on the pooled world (the same
+tables, read as the replay reads them). Held-out replications have a different truth per
+replication, so only the seed-mean truth's are counted.
 
     python benchmarks/size_picks.py --results benchmarks/tuner_results/sizes/results.csv \\
         --tables benchmarks/tiny_grid/trials.csv benchmarks/tiny_grid_small/trials.csv benchmarks/tiny_grid_medium/trials.csv
@@ -28,18 +27,17 @@ TARGETS = ("pass_at_1", "native_reward", "judge")
 
 
 def best_sizes(tables: Sequence[Path]) -> dict[str, str]:
-    """The size of the best full-budget cell (highest seed-mean) per target."""
-    from benchmarks.tuners.world import model_name
+    """The size of the best full-budget cell per target under the judge's seed-mean truth
+    (:func:`benchmarks.tuners.truth.truth_for` on the pooled world the replay reads)."""
+    from benchmarks.tuners.runner import TABLE, world_of
+    from benchmarks.tuners.truth import truth_for
 
-    cells: dict = defaultdict(list)
-    for path in tables:
-        rows = [r for r in csv.DictReader(open(path, newline="")) if r["status"] == "complete"]
-        full = max(float(r["budget_flops"]) for r in rows)
-        for r in rows:
-            if float(r["budget_flops"]) == full:
-                cells[(r.get("model") or model_name(path), r["reward"], r["group_size"], r["rho"])].append(r)
-    mean = lambda c, t: sum(float(r[t]) for r in cells[c]) / len(cells[c])  # noqa: E731
-    return {t: max(cells, key=lambda c: mean(c, t))[0] for t in TARGETS}
+    world = world_of(TABLE, tuple(str(t) for t in tables))
+    out = {}
+    for target in TARGETS:
+        truth = truth_for(world, target, "seedmean", 0)
+        out[target] = max(world.candidates, key=truth.value).model
+    return out
 
 
 def picks(results: Path, best: dict[str, str]) -> dict[tuple[str, float], tuple[float, int]]:

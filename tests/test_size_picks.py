@@ -7,8 +7,9 @@ import csv
 
 from benchmarks.size_picks import best_sizes, picks
 
-FIELDS = ["model", "reward", "group_size", "rho", "budget_flops", "seed", "status",
-          "pass_at_1", "native_reward", "judge"]
+FIELDS = ["model", "reward", "group_size", "rho", "budget_flops", "seed", "status", "fidelity",
+          "pass_at_1", "native_reward", "judge", "search_flops", "learning_flops", "reward_flops", "total_flops"]
+FLOPS = dict(search_flops=1.5e11, learning_flops=1.5e11, reward_flops=0, total_flops=3e11)
 
 
 def _table(path, model, values):
@@ -20,9 +21,10 @@ def _table(path, model, values):
         w.writeheader()
         for (rho, seed), (p, n, j) in values.items():
             w.writerow(dict(model=model, reward="sparse", group_size=4, rho=rho, budget_flops=3e11, seed=seed,
-                            status="complete", pass_at_1=p, native_reward=n, judge=j))
+                            status="complete", fidelity="full", pass_at_1=p, native_reward=n, judge=j, **FLOPS))
         w.writerow(dict(model=model, reward="sparse", group_size=4, rho=0.5, budget_flops=3e10, seed=0,
-                        status="complete", pass_at_1=0.99, native_reward=0.99, judge=0.99))
+                        status="complete", fidelity="pilot", pass_at_1=0.99, native_reward=0.99, judge=0.99,
+                        **{k: v / 10 for k, v in FLOPS.items()}))
 
 
 def test_the_best_size_is_the_best_seed_mean_cell_and_answers_are_counted(tmp_path):
