@@ -230,7 +230,7 @@ class StudySpec:
                                   "is the knowledge-gradient tuner's)")
             if isinstance(self.target, (tuple, list)) and len(self.target) > 1:
                 raise ConfigError(f"until_gain={g!r}: one target only (a study of several targets "
-                                  "searches their Pareto front, without the kg tuner)")
+                                  "searches their Pareto front: no one answer to value one more run of)")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

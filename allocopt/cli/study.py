@@ -44,10 +44,10 @@ def study(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler and the trials. \\[default: the spec's, else 0]"),
-    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner bo, or several targets): gp, botorch or random. \\[default: the spec's, else gp]"),
+    sampler: Optional[str] = typer.Option(None, help="Sampler of plain BO (--tuner bo; with several targets a hypervolume search): gp, botorch or random. \\[default: the spec's, else gp]"),
     pilots: Optional[int] = typer.Option(None, help="Pilots at --pilot-fraction of the budget. --tuner race: its pilot points, run first, then surrogate proposals (0: plain BO with --sampler; default 60 or more: enough for every reward system × model). --tuner kg: the most pilots it may run, each only when worth its FLOPs (default 0: full runs only). \\[default: the spec's]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
-    tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth; race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
+    tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth (several targets: full runs, each on a fresh random weighting of them); race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
@@ -106,10 +106,13 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
     if replicates is not None and (s.tuner != "race" or s.pilots == 0 or s.multi_objective):
         raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
                           "plain BO (--tuner bo, or several targets) has no leader to repeat")
-    if s.multi_objective and ((s.tuner == "race" and s.pilots != 0) or s.tuner == "kg"):
+    if s.multi_objective and s.tuner == "race" and s.pilots != 0:
         err.print(f"note: {len(s.targets)} targets: a multi-objective study runs a "
-                  f"hypervolume search, without {'the kg tuner or ' if s.tuner == 'kg' else ''}"
-                  "pilots (as --pilots 0)", highlight=False)
+                  "hypervolume search, without RACE's pilots (as --pilots 0)", highlight=False)
+        return replace(s, pilots=0)
+    if s.multi_objective and s.tuner == "kg" and s.pilots:
+        err.print(f"note: {len(s.targets)} targets: the kg tuner runs full runs only (as --pilots 0)",
+                  highlight=False)
         return replace(s, pilots=0)
     if s.pilots != 0 and s.tuner == "race":
         from allocopt.race import pilot_grid
@@ -235,7 +238,11 @@ def print_plans(s: Any) -> None:
     line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
     if line:
         out.print(line, highlight=False, markup=False)
-    if s.tuner == "kg" and not s.multi_objective:
+    if s.tuner == "kg" and s.multi_objective:
+        out.print(f"tuner kg, {len(s.targets)} targets: each full run chosen on a fresh random weighting "
+                  "of the targets (augmented Chebyshev, as ParEGO); the answer is the Pareto front",
+                  highlight=False, markup=False)
+    elif s.tuner == "kg":
         from allocopt.study.sampler import kg_max_pilots
 
         cap = kg_max_pilots(s)

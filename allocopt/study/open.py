@@ -15,13 +15,13 @@ from allocopt.errors import StudyError  # noqa: E402,F401  (defined there; impor
 
 
 def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_settings: Any = None) -> Any:
-    """The Optuna sampler of the study: with ``spec.tuner = "kg"`` and one target, a
+    """The Optuna sampler of the study: with ``spec.tuner = "kg"`` a
     :class:`allocopt.study.sampler.RaceSampler` asking the knowledge-gradient tuner
-    (:func:`allocopt.study.sampler.kg_sampler`); with ``tuner = "race"`` a RaceSampler asking RACE
-    (pilots, then surrogate proposals) unless ``spec.pilots == 0`` or the study has several
-    targets; else (``tuner = "bo"``, RACE without pilots, several targets) the one
-    ``spec.sampler`` names (several targets: ``gp``: Optuna's log EHVI; ``botorch``: BoTorch's
-    qLogNEHVI).
+    (:func:`allocopt.study.sampler.kg_sampler`; several targets: a fresh random weighting of
+    them per proposal); with ``tuner = "race"`` a RaceSampler asking RACE (pilots, then
+    surrogate proposals) unless ``spec.pilots == 0`` or the study has several targets; else
+    (``tuner = "bo"``, RACE without pilots or several targets) the one ``spec.sampler`` names
+    (several targets: ``gp``: Optuna's log EHVI; ``botorch``: BoTorch's qLogNEHVI).
     Other workers' RUNNING trials are pending points of the BoTorch acquisition
     (:func:`_ei_candidates`; Optuna's ``GPSampler`` conditions on them itself), and workers started
     by ``allocopt workers`` are seeded ``spec.seed`` + their index (``ALLOCOPT_WORKER``).
@@ -36,7 +36,7 @@ def make_sampler(spec: StudySpec, *, workload: Workload | None = None, race_sett
     """
     import optuna
 
-    if spec.tuner == "kg" and not spec.multi_objective:
+    if spec.tuner == "kg":
         from allocopt.study.sampler import kg_sampler
 
         return kg_sampler(spec, workload)

@@ -143,6 +143,11 @@ class RaceSampler(optuna.samplers.BaseSampler):
             ``tuner(budgets, feasible)`` is called with the sampler's budgets
             (:class:`~allocopt.race.data.Budgets`) and feasibility test (``None`` without a
             workload) to make one.
+        targets: a study of several targets: each target's key and sign (+1 maximized, -1
+            minimized), in the study's order; each proposal is then made on a fresh random
+            weighting of them (:mod:`allocopt.tuner.scalarize`, weights drawn from ``seed``
+            and the trial's number), and there is no one answer (:meth:`answer`: ``(None,
+            None)``; the study's answer is its Pareto front). Empty: one target.
 
     Attributes:
         tuner: the :class:`~allocopt.race.tuner.RaceTuner` (pilot grid, surrogate, proposals).
@@ -156,8 +161,10 @@ class RaceSampler(optuna.samplers.BaseSampler):
     def __init__(self, space: SearchSpace, budget: Budget | float, *, pilot_fraction: float = 0.1,
                  workload: Workload | None = None, settings: RaceSettings | None = None,
                  seed: int = 0, target_key: str | None = None,
-                 tuner: Tuner | Callable[[Budgets, Any], Tuner] | None = None) -> None:
+                 tuner: Tuner | Callable[[Budgets, Any], Tuner] | None = None,
+                 targets: tuple[tuple[str, float], ...] = ()) -> None:
         self.space, self.target_key = space, target_key
+        self.targets = tuple(targets) if len(targets) > 1 else ()
         self.budget = budget if isinstance(budget, Budget) else Budget(budget)
         self.pilot_fraction = check_pilot_fraction(pilot_fraction)
         self.settings = settings or RaceSettings()
@@ -211,9 +218,10 @@ class RaceSampler(optuna.samplers.BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
-        if len(study.directions) > 1:
-            raise ValueError("RaceSampler: one objective only (this study has "
-                             f"{len(study.directions)}); use a multi-objective sampler")
+        if len(study.directions) != max(1, len(self.targets)):
+            made = f"{len(self.targets)} targets" if self.targets else "one objective only"
+            raise ValueError(f"RaceSampler: {made} (this study has {len(study.directions)}); give the "
+                             "sampler the study's targets (targets=) or use a multi-objective sampler")
         # a trial that came with parameters (enqueued: Optuna's fixed_params) keeps them
         d = self._given(trial) if params_of(trial) else self._claimed_decision(study, trial)
         self.decisions[trial.number] = d
@@ -287,18 +295,28 @@ class RaceSampler(optuna.samplers.BaseSampler):
         obs = self.observations(study)
         return (self.tuner.surrogate(obs) if len(obs) >= 2 else None), obs  # RaceTuner's
 
-    def observations(self, study: optuna.Study, trials: list[FrozenTrial] | None = None) -> list[Observation]:
+    def observations(self, study: optuna.Study, trials: list[FrozenTrial] | None = None, *,
+                     number: int = 0) -> list[Observation]:
         """Complete, feasible trials of ``study`` (or ``trials`` of it) as the tuner sees them
         (:func:`allocopt.study.observe.observations`; value: the study's objective, higher is
-        better)."""
+        better; several :attr:`targets`: their scalarization with the weights of trial
+        ``number``)."""
+        trials = study.get_trials(deepcopy=False) if trials is None else trials
+        if self.targets:
+            from allocopt.tuner.scalarize import scalarized, weights
+
+            per = [observe.observations(trials, self.space, self.budgets, key=k) for k, _ in self.targets]
+            return scalarized(per, [s for _, s in self.targets], weights(len(self.targets), self.seed, number))
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
-        return observe.observations(study.get_trials(deepcopy=False) if trials is None else trials,
-                                    self.space, self.budgets, sign=sign, objective_key=self.target_key)
+        return observe.observations(trials, self.space, self.budgets, sign=sign, objective_key=self.target_key)
 
     def answer(self, study: optuna.Study) -> tuple[Any, Any]:
         """The study's one answer from its trials alone: ``(recommendation, surrogate)``
         (:meth:`allocopt.race.tuner.RaceTuner.answer`), or ``(None, None)`` before two trials,
-        one of them at the full budget."""
+        one of them at the full budget, and in a study of several targets (its answer is the
+        Pareto front of its trials)."""
+        if self.targets:
+            return None, None
         return self.tuner.answer(self.observations(study))
 
     # ------------------------------------------------------------------ internals
@@ -338,7 +356,8 @@ class RaceSampler(optuna.samplers.BaseSampler):
                  skip: int | None) -> list[Proposal]:
         """The tuner's proposals from ``trials`` (trial ``skip``, being sampled, left out of the
         runs), each with its plan."""
-        props = self.tuner.propose(self.observations(study, trials), observe.runs(trials, self.space, skip), q=q)
+        obs = self.observations(study, trials, number=len(trials) if skip is None else skip)
+        props = self.tuner.propose(obs, observe.runs(trials, self.space, skip), q=q)
         return [p.with_plan(self._plans) for p in props]
 
 
@@ -383,18 +402,22 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
     (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
     :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
-    given.
+    given. A study of several targets: full runs only, each proposal on a fresh random
+    weighting of the targets (:mod:`allocopt.tuner.scalarize`).
 
     Raises:
         ConfigError: as :func:`race_sampler`.
     """
     from allocopt.tuner.study import KGTuner
 
-    def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
-        return KGTuner(spec.space, budgets, max_pilots=kg_max_pilots(spec), seed=spec.seed, feasible=feasible)
+    pilots = 0 if spec.multi_objective else kg_max_pilots(spec)
 
+    def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
+        return KGTuner(spec.space, budgets, max_pilots=pilots, seed=spec.seed, feasible=feasible)
+
+    targets = tuple((k, spec.vocabulary.target(t).sign) for k, t in zip(spec.target_keys, spec.targets))
     return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,
-                       seed=spec.seed, target_key=spec.target_key, tuner=tuner)
+                       seed=spec.seed, target_key=spec.target_key, tuner=tuner, targets=targets)
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
