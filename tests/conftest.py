@@ -81,10 +81,18 @@ def pg_database(postgres_url, request) -> str:
     """A fresh, empty database on the session's server, named after the test."""
     import re
 
-    name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:50]
+    import hashlib
+
+    # the node id's hash: two files' tests of one name may run at once on pytest-xdist's workers
+    tag = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+    name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + tag
     return pgserver.fresh_database(postgres_url, name)
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers, one per core: torch
+    # (and the processes tests start) on one thread each, or two workers thrash on 2 cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -158,10 +158,11 @@ a cost to minimize; the budget of the declared-names test above."""
 def test_ask_after_tell_in_a_study_with_infeasible_proposals(tmp_path, cli):
     """``ask`` records a proposal the budget cannot buy (``orm8b`` at 6e10) with the ``budget``
     constraint in both forms a worker and ``tell`` write (``{"budget": v, "0": v}``): with one
-    form on some trials and two on others the study's BoTorch sampler refused the next ``ask``
+    form on some trials and two on others the study's Optuna sampler refused the next ``ask``
     ("Expected the constraints named ['0', 'budget'] but received ['budget']"). No training:
     the told metrics carry their compute."""
-    (tmp_path / "s.toml").write_text(BAR)
+    # Optuna's hypervolume search (tuner = "bo"): the kg tuner checks feasibility before it proposes
+    (tmp_path / "s.toml").write_text(BAR.replace('tuner = "kg"', 'tuner = "bo"'))
     url = f"sqlite:///{tmp_path}/d.db"
     (tmp_path / "m.json").write_text(json.dumps({"targets": {"aime24": 0.4, "cost_usd": 0.01},
                                                  "search_flops": 2e10, "learning_flops": 3e10, "reward_flops": 0}))
