@@ -2,6 +2,12 @@
 
     python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
+    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--out DIR]
+
+``--answer-rules``: the rules of :data:`benchmarks.tuners.ablation.ANSWER_RULES` instead, each
+taken on the same runs of the shipped tuner (one replay per world, truth and seed,
+:func:`benchmarks.tuners.ablation.run_answer_rules`), to ``DIR/answer_rules.csv`` and
+``DIR/answer_rules.md``.
 
 Each table (the grid runner's format) is one world. Every variant of
 :data:`benchmarks.tuners.ablation.VARIANTS` is replayed ``--seeds`` paired replications per
@@ -24,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tuners.ablation import KEYS, VARIANTS, run_variant, tables  # noqa: E402
+from benchmarks.tuners.ablation import ANSWER_RULES, KEYS, VARIANTS, run_answer_rules, run_variant, tables  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
 from benchmarks.tuners.truth import truths_of  # noqa: E402
 
@@ -36,11 +42,11 @@ def _read(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _refusal(variants: list[str], tables: list[Path], seeds: int) -> str | None:
+def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS) -> str | None:
     """One line for a bad flag, or None."""
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in allowed]
     if unknown or not variants:
-        return f"variants={unknown[0] if unknown else ''!r}: allowed: {', '.join(VARIANTS)}"
+        return f"variants={unknown[0] if unknown else ''!r}: allowed: {', '.join(allowed)}"
     missing = [t for t in tables if not t.is_file()]
     if missing:
         return f"tables={str(missing[0])!r}: not a file; give the grid runner's trials.csv of each world"
@@ -55,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=50, help="replications per world and truth (default 50)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     ap.add_argument("--common", action="store_true", help="also score the common rule (a GP fit per level)")
+    ap.add_argument("--answer-rules", action="store_true",
+                    help=f"compare the answer rules on the same runs instead ({', '.join(ANSWER_RULES)})")
     ap.add_argument("--nice", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"))
     a = ap.parse_args(argv)
-    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    error = _refusal(variants, a.tables, a.seeds)
+    allowed = ANSWER_RULES if a.answer_rules else VARIANTS
+    given = a.variants if a.variants != ",".join(VARIANTS) or not a.answer_rules else ",".join(ANSWER_RULES)
+    variants = [v.strip() for v in given.split(",") if v.strip()]
+    error = _refusal(variants, a.tables, a.seeds, allowed)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -68,13 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
     a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / "ablation.csv"
+    path = a.out / ("answer_rules.csv" if a.answer_rules else "ablation.csv")
     done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in _read(path)}
     todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in truths_of(w)
-            for v in variants if (v, w.name, t, s) not in done]
+            for v in (["rules"] if a.answer_rules else variants)
+            if any((u, w.name, t, s) not in done for u in (variants if a.answer_rules else [v]))]
     t0 = time.perf_counter()
     for k, (s, w, t, v) in enumerate(todo, 1):
-        rows = run_variant(w, t, s, v, LEVELS, common=a.common)
+        rows = (run_answer_rules(w, t, s, LEVELS, variants) if a.answer_rules
+                else run_variant(w, t, s, v, LEVELS, common=a.common))
         new = not path.exists()
         with open(path, "a", newline="") as f:
             out = csv.DictWriter(f, fieldnames=KEYS)
@@ -86,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
     text = tables(_read(path), variants)
-    (a.out / "ablation.md").write_text(text)
+    (a.out / ("answer_rules.md" if a.answer_rules else "ablation.md")).write_text(text)
     print(text)
     return 0
 

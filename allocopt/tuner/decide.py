@@ -135,6 +135,10 @@ ANSWER_AMONG = "all"
 (cells with a full run; every cell until there is one): the posterior mean's maximum among
 allocations the study has run, not one the model only extrapolates to."""
 AMONG = ("all", "tried")
+ANSWER_CAUTION = 0.0
+"""How many posterior standard deviations the answer's criterion takes off each cell's mean
+(0: the posterior-mean maximizer; larger: a cell the runs have pinned down is preferred to one
+the model only extrapolates to)."""
 
 
 def _contenders(post: Posterior) -> np.ndarray:
@@ -151,10 +155,15 @@ class Tuner:
     feasible: Feasible | None = None
     among: str = ANSWER_AMONG
     """Where :meth:`answer` chooses (:data:`ANSWER_AMONG`)."""
+    caution: float = ANSWER_CAUTION
+    """:meth:`answer` maximizes the posterior mean less this many posterior standard
+    deviations (:data:`ANSWER_CAUTION`)."""
 
     def __post_init__(self) -> None:
         if self.among not in AMONG:
             raise ValueError(f"among={self.among!r}: allowed: {', '.join(AMONG)}")
+        if not isinstance(self.caution, (int, float)) or not 0 <= self.caution <= 10:
+            raise ValueError(f"caution={self.caution!r}: must be a number from 0 to 10")
 
     def _ok(self, a: Allocation, f: float) -> bool:
         return self.feasible is None or bool(self.feasible(a, f))
@@ -206,7 +215,7 @@ class Tuner:
             raise ValueError("no feasible full-budget allocation")
         post = self._posterior(observed, targets, [(a, 1.0) for a in targets], ())
         mu, var = post.mean, post.var
-        i = self._chosen(mu, targets, observed)
+        i = self._chosen(mu - self.caution * np.sqrt(var), targets, observed)
         kg1, live = np.zeros(len(targets)), _contenders(post)
         for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
             kg1 += w * kg_per_cost(mu[live], cc[:, live], vc, nc, np.ones(len(targets)), repeats=(1,))[1]
@@ -217,11 +226,11 @@ class Tuner:
                       targets[j])
 
     def _chosen(self, mu: np.ndarray, targets: Sequence[Allocation], observed: Sequence[Observed]) -> int:
-        """Index of the answer among ``targets``: the largest mean over :attr:`among`."""
+        """Index of the answer among ``targets``: the largest criterion ``mu`` over :attr:`among`."""
         tried = {o.allocation for o in observed if o.fraction >= 1.0}
         pool = [j for j, a in enumerate(targets) if a in tried] if self.among == "tried" else []
         pool = pool or list(range(len(targets)))
         return max(pool, key=lambda j: (mu[j], -j))
 
 
-__all__ = ["ANSWER_AMONG", "Answer", "Observed", "Run", "Tuner", "TunerSpace"]
+__all__ = ["ANSWER_AMONG", "ANSWER_CAUTION", "Answer", "Observed", "Run", "Tuner", "TunerSpace"]

@@ -48,6 +48,16 @@ VARIANTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
 }
 """Name -> (what changes, the ``KGTuner`` keyword arguments it sets)."""
 
+ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
+    BASE: ("the posterior-mean maximizer over every feasible cell (shipped)", {}),
+    "answer-among-tried": ("the posterior-mean maximizer among cells with a full run", {"among": "tried"}),
+    "caution-0.5": ("the maximizer of the posterior mean less 0.5 posterior sd", {"caution": 0.5}),
+    "caution-1": ("the maximizer of the posterior mean less 1 posterior sd", {"caution": 1.0}),
+    "caution-2": ("the maximizer of the posterior mean less 2 posterior sd", {"caution": 2.0}),
+}
+"""The answer rules compared on the same runs (:func:`run_answer_rules`): name -> (what it
+is, the :class:`allocopt.tuner.decide.Tuner` fields it sets)."""
+
 KEYS: tuple[str, ...] = ("variant", "world", "truth", "seed", "target", "level", "regret_pct",
                          "regret_pct_common", "regret_pct_oracle")
 
@@ -70,6 +80,49 @@ def run_variant(world: Any, truth_mode: str, seed: int, variant: str, levels: Se
              "level": r["level"], "regret_pct": r["regret_pct"],
              "regret_pct_common": r["regret_pct_common"] if common else math.nan,
              "regret_pct_oracle": r["regret_pct_oracle"]} for r in score(session, "own", truth, rule)]
+
+
+def run_answer_rules(world: Any, truth_mode: str, seed: int, levels: Sequence[float],
+                     rules: Sequence[str] = tuple(ANSWER_RULES)) -> list[dict[str, Any]]:
+    """One replication of the shipped tuner on ``world``, each of ``rules``' answers taken on its
+    runs: a record per rule and level (:data:`KEYS`, ``variant`` the rule). The runs are one
+    replay, so the rules differ only in the answer (their oracle is the same); each answer at a
+    level is made from the runs (and the infeasible asks) made by then, as the replay's own
+    answer is, which the shipped rule reproduces."""
+    from benchmarks.tuners.methods.allocopt import make_tuner, run_allocopt
+    from benchmarks.tuners.runner import TARGETS
+    from benchmarks.tuners.scoring import OWN, own_answer, score
+    from benchmarks.tuners.session import EPS, Session
+    from benchmarks.tuners.truth import regret_pct, truth_for
+
+    target = TARGETS[seed % len(TARGETS)]
+    truth = truth_for(world, target, truth_mode, seed, len(TARGETS))
+    session = Session(world, truth, seed, max(levels), tuple(levels))
+    run_allocopt(session)
+    oracle = {r["level"]: r["regret_pct_oracle"] for r in score(session, "own", truth, lambda full: None)}
+    out = []
+    for rule in rules:
+        kg = make_tuner(Session(world, truth, seed, max(levels), tuple(levels)))
+        decide = replace(kg.tuner, **ANSWER_RULES[rule][1])
+        for lv in levels:
+            evs = [e for e in session.events if e.cost <= lv + EPS]
+            kg.refused.clear()
+            kg.refused.update((e.allocation, round(e.fraction, 4)) for e in evs if e.value is None)
+            obs = kg.observed([_observation(e) for e in evs if e.value is not None])
+            a = decide.answer(obs).allocation if any(o.fraction >= 1 for o in obs) else None
+            if rule == BASE and a != own_answer(session, OWN, lv):  # the same answer, or not the same runs
+                raise RuntimeError(f"{world.name} seed {seed} at {lv:g}: the shipped rule answers {a}, "
+                                   f"the replay {own_answer(session, OWN, lv)}")
+            out.append({"variant": rule, "world": world.name, "truth": truth_mode, "seed": seed, "target": target,
+                        "level": lv, "regret_pct": regret_pct(truth, a), "regret_pct_common": math.nan,
+                        "regret_pct_oracle": oracle.get(lv, math.nan)})
+    return out
+
+
+def _observation(e: Any) -> Any:
+    from allocopt.race.data import Observation
+
+    return Observation(0, e.allocation, e.value, math.nan, e.fraction, "full" if e.fraction >= 1 else "pilot")
 
 
 def _values(records: Iterable[Mapping[str, Any]], rule: str) -> dict[tuple, dict[int, float]]:
@@ -153,5 +206,5 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["BASE", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out", "run_variant", "score_on",
-           "tables"]
+__all__ = ["ANSWER_RULES", "BASE", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
+           "run_answer_rules", "run_variant", "score_on", "tables"]
