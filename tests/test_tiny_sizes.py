@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from allocopt.flops import ModelShape
+from allocopt.flops import ConfigError, ModelShape
 from allocopt.plan.allocation import Allocation, Workload, make_plan
 from objectives.tiny import sizes
 from objectives.tiny.manifest import SHIPPED_DIR, sha256
@@ -197,3 +197,15 @@ def test_a_models_entry_of_the_wrong_type_is_one_line(models, line):
     with pytest.raises(ConfigError) as e:
         SearchSpace(models=models)
     assert str(e.value) == line
+
+
+def test_an_unknown_model_of_an_objective_without_sizes_is_named_once():
+    """An objective with no policies of its own (the synthetic one): the field is named once,
+    with the presets allowed (it once read ``space.models: model='large': ...``)."""
+    from allocopt.plan.allocation import policy_named
+    from objectives.synthetic import SyntheticObjective
+
+    with pytest.raises(ConfigError) as e:
+        policy_named(SyntheticObjective().workload(), "large", "space.models")
+    assert str(e.value).startswith("space.models='large': unknown model; known presets: Qwen/Qwen2.5-0.5B")
+    assert "model='large'" not in str(e.value)[len("space.models='large'"):]

@@ -287,7 +287,8 @@ def policy_named(workload: Workload, model: str, field_name: str = "model") -> M
         if not workload.policies:
             if field_name == "model":
                 raise
-            raise ConfigError(f"{field_name}: {e}") from e
+            why = str(e).removeprefix(f"model={model!r}: ")  # named once, under the field given
+            raise ConfigError(f"{field_name}={model!r}: {why}") from e
         raise ConfigError(f"{field_name}={model!r}: not one of this objective's policies "
                           f"({', '.join(workload.policies)}), nor a preset or a local folder with "
                           "a config.json") from e
