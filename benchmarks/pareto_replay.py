@@ -26,10 +26,8 @@ the Wilcoxon signed-rank p) are printed and written to ``OUT/tables.md``.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,7 +40,6 @@ if str(ROOT) not in sys.path:
 PAIRS = (("pass_at_1", "judge"), ("pass_at_1", "native_reward"), ("judge", "native_reward"))
 LEVELS = (4, 8, 12, 16)
 METHODS = ("kg", "gp", "tpe", "random")
-STARTUP = 4
 KEYS = ("world", "seed", "pair", "method", "level", "hv_regret_front", "hv_regret_oracle", "seconds")
 
 
@@ -104,16 +101,14 @@ class Replay:
 
 
 def run_optuna(name: str, rp: Replay, n: int) -> None:
+    """Optuna's stock sampler ``name``, as the judge builds it (the same 4 start-up runs)."""
     import optuna
 
     from allocopt.plan.allocation import Allocation
-    from benchmarks.tuners.methods.optuna_samplers import distributions
+    from benchmarks.tuners.methods.optuna_samplers import distributions, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    sampler = {"random": lambda: optuna.samplers.RandomSampler(seed=rp.seed),
-               "tpe": lambda: optuna.samplers.TPESampler(seed=rp.seed, n_startup_trials=STARTUP),
-               "gp": lambda: optuna.samplers.GPSampler(seed=rp.seed, n_startup_trials=STARTUP)}[name]()
-    study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler(name, rp.seed))
     dists = distributions(rp.world.space)
     for _ in range(50 * n):
         if len(rp.runs) >= n:
@@ -174,17 +169,11 @@ def replicate(world: Any, seed: int, method: str, levels: Sequence[int]) -> list
     return out
 
 
-def _read(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def summary(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
     """Markdown tables per world: median [IQR] and mean of both regrets; kg's paired win rate
-    and Wilcoxon p against each peer (front rule) on the replications both ran."""
-    from scipy.stats import wilcoxon
+    and Wilcoxon p against each peer (front rule) on the replications every method ran (the
+    judge's statistics, :mod:`benchmarks.tuners.stats`)."""
+    from benchmarks.tuners.stats import describe, paired
 
     out = []
     for w in dict.fromkeys(r["world"] for r in rows):
@@ -193,30 +182,23 @@ def summary(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
                for r in rw for rule in ("hv_regret_front", "hv_regret_oracle")}
         levels = sorted({int(r["level"]) for r in rw})
         seeds = sorted(set.intersection(*({int(r["seed"]) for r in rw if r["method"] == m} for m in methods)))
+        head = ["| method | " + " | ".join(map(str, levels)) + " |", "|---|" + "---|" * len(levels)]
         out += [f"### {w}: hypervolume regret, % ({len(seeds)} paired replications)", ""]
         for rule, label in (("hv_regret_front", "the reported front (runs not dominated in what was observed)"),
                             ("hv_regret_oracle", "every run made (oracle)")):
-            out += [f"**Median [IQR] — {label}**", "", "| method | " + " | ".join(map(str, levels)) + " |",
-                    "|---|" + "---|" * len(levels)]
+            out += [f"**Median [IQR], mean — {label}**", "", *head]
             for m in methods:
-                cells = []
-                for lv in levels:
-                    v = sorted(val[(m, lv, rule, s)] for s in seeds)
-                    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
-                    cells.append(f"{statistics.median(v):.1f} [{q[0]:.1f}, {q[2]:.1f}] mean {statistics.fmean(v):.1f}")
-                out.append(f"| {m} | " + " | ".join(cells) + " |")
+                ds = [describe([val[(m, lv, rule, s)] for s in seeds]) for lv in levels]
+                out.append(f"| {m} | " + " | ".join(f"{d['median']:.1f} [{d['q1']:.1f}, {d['q3']:.1f}], "
+                                                     f"mean {d['mean']:.1f}" for d in ds) + " |")
             out.append("")
         if "kg" in methods:
             out += ["**kg's paired win rate (ties half) and Wilcoxon p — reported front**", "",
                     "| kg against | " + " | ".join(map(str, levels)) + " |", "|---|" + "---|" * len(levels)]
             for m in (m for m in methods if m != "kg"):
-                cells = []
-                for lv in levels:
-                    d = [val[("kg", lv, "hv_regret_front", s)] - val[(m, lv, "hv_regret_front", s)] for s in seeds]
-                    win = (sum(x < 0 for x in d) + 0.5 * sum(x == 0 for x in d)) / len(d)
-                    p = wilcoxon(d).pvalue if any(d) else 1.0
-                    cells.append(f"{win:.2f} (p={p:.2g})")
-                out.append(f"| {m} | " + " | ".join(cells) + " |")
+                ps = [paired([val[("kg", lv, "hv_regret_front", s)] for s in seeds],
+                             [val[(m, lv, "hv_regret_front", s)] for s in seeds]) for lv in levels]
+                out.append(f"| {m} | " + " | ".join(f"{p['win_rate']:.2f} (p={p['p']:.2g})" for p in ps) + " |")
             out.append("")
     return "\n".join(out)
 
@@ -244,28 +226,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    from benchmarks.tuners.records import append_rows, read_rows
     from benchmarks.tuners.world import read_world
 
     levels = tuple(sorted({lv for lv in LEVELS if lv <= a.runs} | {a.runs}))
     worlds = [read_world([t]) for t in a.tables]
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "results.csv"
-    done = {(r["world"], int(r["seed"]), r["method"]) for r in _read(path)}
+    done = {(r["world"], int(r["seed"]), r["method"]) for r in read_rows(path)}
     todo = [(w, s, m) for s in range(a.seeds) for w in worlds for m in methods if (w.name, s, m) not in done]
     print(f"{len(todo)} replications to run ({len(done)} done), {len(worlds)} world(s)", flush=True)
     t0 = time.perf_counter()
     for k, (w, s, m) in enumerate(todo, 1):
         rows = replicate(w, s, m, levels)
-        new = not path.exists()
-        with open(path, "a", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=KEYS)
-            if new:
-                out.writeheader()
-            out.writerows(rows)
+        append_rows(path, KEYS, rows)
         el = time.perf_counter() - t0
         print(f"[{k}/{len(todo)}] {w.name} seed {s} {m}: front {rows[-1]['hv_regret_front']:.1f} % at "
               f"{levels[-1]} runs ({el / k * (len(todo) - k) / 60:.0f} min left)", flush=True)
-    table = summary(_read(path), methods)
+    table = summary(read_rows(path), methods)
     (a.out / "tables.md").write_text(table + "\n")
     print(table)
     return 0

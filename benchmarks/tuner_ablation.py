@@ -22,7 +22,6 @@ also printed.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -31,15 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tuners.ablation import ANSWER_RULES, KEYS, VARIANTS, run_answer_rules, run_variant, tables  # noqa: E402
+from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
 from benchmarks.tuners.truth import truths_of  # noqa: E402
-
-
-def _read(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS) -> str | None:
@@ -79,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / ("answer_rules.csv" if a.answer_rules else "ablation.csv")
-    done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in _read(path)}
+    done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in read_rows(path)}
     todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in truths_of(w)
             for v in (["rules"] if a.answer_rules else variants)
             if any((u, w.name, t, s) not in done for u in (variants if a.answer_rules else [v]))]
@@ -87,17 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     for k, (s, w, t, v) in enumerate(todo, 1):
         rows = (run_answer_rules(w, t, s, LEVELS, variants) if a.answer_rules
                 else run_variant(w, t, s, v, LEVELS, common=a.common))
-        new = not path.exists()
-        with open(path, "a", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=KEYS)
-            if new:
-                out.writeheader()
-            out.writerows(rows)
+        append_rows(path, KEYS, rows)
         if k % 20 == 0 or k == len(todo):
             spent = time.perf_counter() - t0
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
-    text = tables(_read(path), variants)
+    text = tables(read_rows(path), variants)
     (a.out / ("answer_rules.md" if a.answer_rules else "ablation.md")).write_text(text)
     print(text)
     return 0

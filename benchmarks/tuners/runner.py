@@ -225,12 +225,9 @@ def _estimate(took: dict[str, list[float]], method: str) -> float:
 
 # ------------------------------------------------------------------------------ CSV
 def append_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_KEYS, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    from benchmarks.tuners.records import append_rows
+
+    append_rows(path, CSV_KEYS, rows)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
