@@ -101,25 +101,15 @@ class Replay:
 
 
 def run_optuna(name: str, rp: Replay, n: int) -> None:
-    """Optuna's stock sampler ``name``, as the judge builds it (the same 4 start-up runs)."""
+    """Optuna's stock sampler ``name``, as the judge builds and asks it (the same 4 start-up runs)."""
     import optuna
 
-    from allocopt.plan.allocation import Allocation
-    from benchmarks.tuners.methods.optuna_samplers import distributions, make_sampler
+    from benchmarks.tuners.methods.optuna_samplers import ask_and_tell, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=make_sampler(name, rp.seed))
-    dists = distributions(rp.world.space)
-    for _ in range(50 * n):
-        if len(rp.runs) >= n:
-            break
-        t = study.ask(dists)
-        p = t.params
-        y = rp.observe(Allocation(float(p["rho"]), int(p["group_size"]), p["reward"], p.get("model")))
-        if y is None:
-            study.tell(t, state=optuna.trial.TrialState.FAIL)
-        else:
-            study.tell(t, list(y))
+    ask_and_tell(study, rp.world.space, lambda a: (lambda y: None if y is None else list(y))(rp.observe(a)),
+                 lambda: len(rp.runs) >= n, max_asks=50 * n)
 
 
 def run_kg(rp: Replay, n: int) -> None:

@@ -7,7 +7,7 @@ categorical) at the full budget only. Own rule: the best observed full run (``st
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from allocopt.plan.allocation import Allocation
 from benchmarks.tuners.methods import Method
@@ -41,20 +41,32 @@ def make_sampler(name: str, seed: int) -> Any:
     return BoTorchSampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
 
 
-def run_sampler(name: str, session: Session) -> None:
+def ask_and_tell(study: Any, space: Any, observe: Callable[[Allocation], Any], done: Callable[[], bool],
+                 max_asks: int | None = None) -> None:
+    """Ask ``study`` for allocations of ``space`` and tell it what ``observe`` returns (a value,
+    a list of values, or ``None``: an infeasible trial, told failed) until ``done()`` (or
+    ``max_asks`` asks)."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    dists = distributions(session.world.space)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(name, session.replication))
-    while not session.done:
+    dists = distributions(space)
+    asks = 0
+    while not done() and (max_asks is None or asks < max_asks):
         trial = study.ask(dists)
+        asks += 1
         p = trial.params
-        y = session.observe(Allocation(float(p["rho"]), int(p["group_size"]), p["reward"], p.get("model")))
+        y = observe(Allocation(float(p["rho"]), int(p["group_size"]), p["reward"], p.get("model")))
         if y is None:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
             study.tell(trial, y)
+
+
+def run_sampler(name: str, session: Session) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(name, session.replication))
+    ask_and_tell(study, session.world.space, session.observe, lambda: session.done)
 
 
 def _method(name: str, label: str, weight: float) -> Method:
