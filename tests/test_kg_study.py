@@ -148,3 +148,29 @@ def test_a_study_resumes_under_the_tuner_it_ran_with_only(tmp_path):
         run_study(replace(s, tuner="kg", trials=2), objective=obj, workload=obj.workload(), storage=url)
     st = run_study(replace(s, trials=2), objective=obj, workload=obj.workload(), storage=url)
     assert finished_full(st) == 2
+
+
+def test_the_tuner_runs_its_linear_algebra_on_one_blas_thread(monkeypatch):
+    """Inside a proposal and an answer numpy's BLAS has one thread (on busy cores, threads that
+    wait on each other cost several times the CPU); the caller's setting is back afterwards."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from allocopt.tuner.decide import Tuner
+
+    seen = []
+
+    def blas_threads():
+        return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+    for name in ("next_run", "answer"):
+        real = getattr(Tuner, name)
+        monkeypatch.setattr(Tuner, name, lambda self, *a, _real=real, **k: (seen.append(blas_threads()), _real(self, *a, **k))[1])
+    t = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0)
+    t.initial = []
+    obs = [_obs(0, Allocation(0.5, 4, "sparse"), 0.4), _obs(1, Allocation(0.6, 8, "prm"), 0.5)]
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        t.propose(obs, [])
+        t.answer(obs)
+        assert blas_threads() == before == [2]
+    assert seen == [[1], [1]]
