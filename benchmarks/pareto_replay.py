@@ -171,7 +171,8 @@ def summary(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
         val = {(r["method"], int(r["level"]), rule, int(r["seed"])): float(r[rule])
                for r in rw for rule in ("hv_regret_front", "hv_regret_oracle")}
         levels = sorted({int(r["level"]) for r in rw})
-        seeds = sorted(set.intersection(*({int(r["seed"]) for r in rw if r["method"] == m} for m in methods)))
+        seeds = sorted(set.intersection(*({int(r["seed"]) for r in rw if r["method"] == m and int(r["level"]) == lv}
+                                          for m in methods for lv in levels)))  # every method at every level
         head = ["| method | " + " | ".join(map(str, levels)) + " |", "|---|" + "---|" * len(levels)]
         out += [f"### {w}: hypervolume regret, % ({len(seeds)} paired replications)", ""]
         for rule, label in (("hv_regret_front", "the reported front (runs not dominated in what was observed)"),
@@ -195,12 +196,14 @@ def summary(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tables", nargs="+", type=Path, default=[ROOT / "benchmarks/tiny_grid/trials.csv"])
-    ap.add_argument("--seeds", type=int, default=30)
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--tables", nargs="+", type=Path, default=[ROOT / "benchmarks/tiny_grid/trials.csv"],
+                    help="one measured table (the grid runner's trials.csv) per world (default: the tiny world's)")
+    ap.add_argument("--seeds", type=int, default=30, help="paired replications per world (default 30)")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     ap.add_argument("--runs", type=int, default=16, help="full runs per replication (default 16)")
-    ap.add_argument("--nice", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/tuner_results/pareto")
+    ap.add_argument("--nice", type=int, default=10, help="niceness of the run (default 10)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/tuner_results/pareto",
+                    help="folder of results.csv (appended to; a rerun skips what is there) and tables.md")
     a = ap.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = next((m for m in methods if m not in METHODS), None)
@@ -223,7 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     worlds = [read_world([t]) for t in a.tables]
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "results.csv"
-    done = {(r["world"], int(r["seed"]), r["method"]) for r in read_rows(path)}
+    have: dict[tuple, set[int]] = {}
+    for r in read_rows(path):
+        have.setdefault((r["world"], int(r["seed"]), r["method"]), set()).add(int(r["level"]))
+    done = {k for k, lv in have.items() if set(levels) <= lv}  # a replication of fewer runs is run again
     todo = [(w, s, m) for s in range(a.seeds) for w in worlds for m in methods if (w.name, s, m) not in done]
     print(f"{len(todo)} replications to run ({len(done)} done), {len(worlds)} world(s)", flush=True)
     t0 = time.perf_counter()
@@ -231,9 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = replicate(w, s, m, levels)
         append_rows(path, KEYS, rows)
         el = time.perf_counter() - t0
-        print(f"[{k}/{len(todo)}] {w.name} seed {s} {m}: front {rows[-1]['hv_regret_front']:.1f} % at "
+        print(f"[{k}/{len(todo)}] {w.name} seed {s} {m}: hypervolume regret {rows[-1]['hv_regret_front']:.1f} % at "
               f"{levels[-1]} runs ({el / k * (len(todo) - k) / 60:.0f} min left)", flush=True)
-    table = summary(read_rows(path), methods)
+    table = summary([r for r in read_rows(path) if int(r["level"]) in levels], methods)
     (a.out / "tables.md").write_text(table + "\n")
     print(table)
     return 0

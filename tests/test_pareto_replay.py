@@ -66,3 +66,14 @@ def test_a_method_spends_the_runs_and_is_scored_at_each_level(method):
     assert [r["level"] for r in rows] == [4, 6] and rows[0]["pair"] == "pass_at_1+native_reward"
     assert all(0 <= r["hv_regret_oracle"] <= r["hv_regret_front"] + 1e-9 <= 100 for r in rows)
     assert rows[1]["hv_regret_oracle"] <= rows[0]["hv_regret_oracle"]  # more runs never lose area
+
+
+def test_a_rerun_with_more_runs_redoes_the_short_replications(tmp_path, capsys):
+    """A folder of 4-run replications rerun with ``--runs 5``: they are run again (not skipped
+    as done), and the tables take every replication that has every level."""
+    args = ["--methods", "kg,tpe", "--seeds", "1", "--nice", "0", "--out", str(tmp_path)]
+    assert pr.main([*args, "--runs", "4"]) == 0
+    assert pr.main([*args, "--runs", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "2 replications to run (0 done)" in out and "(1 paired replications)" in out
+    assert "| kg against | 4 | 5 |" in (tmp_path / "tables.md").read_text()

@@ -129,3 +129,21 @@ def test_the_command_line_says_how_two_targets_are_searched_and_drops_pilots_wit
     assert "note: 2 targets: the kg tuner runs full runs only (as --pilots 0)" in " ".join(r.stderr.split())
     st = optuna.load_study(study_name="allocopt", storage="sqlite:///allocopt.db")
     assert [t.user_attrs["fidelity"] for t in st.trials] == ["full"] * 3 and len(st.directions) == 2
+
+
+def test_race_with_two_targets_says_it_runs_as_bo(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from allocopt.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = ["study", "--objective", "synthetic", "--target", "pass@1", "--target", "judge", "--budget", "1e19",
+            "--tuner", "race"]
+    r = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert ("tuner race, 2 targets: Optuna's hypervolume search (sampler gp), as --tuner bo: RACE has one "
+            "target; the answer is the Pareto front") in " ".join(r.output.split())
+    r = CliRunner().invoke(app, [*args, "--trials", "2", "--no-mlflow"])
+    assert r.exit_code == 0, r.output
+    assert ("note: 2 targets: RACE has one target; the study runs as --tuner bo (Optuna's hypervolume "
+            "search, sampler gp, no pilots)") in " ".join(r.stderr.split())

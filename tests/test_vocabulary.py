@@ -364,3 +364,15 @@ def test_an_unknown_study_file_key_lists_the_keys_a_file_may_hold(tmp_path):
     allowed = str(e.value).split("allowed: ")[1].split(", ")
     assert "unknown key 'trails'" in str(e.value)
     assert {"targets", "rewards", "trials"} <= set(allowed) and "vocabulary" not in allowed
+
+
+def test_a_target_the_objective_does_not_report_is_refused_before_anything_is_recorded(cli, tmp_path):
+    """The synthetic objective reports no ``pass@1:gsm8k``: the dry run and the run refuse it in
+    one line naming what it reports as a user types them (``pass@1``, not ``pass_at_1``), exit
+    2; the run creates no storage (it once left an empty study behind)."""
+    want = "error: target='pass@1:gsm8k': the synthetic objective reports native_reward, pass@1, judge"
+    for extra in (["--dry-run"], ["--trials", "1", "--no-mlflow"]):
+        r = cli("study", "--objective", "synthetic", "--target", "pass@1", "--target", "pass@1:gsm8k",
+                "--budget", "1e19", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.strip() == want, (extra, r.stderr)
+    assert not list(tmp_path.iterdir())

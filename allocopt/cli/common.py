@@ -333,6 +333,7 @@ def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, 
     from rich.console import Console
 
     obj = load_objective(spec.objective, spec.objective_settings)
+    check_objective_targets(spec, obj)
     with Console(stderr=True).status("building / loading the objective's models (cached after the first run)..."):
         workload = spec.priced(obj.workload())
     check_space_feasible(spec, workload, pilot_fraction)
@@ -411,6 +412,18 @@ def disk_full_as_one_line(storage: str, tracker: Any = None, again: str | None =
             if disk_full(e):
                 raise DiskFull(disk_full_line(storage, tracker() if callable(tracker) else tracker, again)) from None
             raise
+
+
+def check_objective_targets(spec: Any, obj: Any) -> None:
+    """Refuse, before anything is recorded, a target or reward system the objective does not
+    report or run (:func:`allocopt.study.loop.check_targets`). Raises :class:`ConfigError`."""
+    from allocopt.study.loop import check_targets
+    from allocopt.study.open import StudyError
+
+    try:
+        check_targets(spec, obj)
+    except StudyError as e:
+        raise ConfigError(str(e)) from None
 
 
 def objective_for_plans(spec: Any) -> Any:

@@ -106,9 +106,9 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
     if replicates is not None and (s.tuner != "race" or s.pilots == 0 or s.multi_objective):
         raise ConfigError(f"replicates={replicates}: RACE only (repeats of its leading full run); "
                           "plain BO (--tuner bo, or several targets) has no leader to repeat")
-    if s.multi_objective and s.tuner == "race" and s.pilots != 0:
-        err.print(f"note: {len(s.targets)} targets: a multi-objective study runs a "
-                  "hypervolume search, without RACE's pilots (as --pilots 0)", highlight=False)
+    if s.multi_objective and s.tuner == "race":
+        err.print(f"note: {len(s.targets)} targets: RACE has one target; the study runs as --tuner bo "
+                  f"(Optuna's hypervolume search, sampler {s.sampler}, no pilots)", highlight=False)
         return replace(s, pilots=0)
     if s.multi_objective and s.tuner == "kg" and s.pilots:
         err.print(f"note: {len(s.targets)} targets: the kg tuner runs full runs only (as --pilots 0)",
@@ -195,10 +195,11 @@ def print_plans(s: Any) -> None:
     nothing. Needs the objective's workload only, not a machine that can train."""
     from rich import box
 
-    from allocopt.cli.common import check_models, objective_for_plans
+    from allocopt.cli.common import check_models, check_objective_targets, objective_for_plans
     from allocopt.study.loop import dry_run as plans_over_space
 
     obj = objective_for_plans(s)
+    check_objective_targets(s, obj)
     with err.status("loading the objective's models..."):
         workload = s.priced(obj.workload())
     check_models(s, workload)
@@ -242,6 +243,10 @@ def print_plans(s: Any) -> None:
         out.print(f"tuner kg, {len(s.targets)} targets: each full run chosen on a fresh random weighting "
                   "of the targets (augmented Chebyshev, as ParEGO); the answer is the Pareto front",
                   highlight=False, markup=False)
+    elif s.multi_objective:
+        out.print(f"tuner {s.tuner}, {len(s.targets)} targets: Optuna's hypervolume search (sampler "
+                  f"{s.sampler}){', as --tuner bo: RACE has one target' if s.tuner == 'race' else ''}; "
+                  "the answer is the Pareto front", highlight=False, markup=False)
     elif s.tuner == "kg":
         from allocopt.study.sampler import kg_max_pilots
 

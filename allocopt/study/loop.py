@@ -204,8 +204,18 @@ def check_targets(spec: StudySpec, objective: Any) -> None:
     missing = [t for t, k in zip(spec.targets, spec.target_keys) if declared is not None and k not in declared]
     if missing:
         raise StudyError(f"target={missing[0]!r}: the {spec.objective} objective reports "
-                         f"{', '.join(declared or ())}")
+                         f"{', '.join(_target_name(spec, k) for k in declared or ())}")
     check_rewards(spec, objective)
+
+
+def _target_name(spec: StudySpec, key: str) -> str:
+    """The name a user types for target ``key`` (``pass@1`` for ``pass_at_1``), else the key."""
+    from allocopt.flops import ConfigError
+
+    try:
+        return spec.vocabulary.target(key).name
+    except ConfigError:
+        return key
 
 
 def check_rewards(spec: StudySpec, objective: Any) -> None:
