@@ -147,3 +147,28 @@ def test_race_with_two_targets_says_it_runs_as_bo(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert ("note: 2 targets: RACE has one target; the study runs as --tuner bo (Optuna's hypervolume "
             "search, sampler gp, no pilots)") in " ".join(r.stderr.split())
+
+
+def test_the_live_bar_of_a_two_target_study_counts_its_front():
+    """One target: the bar says the best value; two: how many runs are on the Pareto front of
+    the runs so far (a minimized target turned), not the first target's best."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from allocopt.cli.live import StudyDisplay
+    from allocopt.vocabulary import Vocabulary
+
+    def row(acc, cost):
+        return SimpleNamespace(value=acc, targets={"aime24": acc, "cost_usd": cost})
+
+    voc = Vocabulary.declare({"aime24": {"direction": "maximize"}, "cost_usd": {"direction": "minimize"}})
+    s = StudySpec(name="mo", objective="command", budget_flops=1e19, target=("aime24", "cost_usd"),
+                  vocabulary=voc, objective_settings={"command": "true"})
+    d = StudyDisplay(Console(file=io.StringIO()), s, num_full=4, disable=True)
+    infos = [d._best_info(row(a, c)) for a, c in ((0.4, 10.0), (0.5, 20.0), (0.3, 30.0), (0.6, 5.0))]
+    # (0.3, 30) is dominated by both first runs; (0.6, 5) dominates every run before it
+    assert infos == ["Pareto front 1 of 1", "Pareto front 2 of 2", "Pareto front 2 of 3", "Pareto front 1 of 4"]
+    one = StudyDisplay(Console(file=io.StringIO()), two_targets(target="pass@1"), num_full=2, disable=True)
+    assert [one._best_info(SimpleNamespace(value=v, targets={})) for v in (0.4, 0.3)] == ["best pass@1=0.400"] * 2

@@ -131,6 +131,7 @@ class StudyDisplay:
         self._done = {"pilot": 0, "full": 0}
         self._total = {"pilot": 0, "full": num_full}
         self.best: Any = None
+        self._seen: list[tuple[float, ...]] = []  # several targets: each complete full run's values, signed
 
     def __enter__(self) -> "StudyDisplay":
         self.bar.__enter__()
@@ -180,6 +181,19 @@ class StudyDisplay:
         self.bar.update(self.trial, completed=meter.executed_flops,
                         info=f"it {rec.iteration + 1}, {meter.executed_flops:.2e} FLOPs")
 
+    def _best_info(self, row: Any) -> str:
+        """The bar's note after a complete full run: the best value of the target, or with
+        several targets the size of the Pareto front of the runs this process has seen."""
+        spec = self.spec
+        if not spec.multi_objective:
+            if self.best is None or spec.sign * row.value > spec.sign * self.best.value:
+                self.best = row
+            return f"best {spec.targets[0]}={self.best.value:.3f}"
+        signs = [spec.vocabulary.target(t).sign for t in spec.targets]
+        self._seen.append(tuple(s * float(row.targets.get(k, "nan")) for s, k in zip(signs, spec.target_keys)))
+        front = [p for p in self._seen if not any(q != p and all(b >= a for a, b in zip(p, q)) for q in self._seen)]
+        return f"Pareto front {len(front)} of {len(self._seen)}"
+
     def on_end(self, row: Any, result: Any) -> None:
         from allocopt.answer import trial_line
 
@@ -189,12 +203,9 @@ class StudyDisplay:
         total = self._total[kind]
         self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
                         count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
-        sign = self.spec.sign
-        if fidelity == "full" and row.state == "COMPLETE" and (self.best is None
-                                                               or sign * row.value > sign * self.best.value):
-            self.best = row
-        if self.best is not None:
-            self.bar.update(self.full, info=f"best {self.spec.targets[0]}={self.best.value:.3f}")
+        info = self._best_info(row) if fidelity == "full" and row.state == "COMPLETE" else None
+        if info:
+            self.bar.update(self.full, info=info)
         self.bar.update(self.trial, visible=False)
         line = trial_line(row, self.spec)
         self.note(line.replace(f"trial {row.number} ", f"pilot {row.number} ", 1) if kind == "pilot" else line)
