@@ -224,7 +224,7 @@ def test_the_answer_among_tried_cells_is_the_best_mean_of_those_run():
 
 
 def test_a_cautious_answer_maximizes_the_mean_less_its_sds():
-    """``caution`` c: the answer is the argmax of the posterior mean less c posterior sds, read
+    """``caution`` c (over every cell): the answer is the argmax of the posterior mean less c posterior sds, read
     off the public posterior, and the reported mean stays the mean; as c grows, the answer's sd
     never grows (the argmax of a family of lines in c)."""
     space = TunerSpace((0.2, 0.9), (4,), ("dense",), rho_levels=8)
@@ -234,12 +234,12 @@ def test_a_cautious_answer_maximizes_the_mean_less_its_sds():
     post = Tuner(space).posterior(obs, space.cells())
     sds = []
     for c in (0.0, 0.5, 1.0, 3.0, 10.0):
-        ans = Tuner(space, caution=c).answer(obs)
+        ans = Tuner(space, among="all", caution=c).answer(obs)
         j = int(np.argmax(post.mean - c * np.sqrt(post.var)))
         assert ans.allocation == space.cells()[j] and ans.mean == pytest.approx(post.mean[j])
         sds.append(ans.sd)
     assert sds == sorted(sds, reverse=True) and sds[-1] < sds[0]
-    assert Tuner(space, caution=0.0).answer(obs).allocation.rho > lv[2]  # beyond the runs
+    assert Tuner(space, among="all", caution=0.0).answer(obs).allocation.rho > lv[2]  # beyond the runs
     assert Tuner(space, caution=3.0).answer(obs).allocation.rho <= lv[2]  # among them
     for bad in (-1, 11, "1"):
         with pytest.raises(ValueError, match="caution=.*: must be a number from 0 to 10"):

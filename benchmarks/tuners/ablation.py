@@ -30,12 +30,12 @@ BASE = "shipped"
 
 
 def _grid(**changes: Any) -> Callable[[], dict[str, Any]]:
-    return lambda: {"grid": replace(HyperGrid(), **changes)}
+    return lambda: {"grid": replace(HyperGrid(), **changes), "among": "all"}
 
 
 VARIANTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
-    BASE: ("the shipped design", dict),
-    "answer-among-tried": ("the answer only among cells with a full run", lambda: {"among": "tried"}),
+    BASE: ("the design they were replayed against (the answer over every cell)", lambda: {"among": "all"}),
+    "answer-among-tried": ("the answer only among cells with a full run (shipped since)", lambda: {"among": "tried"}),
     "flat-prior-mean": ("no bowl in ρ in the prior mean (rho_bowl 0, shipped 1)", _grid(rho_bowl=0.0)),
     "deeper-bowl": ("a deeper bowl in ρ (rho_bowl 2)", _grid(rho_bowl=2.0)),
     "longer-lengthscales": ("length scales 0.3/0.6/1.2 of the ρ range (shipped 0.15/0.3/0.6)",
@@ -46,14 +46,19 @@ VARIANTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "categories-alike": ("reward correlations 0.5/0.8/0.95, group 0.7/0.95 (shipped 0.3/0.7/0.9, 0.5/0.9)",
                          _grid(reward_corr=(0.5, 0.8, 0.95), group_corr=(0.7, 0.95))),
 }
-"""Name -> (what changes, the ``KGTuner`` keyword arguments it sets)."""
+"""Name -> (what changes, the ``KGTuner`` keyword arguments it sets). Replayed before the answer
+rule was chosen (:data:`ANSWER_RULES`), so each answers over every cell, as the design then did;
+``answer-among-tried`` is the rule shipped since."""
 
 ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
-    BASE: ("the posterior-mean maximizer over every feasible cell (shipped)", {}),
-    "answer-among-tried": ("the posterior-mean maximizer among cells with a full run", {"among": "tried"}),
-    "caution-0.5": ("the maximizer of the posterior mean less 0.5 posterior sd", {"caution": 0.5}),
-    "caution-1": ("the maximizer of the posterior mean less 1 posterior sd", {"caution": 1.0}),
-    "caution-2": ("the maximizer of the posterior mean less 2 posterior sd", {"caution": 2.0}),
+    BASE: ("the posterior-mean maximizer among cells with a full run (shipped: chosen here)", {}),
+    "every-cell": ("the posterior-mean maximizer over every feasible cell (the rule before)", {"among": "all"}),
+    "caution-0.5": ("over every cell, the maximizer of the posterior mean less 0.5 posterior sd",
+                    {"among": "all", "caution": 0.5}),
+    "caution-1": ("over every cell, the maximizer of the posterior mean less 1 posterior sd",
+                  {"among": "all", "caution": 1.0}),
+    "caution-2": ("over every cell, the maximizer of the posterior mean less 2 posterior sd",
+                  {"among": "all", "caution": 2.0}),
 }
 """The answer rules compared on the same runs (:func:`run_answer_rules`): name -> (what it
 is, the :class:`allocopt.tuner.decide.Tuner` fields it sets)."""
