@@ -141,8 +141,8 @@ def test_race_with_two_targets_says_it_runs_as_bo(tmp_path, monkeypatch):
             "--tuner", "race"]
     r = CliRunner().invoke(app, [*args, "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert ("tuner race, 2 targets: Optuna's hypervolume search (sampler gp), as --tuner bo: RACE has one "
-            "target; the answer is the Pareto front") in " ".join(r.output.split())
+    assert ("tuner race, 2 targets: runs as --tuner bo (RACE has one target) with Optuna's hypervolume "
+            "search (sampler gp); the answer is the Pareto front") in " ".join(r.output.split())
     r = CliRunner().invoke(app, [*args, "--trials", "2", "--no-mlflow"])
     assert r.exit_code == 0, r.output
     assert ("note: 2 targets: RACE has one target; the study runs as --tuner bo (Optuna's hypervolume "

@@ -244,9 +244,9 @@ def print_plans(s: Any) -> None:
                   "of the targets (augmented Chebyshev, as ParEGO); the answer is the Pareto front",
                   highlight=False, markup=False)
     elif s.multi_objective:
-        out.print(f"tuner {s.tuner}, {len(s.targets)} targets: Optuna's hypervolume search (sampler "
-                  f"{s.sampler}){', as --tuner bo: RACE has one target' if s.tuner == 'race' else ''}; "
-                  "the answer is the Pareto front", highlight=False, markup=False)
+        runs_as = " runs as --tuner bo (RACE has one target) with" if s.tuner == "race" else ""
+        out.print(f"tuner {s.tuner}, {len(s.targets)} targets:{runs_as} Optuna's hypervolume search (sampler "
+                  f"{s.sampler}); the answer is the Pareto front", highlight=False, markup=False)
     elif s.tuner == "kg":
         from allocopt.study.sampler import kg_max_pilots
 
