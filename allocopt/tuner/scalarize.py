@@ -10,8 +10,9 @@ seen, larger is better),
 
     s = -max_k w_k (1 - z_k) - AUGMENT · Σ_k w_k (1 - z_k)
 
-whose maximizers over a fixed ``w`` are Pareto optimal, and every Pareto-optimal point
-(convex front or not) maximizes it for some ``w``. Over many proposals the random weights
+whose maximizers over a fixed ``w`` are Pareto optimal, and every Pareto-optimal point whose
+trade-offs the small augmentation does not cut off (on a convex front or not) maximizes it for
+some ``w``. Over many proposals the random weights
 spread the runs along the front. The tuner then models ``s`` as one target; its known
 evaluation variances do not carry over (a maximum of scaled targets has none), so the model
 learns the noise from the values.
