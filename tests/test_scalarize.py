@@ -161,7 +161,8 @@ def test_the_live_bar_of_a_two_target_study_counts_its_front():
     from allocopt.vocabulary import Vocabulary
 
     def row(acc, cost):
-        return SimpleNamespace(value=acc, targets={"aime24": acc, "cost_usd": cost})
+        return SimpleNamespace(value=acc, targets={"aime24": acc, "cost_usd": cost}, state="COMPLETE",
+                               params={}, metrics={})
 
     voc = Vocabulary.declare({"aime24": {"direction": "maximize"}, "cost_usd": {"direction": "minimize"}})
     s = StudySpec(name="mo", objective="command", budget_flops=1e19, target=("aime24", "cost_usd"),

@@ -131,7 +131,7 @@ class StudyDisplay:
         self._done = {"pilot": 0, "full": 0}
         self._total = {"pilot": 0, "full": num_full}
         self.best: Any = None
-        self._seen: list[tuple[float, ...]] = []  # several targets: each complete full run's values, signed
+        self._seen: list[Any] = []  # several targets: each complete full run's row
 
     def __enter__(self) -> "StudyDisplay":
         self.bar.__enter__()
@@ -189,9 +189,11 @@ class StudyDisplay:
             if self.best is None or spec.sign * row.value > spec.sign * self.best.value:
                 self.best = row
             return f"best {spec.targets[0]}={self.best.value:.3f}"
-        signs = [spec.vocabulary.target(t).sign for t in spec.targets]
-        self._seen.append(tuple(s * float(row.targets.get(k, "nan")) for s, k in zip(signs, spec.target_keys)))
-        front = [p for p in self._seen if not any(q != p and all(b >= a for a, b in zip(p, q)) for q in self._seen)]
+        from allocopt.query.pareto import pareto_front
+
+        self._seen.append(row)
+        front = pareto_front(self._seen, list(spec.target_keys),
+                             [spec.vocabulary.target(t).direction for t in spec.targets])
         return f"Pareto front {len(front)} of {len(self._seen)}"
 
     def on_end(self, row: Any, result: Any) -> None:
