@@ -3,11 +3,14 @@
     python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
     python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--out DIR]
+    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--out DIR]
 
 ``--answer-rules``: the rules of :data:`benchmarks.tuners.ablation.ANSWER_RULES` instead, each
 taken on the same runs of the shipped tuner (one replay per world, truth and seed,
 :func:`benchmarks.tuners.ablation.run_answer_rules`), to ``DIR/answer_rules.csv`` and
-``DIR/answer_rules.md``.
+``DIR/answer_rules.md``. ``--design``: the changes of :data:`benchmarks.tuners.ablation.DESIGN`
+(the candidate grid, the initial design) to today's shipped tuner instead, to ``DIR/design.csv``
+and ``DIR/design.md``.
 
 Each table (the grid runner's format) is one world. Every variant of
 :data:`benchmarks.tuners.ablation.VARIANTS` is replayed ``--seeds`` paired replications per
@@ -29,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tuners.ablation import ANSWER_RULES, KEYS, VARIANTS, run_answer_rules, run_variant, tables  # noqa: E402
+from benchmarks.tuners.ablation import (ANSWER_RULES, DESIGN, KEYS, VARIANTS, run_answer_rules,  # noqa: E402
+                                        run_variant, tables)
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
 from benchmarks.tuners.truth import truths_of  # noqa: E402
@@ -52,15 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
     ap.add_argument("--seeds", type=int, default=50, help="replications per world and truth (default 50)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, from {', '.join(VARIANTS)} (with --design: from "
+                         f"{', '.join(DESIGN)}; default: every one)")
     ap.add_argument("--common", action="store_true", help="also score the common rule (a GP fit per level)")
-    ap.add_argument("--answer-rules", action="store_true",
-                    help=f"compare the answer rules on the same runs instead ({', '.join(ANSWER_RULES)})")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--answer-rules", action="store_true",
+                      help=f"compare the answer rules on the same runs instead ({', '.join(ANSWER_RULES)})")
+    mode.add_argument("--design", action="store_true",
+                      help=f"the candidate grid and initial design against today's tuner instead ({', '.join(DESIGN)})")
     ap.add_argument("--nice", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"))
     a = ap.parse_args(argv)
-    allowed = ANSWER_RULES if a.answer_rules else VARIANTS
-    given = a.variants if a.variants != ",".join(VARIANTS) or not a.answer_rules else ",".join(ANSWER_RULES)
+    allowed = ANSWER_RULES if a.answer_rules else DESIGN if a.design else VARIANTS
+    given = a.variants if a.variants != ",".join(VARIANTS) else ",".join(allowed)
     variants = [v.strip() for v in given.split(",") if v.strip()]
     error = _refusal(variants, a.tables, a.seeds, allowed)
     if error:
@@ -71,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
     a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / ("answer_rules.csv" if a.answer_rules else "ablation.csv")
+    stem = "answer_rules" if a.answer_rules else "design" if a.design else "ablation"
+    path = a.out / f"{stem}.csv"
     done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in read_rows(path)}
     todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in truths_of(w)
             for v in (["rules"] if a.answer_rules else variants)
@@ -79,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for k, (s, w, t, v) in enumerate(todo, 1):
         rows = (run_answer_rules(w, t, s, LEVELS, variants) if a.answer_rules
-                else run_variant(w, t, s, v, LEVELS, common=a.common))
+                else run_variant(w, t, s, v, LEVELS, common=a.common, design=a.design))
         append_rows(path, KEYS, rows)
         if k % 20 == 0 or k == len(todo):
             spent = time.perf_counter() - t0
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
     text = tables(read_rows(path), variants)
-    (a.out / ("answer_rules.md" if a.answer_rules else "ablation.md")).write_text(text)
+    (a.out / f"{stem}.md").write_text(text)
     print(text)
     return 0
 

@@ -174,3 +174,21 @@ def test_the_tuner_runs_its_linear_algebra_on_one_blas_thread(monkeypatch):
         t.answer(obs)
         assert blas_threads() == before == [2]
     assert seen == [[1], [1]]
+
+
+def test_without_the_initial_design_the_first_run_is_the_knowledge_gradients_choice():
+    """``initial=False`` (an ablation of the design): no run is fixed in advance, so the first
+    proposal is what the decision layer picks from the prior alone; with the design it is the
+    design's first run (one per reward system, at the middle ρ levels)."""
+    from allocopt.tuner.decide import Tuner, TunerSpace
+    from allocopt.tuner.study import initial_design
+
+    bare = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, initial=False)
+    assert bare.initial == []
+    space = TunerSpace(SPACE.rho, tuple(SPACE.group_sizes), tuple(SPACE.rewards))
+    first = Tuner(space).next_run([])
+    assert [p.allocation for p in bare.propose([], [])] == [first.allocation]
+    with_design = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3)
+    design = initial_design(space, 3)
+    assert len(with_design.initial) == len(SPACE.rewards) == len(design)
+    assert [p.allocation for p in with_design.propose([], [])] == design[:1]

@@ -244,3 +244,29 @@ def test_a_cautious_answer_maximizes_the_mean_less_its_sds():
     for bad in (-1, 11, "1"):
         with pytest.raises(ValueError, match="caution=.*: must be a number from 0 to 10"):
             Tuner(space, caution=bad)
+
+
+def test_zooming_in_offers_midpoints_around_the_best_cell_and_answers_among_them_once_run():
+    """``refine``: with the posterior mean's best cell at a grid level, the candidates gain the
+    midpoints to its neighbours in ρ; a full run made off the grid becomes a cell the answer can
+    be; without ``refine`` neither (the grid's 8 levels only)."""
+    space = TunerSpace((0.2, 0.9), (4,), ("dense",), rho_levels=8)
+    lv = space.levels  # 0.2, 0.3, ..., 0.9
+    obs = [Observed(Allocation(lv[i], 4, "dense"), 1.0, v, 2.5e-4) for i, v in ((1, 0.40), (3, 0.52), (5, 0.42))]
+    zoom = Tuner(space, refine=True)
+    post = zoom.posterior(obs, space.cells())
+    best = space.cells()[int(np.argmax(post.mean))]
+    assert best.rho == lv[3]  # the peak is where the best run is
+    assert zoom._zoom(obs, zoom.targets(obs)) == [Allocation(0.45, 4, "dense"), Allocation(0.55, 4, "dense")]
+    assert zoom._zoom([], space.cells()) == []  # nothing to zoom on before a full run
+    # a run at the midpoint, the best value so far: a cell of its own, the answer, and the next zoom is around it
+    obs2 = obs + [Observed(Allocation(0.55, 4, "dense"), 1.0, 0.56, 2.5e-4)]
+    assert Allocation(0.55, 4, "dense") in zoom.targets(obs2)
+    assert zoom.answer(obs2).allocation == Allocation(0.55, 4, "dense")
+    assert zoom._zoom(obs2, zoom.targets(obs2)) == [Allocation(0.525, 4, "dense"), Allocation(0.575, 4, "dense")]
+    assert all(a.rho in lv for a in Tuner(space).targets(obs2))
+    assert Tuner(space).answer(obs2).allocation.rho in lv
+    # cells closer than twice the finest step (2 / 64 of the range): no midpoint between them
+    near = [Observed(Allocation(r, 4, "dense"), 1.0, v, 2.5e-4) for r, v in ((0.5, 0.55), (0.51, 0.60), (0.52, 0.55))]
+    mids = zoom._zoom(near, zoom.targets(near))
+    assert mids and not any(0.5 < a.rho < 0.52 for a in mids)

@@ -288,3 +288,28 @@ def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_l
     assert got["B"]["shipped_on_held_out"] == pytest.approx(4.0)
     md = tables(records, ["shipped", "x"])
     assert "| x | 5.0 (2.5) / 5.0 (2.5) / 5.0 (2.5)" in md and "| B | A | x | 5.00 | 6.00 | 4.00 |" in md
+
+
+def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad_flags(tmp_path, capsys):
+    """``--design``: the shipped tuner beside each change of :data:`DESIGN` on every world and
+    truth, to design.csv/.md with a leave-one-world-out row per world; a variant of another mode
+    is one line and exit code 2."""
+    from benchmarks import tuner_ablation
+    from benchmarks.tuners.ablation import DESIGN
+
+    a = write(tmp_path / "wa" / "trials.csv", cells())
+    b = write(tmp_path / "wb" / "trials.csv", cells(value=lambda i, g, s: 0.5 - 0.02 * i + 0.05 * (g == 2) + 0.001 * s))
+    out = tmp_path / "abl"
+    assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--variants", "deeper-bowl",
+                                "--out", str(out), "--nice", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "deeper-bowl" in err and "no-initial-design" in err
+    assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--seeds", "1", "--out", str(out),
+                                "--nice", "0"]) == 0
+    with (out / "design.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    got = {(r["variant"], r["world"], r["truth"]) for r in rows}
+    assert got == {(v, w, t) for v in DESIGN for w in ("wa", "wb") for t in ("seedmean", "heldout")}
+    assert len(rows) == len(got) * 6  # one record per level
+    md = (out / "design.md").read_text()
+    assert "| wa | wb |" in md and "| wb | wa |" in md and "| no-initial-design |" in md

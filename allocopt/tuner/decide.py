@@ -38,7 +38,8 @@ class TunerSpace:
     pilot_fractions: tuple[float, ...] = ()
     """Budget fractions a pilot may run at (each in (0, 1)); empty: full runs only."""
     rho_levels: int = 8
-    """Evenly spaced ρ levels over ``rho`` (ends included) a run may be placed at."""
+    """Evenly spaced ρ levels over ``rho`` (ends included) a run may be placed at (8: kept
+    leave-one-world-out against 15, ``benchmarks/tuner_ablation.py --design``)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.rho
@@ -145,6 +146,10 @@ ANSWER_CAUTION = 0.0
 the model only extrapolates to)."""
 
 
+REFINE_FINEST = 1.0 / 64
+"""The closest two ρ of one category a refinement places runs at, as a share of the ρ range."""
+
+
 def _contenders(post: Posterior) -> np.ndarray:
     mu, sd = post.mean, np.sqrt(post.var)
     return np.flatnonzero(mu + CONTENDER_SDS * sd >= mu.max())
@@ -162,6 +167,10 @@ class Tuner:
     caution: float = ANSWER_CAUTION
     """:meth:`answer` maximizes the posterior mean less this many posterior standard
     deviations (:data:`ANSWER_CAUTION`)."""
+    refine: bool = False
+    """Whether the candidates zoom in: besides the grid's cells, every ρ a full run was made at
+    and the midpoints between the posterior-mean best cell and its neighbours in ρ (down to
+    :data:`REFINE_FINEST` of the range), so a peak between two grid levels can be reached."""
 
     def __post_init__(self) -> None:
         if self.among not in AMONG:
@@ -177,9 +186,29 @@ class Tuner:
         return Data(pts, np.asarray([o.value for o in observed], dtype=float),
                     np.asarray([o.eval_var for o in observed], dtype=float))
 
-    def targets(self) -> list[Allocation]:
-        """The feasible full-budget cells: what the answer is chosen among."""
-        return [a for a in self.space.cells() if self._ok(a, 1.0)]
+    def targets(self, observed: Sequence[Observed] = ()) -> list[Allocation]:
+        """The feasible full-budget cells: what the answer is chosen among (with :attr:`refine`,
+        also the cells off the grid that ``observed`` has full runs at)."""
+        cells = [a for a in self.space.cells() if self._ok(a, 1.0)]
+        if not self.refine:
+            return cells
+        known = set(cells)
+        off = [o.allocation for o in observed if o.fraction >= 1.0 and o.allocation not in known]
+        return cells + [a for a in dict.fromkeys(off) if self._ok(a, 1.0)]
+
+    def _zoom(self, observed: Sequence[Observed], targets: Sequence[Allocation]) -> list[Allocation]:
+        """The feasible midpoints in ρ between the posterior-mean best of ``targets`` and its
+        neighbours of the same category (:attr:`refine`); none before the first full run."""
+        if not self.refine or not any(o.fraction >= 1.0 for o in observed):
+            return []
+        best = targets[int(np.argmax(self.posterior(observed, targets).mean))]
+        rhos = sorted({a.rho for a in targets
+                       if (a.reward, a.group_size, a.model) == (best.reward, best.group_size, best.model)})
+        i, lo, hi = rhos.index(best.rho), *self.space.rho
+        near = [rhos[j] for j in (i - 1, i + 1) if 0 <= j < len(rhos)]
+        mids = [round((best.rho + r) / 2, 6) for r in near if abs(best.rho - r) >= 2 * REFINE_FINEST * (hi - lo)]
+        return [a for a in (Allocation(r, best.group_size, best.reward, best.model) for r in mids)
+                if a not in targets and self._ok(a, 1.0)]
 
     def posterior(self, observed: Sequence[Observed], targets: Sequence[Allocation]) -> Posterior:
         """The model's posterior at the full-budget ``targets`` given ``observed``."""
@@ -190,9 +219,14 @@ class Tuner:
         """The run with the largest knowledge gradient per unit of cost (module docstring).
         ``pending``: runs started and not finished; ``compute_left``: full-run equivalents left
         (runs costing more are not considered). Raises ``ValueError`` when nothing fits."""
-        targets = self.targets()
+        targets = self.targets(observed)
         cands = [(a, f) for f in self.space.fractions for a in self.space.cells()
                  if (compute_left is None or f <= compute_left + 1e-9) and self._ok(a, f)]
+        if self.refine:
+            grid = set(self.space.cells())
+            extra = [a for a in targets if a not in grid] + self._zoom(observed, targets)
+            targets = targets + [a for a in extra if a not in targets]
+            cands += [(a, 1.0) for a in extra if compute_left is None or compute_left >= 1.0 - 1e-9]
         if not targets or not cands:
             raise ValueError("no feasible run fits the budget left")
         post = self._posterior(observed, targets, cands, pending)
@@ -214,7 +248,7 @@ class Tuner:
 
     def answer(self, observed: Sequence[Observed]) -> Answer:
         """The posterior-mean maximizer at the full budget (module docstring)."""
-        targets = self.targets()
+        targets = self.targets(observed)
         if not targets:
             raise ValueError("no feasible full-budget allocation")
         post = self._posterior(observed, targets, [(a, 1.0) for a in targets], ())

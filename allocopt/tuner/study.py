@@ -57,8 +57,9 @@ def initial_design(space: TunerSpace, seed: int) -> list[Allocation]:
     every model at least once: ``max(rewards, models)`` runs), each category paired with a
     model in turn, at the two middle ρ levels alternately (the response to ρ peaks inside the
     range), the group sizes in turn; the order of the categories and group sizes shuffled by
-    ``seed``. Chosen on the synthetic worlds against letting the knowledge gradient place the
-    first runs itself (which piles them on one reward system the prior cannot tell apart)."""
+    ``seed``. Kept leave-one-world-out on the measured worlds against letting the knowledge
+    gradient place the first runs itself (``benchmarks/tuner_ablation.py --design``: that lowers
+    one world's regret and raises another's, and loses on the world left out)."""
     import random
 
     rng = random.Random(seed)
@@ -85,20 +86,26 @@ class KGTuner:
         grid: the model's hyperparameter grid.
         rho_levels: ρ levels of the candidate set.
         among: where the answer is chosen (:data:`allocopt.tuner.decide.ANSWER_AMONG`).
+        initial: whether the first runs are :func:`initial_design` (``False``: the knowledge
+            gradient places every run, from the prior on).
+        refine: whether the candidates zoom in between the grid's ρ levels
+            (:attr:`allocopt.tuner.decide.Tuner.refine`).
     """
 
     def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
                  feasible: Feasible | None = None, grid: HyperGrid | None = None,
-                 rho_levels: int = 8, among: str = ANSWER_AMONG) -> None:
+                 rho_levels: int = 8, among: str = ANSWER_AMONG, initial: bool = True,
+                 refine: bool = False) -> None:
         lo, hi = space.rho
         self.budgets, self.seed = budgets, seed
         self.max_pilots = max_pilots
         full = TunerSpace((lo, hi), tuple(space.group_sizes), tuple(space.rewards),
                           tuple(space.models) or (None,), rho_levels=rho_levels)
         self.space = replace(full, pilot_fractions=(budgets.pilot_fraction,)) if max_pilots != 0 else full
-        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible, among)
-        self._full_only = Tuner(full, self.tuner.grid, feasible, among)
-        self.initial = [a for a in initial_design(full, seed) if feasible is None or feasible(a, 1.0)]
+        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible, among, refine=refine)
+        self._full_only = Tuner(full, self.tuner.grid, feasible, among, refine=refine)
+        self.initial = [a for a in initial_design(full, seed) if feasible is None or feasible(a, 1.0)] \
+            if initial else []
         self.design: list = []
         self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}
         self.recommendations: list[tuple[int, Allocation]] = []
@@ -188,7 +195,7 @@ class KGTuner:
         """Posterior probability that each reward system (× model) holds the best full-budget
         allocation: the share of joint posterior draws (the mixture's components in proportion
         to their weights) whose maximizer lies in it."""
-        targets = self.tuner.targets()
+        targets = self.tuner.targets(observed)
         post = self.tuner.posterior(observed, targets)
         rng = np.random.default_rng(self.seed)
         counts: dict[tuple[str, str | None], float] = {}

@@ -63,13 +63,27 @@ ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
 """The answer rules compared on the same runs (:func:`run_answer_rules`): name -> (what it
 is, the :class:`allocopt.tuner.decide.Tuner` fields it sets)."""
 
+DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+    BASE: ("the shipped tuner (8 rho levels, one full run per reward system first)", lambda: {}),
+    "finer-rho-grid": ("15 rho levels (every measured level and the midpoints; shipped 8)",
+                       lambda: {"rho_levels": 15}),
+    "zoom-in-rho": ("the grid's 8 levels, and midpoints in rho around the best cell as runs come in (down to 1/64 of "
+                    "the range)", lambda: {"refine": True}),
+    "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on",
+                          lambda: {"initial": False}),
+}
+"""The choices the model's constants were not asked with (``--design``): the candidate grid and
+the initial design, each a change of today's shipped tuner (its answer among the cells run), so
+``shipped`` here is that tuner, not :data:`VARIANTS`' base."""
+
 KEYS: tuple[str, ...] = ("variant", "world", "truth", "seed", "target", "level", "regret_pct",
                          "regret_pct_common", "regret_pct_oracle")
 
 
 def run_variant(world: Any, truth_mode: str, seed: int, variant: str, levels: Sequence[float],
-                common: bool = False) -> list[dict[str, Any]]:
-    """One replication of ``variant`` on ``world``: a record per level (:data:`KEYS`)."""
+                common: bool = False, design: bool = False) -> list[dict[str, Any]]:
+    """One replication of ``variant`` (of :data:`DESIGN` if ``design``, else of :data:`VARIANTS`)
+    on ``world``: a record per level (:data:`KEYS`)."""
     from benchmarks.tuners.methods.allocopt import run_allocopt
     from benchmarks.tuners.runner import TARGETS
     from benchmarks.tuners.scoring import CommonRule, score
@@ -79,7 +93,7 @@ def run_variant(world: Any, truth_mode: str, seed: int, variant: str, levels: Se
     target = TARGETS[seed % len(TARGETS)]
     truth = truth_for(world, target, truth_mode, seed, len(TARGETS))
     session = Session(world, truth, seed, max(levels), tuple(levels))
-    run_allocopt(session, **VARIANTS[variant][1]())
+    run_allocopt(session, **(DESIGN if design else VARIANTS)[variant][1]())
     rule = CommonRule(world) if common else (lambda full: None)
     return [{"variant": variant, "world": world.name, "truth": truth_mode, "seed": seed, "target": target,
              "level": r["level"], "regret_pct": r["regret_pct"],
@@ -211,5 +225,5 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ANSWER_RULES", "BASE", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
+__all__ = ["ANSWER_RULES", "BASE", "DESIGN", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
            "run_answer_rules", "run_variant", "score_on", "tables"]
