@@ -313,3 +313,27 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
     assert len(rows) == len(got) * 6  # one record per level
     md = (out / "design.md").read_text()
     assert "| wa | wb |" in md and "| wb | wa |" in md and "| no-initial-design |" in md
+
+
+def test_the_other_seeds_answer_is_the_best_mean_without_the_held_out_seed(tmp_path):
+    """A world where every seed's best cell differs: ρ 0.2 scores 0.41 in every seed, ρ 0.6 scores
+    0.50 / 0.43 / 0.30. Holding out seed 0 or 1, the other seeds' mean at 0.6 (0.365, 0.40) is
+    below 0.41, so the answer is 0.2 and the held-out seed prefers 0.6; holding out seed 2 (mean
+    0.465) the answer is 0.6 and seed 2 prefers 0.2: regret 100 % of the range each time."""
+    from benchmarks import heldout_floor
+    from benchmarks.tuners.truth import other_seeds_answer
+
+    vals = {0.2: (0.41, 0.41, 0.41), 0.6: (0.50, 0.43, 0.30)}
+    path = write(tmp_path / "flip" / "trials.csv",
+                 [dict(reward="sparse", group_size=2, rho=x, fidelity="full", budget_flops=1e12, seed=s, pass_at_1=v)
+                  for x, vs in vals.items() for s, v in enumerate(vs)])
+    w = read_world([path])
+    for h, want in ((0, 0.2), (1, 0.2), (2, 0.6)):
+        rep = next(r for r in range(30) if truth_for(w, "pass_at_1", "heldout", r, 3).heldout == h)
+        truth = truth_for(w, "pass_at_1", "heldout", rep, 3)
+        assert other_seeds_answer(truth).rho == want
+        assert regret_pct(truth, other_seeds_answer(truth)) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="needs a held-out truth"):
+        other_seeds_answer(truth_for(w, "pass_at_1", "seedmean", 0, 3))
+    name, regrets = heldout_floor.reference(path, 6)
+    assert name == "flip" and regrets == pytest.approx([100.0] * 6)

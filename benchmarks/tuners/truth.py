@@ -25,6 +25,7 @@ method of a replication that runs the same point for the k-th time sees the same
 from __future__ import annotations
 
 import random
+import statistics
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -151,6 +152,25 @@ def truth_for(world: World, target: str, mode: str, replication: int, n_targets:
             raise ValueError(f"truth=heldout: no seed of {world.name} is measured at every candidate")
         return TableTruth(world, target, mode, heldout_seed(world, replication, n_targets))
     return TableTruth(world, target, mode)
+
+
+def other_seeds_answer(truth: TableTruth) -> Allocation:
+    """The feasible full-budget cell with the best mean over the seeds other than the held-out
+    one: the answer of a method that had measured every other seed of every cell. Its regret
+    under a held-out truth is the held-out seed's own noise, which no method's runs can see: a
+    reference for what that truth can reward."""
+    if truth.mode != "heldout":
+        raise ValueError(f"truth={truth.mode!r}: the other seeds' answer needs a held-out truth")
+    w, t = truth.world, truth.target
+
+    def mean(a: Allocation) -> float:
+        pts = w.neighbours(a, FULL)
+        if pts is None:
+            return float("-inf")
+        return sum(wt * statistics.fmean(v[t] for s, v in w.seeds(a, FULL, x).items() if s != truth.heldout)
+                   for x, wt in pts)
+
+    return max(w.candidates, key=mean)
 
 
 def truths_of(world: World) -> tuple[str, ...]:

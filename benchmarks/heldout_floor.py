@@ -1,0 +1,66 @@
+"""What the held-out truth can reward: per measured world, the regret (in % of the range, as the
+judge scores it) of the answer that knows every other seed of every cell, over the judge's own
+held-out replications (the same target and held-out seed per replication as
+``benchmarks/optimizers.py``).
+
+Its regret is the held-out seed's own noise: no method's runs see that seed, so a method's
+held-out regret near this reference is as good as the truth can tell.
+
+    python benchmarks/heldout_floor.py --tables benchmarks/tiny_grid/trials.csv \\
+        benchmarks/tiny_grid_small/trials.csv benchmarks/tiny_grid_medium/trials.csv [--seeds 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def reference(table: Path, seeds: int) -> tuple[str, list[float]]:
+    """``(world name, regret of the other seeds' answer per held-out replication)``."""
+    from benchmarks.tuners.runner import TARGETS, world_of
+    from benchmarks.tuners.truth import other_seeds_answer, regret_pct, truth_for
+
+    world = world_of("tiny-table", (str(table),))
+    out = []
+    for rep in range(seeds):
+        truth = truth_for(world, TARGETS[rep % len(TARGETS)], "heldout", rep, len(TARGETS))
+        out.append(regret_pct(truth, other_seeds_answer(truth)))
+    return world.name, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
+    ap.add_argument("--seeds", type=int, default=50, help="held-out replications per world (default 50)")
+    a = ap.parse_args(argv)
+    missing = [t for t in a.tables if not t.is_file()]
+    if missing or a.seeds < 1:
+        what = f"tables={str(missing[0])!r}: not a file" if missing else f"seeds={a.seeds!r}: must be >= 1"
+        print(f"error: {what}", file=sys.stderr)
+        return 2
+    import numpy as np
+
+    from allocopt.flops import ConfigError
+
+    print("| world | replications | median [IQR], % of range | mean |\n|---|---|---|---|")
+    for t in a.tables:
+        try:
+            name, regrets = reference(t, a.seeds)
+        except (ConfigError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        q1, q3 = np.percentile(regrets, [25, 75])
+        print(f"| {name} | {len(regrets)} | {statistics.median(regrets):.1f} [{q1:.1f}, {q3:.1f}] "
+              f"| {statistics.fmean(regrets):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
