@@ -34,19 +34,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tuners.ablation import (ANSWER_RULES, DESIGN, KEYS, VARIANTS, run_answer_rules,  # noqa: E402
                                         run_variant, tables)
+from allocopt.errors import ConfigError  # noqa: E402
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
 from benchmarks.tuners.truth import truths_of  # noqa: E402
 
 
-def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS) -> str | None:
-    """One line for a bad flag, or None."""
+def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS,
+             mode: str = "") -> str | None:
+    """One line for a bad flag, or None; ``mode``: the flag that chose ``allowed`` ("" for none)."""
     unknown = [v for v in variants if v not in allowed]
     if unknown or not variants:
-        return f"variants={unknown[0] if unknown else ''!r}: allowed: {', '.join(allowed)}"
+        return (f"variants={unknown[0] if unknown else ''!r}: allowed{' with ' + mode if mode else ''}: "
+                f"{', '.join(allowed)}")
     missing = [t for t in tables if not t.is_file()]
     if missing:
         return f"tables={str(missing[0])!r}: not a file; give the grid runner's trials.csv of each world"
+    if len(tables) < 2:
+        return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each); a choice is made "
+                "on the others and reported on the one left out")
     if seeds < 1:
         return f"seeds={seeds!r}: must be >= 1"
     return None
@@ -65,20 +71,26 @@ def main(argv: list[str] | None = None) -> int:
                       help=f"compare the answer rules on the same runs instead ({', '.join(ANSWER_RULES)})")
     mode.add_argument("--design", action="store_true",
                       help=f"the candidate grid and initial design against today's tuner instead ({', '.join(DESIGN)})")
-    ap.add_argument("--nice", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"))
+    ap.add_argument("--nice", type=int, default=10, help="niceness added to this process (default 10)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"),
+                    help="folder of the CSV (resumed) and the markdown tables (default benchmarks/tuner_results/ablation)")
     a = ap.parse_args(argv)
     allowed = ANSWER_RULES if a.answer_rules else DESIGN if a.design else VARIANTS
     given = a.variants if a.variants != ",".join(VARIANTS) else ",".join(allowed)
     variants = [v.strip() for v in given.split(",") if v.strip()]
-    error = _refusal(variants, a.tables, a.seeds, allowed)
+    error = _refusal(variants, a.tables, a.seeds, allowed,
+                     "--answer-rules" if a.answer_rules else "--design" if a.design else "")
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if a.nice:
         os.nice(a.nice)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
+    try:
+        worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "answer_rules" if a.answer_rules else "design" if a.design else "ablation"
     path = a.out / f"{stem}.csv"
@@ -95,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             spent = time.perf_counter() - t0
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
-    text = tables(read_rows(path), variants)
+    about = {k: v[0] for k, v in allowed.items()}
+    text = tables(read_rows(path), variants, about=about)
     (a.out / f"{stem}.md").write_text(text)
     print(text)
     return 0

@@ -341,7 +341,7 @@ def test_cli_pareto_defaults_to_the_studys_targets(two_targets, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["best", "--study", "mo"], "--target: not given, and study mo has 2 targets (pass@1, judge); give --target"),
     (["best", "--study", "bare"], "--target: not given, and study bare stores no target; give --target"),
-    (["pareto", "--study", "bare"], "objectives=None: study bare stores no target; give --objectives"),
+    (["pareto", "--study", "bare"], "objectives: not given, and study bare stores no target; give --objectives"),
 ])
 def test_cli_no_single_stored_target_exits_2_with_one_line(two_targets, capsys, args, needle):
     rc, out, err = cli(capsys, *args, "--storage", two_targets)
@@ -367,7 +367,7 @@ def test_cli_best_without_target_in_a_subprocess(studies):
     (["best", "--study", "a", "--target", "pass@1:gsm8k"], "no complete trial measured it"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--where", "rho>>0.5"], "where='rho>>0.5'"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--where", "reward"], "allowed forms"),
-    (["pareto", "--study", "a"], "objectives=None: study a stores one target (pass@1); give --objectives"),
+    (["pareto", "--study", "a"], "objectives: not given, and study a stores one target (pass@1); give --objectives"),
     (["best", "--study", "a", "--target", "judge", "--where", "reward=dnse"], "matches no complete trial"),
     (["pareto", "--study", "a", "--objectives", "pass@1,judge", "--directions", "up,down"], "direction='up'"),
     (["best", "--study", "a", "--target", "judge", "--fidelity", "half"], "fidelity='half'"),

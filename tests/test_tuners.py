@@ -303,7 +303,14 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
     assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--variants", "deeper-bowl",
                                 "--out", str(out), "--nice", "0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "deeper-bowl" in err and "no-initial-design" in err
+    assert "\n" not in err and "deeper-bowl" in err and "allowed with --design" in err and "no-initial-design" in err
+    assert tuner_ablation.main(["--tables", str(a), "--design", "--out", str(out), "--nice", "0"]) == 2
+    assert "two or more worlds" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("reward,rho\nsparse,0.2\n")
+    assert tuner_ablation.main(["--tables", str(a), str(bad), "--design", "--out", str(out), "--nice", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "missing column" in err and "Traceback" not in err
     assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--seeds", "1", "--out", str(out),
                                 "--nice", "0"]) == 0
     with (out / "design.csv").open() as f:
@@ -313,6 +320,7 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
     assert len(rows) == len(got) * 6  # one record per level
     md = (out / "design.md").read_text()
     assert "| wa | wb |" in md and "| wb | wa |" in md and "| no-initial-design |" in md
+    assert "* `zoom-in-rho`: " + DESIGN["zoom-in-rho"][0] in md and "(1 paired replication each" in md
 
 
 def test_the_other_seeds_answer_is_the_best_mean_without_the_held_out_seed(tmp_path):
@@ -320,7 +328,7 @@ def test_the_other_seeds_answer_is_the_best_mean_without_the_held_out_seed(tmp_p
     0.50 / 0.43 / 0.30. Holding out seed 0 or 1, the other seeds' mean at 0.6 (0.365, 0.40) is
     below 0.41, so the answer is 0.2 and the held-out seed prefers 0.6; holding out seed 2 (mean
     0.465) the answer is 0.6 and seed 2 prefers 0.2: regret 100 % of the range each time."""
-    from benchmarks import heldout_floor
+    from benchmarks import heldout_reference
     from benchmarks.tuners.truth import other_seeds_answer
 
     vals = {0.2: (0.41, 0.41, 0.41), 0.6: (0.50, 0.43, 0.30)}
@@ -335,5 +343,5 @@ def test_the_other_seeds_answer_is_the_best_mean_without_the_held_out_seed(tmp_p
         assert regret_pct(truth, other_seeds_answer(truth)) == pytest.approx(100.0)
     with pytest.raises(ValueError, match="needs a held-out truth"):
         other_seeds_answer(truth_for(w, "pass_at_1", "seedmean", 0, 3))
-    name, regrets = heldout_floor.reference(path, 6)
+    name, regrets = heldout_reference.reference(path, 6)
     assert name == "flip" and regrets == pytest.approx([100.0] * 6)

@@ -251,7 +251,7 @@ def best(
     fidelity: str = _FIDELITY,
     as_json: bool = _JSON,
 ) -> None:
-    """The study's recommendation (RACE), then the best observed trial for one target as its evidence, overall and per reward system."""
+    """The study's recommendation (its tuner's answer), then the best observed trial for one target as its evidence, overall and per reward system."""
     from allocopt.query.pareto import best as best_of, best_per, check_fields, default_direction, row_dict
     rows, source, study = _load(**trials, fidelity=fidelity)
     stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])

@@ -117,7 +117,7 @@ def stored_objectives(study: Optional[str], storage: str, from_mlflow: Optional[
         return names
     where = f"study {study}" if study else f"MLflow {', '.join(from_mlflow or [])}"
     has = f"one target ({names[0]})" if names else "no target"
-    raise QueryError(f"objectives=None: {where} stores {has}; give --objectives with two or more, "
+    raise QueryError(f"objectives: not given, and {where} stores {has}; give --objectives with two or more, "
                    "e.g. pass@1,judge or judge,total_flops")
 
 

@@ -194,14 +194,24 @@ def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence
 
 
 def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
-           levels: Sequence[float] = (8.0, 16.0, 40.0)) -> str:
-    """Markdown: each variant's mean own regret per world and truth at ``levels``, its oracle
-    beside it, then the leave-one-world-out choices."""
+           levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None) -> str:
+    """Markdown: what the table holds (``about``: each variant's description), each variant's
+    mean own regret per world and truth at ``levels``, its oracle beside it, then the
+    leave-one-world-out choices."""
     vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
     worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
+    reps = [len(set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants)))
+            for w, t in worlds for lv in levels]
     head = " | ".join(f"{w}/{t} at {', '.join(f'{lv:g}' for lv in levels)}" for w, t in worlds)
-    lines = ["**Mean regret, % of range — own rule (oracle in brackets), replications every variant ran**", "",
-             f"| variant | {head} |", "|---|" + "---|" * len(worlds)]
+    n = f"{min(reps, default=0)}" if min(reps, default=0) == max(reps, default=0) else \
+        f"{min(reps, default=0)}–{max(reps, default=0)}"
+    lines = [f"Each variant replayed on every world and truth ({n} paired replication{'' if n == '1' else 's'} "
+             "each; `seedmean`: the truth is the mean of a cell's measured seeds, `heldout`: one seed is the truth "
+             "and runs draw the others). Regret: the truth's best less the truth of the answer, in % of its range "
+             "over the cells (0: the best cell).", ""]
+    lines += [f"* `{v}`: {about[v]}" for v in variants if about and v in about] + ([""] if about else [])
+    lines += ["**Mean regret, % of range — own rule (oracle in brackets), replications every variant ran**", "",
+              f"| variant | {head} |", "|---|" + "---|" * len(worlds)]
     for v in variants:
         cells = []
         for w, t in worlds:
@@ -216,7 +226,13 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
                 parts.append(f"{m:.1f} ({o:.1f})")
             cells.append(" / ".join(parts))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
-    lines += ["", f"**Leave one world out** (score: mean own regret at {', '.join(f'{lv:g}' for lv in CHOICE_LEVELS)}"
+    names = list(dict.fromkeys(w for w, _ in worlds))
+    at = ", ".join(f"{lv:g}" for lv in CHOICE_LEVELS)
+    lines += ["", f"**Score on each world** (mean own regret at {at} runs, both truths; what the choices below compare)",
+              "", "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for v in variants:
+        lines.append(f"| {v} | " + " | ".join(f"{score_on(records, v, [w], variants, vals=vals):.2f}" for w in names) + " |")
+    lines += ["", f"**Leave one world out** (score: mean own regret at {at}"
               " runs, both truths)", "", "| left out | chosen on | choice | its score there | on the world left out "
               "| the shipped design there |", "|---|---|---|---|---|---|"]
     for c in leave_one_world_out(records, variants):
