@@ -420,3 +420,15 @@ def test_cli_tables_fit_80_columns_with_their_numbers(two_targets, capsys):
             assert f"{r.metrics['rho']:.3f}" in cells  # the realized rho
             assert f"{r.targets['pass_at_1']:.4f}" in cells and f"{r.targets['judge']:.4f}" in cells
             assert f"{r.metrics['total_flops']:.3e}" in cells
+
+
+def test_a_front_over_flops_prints_flops_that_differ_apart():
+    """Two trials of one budget differ in their fifth significant digit of FLOPs: at 4 digits
+    both print 1.000e+19 and the front looks wrong, so the column widens until they differ."""
+    from allocopt.cli.query import _spec
+
+    values = [1.0e19, 1.0e19 - 3e13, 9.99e18]
+    assert format(values[0], _spec("total_flops")) == format(values[1], _spec("total_flops")) == "1.000e+19"
+    spec = _spec("total_flops", values)
+    assert spec == ".5e" and len({format(v, spec) for v in values}) == 3
+    assert _spec("total_flops", [1e19, 2e19]) == ".3e" and _spec("judge", values) == ".4f"

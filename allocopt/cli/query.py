@@ -16,7 +16,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -173,6 +173,7 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
         + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd", "FLOPs"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("study", "fidelity", "reward", "model") else "right")
+    spec = {k: _spec(k, [number(r, k) for r in rows]) for k in [*first, "total_flops"]}
     for r in rows:
         total = number(r, "total_flops")
         share = [_f(number(r, p) / total, ".0%") if total > 0 else "–"
@@ -180,16 +181,24 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
         cells = ([r.study] if several else []) + [str(r.number)] + ([r.fidelity] if fidelities else []) \
             + [_f(number(r, "rho"), ".3f"), str(value(r, "group_size")), str(value(r, "reward"))] \
             + ([str(value(r, "model"))] if models else []) \
-            + [f"[bold]{_f(number(r, k), _spec(k))}[/]" for k in first] \
-            + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, ".3e")]
+            + [f"[bold]{_f(number(r, k), spec[k])}[/]" for k in first] \
+            + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, spec["total_flops"])]
         t.add_row(*cells)
     t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the "
                  "executed FLOPs (learn = realized rho); FLOPs: the total executed")
     return t
 
 
-def _spec(key: str) -> str:
-    return ".3e" if key.endswith("_flops") else ".4f"
+def _spec(key: str, values: Sequence[float] = ()) -> str:
+    """The format of ``key``'s column: FLOPs in 4 significant digits, more where ``values``
+    that differ would print alike (a front's trials at one budget differ in the last few)."""
+    if not key.endswith("_flops"):
+        return ".4f"
+    distinct = {v for v in values if math.isfinite(v)}
+    digits = 3
+    while digits < 9 and len({format(v, f".{digits}e") for v in distinct}) < len(distinct):
+        digits += 1
+    return f".{digits}e"
 
 
 # ---------------------------------------------------------------------------- pareto
