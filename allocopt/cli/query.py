@@ -173,7 +173,7 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
         + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd", "FLOPs"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("study", "fidelity", "reward", "model") else "right")
-    spec = {k: _spec(k, [number(r, k) for r in rows]) for k in [*first, "total_flops"]}
+    spec = {k: _spec(k, [number(r, k) for r in rows]) for k in first}  # the front's own columns only
     for r in rows:
         total = number(r, "total_flops")
         share = [_f(number(r, p) / total, ".0%") if total > 0 else "–"
@@ -182,7 +182,7 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
             + [_f(number(r, "rho"), ".3f"), str(value(r, "group_size")), str(value(r, "reward"))] \
             + ([str(value(r, "model"))] if models else []) \
             + [f"[bold]{_f(number(r, k), spec[k])}[/]" for k in first] \
-            + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, spec["total_flops"])]
+            + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, ".3e")]
         t.add_row(*cells)
     t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the "
                  "executed FLOPs (learn = realized rho); FLOPs: the total executed")
