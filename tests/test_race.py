@@ -764,3 +764,17 @@ def test_cli_replicates_reach_the_sampler(tmp_path, race_cli, cli):
             "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/bo.db", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "replicates=1: RACE only" in r.stderr and not (tmp_path / "bo.db").exists()
+
+
+def test_too_few_pilots_are_refused_at_once_also_in_a_dry_run(cli, tmp_path):
+    """A pilot count RACE's grid cannot use (5 reward systems x 3 G need 30) is one line and exit
+    code 2 under the name given, in a dry run before any plan is printed as in a run."""
+    for extra in (["--dry-run"], ["--no-mlflow", "--storage", f"sqlite:///{tmp_path}/p.db"]):
+        r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--tuner", "race", "--pilots", "3", *extra,
+                cwd=tmp_path)
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (r.stdout, r.stderr)
+        assert r.stderr.startswith("error: --pilots 3: too few for 5 reward system(s)") and "needs at least 30" in r.stderr
+    assert not (tmp_path / "p.db").exists()
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--tuner", "race", "--pilots", "30", "--dry-run",
+            cwd=tmp_path)
+    assert r.returncode == 0 and "30 of 30 pilots usable" in r.stdout

@@ -72,6 +72,7 @@ def study(
         from allocopt.cli.common import check_storage
 
         check_storage(storage)
+        _check_race_pilots(s, pilots)  # before the plans: the run would refuse at once
         return print_plans(s)
     s = _race_terms(s, pilots, replicates)
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
@@ -114,7 +115,14 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
         err.print(f"note: {len(s.targets)} targets: the kg tuner runs full runs only (as --pilots 0)",
                   highlight=False)
         return replace(s, pilots=0)
-    if s.pilots != 0 and s.tuner == "race":
+    _check_race_pilots(s, pilots)
+    return s
+
+
+def _check_race_pilots(s: Any, pilots: Optional[int]) -> None:
+    """RACE's pilot count against its pilot grid, refused under the name the user gave it
+    (``--pilots`` or the study file's ``pilots``); nothing for other tuners or several targets."""
+    if s.pilots != 0 and s.tuner == "race" and not s.multi_objective:
         from allocopt.race import pilot_grid
         from allocopt.race.design import settings_for
 
@@ -123,7 +131,6 @@ def _race_terms(s: Any, pilots: Optional[int], replicates: Optional[int]) -> Any
         except ConfigError as e:
             name = f"--pilots {s.pilots}" if pilots is not None else f"pilots={s.pilots} (study file)"
             raise ConfigError(str(e).replace(f"max_pilots={s.pilots!r}", name, 1)) from None
-    return s
 
 
 def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
