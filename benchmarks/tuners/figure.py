@@ -32,13 +32,15 @@ def plot(records: Sequence[dict[str, Any]], world: str, path: Path) -> None:
     for i, truth in enumerate(truths):
         for j, rule in enumerate(("own", "common", "oracle")):
             ax = axes[i][j]
-            for m in ordered(rs, "method"):
+            for k, m in enumerate(ordered(rs, "method")):
                 pts = [(c, describe([r[RULE_COLUMNS[rule]] for r in g.get((world, truth, m, c), [])])) for c in levels]
                 pts = [(c, d) for c, d in pts if d["n"] and not math.isnan(d["median"])]
                 if not pts:
                     continue
                 xs = [c for c, _ in pts]
-                line, = ax.plot(xs, [d["median"] for _, d in pts], marker="o", ms=3, label=registry.label(m))
+                # past 10 methods the default colours repeat: the second round of them is dashed
+                line, = ax.plot(xs, [d["median"] for _, d in pts], marker="o", ms=3, label=registry.label(m),
+                                color=f"C{k % 10}", linestyle="-" if k < 10 else "--")
                 ax.fill_between(xs, [d["q1"] for _, d in pts], [d["q3"] for _, d in pts], alpha=0.12,
                                 color=line.get_color())
             ax.set_xscale("log")
