@@ -479,3 +479,36 @@ def test_best_shows_the_answer_only_for_the_query_it_answers(tmp_path, capsys):
         code, out = _cli_out(capsys, "best", *src, *extra)
         assert code == 0 and "recommended:" not in out and "(evidence)" not in out, (extra, out)
         assert "Best observed trial for" in out
+
+
+def test_the_live_bar_counts_the_full_runs_of_every_worker(monkeypatch):
+    """With ``done_full`` (the study's full runs finished since this worker started, read from
+    the storage) the bar counts the study's runs, so two workers of an 8-run study each end at
+    8/8, not 4/8; without it, this process's own."""
+    import io
+
+    from rich.console import Console
+
+    import allocopt.answer
+    from allocopt.cli.live import StudyDisplay
+
+    monkeypatch.setattr(allocopt.answer, "trial_line", lambda row, spec: f"trial {row.number}")
+    s = StudySpec(name="w", objective="synthetic", budget_flops=1e19)
+
+    def counts(display, n):
+        out = []
+        for k in range(n):
+            display.on_end(SimpleNamespace(number=k, state="COMPLETE", fidelity="full", value=0.5), None)
+            out.append(next(t for t in display.bar.tasks if t.id == display.full).fields["count"])
+        return out
+
+    study = iter([2, 5, 8])  # the other worker's runs end between this one's
+    assert counts(StudyDisplay(Console(file=io.StringIO()), s, num_full=8, done_full=lambda: next(study)), 3) \
+        == ["2/8", "5/8", "8/8"]
+    assert counts(StudyDisplay(Console(file=io.StringIO()), s, num_full=8), 3) == ["1/8", "2/8", "3/8"]
+    # this worker's last run ends at 7 of 8; the other's ends while it waits: sync() at the end
+    seen = iter([7, 8])
+    last = StudyDisplay(Console(file=io.StringIO()), s, num_full=8, done_full=lambda: next(seen))
+    assert counts(last, 1) == ["7/8"]
+    last.sync()
+    assert next(t for t in last.bar.tasks if t.id == last.full).fields["count"] == "8/8"

@@ -10,7 +10,7 @@ budget's hours.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 TRIAL_WALL_LIMIT_S = 3600.0
 """``allocopt trial`` refuses a run estimated above this many seconds unless ``--yes``."""
@@ -112,9 +112,13 @@ class StudyDisplay:
         spec: the :class:`allocopt.spec.StudySpec`.
         num_full: full-budget trials the study will run (the bar's total).
         disable: show nothing (``--json``).
+        done_full: the study's full-budget runs finished since this process started, by every
+            worker (``None``: this process's own), so that with several workers each bar counts
+            the study's runs, not only its own.
     """
 
-    def __init__(self, console: Any, spec: Any, num_full: int, disable: bool = False):
+    def __init__(self, console: Any, spec: Any, num_full: int, disable: bool = False,
+                 done_full: Callable[[], int] | None = None):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.spec = spec
@@ -132,6 +136,7 @@ class StudyDisplay:
         self._total = {"pilot": 0, "full": num_full}
         self.best: Any = None
         self._seen: list[Any] = []  # several targets: each complete full run's row
+        self._done_full = done_full
 
     def __enter__(self) -> "StudyDisplay":
         self.bar.__enter__()
@@ -196,15 +201,26 @@ class StudyDisplay:
                              [spec.vocabulary.target(t).direction for t in spec.targets])
         return f"Pareto front {len(front)} of {len(self._seen)}"
 
+    def _count(self, kind: str) -> None:
+        if kind == "full" and self._done_full is not None:
+            self._done["full"] = max(self._done["full"], int(self._done_full()))
+        total = self._total[kind]
+        self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
+                        count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
+
+    def sync(self) -> None:
+        """The full-run count from the study once more (with ``done_full``): the runs other
+        workers finished after this one's last."""
+        if self._done_full is not None:
+            self._count("full")
+
     def on_end(self, row: Any, result: Any) -> None:
         from allocopt.answer import trial_line
 
         fidelity = self._fidelity.get(row.number) or getattr(row, "fidelity", "full")
         kind = "pilot" if fidelity == "pilot" else "full"
         self._done[kind] += 1
-        total = self._total[kind]
-        self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
-                        count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
+        self._count(kind)
         info = self._best_info(row) if fidelity == "full" and row.state == "COMPLETE" else None
         if info:
             self.bar.update(self.full, info=info)

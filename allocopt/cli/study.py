@@ -142,7 +142,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     states the runs in dollars. Returns ``(study, tracker)``."""
     from allocopt.cli.common import check_storage, load_workload, probe_interrupt_exits, tracked_command
     from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
-    from allocopt.study.loop import run_study, work_left
+    from allocopt.study.loop import finished_full, run_study, work_left
     from allocopt.study.open import StudyError, open_study
     from allocopt.tracking.lifecycle import probe_tracking
 
@@ -161,18 +161,23 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     if not to_do:  # one line, then the answer (the summary): no estimate, no empty bar
         err.print(finished_line(opened, s), highlight=False, markup=False, soft_wrap=True)
 
+    before = finished_full(opened)
+
     def work(tracker: Any) -> Any:
-        with StudyDisplay(err, s, num_full=to_do, disable=not to_do) as live:  # a resumed study counts its runs left
+        with StudyDisplay(err, s, num_full=to_do, disable=not to_do,  # a resumed study counts its runs left
+                          done_full=lambda: finished_full(opened) - before) as live:  # every worker's
             estimate = study_estimate(obj, s.budget_flops, to_do, time_budget=s.time_budget,
                                       usd_per_gpu_hour=usd_per_gpu_hour)
             if estimate:
                 live.note(estimate)
             live.step("opening the study and its sampler")
-            return run_study(s, objective=obj, workload=workload, study=opened, tracker=tracker,
-                             on_trial_start=live.on_start, on_trial_end=live.on_end,
-                             progress=live.progress, verbose=verbose,
-                             on_wait=lambda done, running: live.note(
-                                 f"waiting for {running} full run(s) on other workers ({done} of {s.trials} done)"))
+            st = run_study(s, objective=obj, workload=workload, study=opened, tracker=tracker,
+                           on_trial_start=live.on_start, on_trial_end=live.on_end,
+                           progress=live.progress, verbose=verbose,
+                           on_wait=lambda done, running: live.note(
+                               f"waiting for {running} full run(s) on other workers ({done} of {s.trials} done)"))
+            live.sync()
+            return st
 
     return tracked_command(s, storage, mlflow_uri, no_mlflow, work)
 
