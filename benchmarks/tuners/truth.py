@@ -161,16 +161,14 @@ def other_seeds_answer(truth: TableTruth) -> Allocation:
     reference for what that truth can reward."""
     if truth.mode != "heldout":
         raise ValueError(f"truth={truth.mode!r}: the other seeds' answer needs a held-out truth")
-    w, t = truth.world, truth.target
+    def others(seeds: dict) -> float:
+        return statistics.fmean(v[truth.target] for s, v in seeds.items() if s != truth.heldout)
 
     def mean(a: Allocation) -> float:
-        pts = w.neighbours(a, FULL)
-        if pts is None:
-            return float("-inf")
-        return sum(wt * statistics.fmean(v[t] for s, v in w.seeds(a, FULL, x).items() if s != truth.heldout)
-                   for x, wt in pts)
+        v = truth._at(a, FULL, others)  # read in rho as the truth reads its own seed
+        return float("-inf") if v is None else v
 
-    return max(w.candidates, key=mean)
+    return max(truth.world.candidates, key=mean)
 
 
 def truths_of(world: World) -> tuple[str, ...]:
