@@ -38,6 +38,47 @@ def test_kg_is_zero_when_a_run_cannot_change_the_order():
     assert knowledge_gradient(np.array([1.0, 0.0]), np.array([[0.3, 0.3]]))[0] == pytest.approx(0.0, abs=1e-6)  # float32 lines
 
 
+def test_kg_over_a_pool_is_the_rise_of_the_best_mean_among_the_cells_the_answer_may_be():
+    """Cells 0 and 1 run (means 0, 0.5), cell 2 not run (mean 5). A run that moves cell 0 by Z: over
+    the pool the gain is E[max(Z, 0.5)] - 0.5 = φ(0.5) - 0.5 (1 - Φ(0.5)) (the normal's partial
+    expectation, by hand), while over every cell it is nil (cell 2 stays best). A run at cell 2,
+    which then may be the answer, gains 5 - 0.5 whatever it shows when it does not move."""
+    from scipy.stats import norm
+
+    mu = np.array([0.0, 0.5, 5.0])
+    now = np.array([True, True, False])
+    b = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    own = np.array([0, 2, -1])  # the third: a pilot at cell 0, which adds no cell
+    kg = knowledge_gradient(mu, b, (now, own))
+    by_hand = norm.pdf(0.5) - 0.5 * norm.sf(0.5)
+    assert kg[0] == pytest.approx(by_hand, rel=0.02)
+    assert kg[1] == pytest.approx(4.5, rel=1e-6)
+    assert kg[2] == pytest.approx(kg[0])
+    assert knowledge_gradient(mu, b)[0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_tuner_values_runs_by_the_answer_it_gives_when_asked():
+    """``kg_pool="answer"``: with one cell run, a replicate there or a run elsewhere is valued by
+    the rise of the best mean among the cells run and its own; the one-run gain it reports equals
+    the pooled KG read off the public posterior; ``all`` is the default; other values refused."""
+    space = TunerSpace((0.2, 0.9), (4,), ("dense", "sparse"), rho_levels=4)
+    obs = [Observed(Allocation(space.levels[1], 4, "dense"), 1.0, 0.5, 2.5e-4)]
+    tuner = Tuner(space, kg_pool="answer")
+    assert Tuner(space).kg_pool == "all"
+    targets = tuner.targets(obs)
+    post = tuner._posterior(obs, targets, [(a, 1.0) for a in targets], ())
+    now = np.asarray([a == obs[0].allocation for a in targets])
+    gain = np.zeros(len(targets))
+    for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
+        gain += w * knowledge_gradient(post.mean, cc / np.sqrt(vc + nc)[:, None], (now, np.arange(len(targets))))
+    ans = tuner.answer(obs)
+    assert ans.allocation == obs[0].allocation
+    assert ans.gain_of_one_more_run == pytest.approx(max(gain.max(), 0.0), rel=1e-3)
+    assert ans.best_next == targets[int(np.argmax(gain))]
+    with pytest.raises(ValueError, match="kg_pool='best': allowed: all, answer"):
+        Tuner(space, kg_pool="best")
+
+
 def test_kg_star_takes_the_best_number_of_repeats_per_cost():
     mu, cov = np.zeros(2), np.array([[1.0, -1.0]])
     var, noise = np.array([1.0]), np.array([8.0])

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from allocopt.plan.allocation import Allocation
-from allocopt.tuner.kg import kg_per_cost
+from allocopt.tuner.kg import Pool, kg_per_cost
 from allocopt.tuner.model import Data, HyperGrid, Points, Posterior, posterior
 
 Feasible = Callable[[Allocation, float], bool]
@@ -146,6 +146,13 @@ ANSWER_CAUTION = 0.0
 the model only extrapolates to)."""
 
 
+KG_POOL = "all"
+"""What the knowledge gradient values a run by: the rise of the best posterior mean over ``all``
+target cells, or over the cells the ``answer`` may be (with :data:`ANSWER_AMONG` ``tried``: the
+cells with a full run, and the candidate's own cell when it is a full run)."""
+KG_POOLS = ("all", "answer")
+
+
 REFINE_FINEST = 1.0 / 64
 """The closest two ρ of one category a refinement places runs at, as a share of the ρ range."""
 
@@ -167,6 +174,8 @@ class Tuner:
     caution: float = ANSWER_CAUTION
     """:meth:`answer` maximizes the posterior mean less this many posterior standard
     deviations (:data:`ANSWER_CAUTION`)."""
+    kg_pool: str = KG_POOL
+    """What the knowledge gradient is the rise of (:data:`KG_POOL`)."""
     refine: bool = False
     """Whether the candidates zoom in: besides the grid's cells, every ρ a full run was made at
     and the midpoints between the posterior-mean best cell and its neighbours in ρ (down to
@@ -177,6 +186,8 @@ class Tuner:
             raise ValueError(f"among={self.among!r}: allowed: {', '.join(AMONG)}")
         if not isinstance(self.caution, (int, float)) or not 0 <= self.caution <= 10:
             raise ValueError(f"caution={self.caution!r}: must be a number from 0 to 10")
+        if self.kg_pool not in KG_POOLS:
+            raise ValueError(f"kg_pool={self.kg_pool!r}: allowed: {', '.join(KG_POOLS)}")
 
     def _ok(self, a: Allocation, f: float) -> bool:
         return self.feasible is None or bool(self.feasible(a, f))
@@ -232,9 +243,10 @@ class Tuner:
         post = self._posterior(observed, targets, cands, pending)
         cost = np.asarray([f for _, f in cands])
         score = np.zeros(len(cands))
-        mu, live = post.mean, _contenders(post)
+        mu = post.mean
+        live, pool = self._pool(post, targets, observed, cands)
         for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
-            s, _ = kg_per_cost(mu[live], cc[:, live], vc, nc, cost)
+            s, _ = kg_per_cost(mu[live], cc[:, live], vc, nc, cost, pool=pool)
             score += w * s
         i = int(np.argmax(score))
         return Run(cands[i][0], cands[i][1], float(score[i]))
@@ -254,14 +266,30 @@ class Tuner:
         post = self._posterior(observed, targets, [(a, 1.0) for a in targets], ())
         mu, var = post.mean, post.var
         i = self._chosen(mu - self.caution * np.sqrt(var), targets, observed)
-        kg1, live = np.zeros(len(targets)), _contenders(post)
+        kg1 = np.zeros(len(targets))
+        live, pool = self._pool(post, targets, observed, [(a, 1.0) for a in targets])
         for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
-            kg1 += w * kg_per_cost(mu[live], cc[:, live], vc, nc, np.ones(len(targets)), repeats=(1,))[1]
+            kg1 += w * kg_per_cost(mu[live], cc[:, live], vc, nc, np.ones(len(targets)), repeats=(1,),
+                                   pool=pool)[1]
         near = tuple(a for j, a in enumerate(targets)
                      if j != i and mu[j] >= mu[i] - math.sqrt(var[i] + var[j]))
         j = int(np.argmax(kg1))
         return Answer(targets[i], float(mu[i]), float(math.sqrt(var[i])), near, float(max(kg1[j], 0.0)),
                       targets[j])
+
+    def _pool(self, post: Posterior, targets: Sequence[Allocation], observed: Sequence[Observed],
+              cands: Sequence[tuple[Allocation, float]]) -> tuple[np.ndarray, Pool | None]:
+        """The target cells the knowledge gradient looks at (those that can become the answer in
+        one run) and where the answer may be among them (:attr:`kg_pool`; ``None``: anywhere)."""
+        tried = {o.allocation for o in observed if o.fraction >= 1.0}
+        now = np.asarray([a in tried for a in targets], dtype=bool)
+        if self.kg_pool == "all" or self.among == "all" or not now.any():
+            return _contenders(post), None
+        mu, sd = post.mean, np.sqrt(post.var)
+        live = np.flatnonzero(mu + CONTENDER_SDS * sd >= mu[now].max())
+        index = {targets[j]: k for k, j in enumerate(live)}
+        own = np.asarray([index.get(a, -1) if f >= 1.0 else -1 for a, f in cands], dtype=int)
+        return live, (now[live], own)
 
     def _chosen(self, mu: np.ndarray, targets: Sequence[Allocation], observed: Sequence[Observed]) -> int:
         """Index of the answer among ``targets``: the largest criterion ``mu`` over :attr:`among`."""

@@ -71,6 +71,8 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                     "the range)", lambda: {"refine": True}),
     "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on",
                           lambda: {"initial": False}),
+    "kg-for-the-answer": ("the knowledge gradient is the rise of the best mean among the cells the answer may be "
+                          "(those run, and the candidate's own), not among every cell", lambda: {"kg_pool": "answer"}),
 }
 """The choices the model's constants were not asked with (``--design``): the candidate grid and
 the initial design, each a change of today's shipped tuner (its answer among the cells run), so
