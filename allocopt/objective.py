@@ -81,7 +81,9 @@ class Objective(Protocol):
     Optional attributes: ``flops_per_second`` (executed training FLOPs per wall second,
     measured on the machine the objective targets) and ``overhead_seconds`` (loading and
     evaluation); with them ``allocopt trial`` prints the estimated wall time before starting
-    and refuses a run estimated above an hour unless ``--yes``."""
+    and refuses a run estimated above an hour unless ``--yes``. ``check_space(space)``: raise
+    :class:`~allocopt.flops.ConfigError` (one line) for a search space the objective cannot
+    tell apart (a study checks it before it plans anything)."""
 
     name: str
     """The registered name (``tiny``, ``synthetic``, ``qwen``); MLflow tag ``allocopt.objective``."""

@@ -330,6 +330,14 @@ class SyntheticObjective:
     def check_available(self) -> None:
         """Always available: a closed-form function, no accelerator, no libraries."""
 
+    def check_space(self, space: SearchSpace) -> None:
+        """Refuse a search over models with a variant that scores every model alike (its study
+        would rank sizes by noise alone), in one line saying what to set instead."""
+        if len(space.models) > 1 and not get_variant(self.variant).uses_model:
+            raise ConfigError(f"space.models={list(space.models)!r}: the synthetic variant {self.variant!r} scores "
+                              "every model alike; give one model, or set variant = \"model-size\" under "
+                              "[objective_settings] (--set variant=model-size)")
+
     def run(self, plan: TrialPlan, *, seed: int = 0, progress=None) -> TrialResult:
         """Scores of ``plan``'s allocation (:func:`observe`); the spent FLOPs are the plan's
         expected ones (within its budget by construction)."""

@@ -86,6 +86,8 @@ ROWS = [
     ("study: target twice", ["study", *SYN, "--budget", "1e18", "--target", "pass@1"],
      ["target='pass@1'", "more than once", "each target once"]),
     ("study: zero trials", ["study", *SYN, "--budget", "1e18", "--trials", "0"], ["trials=0", ">= 1"]),
+    ("study: models the synthetic variant ignores", ["study", "--spec", "{tmp}/sizes.toml", "--dry-run"],
+     ["space.models=", "scores every model alike", "--set variant=model-size"]),
     ("study: negative pilots", ["study", *SYN, "--budget", "1e18", "--pilots", "-1"], ["pilots=-1", ">= 0"]),
     ("study: unknown tuner", ["study", *SYN, "--budget", "1e18", "--tuner", "tpe"], ["tuner='tpe'", "allowed: kg, race, bo"]),
     ("study: pilots with plain BO", ["study", *SYN, "--budget", "1e18", "--tuner", "bo", "--pilots", "5"],
@@ -375,6 +377,8 @@ def make_folder(tmp: Path) -> Path:
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
     (tmp / "pf.toml").write_text('name = "pf"\nobjective = "synthetic"\nbudget_flops = 1e18\npilot_fraction = "0.25"\n')
+    (tmp / "sizes.toml").write_text('name = "sizes"\nobjective = "synthetic"\nbudget_flops = 1e19\n[space]\n'
+                                    'models = ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B"]\n')
     _stranger_files(tmp)
     _layer_files(tmp)
     return tmp

@@ -106,6 +106,25 @@ def test_stress_variants_do_what_their_names_say():
     assert 0.017 < sd < 0.023
 
 
+def test_a_search_over_models_needs_a_variant_that_scores_them():
+    """Every variant but ``model-size`` scores a run alike whatever its model (checked on the
+    scores themselves), so a space over models is refused for them, and taken for ``model-size``."""
+    from allocopt.spec import SearchSpace
+
+    small, large = SIZE_MODELS[0], SIZE_MODELS[-1]
+    two = SearchSpace(rho=(0.2, 0.9), group_sizes=(4,), rewards=("dense",), models=(small, large))
+    for name in VARIANTS:
+        alike = observe(0.5, 4, "dense", B_REF, variant=name, model=small) == \
+            observe(0.5, 4, "dense", B_REF, variant=name, model=large)
+        assert alike == (name != "model-size"), name
+        if alike:
+            with pytest.raises(ConfigError, match=rf"space.models=.*variant '{name}' scores every model alike"):
+                SyntheticObjective(variant=name).check_space(two)
+        else:
+            SyntheticObjective(variant=name).check_space(two)
+        SyntheticObjective(variant=name).check_space(replace(two, models=(small,)))
+
+
 def test_unknown_variant_is_one_clear_error():
     with pytest.raises(ConfigError, match="variant='nope'.*paper"):
         get_variant("nope")

@@ -334,6 +334,7 @@ def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, 
 
     obj = load_objective(spec.objective, spec.objective_settings)
     check_objective_targets(spec, obj)
+    check_space(spec, obj)
     with Console(stderr=True).status("building / loading the objective's models (cached after the first run)..."):
         workload = spec.priced(obj.workload())
     check_space_feasible(spec, workload, pilot_fraction)
@@ -424,6 +425,14 @@ def check_objective_targets(spec: Any, obj: Any) -> None:
         check_targets(spec, obj)
     except StudyError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_space(spec: Any, obj: Any) -> None:
+    """The objective's own check of the search space, where it has one (optional
+    ``check_space``, :class:`allocopt.objective.Objective`): a :class:`ConfigError` for a space
+    whose allocations it would score alike."""
+    if hasattr(obj, "check_space"):
+        obj.check_space(spec.space)
 
 
 def objective_for_plans(spec: Any) -> Any:

@@ -207,10 +207,11 @@ def print_plans(s: Any) -> None:
     nothing. Needs the objective's workload only, not a machine that can train."""
     from rich import box
 
-    from allocopt.cli.common import check_models, check_objective_targets, objective_for_plans
+    from allocopt.cli.common import check_models, check_objective_targets, check_space, objective_for_plans
     from allocopt.study.loop import dry_run as plans_over_space
 
     obj = objective_for_plans(s)
+    check_space(s, obj)  # as the study refuses it
     try:  # the plans stand either way: an ask/tell study's runs report targets of their own
         check_objective_targets(s, obj)
     except ConfigError as e:
