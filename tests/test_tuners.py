@@ -345,3 +345,25 @@ def test_the_other_seeds_answer_is_the_best_mean_without_the_held_out_seed(tmp_p
         other_seeds_answer(truth_for(w, "pass_at_1", "seedmean", 0, 3))
     name, regrets = heldout_reference.reference(path, 6)
     assert name == "flip" and regrets == pytest.approx([100.0] * 6)
+
+
+def test_the_world_noise_table_is_one_runs_spread_against_the_cells_range(tmp_path, capsys):
+    """Two cells of two seeds: ρ 0.2 scores 0.40 / 0.44, ρ 0.6 0.50 / 0.54. By hand: each cell's
+    variance 0.0008, sd 0.0283 = 28.3 % of the 0.1 range; the seed-mean truth's sd is that over
+    √2 (20.0 %); the second-best cell (of two) lies 100 % below; runs to tell them apart
+    2 · 0.0008 / 0.1² = 0.16."""
+    from benchmarks import world_noise
+
+    vals = {0.2: (0.40, 0.44), 0.6: (0.50, 0.54)}
+    path = write(tmp_path / "two" / "trials.csv",
+                 [dict(reward="sparse", group_size=2, rho=x, fidelity="full", budget_flops=1e12, seed=s,
+                       pass_at_1=v, native_reward=v, judge=v)
+                  for x, vs in vals.items() for s, v in enumerate(vs)])
+    row = world_noise.noise_row(read_world([path]), "pass_at_1")
+    assert row == pytest.approx({"seeds": 2.0, "one_run": 28.284, "truth": 20.0, "gap5": 100.0, "runs": 0.16},
+                                rel=1e-4)
+    assert world_noise.main(["--tables", str(path)]) == 0
+    assert "| two | judge | 2.0 | 28.3 | 20.0 | 100.0 | 0.2 |" in capsys.readouterr().out
+    assert world_noise.main(["--tables", str(tmp_path / "none.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "none.csv" in err and "not a file" in err
