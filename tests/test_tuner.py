@@ -118,6 +118,42 @@ def test_posterior_is_the_textbook_gp_at_one_hyperparameter_setting():
     assert post.covs[0] == pytest.approx(cov, rel=1e-6, abs=1e-12)
 
 
+def test_offsets_per_reward_system_and_group_size_add_a_term_constant_in_rho():
+    """``reward_offset`` a and ``group_offset`` b add ``s² (a [r = r'] + b [g = g'])`` to the
+    kernel, written out by hand; the posterior is the textbook GP with that kernel (and its
+    candidate variance the kernel's diagonal); a run of reward system 0 at ρ 0 then moves that
+    system's mean at ρ 1, which the ρ kernel alone (ℓ 0.3: e^-5.6) barely links, more than the
+    other system's."""
+    from dataclasses import replace
+
+    grid = replace(ONE, reward_offset=(1.5,), group_offset=(0.5,))
+    x = _points([0.0, 0.6, 0.2], reward=[0, 1, 1], group=[0, 0, 1])
+    y = np.array([0.52, 0.40, 0.41])
+    ev = np.full(3, 2.5e-4)
+    t = _points([1.0, 1.0], reward=[0, 1], group=[0, 1])
+    (h,) = posterior(Data(x, y, ev), t, grid).hypers
+    s2 = h[0] * 2.5e-4
+    assert h[6:8] == (1.5, 0.5)
+
+    def by_hand(a, b):
+        rho = np.exp(-0.5 * (a.rho[:, None] - b.rho[None, :]) ** 2 / 0.3 ** 2)
+        same_r, same_g = a.reward[:, None] == b.reward[None, :], a.group[:, None] == b.group[None, :]
+        product = rho * (0.5 + 0.5 * same_r) * (0.9 + 0.1 * same_g)
+        return s2 * (product + 4.0 + 1.5 * same_r + 0.5 * same_g)
+
+    assert kernel(x, t, h, 2.5e-4) == pytest.approx(by_hand(x, t), rel=1e-12)
+    post = posterior(Data(x, y, ev), t, grid, cands=t)
+    K = by_hand(x, x) + np.diag(ev * (1 + h[-1]))
+    mean = y.mean() + by_hand(t, x) @ np.linalg.solve(K, y - y.mean())
+    assert post.means[0] == pytest.approx(mean, rel=1e-7)
+    assert post.cand_var[0] == pytest.approx(np.diag(by_hand(t, t) - by_hand(t, x) @ np.linalg.solve(K, by_hand(x, t))),
+                                             rel=1e-6)
+    plain = posterior(Data(x, y, ev), t, ONE)
+    assert post.means[0][0] - post.means[0][1] > plain.means[0][0] - plain.means[0][1] + 0.01
+    with pytest.raises(ValueError, match=r"reward_offset=\(-1.0,\): must be positive"):
+        HyperGrid(reward_offset=(-1.0,))
+
+
 def test_the_prior_mean_is_a_bowl_in_rho_and_the_data_are_fit_around_it():
     from dataclasses import replace
 

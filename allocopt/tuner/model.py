@@ -27,7 +27,9 @@ evaluation variance, a noise variance that is a share of the observed values' va
 (:attr:`HyperGrid.noise_share`).
 
 The grid (``HyperGrid``): ``s²`` relative to a scale (the median known evaluation variance, or
-the observed values' variance), ``ℓ``, ``c_r``, ``c_g``, ``c_m``, ``τ²``, ``λ``.
+the observed values' variance), ``ℓ``, ``c_r``, ``c_g``, ``c_m``, ``τ²``, the variances ``a_r``,
+``a_g`` of offsets per reward system and group size constant in ρ (``+ s² (a_r [r = r'] + a_g
+[g = g'])``, none as shipped), ``λ``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ class HyperGrid:
     """``τ²``: pilot-vs-full correlation ``1/sqrt(1+τ²)`` = 0.95, 0.71, 0.38."""
     train_noise: tuple[float, ...] = (0.5, 1.5)
     """``λ``: training noise on top of the evaluation variance (``1 + λ`` times it)."""
+    reward_offset: tuple[float, ...] = (0.0,)
+    """Variance of an offset per reward system that is the same at every ρ and group size, in
+    units of ``s²``: a kernel term ``a · s² · [r = r']`` added to the product, so a run of a
+    reward system moves its whole curve, not only the ρ near it. ``(0,)``: none."""
+    group_offset: tuple[float, ...] = (0.0,)
+    """The same per group size."""
     noise_share: tuple[float, ...] = (0.02, 0.1, 0.5)
     """Without known evaluation variances: the noise variance as a share of the observed
     values' variance (from nearly noise-free to half of what is seen), in place of ``λ``."""
@@ -72,7 +80,7 @@ class HyperGrid:
 
     def __post_init__(self) -> None:
         for name in ("signal", "lengthscale", "reward_corr", "group_corr", "model_corr",
-                     "pilot_gap", "train_noise", "noise_share"):
+                     "pilot_gap", "reward_offset", "group_offset", "train_noise", "noise_share"):
             values = getattr(self, name)
             if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
                 raise ValueError(f"{name}={values!r}: must be a non-empty list of finite numbers")
@@ -85,11 +93,13 @@ class HyperGrid:
             raise ValueError(f"rho_bowl={self.rho_bowl!r}: must be a number from 0 to 10")
 
     def combos(self, with_models: bool, with_pilots: bool, known_noise: bool = True) -> list[tuple[float, ...]]:
-        """Every combination, leaving out the axes the data cannot inform (one model, no pilots);
-        the last entry is ``λ`` (``known_noise``) or the noise share."""
+        """Every combination ``(s², ℓ, c_r, c_g, c_m, τ², a_r, a_g, λ)``, leaving out the axes the
+        data cannot inform (one model, no pilots); the last entry is ``λ`` (``known_noise``) or
+        the noise share."""
         return list(itertools.product(self.signal, self.lengthscale, self.reward_corr, self.group_corr,
                                       self.model_corr if with_models else (1.0,),
                                       self.pilot_gap if with_pilots else (0.0,),
+                                      self.reward_offset, self.group_offset,
                                       self.train_noise if known_noise else self.noise_share))
 
 
@@ -134,8 +144,8 @@ class Gram:
         self._shape: dict[tuple[float, ...], np.ndarray] = {}
 
     def __call__(self, hyper: tuple[float, ...], scale: float) -> np.ndarray:
-        s2, ell, cr, cg, cm, tau2, _ = hyper
-        shape = (ell, cr, cg, cm, tau2)  # the signal only scales it: one shape serves every s² and noise
+        s2, ell, cr, cg, cm, tau2, ro, go, _ = hyper
+        shape = (ell, cr, cg, cm, tau2, ro, go)  # the signal only scales it: one shape serves every s² and noise
         if shape not in self._shape:
             if ell not in self._exp:
                 self._exp[ell] = np.exp(-0.5 * self.d2 / ell ** 2)
@@ -143,7 +153,7 @@ class Gram:
             if cm != 1.0:
                 base = base * (cm + (1 - cm) * self.same_m)
             self._shape[shape] = (base * (1.0 + tau2 * self.both_pilot) + MEAN_VAR_SCALE
-                                  + OFFSET_VAR_SCALE * self.same_pilot)
+                                  + OFFSET_VAR_SCALE * self.same_pilot + ro * self.same_r + go * self.same_g)
         return (s2 * scale) * self._shape[shape]
 
 
@@ -282,9 +292,9 @@ def _residual(data: Data, h: tuple[float, ...], scale: float, bowl: float) -> tu
 
 def _prior_var(p: Points, hyper: tuple[float, ...], scale: float) -> np.ndarray:
     """The diagonal of ``kernel(p, p)`` without forming it."""
-    s2, tau2 = hyper[0] * scale, hyper[5]
+    s2, tau2, offsets = hyper[0] * scale, hyper[5], hyper[6] + hyper[7]
     pilot = p.fidelity > 0
-    return s2 * ((1.0 + tau2 * pilot) + MEAN_VAR_SCALE + OFFSET_VAR_SCALE * pilot)
+    return s2 * ((1.0 + tau2 * pilot) + MEAN_VAR_SCALE + OFFSET_VAR_SCALE * pilot + offsets)
 
 
 def _one(grams: tuple[Gram, ...], targets: Points, cands: Points, h: tuple[float, ...], scale: float,

@@ -71,6 +71,13 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                     "the range)", lambda: {"refine": True}),
     "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on",
                           lambda: {"initial": False}),
+    "reward-offset": ("a kernel term per reward system constant in rho (variance 1 s², shipped none), so a run "
+                      "moves its reward system's whole curve", lambda: {"grid": HyperGrid(reward_offset=(1.0,))}),
+    "reward-and-group-offsets": ("the same per reward system and per group size (each 1 s²)",
+                                 lambda: {"grid": HyperGrid(reward_offset=(1.0,), group_offset=(1.0,))}),
+    "reward-offset-learned": ("the reward system's offset as a hyperparameter the runs weigh: variance 0 or 1 s² "
+                              "(the model averages both by their likelihood)",
+                              lambda: {"grid": HyperGrid(reward_offset=(0.0, 1.0))}),
     "kg-for-the-answer": ("the knowledge gradient is the rise of the best mean among the cells the answer may be "
                           "(those run, and the candidate's own), not among every cell", lambda: {"kg_pool": "answer"}),
 }
