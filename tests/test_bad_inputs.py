@@ -162,6 +162,8 @@ ROWS = [
     ("report: unknown target", ["report", "--out", "{tmp}/r", "--targets", "bleu", *S], ["target='bleu'", "targets measured"]),
     ("pareto: one objective twice", ["pareto", "--objectives", "pass@1,pass@1", *S],
      ["objectives='pass@1,pass@1'", "more than once", "give each once"]),
+    ("pareto: one objective", ["pareto", "--objectives", "pass@1", *S],
+     ["objectives='pass@1'", "two or more targets or fields", "allocopt best"]),
     ("best: another tool's database", ["best", "--target", "pass@1", "--study", "s", "--storage", "sqlite:///{tmp}/other.db"],
      ["storage=", "other.db", "another tool's SQLite database", "tables: users"]),
 ]

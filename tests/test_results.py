@@ -512,3 +512,31 @@ def test_the_live_bar_counts_the_full_runs_of_every_worker(monkeypatch):
     assert counts(last, 1) == ["7/8"]
     last.sync()
     assert next(t for t in last.bar.tasks if t.id == last.full).fields["count"] == "8/8"
+
+
+def test_a_workers_bar_says_its_best_is_of_its_own_runs(monkeypatch, tmp_path, cli):
+    """The best on a worker's bar is of the runs it saw, which it says (``best_of``); a lone
+    study's bar says nothing more; ``allocopt study`` under ``allocopt workers``
+    (``ALLOCOPT_WORKER`` set) labels it so."""
+    import io
+
+    from rich.console import Console
+
+    import allocopt.answer
+    from allocopt.cli.live import StudyDisplay
+
+    monkeypatch.setattr(allocopt.answer, "trial_line", lambda row, spec: f"trial {row.number}")
+    s = StudySpec(name="w", objective="synthetic", budget_flops=1e19)
+
+    def info(display):
+        for k, v in enumerate((0.4, 0.6, 0.5)):
+            display.on_end(SimpleNamespace(number=k, state="COMPLETE", fidelity="full", value=v), None)
+        return next(t for t in display.bar.tasks if t.id == display.full).fields["info"]
+
+    assert info(StudyDisplay(Console(file=io.StringIO()), s, num_full=8)) == "best pass@1=0.600"
+    assert info(StudyDisplay(Console(file=io.StringIO()), s, num_full=8, best_of="this worker's runs")) \
+        == "best pass@1=0.600 (this worker's runs)"
+    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--trials", "2", "--no-mlflow",
+            "--storage", f"sqlite:///{tmp_path}/w.db", "--study-name", "w", cwd=tmp_path,
+            env={"ALLOCOPT_WORKER": "1", "COLUMNS": "200"})
+    assert r.returncode == 0 and "(this worker's runs)" in r.stderr, r.stderr[-500:]

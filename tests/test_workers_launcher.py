@@ -54,6 +54,18 @@ def test_each_worker_gets_its_gpus_prefix_and_the_worst_code():
     assert rc == 6
 
 
+def test_an_error_every_worker_prints_alike_is_printed_once():
+    """Workers that refuse the same argument print one ``error:`` line between them; their
+    other lines, and an error of their own, stay."""
+    code = ("import os, sys; w = os.environ['ALLOCOPT_WORKER']; print('worker', w); "
+            "print('error: budget_flops=abc: not a number'); print('error: only', w); sys.exit(2)")
+    out = io.StringIO()
+    assert run_workers(["0", "1"], [], out=out, command=[sys.executable, "-c", code]) == 2
+    lines = [ln.split("] ", 1)[1] for ln in out.getvalue().splitlines()]
+    assert sorted(lines) == ["error: budget_flops=abc: not a number", "error: only 0", "error: only 1",
+                             "worker 0", "worker 1"]
+
+
 def test_launcher_refuses_bad_input(cli):
     r = cli("workers", "--gpus", "0,x", "--", "--objective", "synthetic")
     assert r.returncode == 2 and "gpus='0,x'" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -118,7 +118,7 @@ class StudyDisplay:
     """
 
     def __init__(self, console: Any, spec: Any, num_full: int, disable: bool = False,
-                 done_full: Callable[[], int] | None = None):
+                 done_full: Callable[[], int] | None = None, best_of: str = ""):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.spec = spec
@@ -137,6 +137,7 @@ class StudyDisplay:
         self.best: Any = None
         self._seen: list[Any] = []  # several targets: each complete full run's row
         self._done_full = done_full
+        self._best_of = best_of  # whose runs the best is of, when not the whole study's
 
     def __enter__(self) -> "StudyDisplay":
         self.bar.__enter__()
@@ -193,7 +194,7 @@ class StudyDisplay:
         if not spec.multi_objective:
             if self.best is None or spec.sign * row.value > spec.sign * self.best.value:
                 self.best = row
-            return f"best {spec.targets[0]}={self.best.value:.3f}"
+            return f"best {spec.targets[0]}={self.best.value:.3f}" + (f" ({self._best_of})" if self._best_of else "")
         from allocopt.query.pareto import pareto_front
 
         self._seen.append(row)

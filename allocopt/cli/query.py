@@ -217,6 +217,12 @@ def pareto(
 
         raise ConfigError("objectives/target: give the front's targets one way, --objectives a,b or --target a --target b")
     given = _split(objectives, "objectives") if objectives else list(target) if target else None  # before the storage is opened
+    if given is not None and len(given) < 2:
+        from allocopt.errors import ConfigError
+
+        flag = f"objectives={objectives!r}" if objectives else f"target={given[0]!r}"
+        raise ConfigError(f"{flag}: a Pareto front is over two or more targets or fields, e.g. pass@1,judge or "
+                          "pass@1,total_flops; the best of one target: allocopt best")
     dirs = _split(directions, "directions", unique=False) if directions else None  # two objectives may share one
     rows, source, study = _load(**trials, fidelity=fidelity)
     stored = (study, trials["storage"], trials["from_mlflow"], trials["mlflow_uri"])

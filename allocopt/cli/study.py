@@ -15,6 +15,7 @@ one line, exit code 2). Optuna, torch and the objectives are imported inside the
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
@@ -165,7 +166,8 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
 
     def work(tracker: Any) -> Any:
         with StudyDisplay(err, s, num_full=to_do, disable=not to_do,  # a resumed study counts its runs left
-                          done_full=lambda: finished_full(opened) - before) as live:  # every worker's
+                          done_full=lambda: finished_full(opened) - before,  # every worker's
+                          best_of="this worker's runs" if os.environ.get("ALLOCOPT_WORKER") else "") as live:
             estimate = study_estimate(obj, s.budget_flops, to_do, time_budget=s.time_budget,
                                       usd_per_gpu_hour=usd_per_gpu_hour)
             if estimate:

@@ -6,7 +6,8 @@ same study (same ``--study-name`` and ``--storage``: Optuna's RDB storage shares
 PostgreSQL for several hosts, SQLite is fine on one). Each worker's output lines are printed
 with a prefix (``[gpu 0] ``); Ctrl-C (SIGINT) and SIGTERM are forwarded to every worker, which
 marks its running trial interrupted (run again on resume); the launcher exits with the worst
-exit code of its workers.
+exit code of its workers. An ``error:`` line that several workers print alike (a bad study
+argument) is printed once.
 
 A storage or tracking URL with a password never goes on a worker's command line, which any
 user of the host can read (``ps``, ``/proc/<pid>/cmdline``): :func:`secrets_to_environment`
@@ -99,9 +100,15 @@ def worst_exit_code(codes: Sequence[int]) -> int:
     return max(norm, default=0)
 
 
-def _pump(stream: TextIO, prefix: str, out: TextIO, lock: threading.Lock) -> None:
+def _pump(stream: TextIO, prefix: str, out: TextIO, lock: threading.Lock, errors: set[str]) -> None:
+    """Copy a worker's lines to ``out`` with its prefix; an ``error:`` line another worker
+    printed already (every worker refuses the same bad argument) is left out."""
     for line in iter(stream.readline, ""):
         with lock:
+            if line.startswith("error: "):
+                if line in errors:
+                    continue
+                errors.add(line)
             out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
             out.flush()
     stream.close()
@@ -135,6 +142,7 @@ def run_workers(gpus: Sequence[str], study_args: Sequence[str], *, out: TextIO |
     study_args, secrets = secrets_to_environment(study_args)
     width = max(len(g) for g in gpus)
     lock = threading.Lock()
+    errors: set[str] = set()
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
 
@@ -159,7 +167,8 @@ def run_workers(gpus: Sequence[str], study_args: Sequence[str], *, out: TextIO |
             procs.append(p)
             if on_start:
                 on_start(i, g, p.pid)
-            t = threading.Thread(target=_pump, args=(p.stdout, f"[gpu {g:>{width}}] ", out, lock), daemon=True)
+            t = threading.Thread(target=_pump, args=(p.stdout, f"[gpu {g:>{width}}] ", out, lock, errors),
+                                 daemon=True)
             t.start()
             pumps.append(t)
         codes = [p.wait() for p in procs]
