@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
     ap.add_argument("--seeds", type=int, default=50, help="held-out replications per world (default 50)")
     a = ap.parse_args(argv)
-    missing = [t for t in a.tables if not t.is_file()]
-    if missing or a.seeds < 1:
-        what = f"tables={str(missing[0])!r}: not a file" if missing else f"seeds={a.seeds!r}: must be >= 1"
-        print(f"error: {what}", file=sys.stderr)
+    from benchmarks.tuners.world import tables_refusal
+
+    bad = tables_refusal(a.tables) or (f"seeds={a.seeds!r}: must be >= 1" if a.seeds < 1 else None)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     import numpy as np
 

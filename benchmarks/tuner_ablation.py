@@ -38,6 +38,7 @@ from allocopt.errors import ConfigError  # noqa: E402
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
 from benchmarks.tuners.truth import truths_of  # noqa: E402
+from benchmarks.tuners.world import tables_refusal  # noqa: E402
 
 
 def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS,
@@ -47,9 +48,9 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
     if unknown or not variants:
         return (f"variants={unknown[0] if unknown else ''!r}: allowed{' with ' + mode if mode else ''}: "
                 f"{', '.join(allowed)}")
-    missing = [t for t in tables if not t.is_file()]
-    if missing:
-        return f"tables={str(missing[0])!r}: not a file; give the grid runner's trials.csv of each world"
+    bad = tables_refusal(tables)
+    if bad:
+        return bad
     if len(tables) < 2:
         return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each); a choice is made "
                 "on the others and reported on the one left out")
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    names = [w.name for w in worlds]
+    if len(set(names)) < len(names):
+        same = next(n for n in names if names.count(n) > 1)
+        print(f"error: tables={[str(t) for t in a.tables]!r}: two tables are world {same!r} (a world is named by "
+              "its table's folder); give tables of different worlds", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "answer_rules" if a.answer_rules else "design" if a.design else "ablation"

@@ -55,13 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
     a = ap.parse_args(argv)
-    missing = [t for t in a.tables if not t.is_file()]
-    if missing:
-        print(f"error: tables={str(missing[0])!r}: not a file; give the grid runner's trials.csv of each world",
-              file=sys.stderr)
-        return 2
     from allocopt.flops import ConfigError
     from benchmarks.tuners.runner import world_of
+    from benchmarks.tuners.world import tables_refusal
+
+    bad = tables_refusal(a.tables)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
 
     lines = ["| world | target | seeds | one run, % of range | seed-mean truth, % | best - 5th, % | runs to tell |",
              "|---|---|---|---|---|---|---|"]

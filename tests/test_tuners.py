@@ -367,3 +367,22 @@ def test_the_world_noise_table_is_one_runs_spread_against_the_cells_range(tmp_pa
     assert world_noise.main(["--tables", str(tmp_path / "none.csv")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "none.csv" in err and "not a file" in err
+
+
+def test_the_benchmark_scripts_refuse_a_table_given_twice_or_two_tables_of_one_world(tmp_path, capsys):
+    """One table twice (by another path, too) is one world, not two: each script that reads
+    worlds refuses it in one line; the ablation also refuses two tables of one world's name."""
+    from benchmarks import heldout_reference, tuner_ablation, world_noise
+
+    a = write(tmp_path / "wa" / "trials.csv", cells())
+    again = str(tmp_path / "wa" / ".." / "wa" / "trials.csv")
+    for main, extra in ((world_noise.main, []), (heldout_reference.main, []),
+                        (tuner_ablation.main, ["--out", str(tmp_path / "o"), "--nice", "0"])):
+        assert main(["--tables", str(a), again, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "given twice" in err and "trials.csv" in err
+    b = write(tmp_path / "other" / "wa" / "trials.csv", cells(value=lambda i, g, s: 0.5 - 0.01 * i))
+    assert tuner_ablation.main(["--tables", str(a), str(b), "--out", str(tmp_path / "o"), "--nice", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "two tables are world 'wa'" in err
+    assert not (tmp_path / "o" / "ablation.csv").exists()
