@@ -116,7 +116,7 @@ def _noise_lines(rec: Any, a: Any) -> list[str]:
         span = f"{min(rhos):.2f}" if max(rhos) - min(rhos) < 5e-3 else f"{min(rhos):.2f}-{max(rhos):.2f}"
         text = (f"within one evaluation's noise{sd_text}: {len(close)} allocations at rho {span}, "
                 f"{len(rewards)} reward system{'s' if len(rewards) > 1 else ''} ({', '.join(rewards)}): "
-                "not one winner; `allocopt report` lists them")
+                "not one winner; `allocopt report` lists them in its report.html")
         out += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
     cells = [(str(_field(c, "reward") if not isinstance(c, tuple) else c[0]),
               float(_field(c, "prob_best") if not isinstance(c, tuple) else c[2]))

@@ -190,7 +190,7 @@ def recommendation_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[s
             paras[-1] += " " + line.strip()
         else:
             paras.append(line.strip())
-    paras = [x.replace("`allocopt report` lists them", "listed below") for x in paras]
+    paras = [x.replace("`allocopt report` lists them in its report.html", "listed below") for x in paras]
     parts = [f"<h3>Recommendation ({e(ctx.recommendation_source)})</h3>",
              "<p class='answer'>" + "<br>".join(e(x) for x in paras) + "</p>"]
     body = [["allocation to run", e(_alloc_text(a))],
