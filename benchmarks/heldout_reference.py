@@ -41,28 +41,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
     ap.add_argument("--seeds", type=int, default=50, help="held-out replications per world (default 50)")
     a = ap.parse_args(argv)
-    from benchmarks.tuners.world import tables_refusal
-
-    bad = tables_refusal(a.tables) or (f"seeds={a.seeds!r}: must be >= 1" if a.seeds < 1 else None)
-    if bad:
-        print(f"error: {bad}", file=sys.stderr)
-        return 2
     import numpy as np
 
-    from allocopt.flops import ConfigError
+    from benchmarks.tuners.cli import print_per_table
 
-    lines = ["| world | replications | median [IQR], % of range | mean |", "|---|---|---|---|"]
-    for t in a.tables:
-        try:
-            name, regrets = reference(t, a.seeds)
-        except (ConfigError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    def rows_of(table: Path) -> list[str]:
+        name, regrets = reference(table, a.seeds)
         q1, q3 = np.percentile(regrets, [25, 75])
-        lines.append(f"| {name} | {len(regrets)} | {statistics.median(regrets):.1f} [{q1:.1f}, {q3:.1f}] "
-                     f"| {statistics.fmean(regrets):.1f} |")
-    print("\n".join(lines))
-    return 0
+        return [f"| {name} | {len(regrets)} | {statistics.median(regrets):.1f} [{q1:.1f}, {q3:.1f}] "
+                f"| {statistics.fmean(regrets):.1f} |"]
+
+    head = ["| world | replications | median [IQR], % of range | mean |", "|---|---|---|---|"]
+    return print_per_table(a.tables, head, rows_of, f"seeds={a.seeds!r}: must be >= 1" if a.seeds < 1 else None)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from allocopt.errors import ConfigError  # noqa: E402
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
 from benchmarks.tuners.truth import truths_of  # noqa: E402
-from benchmarks.tuners.world import tables_refusal  # noqa: E402
+from benchmarks.tuners.cli import tables_refusal  # noqa: E402
 
 
 def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS,

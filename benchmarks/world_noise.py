@@ -55,29 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
     a = ap.parse_args(argv)
-    from allocopt.flops import ConfigError
+    from benchmarks.tuners.cli import print_per_table
     from benchmarks.tuners.runner import world_of
-    from benchmarks.tuners.world import tables_refusal
 
-    bad = tables_refusal(a.tables)
-    if bad:
-        print(f"error: {bad}", file=sys.stderr)
-        return 2
+    def rows_of(table: Path) -> list[str]:
+        world = world_of("tiny-table", (str(table),))
+        rows = [(target, noise_row(world, target)) for target in TARGETS]
+        return [f"| {world.name} | {target} | {r['seeds']:.1f} | {r['one_run']:.1f} | {r['truth']:.1f} "
+                f"| {r['gap5']:.1f} | {r['runs']:.1f} |" for target, r in rows]
 
-    lines = ["| world | target | seeds | one run, % of range | seed-mean truth, % | best - 5th, % | runs to tell |",
-             "|---|---|---|---|---|---|---|"]
-    for t in a.tables:
-        try:
-            world = world_of("tiny-table", (str(t),))
-            rows = [(target, noise_row(world, target)) for target in TARGETS]
-        except (ConfigError, ValueError, KeyError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        for target, r in rows:
-            lines.append(f"| {world.name} | {target} | {r['seeds']:.1f} | {r['one_run']:.1f} | {r['truth']:.1f} "
-                         f"| {r['gap5']:.1f} | {r['runs']:.1f} |")
-    print("\n".join(lines))
-    return 0
+    head = ["| world | target | seeds | one run, % of range | seed-mean truth, % | best - 5th, % | runs to tell |",
+            "|---|---|---|---|---|---|---|"]
+    return print_per_table(a.tables, head, rows_of)
 
 
 if __name__ == "__main__":

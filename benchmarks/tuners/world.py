@@ -229,19 +229,6 @@ def _reward_rank() -> dict[str, int]:
 _REWARD_RANK = _reward_rank()
 
 
-def tables_refusal(tables: Sequence[Path]) -> str | None:
-    """One line for a bad list of measured tables given on a command line (one that is not a
-    file, or one given twice), or None."""
-    seen: set[Path] = set()
-    for t in tables:
-        if not t.is_file():
-            return f"tables={str(t)!r}: not a file; give the grid runner's trials.csv of each world"
-        if t.resolve() in seen:
-            return f"tables={str(t)!r}: given twice; give each world's table once"
-        seen.add(t.resolve())
-    return None
-
-
 def read_world(paths: Sequence[str | Path], name: str | None = None) -> TableWorld:
     """The replay world of one or more measured tables (module docstring). Raises
     :class:`ConfigError` (one line) for a table the replay cannot use."""
