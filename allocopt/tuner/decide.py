@@ -149,7 +149,8 @@ the model only extrapolates to)."""
 KG_POOL = "all"
 """What the knowledge gradient values a run by: the rise of the best posterior mean over ``all``
 target cells, or over the cells the ``answer`` may be (with :data:`ANSWER_AMONG` ``tried``: the
-cells with a full run, and the candidate's own cell when it is a full run)."""
+cells with a full run, and the candidate's own cell when it is a full run). ``all``: kept
+leave-one-world-out (``benchmarks/tuner_ablation.py --design``, ``kg-for-the-answer``)."""
 KG_POOLS = ("all", "answer")
 
 

@@ -66,7 +66,8 @@ class HyperGrid:
     reward_offset: tuple[float, ...] = (0.0,)
     """Variance of an offset per reward system that is the same at every ρ and group size, in
     units of ``s²``: a kernel term ``a · s² · [r = r']`` added to the product, so a run of a
-    reward system moves its whole curve, not only the ρ near it. ``(0,)``: none."""
+    reward system moves its whole curve, not only the ρ near it. ``(0,)``: none (kept
+leave-one-world-out: ``benchmarks/tuner_ablation.py --design``, ``reward-offset``)."""
     group_offset: tuple[float, ...] = (0.0,)
     """The same per group size."""
     noise_share: tuple[float, ...] = (0.02, 0.1, 0.5)
