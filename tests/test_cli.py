@@ -61,6 +61,21 @@ def test_plan_json_matches_library(run):
     assert abs(data["realized_rho"] - 0.5) <= 0.01
 
 
+def test_the_plan_says_why_its_useful_prefill_exceeds_the_executed(run):
+    """The plan's JSON has the prefill useful above executed (G completions share a prompt's
+    prefill); the table says why under it, and only where that holds: not in the account of
+    PPO's one completion per prompt (G 1 with a critic), where the two are equal."""
+    plan = json.loads(run("plan", "--budget", "1e19", "--rho", "0.5", "--json").stdout)
+    assert plan["expected_useful_search_prefill_flops"] > plan["expected_search_prefill_flops"]
+    text = run("plan", "--budget", "1e19", "--rho", "0.5", env={"COLUMNS": "100"}).stdout
+    assert "useful prefill: a prompt per completion; executed: once for its G" in text
+    args = ("account", "--model", "Qwen/Qwen2.5-1.5B", "--group-size", "1", "--critic", "Qwen/Qwen2.5-0.5B")
+    one = json.loads(run(*args, "--json").stdout)
+    assert one["useful_search_prefill_flops"] == one["search_prefill_flops"] > 0
+    table = run(*args, env={"COLUMNS": "100"})
+    assert table.returncode == 0 and "prefill" in table.stdout and "useful prefill" not in table.stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     (["plan", "--budget", "-1", "--rho", "0.5"], "budget_flops"),
     (["plan", "--budget", "0", "--rho", "0.5"], "budget_flops"),

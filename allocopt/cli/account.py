@@ -71,6 +71,9 @@ def breakdown_table(acct: FlopAccount, title: str) -> Table:
               fmt_flops(acct.useful.total_flops), "100.0%")
     t.caption = (f"rho (update fraction) = {acct.executed.rho:.4f} executed, "
                  f"{acct.useful.rho:.4f} useful")
+    if acct.useful.search.get("prefill", 0) > acct.executed.search.get("prefill", 0):
+        # the one phase where useful exceeds executed: prefix sharing, not a counting error
+        t.caption += "\nuseful prefill: a prompt per completion; executed: once for its G"
     return t
 
 def _OFF(flag: str) -> Any:  # noqa: N802 - an Option factory, read like a constant
