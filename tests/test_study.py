@@ -340,7 +340,8 @@ def test_cli_study_sizes_its_pilots_to_a_large_space(tmp_path):
     toml.write_text('name = "big"\nobjective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\n'
                     'tuner = "race"\ntrials = 1\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [2, 4, 8]\n'
                     'rewards = ["sparse", "structured", "dense", "prm"]\n'
-                    'models = ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"]\n')
+                    'models = ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"]\n'
+                    '[objective_settings]\nvariant = "model-size"\n')  # the variant that scores the model
     url = f"sqlite:///{tmp_path}/big.db"
     proc = subprocess.run([sys.executable, "-m", "allocopt.cli", "study", "--spec", str(toml),
                            "--storage", url, "--no-mlflow"], capture_output=True, text=True,
