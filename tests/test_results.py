@@ -512,6 +512,12 @@ def test_the_live_bar_counts_the_full_runs_of_every_worker(monkeypatch):
     assert counts(last, 1) == ["7/8"]
     last.sync()
     assert next(t for t in last.bar.tasks if t.id == last.full).fields["count"] == "8/8"
+    # a worker that ran none of them: after its steps, sync() names the bar by what it counts
+    idle = StudyDisplay(Console(file=io.StringIO()), s, num_full=8, done_full=lambda: 8)
+    idle.step("opening the study and its sampler")
+    idle.sync()
+    task = next(t for t in idle.bar.tasks if t.id == idle.full)
+    assert (task.description, task.fields["count"]) == ("full runs", "8/8")
 
 
 def test_a_workers_bar_says_its_best_is_of_its_own_runs(monkeypatch, tmp_path, cli):

@@ -206,8 +206,10 @@ class StudyDisplay:
         if kind == "full" and self._done_full is not None:
             self._done["full"] = max(self._done["full"], int(self._done_full()))
         total = self._total[kind]
+        # a worker whose runs all went to others still shows the study's count under its name
+        named = {} if kind == "pilot" else {"description": "full runs"}
         self.bar.update(self.pilots if kind == "pilot" else self.full, completed=self._done[kind],
-                        count=f"{self._done[kind]}" + (f"/{total}" if total else ""))
+                        count=f"{self._done[kind]}" + (f"/{total}" if total else ""), **named)
 
     def sync(self) -> None:
         """The full-run count from the study once more (with ``done_full``): the runs other
