@@ -178,3 +178,51 @@ def test_version_prints_the_installed_version_and_the_root_help_lists_it(cli):
     assert r.returncode == 0 and r.stdout.strip() == f"allocopt {version('allocopt')}", r.stdout
     h = cli("--help", env={"COLUMNS": "80"})
     assert "--version" in h.stdout and "<bool>" not in h.stdout
+
+
+def test_short_model_names_keep_the_part_that_tells_them_apart():
+    from allocopt.cli.model_labels import legend, short_names
+
+    qwen = ["Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"]
+    assert short_names(qwen) == dict(zip(qwen, ["1.5B", "3B", "7B"]))
+    assert legend(short_names(qwen)).startswith("model: 1.5B = Qwen/Qwen2.5-1.5B-Instruct, 3B = ")
+    sizes = ["tiny", "small", "medium"]  # nothing shared: the names as they are, no legend
+    assert short_names(sizes) == dict(zip(sizes, sizes)) and legend(short_names(sizes)) == ""
+    assert short_names(["Qwen/Qwen2.5-3B"]) == {"Qwen/Qwen2.5-3B": "Qwen2.5-3B"}
+    # different families: only the shared owner goes; names stay apart
+    assert short_names(["org/a-7B", "org/b-7B"]) == {"org/a-7B": "a", "org/b-7B": "b"}
+    assert short_names(["m-1", "m-1", "m-2"]) == {"m-1": "1", "m-2": "2"}
+
+
+def test_a_model_size_dry_run_fits_80_columns_with_the_full_names_beside(cli):
+    # rich cut each hub name to `Qwen/Qwen…` at 80 columns, so the table's model column
+    # told nothing; now the table shows the distinguishing part and the line below the names
+    r = cli("study", "--spec", "studies/paper-model-size.toml", "--dry-run", env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    table = lines[:lines.index(next(x for x in lines if x.strip().startswith("got:")))]
+    assert max(map(len, table)) <= 80 and "…" not in r.stdout
+    firsts = [x.split()[0] for x in table if x.split() and x.split()[1:2] == ["sparse"]]
+    assert [firsts.count(m) for m in ("1.5B", "3B", "7B")] == [8, 8, 8]
+    assert "models: 1.5B = Qwen/Qwen2.5-1.5B-Instruct 1,543,714,304 parameters; 3B = " \
+        "Qwen/Qwen2.5-3B-Instruct" in r.stdout
+
+
+def test_a_model_size_studys_top_trials_fit_80_columns(cli, tmp_path):
+    # the boxed table cut the model to `Qwen2…` and the total to `1.000e…` at 80 columns
+    spec = tmp_path / "ms.toml"
+    spec.write_text('name = "ms"\nobjective = "synthetic"\nbudget_flops = 1e19\ntarget = "pass@1"\n'
+                    'trials = 3\ntuner = "bo"\n[space]\nrho = [0.2, 0.9]\ngroup_sizes = [4]\n'
+                    'rewards = ["sparse"]\nmodels = ["Qwen/Qwen2.5-1.5B-Instruct", '
+                    '"Qwen/Qwen2.5-7B-Instruct"]\n[objective_settings]\nvariant = "model-size"\n')
+    r = cli("study", "--spec", spec, "--storage", f"sqlite:///{tmp_path}/ms.db", "--no-mlflow",
+            env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["trial", "rho"])
+    rows = [x.split() for x in lines[head + 2:head + 5]]
+    assert max(len(x) for x in lines[head - 1:head + 5]) <= 80 and "…" not in r.stdout
+    assert len(rows) == 3 and {x[4] for x in rows} <= {"1.5B", "7B"}
+    assert {x[-1] for x in rows} == {"1.000e+19"}
+    assert "model: 1.5B = Qwen/Qwen2.5-1.5B-Instruct, 7B = Qwen/Qwen2.5-7B-Instruct" \
+        in " ".join(r.stdout.split())

@@ -24,6 +24,7 @@ from rich import box
 from rich.table import Table
 
 from allocopt.cli.common import bundled_options
+from allocopt.cli.model_labels import legend, short_names
 from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.query.stored import (parent_run_id, stored_objectives, stored_recommendation, stored_target,
                                    stored_vocabulary)
@@ -164,6 +165,7 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
     several = len({r.study for r in all_rows}) > 1
     fidelities = len({r.fidelity for r in rows}) > 1
     models = len({value(r, "model") for r in rows}) > 1
+    label = short_names(str(value(r, "model")) for r in rows)  # the part that tells them apart
     others = [k for k in measured_targets(all_rows) if k not in first]
     # one space between columns, a rule under the header: the usual three targets and the
     # breakdown fit 80 columns (a study or model column can make it wider; pipes get 160)
@@ -180,12 +182,13 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
                  for p in ("search_flops", "learning_flops", "reward_flops")]
         cells = ([r.study] if several else []) + [str(r.number)] + ([r.fidelity] if fidelities else []) \
             + [_f(number(r, "rho"), ".3f"), str(value(r, "group_size")), str(value(r, "reward"))] \
-            + ([str(value(r, "model"))] if models else []) \
+            + ([label[str(value(r, "model"))]] if models else []) \
             + [f"[bold]{_f(number(r, k), spec[k])}[/]" for k in first] \
             + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, ".3e")]
         t.add_row(*cells)
     t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the "
-                 "executed FLOPs (learn = realized rho); FLOPs: the total executed")
+                 "executed FLOPs (learn = realized rho); FLOPs: the total executed") \
+        + (f"; {legend(label)}" if models and legend(label) else "")
     return t
 
 

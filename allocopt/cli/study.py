@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from allocopt.cli.common import fail
+from allocopt.cli.model_labels import legend, short_names
 from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.cli.account import fmt_flops
 from allocopt.cli.common import takes_time_budget
@@ -200,8 +201,10 @@ def sizes_line(models: Sequence[str], workload: Any) -> str:
     from allocopt.plan.allocation import policy_named
 
     n = [policy_named(workload, m, "space.models").num_params() for m in models]
-    return f"models: {models[0]} {n[0]:,} parameters; " + "; ".join(
-        f"{m} {k:,} ({k / n[0]:.2f}x)" for m, k in zip(models[1:], n[1:]))
+    label = short_names(models)
+    named = [m if label[m] == m else f"{label[m]} = {m}" for m in models]  # as the table names it
+    return f"models: {named[0]} {n[0]:,} parameters; " + "; ".join(
+        f"{m} {k:,} ({k / n[0]:.2f}x)" for m, k in zip(named[1:], n[1:]))
 
 
 def print_plans(s: Any) -> None:
@@ -235,8 +238,9 @@ def print_plans(s: Any) -> None:
     for c in (*(("model",) if models else ()), "reward", "G", "rho", "got", "mu", "batch", "iters", *(("ep",) if epochs else ()),
               "search", "learn", "rwd", *(("FLOPs", "GPU-h") if tb else ()), *(("note",) if notes else ())):
         t.add_column(c, justify="left" if c in ("model", "reward", "note") else "right")
+    label = short_names(s.space.models)  # the part that tells them apart; sizes_line names them
     for a, p, note in plans:
-        lead = (str(a.model),) if models else ()
+        lead = (label[str(a.model)],) if models else ()
         if p is None:
             t.add_row(*lead, a.reward, str(a.group_size), f"{a.rho:.2f}", *("-",) * ((9 if tb else 7) + epochs),
                       f"[red]{note}[/]")
@@ -426,22 +430,29 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
 
 def _top_trials(done: list[Any], s: Any) -> Table:
     """The top complete full-budget trials of study ``s``: allocation, target, compute shares."""
-    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)")
+    from rich import box
+
+    # no outer edge, a rule under the header: a model column and a total in FLOPs fit 80 columns
+    t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)",
+              box=box.SIMPLE_HEAD, show_edge=False)
     models = bool(s.space.models)  # a column only when the space searches over policy models
+    label = short_names(s.space.models)
     for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
               "search", "learn", "rwd", "FLOPs"):
-        t.add_column(c, justify="left" if c in ("reward", "model") else "right")
+        t.add_column(c, justify="left" if c in ("reward", "model") else "right",
+                     no_wrap=c not in ("reward", "model"))
     for r in done:
         m = r.metrics
         tot = m.get("total_flops") or 1
         t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
                   str(r.params.get("group_size", s.space.group_sizes[0])),
                   str(r.params.get("reward", s.space.rewards[0])),
-                  *((str(r.params.get("model", s.space.models[0])).split("/")[-1],) if models else ()),
+                  *((label.get(name := str(r.params.get("model", s.space.models[0])), name),) if models else ()),
                   f"{r.value:.4f}",
                   *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
                   fmt_flops(m.get("total_flops", 0)))
-    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs"
+    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs" \
+        + (f"; {legend(label)}" if models and legend(label) else "")
     return t
 
 
