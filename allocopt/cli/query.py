@@ -243,7 +243,7 @@ def print_front(rows: list[Any], names: list[str], dirs: Optional[list[str]], so
 
     field_label = _labels(vocabulary)
 
-    keys = check_fields(rows, names, vocabulary=vocabulary)
+    keys = check_fields(rows, names, "objectives", vocabulary=vocabulary)  # the flag's name
     dirs = dirs or [default_direction(k, vocabulary) for k in keys]
     front = pareto_front(rows, keys, dirs)
     sign = 1 if dirs[0] == "maximize" else -1  # show the front along its first objective, best first
