@@ -223,6 +223,8 @@ def trial_line(row: Any, spec: Any, width: int = WIDTH) -> str:
     p = row.params
     msg = (f"trial {row.number} {row.state}: rho={p.get('rho', spec.space.rho[0]):.3f} "
            f"G={p.get('group_size', spec.space.group_sizes[0])} {p.get('reward', spec.space.rewards[0])}")
+    if spec.space.models:  # a model-size study: which policy, named as the answer names it
+        msg += f" {str(p.get('model', spec.space.models[0])).split('/')[-1]}"
     if row.state == "COMPLETE":
         msg += " -> " + ", ".join(f"{t}={row.targets.get(k, row.value):.4f}"
                                   for t, k in zip(spec.targets, spec.target_keys))

@@ -226,3 +226,23 @@ def test_a_model_size_studys_top_trials_fit_80_columns(cli, tmp_path):
     assert {x[-1] for x in rows} == {"1.000e+19"}
     assert "model: 1.5B = Qwen/Qwen2.5-1.5B-Instruct, 7B = Qwen/Qwen2.5-7B-Instruct" \
         in " ".join(r.stdout.split())
+
+
+def test_an_imported_logs_sources_fit_80_columns_with_field_names_whole_where_they_fit(cli):
+    # the field column was folded at 31 characters (`actor_rollout_ref.actor.ppo_epo` / `chs`)
+    # while the value column had room; now it takes what the value's longest word leaves
+    from allocopt.runlogs import import_verl
+
+    log = "tests/data/runlogs/verl_r1_qwen25_3b_lora.log"
+    r = cli("account", "--from-verl", log, "--peak-tflops", "989", env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(i for i, x in enumerate(lines) if "Where each number came from" in x)
+    table = lines[start:next(i for i in range(start, len(lines)) if lines[i].startswith("└")) + 1]
+    assert max(map(len, table)) <= 80
+    run = import_verl(log)
+    hows = [x.rstrip(" │").rsplit("│", 1)[-1].strip() for x in table if x.startswith("│ ")]
+    assert hows.count("read") == len(run.fields_read) and hows.count("assumed") == len(run.fields_assumed)
+    # 80 - 17 (borders, `assumed`) - 26 ('Qwen/Qwen2.5-3B-Instruct' quoted) = 37 for a name
+    whole = [k for k in run.fields_read if len(k) <= 37]
+    assert len(whole) >= 12 and all(f"│ {k} " in r.stdout for k in whole)

@@ -277,3 +277,12 @@ def test_ctrl_c_during_an_outage_stops_the_study_at_once(tmp_path, mlflow_templa
     assert sum(e["call"] == "create_run" for e in spooled) >= 2  # trial 3's run and the interrupted one's
     assert "MLflow still unreachable" in err
     assert took < 15  # measured 4.1 s (closed) and 5.0 s (silent: one request timeout)
+
+
+def test_a_long_reason_is_cut_at_a_word():
+    from allocopt.tracking.requests import short_reason
+
+    words = " ".join(f"word{i}" for i in range(60))  # through word k (k >= 10): 7k - 4 characters
+    got = short_reason(RuntimeError("\n  " + words + "\nsecond line"))
+    assert got == " ".join(f"word{i}" for i in range(30)) + "…"  # through word29: 199, then the cut
+    assert len(got) <= 200 and short_reason(RuntimeError("short")) == "short"

@@ -203,6 +203,16 @@ def test_trial_lines_fit_80_columns_and_keep_their_numbers(error):
     assert ok.endswith("-> pass@1=0.5000") and len(ok) <= 80
 
 
+def test_a_model_size_studys_trial_lines_name_the_policy():
+    from dataclasses import replace
+
+    s = _spec()
+    sized = replace(s, space=replace(s.space, models=("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct")))
+    line = trial_line(_row("COMPLETE", model="Qwen/Qwen2.5-7B-Instruct"), sized)
+    assert line == "trial 7 COMPLETE: rho=0.412 G=16 structured Qwen2.5-7B-Instruct -> pass@1=0.5000"
+    assert "Qwen" not in trial_line(_row("COMPLETE"), s)  # no model in the space: none named
+
+
 def test_short_error_cuts_at_words_and_keeps_the_last_clause():
     text = "alpha beta gamma delta epsilon; the smallest feasible plan needs 9.9e+20 FLOPs"
     assert short_error(text, 200) == text

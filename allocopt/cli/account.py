@@ -202,8 +202,14 @@ def print_run_sources(run: Any, rates: Any) -> None:
     """Where each number of an imported run (:class:`~allocopt.runlogs.ImportedRun`) came from
     (read or assumed), and its achieved FLOP/s and MFU per timed phase (``rates``)."""
     t = Table(title="Where each number came from")
-    t.add_column("field", overflow="fold")  # a log's field names are the point: wrapped, never cut
-    t.add_column("value / source", overflow="fold")
+    values = [*run.fields_read.values(), *run.fields_assumed.values()]
+    longest = max((len(k) for k in (*run.fields_read, *run.fields_assumed)), default=5)
+    word = max((len(w) for v in values for w in str(v).split()), default=5)
+    # a log's field names are the point: whole where the row still fits the console beside the
+    # value's longest word and `assumed` (borders: 10), else wrapped, never cut
+    field = min(longest, max(16, out.width - 17 - word))
+    t.add_column("field", overflow="fold", min_width=field)
+    t.add_column("value / source", overflow="fold", max_width=max(word, out.width - 17 - field))
     t.add_column("how")
     for k, v in run.fields_read.items():
         t.add_row(k, v, "read")

@@ -181,7 +181,8 @@ class StudyDisplay:
         self.bar.update(self.full, description="full runs")
         self.bar.update(self.trial, completed=0, total=plan.budget_flops if plan else self.spec.budget_flops,
                         visible=True, info="loading models…",
-                        description=f"{what}: rho={alloc.rho:.2f} G={alloc.group_size} {alloc.reward}")
+                        description=f"{what}: rho={alloc.rho:.2f} G={alloc.group_size} {alloc.reward}"
+                        + (f" {str(alloc.model).split('/')[-1]}" if getattr(alloc, "model", None) else ""))
 
     def progress(self, rec: Any, meter: Any) -> None:
         self.bar.update(self.trial, completed=meter.executed_flops,

@@ -85,8 +85,9 @@ def _study_or_only(study: Optional[str], storage: str, from_mlflow: Optional[Lis
 
     try:
         names = study_names(storage)
-    except QueryError as e:  # e.g. no allocopt.db here: say what to give first
-        raise _problem(f"study=None: give --study NAME (Optuna) or --from-mlflow EXPERIMENT (MLflow); {e}") from None
+    except QueryError as e:  # e.g. no allocopt.db here: the storage first, the missing study second
+        raise _problem(f"{e}; study=None too: give --study NAME (Optuna) or --from-mlflow EXPERIMENT "
+                       "(MLflow)") from None
     if len(names) == 1:
         return names[0]
     raise _problem(f"study=None: give --study NAME ({redact_url(storage)} holds "
