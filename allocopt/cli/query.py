@@ -170,7 +170,7 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
     others = [k for k in measured_targets(all_rows) if k not in first]
     # one space between columns, a rule under the header: the usual three targets and the
     # breakdown fit 80 columns (a study or model column can make it wider; pipes get 160)
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
+    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0), caption_justify="left")
     cols = (["study"] if several else []) + ["trial"] + (["fidelity"] if fidelities else []) + ["rho", "G", "reward"] \
         + (["model"] if models else []) + [f"[bold]{field_label(k)}[/]" for k in first] \
         + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd", "FLOPs"]

@@ -229,7 +229,7 @@ def print_plans(s: Any) -> None:
     head = (f"{tb.gpu_hours:g} GPU-hours on {tb.gpus} GPU(s) per trial ({tb.profile.gpu}; FLOPs per allocation)"
             if tb else f"{fmt_flops(s.budget_flops)} FLOPs per trial")
     t = Table(title=f"Plans for {head} (objective {s.objective}); nothing is run",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left",
               padding=(0, 0) if tb else (0, 1))  # 80 columns, nothing cut (a time budget's two more columns too)
     plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
@@ -434,7 +434,7 @@ def _top_trials(done: list[Any], s: Any) -> Table:
 
     # no outer edge, a rule under the header: a model column and a total in FLOPs fit 80 columns
     t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)",
-              box=box.SIMPLE_HEAD, show_edge=False)
+              box=box.SIMPLE_HEAD, show_edge=False, caption_justify="left")
     models = bool(s.space.models)  # a column only when the space searches over policy models
     label = short_names(s.space.models)
     for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
