@@ -530,12 +530,13 @@ def test_the_live_bar_counts_the_full_runs_of_every_worker(monkeypatch):
     assert (task.description, task.fields["count"]) == ("full runs", "8/8")
 
 
-def test_a_workers_bar_says_its_best_is_of_its_own_runs(monkeypatch, tmp_path, cli):
-    """The best on a worker's bar is of the runs it saw, which it says (``best_of``); a lone
-    study's bar says nothing more; ``allocopt study`` under ``allocopt workers``
-    (``ALLOCOPT_WORKER`` set) labels it so."""
+def test_a_workers_bar_shows_the_studys_best(monkeypatch, tmp_path, cli):
+    """The bar counts the study's full runs, every worker's (``done_full``), and shows the best
+    of them beside it (``study_best``): a worker once showed the best of its own 4 runs beside
+    the study's count of 8, below the study's best."""
     import io
 
+    import optuna
     from rich.console import Console
 
     import allocopt.answer
@@ -549,10 +550,19 @@ def test_a_workers_bar_says_its_best_is_of_its_own_runs(monkeypatch, tmp_path, c
             display.on_end(SimpleNamespace(number=k, state="COMPLETE", fidelity="full", value=v), None)
         return next(t for t in display.bar.tasks if t.id == display.full).fields["info"]
 
-    assert info(StudyDisplay(Console(file=io.StringIO()), s, num_full=8)) == "best pass@1=0.600"
-    assert info(StudyDisplay(Console(file=io.StringIO()), s, num_full=8, best_of="this worker's runs")) \
-        == "best pass@1=0.600 (this worker's runs)"
-    r = cli("study", "--objective", "synthetic", "--budget", "1e19", "--trials", "2", "--no-mlflow",
-            "--storage", f"sqlite:///{tmp_path}/w.db", "--study-name", "w", cwd=tmp_path,
-            env={"ALLOCOPT_WORKER": "1", "COLUMNS": "200"})
-    assert r.returncode == 0 and "(this worker's runs)" in r.stderr, r.stderr[-500:]
+    console = lambda: Console(file=io.StringIO())  # noqa: E731
+    assert info(StudyDisplay(console(), s, num_full=8)) == "best pass@1=0.600"  # its own
+    assert info(StudyDisplay(console(), s, num_full=8, study_best=lambda: 0.7)) == "best pass@1=0.700"
+    assert info(StudyDisplay(console(), s, num_full=8, study_best=lambda: 0.55)) == "best pass@1=0.600"
+    assert info(StudyDisplay(console(), s, num_full=8, study_best=lambda: None)) == "best pass@1=0.600"
+    # a second process on the study (as a second worker would be): its bar's best is the
+    # study's, the first process's runs included
+    url = f"sqlite:///{tmp_path}/w.db"
+    args = ("study", "--objective", "synthetic", "--budget", "1e19", "--no-mlflow", "--storage", url,
+            "--study-name", "w", "--tuner", "bo")
+    assert cli(*args, "--trials", "3", cwd=tmp_path).returncode == 0
+    r = cli(*args, "--trials", "4", cwd=tmp_path, env={"ALLOCOPT_WORKER": "1", "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-500:]
+    values = [t.value for t in optuna.load_study(study_name="w", storage=url).trials]
+    assert len(values) == 4 and f"best pass@1={max(values):.3f}" in r.stderr, (values, r.stderr[-800:])
+    assert values[3] < max(values[:3])  # the best is the first process's: not its own run

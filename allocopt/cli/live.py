@@ -115,10 +115,13 @@ class StudyDisplay:
         done_full: the study's full-budget runs finished since this process started, by every
             worker (``None``: this process's own), so that with several workers each bar counts
             the study's runs, not only its own.
+        study_best: the best value of the study's complete full-budget runs, every worker's
+            (``None`` before one), so that the best beside that count is the study's too.
     """
 
     def __init__(self, console: Any, spec: Any, num_full: int, disable: bool = False,
-                 done_full: Callable[[], int] | None = None, best_of: str = ""):
+                 done_full: Callable[[], int] | None = None,
+                 study_best: Callable[[], float | None] | None = None):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.spec = spec
@@ -137,7 +140,7 @@ class StudyDisplay:
         self.best: Any = None
         self._seen: list[Any] = []  # several targets: each complete full run's row
         self._done_full = done_full
-        self._best_of = best_of  # whose runs the best is of, when not the whole study's
+        self._study_best = study_best
 
     def __enter__(self) -> "StudyDisplay":
         self.bar.__enter__()
@@ -195,7 +198,11 @@ class StudyDisplay:
         if not spec.multi_objective:
             if self.best is None or spec.sign * row.value > spec.sign * self.best.value:
                 self.best = row
-            return f"best {spec.targets[0]}={self.best.value:.3f}" + (f" ({self._best_of})" if self._best_of else "")
+            best = self.best.value
+            other = self._study_best() if self._study_best is not None else None
+            if other is not None and spec.sign * other > spec.sign * best:  # another worker's run
+                best = other
+            return f"best {spec.targets[0]}={best:.3f}"
         from allocopt.query.pareto import pareto_front
 
         self._seen.append(row)

@@ -15,7 +15,7 @@ one line, exit code 2). Optuna, torch and the objectives are imported inside the
 
 from __future__ import annotations
 
-import os
+import math
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
@@ -168,7 +168,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     def work(tracker: Any) -> Any:
         with StudyDisplay(err, s, num_full=to_do, disable=not to_do,  # a resumed study counts its runs left
                           done_full=lambda: finished_full(opened) - before,  # every worker's
-                          best_of="this worker's runs" if os.environ.get("ALLOCOPT_WORKER") else "") as live:
+                          study_best=lambda: study_best(opened, s)) as live:  # every worker's
             estimate = study_estimate(obj, s.budget_flops, to_do, time_budget=s.time_budget,
                                       usd_per_gpu_hour=usd_per_gpu_hour)
             if estimate:
@@ -355,6 +355,19 @@ def mlflow_lines(tracker: Any) -> list[str]:
         pass
     return [f"MLflow: mlflow ui --backend-store-uri sqlite:///{path}",
             f"  then open {runs_view_url('http://127.0.0.1:5000', exp)}"]
+
+
+def study_best(st: Any, s: Any) -> float | None:
+    """The best value of study ``s``'s complete full-budget runs in ``st`` (every worker's);
+    ``None`` before one, or with several targets."""
+    from allocopt.record import TrialRecord
+
+    if s.multi_objective:
+        return None
+    recs = [TrialRecord.of(t) for t in st.get_trials(deepcopy=False)]
+    values = [r.values[0] for r in recs if r.fidelity == "full" and r.state == "COMPLETE"
+              and r.values and math.isfinite(r.values[0])]  # as the summary's top trials
+    return (max(values) if s.sign > 0 else min(values)) if values else None
 
 
 def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
