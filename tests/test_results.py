@@ -555,6 +555,13 @@ def test_a_workers_bar_shows_the_studys_best(monkeypatch, tmp_path, cli):
     assert info(StudyDisplay(console(), s, num_full=8, study_best=lambda: 0.7)) == "best pass@1=0.700"
     assert info(StudyDisplay(console(), s, num_full=8, study_best=lambda: 0.55)) == "best pass@1=0.600"
     assert info(StudyDisplay(console(), s, num_full=8, study_best=lambda: None)) == "best pass@1=0.600"
+    # the study's best after this worker's last run (another worker's, ended later): sync()
+    late = {"best": 0.55}
+    d = StudyDisplay(console(), s, num_full=8, done_full=lambda: 8, study_best=lambda: late["best"])
+    assert info(d) == "best pass@1=0.600"
+    late["best"] = 0.8
+    d.sync()
+    assert next(t for t in d.bar.tasks if t.id == d.full).fields["info"] == "best pass@1=0.800"
     # a second process on the study (as a second worker would be): its bar's best is the
     # study's, the first process's runs included
     url = f"sqlite:///{tmp_path}/w.db"

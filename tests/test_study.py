@@ -394,6 +394,28 @@ def test_summary_says_when_other_workers_still_run_trials(tmp_path, capsys):
     assert "full-budget trials: 2 complete" in out  # the running ones are not counted as done
 
 
+
+def test_a_worker_that_ends_before_others_prints_one_line_not_the_answer(tmp_path, capsys, monkeypatch):
+    """Under ``allocopt workers`` (``ALLOCOPT_WORKER``) each worker printed the whole summary;
+    one that ends while others still run prints one line, the last to end prints the answer."""
+    from allocopt.cli.study import print_study_summary
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    s = spec(trials=2)
+    obj = Counting()
+    st = run_study(s, objective=obj, workload=obj.workload(), storage=url)
+    monkeypatch.setenv("ALLOCOPT_WORKER", "1")
+    print_study_summary(st, s, url)
+    last = capsys.readouterr().out
+    assert "full-budget trials: 2 complete" in last and "still running" not in last  # the last
+    st.ask()  # another worker's trial, running
+    print_study_summary(st, s, url)
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1 and "full-budget trials" not in out
+    assert out.startswith("this worker is done; 1 trial(s) still running")
+    assert f"`allocopt best --study {s.name}`" in out
+
+
 def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     """A Ctrl-C'd trial (error 'interrupted', or failed before the sampler gave it a fidelity)
     is run again on resume: the summary and the MLflow counts list it as interrupted, not as a

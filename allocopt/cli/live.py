@@ -220,10 +220,14 @@ class StudyDisplay:
                         count=f"{self._done[kind]}" + (f"/{total}" if total else ""), **named)
 
     def sync(self) -> None:
-        """The full-run count from the study once more (with ``done_full``): the runs other
-        workers finished after this one's last."""
+        """The full-run count and best from the study once more (with ``done_full`` and
+        ``study_best``): the runs other workers finished after this one's last."""
         if self._done_full is not None:
             self._count("full")
+        best = self._study_best() if self._study_best is not None else None
+        if best is not None and not self.spec.multi_objective and (
+                self.best is None or self.spec.sign * best > self.spec.sign * self.best.value):
+            self.bar.update(self.full, info=f"best {self.spec.targets[0]}={best:.3f}")
 
     def on_end(self, row: Any, result: Any) -> None:
         from allocopt.answer import trial_line

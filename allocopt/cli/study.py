@@ -16,6 +16,7 @@ one line, exit code 2). Optuna, torch and the objectives are imported inside the
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
@@ -374,9 +375,12 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
                         show_answer: bool = True) -> None:
     """Final table: the top trials (the Pareto front when the study has several targets), the
     one answer (``show_answer``: RACE's recommendation, else the best trial) and the best
-    observed trial as evidence."""
+    observed trial as evidence. A worker of ``allocopt workers`` (``ALLOCOPT_WORKER``) that
+    ends while others still run trials prints one line instead: the last to end prints it."""
     from allocopt.record import rows
 
+    if os.environ.get("ALLOCOPT_WORKER") is not None and _others_running(st, s):
+        return
     if s.multi_objective:
         from allocopt.cli.query import print_front
         from allocopt.query.sources import load_rows_from_study
@@ -439,6 +443,19 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
                   f"finish prints the final one" + (f" and stores it (`allocopt best --study {s.name}` "
                   "reads it)" if n_pilots else f" (`allocopt best --study {s.name}` shows the best "
                   "trials then)"), highlight=False, markup=False)
+
+
+def _others_running(st: Any, s: Any) -> bool:
+    """Whether other workers still run trials of ``st``; if so, says so in one line."""
+    from allocopt.record import rows
+
+    running = sum(r.state == "RUNNING" for r in rows(st))
+    if running:
+        out.print(f"this worker is done; {running} trial(s) still running (other workers, or a dead "
+                  "one's until its heartbeat expires): the last worker to end prints the study's "
+                  f"answer (`allocopt best --study {s.name}` shows it at any time)",
+                  highlight=False, markup=False, soft_wrap=True)  # one line: a worker's log is grepped
+    return bool(running)
 
 
 def _top_trials(done: list[Any], s: Any) -> Table:
