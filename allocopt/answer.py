@@ -32,11 +32,16 @@ def _alloc(rec: Any) -> Any:
     return getattr(rec, "allocation", rec)
 
 
+def model_name(model: Any) -> str:
+    """How a line names a policy: its last path part (``Qwen2.5-7B-Instruct``)."""
+    return str(model).split("/")[-1]
+
+
 def allocation_text(a: Any) -> str:
-    """``rho=0.620 G=8 structured`` (plus the model's last path part when set)."""
+    """``rho=0.620 G=8 structured`` (plus :func:`model_name` when a model is set)."""
     model = getattr(a, "model", None)
     return (f"rho={a.rho:.3f} G={a.group_size} {a.reward}"
-            + (f" {str(model).split('/')[-1]}" if model else ""))
+            + (f" {model_name(model)}" if model else ""))
 
 
 def _interval(rec: Any) -> tuple[float, float] | None:
@@ -224,7 +229,7 @@ def trial_line(row: Any, spec: Any, width: int = WIDTH) -> str:
     msg = (f"trial {row.number} {row.state}: rho={p.get('rho', spec.space.rho[0]):.3f} "
            f"G={p.get('group_size', spec.space.group_sizes[0])} {p.get('reward', spec.space.rewards[0])}")
     if spec.space.models:  # a model-size study: which policy, named as the answer names it
-        msg += f" {str(p.get('model', spec.space.models[0])).split('/')[-1]}"
+        msg += f" {model_name(p.get('model', spec.space.models[0]))}"
     if row.state == "COMPLETE":
         msg += " -> " + ", ".join(f"{t}={row.targets.get(k, row.value):.4f}"
                                   for t, k in zip(spec.targets, spec.target_keys))

@@ -172,6 +172,8 @@ class StudyDisplay:
         return plan.budget_flops < full * self.spec.pilot_fraction ** 0.5
 
     def on_start(self, number: int, alloc: Any, plan: Any) -> None:
+        from allocopt.answer import model_name
+
         if plan is not None and plan.warning and number not in self._warned:
             self._warned.add(number)
             self.bar.console.print(f"warning: trial {number}: {plan.warning}", highlight=False, markup=False,
@@ -185,7 +187,7 @@ class StudyDisplay:
         self.bar.update(self.trial, completed=0, total=plan.budget_flops if plan else self.spec.budget_flops,
                         visible=True, info="loading models…",
                         description=f"{what}: rho={alloc.rho:.2f} G={alloc.group_size} {alloc.reward}"
-                        + (f" {str(alloc.model).split('/')[-1]}" if getattr(alloc, "model", None) else ""))
+                        + (f" {model_name(alloc.model)}" if getattr(alloc, "model", None) else ""))
 
     def progress(self, rec: Any, meter: Any) -> None:
         self.bar.update(self.trial, completed=meter.executed_flops,

@@ -27,7 +27,9 @@ def _table(title: str | None = None) -> Table:
 
 
 def _short_model(model: str | None) -> str:
-    return str(model).split("/")[-1] if model else "-"
+    from allocopt.answer import model_name
+
+    return model_name(model) if model else "-"
 
 
 def regime_table(diagnoses: list[Any], pilot_budget: float | str, target: str, show_model: bool) -> Group:

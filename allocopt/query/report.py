@@ -125,8 +125,10 @@ def _table(head: Sequence[str], body: Sequence[Sequence[str]], left: Sequence[in
 
 
 def _alloc_text(a: dict[str, Any]) -> str:
+    from allocopt.answer import model_name
+
     return (f"ρ={float(a['rho']):.3f}, G={a['group_size']}, {a['reward']}"
-            + (f", {str(a['model']).split('/')[-1]}" if a.get("model") else ""))
+            + (f", {model_name(a['model'])}" if a.get("model") else ""))
 
 
 def regime_html(rows: Sequence[Any], ctx: StudyContext | None) -> list[str]:
