@@ -415,6 +415,29 @@ def test_a_worker_that_ends_before_others_prints_one_line_not_the_answer(tmp_pat
     assert out.startswith("this worker is done; 1 trial(s) still running")
     assert f"`allocopt best --study {s.name}`" in out
 
+    # workers that wait for each other end together: only the one that ran the last trial prints
+    from allocopt.store.heartbeat import WORKER_ATTR, worker_name
+
+    storage = optuna.storages.RDBStorage(url)
+    sid = storage.get_study_id_from_name(s.name)
+
+    def end_last(worker):  # the running trial ends, run by `worker`: the study's last to end
+        (t,) = st.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+        storage.set_trial_system_attr(storage.get_trial_id_from_study_id_trial_number(sid, t.number),
+                                      WORKER_ATTR, worker)
+        st.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        return t.number
+
+    number = end_last("elsewhere:1")
+    print_study_summary(st, s, url)
+    assert capsys.readouterr().out.strip().splitlines() == [
+        f"this worker is done; the study's answer is printed by the worker that ran its last trial "
+        f"(trial {number}, worker elsewhere:1) (`allocopt best --study {s.name}` shows it at any time)"]
+    st.ask()
+    end_last(worker_name())  # this worker's: it prints the answer
+    print_study_summary(st, s, url)
+    assert "full-budget trials: 2 complete" in capsys.readouterr().out
+
 
 def test_interrupted_trials_are_not_failures(tmp_path, capsys):
     """A Ctrl-C'd trial (error 'interrupted', or failed before the sampler gave it a fidelity)

@@ -379,7 +379,7 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     ends while others still run trials prints one line instead: the last to end prints it."""
     from allocopt.record import rows
 
-    if os.environ.get("ALLOCOPT_WORKER") is not None and _others_running(st, s):
+    if os.environ.get("ALLOCOPT_WORKER") is not None and (_others_running(st, s) or _another_ends(st, s)):
         return
     if s.multi_objective:
         from allocopt.cli.query import print_front
@@ -456,6 +456,24 @@ def _others_running(st: Any, s: Any) -> bool:
                   f"answer (`allocopt best --study {s.name}` shows it at any time)",
                   highlight=False, markup=False, soft_wrap=True)  # one line: a worker's log is grepped
     return bool(running)
+
+
+def _another_ends(st: Any, s: Any) -> bool:
+    """Whether another worker ran the study's last finished trial (workers that wait for each
+    other end together: that one prints the answer); if so, says so in one line."""
+    from allocopt.store.heartbeat import WORKER_ATTR, worker_name
+
+    ended = [t for t in st.get_trials(deepcopy=False) if t.datetime_complete is not None]
+    if not ended:
+        return False
+    last = max(ended, key=lambda t: (t.datetime_complete, t.number))
+    other = last.system_attrs.get(WORKER_ATTR)
+    if other is None or other == worker_name():
+        return False
+    out.print(f"this worker is done; the study's answer is printed by the worker that ran its last "
+              f"trial (trial {last.number}, worker {other}) (`allocopt best --study {s.name}` shows it at any time)",
+              highlight=False, markup=False, soft_wrap=True)
+    return True
 
 
 def _top_trials(done: list[Any], s: Any) -> Table:
