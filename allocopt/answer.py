@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from allocopt.errors import short_error
+
 WIDTH = 80
 """Columns the study's lines fit (a default terminal; a file gets the same lines)."""
 
@@ -199,23 +201,6 @@ def recommendation_dict(rec: Any, target: str, direction: str = "maximize") -> d
         out["cell_prob_best"] = [{"reward": w, **({"model": m} if m else {}), "prob_best": float(p)}
                                  for w, m, p in cells]
     return out
-
-
-def short_error(text: str, room: int) -> str:
-    """The first line of ``text`` within ``room`` characters, cut at a word boundary, keeping
-    the last clause (after the last ``;``), which holds the number that matters (``the smallest
-    feasible plan needs 1.2e+12 FLOPs``)."""
-    line = (text or "").splitlines()[0] if text else ""
-    if len(line) <= room:
-        return line
-    head, sep, tail = line.rpartition("; ")
-    tail = tail if sep else ""
-    if tail and len(tail) + 2 <= room:
-        keep = room - len(tail) - 3
-        cut = head[:max(0, keep)].rsplit(" ", 1)[0] if keep > 0 else ""
-        return (cut + "…; " + tail) if cut else tail
-    cut = line[:room - 1].rsplit(" ", 1)[0]
-    return cut + "…"
 
 
 def trial_line(row: Any, spec: Any, width: int = WIDTH) -> str:

@@ -1,4 +1,5 @@
-"""Every error type of allocopt, in one place. Standard library only.
+"""Every error type of allocopt, in one place, and :func:`short_error`, how a message is
+shortened to one line. Standard library only.
 
 Bad input is a :class:`ValueError` with a one-line message naming the field, the value and
 what is allowed (the command line prints it and exits with code 2); what goes wrong while
@@ -140,3 +141,20 @@ def disk_full(error: BaseException) -> bool:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
+
+
+def short_error(text: str, room: int) -> str:
+    """The first line of ``text`` within ``room`` characters, cut at a word boundary, keeping
+    the last clause (after the last ``;``), which holds the number that matters (``the smallest
+    feasible plan needs 1.2e+12 FLOPs``)."""
+    line = (text or "").splitlines()[0] if text else ""
+    if len(line) <= room:
+        return line
+    head, sep, tail = line.rpartition("; ")
+    tail = tail if sep else ""
+    if tail and len(tail) + 2 <= room:
+        keep = room - len(tail) - 3
+        cut = head[:max(0, keep)].rsplit(" ", 1)[0] if keep > 0 else ""
+        return (cut + "…; " + tail) if cut else tail
+    cut = line[:room].rsplit(" ", 1)[0]  # a word that ends at room - 1 stays; with … at most room
+    return cut + "…"

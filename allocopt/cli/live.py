@@ -200,17 +200,24 @@ class StudyDisplay:
         if not spec.multi_objective:
             if self.best is None or spec.sign * row.value > spec.sign * self.best.value:
                 self.best = row
-            best = self.best.value
-            other = self._study_best() if self._study_best is not None else None
-            if other is not None and spec.sign * other > spec.sign * best:  # another worker's run
-                best = other
-            return f"best {spec.targets[0]}={best:.3f}"
+            return self._best_text()
         from allocopt.query.pareto import pareto_front
 
         self._seen.append(row)
         front = pareto_front(self._seen, list(spec.target_keys),
                              [spec.vocabulary.target(t).direction for t in spec.targets])
         return f"Pareto front {len(front)} of {len(self._seen)}"
+
+    def _best_text(self) -> str | None:
+        """``best pass@1=0.610``: the better of this process's best run and the study's (another
+        worker's, with ``study_best``); ``None`` before either or with several targets."""
+        spec = self.spec
+        values = [self.best.value] if self.best is not None else []
+        other = self._study_best() if self._study_best is not None else None
+        values += [other] if other is not None else []
+        if spec.multi_objective or not values:
+            return None
+        return f"best {spec.targets[0]}={(max if spec.sign > 0 else min)(values):.3f}"
 
     def _count(self, kind: str) -> None:
         if kind == "full" and self._done_full is not None:
@@ -226,10 +233,9 @@ class StudyDisplay:
         ``study_best``): the runs other workers finished after this one's last."""
         if self._done_full is not None:
             self._count("full")
-        best = self._study_best() if self._study_best is not None else None
-        if best is not None and not self.spec.multi_objective and (
-                self.best is None or self.spec.sign * best > self.spec.sign * self.best.value):
-            self.bar.update(self.full, info=f"best {self.spec.targets[0]}={best:.3f}")
+        text = self._best_text() if self._study_best is not None else None
+        if text:
+            self.bar.update(self.full, info=text)
 
     def on_end(self, row: Any, result: Any) -> None:
         from allocopt.answer import trial_line

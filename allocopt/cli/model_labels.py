@@ -35,7 +35,12 @@ def short_names(models: Iterable[str]) -> dict[str, str]:
     return labels
 
 
+def spelled_out(labels: dict[str, str], model: str) -> str:
+    """``1.5B = Qwen/Qwen2.5-1.5B-Instruct`` where the label is shorter than the name, else the name."""
+    return model if labels[model] == model else f"{labels[model]} = {model}"
+
+
 def legend(labels: dict[str, str]) -> str:
     """``model: 1.5B = Qwen/Qwen2.5-1.5B-Instruct, ...``; empty where no label is shortened."""
-    pairs = [(short, full) for full, short in labels.items() if short != full]
-    return ("model: " + ", ".join(f"{s} = {f}" for s, f in pairs)) if pairs else ""
+    shortened = [m for m, short in labels.items() if short != m]
+    return ("model: " + ", ".join(spelled_out(labels, m) for m in shortened)) if shortened else ""

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from allocopt.cli.common import fail
-from allocopt.cli.model_labels import legend, short_names
+from allocopt.cli.model_labels import legend, short_names, spelled_out
 from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.cli.account import fmt_flops
 from allocopt.cli.common import takes_time_budget
@@ -203,7 +203,7 @@ def sizes_line(models: Sequence[str], workload: Any) -> str:
 
     n = [policy_named(workload, m, "space.models").num_params() for m in models]
     label = short_names(models)
-    named = [m if label[m] == m else f"{label[m]} = {m}" for m in models]  # as the table names it
+    named = [spelled_out(label, m) for m in models]  # as the table names it
     return f"models: {named[0]} {n[0]:,} parameters; " + "; ".join(
         f"{m} {k:,} ({k / n[0]:.2f}x)" for m, k in zip(named[1:], n[1:]))
 

@@ -43,6 +43,7 @@ def short_reason(e: BaseException) -> str:
     URL in it with its password redacted (``Connection refused``, ``Read timed out``, ...)."""
     import re
 
+    from allocopt.errors import short_error
     from allocopt.redact import redact_url
 
     text = str(e)
@@ -51,16 +52,9 @@ def short_reason(e: BaseException) -> str:
                     r"(Failed to establish a new connection)", r"(Max retries exceeded)"):
         m = re.search(pattern, text)
         if m:
-            return redact_url(_cut(m.group(1), 200))
+            return redact_url(short_error(m.group(1), 200))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return redact_url(_cut(lines[0], 200) if lines else type(e).__name__)
-
-
-def _cut(text: str, room: int) -> str:
-    """``text`` in at most ``room`` characters, cut at a space with ``…`` (never mid-word)."""
-    if len(text) <= room:
-        return text
-    return text[:room].rsplit(" ", 1)[0].rstrip(" ,;:") + "…"  # a word ending at room - 1 stays
+    return redact_url(short_error(lines[0], 200) if lines else type(e).__name__)
 
 
 def local_store_problem(uri: str) -> str | None:
