@@ -57,9 +57,25 @@ def test_optuna_samplers_and_the_grid_run_full_budget_trials(world, name):
     s = session(world, 5.0)
     get(name).run(s)
     assert s.spent == 5.0 and all(e.fraction == 1.0 for e in s.events) and len(s.full_runs()) == 5
-    if name == "grid":  # sparse G 2 at 0.2 / 0.5 / 0.8, then G 4
-        assert [e.allocation for e in s.events[:4]] == [Allocation(x, g, "sparse") for g, x in
+    if name == "grid":  # the replication's first reward system, G 2 at 0.2 / 0.5 / 0.8, then G 4
+        first = s.listed(world.space.rewards, "reward")[0]
+        assert [e.allocation for e in s.events[:4]] == [Allocation(x, g, first) for g, x in
                                                         ((2, 0.2), (2, 0.5), (2, 0.8), (4, 0.2))]
+
+
+def test_the_order_of_reward_systems_is_drawn_per_replication_and_shared_by_its_methods(world):
+    rewards = world.space.rewards
+    orders = [session(world, 1.0, seed).listed(rewards, "reward") for seed in range(12)]
+    assert all(sorted(o) == sorted(rewards) for o in orders)
+    assert {o[0] for o in orders} == set(rewards)  # each reward system comes first in some replication
+    assert session(world, 2.0, 3).listed(rewards, "reward") == orders[3]  # one order per replication
+    firsts = set()
+    for seed in range(6):
+        s = session(world, 2.0, seed)
+        get("grid").run(s)
+        assert s.events[0].allocation.reward == orders[seed][0]
+        firsts.add(s.events[0].allocation.reward)
+    assert firsts == set(rewards)
 
 
 def test_ax_client_runs_and_answers_by_model_prediction(world):
@@ -69,6 +85,19 @@ def test_ax_client_runs_and_answers_by_model_prediction(world):
     check_answers(s)
     assert s.spent == 3.0 and len(s.full_runs()) == 3
     assert s.answers[-1][1] in [a for a, _ in s.full_runs()]  # Ax's best point is an arm it ran
+
+
+def test_axs_centre_point_takes_the_middle_of_the_replications_drawn_order(world):
+    """Ax's first trial is its centre: for a choice, the middle of the list, ties to the later
+    value (the second of two); so the drawn order, not the world's, decides its reward system."""
+    pytest.importorskip("ax", reason=NO_BENCH)
+    firsts = set()
+    for seed in range(4):
+        s = session(world, 1.0, seed)
+        get("ax").run(s)
+        assert s.events[0].allocation.reward == s.listed(world.space.rewards, "reward")[1]
+        firsts.add(s.events[0].allocation.reward)
+    assert firsts == set(world.space.rewards)
 
 
 def test_smac_runs_pilots_as_its_cheap_budgets(world):

@@ -2,7 +2,11 @@
 
 A method sees only this object: the world's search space (``session.world``), the replication's
 seed and target, and :meth:`Session.observe`, which runs one trial and returns its observed
-target. Compute is counted in **full-run equivalents**: a trial at fraction ``f`` of the full
+target. A method whose choices depend on the order in which the space lists its reward systems
+or models (Ax's centre point takes the middle of a list, the grid runs them in order) takes that
+order from :meth:`Session.listed`, drawn from the replication: the world's own order (a table's
+reward systems by cost) would otherwise decide which reward system such a method tries first,
+and a world whose middle one happens to be its best would reward the list, not the search. Compute is counted in **full-run equivalents**: a trial at fraction ``f`` of the full
 budget costs ``f``; an infeasible trial (``None``) costs nothing, as a study records it.
 A method stops when :attr:`Session.done` (its compute reached ``cap``); the trial that crosses
 the cap is still recorded, and scoring counts at each level only what was spent by then.
@@ -15,6 +19,7 @@ only then.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -62,6 +67,13 @@ class Session:
     @property
     def done(self) -> bool:
         return self.spent >= self.cap - EPS
+
+    def listed(self, values: Sequence[str], what: str) -> tuple[str, ...]:
+        """``values`` (the space's reward systems or models, ``what`` naming which) in an order
+        drawn from the replication: the same for every method of it (module docstring)."""
+        out = list(values)
+        random.Random(f"order|{what}|{self.replication}").shuffle(out)
+        return tuple(out)
 
     def observe(self, a: Allocation, fraction: float = FULL) -> float | None:
         """Run ``a`` at ``fraction`` of the full budget (1.0 or one of ``world.fractions``);

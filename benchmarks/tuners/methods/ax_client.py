@@ -2,7 +2,9 @@
 
 One ``Client(random_seed=replication)`` per replication; the experiment's parameters are the
 world's space (``rho`` a float range; ``group_size`` an ordered int choice; ``reward`` and, on a
-world of several models, ``model`` unordered string choices); one objective ``y`` (the target,
+world of several models, ``model`` unordered string choices, listed in the order
+:meth:`Session.listed` draws for the replication: Ax's centre point takes the middle value of a
+choice list, so the world's own order would choose the first run's reward system); one objective ``y`` (the target,
 maximized); the generation strategy Ax chooses itself (``configure_generation_strategy()``
 left at its default, ``method="fast"``: a centre point and Sobol initialization, then BoTorch
 through Ax's modular model). Trials run one at a time at the full budget only
@@ -31,15 +33,17 @@ def missing() -> str | None:
     return None
 
 
-def _parameters(space: Any) -> list[Any]:
+def _parameters(session: Session) -> list[Any]:
     from ax import ChoiceParameterConfig, RangeParameterConfig
 
+    space = session.world.space
     out = [RangeParameterConfig(name="rho", parameter_type="float", bounds=tuple(space.rho)),
            ChoiceParameterConfig(name="group_size", parameter_type="int", values=list(space.group_sizes),
                                  is_ordered=True),
-           ChoiceParameterConfig(name="reward", parameter_type="str", values=list(space.rewards), is_ordered=False)]
+           ChoiceParameterConfig(name="reward", parameter_type="str", values=list(session.listed(space.rewards, "reward")), is_ordered=False)]
     if space.models:
-        out.append(ChoiceParameterConfig(name="model", parameter_type="str", values=list(space.models),
+        out.append(ChoiceParameterConfig(name="model", parameter_type="str",
+                                         values=list(session.listed(space.models, "model")),
                                          is_ordered=False))
     return out
 
@@ -54,7 +58,7 @@ def run(session: Session) -> None:
 
     set_stderr_log_level(logging.ERROR)
     client = Client(random_seed=session.replication)
-    client.configure_experiment(parameters=_parameters(session.world.space))
+    client.configure_experiment(parameters=_parameters(session))
     client.configure_optimization(objective="y")
     while not session.done:
         if session.answer_due() and session.full_runs():
