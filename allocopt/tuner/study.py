@@ -52,23 +52,44 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-def initial_design(space: TunerSpace, seed: int) -> list[Allocation]:
+INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "middle-g", "spread")
+"""Where :func:`initial_design` places its runs in ρ and G: ``middle`` (shipped): the two middle ρ
+levels alternately, the group sizes in turn; ``middle-g``: the same ρ, every run at the middle
+group size(s); ``spread``: ρ levels spread over the range (a Latin hypercube of the runs over
+the levels), the group sizes in turn."""
+
+
+def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
+    return values[(len(values) - 1) // 2], values[len(values) // 2]
+
+
+def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list[Allocation]:
     """The first full runs, before the model has anything to go on: one per reward system (and
     every model at least once: ``max(rewards, models)`` runs), each category paired with a
     model in turn, at the two middle ρ levels alternately (the response to ρ peaks inside the
     range), the group sizes in turn; the order of the categories and group sizes shuffled by
-    ``seed``. Kept leave-one-world-out on the measured worlds against letting the knowledge
-    gradient place the first runs itself (``benchmarks/tuner_ablation.py --design``: that lowers
-    one world's regret and raises another's, and loses on the world left out)."""
+    ``seed``. ``layout`` (:data:`INITIAL_LAYOUTS`) places ρ and G otherwise, for the ablation.
+    Kept leave-one-world-out on the measured worlds against letting the knowledge gradient
+    place the first runs itself (``benchmarks/tuner_ablation.py --design``: that lowers one
+    world's regret and raises another's, and loses on the world left out)."""
     import random
 
+    if layout not in INITIAL_LAYOUTS:
+        raise ValueError(f"layout={layout!r}: allowed: {', '.join(INITIAL_LAYOUTS)}")
     rng = random.Random(seed)
     rewards, models, gs = list(space.rewards), list(space.models), list(space.group_sizes)
     rng.shuffle(rewards), rng.shuffle(models), rng.shuffle(gs)
     lv = space.levels
-    mids = (lv[(len(lv) - 1) // 2], lv[len(lv) // 2]) if len(lv) > 1 else (lv[0], lv[0])
     n = max(len(rewards), len(models))
-    return [Allocation(mids[i % 2], gs[i % len(gs)], rewards[i % len(rewards)], models[i % len(models)])
+    if layout == "spread":  # run i at a level drawn from the i-th of n equal strata of the levels
+        rhos = [lv[min(len(lv) - 1, int((i + rng.random()) * len(lv) / n))] for i in range(n)]
+        rng.shuffle(rhos)
+    else:
+        mids = _middles(lv)
+        rhos = [mids[i % 2] for i in range(n)]
+    if layout == "middle-g":
+        gs = list(dict.fromkeys(_middles(sorted(space.group_sizes))))
+    return [Allocation(rhos[i], gs[i % len(gs)], rewards[i % len(rewards)], models[i % len(models)])
             for i in range(n)]
 
 
@@ -88,6 +109,7 @@ class KGTuner:
         among: where the answer is chosen (:data:`allocopt.tuner.decide.ANSWER_AMONG`).
         initial: whether the first runs are :func:`initial_design` (``False``: the knowledge
             gradient places every run, from the prior on).
+        layout: where the initial design places ρ and G (:data:`INITIAL_LAYOUTS`).
         refine: whether the candidates zoom in between the grid's ρ levels
             (:attr:`allocopt.tuner.decide.Tuner.refine`).
         kg_pool: what the knowledge gradient is the rise of (:data:`allocopt.tuner.decide.KG_POOL`).
@@ -96,7 +118,7 @@ class KGTuner:
     def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
                  feasible: Feasible | None = None, grid: HyperGrid | None = None,
                  rho_levels: int = 8, among: str = ANSWER_AMONG, initial: bool = True,
-                 refine: bool = False, kg_pool: str = KG_POOL) -> None:
+                 layout: str = "middle", refine: bool = False, kg_pool: str = KG_POOL) -> None:
         lo, hi = space.rho
         self.budgets, self.seed = budgets, seed
         self.max_pilots = max_pilots
@@ -105,7 +127,7 @@ class KGTuner:
         self.space = replace(full, pilot_fractions=(budgets.pilot_fraction,)) if max_pilots != 0 else full
         self.tuner = Tuner(self.space, grid or HyperGrid(), feasible, among, refine=refine, kg_pool=kg_pool)
         self._full_only = Tuner(full, self.tuner.grid, feasible, among, refine=refine, kg_pool=kg_pool)
-        self.initial = [a for a in initial_design(full, seed) if feasible is None or feasible(a, 1.0)] \
+        self.initial = [a for a in initial_design(full, seed, layout) if feasible is None or feasible(a, 1.0)] \
             if initial else []
         self.design: list = []
         self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}

@@ -80,6 +80,10 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                               lambda: {"grid": HyperGrid(reward_offset=(0.0, 1.0))}),
     "kg-for-the-answer": ("the knowledge gradient is the rise of the best mean among the cells the answer may be "
                           "(those run, and the candidate's own), not among every cell", lambda: {"kg_pool": "answer"}),
+    "initial-middle-g": ("the initial design's runs all at the middle group size (shipped: the group sizes in turn)",
+                         lambda: {"layout": "middle-g"}),
+    "initial-spread-rho": ("the initial design's runs spread over the ρ levels, one per stratum (shipped: the two "
+                           "middle levels)", lambda: {"layout": "spread"}),
 }
 """The choices the model's constants were not asked with (``--design``): the candidate grid and
 the initial design, each a change of today's shipped tuner (its answer among the cells run), so
