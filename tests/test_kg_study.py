@@ -195,9 +195,9 @@ def test_without_the_initial_design_the_first_run_is_the_knowledge_gradients_cho
 
 
 def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
-    """The shipped layout: the two middle ρ levels alternately, the group sizes in turn;
-    ``middle-g``: every run at the middle group size (the two middles of an even count);
-    ``spread``: one ρ level from each of n equal strata of the levels; any other name refused."""
+    """Shipped (``middle``): the two middle ρ levels alternately, every run at the middle group
+    size (the two middles of an even count); ``g-in-turn``: the same ρ, the group sizes in turn;
+    ``spread-rho``: one ρ level from each of n equal strata of the levels; any other refused."""
     from allocopt.tuner.decide import TunerSpace
     from allocopt.tuner.study import initial_design
 
@@ -207,15 +207,15 @@ def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
         shipped = initial_design(space, seed)
         assert sorted(a.reward for a in shipped) == ["a", "b", "c", "d", "e"]
         assert [round(a.rho, 6) for a in shipped] == [0.5, 0.6, 0.5, 0.6, 0.5]
-        assert {a.group_size for a in shipped} == {2, 4, 8}
-        mid = initial_design(space, seed, "middle-g")
-        assert [(a.rho, a.reward) for a in mid] == [(a.rho, a.reward) for a in shipped]
-        assert {a.group_size for a in mid} == {4}
-        spread = initial_design(space, seed, "spread")
+        assert {a.group_size for a in shipped} == {4}
+        before = initial_design(space, seed, "g-in-turn")
+        assert [(a.rho, a.reward) for a in before] == [(a.rho, a.reward) for a in shipped]
+        assert {a.group_size for a in before} == {2, 4, 8}
+        spread = initial_design(space, seed, "spread-rho")
         assert [a.reward for a in spread] == [a.reward for a in shipped]
         index = sorted(levels.index(a.rho) for a in spread)
         assert all(i * 8 / 5 - 1 < k < (i + 1) * 8 / 5 for i, k in enumerate(index))  # one per stratum
     even = TunerSpace((0.2, 0.9), (2, 4, 8, 16), ("a", "b", "c", "d"), rho_levels=8)
-    assert {a.group_size for a in initial_design(even, 0, "middle-g")} == {4, 8}
+    assert [a.group_size for a in initial_design(even, 0)] == [4, 8, 4, 8]
     with pytest.raises(ValueError, match="layout='corners'"):
         initial_design(space, 0, "corners")

@@ -271,7 +271,7 @@ def test_report_tables_are_the_statistics_of_the_records():
 
 
 def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_left_out():
-    from benchmarks.tuners.ablation import leave_one_world_out, score_on, tables
+    from benchmarks.tuners.ablation import against_shipped, leave_one_world_out, score_on, tables
 
     def recs(variant, world, value, seeds=(0, 1)):
         return [{"variant": variant, "world": world, "truth": t, "seed": s, "level": lv, "regret_pct": value,
@@ -288,6 +288,11 @@ def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_l
     assert got["B"]["shipped_on_held_out"] == pytest.approx(4.0)
     md = tables(records, ["shipped", "x"])
     assert "| x | 5.0 (2.5) / 5.0 (2.5) / 5.0 (2.5)" in md and "| B | A | x | 5.00 | 6.00 | 4.00 |" in md
+    # x alone against shipped: A left out, x - shipped on B is 6 - 4 (not chosen), on A 5 - 10
+    pairs = {r["held_out"]: r for r in against_shipped(records, ["shipped", "x"])}
+    assert pairs["A"]["on_others"] == pytest.approx(2.0) and pairs["A"]["on_held_out"] == pytest.approx(-5.0)
+    assert pairs["B"]["on_others"] == pytest.approx(-5.0) and pairs["B"]["on_held_out"] == pytest.approx(2.0)
+    assert "| x | +2.00 / -5.00 | -5.00 / +2.00 | 0 of 1 chosen (2 folds) |" in md
 
 
 def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad_flags(tmp_path, capsys):

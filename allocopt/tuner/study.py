@@ -2,8 +2,8 @@
 (:class:`allocopt.race.tuner.Tuner`) over :class:`~allocopt.tuner.decide.Tuner`.
 
 The sampler hands it the study's runs as plain data (:mod:`allocopt.race.data`); it answers
-with the runs to start (first an initial design of full runs over the categories,
-:func:`initial_design`; then each a full run or a pilot, the one whose knowledge gradient per FLOP
+with the runs to start (first an initial design of full runs over the categories at the middle
+of ρ and G, :func:`initial_design`; then each a full run or a pilot, the one whose knowledge gradient per FLOP
 is largest, other workers' pending runs conditioned on) and with the answer: the posterior-mean
 maximizer at the full budget, its credible interval, the posterior probability that its reward
 system (and model) holds the best allocation, the allocations within noise of it, and the value
@@ -52,11 +52,12 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "middle-g", "spread")
+INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho")
 """Where :func:`initial_design` places its runs in ρ and G: ``middle`` (shipped): the two middle ρ
-levels alternately, the group sizes in turn; ``middle-g``: the same ρ, every run at the middle
-group size(s); ``spread``: ρ levels spread over the range (a Latin hypercube of the runs over
-the levels), the group sizes in turn."""
+levels alternately, every run at the middle group size (the two middles of an even count, in
+turn); ``g-in-turn`` (shipped before 2026-12-06, kept for the ablations replayed with it): the
+same ρ, the group sizes in turn; ``spread-rho``: ρ spread one level per stratum of the levels,
+the group sizes in turn."""
 
 
 def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
@@ -66,12 +67,16 @@ def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
 def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list[Allocation]:
     """The first full runs, before the model has anything to go on: one per reward system (and
     every model at least once: ``max(rewards, models)`` runs), each category paired with a
-    model in turn, at the two middle ρ levels alternately (the response to ρ peaks inside the
-    range), the group sizes in turn; the order of the categories and group sizes shuffled by
-    ``seed``. ``layout`` (:data:`INITIAL_LAYOUTS`) places ρ and G otherwise, for the ablation.
-    Kept leave-one-world-out on the measured worlds against letting the knowledge gradient
-    place the first runs itself (``benchmarks/tuner_ablation.py --design``: that lowers one
-    world's regret and raises another's, and loses on the world left out)."""
+    model in turn, at the two middle ρ levels alternately and the middle group size: the
+    response peaks inside the range in ρ and in G, so the runs that compare the categories are
+    made where each is near its best; the order of the categories shuffled by ``seed``.
+    ``layout`` (:data:`INITIAL_LAYOUTS`) places ρ and G otherwise, for the ablations.
+
+    Both choices were made leave-one-world-out on the measured worlds
+    (``benchmarks/tuner_ablation.py --design``): against letting the knowledge gradient place the
+    first runs itself (that lowers one world's regret and raises another's, and loses on the
+    world left out), and the middle group size against the group sizes in turn (chosen on each
+    pair of worlds, it is lower on the third in each fold)."""
     import random
 
     if layout not in INITIAL_LAYOUTS:
@@ -81,13 +86,13 @@ def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list
     rng.shuffle(rewards), rng.shuffle(models), rng.shuffle(gs)
     lv = space.levels
     n = max(len(rewards), len(models))
-    if layout == "spread":  # run i at a level drawn from the i-th of n equal strata of the levels
+    if layout == "spread-rho":  # run i at a level drawn from the i-th of n equal strata of the levels
         rhos = [lv[min(len(lv) - 1, int((i + rng.random()) * len(lv) / n))] for i in range(n)]
         rng.shuffle(rhos)
     else:
         mids = _middles(lv)
         rhos = [mids[i % 2] for i in range(n)]
-    if layout == "middle-g":
+    if layout == "middle":
         gs = list(dict.fromkeys(_middles(sorted(space.group_sizes))))
     return [Allocation(rhos[i], gs[i % len(gs)], rewards[i % len(rewards)], models[i % len(models)])
             for i in range(n)]

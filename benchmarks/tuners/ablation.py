@@ -29,13 +29,20 @@ CHOICE_LEVELS: tuple[float, ...] = (8.0, 12.0, 16.0)
 BASE = "shipped"
 
 
+BEFORE = {"layout": "g-in-turn"}
+"""The initial design's layout the ablations before 2026-12-06 were replayed with (the group
+sizes in turn; :data:`allocopt.tuner.study.INITIAL_LAYOUTS`): set on each of them, so that their
+records stay what this code replays."""
+
+
 def _grid(**changes: Any) -> Callable[[], dict[str, Any]]:
-    return lambda: {"grid": replace(HyperGrid(), **changes), "among": "all"}
+    return lambda: {"grid": replace(HyperGrid(), **changes), "among": "all", **BEFORE}
 
 
 VARIANTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
-    BASE: ("the design they were replayed against (the answer over every cell)", lambda: {"among": "all"}),
-    "answer-among-tried": ("the answer only among cells with a full run (shipped since)", lambda: {"among": "tried"}),
+    BASE: ("the design they were replayed against (the answer over every cell)", lambda: {"among": "all", **BEFORE}),
+    "answer-among-tried": ("the answer only among cells with a full run (shipped since)",
+                           lambda: {"among": "tried", **BEFORE}),
     "flat-prior-mean": ("no bowl in ρ in the prior mean (rho_bowl 0, shipped 1)", _grid(rho_bowl=0.0)),
     "deeper-bowl": ("a deeper bowl in ρ (rho_bowl 2)", _grid(rho_bowl=2.0)),
     "longer-lengthscales": ("length scales 0.3/0.6/1.2 of the ρ range (shipped 0.15/0.3/0.6)",
@@ -48,7 +55,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
 }
 """Name -> (what changes, the ``KGTuner`` keyword arguments it sets). Replayed before the answer
 rule was chosen (:data:`ANSWER_RULES`), so each answers over every cell, as the design then did;
-``answer-among-tried`` is the rule shipped since."""
+``answer-among-tried`` is the rule shipped since. All with the initial design then shipped
+(:data:`BEFORE`)."""
 
 ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
     BASE: ("the posterior-mean maximizer among cells with a full run (shipped: chosen here)", {}),
@@ -64,30 +72,35 @@ ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
 is, the :class:`allocopt.tuner.decide.Tuner` fields it sets)."""
 
 DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
-    BASE: ("the shipped tuner (8 rho levels, one full run per reward system first)", lambda: {}),
+    BASE: ("the shipped tuner (8 rho levels, one full run per reward system first, at the middle of rho and G)",
+           lambda: {}),
+    "initial-g-in-turn": ("the initial design's runs at the group sizes in turn (shipped before 2026-12-06; the "
+                          "variants below change that tuner)", lambda: dict(BEFORE)),
     "finer-rho-grid": ("15 rho levels (every measured level and the midpoints; shipped 8)",
-                       lambda: {"rho_levels": 15}),
+                       lambda: {"rho_levels": 15, **BEFORE}),
     "zoom-in-rho": ("the grid's 8 levels, and midpoints in rho around the best cell as runs come in (down to 1/64 of "
-                    "the range)", lambda: {"refine": True}),
+                    "the range)", lambda: {"refine": True, **BEFORE}),
     "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on",
                           lambda: {"initial": False}),
     "reward-offset": ("a kernel term per reward system constant in rho (variance 1 s², shipped none), so a run "
-                      "moves its reward system's whole curve", lambda: {"grid": HyperGrid(reward_offset=(1.0,))}),
+                      "moves its reward system's whole curve",
+                      lambda: {"grid": HyperGrid(reward_offset=(1.0,)), **BEFORE}),
     "reward-and-group-offsets": ("the same per reward system and per group size (each 1 s²)",
-                                 lambda: {"grid": HyperGrid(reward_offset=(1.0,), group_offset=(1.0,))}),
+                                 lambda: {"grid": HyperGrid(reward_offset=(1.0,), group_offset=(1.0,)), **BEFORE}),
     "reward-offset-learned": ("the reward system's offset as a hyperparameter the runs weigh: variance 0 or 1 s² "
                               "(the model averages both by their likelihood)",
-                              lambda: {"grid": HyperGrid(reward_offset=(0.0, 1.0))}),
+                              lambda: {"grid": HyperGrid(reward_offset=(0.0, 1.0)), **BEFORE}),
     "kg-for-the-answer": ("the knowledge gradient is the rise of the best mean among the cells the answer may be "
-                          "(those run, and the candidate's own), not among every cell", lambda: {"kg_pool": "answer"}),
-    "initial-middle-g": ("the initial design's runs all at the middle group size (shipped: the group sizes in turn)",
-                         lambda: {"layout": "middle-g"}),
+                          "(those run, and the candidate's own), not among every cell",
+                          lambda: {"kg_pool": "answer", **BEFORE}),
     "initial-spread-rho": ("the initial design's runs spread over the ρ levels, one per stratum (shipped: the two "
-                           "middle levels)", lambda: {"layout": "spread"}),
+                           "middle levels), the group sizes in turn", lambda: {"layout": "spread-rho"}),
 }
 """The choices the model's constants were not asked with (``--design``): the candidate grid and
-the initial design, each a change of today's shipped tuner (its answer among the cells run), so
-``shipped`` here is that tuner, not :data:`VARIANTS`' base."""
+the initial design, each a change of the shipped tuner (its answer among the cells run), so
+``shipped`` here is that tuner, not :data:`VARIANTS`' base. The variants after
+``initial-g-in-turn`` change the tuner as it was before its initial design took the middle group
+size (:data:`BEFORE`); ``no-initial-design`` has none to place."""
 
 KEYS: tuple[str, ...] = ("variant", "world", "truth", "seed", "target", "level", "regret_pct",
                          "regret_pct_common", "regret_pct_oracle")
@@ -130,11 +143,11 @@ def run_answer_rules(world: Any, truth_mode: str, seed: int, levels: Sequence[fl
     target = TARGETS[seed % len(TARGETS)]
     truth = truth_for(world, target, truth_mode, seed, len(TARGETS))
     session = Session(world, truth, seed, max(levels), tuple(levels))
-    run_allocopt(session)
+    run_allocopt(session, **BEFORE)  # the rules were compared on the tuner then shipped
     oracle = {r["level"]: r["regret_pct_oracle"] for r in score(session, "own", truth, lambda full: None)}
     out = []
     for rule in rules:
-        kg = make_tuner(Session(world, truth, seed, max(levels), tuple(levels)))
+        kg = make_tuner(Session(world, truth, seed, max(levels), tuple(levels)), **BEFORE)
         decide = replace(kg.tuner, **ANSWER_RULES[rule][1])
         for lv in levels:
             evs = [e for e in session.events if e.cost <= lv + EPS]
@@ -206,6 +219,49 @@ def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence
     return out
 
 
+def against_shipped(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
+                    rule: str = "regret_pct") -> list[dict[str, Any]]:
+    """Each variant alone against the shipped design, leave one world out: for each variant and
+    world left out, the variant's :func:`score_on` the other worlds less the shipped design's
+    (below 0: chosen there) and the same difference on the world left out (each pair scored on
+    the replications both ran). The menu's choice (:func:`leave_one_world_out`) picks the best of
+    many variants on two worlds, a noisy pick; this asks of each one change whether it transfers."""
+    worlds = list(dict.fromkeys(r["world"] for r in records))
+    vals = _values(records, rule)
+    out = []
+    for v in variants:
+        if v == BASE:
+            continue
+        pair = [BASE, v]
+        for held in worlds:
+            others = [w for w in worlds if w != held]
+            if not others:
+                continue
+
+            def diff(ws: list[str]) -> float:
+                return score_on(records, v, ws, pair, rule, vals=vals) - score_on(records, BASE, ws, pair, rule, vals=vals)
+
+            out.append({"variant": v, "held_out": held, "on_others": diff(others), "on_held_out": diff([held])})
+    return out
+
+
+def _against_shipped_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], at: str) -> list[str]:
+    rows = against_shipped(records, variants)
+    held = list(dict.fromkeys(r["held_out"] for r in rows))
+    lines = ["", f"**Each change alone against the shipped design, leave one world out** (difference in the score, "
+             f"mean own regret at {at} runs, both truths; below 0 the change is lower: on the other worlds it is "
+             "chosen, on the world left out it transfers)", "",
+             "| variant | " + " | ".join(f"{h} left out: others / {h}" for h in held) + " | folds chosen and lower "
+             "where left out |", "|---|" + "---|" * (len(held) + 1)]
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        cells = [r for r in rows if r["variant"] == v]
+        good = sum(1 for r in cells if r["on_others"] < 0 and r["on_held_out"] < 0)
+        chosen = sum(1 for r in cells if r["on_others"] < 0)
+        lines.append(f"| {v} | " + " | ".join(f"{r['on_others']:+.2f} / {r['on_held_out']:+.2f}" for r in cells)
+                     + f" | {good} of {chosen} chosen ({len(cells)} folds) |")
+    return lines
+
+
 def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
            levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None) -> str:
     """Markdown: what the table holds (``about``: each variant's description), each variant's
@@ -251,8 +307,10 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     for c in leave_one_world_out(records, variants):
         lines.append(f"| {c['held_out']} | {', '.join(c['chosen_on'])} | {c['choice']} | {c['score_on_others']:.2f} "
                      f"| {c['on_held_out']:.2f} | {c['shipped_on_held_out']:.2f} |")
+    if BASE in variants:
+        lines += _against_shipped_lines(records, variants, at)
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ANSWER_RULES", "BASE", "DESIGN", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
+__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "DESIGN", "against_shipped", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
            "run_answer_rules", "run_variant", "score_on", "tables"]

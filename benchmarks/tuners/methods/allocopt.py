@@ -137,7 +137,9 @@ def _time_kg(world: Any, n_trials: int, repeats: int, pilots: bool) -> dict[str,
 
 METHODS = {
     "allocopt": Method("allocopt", "allocopt", OWN, run_allocopt, missing, weight=30),
-    # replayed before the answer rule among tried cells was chosen: it answers over every cell, as then
+    # replayed before the answer rule among tried cells was chosen and before the initial design took
+    # the middle group size: it answers over every cell and places its first runs' G in turn, as then
     "allocopt-pilots": Method("allocopt-pilots", "allocopt with pilots (ablation)", OWN,
-                              lambda s: run_allocopt(s, PILOTS_ABLATION, among="all"), missing, weight=30),
+                              lambda s: run_allocopt(s, PILOTS_ABLATION, among="all", layout="g-in-turn"), missing,
+                              weight=30),
 }
