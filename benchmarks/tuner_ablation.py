@@ -4,6 +4,7 @@
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
     python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--out DIR]
     python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--out DIR]
+    python benchmarks/tuner_ablation.py --synthetic all --design --variants shipped,... [--seeds 10]
 
 ``--answer-rules``: the rules of :data:`benchmarks.tuners.ablation.ANSWER_RULES` instead, each
 taken on the same runs of the shipped tuner (one replay per world, truth and seed,
@@ -11,6 +12,11 @@ taken on the same runs of the shipped tuner (one replay per world, truth and see
 ``DIR/answer_rules.md``. ``--design``: the changes of :data:`benchmarks.tuners.ablation.DESIGN`
 (the candidate grid, the initial design) to today's shipped tuner instead, to ``DIR/design.csv``
 and ``DIR/design.md``.
+
+``--synthetic NAMES`` (``all``, or names of ``objectives/synthetic.py``'s variants) replays on the
+synthetic worlds instead of tables, a regression check only (their truth is the noise-free
+response: the seed-mean truth only): to ``DIR/<stem>_synthetic.csv`` and ``.md``, each change
+paired against the shipped design, no choice made.
 
 Each table (the grid runner's format) is one world. Every variant of
 :data:`benchmarks.tuners.ablation.VARIANTS` is replayed ``--seeds`` paired replications per
@@ -41,27 +47,45 @@ from benchmarks.tuners.truth import truths_of  # noqa: E402
 from benchmarks.tuners.cli import tables_refusal  # noqa: E402
 
 
+def _synthetic(names: str | None) -> list[str] | str:
+    """The synthetic worlds ``--synthetic`` names, or one line saying what is allowed."""
+    from objectives.synthetic import VARIANTS as SYNTHETIC
+
+    got = list(SYNTHETIC) if names == "all" else [n.strip() for n in (names or "").split(",") if n.strip()]
+    unknown = [n for n in got if n not in SYNTHETIC]
+    if unknown or not got:
+        return f"synthetic={unknown[0] if unknown else names!r}: allowed: all, or some of {', '.join(SYNTHETIC)}"
+    return got
+
+
 def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict = VARIANTS,
-             mode: str = "") -> str | None:
+             mode: str = "", synthetic: str | None = None) -> str | None:
     """One line for a bad flag, or None; ``mode``: the flag that chose ``allowed`` ("" for none)."""
     unknown = [v for v in variants if v not in allowed]
     if unknown or not variants:
         return (f"variants={unknown[0] if unknown else ''!r}: allowed{' with ' + mode if mode else ''}: "
                 f"{', '.join(allowed)}")
+    if seeds < 1:
+        return f"seeds={seeds!r}: must be >= 1"
+    if synthetic is not None:
+        if tables:
+            return "tables: give --tables or --synthetic, not both"
+        got = _synthetic(synthetic)
+        return got if isinstance(got, str) else None
     bad = tables_refusal(tables)
     if bad:
         return bad
     if len(tables) < 2:
         return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each); a choice is made "
                 "on the others and reported on the one left out")
-    if seeds < 1:
-        return f"seeds={seeds!r}: must be >= 1"
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
+    ap.add_argument("--tables", nargs="+", type=Path, default=[], help="one measured table per world")
+    ap.add_argument("--synthetic", metavar="NAMES",
+                    help="replay on synthetic worlds instead (all, or comma-separated names): a regression check")
     ap.add_argument("--seeds", type=int, default=50, help="replications per world and truth (default 50)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, from {', '.join(VARIANTS)} (with --design: from "
@@ -80,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     given = a.variants if a.variants != ",".join(VARIANTS) else ",".join(allowed)
     variants = [v.strip() for v in given.split(",") if v.strip()]
     error = _refusal(variants, a.tables, a.seeds, allowed,
-                     "--answer-rules" if a.answer_rules else "--design" if a.design else "")
+                     "--answer-rules" if a.answer_rules else "--design" if a.design else "", a.synthetic)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -88,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(a.nice)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        worlds = [world_of("tiny-table", (str(t),)) for t in a.tables]
+        worlds = ([world_of(n) for n in _synthetic(a.synthetic)] if a.synthetic is not None
+                  else [world_of("tiny-table", (str(t),)) for t in a.tables])
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -99,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
               "its table's folder); give tables of different worlds", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    stem = "answer_rules" if a.answer_rules else "design" if a.design else "ablation"
+    stem = ("answer_rules" if a.answer_rules else "design" if a.design else "ablation") \
+        + ("_synthetic" if a.synthetic is not None else "")
     path = a.out / f"{stem}.csv"
     done = {(r["variant"], r["world"], r["truth"], int(r["seed"])) for r in read_rows(path)}
     todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in truths_of(w)
@@ -115,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
     about = {k: v[0] for k, v in allowed.items()}
-    text = tables(read_rows(path), variants, about=about)
+    text = tables(read_rows(path), variants, about=about, choices=a.synthetic is None)
     (a.out / f"{stem}.md").write_text(text)
     print(text)
     return 0

@@ -328,6 +328,41 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
     assert "* `zoom-in-rho`: " + DESIGN["zoom-in-rho"][0] in md and "(1 paired replication each" in md
 
 
+def test_paired_lines_are_the_wilcoxon_test_of_each_change_against_the_shipped_design():
+    from benchmarks.tuners.ablation import paired_lines
+
+    def rec(v, seed, level, value):
+        return {"variant": v, "world": "w", "truth": "seedmean", "seed": seed, "level": level, "regret_pct": value}
+
+    base = {0: 4.0, 1: 6.0, 2: 5.0, 3: 9.0}
+    change = {0: 2.0, 1: 7.0, 2: 5.0, 3: 1.0}  # lower, higher, tied, lower
+    records = [rec("shipped", k, 8.0, v) for k, v in base.items()] + [rec("x", k, 8.0, v) for k, v in change.items()]
+    records.append(rec("shipped", 9, 8.0, 50.0))  # x did not run replication 9: not a pair
+    p = sps.wilcoxon([-2.0, 1.0, 0.0, -8.0]).pvalue
+    md = "\n".join(paired_lines(records, ["shipped", "x"]))
+    assert "| variant | 8–16 runs |" in md and f"| x | 6.00 → 3.75; 2 / 1; p = {p:.2g} |" in md
+
+
+def test_the_synthetic_mode_replays_every_change_on_the_named_worlds_and_chooses_nothing(tmp_path, capsys):
+    from benchmarks import tuner_ablation
+
+    out = tmp_path / "abl"
+    assert tuner_ablation.main(["--synthetic", "flat", "--design", "--variants", "shipped,initial-g-in-turn",
+                                "--seeds", "1", "--out", str(out), "--nice", "0"]) == 0
+    capsys.readouterr()
+    with (out / "design_synthetic.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["variant"], r["world"], r["truth"]) for r in rows} == {
+        ("shipped", "flat", "seedmean"), ("initial-g-in-turn", "flat", "seedmean")}
+    md = (out / "design_synthetic.md").read_text()
+    assert "paired" in md and "| initial-g-in-turn |" in md and "Leave one world out" not in md
+    for bad, says in ((["--synthetic", "nope"], "allowed: all, or some of"),
+                      (["--synthetic", "all", "--tables", "a.csv"], "not both")):
+        assert tuner_ablation.main(bad + ["--design", "--out", str(out), "--nice", "0"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and says in err
+
+
 def test_the_other_seeds_answer_is_the_best_mean_without_the_held_out_seed(tmp_path):
     """A world where every seed's best cell differs: ρ 0.2 scores 0.41 in every seed, ρ 0.6 scores
     0.50 / 0.43 / 0.30. Holding out seed 0 or 1, the other seeds' mean at 0.6 (0.365, 0.40) is

@@ -262,11 +262,46 @@ def _against_shipped_lines(records: Sequence[Mapping[str, Any]], variants: Seque
     return lines
 
 
+PAIRED_SPANS: tuple[tuple[float, ...], ...] = ((4.0,), (8.0, 12.0, 16.0), (24.0, 40.0))
+"""The compute levels pooled in :func:`paired_lines`."""
+
+
+def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) -> list[str]:
+    """Markdown: each variant against the shipped design over every world, truth and replication
+    both ran, per span of :data:`PAIRED_SPANS`: the mean own regret of each, the pairs where the
+    variant is lower and higher, and the two-sided Wilcoxon signed-rank p (``scipy.stats``)."""
+    from scipy.stats import wilcoxon
+
+    vals = _values(records, "regret_pct")
+    spans = [s for s in PAIRED_SPANS if any(k[3] in s for k in vals)]
+    head = " | ".join(f"{'–'.join(f'{x:g}' for x in (s[0], s[-1])) if len(s) > 1 else f'{s[0]:g}'} runs" for s in spans)
+    lines = ["", "**Each change against the shipped design, paired** (mean own regret shipped → change; pairs lower / "
+             "higher; Wilcoxon p)", "", f"| variant | {head} |", "|---|" + "---|" * len(spans)]
+    for v in variants:
+        if v == BASE:
+            continue
+        cells = []
+        for span in spans:
+            pairs = [(vals[k][seed], vals[(v,) + k[1:]][seed]) for k in vals if k[0] == BASE and k[3] in span
+                     for seed in vals[k] if seed in vals.get((v,) + k[1:], {})]
+            d = [b - a for a, b in pairs]
+            if not pairs:
+                cells.append("–")
+                continue
+            p = wilcoxon(d).pvalue if any(d) else 1.0
+            cells.append(f"{statistics.fmean(a for a, _ in pairs):.2f} → {statistics.fmean(b for _, b in pairs):.2f}; "
+                         f"{sum(x < 0 for x in d)} / {sum(x > 0 for x in d)}; p = {p:.2g}")
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
-           levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None) -> str:
+           levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None,
+           choices: bool = True) -> str:
     """Markdown: what the table holds (``about``: each variant's description), each variant's
     mean own regret per world and truth at ``levels``, its oracle beside it, then the
-    leave-one-world-out choices."""
+    leave-one-world-out choices (``choices=False``, worlds that choose nothing, such as the
+    synthetic ones: each change paired against the shipped design instead)."""
     vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
     worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
     reps = [len(set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants)))
@@ -295,6 +330,8 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
                 parts.append(f"{m:.1f} ({o:.1f})")
             cells.append(" / ".join(parts))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    if not choices:
+        return "\n".join(lines + (paired_lines(records, variants) if BASE in variants else [])) + "\n"
     names = list(dict.fromkeys(w for w, _ in worlds))
     at = ", ".join(f"{lv:g}" for lv in CHOICE_LEVELS)
     lines += ["", f"**Score on each world** (mean own regret at {at} runs, both truths; what the choices below compare)",
@@ -312,5 +349,5 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "DESIGN", "against_shipped", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
+__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "DESIGN", "PAIRED_SPANS", "against_shipped", "paired_lines", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
            "run_answer_rules", "run_variant", "score_on", "tables"]
