@@ -239,7 +239,8 @@ def against_shipped(records: Sequence[Mapping[str, Any]], variants: Sequence[str
                 continue
 
             def diff(ws: list[str]) -> float:
-                return score_on(records, v, ws, pair, rule, vals=vals) - score_on(records, BASE, ws, pair, rule, vals=vals)
+                return (score_on(records, v, ws, pair, rule, vals=vals)
+                        - score_on(records, BASE, ws, pair, rule, vals=vals))
 
             out.append({"variant": v, "held_out": held, "on_others": diff(others), "on_held_out": diff([held])})
     return out
@@ -274,9 +275,9 @@ def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) 
 
     vals = _values(records, "regret_pct")
     spans = [s for s in PAIRED_SPANS if any(k[3] in s for k in vals)]
-    head = " | ".join(f"{'–'.join(f'{x:g}' for x in (s[0], s[-1])) if len(s) > 1 else f'{s[0]:g}'} runs" for s in spans)
-    lines = ["", "**Each change against the shipped design, paired** (mean own regret shipped → change; pairs lower / "
-             "higher; Wilcoxon p)", "", f"| variant | {head} |", "|---|" + "---|" * len(spans)]
+    head = " | ".join(f"{s[0]:g}–{s[-1]:g} runs" if len(s) > 1 else f"{s[0]:g} runs" for s in spans)
+    lines = ["", "**Each change against the shipped design, paired** (mean own regret shipped → change; "
+             "pairs lower / higher; Wilcoxon p)", "", f"| variant | {head} |", "|---|" + "---|" * len(spans)]
     for v in variants:
         if v == BASE:
             continue
@@ -289,8 +290,9 @@ def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) 
                 cells.append("–")
                 continue
             p = wilcoxon(d).pvalue if any(d) else 1.0
-            cells.append(f"{statistics.fmean(a for a, _ in pairs):.2f} → {statistics.fmean(b for _, b in pairs):.2f}; "
-                         f"{sum(x < 0 for x in d)} / {sum(x > 0 for x in d)}; p = {p:.2g}")
+            before, after = statistics.fmean(a for a, _ in pairs), statistics.fmean(b for _, b in pairs)
+            lower, higher = sum(x < 0 for x in d), sum(x > 0 for x in d)
+            cells.append(f"{before:.2f} → {after:.2f}; {lower} / {higher}; p = {p:.2g}")
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return lines
 
@@ -349,5 +351,6 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "DESIGN", "PAIRED_SPANS", "against_shipped", "paired_lines", "CHOICE_LEVELS", "KEYS", "VARIANTS", "leave_one_world_out",
-           "run_answer_rules", "run_variant", "score_on", "tables"]
+__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS",
+           "against_shipped", "leave_one_world_out", "paired_lines", "run_answer_rules", "run_variant", "score_on",
+           "tables"]

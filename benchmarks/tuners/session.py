@@ -6,8 +6,10 @@ target. A method whose choices depend on the order in which the space lists its 
 or models (Ax's centre point takes the middle of a list, the grid runs them in order) takes that
 order from :meth:`Session.listed`, drawn from the replication: the world's own order (a table's
 reward systems by cost) would otherwise decide which reward system such a method tries first,
-and a world whose middle one happens to be its best would reward the list, not the search. Compute is counted in **full-run equivalents**: a trial at fraction ``f`` of the full
-budget costs ``f``; an infeasible trial (``None``) costs nothing, as a study records it.
+and a world whose middle one happens to be its best would reward the list, not the search.
+
+Compute is counted in **full-run equivalents**: a trial at fraction ``f`` of the full budget
+costs ``f``; an infeasible trial (``None``) costs nothing, as a study records it.
 A method stops when :attr:`Session.done` (its compute reached ``cap``); the trial that crosses
 the cap is still recorded, and scoring counts at each level only what was spent by then.
 

@@ -4,8 +4,8 @@ One ``Client(random_seed=replication)`` per replication; the experiment's parame
 world's space (``rho`` a float range; ``group_size`` an ordered int choice; ``reward`` and, on a
 world of several models, ``model`` unordered string choices, listed in the order
 :meth:`Session.listed` draws for the replication: Ax's centre point takes the middle value of a
-choice list, so the world's own order would choose the first run's reward system); one objective ``y`` (the target,
-maximized); the generation strategy Ax chooses itself (``configure_generation_strategy()``
+choice list, so the world's own order would choose the first run's reward system); one
+objective ``y`` (the target, maximized); the generation strategy Ax chooses itself (``configure_generation_strategy()``
 left at its default, ``method="fast"``: a centre point and Sobol initialization, then BoTorch
 through Ax's modular model). Trials run one at a time at the full budget only
 (``get_next_trials(max_trials=1)``, then ``complete_trial`` with the observed target; an
@@ -40,7 +40,8 @@ def _parameters(session: Session) -> list[Any]:
     out = [RangeParameterConfig(name="rho", parameter_type="float", bounds=tuple(space.rho)),
            ChoiceParameterConfig(name="group_size", parameter_type="int", values=list(space.group_sizes),
                                  is_ordered=True),
-           ChoiceParameterConfig(name="reward", parameter_type="str", values=list(session.listed(space.rewards, "reward")), is_ordered=False)]
+           ChoiceParameterConfig(name="reward", parameter_type="str",
+                                 values=list(session.listed(space.rewards, "reward")), is_ordered=False)]
     if space.models:
         out.append(ChoiceParameterConfig(name="model", parameter_type="str",
                                          values=list(session.listed(space.models, "model")),
