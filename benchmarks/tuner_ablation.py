@@ -1,4 +1,4 @@
-"""Ablate allocopt's tuner on measured worlds and choose each design change leave-one-world-out.
+"""Ablate allocopt's tuner on measured worlds (each change chosen leave-one-world-out) or on synthetic ones.
 
     python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
@@ -76,8 +76,8 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
     if bad:
         return bad
     if len(tables) < 2:
-        return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each); a choice is made "
-                "on the others and reported on the one left out")
+        return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each; a choice is made "
+                "on the others and reported on the one left out), or --synthetic NAMES for the synthetic worlds")
     return None
 
 

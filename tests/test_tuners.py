@@ -270,6 +270,25 @@ def test_report_tables_are_the_statistics_of_the_records():
     assert "No peer has a lower median than allocopt" in leaders(recs, "w", "heldout", "common")
 
 
+def test_the_bar_names_levels_not_run_instead_of_failing_them():
+    """``--levels 4,8``: the bar over 8-40 runs is not judged (12-40 not run) and 3 % at 16 is
+    not run; a level run where a peer is lower is a NO whatever else was not run."""
+    from benchmarks.tuners.report import bar_verdict
+
+    def rec(m, level, v):
+        return {"world": "w", "truth": "seedmean", "method": m, "seed": 0, "target": "pass_at_1", "level": level,
+                "regret_pct": v, "regret_pct_common": v, "regret_pct_oracle": v}
+
+    runs = [rec("allocopt", 4.0, 1.0), rec("allocopt", 8.0, 1.0), rec("tpe", 4.0, 2.0), rec("tpe", 8.0, 2.0)]
+    text = bar_verdict(runs)
+    assert "w / seedmean / own: lowest median at 8, 12, 16, 24, 40: not judged (12, 16, 24, 40 not run); " \
+           "<= 3 % at 16: not run" in text and "NO" not in text
+    text = bar_verdict(runs + [rec("allocopt", 12.0, 1.0), rec("tpe", 12.0, 0.5)])
+    assert "lowest median at 8, 12, 16, 24, 40: NO (not at 12) (16, 24, 40 not run)" in text
+    full = [rec(m, lv, v) for m, v in (("allocopt", 2.0), ("tpe", 4.0)) for lv in (8.0, 12.0, 16.0, 24.0, 40.0)]
+    assert "lowest median at 8, 12, 16, 24, 40: YES; <= 3 % at 16: YES (2.0 %)" in bar_verdict(full)
+
+
 def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_left_out():
     from benchmarks.tuners.ablation import against_shipped, leave_one_world_out, score_on, tables
 

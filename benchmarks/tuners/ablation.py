@@ -311,10 +311,13 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     head = " | ".join(f"{w}/{t} at {', '.join(f'{lv:g}' for lv in levels)}" for w, t in worlds)
     n = f"{min(reps, default=0)}" if min(reps, default=0) == max(reps, default=0) else \
         f"{min(reps, default=0)}–{max(reps, default=0)}"
+    said = {"seedmean": "`seedmean`: the truth is the mean of a cell's measured seeds (a synthetic world's: its "
+                        "noise-free response)", "heldout": "`heldout`: one seed is the truth and runs draw the others"}
+    truths = "; ".join(said[t] for t in dict.fromkeys(t for _, t in worlds) if t in said)
     lines = [f"Each variant replayed on every world and truth ({n} paired replication{'' if n == '1' else 's'} "
-             "each; `seedmean`: the truth is the mean of a cell's measured seeds, `heldout`: one seed is the truth "
-             "and runs draw the others). Regret: the truth's best less the truth of the answer, in % of its range "
-             "over the cells (0: the best cell).", ""]
+             f"each; {truths}). Regret: the truth's best less the truth of the answer, in % of its range "
+             "over the cells (0: the best cell); the oracle, in brackets, is the best truth among the full runs "
+             "made.", ""]
     lines += [f"* `{v}`: {about[v]}" for v in variants if about and v in about] + ([""] if about else [])
     lines += ["**Mean regret, % of range — own rule (oracle in brackets), replications every variant ran**", "",
               f"| variant | {head} |", "|---|" + "---|" * len(worlds)]

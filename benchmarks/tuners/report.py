@@ -150,9 +150,11 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
 def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8, 12, 16, 24, 40)) -> str:
     """The issue's bar for allocopt, per world, truth and rule: the lowest median of all methods
     at every level of ``levels`` (and, on a table, <= 3 % at 16 runs; on a synthetic world,
-    <= 1 % by 40)."""
+    <= 1 % by 40). A level no record reaches (``--levels`` left it out) is named as not run,
+    and the verdict is not given: a bar over levels not run is not judged."""
     g = group_records(records)
     peers = [m for m in ordered(records, "method") if m != REFERENCE]
+    run = {float(r["level"]) for r in records}
     lines = []
     for world in ordered(records, "world"):
         for truth in ordered([r for r in records if r["world"] == world], "truth"):
@@ -161,12 +163,16 @@ def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8,
                     return describe([r[RULE_COLUMNS[rule]] for r in g.get((world, truth, m, float(c)), [])])["median"]
 
                 mine = {c: med(REFERENCE, c) for c in (*levels, 16, 40)}
-                lost = [f"{c:g}" for c in levels if math.isnan(mine[c]) or any(med(m, c) < mine[c] for m in peers)]
-                if world in VARIANTS:
-                    target = f"<= 1 % by 40: {'YES' if mine[40] <= 1 else 'NO'} ({_fmt(mine[40])} %)"
-                else:
-                    target = f"<= 3 % at 16: {'YES' if mine[16] <= 3 else 'NO'} ({_fmt(mine[16])} %)"
-                won = "YES" if not lost else "NO (not at " + ", ".join(lost) + ")"
+                lost = [f"{c:g}" for c in levels if float(c) in run
+                        and (math.isnan(mine[c]) or any(med(m, c) < mine[c] for m in peers))]
+                absent = [f"{c:g}" for c in levels if float(c) not in run]
+                at, need = (40, "<= 1 % by 40") if world in VARIANTS else (16, "<= 3 % at 16")
+                target = (f"{need}: not run" if float(at) not in run else
+                          f"{need}: {'YES' if mine[at] <= (1 if at == 40 else 3) else 'NO'} ({_fmt(mine[at])} %)")
+                won = ("NO (not at " + ", ".join(lost) + ")" if lost else "YES" if not absent
+                       else "not judged")
+                if absent:
+                    won += f" ({', '.join(absent)} not run)"
                 lines.append(f"  {world} / {truth} / {rule}: lowest median at "
                              f"{', '.join(f'{c:g}' for c in levels)}: {won}; {target}")
     return "Bar (allocopt):\n" + "\n".join(lines)
