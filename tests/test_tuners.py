@@ -271,8 +271,9 @@ def test_report_tables_are_the_statistics_of_the_records():
 
 
 def test_the_bar_names_levels_not_run_instead_of_failing_them():
-    """``--levels 4,8``: the bar over 8-40 runs is not judged (12-40 not run) and 3 % at 16 is
-    not run; a level run where a peer is lower is a NO whatever else was not run."""
+    """``--levels 4,8``: the bar over 8-40 runs is judged at 8 only (12-40 not run), at none
+    with ``--levels 4``, and 3 % at 16 is not run; a level run where a peer is lower is a NO
+    whatever else was not run."""
     from benchmarks.tuners.report import bar_verdict
 
     def rec(m, level, v):
@@ -281,8 +282,9 @@ def test_the_bar_names_levels_not_run_instead_of_failing_them():
 
     runs = [rec("allocopt", 4.0, 1.0), rec("allocopt", 8.0, 1.0), rec("tpe", 4.0, 2.0), rec("tpe", 8.0, 2.0)]
     text = bar_verdict(runs)
-    assert "w / seedmean / own: lowest median at 8, 12, 16, 24, 40: not judged (12, 16, 24, 40 not run); " \
+    assert "w / seedmean / own: lowest median at 8, 12, 16, 24, 40: YES at 8 (12, 16, 24, 40 not run); " \
            "<= 3 % at 16: not run" in text and "NO" not in text
+    assert "lowest median at 8, 12, 16, 24, 40: not judged (8, 12, 16, 24, 40 not run)" in bar_verdict(runs[::2])
     text = bar_verdict(runs + [rec("allocopt", 12.0, 1.0), rec("tpe", 12.0, 0.5)])
     assert "lowest median at 8, 12, 16, 24, 40: NO (not at 12) (16, 24, 40 not run)" in text
     full = [rec(m, lv, v) for m, v in (("allocopt", 2.0), ("tpe", 4.0)) for lv in (8.0, 12.0, 16.0, 24.0, 40.0)]

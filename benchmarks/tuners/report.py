@@ -150,8 +150,9 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
 def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8, 12, 16, 24, 40)) -> str:
     """The issue's bar for allocopt, per world, truth and rule: the lowest median of all methods
     at every level of ``levels`` (and, on a table, <= 3 % at 16 runs; on a synthetic world,
-    <= 1 % by 40). A level no record reaches (``--levels`` left it out) is named as not run,
-    and the verdict is not given: a bar over levels not run is not judged."""
+    <= 1 % by 40). A level no record reaches (``--levels`` left it out) is named as not run:
+    the verdict covers the levels run only ("YES at 8 (12, 16, 24, 40 not run)"; with none of
+    them run, "not judged")."""
     g = group_records(records)
     peers = [m for m in ordered(records, "method") if m != REFERENCE]
     run = {float(r["level"]) for r in records}
@@ -169,8 +170,9 @@ def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8,
                 at, need = (40, "<= 1 % by 40") if world in VARIANTS else (16, "<= 3 % at 16")
                 target = (f"{need}: not run" if float(at) not in run else
                           f"{need}: {'YES' if mine[at] <= (1 if at == 40 else 3) else 'NO'} ({_fmt(mine[at])} %)")
+                ran = [f"{c:g}" for c in levels if float(c) in run]
                 won = ("NO (not at " + ", ".join(lost) + ")" if lost else "YES" if not absent
-                       else "not judged")
+                       else f"YES at {', '.join(ran)}" if ran else "not judged")
                 if absent:
                     won += f" ({', '.join(absent)} not run)"
                 lines.append(f"  {world} / {truth} / {rule}: lowest median at "
