@@ -270,8 +270,9 @@ PAIRED_SPANS: tuple[tuple[float, ...], ...] = ((4.0,), (8.0, 12.0, 16.0), (24.0,
 def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) -> list[str]:
     """Markdown: each variant against the shipped design over every world, truth and replication
     both ran, per span of :data:`PAIRED_SPANS`: the mean own regret of each, the pairs where the
-    variant is lower and higher, and the two-sided Wilcoxon signed-rank p (``scipy.stats``)."""
-    from scipy.stats import wilcoxon
+    variant is lower and higher, and the two-sided Wilcoxon signed-rank p
+    (:func:`benchmarks.tuners.stats.paired`)."""
+    from benchmarks.tuners.stats import paired
 
     vals = _values(records, "regret_pct")
     spans = [s for s in PAIRED_SPANS if any(k[3] in s for k in vals)]
@@ -289,7 +290,7 @@ def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) 
             if not pairs:
                 cells.append("–")
                 continue
-            p = wilcoxon(d).pvalue if any(d) else 1.0
+            p = paired([b for _, b in pairs], [a for a, _ in pairs])["p"]
             before, after = statistics.fmean(a for a, _ in pairs), statistics.fmean(b for _, b in pairs)
             lower, higher = sum(x < 0 for x in d), sum(x > 0 for x in d)
             cells.append(f"{before:.2f} → {after:.2f}; {lower} / {higher}; p = {p:.2g}")

@@ -167,9 +167,10 @@ def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8,
                 lost = [f"{c:g}" for c in levels if float(c) in run
                         and (math.isnan(mine[c]) or any(med(m, c) < mine[c] for m in peers))]
                 absent = [f"{c:g}" for c in levels if float(c) not in run]
-                at, need = (40, "<= 1 % by 40") if world in VARIANTS else (16, "<= 3 % at 16")
+                at, limit = (40, 1) if world in VARIANTS else (16, 3)
+                need = f"<= {limit} % {'by' if at == 40 else 'at'} {at}"
                 target = (f"{need}: not run" if float(at) not in run else
-                          f"{need}: {'YES' if mine[at] <= (1 if at == 40 else 3) else 'NO'} ({_fmt(mine[at])} %)")
+                          f"{need}: {'YES' if mine[at] <= limit else 'NO'} ({_fmt(mine[at])} %)")
                 ran = [f"{c:g}" for c in levels if float(c) in run]
                 won = ("NO (not at " + ", ".join(lost) + ")" if lost else "YES" if not absent
                        else f"YES at {', '.join(ran)}" if ran else "not judged")
