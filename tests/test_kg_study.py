@@ -219,3 +219,25 @@ def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
     assert [a.group_size for a in initial_design(even, 0)] == [4, 8, 4, 8]
     with pytest.raises(ValueError, match="layout='corners'"):
         initial_design(space, 0, "corners")
+
+
+def test_the_answers_caution_reaches_the_decision_layer_and_prefers_the_cell_the_runs_pinned_down():
+    """``caution=c`` (an ablation of the answer) takes ``c`` posterior sd off each run cell's
+    mean: a cell run once a little above one run three times is the answer at 0 and loses at 1,
+    where the mean less one sd is higher for the replicated cell; the study's answer is the
+    decision layer's with the same caution."""
+    from allocopt.tuner.decide import Tuner
+
+    once, thrice = Allocation(0.5, 4, "sparse"), Allocation(0.6, 8, "prm")
+    obs = [_obs(0, once, 0.57, variance=9e-4)] + [_obs(i, thrice, v, variance=9e-4)
+                                                  for i, v in ((1, 0.55), (2, 0.555), (3, 0.55))]
+    obs.append(_obs(4, Allocation(0.3, 4, "sparse"), 0.40, variance=9e-4))
+    picks = {}
+    for caution in (0.0, 1.0):
+        t = KGTuner(SPACE, Budgets(1e19), max_pilots=0, caution=caution)
+        ans = t.answer(obs)[1]
+        direct = Tuner(t.space, caution=caution).answer(t.observed(obs))
+        assert ans.allocation == direct.allocation
+        picks[caution] = ans
+    assert picks[0.0].allocation == once and picks[1.0].allocation == thrice
+    assert picks[0.0].mean > picks[1.0].mean and picks[0.0].sd > picks[1.0].sd

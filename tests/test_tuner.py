@@ -118,6 +118,34 @@ def test_posterior_is_the_textbook_gp_at_one_hyperparameter_setting():
     assert post.covs[0] == pytest.approx(cov, rel=1e-6, abs=1e-12)
 
 
+def test_a_cell_offset_adds_a_term_for_the_same_cell_only_and_lets_replicates_outweigh_neighbours():
+    """``cell_offset`` a adds ``s² a [same reward, group and ρ]`` (at any budget fraction) to the
+    kernel, written out by hand; with it, the posterior mean of a cell run twice moves towards
+    its own runs' mean and away from its neighbour's, against the same data without it."""
+    from dataclasses import replace
+
+    grid = replace(ONE, cell_offset=(2.0,))
+    x = _points([0.5, 0.5, 0.5, 0.55], reward=[0, 0, 1, 0], fid=[0, 1, 0, 0])
+    (h,) = posterior(Data(x, np.array([0.5, 0.4, 0.45, 0.3]), np.full(4, 2.5e-4)), x, grid).hypers
+    assert h[8] == 2.0
+    s2 = h[0] * 2.5e-4
+    rho = np.exp(-0.5 * (x.rho[:, None] - x.rho[None, :]) ** 2 / 0.3 ** 2)
+    same_r = x.reward[:, None] == x.reward[None, :]
+    pilots = (x.fidelity[:, None] > 0) & (x.fidelity[None, :] > 0)
+    same_pilot = pilots & (x.fidelity[:, None] == x.fidelity[None, :])
+    same_cell = same_r & (x.rho[:, None] == x.rho[None, :])
+    by_hand = s2 * (rho * (0.5 + 0.5 * same_r) * (1 + 1.0 * pilots) + 4.0 + 4.0 * same_pilot + 2.0 * same_cell)
+    assert kernel(x, x, h, 2.5e-4) == pytest.approx(by_hand, rel=1e-12)
+
+    runs = _points([0.5, 0.5, 0.55])
+    y = np.array([0.50, 0.52, 0.40])
+    ev = np.full(3, 2.5e-4)
+    cell = _points([0.5])
+    without = posterior(Data(runs, y, ev), cell, replace(ONE, train_noise=(0.0,))).mean[0]
+    with_it = posterior(Data(runs, y, ev), cell, replace(ONE, train_noise=(0.0,), cell_offset=(2.0,))).mean[0]
+    assert without < with_it < 0.51
+
+
 def test_offsets_per_reward_system_and_group_size_add_a_term_constant_in_rho():
     """``reward_offset`` a and ``group_offset`` b add ``s² (a [r = r'] + b [g = g'])`` to the
     kernel, written out by hand; the posterior is the textbook GP with that kernel (and its

@@ -326,10 +326,10 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
     a = write(tmp_path / "wa" / "trials.csv", cells())
     b = write(tmp_path / "wb" / "trials.csv", cells(value=lambda i, g, s: 0.5 - 0.02 * i + 0.05 * (g == 2) + 0.001 * s))
     out = tmp_path / "abl"
-    assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--variants", "deeper-bowl",
+    assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--variants", "categories-alike",
                                 "--out", str(out), "--nice", "0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "deeper-bowl" in err and "allowed with --design" in err and "no-initial-design" in err
+    assert "\n" not in err and "categories-alike" in err and "allowed with --design" in err and "no-initial-design" in err
     assert tuner_ablation.main(["--tables", str(a), "--design", "--out", str(out), "--nice", "0"]) == 2
     assert "two or more worlds" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"

@@ -143,7 +143,8 @@ AMONG = ("all", "tried")
 ANSWER_CAUTION = 0.0
 """How many posterior standard deviations the answer's criterion takes off each cell's mean
 (0: the posterior-mean maximizer; larger: a cell the runs have pinned down is preferred to one
-the model only extrapolates to)."""
+the model only extrapolates to). 0: kept leave-one-world-out (``benchmarks/tuner_ablation.py
+--design``, ``answer-caution-0.5`` and ``-1``)."""
 
 
 KG_POOL = "all"

@@ -29,7 +29,8 @@ evaluation variance, a noise variance that is a share of the observed values' va
 The grid (``HyperGrid``): ``s²`` relative to a scale (the median known evaluation variance, or
 the observed values' variance), ``ℓ``, ``c_r``, ``c_g``, ``c_m``, ``τ²``, the variances ``a_r``,
 ``a_g`` of offsets per reward system and group size constant in ρ (``+ s² (a_r [r = r'] + a_g
-[g = g'])``, none as shipped), ``λ``.
+[g = g'])``, none as shipped), the variance ``a_c`` of each cell's own deviation (``+ s² a_c
+[same cell]``), ``λ``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class HyperGrid:
 leave-one-world-out: ``benchmarks/tuner_ablation.py --design``, ``reward-offset``)."""
     group_offset: tuple[float, ...] = (0.0,)
     """The same per group size."""
+    cell_offset: tuple[float, ...] = (0.0,)
+    """Variance of each cell's own deviation from the smooth surface, in units of ``s²``: a
+    kernel term ``a · s² · [same cell]`` (same model, reward system, group size and ρ, at any
+    budget fraction), so that a cell's replicated runs can outweigh what its neighbours say of it.
+    ``(0,)``: none (kept leave-one-world-out: ``benchmarks/tuner_ablation.py --design``,
+    ``cell-offset``)."""
     noise_share: tuple[float, ...] = (0.02, 0.1, 0.5)
     """Without known evaluation variances: the noise variance as a share of the observed
     values' variance (from nearly noise-free to half of what is seen), in place of ``λ``."""
@@ -81,7 +88,7 @@ leave-one-world-out: ``benchmarks/tuner_ablation.py --design``, ``reward-offset`
 
     def __post_init__(self) -> None:
         for name in ("signal", "lengthscale", "reward_corr", "group_corr", "model_corr",
-                     "pilot_gap", "reward_offset", "group_offset", "train_noise", "noise_share"):
+                     "pilot_gap", "reward_offset", "group_offset", "cell_offset", "train_noise", "noise_share"):
             values = getattr(self, name)
             if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
                 raise ValueError(f"{name}={values!r}: must be a non-empty list of finite numbers")
@@ -94,13 +101,13 @@ leave-one-world-out: ``benchmarks/tuner_ablation.py --design``, ``reward-offset`
             raise ValueError(f"rho_bowl={self.rho_bowl!r}: must be a number from 0 to 10")
 
     def combos(self, with_models: bool, with_pilots: bool, known_noise: bool = True) -> list[tuple[float, ...]]:
-        """Every combination ``(s², ℓ, c_r, c_g, c_m, τ², a_r, a_g, λ)``, leaving out the axes the
+        """Every combination ``(s², ℓ, c_r, c_g, c_m, τ², a_r, a_g, a_c, λ)``, leaving out the axes the
         data cannot inform (one model, no pilots); the last entry is ``λ`` (``known_noise``) or
         the noise share."""
         return list(itertools.product(self.signal, self.lengthscale, self.reward_corr, self.group_corr,
                                       self.model_corr if with_models else (1.0,),
                                       self.pilot_gap if with_pilots else (0.0,),
-                                      self.reward_offset, self.group_offset,
+                                      self.reward_offset, self.group_offset, self.cell_offset,
                                       self.train_noise if known_noise else self.noise_share))
 
 
@@ -138,6 +145,7 @@ class Gram:
         self.same_r = a.reward[:, None] == b.reward[None, :]
         self.same_g = a.group[:, None] == b.group[None, :]
         self.same_m = a.model[:, None] == b.model[None, :]
+        self.same_cell = self.same_r & self.same_g & self.same_m & (self.d2 == 0)
         pa, pb = a.fidelity[:, None] > 0, b.fidelity[None, :] > 0
         self.both_pilot = pa & pb
         self.same_pilot = (a.fidelity[:, None] == b.fidelity[None, :]) & pa
@@ -145,8 +153,8 @@ class Gram:
         self._shape: dict[tuple[float, ...], np.ndarray] = {}
 
     def __call__(self, hyper: tuple[float, ...], scale: float) -> np.ndarray:
-        s2, ell, cr, cg, cm, tau2, ro, go, _ = hyper
-        shape = (ell, cr, cg, cm, tau2, ro, go)  # the signal only scales it: one shape serves every s² and noise
+        s2, ell, cr, cg, cm, tau2, ro, go, co, _ = hyper
+        shape = (ell, cr, cg, cm, tau2, ro, go, co)  # the signal only scales it: one shape serves every s² and noise
         if shape not in self._shape:
             if ell not in self._exp:
                 self._exp[ell] = np.exp(-0.5 * self.d2 / ell ** 2)
@@ -154,7 +162,7 @@ class Gram:
             if cm != 1.0:
                 base = base * (cm + (1 - cm) * self.same_m)
             self._shape[shape] = (base * (1.0 + tau2 * self.both_pilot) + MEAN_VAR_SCALE
-                                  + OFFSET_VAR_SCALE * self.same_pilot + ro * self.same_r + go * self.same_g)
+                                  + OFFSET_VAR_SCALE * self.same_pilot + ro * self.same_r + go * self.same_g + co * self.same_cell)
         return (s2 * scale) * self._shape[shape]
 
 
@@ -293,7 +301,7 @@ def _residual(data: Data, h: tuple[float, ...], scale: float, bowl: float) -> tu
 
 def _prior_var(p: Points, hyper: tuple[float, ...], scale: float) -> np.ndarray:
     """The diagonal of ``kernel(p, p)`` without forming it."""
-    s2, tau2, offsets = hyper[0] * scale, hyper[5], hyper[6] + hyper[7]
+    s2, tau2, offsets = hyper[0] * scale, hyper[5], hyper[6] + hyper[7] + hyper[8]
     pilot = p.fidelity > 0
     return s2 * ((1.0 + tau2 * pilot) + MEAN_VAR_SCALE + OFFSET_VAR_SCALE * pilot + offsets)
 

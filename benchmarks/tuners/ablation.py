@@ -95,12 +95,22 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                           lambda: {"kg_pool": "answer", **BEFORE}),
     "initial-spread-rho": ("the initial design's runs spread over the ρ levels, one per stratum (shipped: the two "
                            "middle levels), the group sizes in turn", lambda: {"layout": "spread-rho"}),
+    "deeper-bowl": ("a deeper bowl in rho in the prior mean (rho_bowl 2, shipped 1), asked again on the tuner as "
+                    "shipped", lambda: {"grid": HyperGrid(rho_bowl=2.0)}),
+    "noisier": ("noise shares 0.1/0.3/0.6 of the values' variance (shipped 0.02/0.1/0.5), asked again on the tuner "
+                "as shipped", lambda: {"grid": HyperGrid(noise_share=(0.1, 0.3, 0.6))}),
+    "cell-offset": ("a kernel term per cell (variance 0 or 1 s², weighed by likelihood; shipped none), so a "
+                    "cell's replicated runs can outweigh its neighbours", lambda: {"grid": HyperGrid(cell_offset=(0.0, 1.0))}),
+    "answer-caution-0.5": ("the answer among the cells run maximizes the posterior mean less 0.5 posterior sd "
+                           "(shipped: the mean), so a cell the runs pinned down is preferred", lambda: {"caution": 0.5}),
+    "answer-caution-1": ("the same less 1 posterior sd", lambda: {"caution": 1.0}),
 }
-"""The choices the model's constants were not asked with (``--design``): the candidate grid and
-the initial design, each a change of the shipped tuner (its answer among the cells run), so
-``shipped`` here is that tuner, not :data:`VARIANTS`' base. The variants after
-``initial-g-in-turn`` change the tuner as it was before its initial design took the middle group
-size (:data:`BEFORE`); ``no-initial-design`` has none to place."""
+"""The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
+initial design and the model's terms, each a change of the shipped tuner (its answer among the
+cells run), so ``shipped`` here is that tuner, not :data:`VARIANTS`' base. From
+``finer-rho-grid`` to ``kg-for-the-answer`` they change the tuner as it was before its initial
+design took the middle group size (:data:`BEFORE`); ``no-initial-design`` has none to place;
+``initial-spread-rho`` and the variants after it change the tuner as shipped since."""
 
 KEYS: tuple[str, ...] = ("variant", "world", "truth", "seed", "target", "level", "regret_pct",
                          "regret_pct_common", "regret_pct_oracle")
@@ -304,7 +314,8 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     """Markdown: what the table holds (``about``: each variant's description), each variant's
     mean own regret per world and truth at ``levels``, its oracle beside it, then the
     leave-one-world-out choices (``choices=False``, worlds that choose nothing, such as the
-    synthetic ones: each change paired against the shipped design instead)."""
+    synthetic ones: not these), and each change paired against the shipped design
+    (:func:`paired_lines`)."""
     vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
     worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
     reps = [len(set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants)))
@@ -351,7 +362,7 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
         lines.append(f"| {c['held_out']} | {', '.join(c['chosen_on'])} | {c['choice']} | {c['score_on_others']:.2f} "
                      f"| {c['on_held_out']:.2f} | {c['shipped_on_held_out']:.2f} |")
     if BASE in variants:
-        lines += _against_shipped_lines(records, variants, at)
+        lines += _against_shipped_lines(records, variants, at) + paired_lines(records, variants)
     return "\n".join(lines) + "\n"
 
 
