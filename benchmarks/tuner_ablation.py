@@ -89,13 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=50, help="replications per world and truth (default 50)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, from {', '.join(VARIANTS)} (with --design: from "
-                         f"{', '.join(DESIGN)}; default: every one)")
+                         f"{', '.join(DESIGN)}; with --answer-rules: from {', '.join(ANSWER_RULES)}; "
+                         "default: every one)")
     ap.add_argument("--common", action="store_true", help="also score the common rule (a GP fit per level)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--answer-rules", action="store_true",
-                      help=f"compare the answer rules on the same runs instead ({', '.join(ANSWER_RULES)})")
+                      help="compare the answer rules on the same runs instead (the rules: see --variants)")
     mode.add_argument("--design", action="store_true",
-                      help=f"the candidate grid and initial design against today's tuner instead ({', '.join(DESIGN)})")
+                      help="the candidate grid, initial design and model terms against the tuner as shipped "
+                           "instead (the variants: see --variants)")
     ap.add_argument("--nice", type=int, default=10, help="niceness added to this process (default 10)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"),
                     help="folder of the CSV (resumed) and the markdown tables (default benchmarks/tuner_results/ablation)")
