@@ -162,7 +162,8 @@ class Gram:
             if cm != 1.0:
                 base = base * (cm + (1 - cm) * self.same_m)
             self._shape[shape] = (base * (1.0 + tau2 * self.both_pilot) + MEAN_VAR_SCALE
-                                  + OFFSET_VAR_SCALE * self.same_pilot + ro * self.same_r + go * self.same_g + co * self.same_cell)
+                                  + OFFSET_VAR_SCALE * self.same_pilot + ro * self.same_r + go * self.same_g
+                                  + co * self.same_cell)
         return (s2 * scale) * self._shape[shape]
 
 

@@ -100,9 +100,11 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "noisier": ("noise shares 0.1/0.3/0.6 of the values' variance (shipped 0.02/0.1/0.5), asked again on the tuner "
                 "as shipped", lambda: {"grid": HyperGrid(noise_share=(0.1, 0.3, 0.6))}),
     "cell-offset": ("a kernel term per cell (variance 0 or 1 s², weighed by likelihood; shipped none), so a "
-                    "cell's replicated runs can outweigh its neighbours", lambda: {"grid": HyperGrid(cell_offset=(0.0, 1.0))}),
+                    "cell's replicated runs can outweigh its neighbours",
+                    lambda: {"grid": HyperGrid(cell_offset=(0.0, 1.0))}),
     "answer-caution-0.5": ("the answer among the cells run maximizes the posterior mean less 0.5 posterior sd "
-                           "(shipped: the mean), so a cell the runs pinned down is preferred", lambda: {"caution": 0.5}),
+                           "(shipped: the mean), so a cell the runs pinned down is preferred",
+                           lambda: {"caution": 0.5}),
     "answer-caution-1": ("the same less 1 posterior sd", lambda: {"caution": 1.0}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
