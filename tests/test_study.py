@@ -515,3 +515,29 @@ def test_plain_bo_run_study_stores_no_race_answer(tmp_path):
     obj = Counting()
     st = run_study(s, objective=obj, workload=obj.workload(), storage=None)
     assert "recommendation" not in st.user_attrs
+
+
+def test_the_final_table_shows_the_rho_asked_beside_the_rho_realized_in_80_columns():
+    """The trial lines and ``best`` show the ρ a trial asked for; the final table shows it
+    beside the realized ρ (``got``), so the two never stand alone side by side; with a model
+    column it still fits 80 columns."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from allocopt.cli.study import _top_trials
+
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"),
+                        models=("org/policy-0.5b", "org/policy-1.5b"))
+    s = SimpleNamespace(name="demo", target="pass@1", budget_flops=1e19, space=space)
+    metrics = {"rho": 0.4872, "search_flops": 5e18, "learning_flops": 4.872e18, "reward_flops": 1.28e17,
+               "total_flops": 1e19}
+    trial = SimpleNamespace(number=3, params={"rho": 0.5, "group_size": 8, "reward": "prm",
+                                              "model": "org/policy-1.5b"}, metrics=metrics, value=0.5251)
+    console = Console(width=80, record=True)
+    console.print(_top_trials([trial], s))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    row = next(line for line in text.splitlines() if line.strip().startswith("3 "))
+    assert row.split()[:3] == ["3", "0.50", "0.487"] and "0.5251" in row
+    assert "got: realized" in text

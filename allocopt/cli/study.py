@@ -485,21 +485,22 @@ def _top_trials(done: list[Any], s: Any) -> Table:
               box=box.SIMPLE_HEAD, show_edge=False, caption_justify="left")
     models = bool(s.space.models)  # a column only when the space searches over policy models
     label = short_names(s.space.models)
-    for c in ("trial", "rho", "G", "reward", *(("model",) if models else ()), s.target,
+    for c in ("trial", "rho", "got", "G", "reward", *(("model",) if models else ()), s.target,
               "search", "learn", "rwd", "FLOPs"):
         t.add_column(c, justify="left" if c in ("reward", "model") else "right",
                      no_wrap=c not in ("reward", "model"))
     for r in done:
         m = r.metrics
         tot = m.get("total_flops") or 1
-        t.add_row(str(r.number), f"{m.get('rho', float('nan')):.3f}",
+        asked = float(r.params.get("rho", s.space.rho[0]))
+        t.add_row(str(r.number), f"{asked:.2f}", f"{m.get('rho', float('nan')):.3f}",
                   str(r.params.get("group_size", s.space.group_sizes[0])),
                   str(r.params.get("reward", s.space.rewards[0])),
                   *((label.get(name := str(r.params.get("model", s.space.models[0])), name),) if models else ()),
                   f"{r.value:.4f}",
                   *(f"{m.get(k, 0) / tot:.0%}" for k in ("search_flops", "learning_flops", "reward_flops")),
                   fmt_flops(m.get("total_flops", 0)))
-    t.caption = "rho: realized update fraction; search/learn/rwd: shares of the executed FLOPs" \
+    t.caption = "rho: the update fraction asked; got: realized; search/learn/rwd: shares of the executed FLOPs" \
         + (f"; {legend(label)}" if models and legend(label) else "")
     return t
 
