@@ -520,24 +520,25 @@ def test_plain_bo_run_study_stores_no_race_answer(tmp_path):
 def test_the_final_table_shows_the_rho_asked_beside_the_rho_realized_in_80_columns():
     """The trial lines and ``best`` show the ρ a trial asked for; the final table shows it
     beside the realized ρ (``got``), so the two never stand alone side by side; with a model
-    column it still fits 80 columns."""
+    column and the longest reward names it fits 80 columns with nothing cut."""
     from types import SimpleNamespace
 
     from rich.console import Console
 
     from allocopt.cli.study import _top_trials
 
-    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm"),
-                        models=("org/policy-0.5b", "org/policy-1.5b"))
+    space = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 16), rewards=("structured", "proxy_prm"),
+                        models=("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"))
     s = SimpleNamespace(name="demo", target="pass@1", budget_flops=1e19, space=space)
     metrics = {"rho": 0.4872, "search_flops": 5e18, "learning_flops": 4.872e18, "reward_flops": 1.28e17,
                "total_flops": 1e19}
-    trial = SimpleNamespace(number=3, params={"rho": 0.5, "group_size": 8, "reward": "prm",
-                                              "model": "org/policy-1.5b"}, metrics=metrics, value=0.5251)
+    trials = [SimpleNamespace(number=n, params={"rho": 0.5, "group_size": 16, "reward": r, "model": m},
+                              metrics=metrics, value=0.5251)
+              for n, r, m in ((3, "structured", space.models[1]), (120, "proxy_prm", space.models[0]))]
     console = Console(width=80, record=True)
-    console.print(_top_trials([trial], s))
+    console.print(_top_trials(trials, s))
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     row = next(line for line in text.splitlines() if line.strip().startswith("3 "))
-    assert row.split()[:3] == ["3", "0.50", "0.487"] and "0.5251" in row
-    assert "got: realized" in text
+    assert row.split()[:6] == ["3", "0.50", "0.487", "16", "structured", "1.5B"] and "0.5251" in row
+    assert "proxy_prm" in text and "…" not in text and "got: realized" in text

@@ -480,9 +480,10 @@ def _top_trials(done: list[Any], s: Any) -> Table:
     """The top complete full-budget trials of study ``s``: allocation, target, compute shares."""
     from rich import box
 
-    # no outer edge, a rule under the header: a model column and a total in FLOPs fit 80 columns
+    # no outer edge, a rule under the header, one space between columns: with a model column and
+    # the longest reward names nothing is cut at 80 columns
     t = Table(title=f"Study {s.name}: top trials by {s.target} (budget {fmt_flops(s.budget_flops)} FLOPs each)",
-              box=box.SIMPLE_HEAD, show_edge=False, caption_justify="left")
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left")
     models = bool(s.space.models)  # a column only when the space searches over policy models
     label = short_names(s.space.models)
     for c in ("trial", "rho", "got", "G", "reward", *(("model",) if models else ()), s.target,
