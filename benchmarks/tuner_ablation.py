@@ -77,7 +77,9 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
         return bad
     if len(tables) < 2:
         return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each; a choice is made "
-                "on the others and reported on the one left out), or --synthetic NAMES for the synthetic worlds")
+                "on the others and reported on the one left out; the measured ones: benchmarks/tiny_grid/trials.csv "
+                "benchmarks/tiny_grid_small/trials.csv benchmarks/tiny_grid_medium/trials.csv), or --synthetic NAMES "
+                "for the synthetic worlds")
     return None
 
 

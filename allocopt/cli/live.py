@@ -185,7 +185,7 @@ class StudyDisplay:
         what = f"{'pilot' if pilot else 'full run'} {n}" + (f"/{total}" if total else "")  # kg: pilots as they come
         self.bar.update(self.full, description="full runs")
         self.bar.update(self.trial, completed=0, total=plan.budget_flops if plan else self.spec.budget_flops,
-                        visible=True, info="loading models…",
+                        visible=True, info="starting…",
                         description=f"{what}: rho={alloc.rho:.2f} G={alloc.group_size} {alloc.reward}"
                         + (f" {model_name(alloc.model)}" if getattr(alloc, "model", None) else ""))
 
