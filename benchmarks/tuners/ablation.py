@@ -99,6 +99,8 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                     "shipped", lambda: {"grid": HyperGrid(rho_bowl=2.0)}),
     "noisier": ("noise shares 0.1/0.3/0.6 of the values' variance (shipped 0.02/0.1/0.5), asked again on the tuner "
                 "as shipped", lambda: {"grid": HyperGrid(noise_share=(0.1, 0.3, 0.6))}),
+    "shorter-lengthscales": ("length scales 0.1/0.2/0.4 of the ρ range (shipped 0.15/0.3/0.6), asked again on the "
+                             "tuner as shipped", lambda: {"grid": HyperGrid(lengthscale=(0.1, 0.2, 0.4))}),
     "cell-offset": ("a kernel term per cell (variance 0 or 1 s², weighed by likelihood; shipped none), so a "
                     "cell's replicated runs can outweigh its neighbours",
                     lambda: {"grid": HyperGrid(cell_offset=(0.0, 1.0))}),
