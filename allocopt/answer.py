@@ -22,6 +22,7 @@ Standard library only; no torch, Optuna or MLflow.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 from allocopt.errors import short_error
@@ -98,7 +99,8 @@ def gain_lines(rec: Any, target: str) -> list[str]:
     if nxt is not None:
         nxt = nxt if not isinstance(nxt, dict) else from_dict({"allocation": nxt}).allocation
         where = f" (at {allocation_text(nxt)})"
-    return [f"  one more full run is worth +{float(gain):.4f} {target}{where}"[:WIDTH]]
+    return textwrap.wrap(f"one more full run is worth +{float(gain):.4f} {target}{where}", WIDTH,
+                         initial_indent="  ", subsequent_indent="    ")
 
 
 def _field(x: Any, name: str) -> Any:
@@ -109,8 +111,6 @@ def _noise_lines(rec: Any, a: Any) -> list[str]:
     """The allocations within one evaluation's noise of the answer, and the reward system most
     likely to hold the best allocation when that is not the answer's (RACE's ``within_noise``
     and ``cell_prob_best``; nothing for a bare allocation). Each line within :data:`WIDTH`."""
-    import textwrap
-
     out: list[str] = []
     close = list(getattr(rec, "within_noise", None) or ())
     others = [b for b in close if (_field(b, "rho"), _field(b, "group_size"), _field(b, "reward"))
@@ -131,8 +131,8 @@ def _noise_lines(rec: Any, a: Any) -> list[str]:
     if cells:
         top, p = max(cells, key=lambda t: t[1])
         if top != a.reward:
-            out.append(f"  the reward system most likely to hold the best allocation: {top} "
-                       f"(P = {p:.0%})"[:WIDTH])
+            out += textwrap.wrap(f"the reward system most likely to hold the best allocation: {top} (P = {p:.0%})",
+                                 WIDTH, initial_indent="  ", subsequent_indent="    ")
     untried = [str(u) for u in (getattr(rec, "untried", None) or ())]
     if untried:
         text = (f"no full run yet of {', '.join(untried)}: what it says of "

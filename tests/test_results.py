@@ -573,3 +573,19 @@ def test_a_workers_bar_shows_the_studys_best(monkeypatch, tmp_path, cli):
     values = [t.value for t in optuna.load_study(study_name="w", storage=url).trials]
     assert len(values) == 4 and f"best pass@1={max(values):.3f}" in r.stderr, (values, r.stderr[-800:])
     assert values[3] < max(values[:3])  # the best is the first process's: not its own run
+
+
+def test_what_one_more_run_is_worth_is_wrapped_not_cut_when_the_allocation_names_a_model():
+    """A model study's gain line (a reward system and a model name after the value) runs past
+    80 columns: every word of it stays, on lines of at most 80 columns."""
+    from types import SimpleNamespace
+
+    from allocopt.answer import gain_lines
+    from allocopt.plan.allocation import Allocation
+
+    rec = SimpleNamespace(gain_of_one_more_run=0.0042,
+                          best_next=Allocation(0.5, 8, "proxy_prm", "Qwen/Qwen2.5-1.5B-Instruct"))
+    lines = gain_lines(rec, "pass@1")
+    assert len(lines) == 2 and all(len(x) <= 80 for x in lines)
+    text = " ".join(x.strip() for x in lines)
+    assert text == "one more full run is worth +0.0042 pass@1 (at rho=0.500 G=8 proxy_prm Qwen2.5-1.5B-Instruct)"
