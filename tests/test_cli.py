@@ -222,7 +222,8 @@ def test_a_model_size_studys_top_trials_fit_80_columns(cli, tmp_path):
     head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["trial", "rho"])
     rows = [x.split() for x in lines[head + 2:head + 5]]
     assert max(len(x) for x in lines[head - 1:head + 5]) <= 80 and "…" not in r.stdout
-    assert len(rows) == 3 and {x[4] for x in rows} <= {"1.5B", "7B"}
+    assert len(rows) == 3 and {x[5] for x in rows} <= {"1.5B", "7B"}  # after rho asked, got, G, reward
+    assert all(len(x[1].split(".")[1]) == 2 and len(x[2].split(".")[1]) == 3 for x in rows)
     assert {x[-1] for x in rows} == {"1.000e+19"}
     assert "model: 1.5B = Qwen/Qwen2.5-1.5B-Instruct, 7B = Qwen/Qwen2.5-7B-Instruct" \
         in " ".join(r.stdout.split())

@@ -95,7 +95,7 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                           lambda: {"kg_pool": "answer", **BEFORE}),
     "initial-spread-rho": ("the initial design's runs spread over the ρ levels, one per stratum (shipped: the two "
                            "middle levels), the group sizes in turn", lambda: {"layout": "spread-rho"}),
-    "deeper-bowl": ("a deeper bowl in rho in the prior mean (rho_bowl 2, shipped 1), asked again on the tuner as "
+    "deeper-bowl": ("a deeper bowl in ρ in the prior mean (rho_bowl 2, shipped 1), asked again on the tuner as "
                     "shipped", lambda: {"grid": HyperGrid(rho_bowl=2.0)}),
     "noisier": ("noise shares 0.1/0.3/0.6 of the values' variance (shipped 0.02/0.1/0.5), asked again on the tuner "
                 "as shipped", lambda: {"grid": HyperGrid(noise_share=(0.1, 0.3, 0.6))}),
