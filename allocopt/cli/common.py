@@ -335,7 +335,8 @@ def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, 
     obj = load_objective(spec.objective, spec.objective_settings)
     check_objective_targets(spec, obj)
     check_space(spec, obj)
-    with Console(stderr=True).status("building / loading the objective's models (cached after the first run)..."):
+    with Console(stderr=True).status("preparing the objective's workload (its models are built or loaded, "
+                                     "cached after the first run)..."):
         workload = spec.priced(obj.workload())
     check_space_feasible(spec, workload, pilot_fraction)
     return obj, workload

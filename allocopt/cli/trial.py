@@ -57,7 +57,8 @@ def trial(
     # the plan (its model among them) is checked before the machine is: a wrong --model is
     # named even where the objective could not run
     obj = load_objective(objective, parse_settings(set_), available=False)
-    with err.status("building / loading the objective's models (cached after the first run)..."):
+    with err.status("preparing the objective's workload (its models are built or loaded, "
+                    "cached after the first run)..."):
         workload = obj.workload()
     p = make_plan(b, alloc, workload)
     check_available(obj)
