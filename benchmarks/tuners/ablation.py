@@ -351,12 +351,20 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
                 parts.append(f"{m:.1f} ({o:.1f})")
             cells.append(" / ".join(parts))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
-    if not choices:
-        return "\n".join(lines + (paired_lines(records, variants) if BASE in variants else [])) + "\n"
-    names = list(dict.fromkeys(w for w, _ in worlds))
+    if choices:
+        lines += _choice_lines(records, variants, list(dict.fromkeys(w for w, _ in worlds)), vals)
+    if BASE in variants:
+        lines += paired_lines(records, variants)
+    return "\n".join(lines) + "\n"
+
+
+def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], names: Sequence[str],
+                  vals: dict) -> list[str]:
+    """Markdown: each variant's score per world, the leave-one-world-out choices and each change
+    alone against the shipped design (:func:`tables`' part for worlds that choose)."""
     at = ", ".join(f"{lv:g}" for lv in CHOICE_LEVELS)
-    lines += ["", f"**Score on each world** (mean own regret at {at} runs, both truths; what the choices below compare)",
-              "", "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = ["", f"**Score on each world** (mean own regret at {at} runs, both truths; what the choices below compare)",
+             "", "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for v in variants:
         lines.append(f"| {v} | " + " | ".join(f"{score_on(records, v, [w], variants, vals=vals):.2f}" for w in names) + " |")
     lines += ["", f"**Leave one world out** (score: mean own regret at {at}"
@@ -366,8 +374,8 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
         lines.append(f"| {c['held_out']} | {', '.join(c['chosen_on'])} | {c['choice']} | {c['score_on_others']:.2f} "
                      f"| {c['on_held_out']:.2f} | {c['shipped_on_held_out']:.2f} |")
     if BASE in variants:
-        lines += _against_shipped_lines(records, variants, at) + paired_lines(records, variants)
-    return "\n".join(lines) + "\n"
+        lines += _against_shipped_lines(records, variants, at)
+    return lines
 
 
 __all__ = ["ANSWER_RULES", "BASE", "BEFORE", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS",
