@@ -148,6 +148,34 @@ def test_race_replays_the_study_files_design(world, tmp_path, monkeypatch):
     assert race_terms(session(world, 5.0))[0] == 1.0 and "no pilots at 0.1" in race_terms(session(world, 5.0))[3]
 
 
+def test_race_gets_its_pilot_design_once_per_policy_size_of_a_pooled_world(tmp_path, monkeypatch):
+    """On a world pooling two policy sizes RACE's pilots are the study file's once per size (12
+    pilots for 2 rewards x 2 G of one size: 24 for two sizes), so its design per reward system
+    and size is the one-size world's; it runs them all before its first full run."""
+    def val(w):
+        return lambda i, g, s: 0.3 + 0.1 * (i == 1) + 0.05 * (g == 4) + 0.05 * (w == "dense") + 0.002 * s
+
+    rows = []
+    for m in ("a", "b"):
+        for w in ("sparse", "dense"):
+            for fid, budget, seeds in (("full", 1e12, (0, 1, 2)), ("pilot", 2.5e11, (0, 1))):
+                rows += [dict(r, reward=w, model=m) for r in cells(fidelity=fid, budget=budget, seeds=seeds,
+                                                                   value=val(w))]
+    pooled = read_world([write(tmp_path / "pooled" / "t.csv", rows)])
+    assert pooled.space.models == ("a", "b")
+    study = tmp_path / "s.toml"
+    study.write_text('budget_flops = 1e12\ntarget = "pass@1"\npilots = 12\npilot_fraction = 0.25\n'
+                     "[race]\nrho_levels = 3\n")
+    monkeypatch.setenv("ALLOCOPT_RACE_STUDY", str(study))
+    from benchmarks.tuners.methods.race import race_terms
+
+    assert race_terms(session(pooled, 8.0))[1].max_pilots == 24
+    s = session(pooled, 8.0)
+    get("race").run(s)
+    assert len([e for e in s.events if e.fraction == 0.25]) == 24 and s.answers[0][0] >= 6.0 - 1e-9
+    check_answers(s)
+
+
 def test_allocopt_runs_the_studys_tuner_with_the_study_files_pilot_terms(world, tmp_path, monkeypatch):
     """allocopt is the study's KGTuner: at most the study file's ``pilots`` pilots, at its
     ``pilot_fraction``; none (said in a note) where the table has no pilots at that fraction;

@@ -4,8 +4,8 @@ session, for the ablation beside :mod:`benchmarks.tuners.methods.allocopt`.
 It runs RACE's loop (:mod:`allocopt.race`) as a study would: its pilot grid
 (:func:`allocopt.race.pilot_grid`; on a table world the design of
 ``benchmarks/tiny_grid/tiny_race.toml``, or ``$ALLOCOPT_RACE_STUDY``: its ``pilots``,
-``pilot_fraction`` and ``[race]`` table, with pilots at
-the full budget when the table has no pilots at that fraction; on a synthetic world RACE's
+``pilot_fraction`` and ``[race]`` table, ``pilots`` once per policy size of a pooled world, with
+pilots at the full budget when the table has no pilots at that fraction; on a synthetic world RACE's
 defaults at 10 %), then full runs proposed ``BATCH`` per round by its surrogate
 (:func:`allocopt.race.propose`) until the session's compute is spent, with RACE's own
 recommendation (:func:`allocopt.race.recommend`) after each round; nothing before the pilots
@@ -46,7 +46,10 @@ def race_terms(session: Session) -> tuple[float, Any, Any, str]:
     if w.kind != "table":
         return 0.1, RaceSettings(), StudySpec(objective="synthetic", **base), ""
     study = StudySpec.from_toml(race_study())
-    spec = StudySpec(objective="tiny-table", pilots=study.pilots, pilot_fraction=study.pilot_fraction,
+    # the design is per reward system of one policy: a world whose space holds several policy
+    # sizes gets it once per size, so that no size's curve is fitted on fewer pilots
+    pilots = None if study.pilots is None else study.pilots * max(1, len(w.space.models))
+    spec = StudySpec(objective="tiny-table", pilots=pilots, pilot_fraction=study.pilot_fraction,
                      race=study.race, **base)
     f = round(study.pilot_fraction, 4)
     if f in w.fractions:
