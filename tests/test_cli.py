@@ -229,6 +229,34 @@ def test_a_model_size_studys_top_trials_fit_80_columns(cli, tmp_path):
         in " ".join(r.stdout.split())
 
 
+def test_best_per_reward_with_a_model_column_fits_80_columns():
+    # with a model column the per-reward table was 84 wide, so a terminal cut reward names;
+    # trials of one budget now say their total once, in the caption
+    from rich.console import Console
+
+    from allocopt.cli.query import _rows_table
+    from allocopt.record import TrialRow
+
+    flops = {"search_flops": 2.4e18, "learning_flops": 5.1e18, "reward_flops": 2.5e18, "total_flops": 1e19}
+    targets = {"pass@1": 0.6276, "native_reward": 0.5389, "judge": 0.6417}
+    models = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct")
+    rows = [TrialRow(n, "COMPLETE", {"rho": 0.506, "group_size": 4, "reward": w, "model": m}, targets, dict(flops))
+            for n, w, m in ((1, "proxy_prm", models[0]), (2, "structured", models[1]))]
+    con = Console(width=80, record=True)
+    con.print(_rows_table(rows, "Best observed trial per reward system for pass@1", ["pass@1"], rows))
+    lines = con.export_text().splitlines()
+    head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["trial", "rho"])
+    cells = [x.split() for x in lines[head + 2:head + 4]]
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    assert [x[3:5] for x in cells] == [["proxy_prm", "1.5B"], ["structured", "7B"]]
+    assert lines[head].split()[-1] == "rwd" and "each executed 1.000e+19 FLOPs" in " ".join(" ".join(lines).split())
+    rows[1].metrics["total_flops"] = 9.9e18  # totals that differ keep their column
+    con = Console(width=200, record=True)
+    con.print(_rows_table(rows, "t", ["pass@1"], rows))
+    text = " ".join(con.export_text().split())
+    assert "9.900e+18" in text and "1.000e+19" in text and "FLOPs: the total executed" in text
+
+
 def test_an_imported_logs_sources_fit_80_columns_with_field_names_whole_where_they_fit(cli):
     # the field column was folded at 31 characters (`actor_rollout_ref.actor.ppo_epo` / `chs`)
     # while the value column had room; now it takes what the value's longest word leaves

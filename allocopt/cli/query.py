@@ -168,12 +168,14 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
     models = len({value(r, "model") for r in rows}) > 1
     label = short_names(str(value(r, "model")) for r in rows)  # the part that tells them apart
     others = [k for k in measured_targets(all_rows) if k not in first]
-    # one space between columns, a rule under the header: the usual three targets and the
-    # breakdown fit 80 columns (a study or model column can make it wider; pipes get 160)
+    totals = {_f(number(r, "total_flops"), ".3e") for r in rows}
+    same = len(totals) == 1 and len(rows) > 1  # trials that spent one budget: said once, in the caption
+    # one space between columns, a rule under the header: the usual three targets, a model
+    # column and the breakdown fit 80 columns (a study column can make it wider; pipes get 160)
     t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0), caption_justify="left")
     cols = (["study"] if several else []) + ["trial"] + (["fidelity"] if fidelities else []) + ["rho", "G", "reward"] \
         + (["model"] if models else []) + [f"[bold]{field_label(k)}[/]" for k in first] \
-        + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd", "FLOPs"]
+        + [field_label(k) for k in others if k not in first] + ["search", "learn", "rwd"] + ([] if same else ["FLOPs"])
     for c in cols:
         t.add_column(c, justify="left" if c in ("study", "fidelity", "reward", "model") else "right")
     spec = {k: _spec(k, [number(r, k) for r in rows]) for k in first}  # the front's own columns only
@@ -185,10 +187,12 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
             + [_f(number(r, "rho"), ".3f"), str(value(r, "group_size")), str(value(r, "reward"))] \
             + ([label[str(value(r, "model"))]] if models else []) \
             + [f"[bold]{_f(number(r, k), spec[k])}[/]" for k in first] \
-            + [_f(number(r, k), ".4f") for k in others if k not in first] + share + [_f(total, ".3e")]
+            + [_f(number(r, k), ".4f") for k in others if k not in first] + share \
+            + ([] if same else [_f(total, ".3e")])
         t.add_row(*cells)
     t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the "
-                 "executed FLOPs (learn = realized rho); FLOPs: the total executed") \
+                 "executed FLOPs (learn = realized rho); "
+                 + (f"each executed {next(iter(totals))} FLOPs" if same else "FLOPs: the total executed")) \
         + (f"; {legend(label)}" if models and legend(label) else "")
     return t
 
