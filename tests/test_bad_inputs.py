@@ -42,7 +42,7 @@ ROWS = [
     ("account: G not an integer", ["account", "-G", "abc"], ["'--group-size'", "valid integer"]),
     ("account: unknown LoRA target", ["account", "--lora-targets", "bogus_proj"], ["bogus_proj", "allowed: q_proj"]),
     # ---- plan
-    ("plan: negative budget", ["plan", "--budget", "-5", "--rho", "0.5"], ["budget_flops='-5'", "positive finite"]),
+    ("plan: negative budget", ["plan", "--budget", "-5", "--rho", "0.5"], ["error: --budget: budget_flops='-5'", "positive finite"]),
     ("plan: budget not a number", ["plan", "--budget", "abc", "--rho", "0.5"], ["budget_flops='abc'", "positive number"]),
     ("plan: infinite budget", ["plan", "--budget", "inf", "--rho", "0.5"], ["budget_flops='inf'", "finite"]),
     ("plan: NaN budget", ["plan", "--budget", "nan", "--rho", "0.5"], ["budget_flops='nan'", "finite"]),

@@ -275,3 +275,14 @@ def test_an_imported_logs_sources_fit_80_columns_with_field_names_whole_where_th
     # 80 - 17 (borders, `assumed`) - 26 ('Qwen/Qwen2.5-3B-Instruct' quoted) = 37 for a name
     whole = [k for k in run.fields_read if len(k) <= 37]
     assert len(whole) >= 12 and all(f"│ {k} " in r.stdout for k in whole)
+
+
+def test_an_error_names_the_flag_the_user_typed_where_the_field_is_spelled_otherwise():
+    from allocopt.cli.common import with_flag
+
+    msg = "budget_flops='-5': must be a positive finite number of FLOPs, e.g. 1e19"
+    assert with_flag(msg, ["plan", "--budget", "-5"]) == "--budget: " + msg
+    assert with_flag(msg, ["plan", "--budget=-5"]) == "--budget: " + msg
+    assert with_flag(msg, ["study", "--spec", "s.toml"]) == msg  # the file says budget_flops
+    assert with_flag(msg, ["study", "--budget-gpu-hours", "3"]) == msg  # another flag
+    assert with_flag("trials=0: must be an integer >= 1", ["study", "--trials", "0"]).startswith("trials=0")

@@ -68,7 +68,7 @@ def _root(show_version: bool = typer.Option(False, "--version", callback=_versio
 
 
 from allocopt.cli.account import breakdown_table, fmt_flops  # noqa: E402,F401 (re-exported)
-from allocopt.cli.common import fail  # noqa: E402
+from allocopt.cli.common import fail, with_flag  # noqa: E402
 from allocopt.cli import account, asktell, query, race, study, trial, workers  # noqa: E402
 
 account.register(app)  # account and plan, listed first
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         fail(f"error: {msg} (see --help)", getattr(e, "exit_code", 2))
     except (ConfigError, InfeasiblePlan) as e:
-        fail(f"error: {e}", 2)
+        fail(f"error: {with_flag(str(e), sys.argv[1:] if argv is None else argv)}", 2)
     except StorageUnreachable as e:  # the database server stayed away: what is finished is kept
         fail(f"error: {e}", 1)
     except DiskFull as e:  # a disk under the records filled up: what is finished is kept

@@ -191,6 +191,24 @@ def quiet_library_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*(not standardized|is experimental).*")
 
 
+FLAG_OF = {"budget_flops": "--budget", "rollouts_per_iteration": "--rollouts",
+           "max_rollouts_per_iteration": "--max-rollouts", "name": "--study-name"}
+"""The flags whose field (in a study file, in an error line) is spelled otherwise."""
+
+
+def with_flag(message: str, argv: list[str]) -> str:
+    """``message`` (``field=value: what is allowed``) led by the flag that gave the field when
+    the flag is spelled otherwise (``--budget: budget_flops='-5': ...``) and was given in
+    ``argv``: the user typed the flag, the study file and the records say the field."""
+    import re
+
+    m = re.match(r"([a-z_]+)[=:]", message)
+    flag = FLAG_OF.get(m.group(1)) if m else None
+    if flag and any(a == flag or a.startswith(flag + "=") for a in argv):
+        return f"{flag}: {message}"
+    return message
+
+
 def fail(line: str, code: int = 2) -> None:
     """Print one line on stderr and exit with ``code``."""
     import sys
