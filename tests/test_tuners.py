@@ -60,6 +60,12 @@ def test_reader_pools_models_budgets_and_pilots(tmp_path):
     assert len(w.candidates) == 2 * 2 * 3 and w.heldout_seeds == (0, 1, 2)
     one = read_world([a])
     assert one.models == ("small",) and one.space.models == () and one.full_budget_flops == 1e12
+    assert (one.name, w.name, read_world([b]).name) == ("small", "big+small", "other")  # by folder; pooled by models
+    # one model measured at two budgets: two worlds with two names, and refused pooled
+    third = write(tmp_path / "tiny_grid_small_1e11" / "trials.csv", cells(model="small", budget=1e11))
+    assert read_world([third]).name == "small_1e11" and read_world([third]).models == ("small",)
+    with pytest.raises(ConfigError, match="full budget 1e\\+11 FLOPs here and 1e\\+12 in an earlier table"):
+        read_world([a, third])
     # a G measured at only some levels is left out of the product, and said so
     # G = 8 measured at 0.2 and 0.5 only: not at every level, so not in the space
     c = write(tmp_path / "c.csv", cells() + cells(gs=(8,), levels=(0.2, 0.5)))

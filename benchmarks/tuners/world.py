@@ -15,6 +15,9 @@ with an optional ``model`` column. Several tables may be given: their rows are p
 * **model**: the ``model`` column; a table without it is one model named by its folder with a
   trailing ``_grid`` dropped (``benchmarks/tiny_grid/trials.csv``: ``tiny``). With more than
   one model the model is a search variable (``space.models``).
+* **name**: one table's world is named by its folder (:func:`world_name`; the small policy's
+  table at 1e11 FLOPs, ``tiny_grid_small_1e11``, is ``small_1e11``), pooled tables' by their
+  models (``medium+small+tiny``).
 * **full budget**: per model, the budget of its rows whose fidelity is ``full`` (the largest
   budget when none is named so); every row's budget becomes a fraction of it (4 decimals).
   Two tables that give one model different full budgets are refused.
@@ -271,11 +274,22 @@ def read_world(paths: Sequence[str | Path], name: str | None = None) -> TableWor
     if set(fractions) - set(kept):
         notes.append("pilot fractions left out (not measured at every cell and level): "
                      + ", ".join(f"{f:g}" for f in fractions if f not in kept))
-    world = TableWorld(name or "+".join(models), models, space, tuple(full_levels), kept,
+    world = TableWorld(name or world_name(paths, models), models, space, tuple(full_levels), kept,
                        {m: budgets[m] for m in models}, cells, {k: frozenset(v) for k, v in bad.items()},
                        tuple(notes))
     _check_seeds(world, where)
     return world
+
+
+def world_name(paths: Sequence[str | Path], models: Sequence[str]) -> str:
+    """One table's world is named by its folder, ``tiny_grid`` dropped (``tiny_grid``: ``tiny``,
+    ``tiny_grid_small``: ``small``, ``tiny_grid_small_1e11``: ``small_1e11``), so that two
+    tables of one model at two budgets are two worlds; pooled tables by their models."""
+    if len(paths) != 1:
+        return "+".join(models)
+    folder = Path(paths[0]).resolve().parent.name
+    label = folder[len("tiny_grid_"):] if folder.startswith("tiny_grid_") else model_name(paths[0])
+    return label or "+".join(models)
 
 
 def _check_seeds(world: TableWorld, where: str) -> None:
