@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--design", action="store_true",
                       help="the candidate grid, initial design and model terms against the tuner as shipped "
                            "instead (the variants: see --variants)")
+    ap.add_argument("--paired-on", metavar="WORLD", action="append", default=[],
+                    help="also the paired table on this world alone (a world: its table's folder, tiny_grid dropped, "
+                         "e.g. small_1e11); repeat it for more")
     ap.add_argument("--nice", type=int, default=10, help="niceness added to this process (default 10)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"),
                     help="folder of the CSV (resumed) and the markdown tables (default benchmarks/tuner_results/ablation)")
@@ -122,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = [w.name for w in worlds]
+    unknown = [w for w in a.paired_on if w not in names]
+    if unknown:
+        print(f"error: paired_on={unknown[0]!r}: not a world of this run; its worlds: {', '.join(names)}",
+              file=sys.stderr)
+        return 2
     if len(set(names)) < len(names):
         same = next(n for n in names if names.count(n) > 1)
         print(f"error: tables={[str(t) for t in a.tables]!r}: two tables are world {same!r} (a world is named by "
@@ -145,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
     about = {k: v[0] for k, v in allowed.items()}
-    text = tables(read_rows(path), variants, about=about, choices=a.synthetic is None)
+    text = tables(read_rows(path), variants, about=about, choices=a.synthetic is None, per_world=a.paired_on)
     (a.out / f"{stem}.md").write_text(text)
     print(text)
     return 0

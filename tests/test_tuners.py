@@ -368,6 +368,11 @@ def test_paired_lines_are_the_wilcoxon_test_of_each_change_against_the_shipped_d
     p = sps.wilcoxon([-2.0, 1.0, 0.0, -8.0]).pvalue
     md = "\n".join(paired_lines(records, ["shipped", "x"]))
     assert "| variant | 8–16 runs |" in md and f"| x | 6.00 → 3.75; 2 / 1; p = {p:.2g} |" in md
+    # another world's pairs join the pooled table and stay out of the table of w alone
+    other = [dict(r, world="v", regret_pct=r["regret_pct"] + 100.0) for r in records]
+    assert f"| x | 6.00 → 3.75; 2 / 1; p = {p:.2g} |" in "\n".join(paired_lines(records + other, ["shipped", "x"], "w"))
+    assert "paired on w alone" in "\n".join(paired_lines(records + other, ["shipped", "x"], "w"))
+    assert "6.00 → 3.75" not in "\n".join(paired_lines(records + other, ["shipped", "x"]))
 
 
 def test_the_synthetic_mode_replays_every_change_on_the_named_worlds_and_chooses_nothing(tmp_path, capsys):
@@ -452,4 +457,10 @@ def test_the_benchmark_scripts_refuse_a_table_given_twice_or_two_tables_of_one_w
     assert tuner_ablation.main(["--tables", str(a), str(b), "--out", str(tmp_path / "o"), "--nice", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "two tables are world 'wa'" in err
+    assert not (tmp_path / "o" / "ablation.csv").exists()
+    c = write(tmp_path / "wc" / "trials.csv", cells())
+    assert tuner_ablation.main(["--tables", str(a), str(c), "--paired-on", "wb", "--out", str(tmp_path / "o"),
+                                "--nice", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "paired_on='wb': not a world of this run; its worlds: wa, wc" in err
     assert not (tmp_path / "o" / "ablation.csv").exists()

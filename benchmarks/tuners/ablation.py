@@ -281,18 +281,19 @@ PAIRED_SPANS: tuple[tuple[float, ...], ...] = ((4.0,), (8.0, 12.0, 16.0), (24.0,
 """The compute levels pooled in :func:`paired_lines`."""
 
 
-def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) -> list[str]:
-    """Markdown: each variant against the shipped design over every world, truth and replication
-    both ran, per span of :data:`PAIRED_SPANS`: the mean own regret of each, the pairs where the
-    variant is lower and higher, and the two-sided Wilcoxon signed-rank p
-    (:func:`benchmarks.tuners.stats.paired`)."""
+def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], world: str | None = None) -> list[str]:
+    """Markdown: each variant against the shipped design over every world (``world``: that one
+    alone), truth and replication both ran, per span of :data:`PAIRED_SPANS`: the mean own
+    regret of each, the pairs where the variant is lower and higher, and the two-sided Wilcoxon
+    signed-rank p (:func:`benchmarks.tuners.stats.paired`)."""
     from benchmarks.tuners.stats import paired
 
-    vals = _values(records, "regret_pct")
+    vals = {k: v for k, v in _values(records, "regret_pct").items() if world in (None, k[1])}
     spans = [s for s in PAIRED_SPANS if any(k[3] in s for k in vals)]
     head = " | ".join(f"{s[0]:g}–{s[-1]:g} runs" if len(s) > 1 else f"{s[0]:g} runs" for s in spans)
-    lines = ["", "**Each change against the shipped design, paired** (mean own regret shipped → change; "
-             "pairs lower / higher; Wilcoxon p)", "", f"| variant | {head} |", "|---|" + "---|" * len(spans)]
+    lines = ["", f"**Each change against the shipped design, paired{' on ' + world + ' alone' if world else ''}** "
+             "(mean own regret shipped → change; pairs lower / higher; Wilcoxon p)", "", f"| variant | {head} |",
+             "|---|" + "---|" * len(spans)]
     for v in variants:
         if v == BASE:
             continue
@@ -314,12 +315,12 @@ def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str]) 
 
 def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
            levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None,
-           choices: bool = True) -> str:
+           choices: bool = True, per_world: Sequence[str] = ()) -> str:
     """Markdown: what the table holds (``about``: each variant's description), each variant's
     mean own regret per world and truth at ``levels``, its oracle beside it, then the
     leave-one-world-out choices (``choices=False``, worlds that choose nothing, such as the
     synthetic ones: not these), and each change paired against the shipped design
-    (:func:`paired_lines`)."""
+    (:func:`paired_lines`), over every world and on each of ``per_world`` alone."""
     vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
     worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
     reps = [len(set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants)))
@@ -355,6 +356,8 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
         lines += _choice_lines(records, variants, list(dict.fromkeys(w for w, _ in worlds)), vals)
     if BASE in variants:
         lines += paired_lines(records, variants)
+        for w in per_world:
+            lines += paired_lines(records, variants, w)
     return "\n".join(lines) + "\n"
 
 
