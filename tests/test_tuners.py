@@ -77,6 +77,24 @@ def test_reader_pools_models_budgets_and_pilots(tmp_path):
     assert wd.fractions == () and any("0.1" in n for n in wd.notes)
 
 
+def test_a_full_budget_level_feasible_in_one_seed_only_is_replayed_infeasible(tmp_path):
+    """The seed draws the first prompts, so a level at the edge of the budget can fit in one seed
+    and not in another: with one complete seed it cannot be held out, and a run there fails as
+    often as not, so the replay answers it infeasible and says so (a pilot keeps its one seed)."""
+    edge = dict(reward="sparse", group_size=4, rho=0.8, fidelity="full", budget_flops=1e12, seed=1,
+                status="infeasible")
+    rows = [r for r in cells() if not (r["group_size"] == 4 and r["rho"] == 0.8 and r["seed"] > 0)]
+    pilots = cells(fidelity="pilot", budget=2.5e11, seeds=(0, 1))
+    pilots = [r for r in pilots if not (r["group_size"] == 4 and r["rho"] == 0.8 and r["seed"] == 1)]
+    w = read_world([write(tmp_path / "edge" / "trials.csv",
+                          rows + [edge] + pilots + [dict(edge, fidelity="pilot", budget_flops=2.5e11)])])
+    assert Allocation(0.8, 4, "sparse") not in w.candidates and len(w.candidates) == 5
+    assert w.notes[0] == "replayed infeasible (complete in one seed only, infeasible in another): edge/sparse/G=4/rho=0.8"
+    assert w.fractions == (0.25,)  # the pilot level with one complete seed stays measured
+    with pytest.raises(ConfigError, match="rho=0.8 has 1 seed at the full budget"):  # complete in one seed, no other
+        read_world([write(tmp_path / "one" / "trials.csv", rows)])
+
+
 def test_bad_tables_are_one_line_errors(tmp_path, capsys):
     one_seed = write(tmp_path / "one.csv", cells(seeds=(0,)))
     with pytest.raises(ConfigError, match=r"rho=0.2 has 1 seed at the full budget; the replay needs >= 2"):

@@ -246,6 +246,7 @@ def read_world(paths: Sequence[str | Path], name: str | None = None) -> TableWor
             cells.setdefault((m, w, g, f), {}).setdefault(rho, {})[seed] = targets
         else:
             bad.setdefault((m, w, g, f), set()).add(rho)
+    mixed = _demote_mixed(cells, bad)
     for k, levels in bad.items():  # a level with a complete trial is measured
         levels -= set(cells.get(k, {}))
         cells.setdefault(k, {})
@@ -265,7 +266,8 @@ def read_world(paths: Sequence[str | Path], name: str | None = None) -> TableWor
     space = SearchSpace(rho=(full_levels[0], full_levels[-1]), group_sizes=gs, rewards=rewards,
                         models=models if len(models) > 1 else ())
     prod = [(m, w, g) for m in models for w in rewards for g in gs]
-    notes = []
+    notes = [f"replayed infeasible (complete in one seed only, infeasible in another): {', '.join(mixed)}"] \
+        if mixed else []
     left = sorted(done - set(prod))
     if left:
         notes.append(f"left out (not a full product with the rest): {', '.join(f'{m}/{w}/G={g}' for m, w, g in left)}")
@@ -279,6 +281,23 @@ def read_world(paths: Sequence[str | Path], name: str | None = None) -> TableWor
                        tuple(notes))
     _check_seeds(world, where)
     return world
+
+
+def _demote_mixed(cells: dict, bad: dict) -> list[str]:
+    """A full-budget level whose first iteration fits the budget in one seed and not in another
+    (the seed draws the first prompts, so a level at the edge of the budget can be both) with
+    fewer than two complete seeds is replayed infeasible: a run there fails as often as not,
+    and one seed cannot be held out. Removes those levels from ``cells`` (``bad`` has them
+    already); their names."""
+    out = []
+    for k, levels in bad.items():
+        if k[3] != FULL:  # a pilot is no candidate: one seed of it is a measurement like any
+            continue
+        for rho in sorted(levels & set(cells.get(k, {}))):
+            if len(cells[k][rho]) < 2:
+                del cells[k][rho]
+                out.append(f"{k[0]}/{k[1]}/G={k[2]}/rho={rho}")
+    return out
 
 
 def world_name(paths: Sequence[str | Path], models: Sequence[str]) -> str:
