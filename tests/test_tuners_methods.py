@@ -100,6 +100,42 @@ def test_axs_centre_point_takes_the_middle_of_the_replications_drawn_order(world
     assert firsts == set(world.space.rewards)
 
 
+def test_an_infeasible_trial_is_told_the_worst_value_so_far(world):
+    """GPSampler ignores a failed trial, so on a world with an infeasible cell its deterministic
+    proposal came back to that cell 1000 times; told the worst value so far (failed before any
+    value) it moves on. Half the space infeasible here: 10 feasible runs in few asks."""
+    import optuna
+
+    from benchmarks.tuners.methods.optuna_samplers import ask_and_tell, make_sampler
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("gp", 0))
+    feasible = []
+
+    def observe(a):
+        if a.rho > 0.5:
+            return None
+        feasible.append(a)
+        return 0.3 + 0.1 * (a.group_size == 4) - abs(a.rho - 0.4)
+
+    ask_and_tell(study, world.space, observe, lambda: len(feasible) >= 10, max_asks=200)
+    assert len(feasible) == 10 and len(study.trials) < 200
+    seen: list[float] = []
+    for t in study.trials:
+        if t.params["rho"] <= 0.5:
+            seen.append(t.value)
+        elif seen:
+            assert t.state == optuna.trial.TrialState.COMPLETE and t.value == min(seen)
+        else:
+            assert t.state == optuna.trial.TrialState.FAIL
+    two = optuna.create_study(directions=["maximize", "minimize"])
+    for v in ([0.5, 2.0], [0.2, 1.0]):
+        two.add_trial(optuna.trial.create_trial(params={}, distributions={}, values=v))
+    from benchmarks.tuners.methods.optuna_samplers import _worst
+
+    assert _worst([[0.5, 2.0], [0.2, 1.0]], two.directions) == [0.2, 2.0]
+
+
 def test_smac_runs_pilots_as_its_cheap_budgets(world):
     pytest.importorskip("smac", reason=NO_BENCH)
     from benchmarks.tuners.methods.smac_mf import eta_for, nearest_fraction

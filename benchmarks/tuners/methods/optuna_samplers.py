@@ -44,21 +44,37 @@ def make_sampler(name: str, seed: int) -> Any:
 def ask_and_tell(study: Any, space: Any, observe: Callable[[Allocation], Any], done: Callable[[], bool],
                  max_asks: int | None = None) -> None:
     """Ask ``study`` for allocations of ``space`` and tell it what ``observe`` returns (a value,
-    a list of values, or ``None``: an infeasible trial, told failed) until ``done()`` (or
-    ``max_asks`` asks)."""
+    a list of values, or ``None``: an infeasible trial) until ``done()`` (or ``max_asks`` asks).
+
+    An infeasible trial is told the worst value told so far (per objective, by the study's
+    directions), the usual penalty, and failed before any value: a sampler ignores a failed
+    trial, so GPSampler, whose proposal is deterministic, asked for the same infeasible cell
+    again and again. A world without infeasible cells is replayed as without the penalty."""
     import optuna
 
     dists = distributions(space)
     asks = 0
+    told: list[list[float]] = []
     while not done() and (max_asks is None or asks < max_asks):
         trial = study.ask(dists)
         asks += 1
         p = trial.params
         y = observe(Allocation(float(p["rho"]), int(p["group_size"]), p["reward"], p.get("model")))
-        if y is None:
+        if y is None and not told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        elif y is None:
+            study.tell(trial, _worst(told, study.directions))
         else:
             study.tell(trial, y)
+            told.append(list(y) if isinstance(y, (list, tuple)) else [y])
+
+
+def _worst(told: list[list[float]], directions: Any) -> Any:
+    import optuna
+
+    worst = [min(col) if d == optuna.study.StudyDirection.MAXIMIZE else max(col)
+             for col, d in zip(zip(*told), directions)]
+    return worst if len(worst) > 1 else worst[0]
 
 
 def run_sampler(name: str, session: Session) -> None:
