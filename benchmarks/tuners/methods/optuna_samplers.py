@@ -2,7 +2,9 @@
 ``optuna_integration.BoTorchSampler``, each built from Optuna's public API with the
 replication's seed and (but random search) 4 random start-up trials, asked and told in an
 in-memory study over the world's space (ρ a float in its range; G, reward system and model
-categorical) at the full budget only. Own rule: the best observed full run (``study.best_trial``).
+categorical) at the full budget only; an infeasible trial is told the worst value told so far
+(:func:`ask_and_tell`). Own rule: the best observed full run (the harness's, over the feasible
+runs).
 """
 
 from __future__ import annotations
