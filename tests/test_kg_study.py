@@ -194,6 +194,19 @@ def test_without_the_initial_design_the_first_run_is_the_knowledge_gradients_cho
     assert [p.allocation for p in with_design.propose([], [])] == design[:1]
 
 
+def test_a_design_point_found_infeasible_at_run_time_is_not_proposed_again():
+    """Feasibility can turn out when a run starts (its first iteration did not fit the budget):
+    the design's point, refused since, gives way to the next one (it was proposed again and
+    again: 1000 times in a row on a replayed world)."""
+    refused: set = set()
+    t = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3,
+                feasible=lambda a, f: (a, round(f, 4)) not in refused)
+    first, second = t.initial[0], t.initial[1]
+    assert [p.allocation for p in t.propose([], [])] == [first]
+    refused.add((first, 1.0))
+    assert [p.allocation for p in t.propose([], [])] == [second]
+
+
 def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
     """Shipped (``middle``): the two middle ρ levels alternately, every run at the middle group
     size (the two middles of an even count); ``g-in-turn``: the same ρ, the group sizes in turn;

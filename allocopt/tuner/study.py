@@ -163,7 +163,9 @@ class KGTuner:
         pending = [TunerRun(r.allocation, self.budgets.fraction(r.fidelity)) for r in runs if r.pending]
         pilots = sum(1 for r in runs if r.fidelity == "pilot")
         started = [r.allocation for r in runs if r.fidelity == "full"]
-        design = [a for a in self.initial if a not in started]
+        # feasibility can turn out at run time (the first iteration did not fit): a design
+        # point found infeasible since is skipped, not proposed again
+        design = [a for a in self.initial if a not in started and self.tuner._ok(a, 1.0)]
         out = []
         for _ in range(q):
             capped = self.max_pilots is not None and pilots >= self.max_pilots
