@@ -191,7 +191,8 @@ class Tuner:
         if self.kg_pool not in KG_POOLS:
             raise ValueError(f"kg_pool={self.kg_pool!r}: allowed: {', '.join(KG_POOLS)}")
 
-    def _ok(self, a: Allocation, f: float) -> bool:
+    def allows(self, a: Allocation, f: float) -> bool:
+        """Whether a run of ``a`` at fraction ``f`` is feasible (every run without a ``feasible`` test)."""
         return self.feasible is None or bool(self.feasible(a, f))
 
     def _data(self, observed: Sequence[Observed]) -> Data:
@@ -202,12 +203,12 @@ class Tuner:
     def targets(self, observed: Sequence[Observed] = ()) -> list[Allocation]:
         """The feasible full-budget cells: what the answer is chosen among (with :attr:`refine`,
         also the cells off the grid that ``observed`` has full runs at)."""
-        cells = [a for a in self.space.cells() if self._ok(a, 1.0)]
+        cells = [a for a in self.space.cells() if self.allows(a, 1.0)]
         if not self.refine:
             return cells
         known = set(cells)
         off = [o.allocation for o in observed if o.fraction >= 1.0 and o.allocation not in known]
-        return cells + [a for a in dict.fromkeys(off) if self._ok(a, 1.0)]
+        return cells + [a for a in dict.fromkeys(off) if self.allows(a, 1.0)]
 
     def _zoom(self, observed: Sequence[Observed], targets: Sequence[Allocation]) -> list[Allocation]:
         """The feasible midpoints in ρ between the posterior-mean best of ``targets`` and its
@@ -221,7 +222,7 @@ class Tuner:
         near = [rhos[j] for j in (i - 1, i + 1) if 0 <= j < len(rhos)]
         mids = [round((best.rho + r) / 2, 6) for r in near if abs(best.rho - r) >= 2 * REFINE_FINEST * (hi - lo)]
         return [a for a in (Allocation(r, best.group_size, best.reward, best.model) for r in mids)
-                if a not in targets and self._ok(a, 1.0)]
+                if a not in targets and self.allows(a, 1.0)]
 
     def posterior(self, observed: Sequence[Observed], targets: Sequence[Allocation]) -> Posterior:
         """The model's posterior at the full-budget ``targets`` given ``observed``."""
@@ -234,7 +235,7 @@ class Tuner:
         (runs costing more are not considered). Raises ``ValueError`` when nothing fits."""
         targets = self.targets(observed)
         cands = [(a, f) for f in self.space.fractions for a in self.space.cells()
-                 if (compute_left is None or f <= compute_left + 1e-9) and self._ok(a, f)]
+                 if (compute_left is None or f <= compute_left + 1e-9) and self.allows(a, f)]
         if self.refine:
             grid = set(self.space.cells())
             extra = [a for a in targets if a not in grid] + self._zoom(observed, targets)

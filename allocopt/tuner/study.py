@@ -165,7 +165,7 @@ class KGTuner:
         started = [r.allocation for r in runs if r.fidelity == "full"]
         # feasibility can turn out at run time (the first iteration did not fit): a design
         # point found infeasible since is skipped, not proposed again
-        design = [a for a in self.initial if a not in started and self.tuner._ok(a, 1.0)]
+        design = [a for a in self.initial if a not in started and self.tuner.allows(a, 1.0)]
         out = []
         for _ in range(q):
             capped = self.max_pilots is not None and pilots >= self.max_pilots
