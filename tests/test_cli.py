@@ -250,6 +250,10 @@ def test_best_per_reward_with_a_model_column_fits_80_columns():
     assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
     assert [x[3:5] for x in cells] == [["proxy_prm", "1.5B"], ["structured", "7B"]]
     assert lines[head].split()[-1] == "rwd" and "each executed 1.000e+19 FLOPs" in " ".join(" ".join(lines).split())
+    con = Console(width=80, record=True)  # a front of one model's trial, of a study that searched two
+    con.print(_rows_table(rows[:1], "front", ["pass@1"], rows))
+    text = con.export_text()
+    assert text.splitlines()[1].split()[4] == "model" and "1.5B = Qwen/Qwen2.5-1.5B-Instruct" in " ".join(text.split())
     rows[1].metrics["total_flops"] = 9.9e18  # totals that differ keep their column
     con = Console(width=200, record=True)
     con.print(_rows_table(rows, "t", ["pass@1"], rows))
@@ -277,7 +281,7 @@ def test_an_imported_logs_sources_fit_80_columns_with_field_names_whole_where_th
     assert len(whole) >= 12 and all(f"│ {k} " in r.stdout for k in whole)
 
 
-def test_an_error_names_the_flag_the_user_typed_where_the_field_is_spelled_otherwise():
+def test_an_error_names_the_flag_the_user_typed():
     from allocopt.cli.common import with_flag
 
     msg = "budget_flops='-5': must be a positive finite number of FLOPs, e.g. 1e19"
@@ -285,4 +289,8 @@ def test_an_error_names_the_flag_the_user_typed_where_the_field_is_spelled_other
     assert with_flag(msg, ["plan", "--budget=-5"]) == "--budget: " + msg
     assert with_flag(msg, ["study", "--spec", "s.toml"]) == msg  # the file says budget_flops
     assert with_flag(msg, ["study", "--budget-gpu-hours", "3"]) == msg  # another flag
-    assert with_flag("trials=0: must be an integer >= 1", ["study", "--trials", "0"]).startswith("trials=0")
+    assert with_flag("trials=0: must be an integer >= 1", ["study", "--trials", "0"]) == \
+        "--trials: trials=0: must be an integer >= 1"
+    assert with_flag("pilot_fraction=2.0: must be in (0, 1)", ["study", "--pilot-fraction", "2"]) == \
+        "--pilot-fraction: pilot_fraction=2.0: must be in (0, 1)"
+    assert with_flag("trials=0: must be an integer >= 1", ["study", "--spec", "s.toml"]) == "trials=0: must be an integer >= 1"

@@ -193,17 +193,19 @@ def quiet_library_warnings() -> None:
 
 FLAG_OF = {"budget_flops": "--budget", "rollouts_per_iteration": "--rollouts",
            "max_rollouts_per_iteration": "--max-rollouts", "name": "--study-name"}
-"""The flags whose field (in a study file, in an error line) is spelled otherwise."""
+"""The flags whose field (in a study file, in an error line) is spelled otherwise; any other
+field's flag is its name with dashes (``pilot_fraction``: ``--pilot-fraction``)."""
 
 
 def with_flag(message: str, argv: list[str]) -> str:
     """``message`` (``field=value: what is allowed``) led by the flag that gave the field when
-    the flag is spelled otherwise (``--budget: budget_flops='-5': ...``) and was given in
-    ``argv``: the user typed the flag, the study file and the records say the field."""
+    that flag was given in ``argv`` (``--budget: budget_flops='-5': ...``, ``--trials:
+    trials=0: ...``): the user typed the flag, the study file and the records say the field,
+    and the line says which of the two was wrong."""
     import re
 
     m = re.match(r"([a-z_]+)[=:]", message)
-    flag = FLAG_OF.get(m.group(1)) if m else None
+    flag = (FLAG_OF.get(m.group(1)) or "--" + m.group(1).replace("_", "-")) if m else None
     if flag and any(a == flag or a.startswith(flag + "=") for a in argv):
         return f"{flag}: {message}"
     return message

@@ -165,8 +165,9 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
 
     several = len({r.study for r in all_rows}) > 1
     fidelities = len({r.fidelity for r in rows}) > 1
-    models = len({value(r, "model") for r in rows}) > 1
-    label = short_names(str(value(r, "model")) for r in rows)  # the part that tells them apart
+    # a study that searched the model shows it, also on a front of one model's trials
+    models = len({value(r, "model") for r in all_rows}) > 1
+    label = short_names(str(value(r, "model")) for r in all_rows)  # the part that tells them apart
     others = [k for k in measured_targets(all_rows) if k not in first]
     totals = {_f(number(r, "total_flops"), ".3e") for r in rows}
     same = len(totals) == 1 and len(rows) > 1  # trials that spent one budget: said once, in the caption
