@@ -260,7 +260,7 @@ def test_cli_ask_and_bad_tell_in_a_subprocess(tmp_path):
     [folder] = list((tmp_path / "asked").iterdir())
     assert "actor_rollout_ref.rollout.n=" in (folder / "verl_overrides.txt").read_text()
     r = run("tell", "--study", "fresh", "--trial", folder.name.split("-")[1], "--metrics", "nope.json")
-    assert r.returncode == 2 and r.stderr.strip() == "error: metrics='nope.json': file not found", r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == "error: --metrics: metrics='nope.json': file not found", r.stderr
 
 
 def test_a_sampler_that_raises_leaves_no_trial_running(tmp_path):

@@ -206,7 +206,7 @@ def test_account_flags_for_dynamic_sampling_and_critic(cli):
     assert r.returncode == 0 and "critic_values" in r.stdout and "critic Qwen/Qwen2.5-0.5B" in r.stdout
     r = cli("account", "--generated-per-trained", "0.5")
     assert r.returncode == 2
-    assert r.stderr.strip().startswith("error: generated_per_trained=0.5: must be a number >= 1")
+    assert r.stderr.strip().startswith("error: --generated-per-trained: generated_per_trained=0.5: must be a number >= 1")
     assert len(r.stderr.strip().splitlines()) == 1
 
 

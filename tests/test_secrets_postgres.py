@@ -106,7 +106,7 @@ def test_a_password_never_leaks_from_any_command(tmp_path, guarded, cli, mlflow_
     assert sorted(rc for rc, _, _ in done) == [0, 2], done
     loser = next(e for rc, _, e in done if rc == 2)
     print(f"\nwithout PGPASSWORD: {without.stderr.strip()}\nthe second tell at once: {loser.strip()}")
-    assert loser.startswith(f"error: trial={n}: already finished") and loser.count("\n") == 1, loser
+    assert loser.startswith(f"error: --trial: trial={n}: already finished") and loser.count("\n") == 1, loser
 
     # nothing printed, written or recorded holds the password
     assert not [s for s in seen if SECRET in s]

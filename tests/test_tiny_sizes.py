@@ -179,7 +179,7 @@ def test_a_wrong_model_is_named_before_the_machine_is_checked(cli):
 
     r = cli("trial", "--objective", "qwen", "--budget", "1e17", "--rho", "0.5", "--model", "medium")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert r.stderr.startswith("error: model='medium': unknown model; known presets:")
+    assert r.stderr.startswith("error: --model: model='medium': unknown model; known presets:")
     if not torch.cuda.is_available():  # the same command with the default model: the machine
         r = cli("trial", "--objective", "qwen", "--budget", "1e17", "--rho", "0.5")
         assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr

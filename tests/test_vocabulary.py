@@ -374,7 +374,7 @@ def test_a_target_the_objective_does_not_report_is_refused_before_anything_is_re
     want = "target='pass@1:gsm8k': the synthetic objective reports native_reward, pass@1, judge"
     args = ["study", "--objective", "synthetic", "--target", "pass@1", "--target", "pass@1:gsm8k", "--budget", "1e19"]
     r = cli(*args, "--trials", "1", "--no-mlflow", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip() == f"error: {want}", r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == f"error: --target: {want}", r.stderr
     assert not list(tmp_path.iterdir())
     r = cli(*args, "--dry-run", cwd=tmp_path)
     assert r.returncode == 0 and "Plans for 1.000e+19 FLOPs" in r.stdout, r.stderr
