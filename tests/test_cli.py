@@ -254,6 +254,7 @@ def test_best_per_reward_with_a_model_column_fits_80_columns():
     con.print(_rows_table(rows[:1], "front", ["pass@1"], rows))
     text = con.export_text()
     assert text.splitlines()[1].split()[4] == "model" and "1.5B = Qwen/Qwen2.5-1.5B-Instruct" in " ".join(text.split())
+    assert max(map(len, text.splitlines())) <= 80 and "it executed 1.000e+19 FLOPs" in " ".join(text.split())
     rows[1].metrics["total_flops"] = 9.9e18  # totals that differ keep their column
     con = Console(width=200, record=True)
     con.print(_rows_table(rows, "t", ["pass@1"], rows))

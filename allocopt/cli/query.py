@@ -170,7 +170,7 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
     label = short_names(str(value(r, "model")) for r in all_rows)  # the part that tells them apart
     others = [k for k in measured_targets(all_rows) if k not in first]
     totals = {_f(number(r, "total_flops"), ".3e") for r in rows}
-    same = len(totals) == 1 and len(rows) > 1  # trials that spent one budget: said once, in the caption
+    same = len(totals) == 1  # trials that spent one budget: said once, in the caption
     # one space between columns, a rule under the header: the usual three targets, a model
     # column and the breakdown fit 80 columns (a study column can make it wider; pipes get 160)
     t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0), caption_justify="left")
@@ -193,7 +193,8 @@ def _rows_table(rows: list[Any], title: str, first: list[str], all_rows: list[An
         t.add_row(*cells)
     t.caption = ("rho: the allocation's update fraction; search / learn / rwd: shares of the "
                  "executed FLOPs (learn = realized rho); "
-                 + (f"each executed {next(iter(totals))} FLOPs" if same else "FLOPs: the total executed")) \
+                 + (f"{'each' if len(rows) > 1 else 'it'} executed {next(iter(totals))} FLOPs" if same
+                    else "FLOPs: the total executed")) \
         + (f"; {legend(label)}" if models and legend(label) else "")
     return t
 
