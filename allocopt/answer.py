@@ -99,8 +99,12 @@ def gain_lines(rec: Any, target: str) -> list[str]:
     if nxt is not None:
         nxt = nxt if not isinstance(nxt, dict) else from_dict({"allocation": nxt}).allocation
         where = f" (at {allocation_text(nxt)})"
-    return textwrap.wrap(f"one more full run is worth +{float(gain):.4f} {target}{where}", WIDTH,
-                         initial_indent="  ", subsequent_indent="    ")
+    return _wrap(f"one more full run is worth +{float(gain):.4f} {target}{where}")
+
+
+def _wrap(text: str) -> list[str]:
+    """``text`` as answer lines: indented under the answer, wrapped (never cut) at :data:`WIDTH`."""
+    return textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
 
 
 def _field(x: Any, name: str) -> Any:
@@ -124,21 +128,20 @@ def _noise_lines(rec: Any, a: Any) -> list[str]:
         text = (f"within one evaluation's noise{sd_text}: {len(close)} allocations at rho {span}, "
                 f"{len(rewards)} reward system{'s' if len(rewards) > 1 else ''} ({', '.join(rewards)}): "
                 "not one winner; `allocopt report` lists them in its report.html")
-        out += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+        out += _wrap(text)
     cells = [(str(_field(c, "reward") if not isinstance(c, tuple) else c[0]),
               float(_field(c, "prob_best") if not isinstance(c, tuple) else c[2]))
              for c in (getattr(rec, "cell_prob_best", None) or ())]
     if cells:
         top, p = max(cells, key=lambda t: t[1])
         if top != a.reward:
-            out += textwrap.wrap(f"the reward system most likely to hold the best allocation: {top} (P = {p:.0%})",
-                                 WIDTH, initial_indent="  ", subsequent_indent="    ")
+            out += _wrap(f"the reward system most likely to hold the best allocation: {top} (P = {p:.0%})")
     untried = [str(u) for u in (getattr(rec, "untried", None) or ())]
     if untried:
         text = (f"no full run yet of {', '.join(untried)}: what it says of "
                 f"{'them' if len(untried) > 1 else 'it'} rests on the model's sharing across cells "
                 "(and pilots, where run)")
-        out += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+        out += _wrap(text)
     return out
 
 
