@@ -210,7 +210,8 @@ def test_a_design_point_found_infeasible_at_run_time_is_not_proposed_again():
 def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
     """Shipped (``middle``): the two middle ρ levels alternately, every run at the middle group
     size (the two middles of an even count); ``g-in-turn``: the same ρ, the group sizes in turn;
-    ``spread-rho``: one ρ level from each of n equal strata of the levels; any other refused."""
+    ``spread-rho``: one ρ level from each of n equal strata of the levels, the group sizes in turn;
+    ``spread-rho-middle-g``: the same ρ at the middle group size; any other refused."""
     from allocopt.tuner.decide import TunerSpace
     from allocopt.tuner.study import initial_design
 
@@ -228,6 +229,9 @@ def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
         assert [a.reward for a in spread] == [a.reward for a in shipped]
         index = sorted(levels.index(a.rho) for a in spread)
         assert all(i * 8 / 5 - 1 < k < (i + 1) * 8 / 5 for i, k in enumerate(index))  # one per stratum
+        middle_g = initial_design(space, seed, "spread-rho-middle-g")
+        assert [(a.rho, a.reward) for a in middle_g] == [(a.rho, a.reward) for a in spread]
+        assert {a.group_size for a in middle_g} == {4}
     even = TunerSpace((0.2, 0.9), (2, 4, 8, 16), ("a", "b", "c", "d"), rho_levels=8)
     assert [a.group_size for a in initial_design(even, 0)] == [4, 8, 4, 8]
     with pytest.raises(ValueError, match="layout='corners'"):

@@ -203,6 +203,28 @@ def test_the_prior_mean_is_a_bowl_in_rho_and_the_data_are_fit_around_it():
     assert post.means[0] == pytest.approx(mean, rel=1e-7)
 
 
+def test_the_bowls_centre_is_a_hyperparameter_the_runs_weigh():
+    """With the bowl's centre at 0.2 or 0.8 of the range, runs that rise towards ρ's low end give
+    the low centre more weight than its prior half, each combination's mean is its own bowl (the
+    prior means at one centre computed by hand), and a centre outside [0, 1] is refused."""
+    from dataclasses import replace
+
+    grid = replace(ONE, rho_bowl=2.0, rho_center=(0.2, 0.8))
+    t = _points([0.0, 0.2, 0.8, 1.0])
+    prior = posterior(Data(_points([]), np.zeros(0), np.zeros(0)), t, grid, max_combos=99)
+    s = math.sqrt(4.0 * 1.0)
+    by_centre = {h[9]: m for h, m in zip(prior.hypers, prior.means)}
+    assert by_centre[0.2] == pytest.approx(-2.0 * s * 4 * (np.array([0.0, 0.2, 0.8, 1.0]) - 0.2) ** 2)
+    assert by_centre[0.8] == pytest.approx(-2.0 * s * 4 * (np.array([0.0, 0.2, 0.8, 1.0]) - 0.8) ** 2)
+    x = _points([0.1, 0.3, 0.5, 0.7, 0.9])
+    y = np.array([0.50, 0.47, 0.42, 0.35, 0.25])
+    post = posterior(Data(x, y, np.full(5, 2.5e-4)), t, grid, keep=1.0, max_combos=99)
+    low = sum(w for w, h in zip(post.weights, post.hypers) if h[9] == 0.2)
+    assert low > 0.9
+    with pytest.raises(ValueError, match=r"rho_center=\(1.5,\): must be a non-empty list of numbers from 0 to 1"):
+        HyperGrid(rho_center=(1.5,))
+
+
 def test_mixture_weights_are_the_marginal_likelihoods():
     grid = HyperGrid(signal=(1.0, 16.0), lengthscale=(0.3,), reward_corr=(0.5,), group_corr=(0.9,),
                      model_corr=(0.7,), pilot_gap=(1.0,), train_noise=(0.5, 1.5), rho_bowl=0.0)

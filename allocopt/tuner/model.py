@@ -81,10 +81,14 @@ leave-one-world-out: ``benchmarks/tuner_ablation.py --design``, ``reward-offset`
     """Without known evaluation variances: the noise variance as a share of the observed
     values' variance (from nearly noise-free to half of what is seen), in place of ``λ``."""
     rho_bowl: float = 1.0
-    """Prior mean: how far below the middle of the ρ range its ends lie, in signal standard
-    deviations ``s`` (a bowl ``-rho_bowl · s · 4 (ρ - 1/2)²`` in scaled ρ): the response to ρ is
-    near-unimodal with an interior peak (the paper's ρ* 0.44-0.72; every measured world here), so
-    before any run the middle is the better bet. 0: a flat prior mean."""
+    """Prior mean: how far below its top the ends of a bowl in ρ lie, in signal standard
+    deviations ``s`` (``-rho_bowl · s · 4 (ρ - c_ρ)²`` in scaled ρ, ``c_ρ`` from
+    :attr:`rho_center`): the response to ρ is near-unimodal with an interior peak (the paper's ρ*
+    0.44-0.72; every measured world here), so before any run the middle is the better bet. 0: a
+    flat prior mean."""
+    rho_center: tuple[float, ...] = (0.5,)
+    """Where the bowl's top sits in scaled ρ (0 the range's low end, 1 its high end); several:
+    a hyperparameter the runs weigh like the others, so that the runs can move the bet."""
 
     def __post_init__(self) -> None:
         for name in ("signal", "lengthscale", "reward_corr", "group_corr", "model_corr",
@@ -99,15 +103,18 @@ leave-one-world-out: ``benchmarks/tuner_ablation.py --design``, ``reward-offset`
                 raise ValueError(f"{name}={values!r}: must be positive")
         if not isinstance(self.rho_bowl, (int, float)) or not 0 <= self.rho_bowl <= 10:
             raise ValueError(f"rho_bowl={self.rho_bowl!r}: must be a number from 0 to 10")
+        if not self.rho_center or any(not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in self.rho_center):
+            raise ValueError(f"rho_center={self.rho_center!r}: must be a non-empty list of numbers from 0 to 1")
 
     def combos(self, with_models: bool, with_pilots: bool, known_noise: bool = True) -> list[tuple[float, ...]]:
-        """Every combination ``(s², ℓ, c_r, c_g, c_m, τ², a_r, a_g, a_c, λ)``, leaving out the axes the
-        data cannot inform (one model, no pilots); the last entry is ``λ`` (``known_noise``) or
-        the noise share."""
+        """Every combination ``(s², ℓ, c_r, c_g, c_m, τ², a_r, a_g, a_c, c_ρ, λ)``, leaving out the axes the
+        data cannot inform (one model, no pilots); ``c_ρ`` the bowl's centre; the last entry is
+        ``λ`` (``known_noise``) or the noise share."""
         return list(itertools.product(self.signal, self.lengthscale, self.reward_corr, self.group_corr,
                                       self.model_corr if with_models else (1.0,),
                                       self.pilot_gap if with_pilots else (0.0,),
                                       self.reward_offset, self.group_offset, self.cell_offset,
+                                      self.rho_center if self.rho_bowl else (0.5,),
                                       self.train_noise if known_noise else self.noise_share))
 
 
@@ -153,7 +160,7 @@ class Gram:
         self._shape: dict[tuple[float, ...], np.ndarray] = {}
 
     def __call__(self, hyper: tuple[float, ...], scale: float) -> np.ndarray:
-        s2, ell, cr, cg, cm, tau2, ro, go, co, _ = hyper
+        s2, ell, cr, cg, cm, tau2, ro, go, co = hyper[:9]
         shape = (ell, cr, cg, cm, tau2, ro, go, co)  # the signal only scales it: one shape serves every s² and noise
         if shape not in self._shape:
             if ell not in self._exp:
@@ -290,7 +297,7 @@ def posterior(data: Data, targets: Points, grid: HyperGrid = HyperGrid(), *,
 
 def _bowl(p: Points, h: tuple[float, ...], scale: float, bowl: float) -> np.ndarray:
     """The prior mean's shape in ρ (:attr:`HyperGrid.rho_bowl`), at combination ``h``."""
-    return -bowl * math.sqrt(h[0] * scale) * 4.0 * (p.rho - 0.5) ** 2
+    return -bowl * math.sqrt(h[0] * scale) * 4.0 * (p.rho - h[9]) ** 2
 
 
 def _residual(data: Data, h: tuple[float, ...], scale: float, bowl: float) -> tuple[np.ndarray, float]:

@@ -52,12 +52,12 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho")
+INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho", "spread-rho-middle-g")
 """Where :func:`initial_design` places its runs in ρ and G: ``middle`` (shipped): the two middle ρ
 levels alternately, every run at the middle group size (the two middles of an even count, in
 turn); ``g-in-turn`` (shipped before 2026-12-06, kept for the ablations replayed with it): the
 same ρ, the group sizes in turn; ``spread-rho``: ρ spread one level per stratum of the levels,
-the group sizes in turn."""
+the group sizes in turn; ``spread-rho-middle-g``: ρ so spread, every run at the middle group size."""
 
 
 def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
@@ -86,13 +86,13 @@ def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list
     rng.shuffle(rewards), rng.shuffle(models), rng.shuffle(gs)
     lv = space.levels
     n = max(len(rewards), len(models))
-    if layout == "spread-rho":  # run i at a level drawn from the i-th of n equal strata of the levels
+    if layout.startswith("spread-rho"):  # run i at a level drawn from the i-th of n equal strata of the levels
         rhos = [lv[min(len(lv) - 1, int((i + rng.random()) * len(lv) / n))] for i in range(n)]
         rng.shuffle(rhos)
     else:
         mids = _middles(lv)
         rhos = [mids[i % 2] for i in range(n)]
-    if layout == "middle":
+    if layout in ("middle", "spread-rho-middle-g"):
         gs = list(dict.fromkeys(_middles(sorted(space.group_sizes))))
     return [Allocation(rhos[i], gs[i % len(gs)], rewards[i % len(rewards)], models[i % len(models)])
             for i in range(n)]

@@ -108,6 +108,14 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                            "(shipped: the mean), so a cell the runs pinned down is preferred",
                            lambda: {"caution": 0.5}),
     "answer-caution-1": ("the same less 1 posterior sd", lambda: {"caution": 1.0}),
+    "initial-spread-rho-middle-g": ("the initial design's runs spread over the ρ levels, one per stratum, at the "
+                                    "middle group size", lambda: {"layout": "spread-rho-middle-g"}),
+    "flat-prior": ("no bowl in ρ in the prior mean (rho_bowl 0, shipped 1), on the tuner as shipped",
+                   lambda: {"grid": HyperGrid(rho_bowl=0.0)}),
+    "learned-rho-center": ("the prior mean's bowl in ρ centred at 0.2, 0.5 or 0.8 of the range, a hyperparameter "
+                           "the runs weigh (shipped: 0.5)", lambda: {"grid": HyperGrid(rho_center=(0.2, 0.5, 0.8))}),
+    "no-middle-bet": ("both: the initial design spread over ρ at the middle group size, and a flat prior mean in ρ",
+                      lambda: {"layout": "spread-rho-middle-g", "grid": HyperGrid(rho_bowl=0.0)}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
