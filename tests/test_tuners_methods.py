@@ -136,6 +136,39 @@ def test_an_infeasible_trial_is_told_the_worst_value_so_far(world):
     assert _worst([[0.5, 2.0], [0.2, 1.0]], two.directions) == [0.2, 2.0]
 
 
+def test_ax_is_told_the_worst_target_so_far_for_an_infeasible_trial(tmp_path):
+    """ρ 0.8 infeasible in every cell (a third of the space): Ax gets its 6 feasible runs, and each
+    infeasible trial after the first value carries the lowest value told so far."""
+    pytest.importorskip("ax", reason=NO_BENCH)
+    rows = [dict(r, reward=w) for w in ("sparse", "dense") for r in cells(seeds=(0, 1))]
+    for r in rows:
+        if r["rho"] == 0.8:
+            r["status"] = "infeasible"
+    w = read_world([write(tmp_path / "half" / "t.csv", rows)])
+    s = session(w, 6.0)
+    told: list = []
+    from ax import Client
+
+    original = Client.complete_trial
+
+    def spy(self, trial_index, raw_data=None, **kw):
+        told.append(raw_data["y"])
+        return original(self, trial_index, raw_data=raw_data, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Client, "complete_trial", spy)
+        get("ax").run(s)
+    assert len(s.full_runs()) == 6 and s.spent == 6.0
+    expected, seen = [], []
+    for e in s.events:
+        if e.value is not None:
+            seen.append(e.value)
+            expected.append(e.value)
+        elif seen:
+            expected.append(min(seen))
+    assert told == expected and any(e.value is None for e in s.events)
+
+
 def test_smac_runs_pilots_as_its_cheap_budgets(world):
     pytest.importorskip("smac", reason=NO_BENCH)
     from benchmarks.tuners.methods.smac_mf import eta_for, nearest_fraction
