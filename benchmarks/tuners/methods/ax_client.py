@@ -9,10 +9,11 @@ objective ``y`` (the target, maximized); the generation strategy Ax chooses itse
 left at its default, ``method="fast"``: a centre point and Sobol initialization, then BoTorch
 through Ax's modular model). Trials run one at a time at the full budget only
 (``get_next_trials(max_trials=1)``, then ``complete_trial`` with the observed target; an
-infeasible trial is told the worst target so far, failed before any: the penalty Optuna's samplers
-get, and Ax's model leaves a failed trial out, so it could propose that cell again). Own rule: ``get_best_parameterization(use_model_predictions=True)``,
-Ax's best in-sample arm by model prediction (it falls back to the raw data when its model
-fits poorly), asked only when the harness scores it. Runs offline; torch on one thread.
+infeasible trial is told the worst target so far, failed before any: the penalty Optuna's
+samplers get, as Ax's model leaves a failed trial out and proposed infeasible cells again). Own
+rule: ``get_best_parameterization(use_model_predictions=True)``, Ax's best in-sample arm by
+model prediction (it falls back to the raw data when its model fits poorly), asked only when
+the harness scores it. Runs offline; torch on one thread.
 """
 
 from __future__ import annotations
@@ -68,11 +69,13 @@ def run(session: Session) -> None:
             session.recommend(_allocation(client.get_best_parameterization(use_model_predictions=True)[0]))
         for index, params in client.get_next_trials(max_trials=1).items():
             y = session.observe(_allocation(params))
-            if y is None and not told:
-                client.mark_trial_failed(index)
+            if y is not None:
+                told.append(y)
+                client.complete_trial(index, raw_data={"y": y})
+            elif told:
+                client.complete_trial(index, raw_data={"y": min(told)})
             else:
-                client.complete_trial(index, raw_data={"y": min(told) if y is None else y})
-                told += [] if y is None else [y]
+                client.mark_trial_failed(index)
     session.recommend(_allocation(client.get_best_parameterization(use_model_predictions=True)[0]))
 
 
