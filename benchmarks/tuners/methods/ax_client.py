@@ -4,16 +4,16 @@ One ``Client(random_seed=replication)`` per replication; the experiment's parame
 world's space (``rho`` a float range; ``group_size`` an ordered int choice; ``reward`` and, on a
 world of several models, ``model`` unordered string choices, listed in the order
 :meth:`Session.listed` draws for the replication: Ax's centre point takes the middle value of a
-choice list, so the world's own order would choose the first run's reward system); one
-objective ``y`` (the target, maximized); the generation strategy Ax chooses itself (``configure_generation_strategy()``
-left at its default, ``method="fast"``: a centre point and Sobol initialization, then BoTorch
-through Ax's modular model). Trials run one at a time at the full budget only
-(``get_next_trials(max_trials=1)``, then ``complete_trial`` with the observed target; an
-infeasible trial is told the worst target so far, failed before any: the penalty Optuna's
-samplers get, as Ax's model leaves a failed trial out and proposed infeasible cells again). Own
-rule: ``get_best_parameterization(use_model_predictions=True)``, Ax's best in-sample arm by
-model prediction (it falls back to the raw data when its model fits poorly), asked only when
-the harness scores it. Runs offline; torch on one thread.
+choice list, so the world's own order would choose the first run's reward system); one objective
+``y`` (the target, maximized); the generation strategy Ax chooses itself
+(``configure_generation_strategy()`` left at its default, ``method="fast"``: a centre point and
+Sobol initialization, then BoTorch through Ax's modular model). Trials run one at a time at the
+full budget only (``get_next_trials(max_trials=1)``, then ``complete_trial`` with the observed
+target; an infeasible trial is told the worst target so far, or marked failed while none is
+told: the penalty Optuna's samplers get, as Ax's model leaves a failed trial out and proposed
+infeasible cells again). Own rule: ``get_best_parameterization(use_model_predictions=True)``,
+Ax's best in-sample arm by model prediction (it falls back to the raw data when its model fits
+poorly), asked only when the harness scores it. Runs offline; torch on one thread.
 """
 
 from __future__ import annotations
