@@ -44,4 +44,15 @@ def check_keys(data: Mapping[str, Any], cls: type, what: str, *, file_keys: Mapp
         known = (known - {name}) | set(keys.split(","))
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{what}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
+        raise ConfigError(unknown_key(what, unknown[0], known))
+
+
+def unknown_key(what: str, key: str, known: Any) -> str:
+    """The one line for an unknown ``key`` of ``what``: what is allowed, and the allowed key
+    nearest in spelling when one is near (a typo: ``trails`` for ``trials``)."""
+    import difflib
+
+    allowed = sorted(known)
+    near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
+    return (f"{what}: unknown key {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f"; allowed: {', '.join(allowed)}")

@@ -312,7 +312,9 @@ def _build(cls_: type, table: str, name: str, fields_: Mapping[str, Any]) -> Any
     known = sorted(f.name for f in fields(cls_) if f.name != "name")
     unknown = sorted(set(fields_) - set(known))
     if unknown:
-        raise ConfigError(f"{table}.{name}: unknown key {unknown[0]!r}; allowed: {', '.join(known)}")
+        from allocopt.tomlio import unknown_key
+
+        raise ConfigError(unknown_key(f"{table}.{name}", unknown[0], known))
     try:
         return cls_(name, **fields_)
     except TypeError as e:

@@ -317,7 +317,7 @@ def test_a_missing_config_file_is_named_as_missing():
     v = Vocabulary.declare(None, {"orm": {"kind": "model", "model": "configs/none/config.json"}})
     with pytest.raises(ConfigError, match=r"rewards.orm.model='configs/none/config.json': no such file or folder"):
         v.price(_workload())
-    with pytest.raises(ConfigError, match=r"targets.x: unknown key 'directon'; allowed: direction, range$"):
+    with pytest.raises(ConfigError, match=r"targets.x: unknown key 'directon' \(did you mean 'direction'\?\); allowed: direction, range$"):
         Vocabulary.declare({"x": {"directon": "up"}})
 
 
@@ -362,8 +362,11 @@ def test_an_unknown_study_file_key_lists_the_keys_a_file_may_hold(tmp_path):
     with pytest.raises(ConfigError) as e:
         StudySpec.from_toml(p)
     allowed = str(e.value).split("allowed: ")[1].split(", ")
-    assert "unknown key 'trails'" in str(e.value)
+    assert "unknown key 'trails' (did you mean 'trials'?); allowed: " in str(e.value)
     assert {"targets", "rewards", "trials"} <= set(allowed) and "vocabulary" not in allowed
+    p.write_text('name = "x"\nbudget_flops = 1e19\ncolour = 3\n')  # nothing near: no guess
+    with pytest.raises(ConfigError, match=r"spec s.toml: unknown key 'colour'; allowed: "):
+        StudySpec.from_toml(p)
 
 
 def test_a_target_the_objective_does_not_report_is_refused_before_anything_is_recorded(cli, tmp_path):
