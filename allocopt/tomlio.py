@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -50,8 +51,6 @@ def check_keys(data: Mapping[str, Any], cls: type, what: str, *, file_keys: Mapp
 def unknown_key(what: str, key: str, known: Any) -> str:
     """The one line for an unknown ``key`` of ``what``: what is allowed, and the allowed key
     nearest in spelling when one is near (a typo: ``trails`` for ``trials``)."""
-    import difflib
-
     allowed = sorted(known)
     near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
     return (f"{what}: unknown key {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")

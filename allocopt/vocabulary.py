@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from allocopt.errors import ConfigError
+from allocopt.tomlio import unknown_key
 
 DIRECTIONS: tuple[str, ...] = ("maximize", "minimize")
 KINDS: tuple[str, ...] = ("rule", "model")
@@ -312,8 +313,6 @@ def _build(cls_: type, table: str, name: str, fields_: Mapping[str, Any]) -> Any
     known = sorted(f.name for f in fields(cls_) if f.name != "name")
     unknown = sorted(set(fields_) - set(known))
     if unknown:
-        from allocopt.tomlio import unknown_key
-
         raise ConfigError(unknown_key(f"{table}.{name}", unknown[0], known))
     try:
         return cls_(name, **fields_)

@@ -384,3 +384,19 @@ def test_a_target_the_objective_does_not_report_is_refused_before_anything_is_re
     assert " ".join(r.stderr.split()) == (f"note: {want}; `allocopt study` refuses it, `allocopt ask`/`tell` "
                                           "record it from your own runs")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_recipe_and_a_throughput_table_name_the_nearest_key_too(tmp_path):
+    """The recipe and throughput tables share the study file's unknown-key line: a typo gets
+    the allowed key nearest in spelling, a key near nothing gets none."""
+    from allocopt.plan.recipe import read_recipe
+    from allocopt.plan.throughput import ThroughputProfile
+
+    p = tmp_path / "r.toml"
+    p.write_text("[recipe]\ngroup_sise = 4\n")
+    with pytest.raises(ConfigError, match=r"^recipe: unknown key 'group_sise' \(did you mean 'group_size'\?\); allowed: "):
+        read_recipe(p)
+    with pytest.raises(ConfigError, match=r"^throughput: unknown key 'setup_fingerprnt' \(did you mean 'setup_fingerprint'\?\); "):
+        ThroughputProfile.from_mapping({"gpu": "H100", "setup_fingerprnt": "x"})
+    with pytest.raises(ConfigError, match=r"^throughput: unknown key 'colour'; allowed: "):
+        ThroughputProfile.from_mapping({"colour": 1})

@@ -31,7 +31,7 @@ from allocopt.flops.grpo import GRPOStep, grpo_step_flops
 from allocopt.flops.lengths import DISTRIBUTIONS, read_lengths, steps_from_rows, synthetic_completions
 from allocopt.plan.setup import MAX_ROLLOUTS_PER_ITERATION, TrainingSetup, default_max_completion_length
 from allocopt.plan.hub import model_shape
-from allocopt.tomlio import read_toml
+from allocopt.tomlio import read_toml, unknown_key
 
 ALIASES = {"reward_steps": "steps_per_completion"}
 """Flag names of set-up fields (``--reward-steps`` is :attr:`TrainingSetup.steps_per_completion`)."""
@@ -136,7 +136,7 @@ def read_recipe(path: str | Path | None = None, **given: Any) -> tuple[TrainingS
     data.update({k: v for k, v in given.items() if v is not None})
     unknown = sorted(set(data) - RECIPE_KEYS)
     if unknown:
-        raise ConfigError(f"recipe: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(RECIPE_KEYS))}")
+        raise ConfigError(unknown_key("recipe", unknown[0], RECIPE_KEYS))
     for alias, name in ALIASES.items():
         if alias in data and name in data:
             raise ConfigError(f"{alias}, {name}: the same setting given twice; give one")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from allocopt.flops import ComputeBreakdown, ConfigError
+from allocopt.tomlio import unknown_key
 
 THROUGHPUT_PHASES: tuple[str, ...] = ("search_prefill", "search_decode", "learning", "reward")
 """Phases a profile rates: the search phase split into prefill and decode (vLLM decode is
@@ -153,7 +154,7 @@ class ThroughputProfile:
         known = [f.name for f in fields(cls)]
         bad = sorted(set(data) - set(known))
         if bad:
-            raise ConfigError(f"{what}: unknown key {bad[0]!r}; allowed: {', '.join(known)}")
+            raise ConfigError(unknown_key(what, bad[0], known))
         for req in ("gpu", "setup_fingerprint"):
             if req not in data:
                 raise ConfigError(f"{what}: {req} missing; the profile must say which "
