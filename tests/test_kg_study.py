@@ -211,7 +211,9 @@ def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
     """Shipped (``middle``): the two middle ρ levels alternately, every run at the middle group
     size (the two middles of an even count); ``g-in-turn``: the same ρ, the group sizes in turn;
     ``spread-rho``: one ρ level from each of n equal strata of the levels, the group sizes in turn;
-    ``spread-rho-middle-g``: the same ρ at the middle group size; any other refused."""
+    ``spread-rho-middle-g``: the same ρ at the middle group size; ``wide-middle``: the levels
+    nearest a third and two thirds of 8 (indices 2 and 5: 0.4, 0.7) alternately, middle G; any
+    other refused."""
     from allocopt.tuner.decide import TunerSpace
     from allocopt.tuner.study import initial_design
 
@@ -232,6 +234,10 @@ def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
         middle_g = initial_design(space, seed, "spread-rho-middle-g")
         assert [(a.rho, a.reward) for a in middle_g] == [(a.rho, a.reward) for a in spread]
         assert {a.group_size for a in middle_g} == {4}
+        wide = initial_design(space, seed, "wide-middle")
+        assert [a.reward for a in wide] == [a.reward for a in shipped]
+        assert [round(a.rho, 6) for a in wide] == [0.4, 0.7, 0.4, 0.7, 0.4]
+        assert {a.group_size for a in wide} == {4}
     even = TunerSpace((0.2, 0.9), (2, 4, 8, 16), ("a", "b", "c", "d"), rho_levels=8)
     assert [a.group_size for a in initial_design(even, 0)] == [4, 8, 4, 8]
     with pytest.raises(ValueError, match="layout='corners'"):

@@ -52,12 +52,20 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho", "spread-rho-middle-g")
+INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho", "spread-rho-middle-g", "wide-middle")
 """Where :func:`initial_design` places its runs in ρ and G: ``middle`` (shipped): the two middle ρ
 levels alternately, every run at the middle group size (the two middles of an even count, in
 turn); ``g-in-turn`` (shipped before 2026-12-06, kept for the ablations replayed with it): the
 same ρ, the group sizes in turn; ``spread-rho``: ρ spread one level per stratum of the levels,
-the group sizes in turn; ``spread-rho-middle-g``: ρ so spread, every run at the middle group size."""
+the group sizes in turn; ``spread-rho-middle-g``: ρ so spread, every run at the middle group size;
+``wide-middle``: the levels nearest a third and two thirds of the levels alternately (near the
+middle, where the categories are compared, yet far enough apart that the runs tell the slope in
+ρ), every run at the middle group size."""
+
+
+def _thirds(values: Sequence[Any]) -> tuple[Any, Any]:
+    k = len(values) - 1
+    return values[round(k / 3)], values[round(2 * k / 3)]
 
 
 def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
@@ -90,9 +98,9 @@ def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list
         rhos = [lv[min(len(lv) - 1, int((i + rng.random()) * len(lv) / n))] for i in range(n)]
         rng.shuffle(rhos)
     else:
-        mids = _middles(lv)
+        mids = _thirds(lv) if layout == "wide-middle" else _middles(lv)
         rhos = [mids[i % 2] for i in range(n)]
-    if layout in ("middle", "spread-rho-middle-g"):
+    if layout in ("middle", "spread-rho-middle-g", "wide-middle"):
         gs = list(dict.fromkeys(_middles(sorted(space.group_sizes))))
     return [Allocation(rhos[i], gs[i % len(gs)], rewards[i % len(rewards)], models[i % len(models)])
             for i in range(n)]

@@ -116,6 +116,15 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                            "the runs weigh (shipped: 0.5)", lambda: {"grid": HyperGrid(rho_center=(0.2, 0.5, 0.8))}),
     "no-middle-bet": ("both: the initial design spread over ρ at the middle group size, and a flat prior mean in ρ",
                       lambda: {"layout": "spread-rho-middle-g", "grid": HyperGrid(rho_bowl=0.0)}),
+    "initial-wide-middle": ("the initial design's runs at the levels nearest a third and two thirds of the ρ "
+                            "levels alternately (shipped: the two middle levels), at the middle group size",
+                            lambda: {"layout": "wide-middle"}),
+    "wide-middle-learned-center": ("both: the initial design at a third and two thirds of the ρ levels, and the "
+                                   "bowl's centre in ρ at 0.2, 0.5 or 0.8 of the range, weighed by the runs",
+                                   lambda: {"layout": "wide-middle",
+                                            "grid": HyperGrid(rho_center=(0.2, 0.5, 0.8))}),
+    "shallow-bowl": ("a shallower bowl in ρ in the prior mean (rho_bowl 0.5, shipped 1; 0 is flat-prior)",
+                     lambda: {"grid": HyperGrid(rho_bowl=0.5)}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
