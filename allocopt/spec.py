@@ -319,6 +319,11 @@ class StudySpec:
             spec = cls(**data)
         except TypeError as e:
             raise ConfigError(f"spec {p.name}: {e}") from None
+        except ConfigError as e:  # a bad value of the file's: say which file holds it
+            flagged = ("budget", "gpus", "throughput") if budget_flops is not None or time is not None else ()
+            if p.name in str(e) or str(e).startswith(flagged):
+                raise
+            raise type(e)(f"{e} (in spec {p.name})") from None
         if "budget_flops" not in data and "budget_gpu_hours" not in data:
             raise ConfigError(f"budget_flops: missing in spec {p.name}; set budget_flops = <FLOPs "
                               "per trial> there (e.g. 1e19) or give --budget")

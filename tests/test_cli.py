@@ -295,3 +295,13 @@ def test_an_error_names_the_flag_the_user_typed():
     assert with_flag("pilot_fraction=2.0: must be in (0, 1)", ["study", "--pilot-fraction", "2"]) == \
         "--pilot-fraction: pilot_fraction=2.0: must be in (0, 1)"
     assert with_flag("trials=0: must be an integer >= 1", ["study", "--spec", "s.toml"]) == "trials=0: must be an integer >= 1"
+
+
+@pytest.mark.parametrize("command, hint", [("study", True), ("race", True), ("best", False)])
+def test_a_study_file_given_without_spec_says_how_to_give_it(command, hint, run):
+    """``allocopt study s.toml`` (a first guess) is refused in one line that shows ``--spec
+    s.toml`` where the command takes a study file, and no such hint where it takes none."""
+    r = run(command, "s.toml")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "unexpected extra argument" in lines[0], r.stderr
+    assert ("a study file is given as --spec s.toml" in lines[0]) is hint, lines[0]

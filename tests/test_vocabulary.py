@@ -400,3 +400,17 @@ def test_a_recipe_and_a_throughput_table_name_the_nearest_key_too(tmp_path):
         ThroughputProfile.from_mapping({"gpu": "H100", "setup_fingerprnt": "x"})
     with pytest.raises(ConfigError, match=r"^throughput: unknown key 'colour'; allowed: "):
         ThroughputProfile.from_mapping({"colour": 1})
+
+
+def test_a_bad_value_in_a_study_files_table_names_the_file(tmp_path):
+    """A wrong key or value inside ``[space]`` is refused with the file's name, as a wrong
+    top-level key is: a user with several study files sees which one to mend."""
+    from allocopt.errors import ConfigError
+    from allocopt.spec import StudySpec
+
+    for body, line in (('[space]\nrho = [0.2, 1.9]\n', r"^space\.rho=\[0\.2, 1\.9\]: must be .* \(in spec bad\.toml\)$"),
+                       ('[space]\ngroup_size = [2, 4]\n', r"^space: unknown key 'group_size' \(did you mean 'group_sizes'\?\).*\(in spec bad\.toml\)$")):
+        p = tmp_path / "bad.toml"
+        p.write_text('budget_flops = 1e19\n' + body)
+        with pytest.raises(ConfigError, match=line):
+            StudySpec.from_toml(p)

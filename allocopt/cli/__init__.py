@@ -124,6 +124,18 @@ _reflow_help(app)
 _plain_metavars(app)
 
 # ------------------------------------------------------------------------------- main
+def _spec_hint(e: Exception, msg: str) -> str:
+    """A study file given without ``--spec`` to a command that takes one (``allocopt study
+    s.toml``): say how to give it."""
+    import re
+
+    ctx = getattr(e, "ctx", None)
+    if ctx is None or not any("--spec" in p.opts for p in ctx.command.params):
+        return ""
+    m = re.search(r"unexpected extra argument\S* \((\S+?\.toml)\b", msg)
+    return f"; a study file is given as --spec {m.group(1)}" if m else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""
     import warnings
@@ -142,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         fail("interrupted before anything was recorded", 130)
     except TyperException as e:  # usage errors: unknown option, bad int, missing option
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
-        fail(f"error: {msg} (see --help)", getattr(e, "exit_code", 2))
+        fail(f"error: {msg}{_spec_hint(e, msg)} (see --help)", getattr(e, "exit_code", 2))
     except (ConfigError, InfeasiblePlan) as e:
         fail(f"error: {with_flag(str(e), sys.argv[1:] if argv is None else argv)}", 2)
     except StorageUnreachable as e:  # the database server stayed away: what is finished is kept
