@@ -326,7 +326,9 @@ def _best_table(b: Any, key: str, d: str, source: str, evidence: bool, vocabular
 
     total = number(b, "total_flops")
     share = (lambda p: f" ({number(b, p) / total:.0%})") if total > 0 else (lambda p: "")
-    t = Table(title=f"Best observed trial for {field_label(key)} ({d}) in {source}"
+    # two lines, each a whole phrase: the table is narrower than the title, and rich would
+    # break it mid-phrase
+    t = Table(title=f"Best observed trial for {field_label(key)} ({d})\nin {source}"
                     + (" (evidence)" if evidence else ""), show_header=False)
     for k, v in (("trial", f"{b.study} #{b.number}" if b.study else f"#{b.number}"),
                  ("fidelity", b.fidelity),
