@@ -452,7 +452,8 @@ def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as done:
         main([*args, "--study-name", "a"])
     out = capsys.readouterr().out
-    assert done.value.code == 0 and "the report (report.html and its figures) is in the study's parent run" in " ".join(out.split())
+    line = "MLflow: report.html and its figures are in the study's parent run (report/)"
+    assert done.value.code == 0 and line in out.splitlines()  # whole, on one line
     files, run = parent_artifacts("a")
     assert "report/report.html" in files and "report/frontier_pass_at_1.png" in files
     page = open(MlflowClient(uri).download_artifacts(run.info.run_id, "report/report.html", str(tmp_path))).read()

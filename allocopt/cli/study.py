@@ -328,8 +328,9 @@ def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str])
                   f"report --study {study_name} --out DIR --mlflow-run parent`", highlight=False,
                   markup=False)
         return
-    out.print("MLflow: the report (report.html and its figures) is in the study's parent run, "
-              "artifacts report/", highlight=False, markup=False)
+    # one line of 80 columns: a line that wraps breaks mid-phrase
+    out.print("MLflow: report.html and its figures are in the study's parent run (report/)",
+              highlight=False, markup=False)
 
 
 def mlflow_lines(tracker: Any) -> list[str]:
