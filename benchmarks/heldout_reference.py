@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {statistics.fmean(regrets):.1f} |"]
 
     head = ["| world | replications | median [IQR], % of range | mean |", "|---|---|---|---|"]
-    return print_per_table(a.tables, head, rows_of, f"seeds={a.seeds!r}: must be >= 1" if a.seeds < 1 else None)
+    return print_per_table(a.tables, head, rows_of, f"--seeds={a.seeds!r}: must be >= 1" if a.seeds < 1 else None)
 
 
 if __name__ == "__main__":

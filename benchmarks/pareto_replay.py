@@ -208,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = next((m for m in methods if m not in METHODS), None)
     error = (f"methods={bad!r}: allowed: {', '.join(METHODS)}" if bad or not methods else
-             next((f"tables={str(t)!r}: not a file" for t in a.tables if not t.is_file()), None) or
-             (f"seeds={a.seeds}: must be >= 1" if a.seeds < 1 else None) or
+             next((f"--tables={str(t)!r}: not a file" for t in a.tables if not t.is_file()), None) or
+             (f"--seeds={a.seeds}: must be >= 1" if a.seeds < 1 else None) or
              (f"runs={a.runs}: must be >= 4" if a.runs < 4 else None))
     if error:
         print(f"error: {error}", file=sys.stderr)

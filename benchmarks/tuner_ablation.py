@@ -63,10 +63,10 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
     """One line for a bad flag, or None; ``mode``: the flag that chose ``allowed`` ("" for none)."""
     unknown = [v for v in variants if v not in allowed]
     if unknown or not variants:
-        return (f"variants={unknown[0] if unknown else ''!r}: allowed{' with ' + mode if mode else ''}: "
+        return (f"--variants={unknown[0] if unknown else ''!r}: allowed{' with ' + mode if mode else ''}: "
                 f"{', '.join(allowed)}")
     if seeds < 1:
-        return f"seeds={seeds!r}: must be >= 1"
+        return f"--seeds={seeds!r}: must be >= 1"
     if synthetic is not None:
         if tables:
             return "tables: give --tables or --synthetic, not both"
@@ -76,7 +76,7 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
     if bad:
         return bad
     if len(tables) < 2:
-        return (f"tables={[str(t) for t in tables]!r}: give two or more worlds (one table each; a choice is made "
+        return (f"--tables={[str(t) for t in tables]!r}: give two or more worlds (one table each; a choice is made "
                 "on the others and reported on the one left out; the measured ones: benchmarks/tiny_grid/trials.csv "
                 "benchmarks/tiny_grid_small/trials.csv benchmarks/tiny_grid_medium/trials.csv), or --synthetic NAMES "
                 "for the synthetic worlds")
@@ -127,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     names = [w.name for w in worlds]
     unknown = [w for w in a.paired_on if w not in names]
     if unknown:
-        print(f"error: paired_on={unknown[0]!r}: not a world of this run; its worlds: {', '.join(names)}",
+        print(f"error: --paired-on={unknown[0]!r}: not a world of this run; its worlds: {', '.join(names)}",
               file=sys.stderr)
         return 2
     if len(set(names)) < len(names):
         same = next(n for n in names if names.count(n) > 1)
-        print(f"error: tables={[str(t) for t in a.tables]!r}: two tables are world {same!r} (a world is named by "
+        print(f"error: --tables={[str(t) for t in a.tables]!r}: two tables are world {same!r} (a world is named by "
               "its table's folder); give tables of different worlds", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)

@@ -354,6 +354,7 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
                                 "--out", str(out), "--nice", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "categories-alike" in err and "allowed with --design" in err and "no-initial-design" in err
+    assert err.startswith("error: --variants='categories-alike': "), err  # the flag as the user typed it
     assert tuner_ablation.main(["--tables", str(a), "--design", "--out", str(out), "--nice", "0"]) == 2
     assert "two or more worlds" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"

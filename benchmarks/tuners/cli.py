@@ -14,9 +14,9 @@ def tables_refusal(tables: Sequence[Path]) -> str | None:
     seen: set[Path] = set()
     for t in tables:
         if not t.is_file():
-            return f"tables={str(t)!r}: not a file; give the grid runner's trials.csv of each world"
+            return f"--tables={str(t)!r}: not a file; give the grid runner's trials.csv of each world"
         if t.resolve() in seen:
-            return f"tables={str(t)!r}: given twice; give each world's table once"
+            return f"--tables={str(t)!r}: given twice; give each world's table once"
         seen.add(t.resolve())
     return None
 
