@@ -280,6 +280,9 @@ def test_an_imported_logs_sources_fit_80_columns_with_field_names_whole_where_th
     # 80 - 17 (borders, `assumed`) - 26 ('Qwen/Qwen2.5-3B-Instruct' quoted) = 37 for a name
     whole = [k for k in run.fields_read if len(k) <= 37]
     assert len(whole) >= 12 and all(f"│ {k} " in r.stdout for k in whole)
+    # a longer name breaks after a dot, so its last part stands whole on its own line
+    long = [k for k in run.fields_read if len(k) > 37]
+    assert len(long) >= 5 and all(f"│ {k.rsplit('.', 1)[1]} " in r.stdout for k in long), r.stdout
 
 
 def test_an_error_names_the_flag_the_user_typed():

@@ -198,6 +198,19 @@ def account(
         print_run_sources(result.run, result.rates)
 
 
+def _at_dots(name: str, width: int) -> str:
+    """A dotted field name too wide for its column, broken after its dots into lines of at
+    most ``width`` (a part wider than that alone is folded by the table): each line a whole
+    part of the name, not one cut mid-word."""
+    lines, line = [], ""
+    for part in name.replace(".", ".\0").split("\0"):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    return "\n".join(lines + [line])
+
+
 def print_run_sources(run: Any, rates: Any) -> None:
     """Where each number of an imported run (:class:`~allocopt.runlogs.ImportedRun`) came from
     (read or assumed), and its achieved FLOP/s and MFU per timed phase (``rates``)."""
@@ -212,9 +225,9 @@ def print_run_sources(run: Any, rates: Any) -> None:
     t.add_column("value / source", overflow="fold", max_width=max(word, out.width - 17 - field))
     t.add_column("how")
     for k, v in run.fields_read.items():
-        t.add_row(k, v, "read")
+        t.add_row(_at_dots(k, field), v, "read")
     for k, v in run.fields_assumed.items():
-        t.add_row(k, v, "[yellow]assumed[/]")
+        t.add_row(_at_dots(k, field), v, "[yellow]assumed[/]")
     out.print(t)
     if rates:
         r = Table(title=f"Achieved FLOP/s over {run.num_devices or 1} device(s)")
