@@ -308,3 +308,27 @@ def test_a_study_file_given_without_spec_says_how_to_give_it(command, hint, run)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "unexpected extra argument" in lines[0], r.stderr
     assert ("a study file is given as --spec s.toml" in lines[0]) is hint, lines[0]
+
+
+def test_a_trials_heading_and_closing_lines_stand_whole_at_80_columns(capsys, monkeypatch):
+    """``allocopt trial``'s heading, wall times and evaluation FLOPs each print as one whole
+    line at 80 columns (as the narrow table's title the heading wrapped mid-phrase, and the
+    two closing parts joined wrapped "evaluation / 1.4e+11 FLOPs")."""
+    from types import SimpleNamespace
+
+    from allocopt.cli import trial
+    from allocopt.flops.account import ComputeBreakdown, FlopAccount
+
+    from rich.console import Console
+
+    monkeypatch.setattr(trial, "out", Console(width=80, highlight=False))
+    spent = ComputeBreakdown(search={"prefill": 4 * 10**10}, learning={"forward": 6 * 10**10})
+    p = SimpleNamespace(allocation=SimpleNamespace(rho=0.5, group_size=4, reward="sparse", model=None),
+                        budget_flops=1e11, realized_rho=0.6)
+    res = SimpleNamespace(targets={"pass_at_1": 0.5}, curves=[1, 2], spent=FlopAccount(spent, spent),
+                          wall_seconds={"learning": 11.3, "search+reward": 3.2}, eval_flops=1.439e11)
+    trial.print_trial(p, res)
+    lines = [ln.rstrip() for ln in capsys.readouterr().out.splitlines()]
+    assert lines[0] == "Trial: rho=0.5, G=4, reward=sparse, budget 1.000e+11 FLOPs", lines
+    assert "wall time: learning 11.3 s, search+reward 3.2 s" in lines, lines
+    assert "evaluation: 1.439e+11 FLOPs (outside the budget)" in lines, lines

@@ -119,7 +119,10 @@ def print_trial(p: Any, res: Any) -> None:
     """The trial's targets, the compute it spent and its wall times."""
     a, b = p.allocation, p.budget_flops
     policy = f", model={a.model}" if a.model else ""
-    t = Table(title=f"Trial: rho={a.rho:g}, G={a.group_size}, reward={a.reward}{policy}, budget {fmt_flops(b)} FLOPs")
+    # the heading on its own line: as the narrow table's title it wrapped mid-phrase
+    out.print(f"Trial: rho={a.rho:g}, G={a.group_size}, reward={a.reward}{policy}, budget {fmt_flops(b)} FLOPs",
+              highlight=False, markup=False)
+    t = Table()
     t.add_column("target")
     t.add_column("value", justify="right")
     for k, v in res.targets.items():
@@ -131,13 +134,12 @@ def print_trial(p: Any, res: Any) -> None:
     out.print(breakdown_table(res.spent, f"Compute spent ({iterations}"
                                          f"{res.spent.executed.total_flops / b:.1%} of budget; "
                                          f"planned rho {p.realized_rho:.3f})"))
-    parts = []
-    if res.wall_seconds:
-        parts.append("wall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in res.wall_seconds.items()))
+    if res.wall_seconds:  # one line each: joined, they wrapped mid-phrase at 80 columns
+        out.print("wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.wall_seconds.items()),
+                  highlight=False, markup=False)
     if res.eval_flops:
-        parts.append(f"evaluation {fmt_flops(res.eval_flops)} FLOPs (outside the budget)")
-    if parts:
-        out.print("; ".join(parts))
+        out.print(f"evaluation: {fmt_flops(res.eval_flops)} FLOPs (outside the budget)", highlight=False,
+                  markup=False)
 
 
 def register(app: typer.Typer) -> None:
