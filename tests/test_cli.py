@@ -332,3 +332,18 @@ def test_a_trials_heading_and_closing_lines_stand_whole_at_80_columns(capsys, mo
     assert lines[0] == "Trial: rho=0.5, G=4, reward=sparse, budget 1.000e+11 FLOPs", lines
     assert "wall time: learning 11.3 s, search+reward 3.2 s" in lines, lines
     assert "evaluation: 1.439e+11 FLOPs (outside the budget)" in lines, lines
+
+
+def test_a_dry_runs_epochs_never_read_zero_for_a_plan_that_trains(run):
+    """The tiny study's dry run: a plan that trains a few iterations passes over a sliver of
+    the training set; its ``ep`` cell says ``<0.1``, not ``0.0`` (which reads as no training),
+    and every other cell is at least 0.1."""
+    r = run("study", "--spec", "studies/tiny.toml", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["reward", "G"])
+    cols = lines[head].split()
+    rows = [x.split() for x in lines[head + 2:] if x.split() and x.split()[0] in ("sparse", "dense", "prm")]
+    eps = [row[cols.index("ep")] for row in rows]
+    assert eps and "0.0" not in eps and "<0.1" in eps, eps
+    assert all(e == "<0.1" or float(e) >= 0.1 for e in eps)

@@ -250,7 +250,7 @@ def print_plans(s: Any) -> None:
             share = lambda v: f"{v / e.total_flops:.0%}"  # noqa: E731
             t.add_row(*lead, a.reward, str(a.group_size), f"{a.rho:.2f}", f"{p.realized_rho:.3f}",
                       f"{p.update_passes:.2f}", str(p.rollouts_per_iteration), str(p.iterations),
-                      *((("-" if p.epochs is None else f"{p.epochs:.1f}"),) if epochs else ()),
+                      *((_epochs(p.epochs),) if epochs else ()),
                       share(e.search_flops), share(e.learning_flops), share(e.reward_flops),
                       *((f"{p.budget_flops:.2e}".replace("e+", "e"), f"{tb.hours_of(e)['total']:.1f}") if tb else ()),
                       *((note,) if notes else ()))
@@ -331,6 +331,11 @@ def report_into_parent(study_name: str, storage: str, mlflow_uri: Optional[str])
     # one line of 80 columns: a line that wraps breaks mid-phrase
     out.print("MLflow: report.html and its figures are in the study's parent run (report/)",
               highlight=False, markup=False)
+
+
+def _epochs(e: float | None) -> str:
+    """Passes over the training set, one decimal; under 0.05 ``<0.1`` (``0.0`` read as none)."""
+    return "-" if e is None else f"{e:.1f}" if e >= 0.05 else "<0.1"
 
 
 def mlflow_lines(tracker: Any) -> list[str]:
