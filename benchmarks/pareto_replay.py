@@ -10,8 +10,9 @@ method for ``--runs`` full runs on the same draws: a run of a cell returns both 
 measured seed of it (picked by the replication, the cell and the repeat, as the single-target
 judge draws, :meth:`benchmarks.tuners.truth.TableTruth.draw`); an infeasible cell costs nothing.
 Methods: allocopt's multi-target search (``kg``: :class:`allocopt.tuner.study.KGTuner` on the
-random weighting a study of several targets uses, :func:`allocopt.tuner.scalarize.scalarized`),
-and Optuna's stock multi-objective ``GPSampler`` (log EHVI), ``TPESampler`` and
+random weighting a study of several targets uses, :func:`allocopt.tuner.scalarize.scalarized`,
+with the initial design such a study keeps; ``kg-no-design``: the same without it, as a
+one-target study runs since 2026-12-06, an ablation), and Optuna's stock multi-objective ``GPSampler`` (log EHVI), ``TPESampler`` and
 ``RandomSampler`` (4 random start-up runs, seeded by the replication).
 
 Score at 4, 8, 12 and 16 runs (and ``--runs`` when larger): the **hypervolume regret**, 100 ×
@@ -39,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 PAIRS = (("pass_at_1", "judge"), ("pass_at_1", "native_reward"), ("judge", "native_reward"))
 LEVELS = (4, 8, 12, 16)
-METHODS = ("kg", "gp", "tpe", "random")
+METHODS = ("kg", "kg-no-design", "gp", "tpe", "random")
 KEYS = ("world", "seed", "pair", "method", "level", "hv_regret_front", "hv_regret_oracle", "seconds")
 
 
@@ -112,16 +113,19 @@ def run_optuna(name: str, rp: Replay, n: int) -> None:
                  lambda: len(rp.runs) >= n, max_asks=50 * n)
 
 
-def run_kg(rp: Replay, n: int) -> None:
-    """allocopt's tuner as a two-target study drives it (module docstring)."""
+def run_kg(rp: Replay, n: int, initial: bool | None = None) -> None:
+    """allocopt's tuner as a two-target study drives it (module docstring); ``initial``: whether
+    its first runs are the initial design (``None``: as a study of several targets has it;
+    ``kg-no-design``, the ablation, ``False`` as a one-target study has it)."""
     from allocopt.race.data import Budgets, Observation, Run
     from allocopt.tuner.scalarize import scalarized, weights
-    from allocopt.tuner.study import KGTuner
+    from allocopt.tuner.study import INITIAL_DESIGN_SEVERAL_TARGETS, KGTuner
 
     w = rp.world
     refused: set = set()
     tuner = KGTuner(w.space, Budgets(w.full_budget_flops, 0.1), max_pilots=0, seed=rp.seed,
-                    feasible=lambda a, f: a not in refused)
+                    feasible=lambda a, f: a not in refused,
+                    initial=INITIAL_DESIGN_SEVERAL_TARGETS if initial is None else initial)
     per: list[list[Observation]] = [[], []]
     runs: list[Run] = []
     asked = 0
@@ -142,6 +146,8 @@ def run_kg(rp: Replay, n: int) -> None:
 
 
 def runner(method: str) -> Callable[[Replay, int], None]:
+    if method == "kg-no-design":
+        return lambda rp, n: run_kg(rp, n, initial=False)
     return run_kg if method == "kg" else (lambda rp, n: run_optuna(method, rp, n))
 
 
@@ -207,10 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = next((m for m in methods if m not in METHODS), None)
-    error = (f"methods={bad!r}: allowed: {', '.join(METHODS)}" if bad or not methods else
+    error = (f"--methods={bad!r}: allowed: {', '.join(METHODS)}" if bad or not methods else
              next((f"--tables={str(t)!r}: not a file" for t in a.tables if not t.is_file()), None) or
              (f"--seeds={a.seeds}: must be >= 1" if a.seeds < 1 else None) or
-             (f"runs={a.runs}: must be >= 4" if a.runs < 4 else None))
+             (f"--runs={a.runs}: must be >= 4" if a.runs < 4 else None))
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2

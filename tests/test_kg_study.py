@@ -83,14 +83,14 @@ def test_a_kg_study_runs_through_the_one_loop_and_stores_its_answer(tmp_path):
 
 
 def test_the_stop_rule_ends_a_study_when_one_more_run_is_worth_too_little(tmp_path):
-    """until_gain above any possible gain (a share cannot rise by 1): stop once the initial
-    design (one full run per reward system: 2) is done, with the reason stored; until_gain 0:
-    every trial runs (a gain is never negative)."""
+    """until_gain above any possible gain (a share cannot rise by 1): stop after the first full
+    run (no initial design to finish first), with the reason stored; until_gain 0: every trial
+    runs (a gain is never negative)."""
     obj = SyntheticObjective()
     base = dict(objective="synthetic", budget_flops=1e19, trials=4, pilots=0, space=SPACE, tuner="kg")
     st = run_study(StudySpec(name="stop", until_gain=1.0, **base), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/a.db")
-    assert finished_full(st) == 2 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
+    assert finished_full(st) == 1 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
     st = run_study(StudySpec(name="all", until_gain=0.0, **base), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/b.db")
     assert finished_full(st) == 4 and STOPPED_ATTR not in st.user_attrs
@@ -176,19 +176,20 @@ def test_the_tuner_runs_its_linear_algebra_on_one_blas_thread(monkeypatch):
     assert seen == [[1], [1]]
 
 
-def test_without_the_initial_design_the_first_run_is_the_knowledge_gradients_choice():
-    """``initial=False`` (an ablation of the design): no run is fixed in advance, so the first
-    proposal is what the decision layer picks from the prior alone; with the design it is the
-    design's first run (one per reward system, at the middle ρ levels)."""
+def test_as_shipped_the_first_run_is_the_knowledge_gradients_choice():
+    """As shipped (no initial design, :data:`INITIAL_DESIGN`) no run is fixed in advance, so the
+    first proposal is what the decision layer picks from the prior alone; with the design
+    (``initial=True``, an ablation) it is the design's first run (one per reward system, at the
+    middle ρ levels)."""
     from allocopt.tuner.decide import Tuner, TunerSpace
-    from allocopt.tuner.study import initial_design
+    from allocopt.tuner.study import INITIAL_DESIGN, initial_design
 
-    bare = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, initial=False)
-    assert bare.initial == []
+    bare = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0)
+    assert INITIAL_DESIGN is False and bare.initial == []
     space = TunerSpace(SPACE.rho, tuple(SPACE.group_sizes), tuple(SPACE.rewards))
     first = Tuner(space).next_run([])
     assert [p.allocation for p in bare.propose([], [])] == [first.allocation]
-    with_design = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3)
+    with_design = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3, initial=True)
     design = initial_design(space, 3)
     assert len(with_design.initial) == len(SPACE.rewards) == len(design)
     assert [p.allocation for p in with_design.propose([], [])] == design[:1]
@@ -199,7 +200,7 @@ def test_a_design_point_found_infeasible_at_run_time_is_not_proposed_again():
     the design's point, refused since, gives way to the next one (it was proposed again and
     again: 1000 times in a row on a replayed world)."""
     refused: set = set()
-    t = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3,
+    t = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3, initial=True,
                 feasible=lambda a, f: (a, round(f, 4)) not in refused)
     first, second = t.initial[0], t.initial[1]
     assert [p.allocation for p in t.propose([], [])] == [first]
@@ -264,3 +265,17 @@ def test_the_answers_caution_reaches_the_decision_layer_and_prefers_the_cell_the
         picks[caution] = ans
     assert picks[0.0].allocation == once and picks[1.0].allocation == thrice
     assert picks[0.0].mean > picks[1.0].mean and picks[0.0].sd > picks[1.0].sd
+
+
+def test_a_study_of_several_targets_keeps_the_initial_design_and_one_target_has_none():
+    """The shipped choice per study kind (``INITIAL_DESIGN``, ``INITIAL_DESIGN_SEVERAL_TARGETS``):
+    a two-target kg study's tuner first makes one full run per reward system (5 here); a
+    one-target study's makes none, its first run the knowledge gradient's."""
+    from allocopt.study.sampler import kg_sampler
+
+    one = kg_sampler(StudySpec(name="one", objective="synthetic", budget_flops=1e19, trials=6))
+    two = kg_sampler(StudySpec(name="two", objective="synthetic", budget_flops=1e19, trials=6,
+                               target=("pass@1", "judge")))
+    assert one.tuner.initial == []
+    assert sorted(a.reward for a in two.tuner.initial) == sorted(two.tuner.space.rewards)
+    assert len(two.tuner.initial) == 5

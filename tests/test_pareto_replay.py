@@ -54,7 +54,7 @@ def test_a_replication_draws_both_targets_of_one_seed_and_scores_them():
 
 def test_bad_flags_are_refused_in_one_line(capsys):
     assert pr.main(["--methods", "kg,smac"]) == 2
-    assert capsys.readouterr().err.strip() == "error: methods='smac': allowed: kg, gp, tpe, random"
+    assert capsys.readouterr().err.strip() == "error: --methods='smac': allowed: kg, kg-no-design, gp, tpe, random"
     assert pr.main(["--runs", "2"]) == 2
     assert "runs=2: must be >= 4" in capsys.readouterr().err
 

@@ -313,6 +313,9 @@ def test_the_bar_names_levels_not_run_instead_of_failing_them():
     assert "lowest median at 8, 12, 16, 24, 40: NO (not at 12) (16, 24, 40 not run)" in text
     full = [rec(m, lv, v) for m, v in (("allocopt", 2.0), ("tpe", 4.0)) for lv in (8.0, 12.0, 16.0, 24.0, 40.0)]
     assert "lowest median at 8, 12, 16, 24, 40: YES; <= 3 % at 16: YES (2.0 %)" in bar_verdict(full)
+    # allocopt's own ablation rows are other settings of it, not peers: lower, they beat nothing
+    own = [rec(m, lv, 1.0) for m in ("allocopt-design", "allocopt-pilots") for lv in (8.0, 12.0, 16.0, 24.0, 40.0)]
+    assert "lowest median at 8, 12, 16, 24, 40: YES;" in bar_verdict(full + own)
 
 
 def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_left_out():
@@ -481,5 +484,5 @@ def test_the_benchmark_scripts_refuse_a_table_given_twice_or_two_tables_of_one_w
     assert tuner_ablation.main(["--tables", str(a), str(c), "--paired-on", "wb", "--out", str(tmp_path / "o"),
                                 "--nice", "0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "paired_on='wb': not a world of this run; its worlds: wa, wc" in err
+    assert "\n" not in err and "--paired-on='wb': not a world of this run; its worlds: wa, wc" in err
     assert not (tmp_path / "o" / "ablation.csv").exists()

@@ -408,12 +408,13 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     Raises:
         ConfigError: as :func:`race_sampler`.
     """
-    from allocopt.tuner.study import KGTuner
+    from allocopt.tuner.study import INITIAL_DESIGN, INITIAL_DESIGN_SEVERAL_TARGETS, KGTuner
 
     pilots = 0 if spec.multi_objective else kg_max_pilots(spec)
 
     def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
-        return KGTuner(spec.space, budgets, max_pilots=pilots, seed=spec.seed, feasible=feasible)
+        return KGTuner(spec.space, budgets, max_pilots=pilots, seed=spec.seed, feasible=feasible,
+                       initial=INITIAL_DESIGN_SEVERAL_TARGETS if spec.multi_objective else INITIAL_DESIGN)
 
     targets = tuple((k, spec.vocabulary.target(t).sign) for k, t in zip(spec.target_keys, spec.targets))
     return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,

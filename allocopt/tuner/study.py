@@ -2,9 +2,9 @@
 (:class:`allocopt.race.tuner.Tuner`) over :class:`~allocopt.tuner.decide.Tuner`.
 
 The sampler hands it the study's runs as plain data (:mod:`allocopt.race.data`); it answers
-with the runs to start (first an initial design of full runs over the categories at the middle
-of ρ and G, :func:`initial_design`; then each a full run or a pilot, the one whose knowledge gradient per FLOP
-is largest, other workers' pending runs conditioned on) and with the answer: the posterior-mean
+with the runs to start (each a full run or a pilot, the one whose knowledge gradient per FLOP
+is largest, other workers' pending runs conditioned on, from the first run on: no fixed initial
+design, :data:`INITIAL_DESIGN`) and with the answer: the posterior-mean
 maximizer at the full budget, its credible interval, the posterior probability that its reward
 system (and model) holds the best allocation, the allocations within noise of it, and the value
 of one more full run. No fixed pilot grid (:attr:`KGTuner.design` is empty): a pilot is run
@@ -52,8 +52,26 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
+INITIAL_DESIGN = False
+"""Whether a study's first full runs are :func:`initial_design` (one per reward system near the
+middle of ρ and G) before the knowledge gradient places the rest. ``False`` since 2026-12-06:
+chosen on five measured worlds among ten designs and then tested on a sixth fixed in advance
+(``small`` at 1.5e11 FLOPs: mean regret at 8-16 runs 37.13 -> 34.03 %, 185 pairs lower, 83
+higher, Wilcoxon p = 5e-11; ``benchmarks/tuner_results/sixth_world``). At 4 runs it was higher
+on four of the five earlier worlds (20.63 -> 23.85 % over them, p = 1.4e-5). A study of several
+targets keeps the design (:data:`INITIAL_DESIGN_SEVERAL_TARGETS`)."""
+INITIAL_DESIGN_SEVERAL_TARGETS = True
+"""The same for a study of two or more targets (each run on a fresh random weighting of them):
+``True``. The test above asked single-target regret; on the Pareto replay of the three first
+measured worlds (``benchmarks/pareto_replay.py``, 50 replications a world, ``kg-no-design``)
+the median hypervolume regret without the design is higher at 4-12 runs on every world (tiny
+at 4 / 8 runs: 35.8 / 24.1 % against 13.9 / 7.9 with it) and no longer the lowest of the peers
+at 4 runs anywhere, so several targets keep it."""
+
+
 INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho", "spread-rho-middle-g", "wide-middle")
-"""Where :func:`initial_design` places its runs in ρ and G: ``middle`` (shipped): the two middle ρ
+"""Where :func:`initial_design` places its runs in ρ and G: ``middle`` (the design shipped until
+2026-12-06): the two middle ρ
 levels alternately, every run at the middle group size (the two middles of an even count, in
 turn); ``g-in-turn`` (shipped before 2026-12-06, kept for the ablations replayed with it): the
 same ρ, the group sizes in turn; ``spread-rho``: ρ spread one level per stratum of the levels,
@@ -73,18 +91,17 @@ def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
 
 
 def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list[Allocation]:
-    """The first full runs, before the model has anything to go on: one per reward system (and
+    """The first full runs of a design made before the model has anything to go on (not shipped
+    since 2026-12-06, :data:`INITIAL_DESIGN`; kept for the ablations): one per reward system (and
     every model at least once: ``max(rewards, models)`` runs), each category paired with a
     model in turn, at the two middle ρ levels alternately and the middle group size: the
     response peaks inside the range in ρ and in G, so the runs that compare the categories are
     made where each is near its best; the order of the categories shuffled by ``seed``.
     ``layout`` (:data:`INITIAL_LAYOUTS`) places ρ and G otherwise, for the ablations.
 
-    Both choices were made leave-one-world-out on the measured worlds
-    (``benchmarks/tuner_ablation.py --design``): against letting the knowledge gradient place the
-    first runs itself (that lowers one world's regret and raises another's, and loses on the
-    world left out), and the middle group size against the group sizes in turn (chosen on each
-    pair of worlds, it is lower on the third in each fold)."""
+    The middle group size was chosen against the group sizes in turn leave-one-world-out on the
+    measured worlds (``benchmarks/tuner_ablation.py --design``: chosen on each pair of worlds,
+    it is lower on the third in each fold)."""
     import random
 
     if layout not in INITIAL_LAYOUTS:
@@ -120,8 +137,8 @@ class KGTuner:
         grid: the model's hyperparameter grid.
         rho_levels: ρ levels of the candidate set.
         among: where the answer is chosen (:data:`allocopt.tuner.decide.ANSWER_AMONG`).
-        initial: whether the first runs are :func:`initial_design` (``False``: the knowledge
-            gradient places every run, from the prior on).
+        initial: whether the first runs are :func:`initial_design` (``False``, shipped:
+            :data:`INITIAL_DESIGN`: the knowledge gradient places every run, from the prior on).
         layout: where the initial design places ρ and G (:data:`INITIAL_LAYOUTS`).
         refine: whether the candidates zoom in between the grid's ρ levels
             (:attr:`allocopt.tuner.decide.Tuner.refine`).
@@ -132,7 +149,7 @@ class KGTuner:
 
     def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
                  feasible: Feasible | None = None, grid: HyperGrid | None = None,
-                 rho_levels: int = 8, among: str = ANSWER_AMONG, initial: bool = True,
+                 rho_levels: int = 8, among: str = ANSWER_AMONG, initial: bool = INITIAL_DESIGN,
                  layout: str = "middle", refine: bool = False, kg_pool: str = KG_POOL,
                  caution: float = ANSWER_CAUTION) -> None:
         lo, hi = space.rho

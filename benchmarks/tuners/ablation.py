@@ -29,10 +29,15 @@ CHOICE_LEVELS: tuple[float, ...] = (8.0, 12.0, 16.0)
 BASE = "shipped"
 
 
-BEFORE = {"layout": "g-in-turn"}
-"""The initial design's layout the ablations before 2026-12-06 were replayed with (the group
-sizes in turn; :data:`allocopt.tuner.study.INITIAL_LAYOUTS`): set on each of them, so that their
-records stay what this code replays."""
+BEFORE = {"layout": "g-in-turn", "initial": True}
+"""The initial design the ablations before 2026-12-06 were replayed with (one full run per reward
+system first, at the group sizes in turn; :data:`allocopt.tuner.study.INITIAL_LAYOUTS`): set on
+each of them, so that their records stay what this code replays."""
+WITH_DESIGN = {"initial": True}
+"""The :data:`DESIGN` variants change the tuner as shipped until 2026-12-06, with its initial
+design (:data:`allocopt.tuner.study.INITIAL_DESIGN` turned it off since): each is replayed with
+it unless it says otherwise, so that ``shipped`` and the records made then stay what this code
+replays."""
 
 
 def _grid(**changes: Any) -> Callable[[], dict[str, Any]]:
@@ -72,16 +77,16 @@ ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
 is, the :class:`allocopt.tuner.decide.Tuner` fields it sets)."""
 
 DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
-    BASE: ("the shipped tuner (8 rho levels, one full run per reward system first, at the middle of rho and G)",
-           lambda: {}),
+    BASE: ("the tuner shipped until 2026-12-06 (8 rho levels, one full run per reward system first, at the middle "
+           "of rho and G)", lambda: {}),
     "initial-g-in-turn": ("the initial design's runs at the group sizes in turn (shipped before 2026-12-06; the "
                           "variants below change that tuner)", lambda: dict(BEFORE)),
     "finer-rho-grid": ("15 rho levels (every measured level and the midpoints; shipped 8)",
                        lambda: {"rho_levels": 15, **BEFORE}),
     "zoom-in-rho": ("the grid's 8 levels, and midpoints in rho around the best cell as runs come in (down to 1/64 of "
                     "the range)", lambda: {"refine": True, **BEFORE}),
-    "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on",
-                          lambda: {"initial": False}),
+    "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on (shipped "
+                          "since 2026-12-06)", lambda: {"initial": False}),
     "reward-offset": ("a kernel term per reward system constant in rho (variance 1 s², shipped none), so a run "
                       "moves its reward system's whole curve",
                       lambda: {"grid": HyperGrid(reward_offset=(1.0,)), **BEFORE}),
@@ -150,7 +155,7 @@ def run_variant(world: Any, truth_mode: str, seed: int, variant: str, levels: Se
     target = TARGETS[seed % len(TARGETS)]
     truth = truth_for(world, target, truth_mode, seed, len(TARGETS))
     session = Session(world, truth, seed, max(levels), tuple(levels))
-    run_allocopt(session, **(DESIGN if design else VARIANTS)[variant][1]())
+    run_allocopt(session, **({**WITH_DESIGN, **DESIGN[variant][1]()} if design else VARIANTS[variant][1]()))
     rule = CommonRule(world) if common else (lambda full: None)
     return [{"variant": variant, "world": world.name, "truth": truth_mode, "seed": seed, "target": target,
              "level": r["level"], "regret_pct": r["regret_pct"],
@@ -398,6 +403,6 @@ def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     return lines
 
 
-__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS",
+__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS", "WITH_DESIGN",
            "against_shipped", "leave_one_world_out", "paired_lines", "run_answer_rules", "run_variant", "score_on",
            "tables"]

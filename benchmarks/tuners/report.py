@@ -150,11 +150,12 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
 def bar_verdict(records: Sequence[dict[str, Any]], levels: Sequence[float] = (8, 12, 16, 24, 40)) -> str:
     """The issue's bar for allocopt, per world, truth and rule: the lowest median of all methods
     at every level of ``levels`` (and, on a table, <= 3 % at 16 runs; on a synthetic world,
-    <= 1 % by 40). A level no record reaches (``--levels`` left it out) is named as not run:
+    <= 1 % by 40); its own ablation rows (:data:`~benchmarks.tuners.methods.OWN_ABLATIONS`) are
+    not peers. A level no record reaches (``--levels`` left it out) is named as not run:
     the verdict covers the levels run only ("YES at 8 (12, 16, 24, 40 not run)"; with none of
     them run, "not judged")."""
     g = group_records(records)
-    peers = [m for m in ordered(records, "method") if m != REFERENCE]
+    peers = [m for m in ordered(records, "method") if m != REFERENCE and m not in registry.OWN_ABLATIONS]
     run = {float(r["level"]) for r in records}
     lines = []
     for world in ordered(records, "world"):

@@ -27,10 +27,13 @@ MODULES: dict[str, str] = {
     "race": "race",
     "allocopt": "allocopt",
     "allocopt-pilots": "allocopt",
+    "allocopt-design": "allocopt",
 }
 """Method name -> module in this package (the order is the tables' order)."""
 METHODS: tuple[str, ...] = tuple(MODULES)
-PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("allocopt", "allocopt-pilots", "race", "kg"))
+OWN_ABLATIONS: tuple[str, ...] = ("allocopt-pilots", "allocopt-design")
+"""allocopt's own ablation rows: other settings of its tuner, not peers it is judged against."""
+PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("allocopt", *OWN_ABLATIONS, "race", "kg"))
 
 
 @dataclass(frozen=True)

@@ -137,9 +137,15 @@ def _time_kg(world: Any, n_trials: int, repeats: int, pilots: bool) -> dict[str,
 
 METHODS = {
     "allocopt": Method("allocopt", "allocopt", OWN, run_allocopt, missing, weight=30),
-    # replayed before the answer rule among tried cells was chosen and before the initial design took
-    # the middle group size: it answers over every cell and places its first runs' G in turn, as then
+    # replayed before the answer rule among tried cells was chosen, before the initial design took
+    # the middle group size and before it was dropped: it answers over every cell and makes its
+    # first runs one per reward system, their G in turn, as then
     "allocopt-pilots": Method("allocopt-pilots", "allocopt with pilots (ablation)", OWN,
-                              lambda s: run_allocopt(s, PILOTS_ABLATION, among="all", layout="g-in-turn"), missing,
+                              lambda s: run_allocopt(s, PILOTS_ABLATION, among="all", layout="g-in-turn",
+                                                     initial=True), missing,
                               weight=30),
+    # the tuner as shipped until 2026-12-06: its first runs one per reward system at the middle
+    # of rho and G (allocopt.tuner.study.INITIAL_DESIGN), the rows the pages' prose then described
+    "allocopt-design": Method("allocopt-design", "allocopt with its initial design (shipped until 2026-12-06)", OWN,
+                              lambda s: run_allocopt(s, initial=True), missing, weight=30),
 }
