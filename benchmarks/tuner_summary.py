@@ -33,13 +33,17 @@ RULES = (("own", "regret_pct"), ("common", "regret_pct_common"))
 
 
 def medians(rows: list[dict[str, str]], truth: str, column: str) -> dict[tuple[str, float], float]:
-    """``(method, level) -> median of column`` over the rows of ``truth`` (NaN values left out)."""
-    got: dict[tuple[str, float], list[float]] = {}
-    for r in rows:
-        v = float(r[column]) if r.get(column) not in (None, "") else math.nan
-        if r["truth"] == truth and math.isfinite(v):
-            got.setdefault((r["method"], float(r["level"])), []).append(v)
-    return {k: statistics.median(v) for k, v in got.items()}
+    """``(method, level) -> median of column`` over the rows of ``truth`` (NaN values left out),
+    grouped as the judge's own tables group them."""
+    from benchmarks.tuners.report import group_records
+
+    out = {}
+    for (_, t, method, level), rs in group_records(rows).items():
+        v = [float(r[column]) for r in rs if r.get(column) not in (None, "")]
+        v = [x for x in v if math.isfinite(x)]
+        if t == truth and v:
+            out[(method, level)] = statistics.median(v)
+    return out
 
 
 def cell(med: dict[tuple[str, float], float], level: float, us: str = OURS) -> str:
