@@ -3,7 +3,7 @@
     python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
     python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--out DIR]
-    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--out DIR]
+    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--against no-initial-design] [--out DIR]
     python benchmarks/tuner_ablation.py --synthetic all --design --variants shipped,... [--seeds 10]
 
 ``--answer-rules``: the rules of :data:`benchmarks.tuners.ablation.ANSWER_RULES` instead, each
@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tuners.ablation import (ANSWER_RULES, DESIGN, KEYS, VARIANTS, run_answer_rules,  # noqa: E402
+from benchmarks.tuners.ablation import (ANSWER_RULES, BASE, DESIGN, KEYS, VARIANTS, run_answer_rules,  # noqa: E402
                                         run_variant, tables)
 from allocopt.errors import ConfigError  # noqa: E402
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paired-on", metavar="WORLD", action="append", default=[],
                     help="also the paired table on this world alone (a world: its table's folder, tiny_grid dropped, "
                          "e.g. small_1e11); repeat it for more")
+    ap.add_argument("--against", metavar="VARIANT", default=BASE,
+                    help="the variant each other one is paired and chosen against in the tables (default shipped; "
+                         "e.g. no-initial-design with --design: the tuner as shipped since 2026-12-06)")
     ap.add_argument("--nice", type=int, default=10, help="niceness added to this process (default 10)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"),
                     help="folder of the CSV (resumed) and the markdown tables (default benchmarks/tuner_results/ablation)")
@@ -110,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     allowed = ANSWER_RULES if a.answer_rules else DESIGN if a.design else VARIANTS
     given = a.variants if a.variants != ",".join(VARIANTS) else ",".join(allowed)
     variants = [v.strip() for v in given.split(",") if v.strip()]
-    error = _refusal(variants, a.tables, a.seeds, allowed,
+    error = (f"--against={a.against!r}: must be one of --variants ({', '.join(variants)})"
+             if a.against != BASE and a.against not in variants else None)
+    error = error or _refusal(variants, a.tables, a.seeds, allowed,
                      "--answer-rules" if a.answer_rules else "--design" if a.design else "", a.synthetic)
     if error:
         print(f"error: {error}", file=sys.stderr)
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{k}/{len(todo)}] {spent:.0f} s, about {spent / k * (len(todo) - k) / 60:.0f} min left",
                   file=sys.stderr, flush=True)
     about = {k: v[0] for k, v in allowed.items()}
-    text = tables(read_rows(path), variants, about=about, choices=a.synthetic is None, per_world=a.paired_on)
+    text = tables(read_rows(path), variants, about=about, choices=a.synthetic is None, per_world=a.paired_on,
+                  base=a.against)
     (a.out / f"{stem}.md").write_text(text)
     print(text)
     return 0

@@ -397,6 +397,33 @@ def test_paired_lines_are_the_wilcoxon_test_of_each_change_against_the_shipped_d
     assert "6.00 → 3.75" not in "\n".join(paired_lines(records + other, ["shipped", "x"]))
 
 
+def test_changes_are_paired_against_the_named_base_when_it_is_not_the_shipped_design(tmp_path, capsys):
+    """``base`` (``--against``): the pairs are each change less that variant, by hand below; the
+    shipped design is then one change among the others; a base not among the variants is refused."""
+    from benchmarks import tuner_ablation
+    from benchmarks.tuners.ablation import paired_lines
+
+    def rec(v, seed, value):
+        return {"variant": v, "world": "w", "truth": "seedmean", "seed": seed, "level": 8.0, "regret_pct": value}
+
+    vals = {"shipped": [4.0, 6.0, 5.0, 9.0], "nd": [3.0, 3.0, 8.0, 2.0], "wm": [1.0, 4.0, 8.0, 3.0]}
+    records = [rec(v, k, x) for v, xs in vals.items() for k, x in enumerate(xs)]
+    md = "\n".join(paired_lines(records, list(vals), base="nd"))
+    p_wm = sps.wilcoxon([-2.0, 1.0, 0.0, 1.0]).pvalue  # wm less nd
+    p_sh = sps.wilcoxon([1.0, 3.0, -3.0, 7.0]).pvalue  # shipped less nd
+    assert "against `nd`" in md and "| nd |" not in md
+    assert f"| wm | 4.00 → 4.00; 1 / 2; p = {p_wm:.2g} |" in md
+    assert f"| shipped | 4.00 → 6.00; 1 / 3; p = {p_sh:.2g} |" in md
+    a, b = tmp_path / "wa" / "trials.csv", tmp_path / "wb" / "trials.csv"
+    for t in (a, b):
+        t.parent.mkdir()
+        t.write_text("x\n")
+    assert tuner_ablation.main(["--tables", str(a), str(b), "--design", "--variants", "shipped,initial-wide-middle",
+                                "--against", "no-initial-design", "--out", str(tmp_path / "o"), "--nice", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--against='no-initial-design'" in err and "initial-wide-middle" in err
+
+
 def test_the_synthetic_mode_replays_every_change_on_the_named_worlds_and_chooses_nothing(tmp_path, capsys):
     from benchmarks import tuner_ablation
 

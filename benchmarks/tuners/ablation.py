@@ -234,11 +234,12 @@ def score_on(records: Sequence[Mapping[str, Any]], variant: str, worlds: Sequenc
 
 
 def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
-                        rule: str = "regret_pct") -> list[dict[str, Any]]:
-    """For each world: the variant chosen on the others (lowest :func:`score_on`; the shipped
-    design on a tie), its score there and on the world left out, and the shipped design's."""
+                        rule: str = "regret_pct", base: str = BASE) -> list[dict[str, Any]]:
+    """For each world: the variant chosen on the others (lowest :func:`score_on`; ``base``, the
+    shipped design unless said, on a tie), its score there and on the world left out, and
+    ``base``'s."""
     worlds = list(dict.fromkeys(r["world"] for r in records))
-    order = [BASE] + [v for v in variants if v != BASE] if BASE in variants else list(variants)
+    order = [base] + [v for v in variants if v != base] if base in variants else list(variants)
     vals = _values(records, rule)
     out = []
     for held in worlds:
@@ -250,25 +251,26 @@ def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence
         out.append({"held_out": held, "chosen_on": others, "choice": pick, "score_on_others": scores[pick],
                     "scores_on_others": scores,
                     "on_held_out": score_on(records, pick, [held], variants, rule, vals=vals),
-                    "shipped_on_held_out": score_on(records, BASE, [held], variants, rule, vals=vals)
-                    if BASE in variants else math.nan})
+                    "shipped_on_held_out": score_on(records, base, [held], variants, rule, vals=vals)
+                    if base in variants else math.nan})
     return out
 
 
 def against_shipped(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
-                    rule: str = "regret_pct") -> list[dict[str, Any]]:
+                    rule: str = "regret_pct", base: str = BASE) -> list[dict[str, Any]]:
     """Each variant alone against the shipped design, leave one world out: for each variant and
     world left out, the variant's :func:`score_on` the other worlds less the shipped design's
     (below 0: chosen there) and the same difference on the world left out (each pair scored on
     the replications both ran). The menu's choice (:func:`leave_one_world_out`) picks the best of
-    many variants on two worlds, a noisy pick; this asks of each one change whether it transfers."""
+    many variants on two worlds, a noisy pick; this asks of each one change whether it transfers.
+    ``base``: the design each is asked against (the shipped one unless said)."""
     worlds = list(dict.fromkeys(r["world"] for r in records))
     vals = _values(records, rule)
     out = []
     for v in variants:
-        if v == BASE:
+        if v == base:
             continue
-        pair = [BASE, v]
+        pair = [base, v]
         for held in worlds:
             others = [w for w in worlds if w != held]
             if not others:
@@ -276,16 +278,21 @@ def against_shipped(records: Sequence[Mapping[str, Any]], variants: Sequence[str
 
             def diff(ws: list[str]) -> float:
                 return (score_on(records, v, ws, pair, rule, vals=vals)
-                        - score_on(records, BASE, ws, pair, rule, vals=vals))
+                        - score_on(records, base, ws, pair, rule, vals=vals))
 
             out.append({"variant": v, "held_out": held, "on_others": diff(others), "on_held_out": diff([held])})
     return out
 
 
-def _against_shipped_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], at: str) -> list[str]:
-    rows = against_shipped(records, variants)
+def _base_name(base: str) -> str:
+    return "the shipped design" if base == BASE else f"`{base}`"
+
+
+def _against_shipped_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], at: str,
+                           base: str = BASE) -> list[str]:
+    rows = against_shipped(records, variants, base=base)
     held = list(dict.fromkeys(r["held_out"] for r in rows))
-    lines = ["", f"**Each change alone against the shipped design, leave one world out** (difference in the score, "
+    lines = ["", f"**Each change alone against {_base_name(base)}, leave one world out** (difference in the score, "
              f"mean own regret at {at} runs, both truths; below 0 the change is lower: on the other worlds it is "
              "chosen, on the world left out it transfers)", "",
              "| variant | " + " | ".join(f"{h} left out: others / {h}" for h in held) + " | folds chosen and lower "
@@ -303,25 +310,26 @@ PAIRED_SPANS: tuple[tuple[float, ...], ...] = ((4.0,), (8.0, 12.0, 16.0), (24.0,
 """The compute levels pooled in :func:`paired_lines`."""
 
 
-def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], world: str | None = None) -> list[str]:
-    """Markdown: each variant against the shipped design over every world (``world``: that one
-    alone), truth and replication both ran, per span of :data:`PAIRED_SPANS`: the mean own
-    regret of each, the pairs where the variant is lower and higher, and the two-sided Wilcoxon
-    signed-rank p (:func:`benchmarks.tuners.stats.paired`)."""
+def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], world: str | None = None,
+                 base: str = BASE) -> list[str]:
+    """Markdown: each variant against ``base`` (the shipped design unless said) over every world
+    (``world``: that one alone), truth and replication both ran, per span of
+    :data:`PAIRED_SPANS`: the mean own regret of each, the pairs where the variant is lower and
+    higher, and the two-sided Wilcoxon signed-rank p (:func:`benchmarks.tuners.stats.paired`)."""
     from benchmarks.tuners.stats import paired
 
     vals = {k: v for k, v in _values(records, "regret_pct").items() if world in (None, k[1])}
     spans = [s for s in PAIRED_SPANS if any(k[3] in s for k in vals)]
     head = " | ".join(f"{s[0]:g}–{s[-1]:g} runs" if len(s) > 1 else f"{s[0]:g} runs" for s in spans)
-    lines = ["", f"**Each change against the shipped design, paired{' on ' + world + ' alone' if world else ''}** "
-             "(mean own regret shipped → change; pairs lower / higher; Wilcoxon p)", "", f"| variant | {head} |",
-             "|---|" + "---|" * len(spans)]
+    lines = ["", f"**Each change against {_base_name(base)}, paired{' on ' + world + ' alone' if world else ''}** "
+             f"(mean own regret {'shipped' if base == BASE else base} → change; pairs lower / higher; Wilcoxon p)",
+             "", f"| variant | {head} |", "|---|" + "---|" * len(spans)]
     for v in variants:
-        if v == BASE:
+        if v == base:
             continue
         cells = []
         for span in spans:
-            pairs = [(vals[k][seed], vals[(v,) + k[1:]][seed]) for k in vals if k[0] == BASE and k[3] in span
+            pairs = [(vals[k][seed], vals[(v,) + k[1:]][seed]) for k in vals if k[0] == base and k[3] in span
                      for seed in vals[k] if seed in vals.get((v,) + k[1:], {})]
             d = [b - a for a, b in pairs]
             if not pairs:
@@ -337,12 +345,12 @@ def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], 
 
 def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
            levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None,
-           choices: bool = True, per_world: Sequence[str] = ()) -> str:
+           choices: bool = True, per_world: Sequence[str] = (), base: str = BASE) -> str:
     """Markdown: what the table holds (``about``: each variant's description), each variant's
     mean own regret per world and truth at ``levels``, its oracle beside it, then the
     leave-one-world-out choices (``choices=False``, worlds that choose nothing, such as the
-    synthetic ones: not these), and each change paired against the shipped design
-    (:func:`paired_lines`), over every world and on each of ``per_world`` alone."""
+    synthetic ones: not these), and each change paired against ``base``, the shipped design unless
+    said (:func:`paired_lines`), over every world and on each of ``per_world`` alone."""
     vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
     worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
     reps = [len(set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants)))
@@ -375,18 +383,18 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
             cells.append(" / ".join(parts))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     if choices:
-        lines += _choice_lines(records, variants, list(dict.fromkeys(w for w, _ in worlds)), vals)
-    if BASE in variants:
-        lines += paired_lines(records, variants)
+        lines += _choice_lines(records, variants, list(dict.fromkeys(w for w, _ in worlds)), vals, base)
+    if base in variants:
+        lines += paired_lines(records, variants, base=base)
         for w in per_world:
-            lines += paired_lines(records, variants, w)
+            lines += paired_lines(records, variants, w, base)
     return "\n".join(lines) + "\n"
 
 
 def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], names: Sequence[str],
-                  vals: dict) -> list[str]:
+                  vals: dict, base: str = BASE) -> list[str]:
     """Markdown: each variant's score per world, the leave-one-world-out choices and each change
-    alone against the shipped design (:func:`tables`' part for worlds that choose)."""
+    alone against ``base`` (:func:`tables`' part for worlds that choose)."""
     at = ", ".join(f"{lv:g}" for lv in CHOICE_LEVELS)
     lines = ["", f"**Score on each world** (mean own regret at {at} runs, both truths; what the choices below compare)",
              "", "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -394,12 +402,12 @@ def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
         lines.append(f"| {v} | " + " | ".join(f"{score_on(records, v, [w], variants, vals=vals):.2f}" for w in names) + " |")
     lines += ["", f"**Leave one world out** (score: mean own regret at {at}"
               " runs, both truths)", "", "| left out | chosen on | choice | its score there | on the world left out "
-              "| the shipped design there |", "|---|---|---|---|---|---|"]
-    for c in leave_one_world_out(records, variants):
+              f"| {_base_name(base)} there |", "|---|---|---|---|---|---|"]
+    for c in leave_one_world_out(records, variants, base=base):
         lines.append(f"| {c['held_out']} | {', '.join(c['chosen_on'])} | {c['choice']} | {c['score_on_others']:.2f} "
                      f"| {c['on_held_out']:.2f} | {c['shipped_on_held_out']:.2f} |")
-    if BASE in variants:
-        lines += _against_shipped_lines(records, variants, at)
+    if base in variants:
+        lines += _against_shipped_lines(records, variants, at, base)
     return lines
 
 
