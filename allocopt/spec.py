@@ -154,6 +154,12 @@ class StudySpec:
     """Stop rule (``tuner = "kg"``): end the study before :attr:`trials` full runs once one more
     full run is worth less than this, in target units (the answer's knowledge gradient: the
     expected rise of its true value), e.g. 0.002 for pass@1; ``None``: run every trial."""
+    initial_design: bool | None = None
+    """``tuner = "kg"``: first one full run per reward system (alternately at the two middle ρ
+    levels, at the middle group size), then the knowledge gradient (``true``), or the knowledge
+    gradient from the first run (``false``). ``None``: the measured default, none for one target
+    and the design for several (:data:`allocopt.tuner.study.INITIAL_DESIGN`); a team that affords
+    about four runs did better with it on the measured worlds."""
     startup_trials: int = 4
     """Quasi-random trials before :attr:`sampler` proposes (``tuner = "bo"``, several targets)."""
     pilots: int | None = None
@@ -231,6 +237,13 @@ class StudySpec:
             if isinstance(self.target, (tuple, list)) and len(self.target) > 1:
                 raise ConfigError(f"until_gain={g!r}: one target only (a study of several targets "
                                   "searches their Pareto front: no one answer to value one more run of)")
+        if self.initial_design is not None:
+            if not isinstance(self.initial_design, bool):
+                raise ConfigError(f"initial_design={self.initial_design!r}: must be true or false (unquoted in a "
+                                  "study file), or left out for the default")
+            if self.tuner != "kg":
+                raise ConfigError(f"initial_design={self.initial_design!r}: needs tuner = \"kg\" (the initial "
+                                  "design is the knowledge-gradient tuner's first runs)")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

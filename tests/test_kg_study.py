@@ -279,3 +279,26 @@ def test_a_study_of_several_targets_keeps_the_initial_design_and_one_target_has_
     assert one.tuner.initial == []
     assert sorted(a.reward for a in two.tuner.initial) == sorted(two.tuner.space.rewards)
     assert len(two.tuner.initial) == 5
+
+
+def test_a_study_file_or_flag_turns_the_initial_design_on_or_off_for_either_kind():
+    """``initial_design`` over the default per study kind: true gives a one-target study the
+    design (one full run per reward system, the same runs :func:`initial_design` lays out with
+    the study's seed), false takes it from a two-target study; a value that is not a boolean, or
+    one given with a tuner other than kg, is refused in one line; the flag reaches the spec."""
+    from allocopt.cli.common import read_spec
+    from allocopt.study.sampler import kg_sampler
+    from allocopt.tuner.study import initial_design
+
+    one = kg_sampler(StudySpec(name="one", objective="synthetic", budget_flops=1e19, trials=6, seed=4,
+                               initial_design=True))
+    assert one.tuner.initial == initial_design(one.tuner.space, 4) and len(one.tuner.initial) == 5
+    two = kg_sampler(StudySpec(name="two", objective="synthetic", budget_flops=1e19, trials=6,
+                               target=("pass@1", "judge"), initial_design=False))
+    assert two.tuner.initial == []
+    with pytest.raises(ConfigError, match=r"^initial_design='yes': must be true or false"):
+        StudySpec(initial_design="yes")
+    with pytest.raises(ConfigError, match=r'^initial_design=True: needs tuner = "kg"'):
+        StudySpec(tuner="bo", initial_design=True)
+    assert read_spec(None, "1e19", initial_design=True).initial_design is True
+    assert read_spec(None, "1e19").initial_design is None

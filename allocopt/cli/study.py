@@ -52,6 +52,7 @@ def study(
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth (several targets: full runs, each on a fresh random weighting of them); race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
+    initial_design: Optional[bool] = typer.Option(None, "--initial-design/--no-initial-design", help="With --tuner kg: first one full run per reward system at the middle of rho and G, then the tuner's own choices (a team affording about four runs did better with it on the measured worlds). \\[default: the spec's, else none for one target, the design for several]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
@@ -70,7 +71,7 @@ def study(
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction,
-                  tuner=tuner, until_gain=until_gain)
+                  tuner=tuner, until_gain=until_gain, initial_design=initial_design)
     if dry_run:  # the storage URL is checked (no connection, nothing written): the real run would refuse it
         from allocopt.cli.common import check_storage
 

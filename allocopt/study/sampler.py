@@ -402,8 +402,9 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
     (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
     :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
-    given. A study of several targets: full runs only, each proposal on a fresh random
-    weighting of the targets (:mod:`allocopt.tuner.scalarize`).
+    given; its initial design as ``spec.initial_design`` says, else the measured default for one
+    target or several. A study of several targets: full runs only, each proposal on a fresh
+    random weighting of the targets (:mod:`allocopt.tuner.scalarize`).
 
     Raises:
         ConfigError: as :func:`race_sampler`.
@@ -414,7 +415,10 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
 
     def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
         return KGTuner(spec.space, budgets, max_pilots=pilots, seed=spec.seed, feasible=feasible,
-                       initial=INITIAL_DESIGN_SEVERAL_TARGETS if spec.multi_objective else INITIAL_DESIGN)
+                       initial=initial)
+
+    initial = spec.initial_design if spec.initial_design is not None else (
+        INITIAL_DESIGN_SEVERAL_TARGETS if spec.multi_objective else INITIAL_DESIGN)
 
     targets = tuple((k, spec.vocabulary.target(t).sign) for k, t in zip(spec.target_keys, spec.targets))
     return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,
