@@ -189,6 +189,7 @@ def test_cli_bad_spec_exit_2(tmp_path, toml, needle, cli):
     f.write_text("budget_flops = 1e12\n" + toml)  # a spec without a budget is refused first
     r = cli("study", "--spec", str(f), "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/x.db")
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "s.toml" in r.stderr  # the line names the file that holds the bad value
     assert not (tmp_path / "x.db").exists()  # no trial started
 
 

@@ -253,7 +253,16 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
         s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
     from allocopt.race.design import check_race_table
 
-    check_race_table(s.race)  # a bad [race] key is refused now, before anything is opened
+    from allocopt.objective import objective_names
+
+    in_file = f" (in spec {os.path.basename(path)})" if path else ""
+    try:
+        check_race_table(s.race)  # a bad [race] key is refused now, before anything is opened
+    except ConfigError as e:  # the [race] table is only ever the file's: say which file
+        raise type(e)(f"{e}{in_file}") from None
+    if s.objective not in objective_names():  # refused where it is read, so the line can say where
+        raise ConfigError(f"objective={s.objective!r}: unknown objective; allowed: {', '.join(objective_names())}"
+                          + ("" if overrides.get("objective") is not None else in_file))
     return s
 
 
