@@ -157,9 +157,10 @@ class StudySpec:
     initial_design: bool | None = None
     """``tuner = "kg"``: first one full run per reward system (alternately at the two middle ρ
     levels, at the middle group size), then the knowledge gradient (``true``), or the knowledge
-    gradient from the first run (``false``). ``None``: the measured default, none for one target
-    and the design for several (:data:`allocopt.tuner.study.INITIAL_DESIGN`); a team that affords
-    about four runs did better with it on the measured worlds."""
+    gradient from the first run (``false``; the only value other tuners accept, having no such
+    design). ``None``: the measured default, none for one target and the design for several
+    (:data:`allocopt.tuner.study.INITIAL_DESIGN`); a team that affords about four runs did better
+    with it on the measured worlds."""
     startup_trials: int = 4
     """Quasi-random trials before :attr:`sampler` proposes (``tuner = "bo"``, several targets)."""
     pilots: int | None = None
@@ -241,9 +242,10 @@ class StudySpec:
             if not isinstance(self.initial_design, bool):
                 raise ConfigError(f"initial_design={self.initial_design!r}: must be true or false (unquoted in a "
                                   "study file), or left out for the default")
-            if self.tuner != "kg":
-                raise ConfigError(f"initial_design={self.initial_design!r}: needs tuner = \"kg\" (the initial "
-                                  "design is the knowledge-gradient tuner's first runs)")
+            if self.initial_design and self.tuner != "kg":
+                raise ConfigError(f"initial_design=True: needs tuner = \"kg\" (the initial design is the "
+                                  f"knowledge-gradient tuner's first runs); with tuner = {self.tuner!r} leave it "
+                                  "out or set it false")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--answer-rules", action="store_true",
                       help="compare the answer rules on the same runs instead (the rules: see --variants)")
     mode.add_argument("--design", action="store_true",
-                      help="the candidate grid, initial design and model terms against the tuner as shipped "
-                           "instead (the variants: see --variants)")
+                      help="the candidate grid, initial design and model terms instead, each against the variant "
+                           "'shipped': the tuner shipped until 2026-12-06, with its initial design (today's tuner is "
+                           "the variant no-initial-design: give --against no-initial-design to pair with it; the "
+                           "variants: see --variants)")
     ap.add_argument("--paired-on", metavar="WORLD", action="append", default=[],
                     help="also the paired table on this world alone (a world: its table's folder, tiny_grid dropped, "
                          "e.g. small_1e11); repeat it for more")

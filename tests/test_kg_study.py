@@ -300,5 +300,25 @@ def test_a_study_file_or_flag_turns_the_initial_design_on_or_off_for_either_kind
         StudySpec(initial_design="yes")
     with pytest.raises(ConfigError, match=r'^initial_design=True: needs tuner = "kg"'):
         StudySpec(tuner="bo", initial_design=True)
+    assert StudySpec(tuner="bo", initial_design=False).initial_design is False  # nothing to turn off
     assert read_spec(None, "1e19", initial_design=True).initial_design is True
     assert read_spec(None, "1e19").initial_design is None
+
+
+def test_a_files_initial_design_a_flag_makes_wrong_is_refused_naming_the_file_and_the_dry_run_says_it(
+        tmp_path, cli):
+    """The file turns the design on and ``--tuner bo`` overrides the tuner: the line names the
+    file (the flag did not give the field); ``--no-initial-design`` then lets it run. The dry
+    run's tuner line says whether the design is on."""
+    from allocopt.cli.common import read_spec
+
+    f = tmp_path / "t.toml"
+    f.write_text('objective = "synthetic"\nbudget_flops = 1e19\ninitial_design = true\n')
+    with pytest.raises(ConfigError, match=r"^initial_design=True: needs tuner .* \(in spec t\.toml\)$"):
+        read_spec(f, None, tuner="bo")
+    assert read_spec(f, None, tuner="bo", initial_design=False).tuner == "bo"
+    on = cli("study", "--spec", str(f), "--dry-run")
+    off = cli("study", "--spec", str(f), "--no-initial-design", "--dry-run")
+    assert on.returncode == off.returncode == 0
+    assert "; initial design: first one full run per reward system" in on.stdout
+    assert "; no initial design: every run the tuner's choice" in off.stdout

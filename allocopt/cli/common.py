@@ -246,7 +246,7 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
                           "--throughput FILE, or --spec FILE")
     b = None if budget is None else check_budget(budget)
     if path:
-        s = StudySpec.from_toml(path, b, t).with_overrides(budget_flops=b, **overrides)
+        s = _file_then_flags(StudySpec.from_toml(path, b, t), path, b, overrides)
     else:
         s = StudySpec(**(t or {})).with_overrides(budget_flops=b, **overrides)
     if set_:
@@ -264,6 +264,20 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
         raise ConfigError(f"objective={s.objective!r}: unknown objective; allowed: {', '.join(objective_names())}"
                           + ("" if overrides.get("objective") is not None else in_file))
     return s
+
+
+def _file_then_flags(spec: Any, path: Any, budget: float | None, overrides: dict) -> Any:
+    """``spec`` (read from ``path``) with the flags over it; a value of the file's that a flag
+    makes wrong (``initial_design = true`` with ``--tuner bo``) is refused naming the file."""
+    import re
+
+    try:
+        return spec.with_overrides(budget_flops=budget, **overrides)
+    except ConfigError as e:
+        m = re.match(r"([a-z_]+)[=:]", str(e))
+        if m and overrides.get(m.group(1)) is None and m.group(1) not in ("budget_flops", "budget_gpu_hours"):
+            raise type(e)(f"{e} (in spec {os.path.basename(path)})") from None
+        raise
 
 
 def time_flags() -> dict:

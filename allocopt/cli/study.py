@@ -264,10 +264,17 @@ def print_plans(s: Any) -> None:
     line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
     if line:
         out.print(line, highlight=False, markup=False)
+    if s.tuner == "kg":
+        from allocopt.study.sampler import kg_initial_design
+
+        design = ("initial design: first one full run per reward system at the middle of rho and G "
+                  "(--no-initial-design: none)" if kg_initial_design(s) else
+                  "no initial design: every run the tuner's choice (--initial-design: one full run per "
+                  "reward system first)")
     if s.tuner == "kg" and s.multi_objective:
         out.print(f"tuner kg, {len(s.targets)} targets: each full run chosen on a fresh random weighting "
-                  "of the targets (augmented Chebyshev, as ParEGO); the answer is the Pareto front",
-                  highlight=False, markup=False)
+                  "of the targets (augmented Chebyshev, as ParEGO); the answer is the Pareto front; "
+                  + design, highlight=False, markup=False, soft_wrap=True)
     elif s.multi_objective:
         runs_as = " runs as --tuner bo (RACE has one target) with" if s.tuner == "race" else ""
         out.print(f"tuner {s.tuner}, {len(s.targets)} targets:{runs_as} Optuna's hypervolume search (sampler "
@@ -276,9 +283,9 @@ def print_plans(s: Any) -> None:
         from allocopt.study.sampler import kg_max_pilots
 
         cap = kg_max_pilots(s)
-        out.print(f"tuner kg: pilots at {s.pilot_fraction:g} x the budget only when worth their FLOPs, "
-                  f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)",
-                  highlight=False, markup=False)
+        out.print((f"tuner kg: pilots at {s.pilot_fraction:g} x the budget only when worth their FLOPs, "
+                   f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)") + "; " + design,
+                  highlight=False, markup=False, soft_wrap=True)
     elif s.tuner == "race" and s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
         from allocopt.cli.race import pilot_table
 

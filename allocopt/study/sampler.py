@@ -398,27 +398,35 @@ def kg_max_pilots(spec: StudySpec) -> int:
     return spec.pilots or 0
 
 
+def kg_initial_design(spec: StudySpec) -> bool:
+    """Whether a kg study's first full runs are the tuner's initial design
+    (:func:`allocopt.tuner.study.initial_design`): ``spec.initial_design`` when given, else the
+    measured default for one target or several."""
+    from allocopt.tuner.study import INITIAL_DESIGN, INITIAL_DESIGN_SEVERAL_TARGETS
+
+    if spec.initial_design is not None:
+        return spec.initial_design
+    return INITIAL_DESIGN_SEVERAL_TARGETS if spec.multi_objective else INITIAL_DESIGN
+
+
 def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler:
     """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
     (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
     :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
-    given; its initial design as ``spec.initial_design`` says, else the measured default for one
-    target or several. A study of several targets: full runs only, each proposal on a fresh
+    given; its initial design as :func:`kg_initial_design` says. A study of several targets: full runs only, each proposal on a fresh
     random weighting of the targets (:mod:`allocopt.tuner.scalarize`).
 
     Raises:
         ConfigError: as :func:`race_sampler`.
     """
-    from allocopt.tuner.study import INITIAL_DESIGN, INITIAL_DESIGN_SEVERAL_TARGETS, KGTuner
+    from allocopt.tuner.study import KGTuner
 
     pilots = 0 if spec.multi_objective else kg_max_pilots(spec)
+    initial = kg_initial_design(spec)
 
     def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
         return KGTuner(spec.space, budgets, max_pilots=pilots, seed=spec.seed, feasible=feasible,
                        initial=initial)
-
-    initial = spec.initial_design if spec.initial_design is not None else (
-        INITIAL_DESIGN_SEVERAL_TARGETS if spec.multi_objective else INITIAL_DESIGN)
 
     targets = tuple((k, spec.vocabulary.target(t).sign) for k, t in zip(spec.target_keys, spec.targets))
     return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,
