@@ -322,3 +322,6 @@ def test_a_files_initial_design_a_flag_makes_wrong_is_refused_naming_the_file_an
     assert on.returncode == off.returncode == 0
     assert "; initial design: first one full run per reward system" in on.stdout
     assert "; no initial design: every run the tuner's choice" in off.stdout
+    both = cli("study", "--spec", str(f), "--initial-design", "--no-initial-design", "--dry-run")
+    assert both.returncode == 2 and both.stderr.strip() == (
+        "error: --initial-design, --no-initial-design: give one of them, not both")

@@ -52,7 +52,8 @@ def study(
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth (several targets: full runs, each on a fresh random weighting of them); race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
-    initial_design: Optional[bool] = typer.Option(None, "--initial-design/--no-initial-design", help="With --tuner kg: first one full run per reward system at the middle of rho and G, then the tuner's own choices (a team affording about four runs did better with it on the measured worlds). \\[default: the spec's, else none for one target, the design for several]"),
+    initial_design: bool = typer.Option(False, "--initial-design", help="With --tuner kg: first one full run per reward system at the middle of rho and G, then the tuner's own choices (a team affording about four runs did better with it on the measured worlds; --no-initial-design: none, over the spec's). \\[default: the spec's, else none for one target, the design for several]"),
+    no_initial_design: bool = typer.Option(False, "--no-initial-design", hidden=True),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
@@ -71,7 +72,7 @@ def study(
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction,
-                  tuner=tuner, until_gain=until_gain, initial_design=initial_design)
+                  tuner=tuner, until_gain=until_gain, initial_design=_on_off(initial_design, no_initial_design))
     if dry_run:  # the storage URL is checked (no connection, nothing written): the real run would refuse it
         from allocopt.cli.common import check_storage
 
@@ -209,6 +210,13 @@ def sizes_line(models: Sequence[str], workload: Any) -> str:
         f"{m} {k:,} ({k / n[0]:.2f}x)" for m, k in zip(named[1:], n[1:]))
 
 
+def _on_off(on: bool, off: bool) -> bool | None:
+    """A setting given as a flag and its ``--no-`` form: True, False, or ``None`` (neither)."""
+    if on and off:
+        raise ConfigError("--initial-design, --no-initial-design: give one of them, not both")
+    return True if on else False if off else None
+
+
 def print_plans(s: Any) -> None:
     """``--dry-run``: the plans the budget buys over the space (and RACE's pilot plans); runs
     nothing. Needs the objective's workload only, not a machine that can train."""
@@ -264,6 +272,16 @@ def print_plans(s: Any) -> None:
     line = batch_rule_line(workload.setup, [p for _, p, _ in plans if p is not None])
     if line:
         out.print(line, highlight=False, markup=False)
+    _print_tuner_lines(s, workload)
+    if hasattr(obj, "length_sources"):
+        out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
+    if hasattr(obj, "engine_choice"):  # which engine the plans priced, and why (auto)
+        out.print(obj.engine_choice(), highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_tuner_lines(s: Any, workload: Any) -> None:
+    """The dry run's lines on what the study's tuner will run: its targets, pilots and initial
+    design (kg), or RACE's pilot plans."""
     if s.tuner == "kg":
         from allocopt.study.sampler import kg_initial_design
 
@@ -292,10 +310,6 @@ def print_plans(s: Any) -> None:
         table, line = pilot_table(s, workload)
         out.print(table)
         out.print(line, highlight=False)
-    if hasattr(obj, "length_sources"):
-        out.print("lengths: " + "; ".join(f"{k} {v}" for k, v in obj.length_sources().items()))
-    if hasattr(obj, "engine_choice"):  # which engine the plans priced, and why (auto)
-        out.print(obj.engine_choice(), highlight=False, markup=False, soft_wrap=True)
 
 
 def batch_rule_line(setup: Any, plans: list) -> str | None:
