@@ -413,8 +413,9 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
     (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
     :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
-    given; its initial design as :func:`kg_initial_design` says. A study of several targets: full runs only, each proposal on a fresh
-    random weighting of the targets (:mod:`allocopt.tuner.scalarize`).
+    given; its initial design as :func:`kg_initial_design` says. A study of several targets:
+    full runs only, each proposal on a fresh random weighting of the targets
+    (:mod:`allocopt.tuner.scalarize`).
 
     Raises:
         ConfigError: as :func:`race_sampler`.

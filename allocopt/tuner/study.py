@@ -94,8 +94,8 @@ def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list
     """The first full runs of a design made before the model has anything to go on (a study of
     several targets, or one that asks for it: :attr:`allocopt.spec.StudySpec.initial_design`;
     not a one-target study's default since 2026-12-06, :data:`INITIAL_DESIGN`): one per reward
-    system (and every model at least once: ``max(rewards, models)`` runs), each category paired with a
-    model in turn, at the two middle ρ levels alternately and the middle group size: the
+    system (and every model at least once: ``max(rewards, models)`` runs), each category paired
+    with a model in turn, at the two middle ρ levels alternately and the middle group size: the
     response peaks inside the range in ρ and in G, so the runs that compare the categories are
     made where each is near its best; the order of the categories shuffled by ``seed``.
     ``layout`` (:data:`INITIAL_LAYOUTS`) places ρ and G otherwise, for the ablations.
