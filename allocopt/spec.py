@@ -243,9 +243,9 @@ class StudySpec:
                 raise ConfigError(f"initial_design={self.initial_design!r}: must be true or false (unquoted in a "
                                   "study file), or left out for the default")
             if self.initial_design and self.tuner != "kg":
-                raise ConfigError(f"initial_design=True: needs tuner = \"kg\" (the initial design is the "
-                                  f"knowledge-gradient tuner's first runs); with tuner = {self.tuner!r} leave it "
-                                  "out or set it false")
+                raise ConfigError(f"initial_design=true: needs tuner = \"kg\", not \"{self.tuner}\" (the initial "
+                                  "design is the knowledge-gradient tuner's first runs); leave initial_design out, "
+                                  "set it false, or give --no-initial-design")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

@@ -298,7 +298,7 @@ def test_a_study_file_or_flag_turns_the_initial_design_on_or_off_for_either_kind
     assert two.tuner.initial == []
     with pytest.raises(ConfigError, match=r"^initial_design='yes': must be true or false"):
         StudySpec(initial_design="yes")
-    with pytest.raises(ConfigError, match=r'^initial_design=True: needs tuner = "kg"'):
+    with pytest.raises(ConfigError, match=r'^initial_design=true: needs tuner = "kg", not "bo"'):
         StudySpec(tuner="bo", initial_design=True)
     assert StudySpec(tuner="bo", initial_design=False).initial_design is False  # nothing to turn off
     assert read_spec(None, "1e19", initial_design=True).initial_design is True
@@ -314,7 +314,7 @@ def test_a_files_initial_design_a_flag_makes_wrong_is_refused_naming_the_file_an
 
     f = tmp_path / "t.toml"
     f.write_text('objective = "synthetic"\nbudget_flops = 1e19\ninitial_design = true\n')
-    with pytest.raises(ConfigError, match=r"^initial_design=True: needs tuner .* \(in spec t\.toml\)$"):
+    with pytest.raises(ConfigError, match=r"^initial_design=true: needs tuner .* \(in spec t\.toml\)$"):
         read_spec(f, None, tuner="bo")
     assert read_spec(f, None, tuner="bo", initial_design=False).tuner == "bo"
     on = cli("study", "--spec", str(f), "--dry-run")
