@@ -186,6 +186,13 @@ def objective_rewards(name: str) -> tuple[str, ...] | None:
     return _entry(name).rewards
 
 
+def unknown_objective(name: str) -> str | None:
+    """The one line refusing ``name`` when no objective is called so, else ``None``."""
+    if name in objective_names():
+        return None
+    return f"objective={name!r}: unknown objective; allowed: {', '.join(objective_names())}"
+
+
 def _entry(name: str) -> _Entry:
     """Objective ``name``: registered in this process, else loaded from its entry point (the
     loaded object is the factory; its ``targets`` and ``rewards`` attributes, if any, the targets
@@ -194,7 +201,7 @@ def _entry(name: str) -> _Entry:
         return _REGISTRY[name]
     ep = _entry_points().get(name)
     if ep is None:
-        raise ValueError(f"objective={name!r}: unknown objective; allowed: {', '.join(objective_names())}")
+        raise ValueError(unknown_objective(name))
     factory = ep.load()
     register_objective(name, factory, targets=getattr(factory, "targets", None), replace=True,
                        rewards=getattr(factory, "rewards", None))

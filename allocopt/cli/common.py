@@ -197,15 +197,21 @@ FLAG_OF = {"budget_flops": "--budget", "rollouts_per_iteration": "--rollouts",
 field's flag is its name with dashes (``pilot_fraction``: ``--pilot-fraction``)."""
 
 
+def field_of(message: str) -> str | None:
+    """The field a refusal (``field=value: what is allowed``) names first, or ``None``."""
+    import re
+
+    m = re.match(r"([a-z_]+)[=:]", message)
+    return m.group(1) if m else None
+
+
 def with_flag(message: str, argv: list[str]) -> str:
     """``message`` (``field=value: what is allowed``) led by the flag that gave the field when
     that flag was given in ``argv`` (``--budget: budget_flops='-5': ...``, ``--trials:
     trials=0: ...``): the user typed the flag, the study file and the records say the field,
     and the line says which of the two was wrong."""
-    import re
-
-    m = re.match(r"([a-z_]+)[=:]", message)
-    flag = (FLAG_OF.get(m.group(1)) or "--" + m.group(1).replace("_", "-")) if m else None
+    field = field_of(message)
+    flag = (FLAG_OF.get(field) or "--" + field.replace("_", "-")) if field else None
     if flag and any(a == flag or a.startswith(flag + "=") for a in argv):
         return f"{flag}: {message}"
     return message
@@ -253,29 +259,27 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
         s = replace(s, objective_settings={**s.objective_settings, **parse_settings(set_)})
     from allocopt.race.design import check_race_table
 
-    from allocopt.objective import objective_names
+    from allocopt.objective import unknown_objective
 
     in_file = f" (in spec {os.path.basename(path)})" if path else ""
     try:
         check_race_table(s.race)  # a bad [race] key is refused now, before anything is opened
     except ConfigError as e:  # the [race] table is only ever the file's: say which file
         raise type(e)(f"{e}{in_file}") from None
-    if s.objective not in objective_names():  # refused where it is read, so the line can say where
-        raise ConfigError(f"objective={s.objective!r}: unknown objective; allowed: {', '.join(objective_names())}"
-                          + ("" if overrides.get("objective") is not None else in_file))
+    bad = unknown_objective(s.objective)
+    if bad:  # refused where it is read, so the line can say where
+        raise ConfigError(bad + ("" if overrides.get("objective") is not None else in_file))
     return s
 
 
 def _file_then_flags(spec: Any, path: Any, budget: float | None, overrides: dict) -> Any:
     """``spec`` (read from ``path``) with the flags over it; a value of the file's that a flag
     makes wrong (``initial_design = true`` with ``--tuner bo``) is refused naming the file."""
-    import re
-
     try:
         return spec.with_overrides(budget_flops=budget, **overrides)
     except ConfigError as e:
-        m = re.match(r"([a-z_]+)[=:]", str(e))
-        if m and overrides.get(m.group(1)) is None and m.group(1) not in ("budget_flops", "budget_gpu_hours"):
+        field = field_of(str(e))
+        if field and overrides.get(field) is None and field not in ("budget_flops", "budget_gpu_hours"):
             raise type(e)(f"{e} (in spec {os.path.basename(path)})") from None
         raise
 

@@ -72,7 +72,7 @@ def study(
     tgt = None if not target else (target[0] if len(target) == 1 else tuple(target))
     s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction,
-                  tuner=tuner, until_gain=until_gain, initial_design=_on_off(initial_design, no_initial_design))
+                  tuner=tuner, until_gain=until_gain, initial_design=_initial_design_flags(initial_design, no_initial_design))
     if dry_run:  # the storage URL is checked (no connection, nothing written): the real run would refuse it
         from allocopt.cli.common import check_storage
 
@@ -210,8 +210,8 @@ def sizes_line(models: Sequence[str], workload: Any) -> str:
         f"{m} {k:,} ({k / n[0]:.2f}x)" for m, k in zip(named[1:], n[1:]))
 
 
-def _on_off(on: bool, off: bool) -> bool | None:
-    """A setting given as a flag and its ``--no-`` form: True, False, or ``None`` (neither)."""
+def _initial_design_flags(on: bool, off: bool) -> bool | None:
+    """``--initial-design`` and its ``--no-`` form: True, False, or ``None`` (neither given)."""
     if on and off:
         raise ConfigError("--initial-design, --no-initial-design: give one of them, not both")
     return True if on else False if off else None
