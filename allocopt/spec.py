@@ -155,12 +155,12 @@ class StudySpec:
     full run is worth less than this, in target units (the answer's knowledge gradient: the
     expected rise of its true value), e.g. 0.002 for pass@1; ``None``: run every trial."""
     initial_design: bool | None = None
-    """``tuner = "kg"``: first one full run per reward system (alternately at the two middle ρ
-    levels, at the middle group size), then the knowledge gradient (``true``), or the knowledge
-    gradient from the first run (``false``; the only value other tuners accept, having no such
-    design). ``None``: the measured default, none for one target and the design for several
-    (:data:`allocopt.tuner.study.INITIAL_DESIGN`); a team that affords about four runs did better
-    with it on the measured worlds."""
+    """``tuner = "kg"``: first one full run per reward system, alternately at two ρ levels near
+    the middle (one target: a third and two thirds of the way; several: the two middle levels),
+    at the middle group size, then the knowledge gradient (``true``), or the knowledge gradient
+    from the first run (``false``; the only value other tuners accept, having no such design).
+    ``None``: the measured default, the design for one target and for several
+    (:data:`allocopt.tuner.study.INITIAL_DESIGN`)."""
     startup_trials: int = 4
     """Quasi-random trials before :attr:`sampler` proposes (``tuner = "bo"``, several targets)."""
     pilots: int | None = None

@@ -11,8 +11,8 @@ measured seed of it (picked by the replication, the cell and the repeat, as the 
 judge draws, :meth:`benchmarks.tuners.truth.TableTruth.draw`); an infeasible cell costs nothing.
 Methods: allocopt's multi-target search (``kg``: :class:`allocopt.tuner.study.KGTuner` on the
 random weighting a study of several targets uses, :func:`allocopt.tuner.scalarize.scalarized`,
-with the initial design such a study keeps; ``kg-no-design``: the same without it, as a
-one-target study runs since 2026-12-06, an ablation), and Optuna's stock multi-objective ``GPSampler`` (log EHVI), ``TPESampler`` and
+with the initial design such a study keeps; ``kg-no-design``: the same without it, an
+ablation), and Optuna's stock multi-objective ``GPSampler`` (log EHVI), ``TPESampler`` and
 ``RandomSampler`` (4 random start-up runs, seeded by the replication).
 
 Score at 4, 8, 12 and 16 runs (and ``--runs`` when larger): the **hypervolume regret**, 100 ×
@@ -116,16 +116,17 @@ def run_optuna(name: str, rp: Replay, n: int) -> None:
 def run_kg(rp: Replay, n: int, initial: bool | None = None) -> None:
     """allocopt's tuner as a two-target study drives it (module docstring); ``initial``: whether
     its first runs are the initial design (``None``: as a study of several targets has it;
-    ``kg-no-design``, the ablation, ``False`` as a one-target study has it)."""
+    ``kg-no-design``, the ablation: ``False``)."""
     from allocopt.race.data import Budgets, Observation, Run
     from allocopt.tuner.scalarize import scalarized, weights
-    from allocopt.tuner.study import INITIAL_DESIGN_SEVERAL_TARGETS, KGTuner
+    from allocopt.tuner.study import INITIAL_DESIGN_SEVERAL_TARGETS, INITIAL_LAYOUT_SEVERAL_TARGETS, KGTuner
 
     w = rp.world
     refused: set = set()
     tuner = KGTuner(w.space, Budgets(w.full_budget_flops, 0.1), max_pilots=0, seed=rp.seed,
                     feasible=lambda a, f: a not in refused,
-                    initial=INITIAL_DESIGN_SEVERAL_TARGETS if initial is None else initial)
+                    initial=INITIAL_DESIGN_SEVERAL_TARGETS if initial is None else initial,
+                    layout=INITIAL_LAYOUT_SEVERAL_TARGETS)
     per: list[list[Observation]] = [[], []]
     runs: list[Run] = []
     asked = 0

@@ -3,7 +3,7 @@
     python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
     python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--out DIR]
-    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--against no-initial-design] [--out DIR]
+    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--against initial-wide-middle] [--out DIR]
     python benchmarks/tuner_ablation.py --synthetic all --design --variants shipped,... [--seeds 10]
 
 ``--answer-rules``: the rules of :data:`benchmarks.tuners.ablation.ANSWER_RULES` instead, each
@@ -99,15 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                       help="compare the answer rules on the same runs instead (the rules: see --variants)")
     mode.add_argument("--design", action="store_true",
                       help="the candidate grid, initial design and model terms instead, each against the variant "
-                           "'shipped': the tuner shipped until 2026-12-06, with its initial design (today's tuner is "
-                           "the variant no-initial-design: give --against no-initial-design to pair with it; the "
-                           "variants: see --variants)")
+                           "'shipped': the tuner shipped until 2026-12-06, with its middle initial design (today's "
+                           "tuner is the variant initial-wide-middle: give --against initial-wide-middle to pair "
+                           "with it; the variants: see --variants)")
     ap.add_argument("--paired-on", metavar="WORLD", action="append", default=[],
                     help="also the paired table on this world alone (a world: its table's folder, tiny_grid dropped, "
                          "e.g. small_1e11); repeat it for more")
     ap.add_argument("--against", metavar="VARIANT", default=BASE,
                     help="the variant each other one is paired and chosen against in the tables (default shipped; "
-                         "e.g. no-initial-design with --design: the tuner as shipped since 2026-12-06)")
+                         "e.g. initial-wide-middle with --design: the tuner as shipped since 2026-12-07)")
     ap.add_argument("--nice", type=int, default=10, help="niceness added to this process (default 10)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"),
                     help="folder of the CSV (resumed) and the markdown tables (default benchmarks/tuner_results/ablation)")

@@ -83,13 +83,17 @@ def test_a_kg_study_runs_through_the_one_loop_and_stores_its_answer(tmp_path):
 
 
 def test_the_stop_rule_ends_a_study_when_one_more_run_is_worth_too_little(tmp_path):
-    """until_gain above any possible gain (a share cannot rise by 1): stop after the first full
-    run (no initial design to finish first), with the reason stored; until_gain 0: every trial
-    runs (a gain is never negative)."""
+    """until_gain above any possible gain (a share cannot rise by 1): stop once the initial
+    design is done (one full run per reward system, two here), not before, with the reason
+    stored; without the design, after the first full run; until_gain 0: every trial runs (a gain
+    is never negative)."""
     obj = SyntheticObjective()
     base = dict(objective="synthetic", budget_flops=1e19, trials=4, pilots=0, space=SPACE, tuner="kg")
     st = run_study(StudySpec(name="stop", until_gain=1.0, **base), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/a.db")
+    assert finished_full(st) == len(SPACE.rewards) == 2 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
+    st = run_study(StudySpec(name="bare", until_gain=1.0, initial_design=False, **base), objective=obj,
+                   workload=obj.workload(), storage=f"sqlite:///{tmp_path}/c.db")
     assert finished_full(st) == 1 and "less than until_gain = 1" in st.user_attrs[STOPPED_ATTR]
     st = run_study(StudySpec(name="all", until_gain=0.0, **base), objective=obj, workload=obj.workload(),
                    storage=f"sqlite:///{tmp_path}/b.db")
@@ -176,23 +180,25 @@ def test_the_tuner_runs_its_linear_algebra_on_one_blas_thread(monkeypatch):
     assert seen == [[1], [1]]
 
 
-def test_as_shipped_the_first_run_is_the_knowledge_gradients_choice():
-    """As shipped (no initial design, :data:`INITIAL_DESIGN`) no run is fixed in advance, so the
-    first proposal is what the decision layer picks from the prior alone; with the design
-    (``initial=True``, an ablation) it is the design's first run (one per reward system, at the
-    middle ρ levels)."""
+def test_as_shipped_the_first_runs_are_the_wide_middle_design_then_the_knowledge_gradients():
+    """As shipped (:data:`INITIAL_DESIGN`, :data:`INITIAL_LAYOUT`) the first runs are the wide
+    middle design, one per reward system at ρ levels a third and two thirds of the way (8 levels
+    over 0.2-0.9: 0.4 and 0.7) and the middle group sizes (of 4 and 8: both, in turn); once they
+    are proposed, the next is the decision layer's; without the design (``initial=False``) the first run is what the decision
+    layer picks from the prior alone."""
     from allocopt.tuner.decide import Tuner, TunerSpace
-    from allocopt.tuner.study import INITIAL_DESIGN, initial_design
+    from allocopt.tuner.study import INITIAL_DESIGN, INITIAL_LAYOUT, initial_design
 
-    bare = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0)
-    assert INITIAL_DESIGN is False and bare.initial == []
+    assert INITIAL_DESIGN is True and INITIAL_LAYOUT == "wide-middle"
+    shipped = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3)
     space = TunerSpace(SPACE.rho, tuple(SPACE.group_sizes), tuple(SPACE.rewards))
+    assert shipped.initial == initial_design(space, 3, "wide-middle")
+    assert sorted(a.reward for a in shipped.initial) == sorted(SPACE.rewards)
+    assert [(round(a.rho, 6), a.group_size) for a in shipped.initial] == [(0.4, 4), (0.7, 8)]
+    assert [p.allocation for p in shipped.propose([], [], q=2)] == shipped.initial
+    bare = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, initial=False)
     first = Tuner(space).next_run([])
-    assert [p.allocation for p in bare.propose([], [])] == [first.allocation]
-    with_design = KGTuner(SPACE, Budgets(1e19, 0.1), max_pilots=0, seed=3, initial=True)
-    design = initial_design(space, 3)
-    assert len(with_design.initial) == len(SPACE.rewards) == len(design)
-    assert [p.allocation for p in with_design.propose([], [])] == design[:1]
+    assert bare.initial == [] and [p.allocation for p in bare.propose([], [])] == [first.allocation]
 
 
 def test_a_design_point_found_infeasible_at_run_time_is_not_proposed_again():
@@ -209,8 +215,8 @@ def test_a_design_point_found_infeasible_at_run_time_is_not_proposed_again():
 
 
 def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
-    """Shipped (``middle``): the two middle ρ levels alternately, every run at the middle group
-    size (the two middles of an even count); ``g-in-turn``: the same ρ, the group sizes in turn;
+    """``middle`` (several targets' design): the two middle ρ levels alternately, every run at
+    the middle group size (the two middles of an even count); ``g-in-turn``: the same ρ, the group sizes in turn;
     ``spread-rho``: one ρ level from each of n equal strata of the levels, the group sizes in turn;
     ``spread-rho-middle-g``: the same ρ at the middle group size; ``wide-middle``: the levels
     nearest a third and two thirds of 8 (indices 2 and 5: 0.4, 0.7) alternately, middle G; any
@@ -221,22 +227,22 @@ def test_the_initial_designs_layouts_place_rho_and_g_as_documented():
     space = TunerSpace((0.2, 0.9), (2, 4, 8), ("a", "b", "c", "d", "e"), rho_levels=8)
     levels = list(space.levels)  # 0.2, 0.3, ..., 0.9
     for seed in range(5):
-        shipped = initial_design(space, seed)
-        assert sorted(a.reward for a in shipped) == ["a", "b", "c", "d", "e"]
-        assert [round(a.rho, 6) for a in shipped] == [0.5, 0.6, 0.5, 0.6, 0.5]
-        assert {a.group_size for a in shipped} == {4}
+        middle = initial_design(space, seed, "middle")
+        assert sorted(a.reward for a in middle) == ["a", "b", "c", "d", "e"]
+        assert [round(a.rho, 6) for a in middle] == [0.5, 0.6, 0.5, 0.6, 0.5]
+        assert {a.group_size for a in middle} == {4}
         before = initial_design(space, seed, "g-in-turn")
-        assert [(a.rho, a.reward) for a in before] == [(a.rho, a.reward) for a in shipped]
+        assert [(a.rho, a.reward) for a in before] == [(a.rho, a.reward) for a in middle]
         assert {a.group_size for a in before} == {2, 4, 8}
         spread = initial_design(space, seed, "spread-rho")
-        assert [a.reward for a in spread] == [a.reward for a in shipped]
+        assert [a.reward for a in spread] == [a.reward for a in middle]
         index = sorted(levels.index(a.rho) for a in spread)
         assert all(i * 8 / 5 - 1 < k < (i + 1) * 8 / 5 for i, k in enumerate(index))  # one per stratum
         middle_g = initial_design(space, seed, "spread-rho-middle-g")
         assert [(a.rho, a.reward) for a in middle_g] == [(a.rho, a.reward) for a in spread]
         assert {a.group_size for a in middle_g} == {4}
-        wide = initial_design(space, seed, "wide-middle")
-        assert [a.reward for a in wide] == [a.reward for a in shipped]
+        wide = initial_design(space, seed)  # the default: a one-target study's, wide-middle
+        assert [a.reward for a in wide] == [a.reward for a in middle]
         assert [round(a.rho, 6) for a in wide] == [0.4, 0.7, 0.4, 0.7, 0.4]
         assert {a.group_size for a in wide} == {4}
     even = TunerSpace((0.2, 0.9), (2, 4, 8, 16), ("a", "b", "c", "d"), rho_levels=8)
@@ -267,24 +273,27 @@ def test_the_answers_caution_reaches_the_decision_layer_and_prefers_the_cell_the
     assert picks[0.0].mean > picks[1.0].mean and picks[0.0].sd > picks[1.0].sd
 
 
-def test_a_study_of_several_targets_keeps_the_initial_design_and_one_target_has_none():
-    """The shipped choice per study kind (``INITIAL_DESIGN``, ``INITIAL_DESIGN_SEVERAL_TARGETS``):
-    a two-target kg study's tuner first makes one full run per reward system (5 here); a
-    one-target study's makes none, its first run the knowledge gradient's."""
+def test_a_study_of_one_target_has_the_wide_middle_design_and_of_several_the_middle_one():
+    """The shipped choice per study kind (``INITIAL_DESIGN``, ``INITIAL_DESIGN_SEVERAL_TARGETS``
+    and their layouts): both first make one full run per reward system (5 here), at the middle
+    group size; of the 8 ρ levels a one-target study's runs take the 3rd and 6th (a third and two
+    thirds of the way), a two-target study's the 4th and 5th (the middle two)."""
     from allocopt.study.sampler import kg_sampler
 
     one = kg_sampler(StudySpec(name="one", objective="synthetic", budget_flops=1e19, trials=6))
     two = kg_sampler(StudySpec(name="two", objective="synthetic", budget_flops=1e19, trials=6,
                                target=("pass@1", "judge")))
-    assert one.tuner.initial == []
-    assert sorted(a.reward for a in two.tuner.initial) == sorted(two.tuner.space.rewards)
-    assert len(two.tuner.initial) == 5
+    for s, at in ((one, {2, 5}), (two, {3, 4})):
+        levels = list(s.tuner.space.levels)
+        assert len(levels) == 8 and len(s.tuner.initial) == 5
+        assert sorted(a.reward for a in s.tuner.initial) == sorted(s.tuner.space.rewards)
+        assert {levels.index(a.rho) for a in s.tuner.initial} == at
 
 
 def test_a_study_file_or_flag_turns_the_initial_design_on_or_off_for_either_kind():
     """``initial_design`` over the default per study kind: true gives a one-target study the
     design (one full run per reward system, the same runs :func:`initial_design` lays out with
-    the study's seed), false takes it from a two-target study; a value that is not a boolean, or
+    the study's seed), false takes it from a study of one target or two; a value that is not a boolean, or
     one given with a tuner other than kg, is refused in one line; the flag reaches the spec."""
     from allocopt.cli.common import read_spec
     from allocopt.study.sampler import kg_sampler
@@ -293,6 +302,8 @@ def test_a_study_file_or_flag_turns_the_initial_design_on_or_off_for_either_kind
     one = kg_sampler(StudySpec(name="one", objective="synthetic", budget_flops=1e19, trials=6, seed=4,
                                initial_design=True))
     assert one.tuner.initial == initial_design(one.tuner.space, 4) and len(one.tuner.initial) == 5
+    bare = kg_sampler(StudySpec(name="bare", objective="synthetic", budget_flops=1e19, initial_design=False))
+    assert bare.tuner.initial == []
     two = kg_sampler(StudySpec(name="two", objective="synthetic", budget_flops=1e19, trials=6,
                                target=("pass@1", "judge"), initial_design=False))
     assert two.tuner.initial == []

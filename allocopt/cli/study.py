@@ -52,7 +52,7 @@ def study(
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth (several targets: full runs, each on a fresh random weighting of them); race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
-    initial_design: bool = typer.Option(False, "--initial-design", help="With --tuner kg: first one full run per reward system (and policy size) at the middle of rho and G, then the tuner's own choices; a team affording about four runs did better with it on the measured worlds. --no-initial-design turns it off, a study file's too. \\[default: the spec's, else none for one target, the design for several]"),
+    initial_design: bool = typer.Option(False, "--initial-design", help="With --tuner kg: first one full run per reward system (and policy size) near the middle of rho, at the middle G, then the tuner's own choices (the default). --no-initial-design turns it off, a study file's too. \\[default: the spec's, else the design]"),
     no_initial_design: bool = typer.Option(False, "--no-initial-design", hidden=True),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
@@ -284,8 +284,10 @@ def _print_tuner_lines(s: Any, workload: Any) -> None:
     design (kg), or RACE's pilot plans."""
     if s.tuner == "kg":
         from allocopt.study.sampler import kg_initial_design
+        from allocopt.tuner.study import LAYOUT_WORDS, initial_layout
 
-        design = ("initial design: first one full run per reward system at the middle of rho and G "
+        where = LAYOUT_WORDS[initial_layout(s.multi_objective)]
+        design = (f"initial design: first one full run per reward system {where} "
                   "(--no-initial-design: none)" if kg_initial_design(s) else
                   "no initial design: every run the tuner's choice (--initial-design: one full run per "
                   "reward system first)")

@@ -375,8 +375,8 @@ def gain_stop(study: Any, spec: StudySpec, sampler: Any) -> bool:
     """The stop rule (:attr:`allocopt.spec.StudySpec.until_gain`): whether one more full run is
     worth less than ``spec.until_gain`` by the answer from the study's trials; then the reason
     is stored (user attribute :data:`STOPPED_ATTR`). False without the rule or an answer, and
-    while a tuner's initial design (one full run per reward system, ``KGTuner(initial=True)``;
-    none as shipped) is not done: before it the model has not seen every category."""
+    while the tuner's initial design (one full run per reward system, as shipped; none with
+    ``initial_design = false``) is not done: before it the model has not seen every category."""
     if spec.until_gain is None or finished_full(study) < max(1, len(getattr(sampler.tuner, "initial", ()))):
         return False
     rec, _ = sampler.answer(study)

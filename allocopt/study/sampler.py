@@ -413,21 +413,22 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     """A study's :class:`RaceSampler` asking the knowledge-gradient tuner
     (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
     :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
-    given; its initial design as :func:`kg_initial_design` says. A study of several targets:
+    given; its initial design as :func:`kg_initial_design` says, laid out as
+:func:`allocopt.tuner.study.initial_layout` has it for one target or several. A study of several targets:
     full runs only, each proposal on a fresh random weighting of the targets
     (:mod:`allocopt.tuner.scalarize`).
 
     Raises:
         ConfigError: as :func:`race_sampler`.
     """
-    from allocopt.tuner.study import KGTuner
+    from allocopt.tuner.study import KGTuner, initial_layout
 
     pilots = 0 if spec.multi_objective else kg_max_pilots(spec)
-    initial = kg_initial_design(spec)
+    initial, layout = kg_initial_design(spec), initial_layout(spec.multi_objective)
 
     def tuner(budgets: Budgets, feasible: Any) -> KGTuner:
         return KGTuner(spec.space, budgets, max_pilots=pilots, seed=spec.seed, feasible=feasible,
-                       initial=initial)
+                       initial=initial, layout=layout)
 
     targets = tuple((k, spec.vocabulary.target(t).sign) for k, t in zip(spec.target_keys, spec.targets))
     return RaceSampler(spec.space, spec.budget, pilot_fraction=spec.pilot_fraction, workload=workload,

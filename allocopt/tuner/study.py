@@ -3,8 +3,8 @@
 
 The sampler hands it the study's runs as plain data (:mod:`allocopt.race.data`); it answers
 with the runs to start (each a full run or a pilot, the one whose knowledge gradient per FLOP
-is largest, other workers' pending runs conditioned on, from the first run on: no fixed initial
-design, :data:`INITIAL_DESIGN`) and with the answer: the posterior-mean
+is largest, other workers' pending runs conditioned on, after a short initial design of one
+full run per reward system, :data:`INITIAL_DESIGN`) and with the answer: the posterior-mean
 maximizer at the full budget, its credible interval, the posterior probability that its reward
 system (and model) holds the best allocation, the allocations within noise of it, and the value
 of one more full run. No fixed pilot grid (:attr:`KGTuner.design` is empty): a pilot is run
@@ -52,33 +52,55 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-INITIAL_DESIGN = False
-"""Whether a study's first full runs are :func:`initial_design` (one per reward system near the
-middle of ρ and G) before the knowledge gradient places the rest. ``False`` since 2026-12-06:
-chosen on five measured worlds among ten designs and then tested on a sixth fixed in advance
-(``small`` at 1.5e11 FLOPs: mean regret at 8-16 runs 37.13 -> 34.03 %, 185 pairs lower, 83
-higher, Wilcoxon p = 5e-11; ``benchmarks/tuner_results/sixth_world``). At 4 runs it was higher
-on four of the five earlier worlds (20.63 -> 23.85 % over them, p = 1.4e-5). A study of several
-targets keeps the design (:data:`INITIAL_DESIGN_SEVERAL_TARGETS`)."""
+INITIAL_DESIGN = True
+"""Whether a one-target study's first full runs are :func:`initial_design` (one per reward
+system, laid out as :data:`INITIAL_LAYOUT`) before the knowledge gradient places the rest.
+``True`` since 2026-12-07, with the wide middle layout: a test fixed before its data on a
+seventh world (``tiny`` at 2e11 FLOPs; ``benchmarks/tuner_results/seventh_world``) asked it
+against no design, the default from 2026-12-06 (chosen then on a sixth world, ``small`` at
+1.5e11, against the middle layout), and it passed all three conditions: mean regret at 8-16
+runs 7.68 -> 5.66 % (154 pairs lower, 80 higher, Wilcoxon p = 1.7e-7), lower under each truth
+(held-out seed 9.00 -> 8.12, seed-mean 6.36 -> 3.20), and at 24-40 runs 5.86 -> 4.56. Over all
+seven measured worlds the trade is level at 8-16 runs (17.09 -> 17.51, 1012 pairs lower, 806
+higher) and lower at 4 runs (24.63 -> 20.90, p = 8.2e-12)."""
+INITIAL_LAYOUT = "wide-middle"
+"""Where a one-target study's initial design places ρ and G (:data:`INITIAL_LAYOUTS`)."""
 INITIAL_DESIGN_SEVERAL_TARGETS = True
 """The same for a study of two or more targets (each run on a fresh random weighting of them):
-``True``. The test above asked single-target regret; on the Pareto replay of the three first
-measured worlds (``benchmarks/pareto_replay.py``, 50 replications a world, ``kg-no-design``)
-the median hypervolume regret without the design is higher at 4-12 runs on every world (tiny
-at 4 / 8 runs: 35.8 / 24.1 % against 13.9 / 7.9 with it) and no longer the lowest of the peers
-at 4 runs anywhere, so several targets keep it."""
+``True``, laid out as :data:`INITIAL_LAYOUT_SEVERAL_TARGETS`. On the Pareto replay of the three
+first measured worlds (``benchmarks/pareto_replay.py``, 50 replications a world,
+``kg-no-design``) the median hypervolume regret without the design is higher at 4-12 runs on
+every world (tiny at 4 / 8 runs: 35.8 / 24.1 % against 13.9 / 7.9 with it)."""
+INITIAL_LAYOUT_SEVERAL_TARGETS = "middle"
+"""Where a study of several targets places its initial design: the middle layout its Pareto
+replay measured (the wide middle one was asked of one target only)."""
+
+
+def initial_layout(several_targets: bool) -> str:
+    """The initial design's layout a study of one target, or of several, has by default."""
+    return INITIAL_LAYOUT_SEVERAL_TARGETS if several_targets else INITIAL_LAYOUT
+
+
+LAYOUT_WORDS: dict[str, str] = {
+    "middle": "at the middle of rho and G",
+    "g-in-turn": "at the middle of rho, the group sizes in turn",
+    "spread-rho": "spread over rho, the group sizes in turn",
+    "spread-rho-middle-g": "spread over rho, at the middle G",
+    "wide-middle": "near a third and two thirds of rho's range, at the middle G",
+}
+"""Each layout in a user's words (a dry run's tuner line)."""
 
 
 INITIAL_LAYOUTS: tuple[str, ...] = ("middle", "g-in-turn", "spread-rho", "spread-rho-middle-g", "wide-middle")
 """Where :func:`initial_design` places its runs in ρ and G: ``middle`` (the design shipped until
-2026-12-06): the two middle ρ
-levels alternately, every run at the middle group size (the two middles of an even count, in
+2026-12-06, a study of several targets' since): the two middle ρ levels alternately, every run at the middle group size (the two middles of an even count, in
 turn); ``g-in-turn`` (shipped before 2026-12-06, kept for the ablations replayed with it): the
 same ρ, the group sizes in turn; ``spread-rho``: ρ spread one level per stratum of the levels,
 the group sizes in turn; ``spread-rho-middle-g``: ρ so spread, every run at the middle group size;
-``wide-middle``: the levels nearest a third and two thirds of the levels alternately (near the
-middle, where the categories are compared, yet far enough apart that the runs tell the slope in
-ρ), every run at the middle group size."""
+``wide-middle`` (a one-target study's since 2026-12-07, :data:`INITIAL_LAYOUT`): the levels
+nearest a third and two thirds of the levels alternately (near the middle, where the categories
+are compared, yet far enough apart that the runs tell the slope in ρ), every run at the middle
+group size."""
 
 
 def _thirds(values: Sequence[Any]) -> tuple[Any, Any]:
@@ -90,15 +112,16 @@ def _middles(values: Sequence[Any]) -> tuple[Any, Any]:
     return values[(len(values) - 1) // 2], values[len(values) // 2]
 
 
-def initial_design(space: TunerSpace, seed: int, layout: str = "middle") -> list[Allocation]:
-    """The first full runs of a design made before the model has anything to go on (a study of
-    several targets, or one that asks for it: :attr:`allocopt.spec.StudySpec.initial_design`;
-    not a one-target study's default since 2026-12-06, :data:`INITIAL_DESIGN`): one per reward
-    system (and every model at least once: ``max(rewards, models)`` runs), each category paired
-    with a model in turn, at the two middle ρ levels alternately and the middle group size: the
-    response peaks inside the range in ρ and in G, so the runs that compare the categories are
-    made where each is near its best; the order of the categories shuffled by ``seed``.
-    ``layout`` (:data:`INITIAL_LAYOUTS`) places ρ and G otherwise, for the ablations.
+def initial_design(space: TunerSpace, seed: int, layout: str = INITIAL_LAYOUT) -> list[Allocation]:
+    """The first full runs of a design made before the model has anything to go on (a study's
+    default, :data:`INITIAL_DESIGN`, unless :attr:`allocopt.spec.StudySpec.initial_design` turns
+    it off): one per reward system (and every model at least once: ``max(rewards, models)``
+    runs), each category paired with a model in turn, at two ρ levels near the middle
+    alternately and the middle group size: the response peaks inside the range in ρ and in G, so
+    the runs that compare the categories are made where each is near its best; the order of the
+    categories shuffled by ``seed``. ``layout`` (:data:`INITIAL_LAYOUTS`) says which two ρ levels
+    (by default :data:`INITIAL_LAYOUT`'s, a third and two thirds of the way), or places ρ and G
+    otherwise, for the ablations.
 
     The middle group size was chosen against the group sizes in turn leave-one-world-out on the
     measured worlds (``benchmarks/tuner_ablation.py --design``: chosen on each pair of worlds,
@@ -138,9 +161,10 @@ class KGTuner:
         grid: the model's hyperparameter grid.
         rho_levels: ρ levels of the candidate set.
         among: where the answer is chosen (:data:`allocopt.tuner.decide.ANSWER_AMONG`).
-        initial: whether the first runs are :func:`initial_design` (``False``, shipped:
-            :data:`INITIAL_DESIGN`: the knowledge gradient places every run, from the prior on).
-        layout: where the initial design places ρ and G (:data:`INITIAL_LAYOUTS`).
+        initial: whether the first runs are :func:`initial_design` (:data:`INITIAL_DESIGN`);
+            ``False``: the knowledge gradient places every run, from the prior on.
+        layout: where the initial design places ρ and G (:data:`INITIAL_LAYOUTS`; a study of
+            several targets: :data:`INITIAL_LAYOUT_SEVERAL_TARGETS`).
         refine: whether the candidates zoom in between the grid's ρ levels
             (:attr:`allocopt.tuner.decide.Tuner.refine`).
         kg_pool: what the knowledge gradient is the rise of (:data:`allocopt.tuner.decide.KG_POOL`).
@@ -151,7 +175,7 @@ class KGTuner:
     def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
                  feasible: Feasible | None = None, grid: HyperGrid | None = None,
                  rho_levels: int = 8, among: str = ANSWER_AMONG, initial: bool = INITIAL_DESIGN,
-                 layout: str = "middle", refine: bool = False, kg_pool: str = KG_POOL,
+                 layout: str = INITIAL_LAYOUT, refine: bool = False, kg_pool: str = KG_POOL,
                  caution: float = ANSWER_CAUTION) -> None:
         lo, hi = space.rho
         self.budgets, self.seed = budgets, seed

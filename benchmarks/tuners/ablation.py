@@ -33,11 +33,12 @@ BEFORE = {"layout": "g-in-turn", "initial": True}
 """The initial design the ablations before 2026-12-06 were replayed with (one full run per reward
 system first, at the group sizes in turn; :data:`allocopt.tuner.study.INITIAL_LAYOUTS`): set on
 each of them, so that their records stay what this code replays."""
-WITH_DESIGN = {"initial": True}
+WITH_DESIGN = {"initial": True, "layout": "middle"}
 """The :data:`DESIGN` variants change the tuner as shipped until 2026-12-06, with its initial
-design (:data:`allocopt.tuner.study.INITIAL_DESIGN` turned it off since): each is replayed with
-it unless it says otherwise, so that ``shipped`` and the records made then stay what this code
-replays."""
+design at the middle of ρ and G (:data:`allocopt.tuner.study.INITIAL_DESIGN` turned it off on
+2026-12-06; on 2026-12-07 it came back with the wide middle layout, ``initial-wide-middle``):
+each is replayed with it unless it says otherwise, so that ``shipped`` and the records made then
+stay what this code replays."""
 
 
 def _grid(**changes: Any) -> Callable[[], dict[str, Any]]:
@@ -86,7 +87,7 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "zoom-in-rho": ("the grid's 8 levels, and midpoints in rho around the best cell as runs come in (down to 1/64 of "
                     "the range)", lambda: {"refine": True, **BEFORE}),
     "no-initial-design": ("no initial design: the knowledge gradient places every run from the prior on (shipped "
-                          "since 2026-12-06)", lambda: {"initial": False}),
+                          "2026-12-06 to 2026-12-07)", lambda: {"initial": False}),
     "reward-offset": ("a kernel term per reward system constant in rho (variance 1 s², shipped none), so a run "
                       "moves its reward system's whole curve",
                       lambda: {"grid": HyperGrid(reward_offset=(1.0,)), **BEFORE}),
@@ -122,7 +123,8 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "no-middle-bet": ("both: the initial design spread over ρ at the middle group size, and a flat prior mean in ρ",
                       lambda: {"layout": "spread-rho-middle-g", "grid": HyperGrid(rho_bowl=0.0)}),
     "initial-wide-middle": ("the initial design's runs at the levels nearest a third and two thirds of the ρ "
-                            "levels alternately (shipped: the two middle levels), at the middle group size",
+                            "levels alternately (the two middle levels until 2026-12-06), at the middle group size (shipped "
+                            "since 2026-12-07)",
                             lambda: {"layout": "wide-middle"}),
     "wide-middle-learned-center": ("both: the initial design at a third and two thirds of the ρ levels, and the "
                                    "bowl's centre in ρ at 0.2, 0.5 or 0.8 of the range, weighed by the runs",

@@ -28,10 +28,11 @@ MODULES: dict[str, str] = {
     "allocopt": "allocopt",
     "allocopt-pilots": "allocopt",
     "allocopt-design": "allocopt",
+    "allocopt-no-design": "allocopt",
 }
 """Method name -> module in this package (the order is the tables' order)."""
 METHODS: tuple[str, ...] = tuple(MODULES)
-OWN_ABLATIONS: tuple[str, ...] = ("allocopt-pilots", "allocopt-design")
+OWN_ABLATIONS: tuple[str, ...] = ("allocopt-pilots", "allocopt-design", "allocopt-no-design")
 """allocopt's own ablation rows: other settings of its tuner, not peers it is judged against."""
 PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("allocopt", *OWN_ABLATIONS, "race", "kg"))
 

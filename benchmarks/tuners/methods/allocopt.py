@@ -145,7 +145,11 @@ METHODS = {
                                                      initial=True), missing,
                               weight=30),
     # the tuner as shipped until 2026-12-06: its first runs one per reward system at the middle
-    # of rho and G (allocopt.tuner.study.INITIAL_DESIGN), the rows the pages' prose then described
-    "allocopt-design": Method("allocopt-design", "allocopt with its initial design (shipped until 2026-12-06)", OWN,
-                              lambda s: run_allocopt(s, initial=True), missing, weight=30),
+    # of rho and G, the rows the pages' prose then described
+    "allocopt-design": Method("allocopt-design", "allocopt with the middle design (shipped until 2026-12-06)", OWN,
+                              lambda s: run_allocopt(s, initial=True, layout="middle"), missing, weight=30),
+    # the tuner as shipped from 2026-12-06 to 2026-12-07: no initial design, every run the
+    # knowledge gradient's (allocopt.tuner.study.INITIAL_DESIGN)
+    "allocopt-no-design": Method("allocopt-no-design", "allocopt without an initial design (2026-12-06 to 12-07)",
+                                 OWN, lambda s: run_allocopt(s, initial=False), missing, weight=30),
 }
