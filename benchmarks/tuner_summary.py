@@ -4,8 +4,8 @@ Reads the judge's records (``benchmarks/tuner_results/<world>/results.csv``, one
 world) and prints, at each compute level, allocopt's median regret and the lowest median of the
 other methods beside it (which one, when it is lower), the numbers the bar of the tuner's issue
 asks about ("the lowest median of all methods at every level, under its own rule and under the
-common rule"). allocopt's own ablation rows (``allocopt-pilots``, ``allocopt-design``, ``allocopt-no-design``) are not
-peers and are left out of the comparison; a method whose replications at a level are fewer than
+common rule"). allocopt's own ablation rows (``allocopt-pilots``, ``allocopt-design``,
+``allocopt-no-design``) are not peers and are left out of the comparison; a method whose replications at a level are fewer than
 allocopt's is compared on the medians it has (the tables of each world say how many it ran).
 
     python benchmarks/tuner_summary.py --results benchmarks/tuner_results/{tiny,small,medium}

@@ -180,11 +180,11 @@ def test_the_tuner_runs_its_linear_algebra_on_one_blas_thread(monkeypatch):
     assert seen == [[1], [1]]
 
 
-def test_as_shipped_the_first_runs_are_the_wide_middle_design_then_the_knowledge_gradients():
+def test_as_shipped_the_first_runs_are_the_wide_middle_design():
     """As shipped (:data:`INITIAL_DESIGN`, :data:`INITIAL_LAYOUT`) the first runs are the wide
     middle design, one per reward system at ρ levels a third and two thirds of the way (8 levels
-    over 0.2-0.9: 0.4 and 0.7) and the middle group sizes (of 4 and 8: both, in turn); once they
-    are proposed, the next is the decision layer's; without the design (``initial=False``) the first run is what the decision
+    over 0.2-0.9: 0.4 and 0.7) and the middle group sizes (of 4 and 8: both, in turn), proposed
+    in that order; without the design (``initial=False``) the first run is what the decision
     layer picks from the prior alone."""
     from allocopt.tuner.decide import Tuner, TunerSpace
     from allocopt.tuner.study import INITIAL_DESIGN, INITIAL_LAYOUT, initial_design

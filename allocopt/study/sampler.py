@@ -414,8 +414,8 @@ def kg_sampler(spec: StudySpec, workload: Workload | None = None) -> RaceSampler
     (:class:`allocopt.tuner.study.KGTuner`): pilots at ``spec.pilot_fraction``, at most
     :func:`kg_max_pilots` of them (0: none); runs checked for feasibility on ``workload`` when
     given; its initial design as :func:`kg_initial_design` says, laid out as
-:func:`allocopt.tuner.study.initial_layout` has it for one target or several. A study of several targets:
-    full runs only, each proposal on a fresh random weighting of the targets
+    :func:`allocopt.tuner.study.initial_layout` has it for one target or several. A study of
+    several targets: full runs only, each proposal on a fresh random weighting of the targets
     (:mod:`allocopt.tuner.scalarize`).
 
     Raises:

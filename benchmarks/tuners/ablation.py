@@ -123,8 +123,8 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "no-middle-bet": ("both: the initial design spread over ρ at the middle group size, and a flat prior mean in ρ",
                       lambda: {"layout": "spread-rho-middle-g", "grid": HyperGrid(rho_bowl=0.0)}),
     "initial-wide-middle": ("the initial design's runs at the levels nearest a third and two thirds of the ρ "
-                            "levels alternately (the two middle levels until 2026-12-06), at the middle group size (shipped "
-                            "since 2026-12-07)",
+                            "levels alternately (the two middle levels until 2026-12-06), at the middle group "
+                            "size (shipped since 2026-12-07)",
                             lambda: {"layout": "wide-middle"}),
     "wide-middle-learned-center": ("both: the initial design at a third and two thirds of the ρ levels, and the "
                                    "bowl's centre in ρ at 0.2, 0.5 or 0.8 of the range, weighed by the runs",
