@@ -20,6 +20,8 @@ user attribute       meaning
 ``source``           ``tell`` for a run recorded by ``allocopt tell``
 ``over_budget``      a told run that spent more than its budget
 ``race_pilot``       a RACE pilot's grid key; ``race_validation``: a surrogate's proposal
+``released``         why a worker gave an asked trial back unsampled (Optuna ``PRUNED``):
+                     no run, so no record (:func:`records` skips it)
 ===================  ======================================================================
 
 System attributes read (Optuna writes them): ``fixed_params`` (the parameters an enqueued trial
@@ -50,6 +52,7 @@ FIXED_PARAMS = "fixed_params"
 """System attribute: the parameters an enqueued trial waits with (Optuna's)."""
 RETRIED_FROM = "failed_trial"
 """System attribute: the number of the failed trial a retried one repeats (Optuna's)."""
+RELEASED = "released"
 INTERRUPTED = "interrupted"
 """The ``error`` of a trial stopped by Ctrl-C / SIGTERM (it runs again on resume)."""
 
@@ -81,6 +84,13 @@ def is_interrupted(t: Any) -> bool:
         return False
     ua = t.user_attrs
     return str(ua.get(ERROR, "")).startswith(INTERRUPTED) or (FIDELITY not in ua and not t.params)
+
+
+def is_released(t: Any) -> bool:
+    """Whether a worker gave the trial back unsampled (``PRUNED`` with a ``released`` reason:
+    two workers asked for the last full run at once): it ran nothing and is no trial of the
+    study's, in counts, tables or MLflow."""
+    return getattr(getattr(t, "state", None), "name", "") == "PRUNED" and RELEASED in t.user_attrs
 
 
 @dataclass
@@ -207,8 +217,9 @@ def observed_rho(source: str | None, asked: Any, spent: Any) -> Any:
 
 
 def records(study: Any) -> list[TrialRecord]:
-    """Every trial of an Optuna study as a :class:`TrialRecord`, by number."""
-    return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+    """Every trial of an Optuna study as a :class:`TrialRecord`, by number; trials given back
+    unsampled (:func:`is_released`) are none."""
+    return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False) if not is_released(t)]
 
 
 def rows(study: Any) -> list[TrialRow]:

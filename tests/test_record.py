@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from allocopt.record import (TrialRecord, TrialRow, decision_attrs, fidelity_of, is_interrupted, params_of,
+from allocopt.record import (TrialRecord, TrialRow, decision_attrs, fidelity_of, is_interrupted, is_released, params_of,
                              records, rows, write_asked, write_complete, write_failed, write_infeasible,
                              write_interrupted, write_missing, write_start)
 
@@ -155,6 +155,26 @@ def test_retried_from():
     tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), 1)
     storage.set_trial_system_attr(tid, "failed_trial", 0)  # as Optuna's RetryFailedTrialCallback writes it
     assert records(study)[1].retried_from == 0 and records(study)[0].retried_from is None
+
+
+def test_a_released_trial_is_no_record():
+    """A trial a worker gave back unsampled (two workers asked for the last run at once) ran
+    nothing: it is in no record, row or count, so no MLflow run or metric says it ran; a PRUNED
+    trial without the reason stays a record."""
+    from allocopt.store.heartbeat import release
+    from allocopt.study.trial import counts
+
+    study = _study()
+    trial = study.ask({"rho": FloatDistribution(0.1, 0.9)})
+    write_start(trial, budget_flops=1e15, fidelity="full")
+    write_complete(trial, {"pass_at_1": 0.4}, {"total_flops": 9e14}, plan={"budget_flops": 1e15})
+    study.tell(trial, [0.4])
+    release(study, study.ask(), "another worker asked first")
+    study.tell(study.ask(), state=TrialState.PRUNED)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED", "PRUNED"]
+    assert [is_released(t) for t in study.trials] == [False, True, False]
+    assert [r.number for r in records(study)] == [0, 2] and [r.number for r in rows(study)] == [0, 2]
+    assert counts(study) == {"full_complete": 1, "full_pruned": 1}
 
 
 def test_record_imports_the_standard_library_only():

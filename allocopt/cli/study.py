@@ -422,10 +422,9 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
         _nothing_finished(s, rows)
         return
 
-    from allocopt.record import TrialRecord
+    from allocopt.record import records
 
-    trials = st.get_trials(deepcopy=False)
-    recs = [TrialRecord.of(t) for t in trials]
+    recs = records(st)
     stopped = {r.number for r in recs if r.interrupted}  # Ctrl-C: run again, not failed
     full = {r.number for r in recs if r.fidelity == "full"} - stopped
     all_rows = [r for r in rows(st) if r.number in full]
@@ -491,9 +490,11 @@ def _others_running(st: Any, s: Any) -> bool:
 def _another_ends(st: Any, s: Any) -> bool:
     """Whether another worker ran the study's last finished trial (workers that wait for each
     other end together: that one prints the answer); if so, says so in one line."""
+    from allocopt.record import is_released
     from allocopt.store.heartbeat import WORKER_ATTR, worker_name
 
-    ended = [t for t in st.get_trials(deepcopy=False) if t.datetime_complete is not None]
+    ended = [t for t in st.get_trials(deepcopy=False)
+             if t.datetime_complete is not None and not is_released(t)]  # a release ran nothing
     if not ended:
         return False
     last = max(ended, key=lambda t: (t.datetime_complete, t.number))

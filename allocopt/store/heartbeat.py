@@ -30,6 +30,7 @@ import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from allocopt.errors import StorageError
+from allocopt.record import RELEASED
 from allocopt.store.handles import _STORAGES, sqlite_file_lock
 
 HEARTBEAT_INTERVAL_S = 10
@@ -212,7 +213,7 @@ def release(study: Any, trial: Any, why: str) -> None:
     run anywhere (no parameters, not COMPLETE or FAIL) and has no MLflow run."""
     from optuna.trial import TrialState
 
-    trial.set_user_attr("released", why)
+    trial.set_user_attr(RELEASED, why)
     study.tell(trial, state=TrialState.PRUNED)
 
 
