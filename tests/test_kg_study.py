@@ -336,3 +336,19 @@ def test_a_files_initial_design_a_flag_makes_wrong_is_refused_naming_the_file_an
     both = cli("study", "--spec", str(f), "--initial-design", "--no-initial-design", "--dry-run")
     assert both.returncode == 2 and both.stderr.strip() == (
         "error: --initial-design, --no-initial-design: give one of them, not both")
+
+
+@pytest.mark.parametrize("args, line", [
+    (("--tuner", "bo"), "tuner bo: Optuna's GPSampler proposes every full run; "),
+    (("--tuner", "bo", "--sampler", "botorch"), "tuner bo: optuna-integration's BoTorchSampler proposes "),
+    (("--tuner", "race", "--pilots", "0", "--sampler", "random"),
+     "tuner race: Optuna's RandomSampler proposes every full run (RACE with no pilots is plain BO); "),
+])
+def test_a_plain_bo_dry_run_says_its_sampler_and_what_its_answer_lacks(args, line, cli):
+    """A plain-BO dry run's last line names the sampler that proposes the runs and says the
+    answer is the best observed run, with neither interval nor value of one more run."""
+    r = cli("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", *args, "--dry-run")
+    last = r.stdout.strip().splitlines()[-1]
+    assert r.returncode == 0 and last.startswith(line), last
+    assert last.endswith("the answer is the best observed run (no interval, no value of one more run: "
+                         "--tuner kg gives both)"), last

@@ -306,6 +306,13 @@ def _print_tuner_lines(s: Any, workload: Any) -> None:
         out.print((f"tuner kg: pilots at {s.pilot_fraction:g} x the budget only when worth their FLOPs, "
                    f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)") + "; " + design,
                   highlight=False, markup=False, soft_wrap=True)
+    elif s.tuner == "bo" or (s.tuner == "race" and s.pilots == 0):
+        plain = " (RACE with no pilots is plain BO)" if s.tuner == "race" else ""
+        sampler = {"gp": "Optuna's GPSampler", "random": "Optuna's RandomSampler"}.get(
+            s.sampler, "optuna-integration's BoTorchSampler")
+        out.print(f"tuner {s.tuner}: {sampler} proposes every full run{plain}; the answer "
+                  "is the best observed run (no interval, no value of one more run: --tuner kg gives both)",
+                  highlight=False, markup=False, soft_wrap=True)
     elif s.tuner == "race" and s.pilots != 0 and not s.multi_objective and len(set(s.space.rho)) > 1:
         from allocopt.cli.race import pilot_table
 
