@@ -244,8 +244,8 @@ class StudySpec:
                                   "study file), or left out for the default")
             if self.initial_design and self.tuner != "kg":
                 raise ConfigError(f"initial_design=true: needs tuner = \"kg\", not \"{self.tuner}\" (the initial "
-                                  "design is the knowledge-gradient tuner's first runs); leave initial_design out, "
-                                  "set it false, or give --no-initial-design")
+                                  "design is the knowledge-gradient tuner's first runs); leave initial_design out "
+                                  "or set it false (allocopt study: or give --no-initial-design)")
         if isinstance(self.space, Mapping):
             object.__setattr__(self, "space", _space(self.space))
         elif not isinstance(self.space, SearchSpace):

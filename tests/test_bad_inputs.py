@@ -99,6 +99,8 @@ ROWS = [
      ["until_gain=0.01", "one target only"]),
     ("study: until-gain with RACE", ["study", *SYN, "--budget", "1e18", "--tuner", "race", "--until-gain", "0.01"],
      ["until_gain=0.01", "needs tuner = \"kg\""]),
+    ("race: the kg tuner's initial design in the file", ["race", "--spec", "{tmp}/kg.toml", "--no-mlflow"],
+     ["initial_design=true", "needs tuner = \"kg\", not \"race\"", "set it false", "(in spec kg.toml)"]),
     ("study: pilot fraction 1.5", ["study", *SYN, "--budget", "1e18", "--pilot-fraction", "1.5"],
      ["pilot_fraction=1.5", "(0, 1)"]),
     ("study: quoted pilot fraction in the file", ["study", "--spec", "{tmp}/pf.toml"],
@@ -383,6 +385,8 @@ def make_folder(tmp: Path) -> Path:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
+    (tmp / "kg.toml").write_text('objective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
+                                 'initial_design = true\n')
     (tmp / "pf.toml").write_text('name = "pf"\nobjective = "synthetic"\nbudget_flops = 1e18\npilot_fraction = "0.25"\n')
     (tmp / "sizes.toml").write_text('name = "sizes"\nobjective = "synthetic"\nbudget_flops = 1e19\n[space]\n'
                                     'models = ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B"]\n')

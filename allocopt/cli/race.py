@@ -132,7 +132,9 @@ def race(
 
     from allocopt.race import check_pilot_fraction
 
-    s = read_spec(spec, budget, set_, time=time, target=target, objective=objective, name=study_name, seed=seed)
+    # the command is RACE whatever the file's tuner: a field only the kg tuner reads is refused
+    s = read_spec(spec, budget, set_, time=time, target=target, objective=objective, name=study_name, seed=seed,
+                  tuner="race")
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")
