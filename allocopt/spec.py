@@ -233,8 +233,8 @@ class StudySpec:
             if isinstance(g, bool) or not isinstance(g, (int, float)) or not (0 <= g < math.inf):
                 raise ConfigError(f"until_gain={g!r}: must be a finite number >= 0 (target units, e.g. 0.002; unquoted in a study file)")
             if self.tuner != "kg":
-                raise ConfigError(f"until_gain={g!r}: needs tuner = \"kg\" (the value of one more run "
-                                  "is the knowledge-gradient tuner's)")
+                raise ConfigError(f"until_gain={g!r}: needs tuner = \"kg\", not \"{self.tuner}\" (the value of one "
+                                  "more run is the knowledge-gradient tuner's); leave until_gain out")
             if isinstance(self.target, (tuple, list)) and len(self.target) > 1:
                 raise ConfigError(f"until_gain={g!r}: one target only (a study of several targets "
                                   "searches their Pareto front: no one answer to value one more run of)")

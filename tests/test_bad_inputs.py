@@ -99,6 +99,15 @@ ROWS = [
      ["until_gain=0.01", "one target only"]),
     ("study: until-gain with RACE", ["study", *SYN, "--budget", "1e18", "--tuner", "race", "--until-gain", "0.01"],
      ["until_gain=0.01", "needs tuner = \"kg\""]),
+    ("race: two targets", ["race", *SYN, "--budget", "1e18", "--target", "judge", "--no-mlflow"],
+     ["--target: pass@1, judge", "RACE has one target", "give --target once"]),
+    ("race: two targets in the file", ["race", "--spec", "{tmp}/two.toml", "--no-mlflow"],
+     ["target=['pass@1', 'judge']", "RACE has one target", "(in spec two.toml)"]),
+    ("study: --sampler with the kg tuner", ["study", *SYN, "--budget", "1e18", "--sampler", "botorch", "--dry-run"],
+     ["--sampler: sampler='botorch'", "uses no Optuna sampler", "--tuner bo"]),
+    ("study: --replicates with the kg tuner, dry run", ["study", *SYN, "--budget", "1e18", "--replicates", "2",
+                                                        "--dry-run"],
+     ["--replicates: replicates=2", "RACE only"]),
     ("race: the kg tuner's initial design in the file", ["race", "--spec", "{tmp}/kg.toml", "--no-mlflow"],
      ["initial_design=true", "needs tuner = \"kg\", not \"race\"", "set it false", "(in spec kg.toml)"]),
     ("study: pilot fraction 1.5", ["study", *SYN, "--budget", "1e18", "--pilot-fraction", "1.5"],
@@ -385,6 +394,7 @@ def make_folder(tmp: Path) -> Path:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(storage=f"sqlite:///{tmp}/s.db", study_name="s")
     (tmp / "nob.toml").write_text('name = "nob"\nobjective = "synthetic"\ntrials = 2\n')
+    (tmp / "two.toml").write_text('objective = "synthetic"\nbudget_flops = 1e18\ntarget = ["pass@1", "judge"]\n')
     (tmp / "kg.toml").write_text('objective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\n'
                                  'initial_design = true\n')
     (tmp / "pf.toml").write_text('name = "pf"\nobjective = "synthetic"\nbudget_flops = 1e18\npilot_fraction = "0.25"\n')
@@ -742,7 +752,7 @@ def test_a_refused_resume_leaves_the_study_and_its_mlflow_runs_as_they_were(tmp_
     from mlflow import MlflowClient
 
     base = ["study", "--objective", "synthetic", "--pilots", "0",
-            "--trials", "1", "--sampler", "random", "--no-report", "--storage", f"sqlite:///{tmp_path}/o.db",
+            "--trials", "1", "--no-report", "--storage", f"sqlite:///{tmp_path}/o.db",
             "--mlflow-uri", mlflow_store]
     env = {"COLUMNS": "200"}
     r = cli(*base, "--budget", "1e18", "--target", "pass@1", cwd=tmp_path, env=env)

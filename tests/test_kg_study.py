@@ -352,3 +352,22 @@ def test_a_plain_bo_dry_run_says_its_sampler_and_what_its_answer_lacks(args, lin
     assert r.returncode == 0 and last.startswith(line), last
     assert last.endswith("the answer is the best observed run (no interval, no value of one more run: "
                          "--tuner kg gives both)"), last
+
+
+
+def test_the_dry_run_says_the_stop_rule_races_plan_and_what_two_targets_change(tmp_path, cli):
+    """The kg line ends with the stop rule a file's until_gain sets; a RACE dry run ends with its
+    own tuner line; with two targets the dry run notes, as the run does, that pilots are dropped."""
+    f = tmp_path / "g.toml"
+    f.write_text('objective = "synthetic"\nbudget_flops = 1e18\ntarget = "pass@1"\ntrials = 9\nuntil_gain = 0.01\n')
+    gain = cli("study", "--spec", str(f), "--dry-run")
+    assert gain.returncode == 0 and gain.stdout.strip().splitlines()[-1].endswith(
+        "; stops before 9 full runs once one more is worth less than 0.01 pass@1")
+    race = cli("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--tuner", "race",
+               "--trials", "5", "--dry-run")
+    assert race.returncode == 0 and race.stdout.strip().splitlines()[-1] == (
+        "tuner race: the pilots above at 0.1 x the budget first, then 5 full runs its multi-fidelity surrogate "
+        "proposes; the answer is the surrogate's best at the full budget")
+    two = cli("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--target", "judge",
+              "--pilots", "5", "--dry-run")
+    assert two.returncode == 0 and "note: 2 targets: the kg tuner runs full runs only (as --pilots 0)" in two.stderr

@@ -258,6 +258,9 @@ def test_cli_best_from_optuna_and_across_mlflow_studies(studies, capsys):
     assert rc == 0 and "Best observed trial for pass@1" in out and f"{want.study} #{want.number}" in out
     # the title breaks between its phrases, not where the narrow table's width falls
     assert "Best observed trial for pass@1 (maximize)" in [ln.strip() for ln in out.splitlines()], out
+    n_full = sum(r.state == "COMPLETE" and r.fidelity == "full" for r in both)  # counted here, from the store
+    assert out.strip().splitlines()[-1].startswith(f"from {n_full} complete trial(s) of ") and n_full > 1
+    assert out.strip().endswith("(full fidelity)")
 
 
 def test_cli_best_defaults_to_the_studys_target(studies, capsys):

@@ -94,7 +94,7 @@ def test_study_trials_run_quiet_unless_verbose(verbose, tmp_path, monkeypatch, c
 
     monkeypatch.setitem(registry._REGISTRY, "warns", registry._Entry(_Warns, ("native_reward", "pass_at_1", "judge")))
     args = ["study", "--objective", "warns", "--budget", "1e18", "--pilots", "0", "--trials", "1",
-            "--sampler", "random", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/w.db"]
+            "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/w.db"]
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda m, c, f, n, file=None, line=None: sys.stderr.write(

@@ -361,7 +361,7 @@ def test_study_shows_its_estimate_before_the_first_trial(tmp_path, monkeypatch, 
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as done:
         main(["study", "--objective", "timed", "--budget", "1e18", "--pilots", "0", "--trials", "1",
-              "--sampler", "random", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/t.db"])
+              "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/t.db"])
     err = capsys.readouterr().err
     assert done.value.code == 0, err
     flat = " ".join(err.split())
@@ -441,7 +441,7 @@ def test_study_logs_its_report_into_the_parent_run(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     uri = mlflow_store
     args = ["study", "--objective", "timed", "--budget", "1e18", "--pilots", "0", "--trials", "2",
-            "--sampler", "random", "--mlflow-uri", uri, "--storage", f"sqlite:///{tmp_path}/t.db"]
+            "--mlflow-uri", uri, "--storage", f"sqlite:///{tmp_path}/t.db"]
 
     def parent_artifacts(name: str) -> list[str]:
         c = MlflowClient(uri)

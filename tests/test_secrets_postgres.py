@@ -79,7 +79,7 @@ def test_a_password_never_leaks_from_any_command(tmp_path, guarded, cli, mlflow_
         return r
 
     run("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0",
-        "--trials", "2", "--sampler", "random", "--study-name", "sec", "--storage", guarded, "--mlflow-uri", mlflow)
+        "--trials", "2", "--study-name", "sec", "--storage", guarded, "--mlflow-uri", mlflow)
     run("ask", "--study", "sec", "--storage", guarded, "-n", "2", "--out", "asked")
     asks = [json.loads(p.read_text()) for p in sorted((tmp_path / "asked").glob("trial-*/ask.json"))]
     assert len(asks) == 2 and all(SECRET not in json.dumps(a) for a in asks)

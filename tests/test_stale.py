@@ -172,7 +172,7 @@ def test_a_failed_ask_gives_its_trials_back(tmp_path, cli, monkeypatch):
 
 def test_a_finished_study_says_so_in_one_line(tmp_path, cli):
     args = ("study", "--objective", "synthetic", "--budget", "1e18", "--trials", "2", "--pilots", "0",
-            "--sampler", "random", "--study-name", "s", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/o.db")
+            "--study-name", "s", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/o.db")
     assert cli(*args, cwd=tmp_path).returncode == 0
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

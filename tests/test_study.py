@@ -414,7 +414,7 @@ def test_a_worker_that_ends_before_others_prints_one_line_not_the_answer(tmp_pat
     out = capsys.readouterr().out
     assert len(out.strip().splitlines()) == 1 and "full-budget trials" not in out
     assert out.startswith("this worker is done; 1 trial(s) still running")
-    assert f"`allocopt best --study {s.name}`" in out
+    assert f"`allocopt best --study {s.name} --storage {url}`" in out  # the command as it reads the study
 
     # workers that wait for each other end together: only the one that ran the last trial prints
     from allocopt.store.heartbeat import WORKER_ATTR, worker_name
@@ -433,7 +433,8 @@ def test_a_worker_that_ends_before_others_prints_one_line_not_the_answer(tmp_pat
     print_study_summary(st, s, url)
     assert capsys.readouterr().out.strip().splitlines() == [
         f"this worker is done; the study's answer is printed by the worker that ran its last trial "
-        f"(trial {number}, worker elsewhere:1) (`allocopt best --study {s.name}` shows it at any time)"]
+        f"(trial {number}, worker elsewhere:1) (`allocopt best --study {s.name} --storage {url}` shows it at "
+        "any time)"]
     st.ask()
     end_last(worker_name())  # this worker's: it prints the answer
     print_study_summary(st, s, url)

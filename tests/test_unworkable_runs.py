@@ -79,7 +79,7 @@ def test_study_where_every_trial_failed_exits_1(tmp_path, monkeypatch, capsys):
 
     with pytest.raises(SystemExit) as e:
         main(["study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--pilots", "0",
-              "--trials", "2", "--sampler", "random", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/o.db"])
+              "--trials", "2", "--no-mlflow", "--storage", f"sqlite:///{tmp_path}/o.db"])
     assert e.value.code == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     import optuna

@@ -314,6 +314,9 @@ def best(
     if len(per) > 1:
         out.print(_rows_table(list(per.values()), f"Best observed trial per reward system for {field_label(key)}",
                               [key], rows, vocab))
+    n_done = sum(r.state == "COMPLETE" for r in rows)  # what the answer and the tables rest on
+    out.print(f"from {n_done} complete trial(s) of {source}" + (f" ({fidelity} fidelity)" if fidelity != "all" else ""),
+              highlight=False, markup=False)
 
 
 def _best_table(b: Any, key: str, d: str, source: str, evidence: bool, vocabulary: Any = None) -> Table:

@@ -99,7 +99,7 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
 def race(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
-    target: Optional[str] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it)."),
+    target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it; one: RACE has one target)."),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1). \\[default: the spec's, else 0.1]"),
     validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
@@ -125,6 +125,10 @@ def race(
     checks the pilots."""
     from allocopt.cli.common import read_spec
 
+    if target and len(target) > 1:  # click would keep the last one silently
+        raise ConfigError(f"--target: {', '.join(target)}: RACE has one target; give --target once (several "
+                          "targets: allocopt study --target A --target B searches their Pareto front)")
+    target = target[0] if target else None
     if spec is None and target is None:
         raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
                           "pass@1:math500, judge) or --spec FILE")
@@ -135,6 +139,10 @@ def race(
     # the command is RACE whatever the file's tuner: a field only the kg tuner reads is refused
     s = read_spec(spec, budget, set_, time=time, target=target, objective=objective, name=study_name, seed=seed,
                   tuner="race")
+    if s.multi_objective:
+        where = f" (in spec {spec.name})" if spec is not None else ""
+        raise ConfigError(f"target={list(s.targets)}: RACE has one target; give --target to pick one, or run "
+                          f"allocopt study --spec FILE, which searches their Pareto front{where}")
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction if pilot_fraction is None else pilot_fraction))
     if validations < 0:
         raise ConfigError(f"validations={validations}: must be an integer >= 0")

@@ -52,7 +52,7 @@ def study(
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Budget fraction of a pilot, in (0, 1). \\[default: the spec's, else 0.1]"),
     tuner: Optional[str] = typer.Option(None, help="kg: each run (full or pilot, at most --pilots pilots) chosen by its value for the answer per FLOP, the answer printed with what one more run is worth (several targets: full runs, each on a fresh random weighting of them); race: RACE's pilot grid, then proposals; bo: plain BO at the full budget with --sampler. \\[default: the spec's, else kg]"),
     until_gain: Optional[float] = typer.Option(None, "--until-gain", help="With --tuner kg: stop before --trials once one more full run is worth less than this (target units, e.g. 0.002 pass@1). \\[default: the spec's, else run every trial]"),
-    initial_design: bool = typer.Option(False, "--initial-design", help="With --tuner kg: first one full run per reward system (and policy size) at two rho levels (one target: a third and two thirds of the way; several: the middle two), at the middle G, then the tuner's own choices (the default). --no-initial-design turns it off, a study file's too. \\[default: the spec's, else the design]"),
+    initial_design: bool = typer.Option(False, "--initial-design", help="With --tuner kg: first one full run per reward system (and policy size), alternately at two rho levels (one target: a third and two thirds of the way; several: the middle two), at the middle G, then the tuner's own choices (the default). --no-initial-design turns it off, a study file's too. \\[default: the spec's, else the design]"),
     no_initial_design: bool = typer.Option(False, "--no-initial-design", hidden=True),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plans the budget buys over the space; run nothing."),
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
@@ -73,13 +73,15 @@ def study(
     s = read_spec(spec, budget, set_, time=time, target=tgt, objective=objective, trials=trials, name=study_name,
                   seed=seed, sampler=sampler, pilots=pilots, pilot_fraction=pilot_fraction,
                   tuner=tuner, until_gain=until_gain, initial_design=_initial_design_flags(initial_design, no_initial_design))
+    if sampler is not None and s.tuner == "kg":  # else it would be ignored without a word
+        raise ConfigError(f"sampler={sampler!r}: the kg tuner has its own model and uses no Optuna sampler; "
+                          "give --tuner bo to search with it, or leave --sampler out")
+    s = _race_terms(s, pilots, replicates)  # a dry run refuses (and notes) what the run would
     if dry_run:  # the storage URL is checked (no connection, nothing written): the real run would refuse it
         from allocopt.cli.common import check_storage
 
         check_storage(storage)
-        _check_race_pilots(s, pilots)  # before the plans: the run would refuse at once
         return print_plans(s)
-    s = _race_terms(s, pilots, replicates)
     run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
                usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
     if s.pilots != 0 and s.tuner == "race":  # RACE: pilots, regime table, proposed full-budget trials
@@ -287,7 +289,7 @@ def _print_tuner_lines(s: Any, workload: Any) -> None:
         from allocopt.tuner.study import LAYOUT_WORDS, initial_layout
 
         where = LAYOUT_WORDS[initial_layout(s.multi_objective)]
-        design = (f"initial design: first one full run per reward system {where} "
+        design = (f"initial design: first one full run per reward system, {where} "
                   "(--no-initial-design: none)" if kg_initial_design(s) else
                   "no initial design: every run the tuner's choice (--initial-design: one full run per "
                   "reward system first)")
@@ -303,8 +305,10 @@ def _print_tuner_lines(s: Any, workload: Any) -> None:
         from allocopt.study.sampler import kg_max_pilots
 
         cap = kg_max_pilots(s)
+        stop = (f"; stops before {s.trials} full runs once one more is worth less than {s.until_gain:g} "
+                f"{s.target}" if s.until_gain else "")
         out.print((f"tuner kg: pilots at {s.pilot_fraction:g} x the budget only when worth their FLOPs, "
-                   f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)") + "; " + design,
+                   f"at most {cap}" if cap else "tuner kg: full runs only (pilots = 0)") + "; " + design + stop,
                   highlight=False, markup=False, soft_wrap=True)
     elif s.tuner == "bo" or (s.tuner == "race" and s.pilots == 0):
         plain = " (RACE with no pilots is plain BO)" if s.tuner == "race" else ""
@@ -319,6 +323,9 @@ def _print_tuner_lines(s: Any, workload: Any) -> None:
         table, line = pilot_table(s, workload)
         out.print(table)
         out.print(line, highlight=False)
+        out.print(f"tuner race: the pilots above at {s.pilot_fraction:g} x the budget first, then {s.trials} full "
+                  "runs its multi-fidelity surrogate proposes; the answer is the surrogate's best at the full budget",
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 def batch_rule_line(setup: Any, plans: list) -> str | None:
@@ -416,7 +423,9 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     ends while others still run trials prints one line instead: the last to end prints it."""
     from allocopt.record import rows
 
-    if os.environ.get("ALLOCOPT_WORKER") is not None and (_others_running(st, s) or _another_ends(st, s)):
+    best_cmd = _best_command(s, storage)
+    if os.environ.get("ALLOCOPT_WORKER") is not None and (_others_running(st, s, best_cmd)
+                                                          or _another_ends(st, s, best_cmd)):
         return
     if s.multi_objective:
         from allocopt.cli.query import print_front
@@ -476,12 +485,22 @@ def print_study_summary(st: Any, s: Any, storage: str = DEFAULT_STORAGE,
     if running:  # this worker is done; another's trials are not: its answer may still change
         out.print(f"note: {running} trial(s) still running (other workers, or a dead one's until its "
                   f"heartbeat expires): this answer covers the finished ones; the last worker to "
-                  f"finish prints the final one" + (f" and stores it (`allocopt best --study {s.name}` "
-                  "reads it)" if n_pilots else f" (`allocopt best --study {s.name}` shows the best "
-                  "trials then)"), highlight=False, markup=False)
+                  f"finish prints the final one" + (f" and stores it (`{best_cmd}` reads it)" if n_pilots
+                                                    else f" (`{best_cmd}` shows the best trials then)"),
+                  highlight=False, markup=False)
 
 
-def _others_running(st: Any, s: Any) -> bool:
+def _best_command(s: Any, storage: str | None) -> str:
+    """The ``allocopt best`` command that reads study ``s`` where it is stored (a password left
+    out: libpq reads it from ``PGPASSWORD`` or ``~/.pgpass``)."""
+    from allocopt.redact import without_password
+
+    if not storage or storage == DEFAULT_STORAGE:
+        return f"allocopt best --study {s.name}"
+    return f"allocopt best --study {s.name} --storage {without_password(storage)[0]}"
+
+
+def _others_running(st: Any, s: Any, best_cmd: str) -> bool:
     """Whether other workers still run trials of ``st``; if so, says so in one line."""
     from allocopt.record import rows
 
@@ -489,12 +508,12 @@ def _others_running(st: Any, s: Any) -> bool:
     if running:
         out.print(f"this worker is done; {running} trial(s) still running (other workers, or a dead "
                   "one's until its heartbeat expires): the last worker to end prints the study's "
-                  f"answer (`allocopt best --study {s.name}` shows it at any time)",
+                  f"answer (`{best_cmd}` shows it at any time)",
                   highlight=False, markup=False, soft_wrap=True)  # one line: a worker's log is grepped
     return bool(running)
 
 
-def _another_ends(st: Any, s: Any) -> bool:
+def _another_ends(st: Any, s: Any, best_cmd: str) -> bool:
     """Whether another worker ran the study's last finished trial (workers that wait for each
     other end together: that one prints the answer); if so, says so in one line."""
     from allocopt.record import is_released
@@ -509,7 +528,7 @@ def _another_ends(st: Any, s: Any) -> bool:
     if other is None or other == worker_name():
         return False
     out.print(f"this worker is done; the study's answer is printed by the worker that ran its last "
-              f"trial (trial {last.number}, worker {other}) (`allocopt best --study {s.name}` shows it at any time)",
+              f"trial (trial {last.number}, worker {other}) (`{best_cmd}` shows it at any time)",
               highlight=False, markup=False, soft_wrap=True)
     return True
 

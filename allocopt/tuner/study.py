@@ -82,11 +82,11 @@ def initial_layout(several_targets: bool) -> str:
 
 
 LAYOUT_WORDS: dict[str, str] = {
-    "middle": "at the middle of rho and G",
+    "middle": "alternately at the two middle levels of rho, at the middle G",
     "g-in-turn": "at the middle of rho, the group sizes in turn",
     "spread-rho": "spread over rho, the group sizes in turn",
     "spread-rho-middle-g": "spread over rho, at the middle G",
-    "wide-middle": "near a third and two thirds of rho's range, at the middle G",
+    "wide-middle": "alternately near a third and two thirds of rho's range, at the middle G",
 }
 """Each layout in a user's words (a dry run's tuner line)."""
 
