@@ -122,7 +122,12 @@ def race(
     """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
     (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
     learns the pilots' budget drift proposes full-budget validation runs; the same-regime table
-    checks the pilots."""
+    checks the pilots.
+
+    Exit codes: 0 the race ran; 2 bad input,
+    refused before anything is recorded; 130 interrupted (finished trials are kept; the same
+    command resumes).
+    """
     from allocopt.cli.common import read_spec
 
     if target and len(target) > 1:  # click would keep the last one silently
