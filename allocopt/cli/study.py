@@ -325,7 +325,7 @@ def _print_tuner_lines(s: Any, workload: Any) -> None:
         out.print(line, highlight=False)
         out.print(f"tuner race: the pilots above at {s.pilot_fraction:g} x the budget first, then {s.trials} full "
                   "runs its multi-fidelity surrogate proposes; the answer is the surrogate's best at the full budget",
-                  highlight=False, markup=False, soft_wrap=True)
+                  highlight=False, markup=False)  # wrapped at the width, as the pilot table above
 
 
 def batch_rule_line(setup: Any, plans: list) -> str | None:
