@@ -22,6 +22,7 @@ import numpy as np
 from allocopt.plan.allocation import Allocation
 from allocopt.tuner.kg import Pool, kg_per_cost
 from allocopt.tuner.model import Data, HyperGrid, Points, Posterior, posterior
+from allocopt.tuner.toptwo import top_two
 
 Feasible = Callable[[Allocation, float], bool]
 
@@ -154,6 +155,12 @@ cells with a full run, and the candidate's own cell when it is a full run). ``al
 leave-one-world-out (``benchmarks/tuner_ablation.py --design``, ``kg-for-the-answer``)."""
 KG_POOLS = ("all", "answer")
 
+ACQUISITION = "kg"
+"""How :meth:`Tuner.next_run` picks the run: ``kg``, the largest knowledge gradient per unit of
+cost (pilots included); ``top-two``, top-two Thompson sampling over the full-budget cells
+(:mod:`allocopt.tuner.toptwo`; no pilots)."""
+ACQUISITIONS = ("kg", "top-two")
+
 
 REFINE_FINEST = 1.0 / 64
 """The closest two ρ of one category a refinement places runs at, as a share of the ρ range."""
@@ -182,6 +189,8 @@ class Tuner:
     """Whether the candidates zoom in: besides the grid's cells, every ρ a full run was made at
     and the midpoints between the posterior-mean best cell and its neighbours in ρ (down to
     :data:`REFINE_FINEST` of the range), so a peak between two grid levels can be reached."""
+    acquisition: str = ACQUISITION
+    """How :meth:`next_run` picks the run (:data:`ACQUISITION`)."""
 
     def __post_init__(self) -> None:
         if self.among not in AMONG:
@@ -190,6 +199,8 @@ class Tuner:
             raise ValueError(f"caution={self.caution!r}: must be a number from 0 to 10")
         if self.kg_pool not in KG_POOLS:
             raise ValueError(f"kg_pool={self.kg_pool!r}: allowed: {', '.join(KG_POOLS)}")
+        if self.acquisition not in ACQUISITIONS:
+            raise ValueError(f"acquisition={self.acquisition!r}: allowed: {', '.join(ACQUISITIONS)}")
 
     def allows(self, a: Allocation, f: float) -> bool:
         """Whether a run of ``a`` at fraction ``f`` is feasible (every run without a ``feasible`` test)."""
@@ -229,10 +240,12 @@ class Tuner:
         return self._posterior(observed, targets, (), ())
 
     def next_run(self, observed: Sequence[Observed], *, pending: Sequence[Run] = (),
-                 compute_left: float | None = None) -> Run:
-        """The run with the largest knowledge gradient per unit of cost (module docstring).
-        ``pending``: runs started and not finished; ``compute_left``: full-run equivalents left
-        (runs costing more are not considered). Raises ``ValueError`` when nothing fits."""
+                 compute_left: float | None = None, seed: int | Sequence[int] = 0) -> Run:
+        """The run with the largest knowledge gradient per unit of cost (module docstring), or
+        with :attr:`acquisition` ``top-two`` the full run top-two Thompson sampling draws (its
+        score is still its knowledge gradient). ``pending``: runs started and not finished;
+        ``compute_left``: full-run equivalents left (runs costing more are not considered);
+        ``seed``: the draws' seed. Raises ``ValueError`` when nothing fits."""
         targets = self.targets(observed)
         cands = [(a, f) for f in self.space.fractions for a in self.space.cells()
                  if (compute_left is None or f <= compute_left + 1e-9) and self.allows(a, f)]
@@ -251,8 +264,18 @@ class Tuner:
         for w, cc, vc, nc in zip(post.weights, post.cand_cov, post.cand_var, post.cand_noise):
             s, _ = kg_per_cost(mu[live], cc[:, live], vc, nc, cost, pool=pool)
             score += w * s
-        i = int(np.argmax(score))
+        i = int(np.argmax(score)) if self.acquisition == "kg" else self._top_two(post, targets, cands, seed)
         return Run(cands[i][0], cands[i][1], float(score[i]))
+
+    def _top_two(self, post: Posterior, targets: Sequence[Allocation],
+                 cands: Sequence[tuple[Allocation, float]], seed: int | Sequence[int]) -> int:
+        """Index in ``cands`` of the full run top-two Thompson sampling picks among the targets."""
+        full = {a: i for i, (a, f) in enumerate(cands) if f >= 1.0}
+        if not full:
+            raise ValueError("no feasible full run fits the budget left")
+        j = top_two(post.weights, post.means, post.covs, np.random.default_rng(seed),
+                    allowed=[a in full for a in targets])
+        return full[targets[j]]
 
     def _posterior(self, observed: Sequence[Observed], targets: Sequence[Allocation],
                    cands: Sequence[tuple[Allocation, float]], pending: Sequence[Run]) -> Posterior:

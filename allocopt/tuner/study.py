@@ -22,7 +22,8 @@ import numpy as np
 
 from allocopt.plan.allocation import Allocation
 from allocopt.race.data import Budgets, Feasible, Observation, Run
-from allocopt.tuner.decide import ANSWER_AMONG, ANSWER_CAUTION, KG_POOL, Answer, Observed, Tuner, TunerSpace
+from allocopt.tuner.decide import (ACQUISITION, ANSWER_AMONG, ANSWER_CAUTION, KG_POOL, Answer, Observed, Tuner,
+                                   TunerSpace)
 from allocopt.tuner.decide import Run as TunerRun
 from allocopt.tuner.model import HyperGrid
 
@@ -171,20 +172,23 @@ class KGTuner:
         kg_pool: what the knowledge gradient is the rise of (:data:`allocopt.tuner.decide.KG_POOL`).
         caution: posterior standard deviations the answer takes off each cell's mean
             (:data:`allocopt.tuner.decide.ANSWER_CAUTION`).
+        acquisition: how the runs after the initial design are picked
+            (:data:`allocopt.tuner.decide.ACQUISITION`).
     """
 
     def __init__(self, space: Any, budgets: Budgets, *, max_pilots: int | None = None, seed: int = 0,
                  feasible: Feasible | None = None, grid: HyperGrid | None = None,
                  rho_levels: int = 8, among: str = ANSWER_AMONG, initial: bool = INITIAL_DESIGN,
                  layout: str = INITIAL_LAYOUT, refine: bool = False, kg_pool: str = KG_POOL,
-                 caution: float = ANSWER_CAUTION) -> None:
+                 caution: float = ANSWER_CAUTION, acquisition: str = ACQUISITION) -> None:
         lo, hi = space.rho
         self.budgets, self.seed = budgets, seed
         self.max_pilots = max_pilots
         full = TunerSpace((lo, hi), tuple(space.group_sizes), tuple(space.rewards),
                           tuple(space.models) or (None,), rho_levels=rho_levels)
         self.space = replace(full, pilot_fractions=(budgets.pilot_fraction,)) if max_pilots != 0 else full
-        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible, among, caution, kg_pool, refine)
+        self.tuner = Tuner(self.space, grid or HyperGrid(), feasible, among, caution, kg_pool, refine,
+                           acquisition)
         self._full_only = replace(self.tuner, space=full)
         self.initial = [a for a in initial_design(full, seed, layout) if feasible is None or feasible(a, 1.0)] \
             if initial else []
@@ -224,7 +228,8 @@ class KGTuner:
                 run = TunerRun(design.pop(0), 1.0)
             else:
                 try:
-                    run = (self._full_only if capped else self.tuner).next_run(observed, pending=pending)
+                    run = (self._full_only if capped else self.tuner).next_run(
+                        observed, pending=pending, seed=(self.seed, len(observed), len(pending)))
                 except ValueError:
                     break
             pending.append(run)

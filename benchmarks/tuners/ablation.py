@@ -132,6 +132,11 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                                             "grid": HyperGrid(rho_center=(0.2, 0.5, 0.8))}),
     "shallow-bowl": ("a shallower bowl in ρ in the prior mean (rho_bowl 0.5, shipped 1; 0 is flat-prior)",
                      lambda: {"grid": HyperGrid(rho_bowl=0.5)}),
+    "top-two": ("after the wide middle design, each run picked by top-two Thompson sampling over the full-budget "
+                "cells (the leader of a posterior draw or, half the time, the challenger; shipped: the knowledge "
+                "gradient)", lambda: {"layout": "wide-middle", "acquisition": "top-two"}),
+    "top-two-no-design": ("top-two Thompson sampling from the first run on, no initial design",
+                          lambda: {"initial": False, "acquisition": "top-two"}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
