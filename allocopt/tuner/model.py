@@ -338,4 +338,15 @@ def _one(grams: tuple[Gram, ...], targets: Points, cands: Points, h: tuple[float
     return mean, Ktt - Vt.T @ Vt, Kct - Vc.T @ Vt, np.maximum(kcc - (Vc * Vc).sum(0), 0.0), cn
 
 
-__all__ = ["Data", "HyperGrid", "Points", "Posterior", "kernel", "noise_scale", "posterior"]
+def joint_draws(means: np.ndarray, covs: np.ndarray, counts: Sequence[int],
+                rng: np.random.Generator) -> np.ndarray:
+    """``sum(counts)`` joint draws over the ``t`` cells (``sum(counts) x t``) from the mixture's
+    components, ``counts[k]`` from component ``k`` (``means[k]``, ``covs[k]``), stacked in
+    component order. A covariance that rounding left slightly indefinite is drawn from as it is
+    (eigendecomposition, no check), as the posterior's own are."""
+    parts = [rng.multivariate_normal(means[k], covs[k], size=int(n), method="eigh", check_valid="ignore")
+             for k, n in enumerate(counts) if n > 0]
+    return np.concatenate(parts) if parts else np.empty((0, means.shape[1]))
+
+
+__all__ = ["Data", "HyperGrid", "Points", "Posterior", "joint_draws", "kernel", "noise_scale", "posterior"]

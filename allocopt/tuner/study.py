@@ -25,7 +25,7 @@ from allocopt.race.data import Budgets, Feasible, Observation, Run
 from allocopt.tuner.decide import (ACQUISITION, ANSWER_AMONG, ANSWER_CAUTION, KG_POOL, Answer, Observed, Tuner,
                                    TunerSpace)
 from allocopt.tuner.decide import Run as TunerRun
-from allocopt.tuner.model import HyperGrid
+from allocopt.tuner.model import HyperGrid, joint_draws
 
 SAMPLES = 512
 """Joint posterior draws behind the answer's probability of being best (per mixture weight)."""
@@ -290,14 +290,12 @@ class KGTuner:
         to their weights) whose maximizer lies in it."""
         targets = self.tuner.targets(observed)
         post = self.tuner.posterior(observed, targets)
-        rng = np.random.default_rng(self.seed)
+        per_component = [max(1, int(round(w * SAMPLES))) for w in post.weights]
+        draws = joint_draws(post.means, post.covs, per_component, np.random.default_rng(self.seed))
         counts: dict[tuple[str, str | None], float] = {}
-        for w, mean, cov in zip(post.weights, post.means, post.covs):
-            n = max(1, int(round(w * SAMPLES)))
-            draws = rng.multivariate_normal(mean, cov, size=n, method="eigh", check_valid="ignore")
-            for i in np.argmax(draws, axis=1):
-                k = (targets[i].reward, targets[i].model)
-                counts[k] = counts.get(k, 0.0) + 1.0
+        for i in np.argmax(draws, axis=1):
+            k = (targets[i].reward, targets[i].model)
+            counts[k] = counts.get(k, 0.0) + 1.0
         total = sum(counts.values()) or 1.0
         return {k: v / total for k, v in counts.items()}
 

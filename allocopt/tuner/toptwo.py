@@ -18,6 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from allocopt.tuner.model import joint_draws
+
 BETA = 0.5
 """Probability of running the leader (Russo 2016's default); else the challenger."""
 TRIES = 100
@@ -27,13 +29,11 @@ almost all its mass on the leader)."""
 
 def _draws(weights: np.ndarray, means: np.ndarray, covs: np.ndarray, n: int,
            rng: np.random.Generator) -> np.ndarray:
-    """``n`` joint draws (``n x t``) from the mixture."""
+    """``n`` joint draws (``n x t``) from the mixture, each from a component drawn by weight (row
+    ``i`` from the ``i``-th component drawn, so the draws are in the order they were made)."""
     comp = rng.choice(len(weights), size=n, p=np.asarray(weights) / np.sum(weights))
     out = np.empty((n, means.shape[1]))
-    for k in np.unique(comp):
-        rows = np.flatnonzero(comp == k)
-        out[rows] = rng.multivariate_normal(means[k], covs[k], size=len(rows), method="eigh",
-                                            check_valid="ignore")
+    out[np.argsort(comp, kind="stable")] = joint_draws(means, covs, np.bincount(comp, minlength=len(weights)), rng)
     return out
 
 
