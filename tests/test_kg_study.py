@@ -371,3 +371,47 @@ def test_the_dry_run_says_the_stop_rule_races_plan_and_what_two_targets_change(t
     two = cli("study", "--objective", "synthetic", "--budget", "1e18", "--target", "pass@1", "--target", "judge",
               "--pilots", "5", "--dry-run")
     assert two.returncode == 0 and "note: 2 targets: the kg tuner runs full runs only (as --pilots 0)" in two.stderr
+
+
+def test_the_kg_placed_design_runs_each_reward_system_once_first_where_the_knowledge_gradient_says():
+    """``layout="kg-placed"``: nothing fixed in advance; the first runs, one batch or one at a
+    time, are each in a reward system not yet run, and each is the cell of those systems with
+    the largest knowledge gradient, found a second way: each cell scored alone (a candidate's
+    value does not depend on the others offered, and the answer stays among every cell); then
+    the unrestricted knowledge gradient takes over."""
+    from allocopt.tuner.decide import Observed
+    from allocopt.tuner.study import initial_design
+
+    space3 = SearchSpace(rho=(0.2, 0.9), group_sizes=(4, 8), rewards=("sparse", "prm", "dense"))
+    t = KGTuner(space3, Budgets(1e19), max_pilots=0, layout="kg-placed", rho_levels=4)
+    assert t.initial == [] and initial_design(t.space, 0, "kg-placed") == []
+    batch = t.propose([], [], q=3)
+    assert sorted(p.allocation.reward for p in batch) == ["dense", "prm", "sparse"]
+    obs: list[Observation] = []
+    for i in range(3):
+        (p,) = t.propose(obs, [Run(o.allocation, "full") for o in obs])
+        done = {o.allocation.reward for o in obs}
+        seen = [Observed(o.allocation, 1.0, o.value, o.variance) for o in obs]
+        alone = {a: t.tuner.next_run(seen, only=lambda b, a=a: b == a).score
+                 for a in t.space.cells() if a.reward not in done}
+        assert p.allocation.reward not in done and p.allocation == max(alone, key=alone.get)
+        obs.append(_obs(i, p.allocation, 0.5 + 0.1 * i - (p.allocation.rho - 0.5) ** 2))
+    free = KGTuner(space3, Budgets(1e19), max_pilots=0, initial=False, rho_levels=4)
+    runs = [Run(o.allocation, "full") for o in obs]
+    assert t.propose(obs, runs)[0].allocation == free.propose(obs, runs)[0].allocation
+    # where the restriction binds: sparse far ahead of prm, the knowledge gradient left alone
+    # runs sparse again; the design runs dense, the one system not yet run
+    obs = [_obs(0, Allocation(1.3 / 3, 4, "sparse"), 0.8), _obs(1, Allocation(2 / 3, 8, "prm"), 0.3)]
+    runs = [Run(o.allocation, "full") for o in obs]
+    seen = [Observed(o.allocation, 1.0, o.value, o.variance) for o in obs]
+    dense = {a: t.tuner.next_run(seen, only=lambda b, a=a: b == a).score
+             for a in t.space.cells() if a.reward == "dense"}
+    assert free.propose(obs, runs)[0].allocation.reward == "sparse"
+    assert t.propose(obs, runs)[0].allocation == max(dense, key=dense.get)
+
+
+def test_the_kg_placed_design_moves_on_when_a_reward_systems_cells_are_all_infeasible():
+    t = KGTuner(SPACE, Budgets(1e19), max_pilots=0, layout="kg-placed",
+                feasible=lambda a, f: a.reward != "prm")
+    first = t.propose([], [], q=2)
+    assert [p.allocation.reward for p in first] == ["sparse", "sparse"]

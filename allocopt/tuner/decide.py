@@ -240,20 +240,24 @@ class Tuner:
         return self._posterior(observed, targets, (), ())
 
     def next_run(self, observed: Sequence[Observed], *, pending: Sequence[Run] = (),
-                 compute_left: float | None = None, seed: int | Sequence[int] = 0) -> Run:
+                 compute_left: float | None = None, seed: int | Sequence[int] = 0,
+                 only: Callable[[Allocation], bool] | None = None) -> Run:
         """The run with the largest knowledge gradient per unit of cost (module docstring), or
         with :attr:`acquisition` ``top-two`` the full run top-two Thompson sampling draws (its
         score is still its knowledge gradient). ``pending``: runs started and not finished;
         ``compute_left``: full-run equivalents left (runs costing more are not considered);
-        ``seed``: the draws' seed. Raises ``ValueError`` when nothing fits."""
+        ``seed``: the draws' seed; ``only``: the runs considered are of the cells it admits (the
+        answer is still among every target). Raises ``ValueError`` when nothing fits."""
         targets = self.targets(observed)
         cands = [(a, f) for f in self.space.fractions for a in self.space.cells()
-                 if (compute_left is None or f <= compute_left + 1e-9) and self.allows(a, f)]
+                 if (compute_left is None or f <= compute_left + 1e-9) and self.allows(a, f)
+                 and (only is None or only(a))]
         if self.refine:
             grid = set(self.space.cells())
             extra = [a for a in targets if a not in grid] + self._zoom(observed, targets)
             targets = targets + [a for a in extra if a not in targets]
-            cands += [(a, 1.0) for a in extra if compute_left is None or compute_left >= 1.0 - 1e-9]
+            cands += [(a, 1.0) for a in extra
+                      if (compute_left is None or compute_left >= 1.0 - 1e-9) and (only is None or only(a))]
         if not targets or not cands:
             raise ValueError("no feasible run fits the budget left")
         post = self._posterior(observed, targets, cands, pending)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -92,6 +92,7 @@ LAYOUT_WORDS: dict[str, str] = {
     "spread-rho": "spread over rho, the group sizes in turn",
     "spread-rho-middle-g": "spread over rho, at the middle G",
     "wide-middle": "alternately near a third and two thirds of rho's range, at the middle G",
+    "kg-placed": "each in a reward system not yet run, where the knowledge gradient puts it",
 }
 """Each layout in a user's words (a dry run's tuner line)."""
 
@@ -106,7 +107,9 @@ turn; ``spread-rho``: ρ spread one level per stratum of the levels, the group s
 ``wide-middle`` (a one-target study's since 2026-12-07, :data:`INITIAL_LAYOUT`): the levels
 nearest a third and two thirds of the levels alternately (near the middle, where the categories
 are compared, yet far enough apart that the runs tell the slope in ρ), every run at the middle
-group size."""
+group size; ``kg-placed``: no fixed places: while a reward system (or model) has no full run,
+the next run is the knowledge gradient's best among the cells of those not yet run, so each
+design run's ρ and G follow what the runs before it showed (:meth:`KGTuner.propose`)."""
 
 
 def _thirds(values: Sequence[Any]) -> tuple[Any, Any]:
@@ -136,6 +139,8 @@ def initial_design(space: TunerSpace, seed: int, layout: str = INITIAL_LAYOUT) -
 
     if layout not in INITIAL_LAYOUTS:
         raise ValueError(f"layout={layout!r}: allowed: {', '.join(INITIAL_LAYOUTS)}")
+    if layout == "kg-placed":  # placed run by run (KGTuner.propose), nothing fixed in advance
+        return []
     rng = random.Random(seed)
     rewards, models, gs = list(space.rewards), list(space.models), list(space.group_sizes)
     rng.shuffle(rewards), rng.shuffle(models), rng.shuffle(gs)
@@ -196,6 +201,7 @@ class KGTuner:
         self._full_only = replace(self.tuner, space=full)
         self.initial = [a for a in initial_design(full, seed, layout) if feasible is None or feasible(a, 1.0)] \
             if initial else []
+        self.cover = initial and layout == "kg-placed"
         self.design: list = []
         self.timings: dict[str, list[float]] = {"fit_seconds": [], "proposal_seconds": []}
         self.recommendations: list[tuple[int, Allocation]] = []
@@ -228,12 +234,15 @@ class KGTuner:
         out = []
         for _ in range(q):
             capped = self.max_pilots is not None and pilots >= self.max_pilots
+            uncovered = self._uncovered(started + [p.allocation for p in pending if p.fraction >= 1.0]) \
+                if self.cover else None
             if design:
                 run = TunerRun(design.pop(0), 1.0)
             else:
                 try:
-                    run = (self._full_only if capped else self.tuner).next_run(
-                        observed, pending=pending, seed=(self.seed, len(observed), len(pending)))
+                    run = self._placed(observed, pending, uncovered) if uncovered else \
+                        (self._full_only if capped else self.tuner).next_run(
+                            observed, pending=pending, seed=(self.seed, len(observed), len(pending)))
                 except ValueError:
                     break
             pending.append(run)
@@ -245,6 +254,25 @@ class KGTuner:
                                 replicate=any(o.allocation == a and o.fraction == run.fraction for o in observed)))
         self.timings["proposal_seconds"].append(time.perf_counter() - t0)
         return out
+
+    def _uncovered(self, started: Sequence[Allocation]) -> Callable[[Allocation], bool] | None:
+        """With the ``kg-placed`` design: which cells a design run may take while some reward
+        system (or model) has no full run started, ``None`` once every one has."""
+        rewards = set(self.space.rewards) - {a.reward for a in started}
+        models = set(self.space.models) - {a.model for a in started}
+        if not rewards and not models:
+            return None
+        return lambda a: (not rewards or a.reward in rewards) and (not models or a.model in models)
+
+    def _placed(self, observed: Sequence[Observed], pending: list[TunerRun],
+                only: Callable[[Allocation], bool]) -> TunerRun:
+        """The ``kg-placed`` design's next full run: the knowledge gradient's best among the
+        cells ``only`` admits, or among every cell when none of those is feasible."""
+        seed = (self.seed, len(observed), len(pending))
+        try:
+            return self._full_only.next_run(observed, pending=pending, seed=seed, only=only)
+        except ValueError:
+            return self._full_only.next_run(observed, pending=pending, seed=seed)
 
     def answer(self, obs: Sequence[Observation]) -> tuple[Any, Answer | None]:
         """``(recommendation, answer)``: a :class:`allocopt.race.recommend.Recommendation` and

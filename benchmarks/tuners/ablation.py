@@ -137,6 +137,9 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
                 "gradient)", lambda: {"layout": "wide-middle", "acquisition": "top-two"}),
     "top-two-no-design": ("top-two Thompson sampling from the first run on, no initial design",
                           lambda: {"initial": False, "acquisition": "top-two"}),
+    "kg-placed-design": ("one full run per reward system first, each where the knowledge gradient puts it among "
+                         "the cells of the systems not yet run (shipped: fixed places, a third and two thirds of "
+                         "the ρ levels at the middle G)", lambda: {"layout": "kg-placed"}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
