@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.tuners.ablation import (ANSWER_RULES, BASE, DESIGN, KEYS, VARIANTS, run_answer_rules,  # noqa: E402
-                                        run_variant, tables)
+from benchmarks.tuners.ablation import (ANSWER_RULES, BASE, CHOICE_LEVELS, DESIGN, KEYS,  # noqa: E402
+                                        VARIANTS, run_answer_rules, run_variant, tables)
 from allocopt.errors import ConfigError  # noqa: E402
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
@@ -83,6 +83,16 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
     return None
 
 
+def _score_levels(text: str) -> tuple[tuple[float, ...], str | None]:
+    """``--score-levels``' levels, or the one line saying what is allowed."""
+    bad = f"--score-levels={text!r}: give comma-separated levels from {', '.join(f'{lv:g}' for lv in LEVELS)}"
+    try:
+        levels = tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        return (), bad
+    return (levels, None) if levels and all(lv in LEVELS for lv in levels) else ((), bad)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", nargs="+", type=Path, default=[], help="one measured table per world")
@@ -108,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", metavar="VARIANT", default=BASE,
                     help="the variant each other one is paired and chosen against in the tables (default shipped; "
                          "e.g. initial-wide-middle with --design: the tuner as shipped since 2026-12-07)")
+    ap.add_argument("--score-levels", metavar="LEVELS", default=",".join(f"{lv:g}" for lv in CHOICE_LEVELS),
+                    help="comma-separated compute levels (full runs) the choices' score is the mean over, each one "
+                         "the replay records (4, 8, 12, 16, 24, 40; default "
+                         + ",".join(f"{lv:g}" for lv in CHOICE_LEVELS) + ")")
     ap.add_argument("--nice", type=int, default=10, help="niceness added to this process (default 10)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tuner_results/ablation"),
                     help="folder of the CSV (resumed) and the markdown tables (default benchmarks/tuner_results/ablation)")
@@ -119,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
              if a.against != BASE and a.against not in variants else None)
     error = error or _refusal(variants, a.tables, a.seeds, allowed,
                      "--answer-rules" if a.answer_rules else "--design" if a.design else "", a.synthetic)
+    levels, error = _score_levels(a.score_levels) if not error else ((), error)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -161,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
     about = {k: v[0] for k, v in allowed.items()}
     text = tables(read_rows(path), variants, about=about, choices=a.synthetic is None, per_world=a.paired_on,
-                  base=a.against)
+                  base=a.against, score_levels=levels)
     (a.out / f"{stem}.md").write_text(text)
     print(text)
     return 0

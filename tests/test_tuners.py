@@ -340,7 +340,7 @@ def test_ablation_choices_are_made_on_the_other_worlds_and_reported_on_the_one_l
     pairs = {r["held_out"]: r for r in against_shipped(records, ["shipped", "x"])}
     assert pairs["A"]["on_others"] == pytest.approx(2.0) and pairs["A"]["on_held_out"] == pytest.approx(-5.0)
     assert pairs["B"]["on_others"] == pytest.approx(-5.0) and pairs["B"]["on_held_out"] == pytest.approx(2.0)
-    assert "| x | +2.00 / -5.00 | -5.00 / +2.00 | 0 of 1 chosen (2 folds) |" in md
+    assert "| x | +2.00 / -5.00 | -5.00 / +2.00 | chosen in 1 of 2; lower where left out in 0 of those |" in md
 
 
 def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad_flags(tmp_path, capsys):
@@ -513,3 +513,32 @@ def test_the_benchmark_scripts_refuse_a_table_given_twice_or_two_tables_of_one_w
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--paired-on='wb': not a world of this run; its worlds: wa, wc" in err
     assert not (tmp_path / "o" / "ablation.csv").exists()
+
+
+def test_the_ablations_score_levels_choose_and_pair_over_the_levels_given(tmp_path):
+    """``score_levels=(4, 8)``: the score is the mean at 4 and 8 runs (x: (1 + 9) / 2 = 5 on A,
+    shipped (6 + 6) / 2 = 6), so x is chosen where at 8 runs alone it would not be, and the
+    paired table gains the span 4–8; the command line refuses a level the replay does not record."""
+    from benchmarks import tuner_ablation
+    from benchmarks.tuners.ablation import leave_one_world_out, score_on, tables
+
+    assert tuner_ablation._score_levels("4, 8,8") == ((4.0, 8.0), None)
+    for bad in ("4,5", "x", ""):
+        assert tuner_ablation._score_levels(bad)[1] == f"--score-levels={bad!r}: give comma-separated levels " \
+            "from 4, 8, 12, 16, 24, 40"
+
+    def recs(variant, world, by_level):
+        return [{"variant": variant, "world": world, "truth": t, "seed": s, "level": lv, "regret_pct": v,
+                 "regret_pct_oracle": v} for t in ("seedmean", "heldout") for s in (0, 1)
+                for lv, v in by_level.items()]
+
+    records = (recs("shipped", "A", {4.0: 6.0, 8.0: 6.0}) + recs("x", "A", {4.0: 1.0, 8.0: 9.0})
+               + recs("shipped", "B", {4.0: 6.0, 8.0: 6.0}) + recs("x", "B", {4.0: 1.0, 8.0: 9.0}))
+    assert score_on(records, "x", ["A"], ["shipped", "x"], levels=(4.0, 8.0)) == pytest.approx(5.0)
+    assert score_on(records, "x", ["A"], ["shipped", "x"], levels=(8.0,)) == pytest.approx(9.0)
+    assert {c["choice"] for c in leave_one_world_out(records, ["shipped", "x"], levels=(4.0, 8.0))} == {"x"}
+    assert {c["choice"] for c in leave_one_world_out(records, ["shipped", "x"], levels=(8.0,))} == {"shipped"}
+    md = tables(records, ["shipped", "x"], levels=(4.0, 8.0), score_levels=(4.0, 8.0))
+    assert "mean own regret at 4, 8 runs" in md and "| 4–8 runs |" in md
+    # the 4-8 span pools 16 pairs (2 worlds, 2 truths, 2 seeds, 2 levels): the 8 at 4 runs lower, at 8 higher
+    assert "| x | 6.00 → 1.00; 8 / 0;" in md and "| 6.00 → 5.00; 8 / 8; p =" in md

@@ -244,10 +244,11 @@ def score_on(records: Sequence[Mapping[str, Any]], variant: str, worlds: Sequenc
 
 
 def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
-                        rule: str = "regret_pct", base: str = BASE) -> list[dict[str, Any]]:
-    """For each world: the variant chosen on the others (lowest :func:`score_on`; ``base``, the
-    shipped design unless said, on a tie), its score there and on the world left out, and
-    ``base``'s."""
+                        rule: str = "regret_pct", base: str = BASE,
+                        levels: Sequence[float] = CHOICE_LEVELS) -> list[dict[str, Any]]:
+    """For each world: the variant chosen on the others (lowest :func:`score_on` at ``levels``;
+    ``base``, the shipped design unless said, on a tie), its score there and on the world left
+    out, and ``base``'s."""
     worlds = list(dict.fromkeys(r["world"] for r in records))
     order = [base] + [v for v in variants if v != base] if base in variants else list(variants)
     vals = _values(records, rule)
@@ -256,24 +257,26 @@ def leave_one_world_out(records: Sequence[Mapping[str, Any]], variants: Sequence
         others = [w for w in worlds if w != held]
         if not others:
             continue
-        scores = {v: score_on(records, v, others, variants, rule, vals=vals) for v in order}
+        scores = {v: score_on(records, v, others, variants, rule, levels, vals) for v in order}
         pick = min(order, key=lambda v: (scores[v] if math.isfinite(scores[v]) else math.inf, order.index(v)))
         out.append({"held_out": held, "chosen_on": others, "choice": pick, "score_on_others": scores[pick],
                     "scores_on_others": scores,
-                    "on_held_out": score_on(records, pick, [held], variants, rule, vals=vals),
-                    "shipped_on_held_out": score_on(records, base, [held], variants, rule, vals=vals)
+                    "on_held_out": score_on(records, pick, [held], variants, rule, levels, vals),
+                    "shipped_on_held_out": score_on(records, base, [held], variants, rule, levels, vals)
                     if base in variants else math.nan})
     return out
 
 
 def against_shipped(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
-                    rule: str = "regret_pct", base: str = BASE) -> list[dict[str, Any]]:
+                    rule: str = "regret_pct", base: str = BASE,
+                    levels: Sequence[float] = CHOICE_LEVELS) -> list[dict[str, Any]]:
     """Each variant alone against the shipped design, leave one world out: for each variant and
     world left out, the variant's :func:`score_on` the other worlds less the shipped design's
     (below 0: chosen there) and the same difference on the world left out (each pair scored on
     the replications both ran). The menu's choice (:func:`leave_one_world_out`) picks the best of
     many variants on two worlds, a noisy pick; this asks of each one change whether it transfers.
-    ``base``: the design each is asked against (the shipped one unless said)."""
+    ``base``: the design each is asked against (the shipped one unless said); ``levels``: the
+    score's."""
     worlds = list(dict.fromkeys(r["world"] for r in records))
     vals = _values(records, rule)
     out = []
@@ -287,8 +290,8 @@ def against_shipped(records: Sequence[Mapping[str, Any]], variants: Sequence[str
                 continue
 
             def diff(ws: list[str]) -> float:
-                return (score_on(records, v, ws, pair, rule, vals=vals)
-                        - score_on(records, base, ws, pair, rule, vals=vals))
+                return (score_on(records, v, ws, pair, rule, levels, vals)
+                        - score_on(records, base, ws, pair, rule, levels, vals))
 
             out.append({"variant": v, "held_out": held, "on_others": diff(others), "on_held_out": diff([held])})
     return out
@@ -299,20 +302,20 @@ def _base_name(base: str) -> str:
 
 
 def _against_shipped_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], at: str,
-                           base: str = BASE) -> list[str]:
-    rows = against_shipped(records, variants, base=base)
+                           base: str = BASE, levels: Sequence[float] = CHOICE_LEVELS) -> list[str]:
+    rows = against_shipped(records, variants, base=base, levels=levels)
     held = list(dict.fromkeys(r["held_out"] for r in rows))
     lines = ["", f"**Each change alone against {_base_name(base)}, leave one world out** (difference in the score, "
              f"mean own regret at {at} runs, both truths; below 0 the change is lower: on the other worlds it is "
              "chosen, on the world left out it transfers)", "",
-             "| variant | " + " | ".join(f"{h} left out: others / {h}" for h in held) + " | folds chosen and lower "
-             "where left out |", "|---|" + "---|" * (len(held) + 1)]
+             "| variant | " + " | ".join(f"{h} left out: others / {h}" for h in held) + " | folds where it is chosen, "
+             "and of those where it is lower on the world left out |", "|---|" + "---|" * (len(held) + 1)]
     for v in dict.fromkeys(r["variant"] for r in rows):
         cells = [r for r in rows if r["variant"] == v]
         good = sum(1 for r in cells if r["on_others"] < 0 and r["on_held_out"] < 0)
         chosen = sum(1 for r in cells if r["on_others"] < 0)
         lines.append(f"| {v} | " + " | ".join(f"{r['on_others']:+.2f} / {r['on_held_out']:+.2f}" for r in cells)
-                     + f" | {good} of {chosen} chosen ({len(cells)} folds) |")
+                     + f" | chosen in {chosen} of {len(cells)}; lower where left out in {good} of those |")
     return lines
 
 
@@ -321,15 +324,17 @@ PAIRED_SPANS: tuple[tuple[float, ...], ...] = ((4.0,), (8.0, 12.0, 16.0), (24.0,
 
 
 def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], world: str | None = None,
-                 base: str = BASE) -> list[str]:
+                 base: str = BASE, score_levels: Sequence[float] = CHOICE_LEVELS) -> list[str]:
     """Markdown: each variant against ``base`` (the shipped design unless said) over every world
     (``world``: that one alone), truth and replication both ran, per span of
-    :data:`PAIRED_SPANS`: the mean own regret of each, the pairs where the variant is lower and
-    higher, and the two-sided Wilcoxon signed-rank p (:func:`benchmarks.tuners.stats.paired`)."""
+    :data:`PAIRED_SPANS` (and the span of ``score_levels`` when it is not one of them): the mean
+    own regret of each, the pairs where the variant is lower and higher, and the two-sided
+    Wilcoxon signed-rank p (:func:`benchmarks.tuners.stats.paired`)."""
     from benchmarks.tuners.stats import paired
 
     vals = {k: v for k, v in _values(records, "regret_pct").items() if world in (None, k[1])}
-    spans = [s for s in PAIRED_SPANS if any(k[3] in s for k in vals)]
+    extra = () if tuple(score_levels) in PAIRED_SPANS else (tuple(score_levels),)
+    spans = [s for s in PAIRED_SPANS + extra if any(k[3] in s for k in vals)]
     head = " | ".join(f"{s[0]:g}–{s[-1]:g} runs" if len(s) > 1 else f"{s[0]:g} runs" for s in spans)
     lines = ["", f"**Each change against {_base_name(base)}, paired{' on ' + world + ' alone' if world else ''}** "
              f"(mean own regret {'shipped' if base == BASE else base} → change; pairs lower / higher; Wilcoxon p)",
@@ -355,12 +360,14 @@ def paired_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], 
 
 def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
            levels: Sequence[float] = (8.0, 16.0, 40.0), about: Mapping[str, str] | None = None,
-           choices: bool = True, per_world: Sequence[str] = (), base: str = BASE) -> str:
+           choices: bool = True, per_world: Sequence[str] = (), base: str = BASE,
+           score_levels: Sequence[float] = CHOICE_LEVELS) -> str:
     """Markdown: what the table holds (``about``: each variant's description), each variant's
     mean own regret per world and truth at ``levels``, its oracle beside it, then the
     leave-one-world-out choices (``choices=False``, worlds that choose nothing, such as the
     synthetic ones: not these), and each change paired against ``base``, the shipped design unless
-    said (:func:`paired_lines`), over every world and on each of ``per_world`` alone."""
+    said (:func:`paired_lines`), over every world and on each of ``per_world`` alone; the choices
+    score the mean at ``score_levels``."""
     vals, orc = _values(records, "regret_pct"), _values(records, "regret_pct_oracle")
     worlds = list(dict.fromkeys((r["world"], r["truth"]) for r in records))
     reps = [len(set.intersection(*(set(vals.get((v, w, t, lv), {})) for v in variants)))
@@ -393,31 +400,33 @@ def tables(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
             cells.append(" / ".join(parts))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     if choices:
-        lines += _choice_lines(records, variants, list(dict.fromkeys(w for w, _ in worlds)), vals, base)
+        lines += _choice_lines(records, variants, list(dict.fromkeys(w for w, _ in worlds)), vals, base,
+                               score_levels)
     if base in variants:
-        lines += paired_lines(records, variants, base=base)
+        lines += paired_lines(records, variants, base=base, score_levels=score_levels)
         for w in per_world:
-            lines += paired_lines(records, variants, w, base)
+            lines += paired_lines(records, variants, w, base, score_levels)
     return "\n".join(lines) + "\n"
 
 
 def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str], names: Sequence[str],
-                  vals: dict, base: str = BASE) -> list[str]:
+                  vals: dict, base: str = BASE, levels: Sequence[float] = CHOICE_LEVELS) -> list[str]:
     """Markdown: each variant's score per world, the leave-one-world-out choices and each change
     alone against ``base`` (:func:`tables`' part for worlds that choose)."""
-    at = ", ".join(f"{lv:g}" for lv in CHOICE_LEVELS)
+    at = ", ".join(f"{lv:g}" for lv in levels)
     lines = ["", f"**Score on each world** (mean own regret at {at} runs, both truths; what the choices below compare)",
              "", "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for v in variants:
-        lines.append(f"| {v} | " + " | ".join(f"{score_on(records, v, [w], variants, vals=vals):.2f}" for w in names) + " |")
+        lines.append(f"| {v} | " + " | ".join(f"{score_on(records, v, [w], variants, levels=levels, vals=vals):.2f}"
+                                                for w in names) + " |")
     lines += ["", f"**Leave one world out** (score: mean own regret at {at}"
               " runs, both truths)", "", "| left out | chosen on | choice | its score there | on the world left out "
               f"| {_base_name(base)} there |", "|---|---|---|---|---|---|"]
-    for c in leave_one_world_out(records, variants, base=base):
+    for c in leave_one_world_out(records, variants, base=base, levels=levels):
         lines.append(f"| {c['held_out']} | {', '.join(c['chosen_on'])} | {c['choice']} | {c['score_on_others']:.2f} "
                      f"| {c['on_held_out']:.2f} | {c['shipped_on_held_out']:.2f} |")
     if base in variants:
-        lines += _against_shipped_lines(records, variants, at, base)
+        lines += _against_shipped_lines(records, variants, at, base, levels)
     return lines
 
 
