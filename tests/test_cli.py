@@ -164,7 +164,9 @@ def test_every_help_shows_each_option_whole_and_no_type_for_a_flag(cli, columns)
     for name, cmd in typer.main.get_command(app).commands.items():
         r = cli(name, "--help", env={"COLUMNS": columns})
         assert r.returncode == 0, (name, r.stderr)
-        shown = set(re.findall(r"^│\s{1,5}(?:\*\s+)?(--[\w-]+…?)", r.stdout, re.M))  # the name column
+        # the name column; a flag's other names follow its first, after a comma
+        shown = {o for names in re.findall(r"^│\s{1,5}(?:\*\s+)?(--[\w-]+…?(?:,--[\w-]+…?)*)", r.stdout, re.M)
+                 for o in names.split(",")}
         wanted = {o for p in cmd.params if not getattr(p, "hidden", False) for o in p.opts
                   if o.startswith("--")} | {"--help"}
         assert shown == wanted, (name, columns, sorted(shown ^ wanted))

@@ -482,7 +482,9 @@ def test_cli_race_end_to_end(tmp_path, race_cli):
     (["--budget", "1e19", "--target", "pass@1", "--pilot-fraction", "1.5"], "pilot_fraction"),
     (["--target", "pass@1"], "budget"),
     (["--budget", "1e19"], "target"),
-    (["--budget", "1e19", "--target", "pass@1", "--max-pilots", "2"], "max_pilots"),
+    (["--budget", "1e19", "--target", "pass@1", "--max-pilots", "2"], "--max-pilots: max_pilots=2"),
+    # study's name for the count, --pilots, reaches the same field and is the flag the line names
+    (["--budget", "1e19", "--target", "pass@1", "--pilots", "2"], "--pilots: max_pilots=2"),
     (["--budget", "-3", "--target", "pass@1"], "budget_flops"),
     (["--budget", "1e19", "--target", "pass@1", "--replicates", "-1"], "replicates=-1: must be an integer >= 0"),
 ])

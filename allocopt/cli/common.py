@@ -195,6 +195,8 @@ FLAG_OF = {"budget_flops": "--budget", "rollouts_per_iteration": "--rollouts",
            "max_rollouts_per_iteration": "--max-rollouts", "name": "--study-name"}
 """The flags whose field (in a study file, in an error line) is spelled otherwise; any other
 field's flag is its name with dashes (``pilot_fraction``: ``--pilot-fraction``)."""
+ALIASES = {"--max-pilots": ("--pilots",)}
+"""Other names a flag is given by (``allocopt race --pilots``, as ``allocopt study`` names it)."""
 
 
 def field_of(message: str) -> str | None:
@@ -212,9 +214,9 @@ def with_flag(message: str, argv: list[str]) -> str:
     and the line says which of the two was wrong."""
     field = field_of(message)
     flag = (FLAG_OF.get(field) or "--" + field.replace("_", "-")) if field else None
-    if flag and any(a == flag or a.startswith(flag + "=") for a in argv):
-        return f"{flag}: {message}"
-    return message
+    typed = next((f for f in (flag, *ALIASES.get(flag, ())) if any(a == f or a.startswith(f + "=") for a in argv)),
+                 None) if flag else None
+    return f"{typed}: {message}" if typed else message
 
 
 def fail(line: str, code: int = 2) -> None:

@@ -109,7 +109,7 @@ def race(
     mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI. \\[default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db]"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not track in MLflow."),
     seed: Optional[int] = typer.Option(None, help="Seed of the pilot design, the trials and the surrogate. \\[default: the spec's, else 0]"),
-    max_pilots: Optional[int] = typer.Option(None, "--max-pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). \\[default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes]"),
+    max_pilots: Optional[int] = typer.Option(None, "--max-pilots", "--pilots", help="Most distinct pilot points (a larger grid becomes a Latin hypercube over rho). \\[default: 60, more when the space needs them: 7 per reward system x model with 4 group sizes]"),
     repeats: Optional[int] = typer.Option(None, help="Runs of each pilot point (seeds). \\[default: 1]"),
     replicates: Optional[int] = typer.Option(None, help="Extra seeds of the leading full run when it is within one evaluation's noise of another cell's best (noise measured, not assumed); each counts as a full run. \\[default: 0]"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Ignored (kept for old scripts): every trial gets its own proposal; parallel workers are conditioned on each other's pending trials."),
