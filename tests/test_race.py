@@ -89,7 +89,7 @@ def spec(**kw):
     ({"rho_grid": 71.0}, "rho_grid=71.0: must be an integer"),
     ({"thompson_samples": 4097}, "thompson_samples=4097"),
     ({"posterior_samples": 4097}, "posterior_samples=4097"),
-    ({"max_pilots": 100_001}, "max_pilots=100001: must be an integer >= 3 and <= 100000, or None"),
+    ({"max_pilots": 100_001}, "max_pilots=100001: must be an integer >= 3 and <= 100000, or left unset"),
     ({"rho_match": math.nan}, "rho_match=nan"),
     ({"repeats": True}, "repeats=True: must be an integer"),
 ])

@@ -175,7 +175,7 @@ def test_bad_storage_url():
     ("[race]\nextra_pilot_budget = inf", "race.extra_pilot_budget=inf: must be a number from 0 to 1000"),
     ("[race]\nrho_match = 0", "race.rho_match=0: must be a number from 1e-06 to 0.5"),
     ("[race]\nrho_trust = 2.0", "race.rho_trust=2.0: must be a number from 0.001 to 1"),
-    ("[race]\nexplore_cells_after = -1", "race.explore_cells_after=-1: must be an integer >= 0 and <= 10000, or None"),
+    ("[race]\nexplore_cells_after = -1", "race.explore_cells_after=-1: must be an integer >= 0 and <= 10000, or left unset"),
     ("[race]\nreplicates = 1000", "race.replicates=1000: must be an integer >= 0 and <= 100"),
     ("[race]\nfit_pilots = 1", "race.fit_pilots=1: must be true or false"),
     ("[race]\nbatch_size = 2", "race.batch_size: no longer a RACE setting: every trial gets its own proposal"),

@@ -33,7 +33,7 @@ def _check_range(name: str, v: Any, meta: Mapping[str, Any]) -> None:
     if meta["kind"] is int:
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
             raise ConfigError(f"{name}={v!r}: must be an integer >= {low} and <= {high}"
-                              + (", or None" if meta["optional"] else ""))
+                              + (", or left unset" if meta["optional"] else ""))
         return
     ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
     if meta["open"]:
