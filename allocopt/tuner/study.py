@@ -239,10 +239,10 @@ class KGTuner:
             if design:
                 run = TunerRun(design.pop(0), 1.0)
             else:
+                seed = (self.seed, len(observed), len(pending))
                 try:
-                    run = self._placed(observed, pending, uncovered) if uncovered else \
-                        (self._full_only if capped else self.tuner).next_run(
-                            observed, pending=pending, seed=(self.seed, len(observed), len(pending)))
+                    run = self._placed(observed, pending, uncovered, seed) if uncovered else \
+                        (self._full_only if capped else self.tuner).next_run(observed, pending=pending, seed=seed)
                 except ValueError:
                     break
             pending.append(run)
@@ -265,10 +265,9 @@ class KGTuner:
         return lambda a: (not rewards or a.reward in rewards) and (not models or a.model in models)
 
     def _placed(self, observed: Sequence[Observed], pending: list[TunerRun],
-                only: Callable[[Allocation], bool]) -> TunerRun:
+                only: Callable[[Allocation], bool], seed: tuple[int, ...]) -> TunerRun:
         """The ``kg-placed`` design's next full run: the knowledge gradient's best among the
         cells ``only`` admits, or among every cell when none of those is feasible."""
-        seed = (self.seed, len(observed), len(pending))
         try:
             return self._full_only.next_run(observed, pending=pending, seed=seed, only=only)
         except ValueError:
