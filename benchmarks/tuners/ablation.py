@@ -140,6 +140,10 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "kg-placed-design": ("one full run per reward system first, each where the knowledge gradient puts it among "
                          "the cells of the systems not yet run (shipped: fixed places, a third and two thirds of "
                          "the ρ levels at the middle G)", lambda: {"layout": "kg-placed"}),
+    "wide-middle-cell-offset": ("the wide middle design (shipped), and a kernel term per cell, variance 0 or 1 s² "
+                                "weighed by the runs (shipped: none): a cell may sit off the smooth surface, so "
+                                "one not yet run keeps its own uncertainty",
+                                lambda: {"layout": "wide-middle", "grid": HyperGrid(cell_offset=(0.0, 1.0))}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
