@@ -2,14 +2,15 @@
 
     python benchmarks/tuner_ablation.py --tables A.csv B.csv [C.csv] [--seeds 50]
         [--variants shipped,answer-among-tried,...] [--common] [--nice 10] [--out DIR]
-    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--out DIR]
+    python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --answer-rules [--on VARIANT] [--out DIR]
     python benchmarks/tuner_ablation.py --tables A.csv B.csv C.csv --design [--against initial-wide-middle] [--out DIR]
     python benchmarks/tuner_ablation.py --synthetic all --design --variants shipped,... [--seeds 10]
 
 ``--answer-rules``: the rules of :data:`benchmarks.tuners.ablation.ANSWER_RULES` instead, each
 taken on the same runs of the shipped tuner (one replay per world, truth and seed,
 :func:`benchmarks.tuners.ablation.run_answer_rules`), to ``DIR/answer_rules.csv`` and
-``DIR/answer_rules.md``. ``--design``: the changes of :data:`benchmarks.tuners.ablation.DESIGN`
+``DIR/answer_rules.md``; ``--on VARIANT`` takes them on the runs of a ``--design`` variant (e.g.
+``initial-wide-middle``, the tuner as shipped) instead of the tuner they were first compared on. ``--design``: the changes of :data:`benchmarks.tuners.ablation.DESIGN`
 (the candidate grid, the initial design) to today's shipped tuner instead, to ``DIR/design.csv``
 and ``DIR/design.md``.
 
@@ -39,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tuners.ablation import (ANSWER_RULES, BASE, CHOICE_LEVELS, DESIGN, KEYS,  # noqa: E402
-                                        VARIANTS, run_answer_rules, run_variant, tables)
+                                        VARIANTS, WITH_DESIGN, run_answer_rules, run_variant, tables)
 from allocopt.errors import ConfigError  # noqa: E402
 from benchmarks.tuners.records import append_rows, read_rows  # noqa: E402
 from benchmarks.tuners.runner import LEVELS, world_of  # noqa: E402
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                            "'shipped': the tuner shipped until 2026-12-06, with its middle initial design (today's "
                            "tuner is the variant initial-wide-middle: give --against initial-wide-middle to pair "
                            "with it; the variants: see --variants)")
+    ap.add_argument("--on", metavar="VARIANT",
+                    help="with --answer-rules: the tuner whose runs the rules are taken on, a --design variant (e.g. "
+                         "initial-wide-middle, the tuner as shipped since 2026-12-07); default: the tuner of "
+                         "2026-12-05 the rules were first compared on")
     ap.add_argument("--paired-on", metavar="WORLD", action="append", default=[],
                     help="also the paired table on this world alone (a world: its table's folder, tiny_grid dropped, "
                          "e.g. small_1e11); repeat it for more")
@@ -133,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
              if a.against != BASE and a.against not in variants else None)
     error = error or _refusal(variants, a.tables, a.seeds, allowed,
                      "--answer-rules" if a.answer_rules else "--design" if a.design else "", a.synthetic)
+    if not error and a.on is not None:
+        error = ("--on: give it with --answer-rules" if not a.answer_rules else
+                 f"--on={a.on!r}: allowed: {', '.join(DESIGN)}" if a.on not in DESIGN else None)
     levels, error = _score_levels(a.score_levels) if not error else ((), error)
     if error:
         print(f"error: {error}", file=sys.stderr)
@@ -165,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     todo = [(s, w, t, v) for s in range(a.seeds) for w in worlds for t in truths_of(w)
             for v in (["rules"] if a.answer_rules else variants)
             if any((u, w.name, t, s) not in done for u in (variants if a.answer_rules else [v]))]
+    on = {} if a.on is None else {"on": {**WITH_DESIGN, **DESIGN[a.on][1]()}}
     t0 = time.perf_counter()
     for k, (s, w, t, v) in enumerate(todo, 1):
-        rows = (run_answer_rules(w, t, s, LEVELS, variants) if a.answer_rules
+        rows = (run_answer_rules(w, t, s, LEVELS, variants, **on) if a.answer_rules
                 else run_variant(w, t, s, v, LEVELS, common=a.common, design=a.design))
         append_rows(path, KEYS, rows)
         if k % 20 == 0 or k == len(todo):

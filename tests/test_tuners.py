@@ -377,6 +377,54 @@ def test_the_design_ablation_replays_each_change_of_todays_tuner_and_refuses_bad
     assert "* `zoom-in-rho`: " + DESIGN["zoom-in-rho"][0] in md and "(1 paired replication each" in md
 
 
+def test_best_run_mean_is_the_cell_whose_full_runs_average_highest():
+    from allocopt.plan.allocation import Allocation
+    from allocopt.tuner.decide import Observed
+    from benchmarks.tuners.ablation import best_run_mean
+
+    a, b, c = (Allocation(r, 4, "sparse") for r in (0.3, 0.5, 0.7))
+    runs = [Observed(a, 1.0, 0.5), Observed(b, 1.0, 0.45), Observed(a, 1.0, 0.3),  # a: mean 0.4
+            Observed(c, 0.25, 0.9)]  # a pilot: not a full run, not the answer
+    assert best_run_mean(runs) == b
+    assert best_run_mean(runs + [Observed(c, 1.0, 0.41)]) == b
+    assert best_run_mean(runs + [Observed(c, 1.0, 0.46)]) == c
+
+
+def test_the_answer_rules_are_taken_on_the_runs_of_the_tuner_named_by_on(tmp_path, capsys):
+    """``--answer-rules --on VARIANT``: every rule's answer on one replay of that variant's tuner
+    (the rule ``shipped`` must reproduce the replay's own answers, which the replay checks); the
+    model-free rule answers the best run mean; ``--on`` without ``--answer-rules`` or naming no
+    ``--design`` variant is one line and exit code 2."""
+    from benchmarks import tuner_ablation
+    from benchmarks.tuners.ablation import BEST_RUN_MEAN, run_answer_rules, run_variant
+    from benchmarks.tuners.runner import LEVELS, world_of
+
+    a = write(tmp_path / "wa" / "trials.csv", cells())
+    b = write(tmp_path / "wb" / "trials.csv", cells(value=lambda i, g, s: 0.5 - 0.02 * i + 0.05 * (g == 2) + 0.01 * s))
+    out = tmp_path / "ar"
+    for bad, says in ((["--on", "initial-wide-middle"], "--on: give it with --answer-rules"),
+                      (["--answer-rules", "--on", "categories-alike"], "--on='categories-alike': allowed: shipped")):
+        assert tuner_ablation.main(["--tables", str(a), str(b), *bad, "--out", str(out), "--nice", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+    assert tuner_ablation.main(["--tables", str(a), str(b), "--answer-rules", "--on", "initial-wide-middle",
+                                "--variants", f"shipped,cell-offset,{BEST_RUN_MEAN}", "--seeds", "1",
+                                "--out", str(out), "--nice", "0"]) == 0
+    with (out / "answer_rules.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["variant"], r["world"], r["truth"]) for r in rows} == \
+        {(v, w, t) for v in ("shipped", "cell-offset", BEST_RUN_MEAN) for w in ("wa", "wb") for t in ("seedmean", "heldout")}
+    # the rule shipped on these runs is the replay of initial-wide-middle itself, level by level
+    w = world_of("tiny-table", (str(b),))
+    own = {r["level"]: r["regret_pct"] for r in run_variant(w, "seedmean", 0, "initial-wide-middle", LEVELS, design=True)}
+    got = {float(r["level"]): float(r["regret_pct"]) for r in rows
+           if (r["variant"], r["world"], r["truth"]) == ("shipped", "wb", "seedmean")}
+    assert got == pytest.approx(own, nan_ok=True)
+    # taken on the tuner before (the default), the shipped rule is that tuner's replay, not this one's
+    before = {r["level"]: r["regret_pct"] for r in run_answer_rules(w, "seedmean", 0, LEVELS, ["shipped"])}
+    assert before == pytest.approx({r["level"]: r["regret_pct"] for r in run_variant(w, "seedmean", 0, "initial-g-in-turn", LEVELS, design=True)}, nan_ok=True)
+
+
 def test_paired_lines_are_the_wilcoxon_test_of_each_change_against_the_shipped_design():
     from benchmarks.tuners.ablation import paired_lines
 

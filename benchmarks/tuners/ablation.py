@@ -64,6 +64,8 @@ rule was chosen (:data:`ANSWER_RULES`), so each answers over every cell, as the 
 ``answer-among-tried`` is the rule shipped since. All with the initial design then shipped
 (:data:`BEFORE`)."""
 
+BEST_RUN_MEAN = "best-run-mean"
+"""The answer rule that takes no model: the cell run whose full runs' mean is highest."""
 ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
     BASE: ("the posterior-mean maximizer among cells with a full run (shipped: chosen here)", {}),
     "every-cell": ("the posterior-mean maximizer over every feasible cell (the rule before)", {"among": "all"}),
@@ -73,9 +75,18 @@ ANSWER_RULES: dict[str, tuple[str, dict[str, Any]]] = {
                   {"among": "all", "caution": 1.0}),
     "caution-2": ("over every cell, the maximizer of the posterior mean less 2 posterior sd",
                   {"among": "all", "caution": 2.0}),
+    "noise-share-0.8": ("among cells with a full run, the posterior mean of a model that may also find the noise "
+                        "0.8 of the values' variance (the grid's shares 0.02/0.1/0.5, and 0.8)",
+                        {"grid": HyperGrid(noise_share=(0.02, 0.1, 0.5, 0.8))}),
+    "cell-offset": ("among cells with a full run, the posterior mean of a model with a term per cell (variance 0 "
+                    "or 1 s², weighed by the runs): a cell's own runs can outweigh the smooth surface",
+                    {"grid": HyperGrid(cell_offset=(0.0, 1.0))}),
+    BEST_RUN_MEAN: ("the cell whose full runs have the highest mean (Optuna's best trial, its replicates "
+                    "averaged): no model", {}),
 }
 """The answer rules compared on the same runs (:func:`run_answer_rules`): name -> (what it
-is, the :class:`allocopt.tuner.decide.Tuner` fields it sets)."""
+is, the :class:`allocopt.tuner.decide.Tuner` fields it sets; :data:`BEST_RUN_MEAN` sets none and
+takes no model)."""
 
 DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     BASE: ("the tuner shipped until 2026-12-06 (8 rho levels, one full run per reward system first, at the middle "
@@ -140,10 +151,6 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "kg-placed-design": ("one full run per reward system first, each where the knowledge gradient puts it among "
                          "the cells of the systems not yet run (shipped: fixed places, a third and two thirds of "
                          "the ρ levels at the middle G)", lambda: {"layout": "kg-placed"}),
-    "wide-middle-cell-offset": ("the wide middle design (shipped), and a kernel term per cell, variance 0 or 1 s² "
-                                "weighed by the runs (shipped: none): a cell may sit off the smooth surface, so "
-                                "one not yet run keeps its own uncertainty",
-                                lambda: {"layout": "wide-middle", "grid": HyperGrid(cell_offset=(0.0, 1.0))}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
@@ -178,12 +185,15 @@ def run_variant(world: Any, truth_mode: str, seed: int, variant: str, levels: Se
 
 
 def run_answer_rules(world: Any, truth_mode: str, seed: int, levels: Sequence[float],
-                     rules: Sequence[str] = tuple(ANSWER_RULES)) -> list[dict[str, Any]]:
-    """One replication of the shipped tuner on ``world``, each of ``rules``' answers taken on its
-    runs: a record per rule and level (:data:`KEYS`, ``variant`` the rule). The runs are one
-    replay, so the rules differ only in the answer (their oracle is the same); each answer at a
-    level is made from the runs (and the infeasible asks) made by then, as the replay's own
-    answer is, which the shipped rule reproduces."""
+                     rules: Sequence[str] = tuple(ANSWER_RULES),
+                     on: Mapping[str, Any] = BEFORE) -> list[dict[str, Any]]:
+    """One replication of a tuner on ``world``, each of ``rules``' answers taken on its runs: a
+    record per rule and level (:data:`KEYS`, ``variant`` the rule). ``on``: the ``KGTuner``
+    settings of the tuner replayed (by default the one the rules were first compared on,
+    :data:`BEFORE`; a :data:`DESIGN` variant's settings for another). The runs are one replay, so
+    the rules differ only in the answer (their oracle is the same); each answer at a level is made
+    from the runs (and the infeasible asks) made by then, as the replay's own answer is, which the
+    rule :data:`BASE` reproduces."""
     from benchmarks.tuners.methods.allocopt import make_tuner, run_allocopt
     from benchmarks.tuners.runner import TARGETS
     from benchmarks.tuners.scoring import OWN, own_answer, score
@@ -193,18 +203,21 @@ def run_answer_rules(world: Any, truth_mode: str, seed: int, levels: Sequence[fl
     target = TARGETS[seed % len(TARGETS)]
     truth = truth_for(world, target, truth_mode, seed, len(TARGETS))
     session = Session(world, truth, seed, max(levels), tuple(levels))
-    run_allocopt(session, **BEFORE)  # the rules were compared on the tuner then shipped
+    run_allocopt(session, **on)
     oracle = {r["level"]: r["regret_pct_oracle"] for r in score(session, "own", truth, lambda full: None)}
     out = []
     for rule in rules:
-        kg = make_tuner(Session(world, truth, seed, max(levels), tuple(levels)), **BEFORE)
+        kg = make_tuner(Session(world, truth, seed, max(levels), tuple(levels)), **on)
         decide = replace(kg.tuner, **ANSWER_RULES[rule][1])
         for lv in levels:
             evs = [e for e in session.events if e.cost <= lv + EPS]
             kg.refused.clear()
             kg.refused.update((e.allocation, round(e.fraction, 4)) for e in evs if e.value is None)
             obs = kg.observed([_observation(e) for e in evs if e.value is not None])
-            a = decide.answer(obs).allocation if any(o.fraction >= 1 for o in obs) else None
+            if not any(o.fraction >= 1 for o in obs):
+                a = None
+            else:
+                a = best_run_mean(obs) if rule == BEST_RUN_MEAN else decide.answer(obs).allocation
             if rule == BASE and a != own_answer(session, OWN, lv):  # the same answer, or not the same runs
                 raise RuntimeError(f"{world.name} seed {seed} at {lv:g}: the shipped rule answers {a}, "
                                    f"the replay {own_answer(session, OWN, lv)}")
@@ -212,6 +225,16 @@ def run_answer_rules(world: Any, truth_mode: str, seed: int, levels: Sequence[fl
                         "level": lv, "regret_pct": regret_pct(truth, a), "regret_pct_common": math.nan,
                         "regret_pct_oracle": oracle.get(lv, math.nan)})
     return out
+
+
+def best_run_mean(observed: Sequence[Any]) -> Any:
+    """The allocation whose full runs in ``observed`` have the highest mean value (the first of
+    a tie, in the order first run)."""
+    runs: dict[Any, list[float]] = {}
+    for o in observed:
+        if o.fraction >= 1:
+            runs.setdefault(o.allocation, []).append(o.value)
+    return max(runs, key=lambda a: statistics.fmean(runs[a]))
 
 
 def _observation(e: Any) -> Any:
@@ -434,6 +457,6 @@ def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
     return lines
 
 
-__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS", "WITH_DESIGN",
-           "against_shipped", "leave_one_world_out", "paired_lines", "run_answer_rules", "run_variant", "score_on",
+__all__ = ["ANSWER_RULES", "BASE", "BEFORE", "BEST_RUN_MEAN", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS", "WITH_DESIGN",
+           "against_shipped", "leave_one_world_out", "paired_lines", "best_run_mean", "run_answer_rules", "run_variant", "score_on",
            "tables"]
