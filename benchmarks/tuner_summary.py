@@ -9,7 +9,7 @@ common rule"). allocopt's own ablation rows (``allocopt-pilots``, ``allocopt-des
 allocopt's is compared on the medians it has (the tables of each world say how many it ran).
 
     python benchmarks/tuner_summary.py --results benchmarks/tuner_results/{tiny,small,medium}
-        [--levels 8,12,16,24,40] [--out summary.md]
+        [--levels 8,12,16,24,40] [--statistic median|mean] [--rules own,common,oracle] [--out summary.md]
 """
 
 from __future__ import annotations
@@ -29,12 +29,17 @@ from benchmarks.tuners.methods import OWN_ABLATIONS  # noqa: E402
 
 OURS = "allocopt"
 NOT_PEERS = (OURS, *OWN_ABLATIONS)
+COLUMNS = {"own": "regret_pct", "common": "regret_pct_common", "oracle": "regret_pct_oracle"}
+"""The rules a row may be of: the method's own answer, the common rule's, and the oracle's (the
+best truth among the points the method ran: how good its search was, whatever it answers)."""
 RULES = (("own", "regret_pct"), ("common", "regret_pct_common"))
+STATISTICS = {"median": statistics.median, "mean": statistics.fmean}
 
 
-def medians(rows: list[dict[str, str]], truth: str, column: str) -> dict[tuple[str, float], float]:
-    """``(method, level) -> median of column`` over the rows of ``truth`` (NaN values left out),
-    grouped as the judge's own tables group them."""
+def medians(rows: list[dict[str, str]], truth: str, column: str,
+            stat: str = "median") -> dict[tuple[str, float], float]:
+    """``(method, level) -> median of column`` (``stat``: or another of :data:`STATISTICS`) over
+    the rows of ``truth`` (NaN values left out), grouped as the judge's own tables group them."""
     from benchmarks.tuners.report import group_records
 
     out = {}
@@ -42,7 +47,7 @@ def medians(rows: list[dict[str, str]], truth: str, column: str) -> dict[tuple[s
         v = [float(r[column]) for r in rs if r.get(column) not in (None, "")]
         v = [x for x in v if math.isfinite(x)]
         if t == truth and v:
-            out[(method, level)] = statistics.median(v)
+            out[(method, level)] = STATISTICS[stat](v)
     return out
 
 
@@ -59,9 +64,10 @@ def cell(med: dict[tuple[str, float], float], level: float, us: str = OURS) -> s
     return f"**{ours:.1f}** / {peers[best]:.1f}" if ours <= peers[best] else f"{ours:.1f} / {peers[best]:.1f} {best}"
 
 
-def summary(folders: list[Path], levels: list[float], us: str = OURS) -> tuple[str, int, int]:
+def summary(folders: list[Path], levels: list[float], us: str = OURS,
+            rules: tuple[tuple[str, str], ...] = RULES, stat: str = "median") -> tuple[str, int, int]:
     """The markdown table, and how many (world, truth, rule, level) cells allocopt is lowest in
-    and how many there are."""
+    and how many there are (``rules``: ``(name, column)`` pairs; ``stat``: of :data:`STATISTICS`)."""
     head = " | ".join(f"{lv:g} runs" for lv in levels)
     lines = ["| world | truth | rule | " + head + " |", "|---|---|---|" + "---|" * len(levels)]
     lowest = total = 0
@@ -70,8 +76,8 @@ def summary(folders: list[Path], levels: list[float], us: str = OURS) -> tuple[s
             rows = list(csv.DictReader(f))
         world = rows[0]["world"] if rows else folder.name
         for truth in sorted({r["truth"] for r in rows}, reverse=True):
-            for rule, column in RULES:
-                med = medians(rows, truth, column)
+            for rule, column in rules:
+                med = medians(rows, truth, column, stat)
                 cells = [cell(med, lv, us) for lv in levels]
                 lowest += sum(c.startswith("**") for c in cells)
                 total += sum(c != "–" for c in cells)
@@ -87,7 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the table here")
     ap.add_argument("--method", default=OURS, choices=NOT_PEERS,
                     help="the row judged against the peers (default allocopt; or one of its ablation rows)")
+    ap.add_argument("--statistic", default="median", choices=tuple(STATISTICS),
+                    help="what each cell compares: the median regret (the issue's bar; default) or the mean")
+    ap.add_argument("--rules", default="own,common",
+                    help="comma-separated, from own, common, oracle (default own,common; oracle: the best "
+                         "truth among the points each method ran)")
     a = ap.parse_args(argv)
+    names = [x.strip() for x in a.rules.split(",") if x.strip()]
+    if not names or any(n not in COLUMNS for n in names):
+        print(f"error: --rules={a.rules!r}: give comma-separated names from {', '.join(COLUMNS)}", file=sys.stderr)
+        return 2
     bad = next((p for p in a.results if not (p / "results.csv").is_file()), None)
     if bad is not None:
         print(f"error: --results={str(bad)!r}: no results.csv there; give folders the judge wrote "
@@ -101,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --levels={a.levels!r}: must be positive numbers, comma-separated (e.g. 8,12,16)",
               file=sys.stderr)
         return 2
-    text, lowest, total = summary(a.results, levels, a.method)
-    text += (f"\n{a.method}'s median is the lowest (bold; beside it the lowest other median, named where it "
-             f"is lower) in {lowest} of {total} world × truth × rule × level cells.\n")
+    text, lowest, total = summary(a.results, levels, a.method, tuple((n, COLUMNS[n]) for n in names), a.statistic)
+    text += (f"\n{a.method}'s {a.statistic} is the lowest (bold; beside it the lowest other {a.statistic}, named "
+             f"where it is lower) in {lowest} of {total} world × truth × rule × level cells.\n")
     print(text, end="")
     if a.out:
         a.out.write_text(text)

@@ -9,14 +9,14 @@ def _write(folder, rows):
     folder.mkdir()
     with (folder / "results.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["world", "truth", "seed", "method", "level", "regret_pct",
-                                          "regret_pct_common"])
+                                          "regret_pct_common", "regret_pct_oracle"])
         w.writeheader()
         w.writerows(rows)
 
 
-def _row(method, level, own, common, seed, truth="seedmean"):
+def _row(method, level, own, common, seed, truth="seedmean", oracle=""):
     return {"world": "w", "truth": truth, "seed": seed, "method": method, "level": level,
-            "regret_pct": own, "regret_pct_common": common}
+            "regret_pct": own, "regret_pct_common": common, "regret_pct_oracle": oracle}
 
 
 def test_the_summary_bolds_allocopt_where_its_median_is_lowest_and_names_the_peer_where_not(tmp_path, capsys):
@@ -40,3 +40,22 @@ def test_a_folder_without_results_is_one_line_and_exit_2(tmp_path, capsys):
     assert tuner_summary.main(["--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --results=") and len(err.strip().splitlines()) == 1
+
+
+def test_means_and_the_oracle_rule_are_compared_as_asked(tmp_path, capsys):
+    """``--statistic mean --rules own,oracle``: allocopt's own-rule mean (1+2+9)/3 = 4.0 against
+    TPE's (3+3+8)/3 = 4.67; the oracle's means 1.0 against 0.67 (TPE lower); a rule not known is
+    one line and exit code 2."""
+    rows = []
+    for seed, (a8, t8, ao, to) in enumerate([(1, 3, 1, 0), (2, 3, 1, 0), (9, 8, 1, 2)]):
+        rows += [_row("allocopt", 8, a8, 1, seed, oracle=ao), _row("tpe", 8, t8, 1, seed, oracle=to)]
+    _write(tmp_path / "w", rows)
+    assert tuner_summary.main(["--results", str(tmp_path / "w"), "--levels", "8", "--statistic", "mean",
+                               "--rules", "own,oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "| w | seedmean | own | **4.0** / 4.7 |" in out
+    assert "| w | seedmean | oracle | 1.0 / 0.7 tpe |" in out and "| common |" not in out
+    assert "allocopt's mean is the lowest (bold; beside it the lowest other mean, named where it is lower) in 1 of 2" in out
+    assert tuner_summary.main(["--results", str(tmp_path / "w"), "--rules", "own,best"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --rules='own,best': ") and len(err.strip().splitlines()) == 1

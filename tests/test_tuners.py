@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -590,3 +591,26 @@ def test_the_ablations_score_levels_choose_and_pair_over_the_levels_given(tmp_pa
     assert "mean own regret at 4, 8 runs" in md and "| 4–8 runs |" in md
     # the 4-8 span pools 16 pairs (2 worlds, 2 truths, 2 seeds, 2 levels): the 8 at 4 runs lower, at 8 higher
     assert "| x | 6.00 → 1.00; 8 / 0;" in md and "| 6.00 → 5.00; 8 / 8; p =" in md
+
+
+def test_noise_learned_reports_the_tables_noise_share_by_hand_and_repeats_it_can_count(tmp_path, capsys):
+    """``benchmarks/noise_learned.py``: one run's noise share of a table by hand (two cells, two
+    seeds each: values 0.30/0.34 and 0.50/0.52, within-cell variances 0.0008 and 0.0002, their
+    mean 0.0005, over the variance of the four values); a replay's counts are consistent, and
+    with two seeds per cell every repeat under the held-out truth returns the same value."""
+    from benchmarks import noise_learned
+    from benchmarks.tuners.runner import world_of
+
+    vals = {(0.2, 0): 0.30, (0.2, 1): 0.34, (0.8, 0): 0.50, (0.8, 1): 0.52}
+    t = write(tmp_path / "wn" / "trials.csv", cells(levels=(0.2, 0.8), gs=(4,), seeds=(0, 1),
+                                                    value=lambda i, g, s: vals[((0.2, 0.8)[i], s)]))
+    w = world_of("tiny-table", (str(t),))
+    by_hand = 0.0005 / statistics.variance(vals.values())
+    assert noise_learned.table_noise_share(w, "pass_at_1") == pytest.approx(by_hand)
+    b = write(tmp_path / "wb" / "trials.csv", cells(seeds=(0, 1)))
+    r = noise_learned.replay(world_of("tiny-table", (str(b),)), "heldout", 0)
+    assert r["runs"] >= 40 - 1 and 0 <= r["same"] == r["repeats"] <= r["runs"]
+    assert sum(v for k, v in r.items() if k.startswith("w")) == pytest.approx(1.0)
+    assert noise_learned.main(["--tables", str(tmp_path / "none.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tables=") and err.count("\n") == 1
