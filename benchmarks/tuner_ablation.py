@@ -10,9 +10,9 @@
 taken on the same runs of the shipped tuner (one replay per world, truth and seed,
 :func:`benchmarks.tuners.ablation.run_answer_rules`), to ``DIR/answer_rules.csv`` and
 ``DIR/answer_rules.md``; ``--on VARIANT`` takes them on the runs of a ``--design`` variant (e.g.
-``initial-wide-middle``, the tuner as shipped) instead of the tuner they were first compared on. ``--design``: the changes of :data:`benchmarks.tuners.ablation.DESIGN`
-(the candidate grid, the initial design) to today's shipped tuner instead, to ``DIR/design.csv``
-and ``DIR/design.md``.
+``initial-wide-middle``, the tuner as shipped) instead of the tuner they were first compared on.
+``--design``: the changes of :data:`benchmarks.tuners.ablation.DESIGN` (the candidate grid, the
+initial design) to today's shipped tuner instead, to ``DIR/design.csv`` and ``DIR/design.md``.
 
 ``--synthetic NAMES`` (``all``, or names of ``objectives/synthetic.py``'s variants) replays on the
 synthetic worlds instead of tables, a regression check only (their truth is the noise-free
