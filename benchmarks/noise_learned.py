@@ -1,7 +1,8 @@
 """What noise the tuner learns on each measured world, and how often its runs repeat a cell.
 
 Replays the shipped tuner (as the judge replays ``allocopt``: the same replications, targets and
-draws) and reports, per world and truth:
+draws; replication ``s`` is of the target ``s mod 3`` of native_reward, pass_at_1, judge, so
+``--seeds`` below 3 leaves targets out) and reports, per world, truth and target:
 
 * ``repeats``: the share of its full runs by 40 that repeat a cell it had already run;
 * ``same value``: the share of those repeats that returned exactly the value of an earlier run
@@ -10,11 +11,13 @@ draws) and reports, per world and truth:
 * ``noise share 0.02 / 0.1 / 0.5``: the mixture's weight on each noise share of the model's grid
   (:attr:`allocopt.tuner.model.HyperGrid.noise_share`, the noise as a share of the values'
   variance: the runs report no evaluation variance) at 40 runs, mean over the replications;
-* ``one run's noise share``: what the table says it is, the seed-to-seed variance of one run
-  over the variance of single runs across the cells, pooled over the replications' targets.
+* ``one run's noise share``: what the table says it is for that target, the seed-to-seed
+  variance of one run over the variance of single runs across the cells.
+
+About 3 s a replication on one core.
 
     python benchmarks/noise_learned.py --tables benchmarks/tiny_grid/trials.csv \\
-        benchmarks/tiny_grid_small/trials.csv [--seeds 12]
+        benchmarks/tiny_grid_small/trials.csv [--seeds 12] [--out FILE]
 """
 
 from __future__ import annotations
@@ -77,11 +80,16 @@ def table_noise_share(world, target: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="one measured table per world")
-    ap.add_argument("--seeds", type=int, default=12, help="replications per world and truth (default 12)")
+    ap.add_argument("--seeds", type=int, default=12,
+                    help="replications per world and truth, the targets in turn (default 12: 4 a target)")
+    ap.add_argument("--out", type=Path, help="also write the table here")
     a = ap.parse_args(argv)
+    from allocopt.errors import ConfigError
     from benchmarks.tuners.cli import tables_refusal
 
     bad = tables_refusal(a.tables) or (f"--seeds={a.seeds!r}: must be >= 1" if a.seeds < 1 else None)
+    if not bad and a.out is not None and not a.out.parent.is_dir():
+        bad = f"--out={str(a.out)!r}: its folder does not exist"
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
@@ -89,20 +97,31 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.tuners.runner import TARGETS, world_of
     from benchmarks.tuners.truth import truths_of
 
-    lines = ["| world | truth | repeats | same value | noise share 0.02 / 0.1 / 0.5 at 40 runs | "
-             "one run's noise share |", "|---|---|---|---|---|---|"]
-    for path in a.tables:
-        world = world_of("tiny-table", (str(path),))
-        told = statistics.fmean(table_noise_share(world, TARGETS[s % len(TARGETS)]) for s in range(a.seeds))
+    try:
+        worlds = [world_of("tiny-table", (str(p),)) for p in a.tables]
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    lines = ["| world | truth | target | repeats | same value | noise share 0.02 / 0.1 / 0.5 at 40 runs | "
+             "one run's noise share |", "|---|---|---|---|---|---|---|"]
+    for world in worlds:
         for mode in truths_of(world):
-            rs = [replay(world, mode, s) for s in range(a.seeds)]
-            runs, rep, same = (sum(r[k] for r in rs) for k in ("runs", "repeats", "same"))
-            ws = " / ".join(f"{statistics.fmean(r[k] for r in rs):.2f}" for k in rs[0] if k.startswith("w"))
-            lines.append(f"| {world.name} | {mode} | {rep / runs:.0%} | {same / rep if rep else 0:.0%} | {ws} | "
-                         f"{told:.2f} |")
-            print(lines[-1], file=sys.stderr, flush=True)
-    print("\n".join(lines))
+            for k, target in enumerate(TARGETS):
+                rs = [replay(world, mode, s) for s in range(k, a.seeds, len(TARGETS))]
+                if rs:
+                    lines.append(_row(world.name, mode, target, rs, table_noise_share(world, target)))
+            print(f"  {world.name}, {mode}: done", file=sys.stderr, flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if a.out is not None:
+        a.out.write_text(text)
     return 0
+
+
+def _row(world: str, mode: str, target: str, rs: list[dict[str, float]], told: float) -> str:
+    runs, rep, same = (sum(r[k] for r in rs) for k in ("runs", "repeats", "same"))
+    ws = " / ".join(f"{statistics.fmean(r[k] for r in rs):.2f}" for k in rs[0] if k.startswith("w"))
+    return f"| {world} | {mode} | {target} | {rep / runs:.0%} | {same / rep if rep else 0:.0%} | {ws} | {told:.2f} |"
 
 
 if __name__ == "__main__":

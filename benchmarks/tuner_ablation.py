@@ -78,9 +78,8 @@ def _refusal(variants: list[str], tables: list[Path], seeds: int, allowed: dict 
         return bad
     if len(tables) < 2:
         return (f"--tables={[str(t) for t in tables]!r}: give two or more worlds (one table each; a choice is made "
-                "on the others and reported on the one left out; the measured ones: benchmarks/tiny_grid/trials.csv "
-                "benchmarks/tiny_grid_small/trials.csv benchmarks/tiny_grid_medium/trials.csv), or --synthetic NAMES "
-                "for the synthetic worlds")
+                "on the others and reported on the one left out; the measured ones: benchmarks/tiny_grid*/trials.csv), "
+                "or --synthetic NAMES for the synthetic worlds")
     return None
 
 
@@ -114,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                            "tuner is the variant initial-wide-middle: give --against initial-wide-middle to pair "
                            "with it; the variants: see --variants)")
     ap.add_argument("--on", metavar="VARIANT",
-                    help="with --answer-rules: the tuner whose runs the rules are taken on, a --design variant (e.g. "
-                         "initial-wide-middle, the tuner as shipped since 2026-12-07); default: the tuner of "
-                         "2026-12-05 the rules were first compared on")
+                    help="with --answer-rules: the tuner whose runs the rules are taken on, a --design variant "
+                         "(initial-wide-middle is the tuner as shipped since 2026-12-07; the variant named shipped is "
+                         "the one shipped until 2026-12-06); default: the tuner of 2026-12-05 the rules were first "
+                         "compared on")
     ap.add_argument("--paired-on", metavar="WORLD", action="append", default=[],
                     help="also the paired table on this world alone (a world: its table's folder, tiny_grid dropped, "
                          "e.g. small_1e11); repeat it for more")

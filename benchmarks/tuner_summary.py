@@ -1,4 +1,4 @@
-"""Where allocopt's median regret is the lowest: one row per measured world, truth and rule.
+"""Where allocopt's median (or mean) regret is the lowest: one row per measured world, truth and rule.
 
 Reads the judge's records (``benchmarks/tuner_results/<world>/results.csv``, one folder per
 world) and prints, at each compute level, allocopt's median regret and the lowest median of the
@@ -94,14 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", default=OURS, choices=NOT_PEERS,
                     help="the row judged against the peers (default allocopt; or one of its ablation rows)")
     ap.add_argument("--statistic", default="median", choices=tuple(STATISTICS),
-                    help="what each cell compares: the median regret (the issue's bar; default) or the mean")
+                    help="what each cell compares: the median regret (the tuner's bar; default) or the mean")
     ap.add_argument("--rules", default="own,common",
                     help="comma-separated, from own, common, oracle (default own,common; oracle: the best "
                          "truth among the points each method ran)")
     a = ap.parse_args(argv)
     names = [x.strip() for x in a.rules.split(",") if x.strip()]
-    if not names or any(n not in COLUMNS for n in names):
-        print(f"error: --rules={a.rules!r}: give comma-separated names from {', '.join(COLUMNS)}", file=sys.stderr)
+    if not names or any(n not in COLUMNS for n in names) or len(set(names)) < len(names):
+        print(f"error: --rules={a.rules!r}: give comma-separated names from {', '.join(COLUMNS)}, each once",
+              file=sys.stderr)
+        return 2
+    if len(set(map(str, a.results))) < len(a.results):
+        print(f"error: --results: {next(str(p) for p in a.results if a.results.count(p) > 1)!r} is given twice; "
+              "give each world's folder once", file=sys.stderr)
+        return 2
+    if a.out is not None and not a.out.parent.is_dir():
+        print(f"error: --out={str(a.out)!r}: its folder does not exist", file=sys.stderr)
         return 2
     bad = next((p for p in a.results if not (p / "results.csv").is_file()), None)
     if bad is not None:
@@ -109,14 +117,18 @@ def main(argv: list[str] | None = None) -> int:
               "(python benchmarks/optimizers.py ... --out DIR)", file=sys.stderr)
         return 2
     try:
-        levels = [float(x) for x in a.levels.split(",") if x.strip()]
+        levels = [float(x) for x in a.levels.split(",")]
     except ValueError:
         levels = []
-    if not levels or any(not math.isfinite(lv) or lv <= 0 for lv in levels):
-        print(f"error: --levels={a.levels!r}: must be positive numbers, comma-separated (e.g. 8,12,16)",
+    if not levels or any(not math.isfinite(lv) or lv <= 0 for lv in levels) or len(set(levels)) < len(levels):
+        print(f"error: --levels={a.levels!r}: must be positive numbers, comma-separated, each once (e.g. 8,12,16)",
               file=sys.stderr)
         return 2
     text, lowest, total = summary(a.results, levels, a.method, tuple((n, COLUMNS[n]) for n in names), a.statistic)
+    if total == 0:
+        print(f"error: --results: no {a.method} rows at the levels {a.levels} in these folders; the judge "
+              "records the levels 4, 8, 12, 16, 24, 40", file=sys.stderr)
+        return 2
     text += (f"\n{a.method}'s {a.statistic} is the lowest (bold; beside it the lowest other {a.statistic}, named "
              f"where it is lower) in {lowest} of {total} world × truth × rule × level cells.\n")
     print(text, end="")

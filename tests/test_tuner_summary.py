@@ -59,3 +59,18 @@ def test_means_and_the_oracle_rule_are_compared_as_asked(tmp_path, capsys):
     assert tuner_summary.main(["--results", str(tmp_path / "w"), "--rules", "own,best"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --rules='own,best': ") and len(err.strip().splitlines()) == 1
+
+
+def test_doubled_or_empty_inputs_are_one_line_and_exit_2(tmp_path, capsys):
+    """A rule, folder or level given twice would be counted twice; levels the judge never
+    records leave nothing to compare; an --out whose folder is missing fails after the work:
+    each refused at once in one line."""
+    _write(tmp_path / "w", [_row("allocopt", 8, 1, 1, 0), _row("tpe", 8, 2, 2, 0)])
+    w = str(tmp_path / "w")
+    for bad, says in ((["--rules", "own,own"], "--rules='own,own'"), ([w], "is given twice"),
+                      (["--levels", "8,8"], "--levels='8,8'"), (["--levels", "8,,16"], "--levels='8,,16'"),
+                      (["--levels", "7"], "no allocopt rows at the levels 7"),
+                      (["--out", str(tmp_path / "none" / "x.md")], "its folder does not exist")):
+        assert tuner_summary.main(["--results", w, *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err

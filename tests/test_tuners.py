@@ -614,3 +614,8 @@ def test_noise_learned_reports_the_tables_noise_share_by_hand_and_repeats_it_can
     assert noise_learned.main(["--tables", str(tmp_path / "none.csv")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --tables=") and err.count("\n") == 1
+    notes = tmp_path / "notes.csv"
+    notes.write_text("a,b\n1,2\n")
+    assert noise_learned.main(["--tables", str(notes)]) == 2  # a file that is not a grid table
+    err = capsys.readouterr().err
+    assert err.startswith("error: table=") and "missing column" in err and err.count("\n") == 1
