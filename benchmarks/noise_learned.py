@@ -37,7 +37,7 @@ LEVEL = 40.0
 
 def replay(world, truth_mode: str, seed: int) -> dict[str, float]:
     """One replication of the shipped tuner: its repeats and the noise weights at :data:`LEVEL`."""
-    from benchmarks.tuners.ablation import _observation
+    from benchmarks.tuners.ablation import observation_of
     from benchmarks.tuners.methods.allocopt import make_tuner, run_allocopt
     from benchmarks.tuners.runner import TARGETS
     from benchmarks.tuners.session import Session
@@ -55,7 +55,7 @@ def replay(world, truth_mode: str, seed: int) -> dict[str, float]:
             same += e.value in seen[e.allocation]
         seen.setdefault(e.allocation, []).append(e.value)
     kg = make_tuner(Session(world, truth, seed, LEVEL, (LEVEL,)))
-    obs = kg.observed([_observation(e) for e in full])
+    obs = kg.observed([observation_of(e) for e in full])
     post = kg.tuner.posterior(obs, kg.tuner.targets(obs)[:1])
     weights = {share: 0.0 for share in kg.tuner.grid.noise_share}
     for w, h in zip(post.weights, post.hypers):

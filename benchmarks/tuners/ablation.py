@@ -213,7 +213,7 @@ def run_answer_rules(world: Any, truth_mode: str, seed: int, levels: Sequence[fl
             evs = [e for e in session.events if e.cost <= lv + EPS]
             kg.refused.clear()
             kg.refused.update((e.allocation, round(e.fraction, 4)) for e in evs if e.value is None)
-            obs = kg.observed([_observation(e) for e in evs if e.value is not None])
+            obs = kg.observed([observation_of(e) for e in evs if e.value is not None])
             if not any(o.fraction >= 1 for o in obs):
                 a = None
             else:
@@ -237,7 +237,8 @@ def best_run_mean(observed: Sequence[Any]) -> Any:
     return max(runs, key=lambda a: statistics.fmean(runs[a]))
 
 
-def _observation(e: Any) -> Any:
+def observation_of(e: Any) -> Any:
+    """A replay's trial (:class:`benchmarks.tuners.session.Event`) as the study's tuner reads it."""
     from allocopt.race.data import Observation
 
     return Observation(0, e.allocation, e.value, math.nan, e.fraction, "full" if e.fraction >= 1 else "pilot")
@@ -458,5 +459,5 @@ def _choice_lines(records: Sequence[Mapping[str, Any]], variants: Sequence[str],
 
 
 __all__ = ["ANSWER_RULES", "BASE", "BEFORE", "BEST_RUN_MEAN", "CHOICE_LEVELS", "DESIGN", "KEYS", "PAIRED_SPANS", "VARIANTS", "WITH_DESIGN",
-           "against_shipped", "leave_one_world_out", "paired_lines", "best_run_mean", "run_answer_rules", "run_variant", "score_on",
+           "against_shipped", "leave_one_world_out", "paired_lines", "best_run_mean", "observation_of", "run_answer_rules", "run_variant", "score_on",
            "tables"]
