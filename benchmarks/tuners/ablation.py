@@ -151,6 +151,10 @@ DESIGN: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
     "kg-placed-design": ("one full run per reward system first, each where the knowledge gradient puts it among "
                          "the cells of the systems not yet run (shipped: fixed places, a third and two thirds of "
                          "the ρ levels at the middle G)", lambda: {"layout": "kg-placed"}),
+    "noise-share-0.9": ("the wide middle design (shipped) with a fourth noise share, 0.9 of the values' variance "
+                        "(shipped 0.02/0.1/0.5): the measured tables put one run's noise at 0.56-0.99 of it on "
+                        "pass@1 and the judge", lambda: {"layout": "wide-middle",
+                                                         "grid": HyperGrid(noise_share=(0.02, 0.1, 0.5, 0.9))}),
 }
 """The design choices asked against the tuner as shipped (``--design``): the candidate grid, the
 initial design and the model's terms, each a change of the shipped tuner (its answer among the
