@@ -65,16 +65,13 @@ def replay(world, truth_mode: str, seed: int) -> dict[str, float]:
 
 def table_noise_share(world, target: str) -> float:
     """One run's seed-to-seed variance over the variance of single runs across the cells."""
-    from benchmarks.tuners.world import FULL
+    from benchmarks.world_noise import cell_values, seed_variance
 
-    within, values = [], []
-    for a in world.candidates:
-        seeds = world.seeds(a, FULL, a.rho)
-        vs = [s[target] for s in seeds.values()] if seeds else []
-        if len(vs) >= 2:
-            within.append(statistics.variance(vs))
-        values += vs
-    return statistics.fmean(within) / statistics.variance(values) if within and len(values) > 1 else float("nan")
+    values = cell_values(world, target)
+    runs = [x for v in values for x in v]
+    if not any(len(v) > 1 for v in values) or len(runs) < 2:
+        return float("nan")
+    return seed_variance(values) / statistics.variance(runs)
 
 
 def main(argv: list[str] | None = None) -> int:

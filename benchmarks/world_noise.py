@@ -33,18 +33,27 @@ if str(ROOT) not in sys.path:
 TARGETS = ("pass_at_1", "native_reward", "judge")
 
 
-def noise_row(world, target: str) -> dict[str, float]:
-    """The table's numbers (module docstring) for ``target`` on ``world`` (a table world)."""
+def cell_values(world, target: str) -> list[list[float]]:
+    """``target``'s measured values at each full-budget cell of ``world``, one list per cell."""
     from benchmarks.tuners.truth import FULL
 
-    cells = [world.seeds(a, FULL, a.rho) for a in world.candidates]
-    values = [[v[target] for v in seeds.values()] for seeds in cells]
+    return [[v[target] for v in world.seeds(a, FULL, a.rho).values()] for a in world.candidates]
+
+
+def seed_variance(values: list[list[float]]) -> float:
+    """One run's seed-to-seed variance, pooled over the cells with two or more seeds."""
+    return statistics.fmean(statistics.variance(v) for v in values if len(v) > 1)
+
+
+def noise_row(world, target: str) -> dict[str, float]:
+    """The table's numbers (module docstring) for ``target`` on ``world`` (a table world)."""
+    values = cell_values(world, target)
     means = sorted((statistics.fmean(v) for v in values), reverse=True)
     span = means[0] - means[-1]
     several = [v for v in values if len(v) > 1]
     if not several or span <= 0:
         raise ValueError(f"{world.name}/{target}: needs cells with two or more seeds and differing means")
-    sd = math.sqrt(statistics.fmean(statistics.variance(v) for v in several))
+    sd = math.sqrt(seed_variance(several))
     n = statistics.fmean(len(v) for v in values)
     gap = means[0] - means[min(4, len(means) - 1)]
     return {"seeds": n, "one_run": 100 * sd / span, "truth": 100 * sd / math.sqrt(n) / span,
