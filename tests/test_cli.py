@@ -2,6 +2,7 @@
 the ``cli`` fixture; the import check and ``--help`` run in a fresh Python process)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -349,3 +350,20 @@ def test_a_dry_runs_epochs_never_read_zero_for_a_plan_that_trains(run):
     eps = [row[cols.index("ep")] for row in rows]
     assert eps and "0.0" not in eps and "<0.1" in eps, eps
     assert all(e == "<0.1" or float(e) >= 0.1 for e in eps)
+
+
+@pytest.mark.parametrize("args", [
+    ["study", "--budget", "1e19", "--target", "pass@1", "--dry-run"],  # rich's console
+    ["account", "--model", "Qwen/Qwen2.5-3B-Instruct", "--json"],  # a plain write of JSON
+])
+def test_closed_output_exits_141_without_a_message(args, tmp_path):
+    # the reader is gone before the command writes (what `| head` does once it has its lines):
+    # the shell's code for a closed pipe, not rich's 1 (a study in which no trial finished)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([sys.executable, "-m", "allocopt.cli", *args], stdout=write_end,
+                           stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (141, "")

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""
     import warnings
 
+    from allocopt.cli.consoles import OUTPUT_CLOSED_EXIT, OutputClosed
     from allocopt.errors import DiskFull, StorageUnreachable
     from allocopt.plan.allocation import InfeasiblePlan
 
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         fail("aborted", 130)
     except KeyboardInterrupt:  # before any study was opened (loading, planning): nothing recorded
         fail("interrupted before anything was recorded", 130)
+    except (OutputClosed, BrokenPipeError):  # `| head` read what it wanted; no message can reach it
+        _drop_stdout()
+        sys.exit(OUTPUT_CLOSED_EXIT)
     except TyperException as e:  # usage errors: unknown option, bad int, missing option
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         fail(f"error: {msg}{_spec_hint(e, msg)} (see --help)", getattr(e, "exit_code", 2))
@@ -166,6 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         warnings.formatwarning = python_format
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's last flush does not fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from allocopt.cli.consoles import PipeConsole
 from allocopt.flops import PHASES, ConfigError, FlopAccount
 from allocopt.plan.setup import TrainingSetup
 from allocopt.plan.hub import model_shape
@@ -28,7 +29,7 @@ RUNNER_HELP = ("Who runs the training, which decides the defaults of gradient ch
 
 # This module does not import allocopt.cli (``python -m allocopt.cli`` runs that file as
 # ``__main__``): bad input is raised as ConfigError, which allocopt.cli.main turns into one line.
-out = Console()
+out = PipeConsole()
 err = Console(stderr=True)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 
+from allocopt.cli.consoles import PipeConsole
 from allocopt.record import TrialRecord
 from allocopt.store.connect import DEFAULT_STORAGE
 from rich.console import Console
@@ -25,7 +26,7 @@ from rich.table import Table
 
 from allocopt.flops import ConfigError
 
-out = Console()
+out = PipeConsole()
 err = Console(stderr=True)
 _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", envvar="ALLOCOPT_STORAGE", help="Optuna storage URL (sqlite:///…, postgresql://…); a password is better given in $ALLOCOPT_STORAGE than on the command line.")
 

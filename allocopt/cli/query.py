@@ -24,6 +24,7 @@ from rich import box
 from rich.table import Table
 
 from allocopt.cli.common import bundled_options
+from allocopt.cli.consoles import PipeConsole
 from allocopt.cli.model_labels import legend, short_names
 from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.query.stored import (parent_run_id, stored_objectives, stored_recommendation, stored_target,
@@ -47,7 +48,7 @@ _reads_trials = bundled_options("trials", {
 
 def _out() -> Console:
     """stdout console; when stdout is not a terminal (a pipe, a log) tables get 160 columns."""
-    c = Console()
+    c = PipeConsole()
     if not c.is_terminal:
         c.width = max(c.width, 160)
     return c

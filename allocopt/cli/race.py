@@ -23,11 +23,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from allocopt.cli.consoles import PipeConsole
 from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.flops import ConfigError
 from allocopt.cli.race_tables import proposal_table, regime_table, validation_table
 
-out = Console()
+out = PipeConsole()
 err = Console(stderr=True)
 
 

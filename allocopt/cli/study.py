@@ -25,13 +25,14 @@ from rich.console import Console
 from rich.table import Table
 
 from allocopt.cli.common import fail
+from allocopt.cli.consoles import PipeConsole
 from allocopt.cli.model_labels import legend, short_names, spelled_out
 from allocopt.store.connect import DEFAULT_STORAGE
 from allocopt.cli.account import fmt_flops
 from allocopt.cli.common import takes_time_budget
 from allocopt.flops import ConfigError
 
-out = Console()
+out = PipeConsole()
 err = Console(stderr=True)
 
 
@@ -65,7 +66,8 @@ def study(
 
     Exit codes: 0 at least one full-budget trial finished; 1 the study ran but none did
     (every trial failed or was infeasible: nothing to recommend); 2 bad input, refused before
-    anything is recorded; 130 interrupted (finished trials are kept; the same command resumes).
+    anything is recorded; 130 interrupted (finished trials are kept; the same command resumes);
+    141 the reader of its output closed it early (`| head`).
     """
     from allocopt.cli.common import read_spec
 

@@ -16,10 +16,11 @@ from rich.table import Table
 
 from allocopt.cli.account import breakdown_table, fmt_flops
 from allocopt.cli.common import fail, parse_settings
+from allocopt.cli.consoles import PipeConsole
 from allocopt.cli.live import TRIAL_WALL_LIMIT_S, duration, estimated_seconds
 from allocopt.flops import ConfigError
 
-out = Console()
+out = PipeConsole()
 err = Console(stderr=True)
 
 
