@@ -245,7 +245,8 @@ def print_plans(s: Any) -> None:
     t = Table(title=f"Plans for {head} (objective {s.objective}); nothing is run",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left",
               padding=(0, 0) if tb else (0, 1))  # 80 columns, nothing cut (a time budget's two more columns too)
-    plans = plans_over_space(s, workload)
+    with err.status("planning each allocation's run (its FLOPs step by step)..."):
+        plans = plans_over_space(s, workload)
     notes = any(note for _, _, note in plans)  # a note column only when a plan has one
     epochs = any(p is not None and p.epochs is not None for _, p, _ in plans)
     models = len(s.space.models) > 1  # a model-size study: which policy each plan trains
