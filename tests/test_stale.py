@@ -207,6 +207,8 @@ def test_sigkill_during_the_last_trial_then_resume_at_once(tmp_path):
     assert ts[2].system_attrs["failed_trial"] == 1 and ts[2].params == ts[1].params
     key = lambda r: (r["rho"], r["group_size"], r["reward"])  # noqa: E731
     assert [key(r) for r in ran(tmp_path) if r["event"] == "start"].count(key(killed)) == 2  # killed + once
+    # the re-queued run is the one full run missing, not one more: the bar counts it once
+    assert " 1/1 " in err and " 1/2 " not in err, err
     print(f"sigkill during last trial: resumed in {time.time() - t0:.1f} s")
 
 

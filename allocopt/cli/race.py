@@ -176,6 +176,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
     from allocopt.cli.common import check_storage, load_workload, tracked_command
     from allocopt.cli.live import StudyDisplay
     from allocopt.race import check_pilot_fraction, pilot_grid
+    from allocopt.study.loop import full_runs_left
     from allocopt.study.race import run_race
 
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction))  # the study records it
@@ -190,7 +191,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
 
         err.print(finished_line(opened, replace(s, trials=validations)), highlight=False, markup=False,
                   soft_wrap=True)
-    num_full = validations if left is None else left["full"] + left["retries"]
+    num_full = validations if left is None else full_runs_left(left)
     live = StudyDisplay(err, s, num_full=num_full, disable=quiet or done)
 
     def work(tracker: Any) -> Any:

@@ -151,7 +151,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     states the runs in dollars. Returns ``(study, tracker)``."""
     from allocopt.cli.common import check_storage, load_workload, probe_interrupt_exits, tracked_command
     from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
-    from allocopt.study.loop import finished_full, run_study, work_left
+    from allocopt.study.loop import finished_full, full_runs_left, run_study, work_left
     from allocopt.study.open import StudyError, open_study
     from allocopt.tracking.lifecycle import probe_tracking
 
@@ -166,7 +166,7 @@ def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bo
     except StudyError as e:
         raise ConfigError(str(e)) from None
     left = work_left(opened, s)
-    to_do = left["full"] + left["retries"]
+    to_do = full_runs_left(left)
     if not to_do:  # one line, then the answer (the summary): no estimate, no empty bar
         err.print(finished_line(opened, s), highlight=False, markup=False, soft_wrap=True)
 

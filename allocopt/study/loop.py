@@ -389,6 +389,13 @@ def gain_stop(study: Any, spec: StudySpec, sampler: Any) -> bool:
     return True
 
 
+def full_runs_left(left: dict[str, int]) -> int:
+    """The full runs a run of the study would make, from :func:`work_left`: a re-queued run is
+    one of the full runs still missing (it counts when it finishes), and the re-queued ones all
+    run even when fewer are missing, so the two overlap rather than add."""
+    return max(left["full"], left["retries"])
+
+
 def retries_waiting(study: Any) -> int:
     """Queued re-runs of killed or interrupted trials (WAITING with Optuna's ``failed_trial``)."""
     return sum(1 for r in records(study) if r.optuna_state == "WAITING" and r.retried_from is not None)
