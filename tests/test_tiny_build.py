@@ -376,6 +376,44 @@ def test_the_float_fingerprint_is_the_recipes_first_steps(tmp_path):
     assert _float_fingerprint(tmp_path / "c", _FINGERPRINT_STEPS + 1) != first
 
 
+def _unstamped(path: Path) -> dict:
+    """A model's JSON config without ``transformers_version``: the stamp of the library release
+    that wrote it, which moves with every release while the build's output does not."""
+    config = json.loads(path.read_text())
+    config.pop("transformers_version", None)
+    return config
+
+
+def _same_build(names: tuple[str, ...], built: WorldPaths, manifest: dict, shipped: dict) -> bool:
+    """Whether the built parts ``names`` are the shipped ones: every file byte for byte, the JSON
+    configs but for their transformers stamp (:func:`_unstamped`)."""
+    def files(m: dict, json_files: bool) -> dict:
+        return {k: v for k, v in m["checksums"].items()
+                if k.split("/")[0] in names and k.endswith(".json") == json_files}
+
+    configs = files(shipped, True)
+    return (files(manifest, False) == files(shipped, False) and files(manifest, True).keys() == configs.keys()
+            and all(_unstamped(built.root / k) == _unstamped(tm.SHIPPED_DIR / k) for k in configs))
+
+
+def test_same_build_ignores_only_the_transformers_stamp(tmp_path):
+    # the shipped policy copied as a "build" by another transformers release: the same build;
+    # any other change to a config, or a weight file's bytes, is not
+    shipped = json.loads((tm.SHIPPED_DIR / tm.MANIFEST).read_text())
+    built = WorldPaths.at(tmp_path)
+    shutil.copytree(tm.SHIPPED_DIR / "policy", built.policy)
+    config = json.loads((built.policy / "config.json").read_text())
+    manifest = json.loads(json.dumps(shipped))
+    manifest["checksums"]["policy/config.json"] = "another release's bytes"
+    (built.policy / "config.json").write_text(json.dumps({**config, "transformers_version": "9.9.9"}))
+    assert _same_build(("policy",), built, manifest, shipped)
+    (built.policy / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 99}))
+    assert not _same_build(("policy",), built, manifest, shipped)
+    (built.policy / "config.json").write_text(json.dumps({**config, "transformers_version": "9.9.9"}))
+    manifest["checksums"]["policy/model.safetensors"] = "other weights"
+    assert not _same_build(("policy",), built, manifest, shipped)
+
+
 @pytest.mark.slow
 def test_full_build_reproduces_the_shipped_world(tmp_path):
     # ~8 min on one idle thread (~55 min at load 3): the script that made the shipped files
@@ -403,11 +441,9 @@ def test_full_build_reproduces_the_shipped_world(tmp_path):
     if fingerprint not in _FLOAT_FINGERPRINTS:
         pytest.xfail(_OTHER_FLOATS.format(steps=_FINGERPRINT_STEPS, fingerprint=fingerprint,
                                           capability=torch.backends.cpu.get_cpu_capability()))
-    assert part(manifest["checksums"], ("policy",)) \
-        == part(shipped["checksums"], ("policy",)), versions
+    assert _same_build(("policy",), paths, manifest, shipped), versions
     assert metrics["policy"] == shipped["metrics"]["policy"]
-    prms = ("prm", "proxy_prm")
-    if part(manifest["checksums"], prms) != part(shipped["checksums"], prms):
+    if not _same_build(("prm", "proxy_prm"), paths, manifest, shipped):
         pytest.xfail(_PRM_BYTES)
     # issue 17's bar on the policy's own samples: the full PRM flags >= 60% of the wrong steps
     # at <= 10% false alarms, the proxy is measurably weaker
