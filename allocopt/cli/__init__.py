@@ -180,7 +180,5 @@ def _drop_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-
-
 if __name__ == "__main__":
     main()
