@@ -67,6 +67,37 @@ def test_trial_estimates_wall_time_and_refuses_years(tmp_path):
     assert f"about {years:.1f} years" in r.stderr and "--yes" in r.stderr
 
 
+@pytest.mark.parametrize("cmd", [["study"], ["study", "--tuner", "race"], ["race", "--target", "pass@1"]])
+def test_study_of_years_on_the_cpu_is_refused_before_storage(tmp_path, cmd):
+    from objectives.tiny.objective import TinyObjective
+
+    r = cli(*cmd, "--objective", "tiny", "--budget", "1e19", "--storage", f"sqlite:///{tmp_path}/o.db",
+            "--mlflow-uri", f"sqlite:///{tmp_path}/m.db", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    one = (TinyObjective.overhead_seconds + 1e19 / TinyObjective.flops_per_second) / (365.25 * 86400)
+    assert f"one full run of the tiny objective would take about {one:.1f} years" in r.stderr
+    assert "at most 1.0 h a run" in r.stderr and "--yes" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no Optuna, no MLflow file
+
+
+def test_run_time_check_passes_an_hour_a_yes_and_a_time_budget():
+    from allocopt.cli.common import check_run_time
+    from allocopt.plan.throughput import ThroughputProfile
+    from objectives.tiny.objective import TinyObjective
+
+    obj = TinyObjective()
+    hour = (3600.0 - obj.overhead_seconds) * obj.flops_per_second  # the FLOPs one hour buys, by hand
+    check_run_time(StudySpec(objective="tiny", budget_flops=hour * 0.999), obj, yes=False)
+    with pytest.raises(ConfigError, match=r"budget=.*: one full run of the tiny objective would take about "
+                                          r"1\.0 h here \(3 of them about 3\.0 h"):
+        check_run_time(StudySpec(objective="tiny", budget_flops=hour * 1.001), obj, yes=False, num_full=3)
+    check_run_time(StudySpec(objective="tiny", budget_flops=1e19), obj, yes=True)
+    p = ThroughputProfile(gpu="x", setup_fingerprint="*", search_prefill=4e14, search_decode=2e13, learning=2e14)
+    hours = StudySpec(objective="tiny", budget_gpu_hours=1e6, throughput=p.to_dict())  # hours the user gave
+    assert hours.time_budget is not None and hours.budget_flops > hour
+    check_run_time(hours, obj, yes=False)
+
+
 def test_study_where_every_trial_failed_exits_1(tmp_path, monkeypatch, capsys):
     from objectives.synthetic import SyntheticObjective
 

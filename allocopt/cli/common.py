@@ -391,6 +391,26 @@ def load_workload(spec: Any, pilot_fraction: float | None = None) -> tuple[Any, 
     return obj, workload
 
 
+def check_run_time(spec: Any, obj: Any, yes: bool, num_full: int | None = None) -> None:
+    """Refuse, before anything is recorded, a study whose full run would take longer here than
+    ``allocopt trial`` allows without ``--yes`` (:data:`~allocopt.cli.live.TRIAL_WALL_LIMIT_S`),
+    by the objective's measured FLOP/s (the CPU objectives have one). A time budget
+    (``--budget-gpu-hours``) states the run's length itself, and an objective without a measured
+    rate (a GPU run) cannot be estimated: both pass. ``num_full``: the full runs the command
+    would run (default the study's ``trials``), stated with the refusal."""
+    from allocopt.cli.live import TRIAL_WALL_LIMIT_S, duration, estimated_seconds
+
+    secs = None if yes or spec.time_budget is not None else estimated_seconds(obj, spec.budget_flops)
+    if secs is None or secs <= TRIAL_WALL_LIMIT_S:
+        return
+    n = spec.trials if num_full is None else max(num_full, 1)
+    raise ConfigError(
+        f"budget={spec.budget_flops:.3g}: one full run of the {spec.objective} objective would take about "
+        f"{duration(secs)} here ({n} of them about {duration(secs * n)}; at "
+        f"{obj.flops_per_second:.2g} FLOP/s, its measured rate); allowed without --yes: at most "
+        f"{duration(TRIAL_WALL_LIMIT_S)} a run (give a smaller --budget, or --yes)")
+
+
 def tracked_command(spec: Any, storage: str, mlflow_uri: str | None, no_mlflow: bool, work: Any) -> tuple[Any, Any]:
     """A command's :func:`allocopt.tracking.lifecycle.tracked`: ``work(tracker)`` run with the
     study's MLflow tracker (``None`` with ``no_mlflow``), which is closed after it (parent run

@@ -119,6 +119,7 @@ def race(
     time: Optional[dict] = None,  # the time-budget flags (takes_time_budget)
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
+    yes: bool = typer.Option(False, "--yes", help="Run even when one full run's estimated wall time (a CPU objective's measured FLOP/s) is above 1 h."),
 ) -> None:
     """RACE: IsoFLOP pilots at a fraction of the budget diagnose the regime per reward system
     (search-heavy, update-heavy, reward-heavy, balanced); a multi-fidelity GP surrogate that
@@ -158,22 +159,24 @@ def race(
                             extra_pilot_budget=extra_pilot_budget)  # --batch-size: ignored
     res, _ = race_live(s, settings, storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow,
                        validations=validations, propose_only=propose_only, quiet=as_json, verbose=verbose,
-                       usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
+                       usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"), yes=yes)
     print_race(s, res, propose_only=propose_only, as_json=as_json)
 
 
 def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
               validations: int, propose_only: bool = False, quiet: bool = False,
-              verbose: bool = False, usd_per_gpu_hour: Optional[float] = None) -> tuple[Any, Any]:
+              verbose: bool = False, usd_per_gpu_hour: Optional[float] = None,
+              yes: bool = False) -> tuple[Any, Any]:
     """:func:`allocopt.study.race.run_race` of ``s`` with a live display on stderr (none with
     ``quiet``) and the study's MLflow tracker (:func:`allocopt.cli.common.tracked_command`); the regime
     table goes on the parent run. Bad input (pilot fraction, space, pilot count, a budget too
     small, storage) is refused before anything is recorded. ``usd_per_gpu_hour``
-    (``--budget-usd``): the wall-time estimate states the runs in dollars. Returns
+    (``--budget-usd``): the wall-time estimate states the runs in dollars; a full run estimated
+    above an hour needs ``yes`` (:func:`~allocopt.cli.common.check_run_time`). Returns
     ``(RaceResult, tracker)``."""
     from dataclasses import replace
 
-    from allocopt.cli.common import check_storage, load_workload, tracked_command
+    from allocopt.cli.common import check_run_time, check_storage, load_workload, tracked_command
     from allocopt.cli.live import StudyDisplay
     from allocopt.race import check_pilot_fraction, pilot_grid
     from allocopt.study.loop import full_runs_left
@@ -182,6 +185,7 @@ def race_live(s: Any, settings: Any, *, storage: str, mlflow_uri: Optional[str],
     s = replace(s, pilot_fraction=check_pilot_fraction(s.pilot_fraction))  # the study records it
     design = pilot_grid(s.space, settings, s.seed)  # bad space / max_pilots: fail before any storage
     obj, workload = load_workload(s, s.pilot_fraction)
+    check_run_time(s, obj, yes, validations)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
     left = None if propose_only else _race_left(s, settings, storage, workload, validations)
     opened = left.pop("study") if left is not None else None

@@ -60,6 +60,7 @@ def study(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Objective setting KEY=VALUE over the spec's \\[objective_settings] (repeat), e.g. --set model=PATH."),
     verbose: bool = typer.Option(False, "--verbose", help="Show the libraries' warnings and log lines during trials (hidden by default)."),
     replicates: Optional[int] = typer.Option(None, help="RACE: extra seeds of the leading full run when it is within one evaluation's noise of another cell's best; each counts as a full trial. \\[default: 0]"),
+    yes: bool = typer.Option(False, "--yes", help="Run even when one full run's estimated wall time (a CPU objective's measured FLOP/s) is above 1 h."),
     no_report: bool = typer.Option(False, "--no-report", help="Do not log the report (allocopt report: page and figures) into the study's MLflow parent run at the end."),
 ) -> None:
     """Bayesian optimization of the allocation (rho, G, reward) under a hard FLOP budget, tracked in MLflow.
@@ -84,7 +85,7 @@ def study(
 
         check_storage(storage)
         return print_plans(s)
-    run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose,
+    run = dict(storage=storage, mlflow_uri=mlflow_uri, no_mlflow=no_mlflow, verbose=verbose, yes=yes,
                usd_per_gpu_hour=(time or {}).get("usd_per_gpu_hour"))
     if s.pilots != 0 and s.tuner == "race":  # RACE: pilots, regime table, proposed full-budget trials
         from allocopt.cli.race import print_race, race_live
@@ -143,19 +144,23 @@ def _check_race_pilots(s: Any, pilots: Optional[int]) -> None:
 
 
 def study_live(s: Any, *, storage: str, mlflow_uri: Optional[str], no_mlflow: bool,
-               verbose: bool = False, usd_per_gpu_hour: Optional[float] = None) -> tuple[Any, Any]:
+               verbose: bool = False, usd_per_gpu_hour: Optional[float] = None,
+               yes: bool = False) -> tuple[Any, Any]:
     """:func:`allocopt.study.loop.run_study` of ``s`` (plain BO) with a live display on stderr
     and the study's MLflow tracker (:func:`allocopt.cli.common.tracked_command`). Bad input (a budget
     no allocation can use, the storage, MLflow's store, the study's terms) is refused before
     anything is recorded. ``usd_per_gpu_hour`` (``--budget-usd``): the wall-time estimate
-    states the runs in dollars. Returns ``(study, tracker)``."""
-    from allocopt.cli.common import check_storage, load_workload, probe_interrupt_exits, tracked_command
+    states the runs in dollars; a full run estimated above an hour needs ``yes``
+    (:func:`~allocopt.cli.common.check_run_time`). Returns ``(study, tracker)``."""
+    from allocopt.cli.common import (check_run_time, check_storage, load_workload, probe_interrupt_exits,
+                                     tracked_command)
     from allocopt.cli.live import StudyDisplay, finished_line, study_estimate
     from allocopt.study.loop import finished_full, full_runs_left, run_study, work_left
     from allocopt.study.open import StudyError, open_study
     from allocopt.tracking.lifecycle import probe_tracking
 
     obj, workload = load_workload(s)
+    check_run_time(s, obj, yes)
     check_storage(storage, s)  # a storage typo or a refused resume: before MLflow records anything
     if not no_mlflow:  # an unusable MLflow store fails here, before the Optuna study exists
         with probe_interrupt_exits():
