@@ -31,9 +31,18 @@ def load_objective(name: str, settings: dict | None = None, *, available: bool =
     try:
         obj = get_objective(name, **(settings or {}))
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"objective_settings for objective={name!r}: {str(e).splitlines()[0]}"
-                          if isinstance(e, TypeError) else str(e).splitlines()[0]) from None
+        raise ConfigError(_settings_refusal(name, e)) from None
     return check_available(obj) if available else obj
+
+
+def _settings_refusal(name: str, e: Exception) -> str:
+    """The one line of an objective that refused to be built: a refused setting is led by
+    ``objective_settings`` (the study file's table; :func:`with_flag` names ``--set`` when
+    that gave it), else the objective's own line."""
+    first = str(e).splitlines()[0]
+    if isinstance(e, TypeError):
+        return f"objective_settings for objective={name!r}: {first}"
+    return f"objective_settings: {first}" if first.startswith("setting ") else first
 
 
 def check_available(obj: Any) -> Any:
@@ -192,7 +201,8 @@ def quiet_library_warnings() -> None:
 
 
 FLAG_OF = {"budget_flops": "--budget", "rollouts_per_iteration": "--rollouts",
-           "max_rollouts_per_iteration": "--max-rollouts", "name": "--study-name"}
+           "max_rollouts_per_iteration": "--max-rollouts", "name": "--study-name",
+           "objective_settings": "--set"}
 """The flags whose field (in a study file, in an error line) is spelled otherwise; any other
 field's flag is its name with dashes (``pilot_fraction``: ``--pilot-fraction``)."""
 ALIASES = {"--max-pilots": ("--pilots",)}
@@ -253,6 +263,9 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
         raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19), --budget-gpu-hours H with "
                           "--throughput FILE, or --spec FILE")
     b = None if budget is None else check_budget(budget)
+    if path and not os.path.lexists(path):  # else a bare "file not found": say where and what to give
+        raise ConfigError(f"spec={str(path)!r}: file not found (relative to {os.getcwd()}); give a study file "
+                          "(TOML, e.g. studies/tiny.toml in allocopt's repository), or flags without --spec")
     if path:
         s = _file_then_flags(StudySpec.from_toml(path, b, t), path, b, overrides)
     else:
@@ -516,6 +529,7 @@ def objective_for_plans(spec: Any) -> Any:
     try:
         return get_objective(spec.objective, **spec.objective_settings)
     except (ValueError, TypeError) as e:
-        first = str(e).splitlines()[0]
+        first = _settings_refusal(spec.objective, e)
         named = f"objective={spec.objective!r}: "
-        raise ConfigError(first if first.startswith(named) else named + first) from None
+        plain = first.startswith((named, "objective_settings"))
+        raise ConfigError(first if plain else named + first) from None
