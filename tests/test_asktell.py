@@ -311,3 +311,14 @@ def test_ask_refuses_a_size_the_objective_lacks_before_reserving(tmp_path, cli):
     r = cli("ask", "--study", "bm", "--storage", url, "--spec", "bad.toml", "--out", "asked", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert optuna.get_all_study_names(url) == ["bm"]
+
+
+def test_ask_and_tell_of_a_study_where_no_database_is_leave_no_file(tmp_path, cli):
+    """Without --spec there is nothing to make: a SQLite file that is not there is refused in one
+    line, and not created empty (Optuna would create it on opening)."""
+    (tmp_path / "m.json").write_text('{"pass@1": 0.5}')
+    for args in (["ask", "--study", "nosuch"], ["tell", "--study", "nosuch", "--trial", "0", "--metrics", "m.json"]):
+        r = cli(*args, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"study='nosuch': not found" in r.stderr and str(tmp_path / "allocopt.db") in r.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]

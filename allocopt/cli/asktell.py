@@ -44,6 +44,8 @@ def _load(study_name: str, storage: str, new: Any = None, before_making: Any = N
     from allocopt.cli.common import check_storage
 
     check_storage(storage)  # a typo, an in-memory or another tool's database: one line, before Optuna
+    if new is None:  # nothing to make: a SQLite file that is not there would be created empty by Optuna
+        _check_database_exists(study_name, storage)
     import optuna
 
     from allocopt.study.asktell import TellError, spec_of
@@ -80,6 +82,20 @@ def _load(study_name: str, storage: str, new: Any = None, before_making: Any = N
         return open_study(spec, storage), spec
     except (TellError, StudyError) as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_database_exists(study_name: str, storage: str) -> None:
+    """Refuse a ``sqlite:///`` storage whose file is not there, before anything opens it (which
+    would leave an empty database behind a refusal)."""
+    import os
+
+    from allocopt.redact import redact_url
+
+    path = storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else None
+    if path and ":memory:" not in path and not os.path.exists(path):
+        raise ConfigError(f"study={study_name!r}: not found: storage {redact_url(storage)!r} has no database "
+                          f"file ({os.path.abspath(path)}); run where the study was made, give --storage, "
+                          "or make the study (allocopt study --trials 0, or ask --spec FILE)")
 
 
 @takes_time_budget
