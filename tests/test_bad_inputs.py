@@ -30,7 +30,9 @@ S = ["--study", "s", "--storage", "sqlite:///{tmp}/s.db"]
 ROWS = [
     # ---- account
     ("account: huge G", ["account", "-G", "1000000000"], ["group_size", "1000000000", "at most 65536"]),
-    ("account: G below 2", ["account", "-G", "1"], ["group_size=1", ">= 2"]),
+    ("account: G below 2", ["account", "-G", "1"], ["-G: group_size=1", ">= 2"]),
+    ("trial: seed not a number", ["trial", "--objective", "tiny", "--budget", "1e12", "--rho", "0.5", "--seed=abc"],
+     ["'--seed'", "valid integer", "(got 'abc')"]),
     ("account: no prompts", ["account", "--prompts", "0"], ["prompts=0", ">= 1"]),
     ("account: NaN prompt length", ["account", "--prompt-tokens", "nan"], ["prompt_tokens=nan", ">= 1"]),
     ("account: negative passes", ["account", "--update-passes", "-1"], ["update_passes=-1.0", "must be a number"]),
@@ -85,6 +87,8 @@ ROWS = [
      ["target='bleu'", "allowed: native_reward"]),
     ("study: target twice", ["study", *SYN, "--budget", "1e18", "--target", "pass@1"],
      ["target='pass@1'", "more than once", "each target once"]),
+    ("study: trials not a number", ["study", *SYN, "--budget", "1e18", "--trials", "two"],
+     ["'--trials'", "valid integer", "(got 'two')"]),
     ("study: zero trials", ["study", *SYN, "--budget", "1e18", "--trials", "0"], ["trials=0", ">= 1"]),
     ("study: models the synthetic variant ignores", ["study", "--spec", "{tmp}/sizes.toml", "--dry-run"],
      ["space.models=", "scores every model alike", "--set variant=model-size"]),
@@ -258,6 +262,7 @@ STRANGER_ROWS = [
      ["storage='sqlite://'", "in-memory", "vanish"]),
     ("race: in-memory storage", ["race", *SYN, "--budget", "1e18", "--storage", "sqlite:///:memory:"],
      ["storage='sqlite:///:memory:'", "in-memory"]),
+    ("ask: -n below 1", ["ask", "--study", "x", "-n", "-2"], ["-n: num=-2", "1..1000"]),
     ("ask: in-memory storage", ["ask", "--study", "x", "--storage", "sqlite://", "--objective", "synthetic",
                                 "--budget", "1e18", "--target", "pass@1"], ["storage='sqlite://'", "in-memory"]),
     ("study: another tool's database", ["study", *SYN, "--budget", "1e18", "--storage", "sqlite:///{tmp}/other.db",

@@ -136,6 +136,20 @@ def _spec_hint(e: Exception, msg: str) -> str:
     return f"; a study file is given as --spec {m.group(1)}" if m else ""
 
 
+def _given_value(e: Exception, argv: list[str]) -> str:
+    """The value a refused option was given (``Invalid value for '--trials'`` says the flag and
+    the rule, not what was typed): ``: got 'two'`` from ``argv``, else nothing."""
+    param = getattr(e, "param", None)
+    opts = [o for o in getattr(param, "opts", []) + getattr(param, "secondary_opts", []) if o.startswith("-")]
+    for i, a in enumerate(argv):
+        for o in opts:
+            if a.startswith(o + "="):
+                return f" (got {a[len(o) + 1:]!r})"
+            if a == o and i + 1 < len(argv):
+                return f" (got {argv[i + 1]!r})"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app, turns bad input into one line and exit code 2."""
     import warnings
@@ -158,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(OUTPUT_CLOSED_EXIT)
     except TyperException as e:  # usage errors: unknown option, bad int, missing option
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
-        fail(f"error: {msg}{_spec_hint(e, msg)} (see --help)", getattr(e, "exit_code", 2))
+        got = _given_value(e, sys.argv[1:] if argv is None else argv)
+        fail(f"error: {msg}{got}{_spec_hint(e, msg)} (see --help)", getattr(e, "exit_code", 2))
     except (ConfigError, InfeasiblePlan) as e:
         fail(f"error: {with_flag(str(e), sys.argv[1:] if argv is None else argv)}", 2)
     except StorageUnreachable as e:  # the database server stayed away: what is finished is kept

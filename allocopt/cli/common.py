@@ -205,7 +205,7 @@ FLAG_OF = {"budget_flops": "--budget", "rollouts_per_iteration": "--rollouts",
            "objective_settings": "--set"}
 """The flags whose field (in a study file, in an error line) is spelled otherwise; any other
 field's flag is its name with dashes (``pilot_fraction``: ``--pilot-fraction``)."""
-ALIASES = {"--max-pilots": ("--pilots",)}
+ALIASES = {"--max-pilots": ("--pilots",), "--group-size": ("-G",), "--num": ("-n",)}
 """Other names a flag is given by (``allocopt race --pilots``, as ``allocopt study`` names it)."""
 
 
