@@ -81,6 +81,8 @@ BAD_TIME_BUDGETS = [
     (["--budget-gpu-hours", "10"], "throughput source"),
     (["--budget", "1e18", "--budget-gpu-hours", "10", "--throughput", "{prof}"], "not both"),
     (["--budget", "1e18", "--budget-usd", "10", "--usd-per-gpu-hour", "2", "--throughput", "{prof}"], "not both"),
+    (["--budget", "1e18", "--budget-gpu-hours", "10"], "not both"),  # not the missing profile
+    (["--budget", "1e18", "--budget-usd", "10"], "not both"),  # not the missing price
     (["--budget-usd", "100"], "usd-per-gpu-hour"),
     (["--budget-usd", "100", "--usd-per-gpu-hour", "2"], "throughput source"),
     (["--budget-gpu-hours", "10", "--throughput", "{other}"], "another set-up"),

@@ -323,17 +323,14 @@ def _plan_budget(budget: Optional[str], time: dict) -> tuple[Optional[float], Op
     """``plan``'s budget, parsed once: ``(FLOPs or None, the time budget's flags or None, the
     throughput profile or None)``; a time budget becomes the allocation's FLOPs later, when its
     workload is known. One line (ConfigError) for both or neither, or ``--gpus`` alone."""
-    from allocopt.cli.common import read_time_budget
+    from allocopt.cli.common import read_one_budget
     from allocopt.plan.allocation import check_budget
     from allocopt.plan.throughput import ThroughputProfile, load_profile
 
     budget_gpu_hours, gpus, budget_usd, throughput = (time.get(k) for k in (
         "budget_gpu_hours", "gpus", "budget_usd", "throughput"))
-    t = read_time_budget(**{**time, "throughput": throughput if budget_gpu_hours is not None
-                            or budget_usd is not None else None})
-    if budget is not None and t is not None:
-        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
-                          "(--budget-gpu-hours / --budget-usd), not both")
+    t = read_one_budget(budget, {**time, "throughput": throughput if budget_gpu_hours is not None
+                                 or budget_usd is not None else None})
     if budget is None and t is None:
         raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19) or --budget-gpu-hours H "
                           "with --throughput FILE")

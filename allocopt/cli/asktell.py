@@ -171,12 +171,9 @@ def _new_spec(study: str, spec_file: Optional[Path], budget: Optional[str], targ
               objective: Optional[str], time: dict) -> Any:
     """The study ``ask`` makes when it is not there yet (from ``--spec`` and the flags), or
     ``None`` when no flag describes one; the budget parsed once (FLOPs, or a time budget)."""
-    from allocopt.cli.common import read_time_budget
+    from allocopt.cli.common import read_one_budget
 
-    t = read_time_budget(**time)
-    if budget is not None and t is not None:
-        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
-                          "(--budget-gpu-hours / --budget-usd), not both")
+    t = read_one_budget(budget, time)
     if spec_file is None and budget is None and target is None and objective is None and not t:
         return None
     from allocopt.plan.allocation import check_budget

@@ -255,10 +255,7 @@ def read_spec(path: Any, budget: str | None, set_: list[str] | None = None, *,
     from allocopt.spec import StudySpec
 
     quiet_library_warnings()
-    t = read_time_budget(**(time or {}))
-    if budget is not None and t is not None:
-        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
-                          "(--budget-gpu-hours / --budget-usd), not both")
+    t = read_one_budget(budget, time)
     if path is None and budget is None and t is None:
         raise ConfigError("budget: missing; give --budget FLOPS (e.g. 1e19), --budget-gpu-hours H with "
                           "--throughput FILE, or --spec FILE")
@@ -357,6 +354,17 @@ def takes_time_budget(command: Any) -> Any:
              "usd_per_gpu_hour": Optional[float], "throughput": Optional[Path], "gpu": Optional[str]}
     flags = time_flags()
     return bundled_options("time", {k: (types[k], flags[k]) for k in TIME_FLAGS})(command)
+
+
+def read_one_budget(budget: str | None, time: dict | None) -> dict | None:
+    """:func:`read_time_budget` of the flags ``time``, refused first when ``--budget`` is given
+    beside hours or dollars (the time budget's own refusals, such as a missing profile, would
+    otherwise hide that the two were given)."""
+    time = time or {}
+    if budget is not None and any(time.get(k) is not None for k in ("budget_gpu_hours", "budget_usd")):
+        raise ConfigError("budget, budget_gpu_hours: give a FLOP budget (--budget) or a time budget "
+                          "(--budget-gpu-hours / --budget-usd), not both")
+    return read_time_budget(**time)
 
 
 def read_time_budget(budget_gpu_hours: float | None = None, gpus: int | None = None,
