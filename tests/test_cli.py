@@ -183,6 +183,21 @@ def test_version_prints_the_installed_version_and_the_root_help_lists_it(cli):
     assert "--version" in h.stdout and "<bool>" not in h.stdout
 
 
+def test_the_root_help_names_a_first_command_that_runs(cli, tmp_path):
+    """``allocopt --help`` says what to run first; that line, as printed, is a command that works
+    here (its plans, without running the minute of trials)."""
+    import re
+    import shlex
+
+    from allocopt.cli import app
+
+    said = " ".join(app.info.epilog.split())
+    first = re.search(r"(allocopt study --objective synthetic [^.]*?)\. ", said).group(1)
+    assert first in " ".join(cli("--help", env={"COLUMNS": "200"}).stdout.split())
+    r = cli(*shlex.split(first)[1:], "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0 and "rho" in r.stdout, r.stderr
+
+
 def test_short_model_names_keep_the_part_that_tells_them_apart():
     from allocopt.cli.model_labels import legend, short_names
 

@@ -43,6 +43,9 @@ app = typer.Typer(
     help="Where should a fixed GRPO post-training FLOP budget go? Exact FLOP accounting "
          "(search / learning / reward), budget plans, trials and Bayesian-optimization studies "
          "of the allocation (update fraction rho, group size G, reward system).",
+    epilog="First, on any machine (a minute, no GPU): allocopt study --objective synthetic --budget 1e19 "
+           "--target pass@1 --trials 8. The main job, on GPUs: allocopt study --budget 1e19 --target pass@1 "
+           "(add --dry-run to see the plans the budget buys first).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
