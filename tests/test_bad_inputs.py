@@ -149,7 +149,6 @@ ROWS = [
     ("study: unknown objective", ["study", "--objective", "nope", "--budget", "1e18", "--target", "pass@1"],
      ["objective='nope'", "allowed: "]),
     # ---- race
-    ("race: no target", ["race", "--objective", "synthetic", "--budget", "1e18"], ["target", "missing", "--target"]),
     ("race: pilot fraction 0", ["race", *SYN, "--budget", "1e18", "--pilot-fraction", "0"],
      ["pilot_fraction=0.0", "between 0 and 1"]),
     ("race: negative validations", ["race", *SYN, "--budget", "1e18", "--validations", "-1"], ["validations=-1", ">= 0"]),

@@ -382,3 +382,10 @@ def test_closed_output_exits_141_without_a_message(args, tmp_path):
     finally:
         os.close(write_end)
     assert (r.returncode, r.stderr) == (141, "")
+
+
+def test_race_without_a_target_races_pass_at_1_as_study_does(cli, tmp_path):
+    r = cli("race", "--objective", "synthetic", "--budget", "1e18", "--validations", "0", "--no-mlflow",
+            "--storage", f"sqlite:///{tmp_path}/r.db", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["target"] == "pass@1"

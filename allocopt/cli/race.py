@@ -100,7 +100,7 @@ def pilot_table(spec: Any, workload: Any, settings: Any = None) -> tuple[Table, 
 def race(
     spec: Optional[Path] = typer.Option(None, "--spec", help="Study file (TOML, e.g. studies/tiny.toml); flags override it."),
     budget: Optional[str] = typer.Option(None, help="Full FLOP budget of a run, e.g. 1e19 (required unless --spec gives it)."),
-    target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (required unless --spec gives it; one: RACE has one target)."),
+    target: Optional[List[str]] = typer.Option(None, help="Target: native_reward, pass@1, pass@1:gsm8k, pass@1:math500, judge (one: RACE has one target). \\[default: the spec's, else pass@1]"),
     objective: Optional[str] = typer.Option(None, help="qwen (GPU), tiny (CPU world), tiny-table (its measured grid, replayed), synthetic (test function) or command. \\[default: the spec's, else qwen]"),
     pilot_fraction: Optional[float] = typer.Option(None, "--pilot-fraction", help="Pilots run at this fraction of the budget, in (0, 1). \\[default: the spec's, else 0.1]"),
     validations: int = typer.Option(4, help="Full-budget validation runs proposed by the surrogate (0: pilots only)."),
@@ -136,9 +136,6 @@ def race(
         raise ConfigError(f"--target: {', '.join(target)}: RACE has one target; give --target once (several "
                           "targets: allocopt study --target A --target B searches their Pareto front)")
     target = target[0] if target else None
-    if spec is None and target is None:
-        raise ConfigError("target: missing; give --target (native_reward, pass@1, pass@1:gsm8k, "
-                          "pass@1:math500, judge) or --spec FILE")
     from dataclasses import replace
 
     from allocopt.race import check_pilot_fraction
