@@ -226,7 +226,15 @@ def with_flag(message: str, argv: list[str]) -> str:
     flag = (FLAG_OF.get(field) or "--" + field.replace("_", "-")) if field else None
     typed = next((f for f in (flag, *ALIASES.get(flag, ())) if any(a == f or a.startswith(f + "=") for a in argv)),
                  None) if flag else None
+    if typed is None and field and _set_gave(field, argv):  # an objective setting: --set model=PATH
+        typed = "--set"
     return f"{typed}: {message}" if typed else message
+
+
+def _set_gave(field: str, argv: list[str]) -> bool:
+    """Whether ``--set FIELD=...`` (or ``--set=FIELD=...``) is in ``argv``."""
+    given = [b for a, b in zip(argv, argv[1:]) if a == "--set"] + [a[6:] for a in argv if a.startswith("--set=")]
+    return any(g.startswith(field + "=") for g in given)
 
 
 def fail(line: str, code: int = 2) -> None:
@@ -538,6 +546,5 @@ def objective_for_plans(spec: Any) -> Any:
         return get_objective(spec.objective, **spec.objective_settings)
     except (ValueError, TypeError) as e:
         first = _settings_refusal(spec.objective, e)
-        named = f"objective={spec.objective!r}: "
-        plain = first.startswith((named, "objective_settings"))
-        raise ConfigError(first if plain else named + first) from None
+        named = f"objective={spec.objective!r}: "  # a line that names no field: say whose it is
+        raise ConfigError(first if field_of(first) else named + first) from None
