@@ -171,7 +171,7 @@ ROWS = [
     ("best: unknown study", ["best", "--target", "pass@1", "--study", "nope", "--storage", "sqlite:///{tmp}/s.db"],
      ["study='nope'", "known: s"]),
     ("best: missing database", ["best", "--target", "pass@1", "--study", "s", "--storage", "sqlite:///{tmp}/none.db"],
-     ["storage=", "none.db", "no such database file"]),
+     ["storage=", "none.db", "no such database file", "give --storage with its file"]),
     ("best: unknown target", ["best", "--target", "bleu", *S], ["target='bleu'", "targets measured"]),
     ("best: unknown fidelity", ["best", "--target", "pass@1", "--fidelity", "sideways"],
      ["fidelity='sideways'", "allowed: full, pilot, all"]),

@@ -25,7 +25,8 @@ def _check_sqlite(url: str, what: str) -> None:
     if url.startswith(prefix) and ":memory:" not in url:
         path = url[len(prefix):]
         if not os.path.exists(path):
-            raise QueryError(f"{what}={url!r}: no such database file ({os.path.abspath(path)})")
+            raise QueryError(f"{what}={url!r}: no such database file ({os.path.abspath(path)}); run where "
+                             f"the study was made, or give --{what.replace('_', '-')} with its file")
 
 
 def study_names(storage: str) -> list[str]:
