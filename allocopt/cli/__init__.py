@@ -141,7 +141,7 @@ def _spec_hint(e: Exception, msg: str) -> str:
 
 def _given_value(e: Exception, argv: list[str]) -> str:
     """The value a refused option was given (``Invalid value for '--trials'`` says the flag and
-    the rule, not what was typed): ``: got 'two'`` from ``argv``, else nothing."""
+    the rule, not what was typed): `` (got 'two')`` from ``argv``, else nothing."""
     param = getattr(e, "param", None)
     opts = [o for o in getattr(param, "opts", []) + getattr(param, "secondary_opts", []) if o.startswith("-")]
     for i, a in enumerate(argv):
