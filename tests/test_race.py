@@ -481,7 +481,6 @@ def test_cli_race_end_to_end(tmp_path, race_cli):
 @pytest.mark.parametrize("args,needle", [
     (["--budget", "1e19", "--target", "pass@1", "--pilot-fraction", "1.5"], "pilot_fraction"),
     (["--target", "pass@1"], "budget"),
-    (["--budget", "1e19"], "target"),
     (["--budget", "1e19", "--target", "pass@1", "--max-pilots", "2"], "--max-pilots: max_pilots=2"),
     # study's name for the count, --pilots, reaches the same field and is the flag the line names
     (["--budget", "1e19", "--target", "pass@1", "--pilots", "2"], "--pilots: max_pilots=2"),
