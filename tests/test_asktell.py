@@ -320,5 +320,6 @@ def test_ask_and_tell_of_a_study_where_no_database_is_leave_no_file(tmp_path, cl
     for args in (["ask", "--study", "nosuch"], ["tell", "--study", "nosuch", "--trial", "0", "--metrics", "m.json"]):
         r = cli(*args, cwd=tmp_path)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-        assert f"study='nosuch': not found" in r.stderr and str(tmp_path / "allocopt.db") in r.stderr
+        assert "study='nosuch': not found" in r.stderr and str(tmp_path / "allocopt.db") in r.stderr
+        assert "allocopt study --study-name nosuch --trials 0" in r.stderr  # the hint makes this study
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]

@@ -95,7 +95,7 @@ def _check_database_exists(study_name: str, storage: str) -> None:
     if path and ":memory:" not in path and not os.path.exists(path):
         raise ConfigError(f"study={study_name!r}: not found: storage {redact_url(storage)!r} has no database "
                           f"file ({os.path.abspath(path)}); run where the study was made, give --storage, "
-                          "or make the study (allocopt study --trials 0, or ask --spec FILE)")
+                          f"or make it (allocopt study --study-name {study_name} --trials 0, or ask --spec FILE)")
 
 
 @takes_time_budget
