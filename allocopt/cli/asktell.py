@@ -87,14 +87,13 @@ def _load(study_name: str, storage: str, new: Any = None, before_making: Any = N
 def _check_database_exists(study_name: str, storage: str) -> None:
     """Refuse a ``sqlite:///`` storage whose file is not there, before anything opens it (which
     would leave an empty database behind a refusal)."""
-    import os
-
+    from allocopt.query.sources import missing_sqlite_file
     from allocopt.redact import redact_url
 
-    path = storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else None
-    if path and ":memory:" not in path and not os.path.exists(path):
+    missing = missing_sqlite_file(storage)
+    if missing:
         raise ConfigError(f"study={study_name!r}: not found: storage {redact_url(storage)!r} has no database "
-                          f"file ({os.path.abspath(path)}); run where the study was made, give --storage, "
+                          f"file ({missing}); run where the study was made, give --storage, "
                           f"or make it (allocopt study --study-name {study_name} --trials 0, or ask --spec FILE)")
 
 

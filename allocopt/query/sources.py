@@ -19,14 +19,21 @@ from allocopt.tracking.layout import (CURVE_PREFIX, EXPERIMENT_PREFIX, ROLE_TRIA
                                       TAG_ROLE, TAG_STATE, TAG_STUDY, TAG_TRIAL)
 
 
-def _check_sqlite(url: str, what: str) -> None:
-    """A ``sqlite:///path`` URL must name an existing file (opening would create an empty one)."""
+def missing_sqlite_file(url: str) -> str | None:
+    """The absolute path a ``sqlite:///path`` URL names when no file is there (opening it would
+    create an empty one), else ``None`` (the file exists, in memory, or not SQLite)."""
     prefix = "sqlite:///"
-    if url.startswith(prefix) and ":memory:" not in url:
-        path = url[len(prefix):]
-        if not os.path.exists(path):
-            raise QueryError(f"{what}={url!r}: no such database file ({os.path.abspath(path)}); run where "
-                             f"the study was made, or give --{what.replace('_', '-')} with its file")
+    if url.startswith(prefix) and ":memory:" not in url and not os.path.exists(url[len(prefix):]):
+        return os.path.abspath(url[len(prefix):])
+    return None
+
+
+def _check_sqlite(url: str, what: str) -> None:
+    """A ``sqlite:///path`` URL must name an existing file (:func:`missing_sqlite_file`)."""
+    missing = missing_sqlite_file(url)
+    if missing:
+        raise QueryError(f"{what}={url!r}: no such database file ({missing}); run where "
+                         f"the study was made, or give --{what.replace('_', '-')} with its file")
 
 
 def study_names(storage: str) -> list[str]:
